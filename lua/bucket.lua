@@ -1,0 +1,25 @@
+-- KEYS[1] = bucket key; ARGV = capacity, refill per second, cost
+local capacity = tonumber(ARGV[1])
+local rate     = tonumber(ARGV[2])
+local cost     = tonumber(ARGV[3])
+
+local t   = redis.call('TIME')                       -- Redis's clock, not the caller's
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local state  = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
+local tokens = tonumber(state[1]) or capacity
+local ts     = tonumber(state[2]) or now
+
+tokens = math.min(capacity, tokens + math.max(0, now - ts) / 1000 * rate)
+local allowed = 0
+if tokens >= cost then
+  tokens  = tokens - cost
+  allowed = 1
+end
+
+-- fleetlimit's one change to the article's script: the stored timestamp never moves
+-- backwards (ts = max(ts, now)), so a Redis clock that steps back cannot refill the
+-- same period twice once it catches up again.
+redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', math.max(ts, now))
+redis.call('PEXPIRE', KEYS[1], math.ceil(capacity / rate * 1000) + 1000)
+return { allowed, tostring(tokens) }

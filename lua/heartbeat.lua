@@ -1,0 +1,24 @@
+-- fleetlimit fleet membership: record that a server is alive, return the live count.
+--
+-- KEYS[1] = fleet key (a sorted set: member = server id, score = expiry in Redis ms)
+-- ARGV[1] = server id, ARGV[2] = ttl ms (how long this heartbeat counts)
+--
+-- Uses Redis TIME only. Drops members whose expiry has passed, and keeps the key's own
+-- TTL at least ttl, so a fleet that stops beating leaves nothing behind.
+-- Returns the number of live servers (integer), this one included.
+local ttl = tonumber(ARGV[2])
+if not ttl or ttl < 1 or ttl == math.huge then
+  return redis.error_reply('ERR fleetlimit heartbeat: invalid arguments')
+end
+ttl = math.ceil(ttl)
+
+local t   = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local live = redis.call('ZCARD', KEYS[1])
+if redis.call('PTTL', KEYS[1]) < ttl then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
+return live

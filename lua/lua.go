@@ -1,0 +1,111 @@
+// Package lua holds fleetlimit's Redis scripts: the token bucket of the source article,
+// the lease take and refund that the hybrid tier uses, and a fleet heartbeat.
+//
+// Each script is a .lua file in this directory, embedded with go:embed and exposed twice:
+// as its source text (for tools that load it themselves, or the simulator's miniredis)
+// and as a ready *redis.Script, whose Run sends EVALSHA and falls back to EVAL when the
+// server answers NOSCRIPT.
+//
+// The three bucket scripts (Bucket, Take, Refund) share one layout, so any of them can be
+// used on the same bucket:
+//
+//   - one hash per bucket (KEYS[1]) with fields tokens (a number, possibly fractional)
+//     and ts (milliseconds, Redis TIME);
+//   - the clock is Redis TIME, read once per call; the caller's clock is never used;
+//   - the stored ts never moves backwards (ts = max(ts, now)), so a Redis clock that
+//     steps back (a failover to a replica whose clock lags) cannot refill a period twice;
+//   - PEXPIRE ceil(capacity/rate*1000)+1000 ms after every call, so a bucket disappears
+//     once it would be full again and memory tracks active clients.
+//
+// Take and Refund are idempotent per (server id, seq): each records its last answer per
+// server in the bucket hash (fields "t:<server id>" and "r:<server id>"), and a replayed
+// call — a client library retrying a timed-out EVALSHA — gets the recorded answer back
+// and spends or refunds nothing. A seq lower than the recorded one (a replay that arrives
+// after a newer call) spends nothing. The records expire with the hash; when a hash
+// holds more than 256 fields, a new record first drops records older than two minutes.
+//
+// Numbers that may be fractional are returned as strings (tostring). Real Redis formats
+// them with %.14g and miniredis with Go's shortest form, so compare parsed numbers,
+// never the strings.
+package lua
+
+import (
+	_ "embed"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// BucketSource is the source article's token bucket script, unchanged in its calling
+// convention:
+//
+//	KEYS[1] bucket key; ARGV[1] capacity, ARGV[2] refill per second, ARGV[3] cost
+//	returns {allowed (1 or 0), tostring(tokens left)}
+//
+// A first call with capacity 100, rate 10, cost 1 answers {1, "99"}. Its one change from
+// the article is that the stored timestamp never moves backwards.
+//
+//go:embed bucket.lua
+var BucketSource string
+
+// TakeSource is the lease take script:
+//
+//	KEYS[1] bucket key; ARGV[1] capacity, ARGV[2] refill per second, ARGV[3] want,
+//	ARGV[4] min, ARGV[5] server id, ARGV[6] seq
+//	returns {granted, tostring(tokens left), wait ms, Redis now ms, replay flag}
+//
+// It grants want if the bucket holds want tokens, else the whole tokens it holds if that
+// is at least min, else 0; wait is 0 when granted, else the milliseconds until min tokens
+// are there. The replay flag is 0 for a fresh answer, 1 for a replayed (same seq) call
+// answered from the record, 2 for a stale seq (nothing spent, 0 granted).
+//
+//go:embed take.lua
+var TakeSource string
+
+// RefundSource is the lease refund script:
+//
+//	KEYS[1] bucket key; ARGV[1] capacity, ARGV[2] refill per second, ARGV[3] amount,
+//	ARGV[4] server id, ARGV[5] seq
+//	returns {tostring(tokens after), replay flag}
+//
+// It refills the bucket, adds amount and caps the result at capacity. The replay flag is
+// as for TakeSource.
+//
+//go:embed refund.lua
+var RefundSource string
+
+// HeartbeatSource is the fleet membership script:
+//
+//	KEYS[1] fleet key (sorted set); ARGV[1] server id, ARGV[2] ttl ms
+//	returns the number of live servers (integer)
+//
+// It records the server as alive until Redis TIME + ttl, drops servers whose time has
+// passed, and keeps the key's TTL at least ttl.
+//
+//go:embed heartbeat.lua
+var HeartbeatSource string
+
+// Replay flags returned by Take (slot 5) and Refund (slot 2).
+const (
+	// Fresh means the call was executed now.
+	Fresh = 0
+	// Replayed means the same (server id, seq) had already run; the recorded answer was
+	// returned and nothing was spent or refunded again.
+	Replayed = 1
+	// Stale means a newer seq of the same server had already run on this bucket; the
+	// call spent or refunded nothing.
+	Stale = 2
+)
+
+// Ready scripts. Run sends EVALSHA and falls back to EVAL on NOSCRIPT. Inside a pipeline
+// that fallback does not happen (go-redis checks the error before the pipeline runs):
+// load the script and re-send failed commands yourself, as package global does.
+var (
+	// Bucket runs BucketSource.
+	Bucket = redis.NewScript(BucketSource)
+	// Take runs TakeSource.
+	Take = redis.NewScript(TakeSource)
+	// Refund runs RefundSource.
+	Refund = redis.NewScript(RefundSource)
+	// Heartbeat runs HeartbeatSource.
+	Heartbeat = redis.NewScript(HeartbeatSource)
+)

@@ -1,0 +1,484 @@
+package lua_test
+
+import (
+	"context"
+	"math"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/internal/redistest"
+	"github.com/fleetlimit/fleetlimit/lua"
+)
+
+// t0 is the miniredis clock the time-driven tests start from.
+var t0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+
+func run(t *testing.T, c redis.Scripter, s *redis.Script, key string, args ...any) []any {
+	t.Helper()
+	v, err := s.Run(context.Background(), c, []string{key}, args...).Slice()
+	if err != nil {
+		t.Fatalf("run %s: %v", key, err)
+	}
+	return v
+}
+
+func num(t *testing.T, v any) float64 {
+	t.Helper()
+	switch x := v.(type) {
+	case int64:
+		return float64(x)
+	case string:
+		f, err := strconv.ParseFloat(x, 64)
+		if err != nil {
+			t.Fatalf("parse %q: %v", x, err)
+		}
+		return f
+	}
+	t.Fatalf("unexpected reply element %T %v", v, v)
+	return 0
+}
+
+func near(a, b, tol float64) bool { return math.Abs(a-b) <= tol }
+
+// redisNowMS reads the server's clock (TIME) in milliseconds.
+func redisNowMS(t *testing.T, c *redis.Client) int64 {
+	t.Helper()
+	now, err := c.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return now.UnixMilli()
+}
+
+func hget(t *testing.T, c *redis.Client, key, field string) float64 {
+	t.Helper()
+	s, err := c.HGet(context.Background(), key, field).Result()
+	if err != nil {
+		t.Fatalf("HGET %s %s: %v", key, field, err)
+	}
+	return num(t, s)
+}
+
+// TestBucketSeedExample is the article's example: a first call with capacity 100,
+// rate 10, cost 1 answers {1, "99"} and sets a TTL of ceil(100/10*1000)+1000 ms.
+func TestBucketSeedExample(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		key := redistest.Unique(t)
+		got := run(t, tg.Client, lua.Bucket, key, 100, 10, 1)
+		if len(got) != 2 || got[0] != int64(1) || got[1] != "99" {
+			t.Fatalf("first call = %#v, want {1, \"99\"}", got)
+		}
+		pttl, err := tg.Client.PTTL(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// miniredis does not age TTLs on its own; a real Redis may have ticked a little.
+		if pttl > 11000*time.Millisecond || pttl < 10000*time.Millisecond {
+			t.Fatalf("PTTL = %v, want 11s (ceil(100/10*1000)+1000 ms)", pttl)
+		}
+		if !tg.Real() && pttl != 11000*time.Millisecond {
+			t.Fatalf("PTTL = %v, want exactly 11s on miniredis", pttl)
+		}
+		if tok := hget(t, tg.Client, key, "tokens"); tok != 99 {
+			t.Fatalf("stored tokens = %v, want 99", tok)
+		}
+	})
+}
+
+// TestTTLRule checks the shared PEXPIRE rule on all bucket scripts, with a rate that
+// makes the ceil matter: ceil(7/3*1000)+1000 = 3334 ms.
+func TestTTLRule(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		cases := []struct {
+			name string
+			s    *redis.Script
+			args []any
+		}{
+			{"bucket", lua.Bucket, []any{7, 3, 1}},
+			{"take", lua.Take, []any{7, 3, 2, 1, "s1", 1}},
+			{"refund", lua.Refund, []any{7, 3, 1, "s1", 1}},
+		}
+		for _, tc := range cases {
+			key := redistest.Unique(t) + tc.name
+			run(t, tg.Client, tc.s, key, tc.args...)
+			pttl, err := tg.Client.PTTL(ctx, key).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pttl > 3334*time.Millisecond || pttl < 2500*time.Millisecond || (!tg.Real() && pttl != 3334*time.Millisecond) {
+				t.Errorf("%s: PTTL = %v, want 3334ms", tc.name, pttl)
+			}
+		}
+	})
+}
+
+// TestClockNeverBackwards moves miniredis's clock back, then forward: the stored ts must
+// stay at its high-water mark, so the same period is not refilled twice.
+func TestClockNeverBackwards(t *testing.T) {
+	m, c := redistest.Mini(t)
+	key := "clock"
+	m.SetTime(t0)
+	if got := run(t, c, lua.Bucket, key, 100, 1, 1); num(t, got[1]) != 99 {
+		t.Fatalf("t0: %v", got)
+	}
+	m.SetTime(t0.Add(-5 * time.Second)) // the clock steps back (failover to a lagging replica)
+	if got := run(t, c, lua.Bucket, key, 100, 1, 1); num(t, got[1]) != 98 {
+		t.Fatalf("t0-5s: %v, want 98 (no refill, no negative refill)", got)
+	}
+	if ts := hget(t, c, key, "ts"); ts != float64(t0.UnixMilli()) {
+		t.Fatalf("ts = %v, want %v (never moves backwards)", ts, t0.UnixMilli())
+	}
+	m.SetTime(t0.Add(time.Second))
+	// 1 s since the high-water mark: 98 + 1 - 1 = 98. With ts moved back to t0-5s the
+	// script would refill 6 s and answer 99 (capped at 100, minus 1).
+	if got := run(t, c, lua.Bucket, key, 100, 1, 1); num(t, got[1]) != 98 {
+		t.Fatalf("t0+1s: %v, want 98", got)
+	}
+	// Take and refund follow the same rule.
+	m.SetTime(t0.Add(-time.Minute))
+	if got := run(t, c, lua.Take, key, 100, 1, 5, 1, "s", 1); got[0] != int64(5) || num(t, got[1]) != 93 {
+		t.Fatalf("take with clock back: %v, want 5 granted, 93 left", got)
+	}
+	if got := run(t, c, lua.Refund, key, 100, 1, 2, "s", 2); num(t, got[0]) != 95 {
+		t.Fatalf("refund with clock back: %v, want 95", got)
+	}
+	if ts := hget(t, c, key, "ts"); ts != float64(t0.Add(time.Second).UnixMilli()) {
+		t.Fatalf("ts = %v, want the high-water mark %v", ts, t0.Add(time.Second).UnixMilli())
+	}
+}
+
+// TestFutureTimestampReal is the same rule on a real Redis, whose clock cannot be moved:
+// a bucket whose stored ts lies in the future (written by a master whose clock ran ahead)
+// gets no refill and keeps that ts.
+func TestFutureTimestampReal(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		for _, tc := range []struct {
+			name string
+			s    *redis.Script
+			args []any
+			left float64
+		}{
+			{"bucket", lua.Bucket, []any{100, 10, 1}, 49},
+			{"take", lua.Take, []any{100, 10, 3, 1, "s", 1}, 47},
+			{"refund", lua.Refund, []any{100, 10, 3, "s", 1}, 53},
+		} {
+			key := redistest.Unique(t) + tc.name
+			future := redisNowMS(t, tg.Client) + 60_000
+			if err := tg.Client.HSet(ctx, key, "tokens", 50, "ts", future).Err(); err != nil {
+				t.Fatal(err)
+			}
+			got := run(t, tg.Client, tc.s, key, tc.args...)
+			left := got[1]
+			if tc.name == "refund" {
+				left = got[0]
+			}
+			if num(t, left) != tc.left {
+				t.Errorf("%s: answer %v, want %v tokens left (no refill)", tc.name, got, tc.left)
+			}
+			if ts := hget(t, tg.Client, key, "ts"); ts != float64(future) {
+				t.Errorf("%s: ts = %v, want %v kept", tc.name, ts, future)
+			}
+		}
+	})
+}
+
+// TestFractionalRefill compares parsed numbers: Redis formats 96.9 as "96.9", miniredis
+// as "96.89999999999999".
+func TestFractionalRefill(t *testing.T) {
+	t.Run("miniredis-clock", func(t *testing.T) {
+		m, c := redistest.Mini(t)
+		want := []float64{99, 98.3, 97.6, 96.9, 96.2}
+		for i, w := range want {
+			m.SetTime(t0.Add(time.Duration(i) * 100 * time.Millisecond))
+			got := run(t, c, lua.Bucket, "frac", 100, 3, 1)
+			if got[0] != int64(1) || !near(num(t, got[1]), w, 1e-9) {
+				t.Fatalf("step %d: %v, want {1, %v}", i, got, w)
+			}
+		}
+		// 0.37 tokens/s for 1.234 s = 0.45658 tokens.
+		m.SetTime(t0)
+		run(t, c, lua.Bucket, "frac2", 10, 0.37, 10)
+		m.SetTime(t0.Add(1234 * time.Millisecond))
+		got := run(t, c, lua.Bucket, "frac2", 10, 0.37, 1)
+		if got[0] != int64(0) || !near(num(t, got[1]), 0.37*1.234, 1e-12) {
+			t.Fatalf("rate 0.37: %v, want {0, 0.45658}", got)
+		}
+	})
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		// Inject a bucket last touched 1234 ms ago by the server's own clock.
+		ctx := context.Background()
+		key := redistest.Unique(t)
+		before := redisNowMS(t, tg.Client)
+		if err := tg.Client.HSet(ctx, key, "tokens", "10.5", "ts", before-1234).Err(); err != nil {
+			t.Fatal(err)
+		}
+		got := run(t, tg.Client, lua.Bucket, key, 100, 0.37, 1)
+		after := redisNowMS(t, tg.Client)
+		lo := 10.5 + 1.234*0.37 - 1
+		hi := 10.5 + float64(after-before+1234)/1000*0.37 - 1
+		if v := num(t, got[1]); got[0] != int64(1) || v < lo-1e-9 || v > hi+1e-9 {
+			t.Fatalf("got %v, want {1, in [%v, %v]}", got, lo, hi)
+		}
+	})
+}
+
+// TestTake runs the take rules with a refill so slow that it cannot change a result
+// within the test, on both servers.
+func TestTake(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		if tg.Mini != nil {
+			tg.Mini.SetTime(t0)
+		}
+		const rate = 1e-6
+		key := redistest.Unique(t)
+		steps := []struct {
+			want, min int
+			granted   int64
+			left      float64
+			waitMS    float64 // 0 when granted
+		}{
+			{4, 1, 4, 6, 0},                          // full bucket of 10: all 4
+			{8, 2, 6, 0, 0},                          // partial: 6 >= min 2
+			{3, 1, 0, 0, math.Ceil(1 / rate * 1000)}, // nothing: wait for min
+			{3, 3, 0, 0, math.Ceil(3 / rate * 1000)},
+		}
+		for i, s := range steps {
+			got := run(t, tg.Client, lua.Take, key, 10, rate, s.want, s.min, "srv", i+1)
+			if len(got) != 5 {
+				t.Fatalf("step %d: %v, want 5 elements", i, got)
+			}
+			if got[0] != s.granted || !near(num(t, got[1]), s.left, 1e-3) ||
+				!near(num(t, got[2]), s.waitMS, s.waitMS*1e-3) || got[4] != int64(lua.Fresh) {
+				t.Fatalf("step %d: take(want %d, min %d) = %v, want granted %d, left %v, wait %vms",
+					i, s.want, s.min, got, s.granted, s.left, s.waitMS)
+			}
+			if now := num(t, got[3]); now < 1e12 {
+				t.Fatalf("step %d: now = %v, want Redis TIME in ms", i, now)
+			}
+		}
+	})
+}
+
+// TestTakeWaitAndPartial drives the refill with miniredis's clock.
+func TestTakeWaitAndPartial(t *testing.T) {
+	m, c := redistest.Mini(t)
+	m.SetTime(t0)
+	key := "take"
+	steps := []struct {
+		at        time.Duration
+		want, min int
+		granted   int64
+		left      float64
+		waitMS    int64
+	}{
+		{0, 10, 10, 10, 0, 0},
+		{0, 5, 1, 0, 0, 500}, // rate 2/s: 1 token in 500 ms
+		{250 * time.Millisecond, 5, 1, 0, 0.5, 250},
+		{1750 * time.Millisecond, 5, 2, 3, 0.5, 0},      // 3.5 tokens: partial grant of 3
+		{2 * time.Millisecond * 1000, 5, 5, 0, 1, 2000}, // 1 token, need 5: 4 more = 2 s
+		{10 * time.Second, 20, 10, 10, 0, 0},            // refill capped at capacity 10
+	}
+	for i, s := range steps {
+		m.SetTime(t0.Add(s.at))
+		got := run(t, c, lua.Take, key, 10, 2, s.want, s.min, "srv", i+1)
+		if got[0] != s.granted || !near(num(t, got[1]), s.left, 1e-9) || got[2] != s.waitMS ||
+			got[3] != t0.Add(s.at).UnixMilli() {
+			t.Fatalf("step %d at %v: take(want %d, min %d) = %v, want {%d, %v, %d, %d}",
+				i, s.at, s.want, s.min, got, s.granted, s.left, s.waitMS, t0.Add(s.at).UnixMilli())
+		}
+	}
+}
+
+func TestRefundCap(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		const rate = 1e-6
+		key := redistest.Unique(t)
+		if got := run(t, tg.Client, lua.Take, key, 10, rate, 6, 6, "srv", 1); got[0] != int64(6) {
+			t.Fatalf("take: %v", got)
+		}
+		if got := run(t, tg.Client, lua.Refund, key, 10, rate, 3, "srv", 2); !near(num(t, got[0]), 7, 1e-3) || got[1] != int64(lua.Fresh) {
+			t.Fatalf("refund 3: %v, want 7", got)
+		}
+		if got := run(t, tg.Client, lua.Refund, key, 10, rate, 8, "srv", 3); num(t, got[0]) != 10 {
+			t.Fatalf("refund 8: %v, want capped at 10", got)
+		}
+		if tok := hget(t, tg.Client, key, "tokens"); tok != 10 {
+			t.Fatalf("stored tokens = %v, want 10", tok)
+		}
+		// A refund to a bucket that does not exist (expired: it was full) stays at capacity.
+		if got := run(t, tg.Client, lua.Refund, key+"-none", 10, rate, 4, "srv", 4); num(t, got[0]) != 10 {
+			t.Fatalf("refund to a missing bucket: %v, want 10", got)
+		}
+	})
+}
+
+// TestReplay: a replayed take or refund (same server id and seq, as when go-redis
+// retries a timed-out EVALSHA) returns the recorded answer and spends nothing; an older
+// seq spends nothing; another server's seq is independent.
+func TestReplay(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		const rate = 1e-6
+		key := redistest.Unique(t)
+		first := run(t, tg.Client, lua.Take, key, 100, rate, 30, 1, "a", 7)
+		if first[0] != int64(30) || first[4] != int64(lua.Fresh) {
+			t.Fatalf("first take: %v", first)
+		}
+		for i := 0; i < 3; i++ {
+			again := run(t, tg.Client, lua.Take, key, 100, rate, 30, 1, "a", 7)
+			if again[0] != first[0] || again[1] != first[1] || again[2] != first[2] ||
+				again[3] != first[3] || again[4] != int64(lua.Replayed) {
+				t.Fatalf("replay %d: %v, want the recorded %v with flag 1", i, again, first)
+			}
+		}
+		if tok := hget(t, tg.Client, key, "tokens"); !near(tok, 70, 1e-3) {
+			t.Fatalf("tokens after replays = %v, want 70 (spent once)", tok)
+		}
+		stale := run(t, tg.Client, lua.Take, key, 100, rate, 30, 1, "a", 6)
+		if stale[0] != int64(0) || stale[4] != int64(lua.Stale) {
+			t.Fatalf("stale take: %v, want 0 granted, flag 2", stale)
+		}
+		// Another server with the same seq is a different caller.
+		if other := run(t, tg.Client, lua.Take, key, 100, rate, 20, 1, "b", 7); other[0] != int64(20) || other[4] != int64(lua.Fresh) {
+			t.Fatalf("server b: %v", other)
+		}
+		// Refunds keep their own record: a refund with seq 8 does not make take seq 7 stale.
+		r := run(t, tg.Client, lua.Refund, key, 100, rate, 10, "a", 8)
+		if !near(num(t, r[0]), 60, 1e-3) || r[1] != int64(lua.Fresh) {
+			t.Fatalf("refund: %v, want 60", r)
+		}
+		if again := run(t, tg.Client, lua.Take, key, 100, rate, 30, 1, "a", 7); again[4] != int64(lua.Replayed) || again[0] != int64(30) {
+			t.Fatalf("take replay after a refund: %v", again)
+		}
+		for i := 0; i < 3; i++ {
+			again := run(t, tg.Client, lua.Refund, key, 100, rate, 10, "a", 8)
+			if again[0] != r[0] || again[1] != int64(lua.Replayed) {
+				t.Fatalf("refund replay %d: %v, want %v with flag 1", i, again, r)
+			}
+		}
+		if stale := run(t, tg.Client, lua.Refund, key, 100, rate, 10, "a", 5); stale[1] != int64(lua.Stale) {
+			t.Fatalf("stale refund: %v", stale)
+		}
+		if tok := hget(t, tg.Client, key, "tokens"); !near(tok, 60, 1e-3) {
+			t.Fatalf("tokens = %v, want 60 (each refund counted once)", tok)
+		}
+		// The seed script ignores the records and sees the same tokens.
+		if got := run(t, tg.Client, lua.Bucket, key, 100, rate, 1); got[0] != int64(1) || !near(num(t, got[1]), 59, 1e-3) {
+			t.Fatalf("bucket on a leased hash: %v, want {1, 59}", got)
+		}
+	})
+}
+
+// TestRecordsPruned: a hot bucket that never expires keeps at most ~256 records; records
+// older than two minutes go when a new server writes its first record.
+func TestRecordsPruned(t *testing.T) {
+	m, c := redistest.Mini(t)
+	ctx := context.Background()
+	m.SetTime(t0)
+	key := "pruned"
+	for i := 0; i < 300; i++ {
+		run(t, c, lua.Take, key, 1000, 1000, 1, 1, "old"+strconv.Itoa(i), 1)
+	}
+	m.SetTime(t0.Add(100 * time.Second))
+	run(t, c, lua.Refund, key, 1000, 1000, 1, "recent", 1)
+	m.SetTime(t0.Add(3 * time.Minute))
+	run(t, c, lua.Take, key, 1000, 1000, 1, 1, "new", 1)
+	n, err := c.HLen(ctx, key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// tokens, ts, the recent refund record (80 s old) and the new record survive.
+	if n != 4 {
+		fields, _ := c.HKeys(ctx, key).Result()
+		t.Fatalf("HLEN = %d, want 4; fields %v", n, fields)
+	}
+	if ok, _ := c.HExists(ctx, key, "r:recent").Result(); !ok {
+		t.Fatal("the recent record was pruned")
+	}
+}
+
+func TestInvalidArguments(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		key := redistest.Unique(t)
+		for _, tc := range []struct {
+			name string
+			s    *redis.Script
+			args []any
+		}{
+			{"take rate 0", lua.Take, []any{10, 0, 1, 1, "s", 1}},
+			{"take rate inf", lua.Take, []any{10, "inf", 1, 1, "s", 1}},
+			{"take capacity 0", lua.Take, []any{0, 1, 1, 1, "s", 1}},
+			{"take min > want", lua.Take, []any{10, 1, 1, 2, "s", 1}},
+			{"take want 0", lua.Take, []any{10, 1, 0, 0, "s", 1}},
+			{"take seq missing", lua.Take, []any{10, 1, 1, 1, "s", "x"}},
+			{"refund rate -1", lua.Refund, []any{10, -1, 1, "s", 1}},
+			{"refund amount -1", lua.Refund, []any{10, 1, -1, "s", 1}},
+			{"heartbeat ttl 0", lua.Heartbeat, []any{"s", 0}},
+		} {
+			err := tc.s.Run(context.Background(), tg.Client, []string{key}, tc.args...).Err()
+			if err == nil {
+				t.Errorf("%s: no error", tc.name)
+			}
+		}
+		if n, _ := tg.Client.Exists(context.Background(), key).Result(); n != 0 {
+			t.Fatal("an invalid call wrote the key")
+		}
+	})
+}
+
+func TestHeartbeat(t *testing.T) {
+	t.Run("miniredis-clock", func(t *testing.T) {
+		m, c := redistest.Mini(t)
+		ctx := context.Background()
+		m.SetTime(t0)
+		beat := func(id string, ttl int) int64 {
+			t.Helper()
+			v, err := lua.Heartbeat.Run(ctx, c, []string{"fleet"}, id, ttl).Int64()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return v
+		}
+		if n := beat("a", 1000); n != 1 {
+			t.Fatalf("a: %d", n)
+		}
+		if n := beat("b", 3000); n != 2 {
+			t.Fatalf("b: %d", n)
+		}
+		if n := beat("a", 1000); n != 2 {
+			t.Fatalf("a again: %d (a member counts once)", n)
+		}
+		if pttl, _ := c.PTTL(ctx, "fleet").Result(); pttl != 3*time.Second {
+			t.Fatalf("PTTL = %v, want 3s (the longest heartbeat; a shorter one does not cut it)", pttl)
+		}
+		m.SetTime(t0.Add(1500 * time.Millisecond))
+		if n := beat("c", 1000); n != 2 {
+			t.Fatalf("after a expired: %d, want 2 (b, c)", n)
+		}
+		m.SetTime(t0.Add(10 * time.Second))
+		if n := beat("c", 1000); n != 1 {
+			t.Fatalf("after b expired: %d, want 1", n)
+		}
+	})
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		key := redistest.Unique(t)
+		for i, id := range []string{"x", "y", "z", "x"} {
+			n, err := lua.Heartbeat.Run(ctx, tg.Client, []string{key}, id, 60_000).Int64()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := int64(min(i+1, 3)); n != want {
+				t.Fatalf("beat %d (%s): %d live, want %d", i, id, n, want)
+			}
+		}
+		if pttl, _ := tg.Client.PTTL(ctx, key).Result(); pttl <= 50*time.Second || pttl > time.Minute {
+			t.Fatalf("PTTL = %v, want about 60s", pttl)
+		}
+	})
+}

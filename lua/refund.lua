@@ -1,0 +1,61 @@
+-- fleetlimit lease refund: put unused tokens back, capped at capacity.
+--
+-- KEYS[1] = bucket key (the same hash as bucket.lua: fields tokens, ts)
+-- ARGV[1] = capacity, ARGV[2] = refill per second, ARGV[3] = amount,
+-- ARGV[4] = server id, ARGV[5] = seq (a decimal integer, increasing per server id)
+--
+-- Returns:
+--   [1] tokens in the bucket afterwards (tostring)
+--   [2] 0 = fresh, 1 = replay of the recorded answer, 2 = stale seq (nothing refunded)
+--
+-- Idempotent per (server id, seq), like take.lua: the answer is recorded in the field
+-- 'r:<server id>' as '<seq> <tokens> <now>'; a replay returns it and refunds nothing.
+local capacity = tonumber(ARGV[1])
+local rate     = tonumber(ARGV[2])
+local amount   = tonumber(ARGV[3])
+local seq      = tonumber(ARGV[5])
+if not (capacity and rate and amount and seq) or capacity < 1 or not (rate > 0)
+    or rate == math.huge or amount < 0 then
+  return redis.error_reply('ERR fleetlimit refund: invalid arguments')
+end
+local field = 'r:' .. ARGV[4]
+
+local t   = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local state  = redis.call('HMGET', KEYS[1], 'tokens', 'ts', field)
+local tokens = tonumber(state[1]) or capacity
+local ts     = tonumber(state[2]) or now
+tokens = math.min(capacity, tokens + math.max(0, now - ts) / 1000 * rate)
+
+local rec = state[3]
+if rec then
+  local rseq, rtok = string.match(rec, '^(%S+) (%S+) (%S+)$')
+  rseq = tonumber(rseq)
+  if rseq == seq then
+    return { rtok, 1 }
+  end
+  if rseq and rseq > seq then
+    return { tostring(tokens), 2 }
+  end
+else
+  if redis.call('HLEN', KEYS[1]) > 256 then
+    local all = redis.call('HGETALL', KEYS[1])
+    for i = 1, #all, 2 do
+      local f = all[i]
+      if f ~= 'tokens' and f ~= 'ts' then
+        local when = tonumber(string.match(all[i + 1], '(%S+)$'))
+        if not when or now - when > 120000 then
+          redis.call('HDEL', KEYS[1], f)
+        end
+      end
+    end
+  end
+end
+
+tokens = math.min(capacity, tokens + amount)
+local left = tostring(tokens)
+redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', math.max(ts, now),
+  field, ARGV[5] .. ' ' .. left .. ' ' .. now)
+redis.call('PEXPIRE', KEYS[1], math.ceil(capacity / rate * 1000) + 1000)
+return { left, 0 }

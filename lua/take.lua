@@ -1,0 +1,84 @@
+-- fleetlimit lease take: atomically take up to `want` tokens, at least `min`.
+--
+-- KEYS[1] = bucket key (the same hash as bucket.lua: fields tokens, ts)
+-- ARGV[1] = capacity, ARGV[2] = refill per second, ARGV[3] = want, ARGV[4] = min,
+-- ARGV[5] = server id, ARGV[6] = seq (a decimal integer, increasing per server id)
+--
+-- Grants g = want if tokens >= want, else floor(tokens) if that is >= min, else 0.
+-- Returns:
+--   [1] granted (integer)
+--   [2] tokens left after the take (tostring)
+--   [3] wait ms (integer): 0 when granted, else how long until `min` tokens are there
+--   [4] Redis TIME of the decision, ms (integer)
+--   [5] 0 = fresh, 1 = replay of the recorded answer, 2 = stale seq (nothing spent)
+--
+-- Idempotent per (server id, seq): the answer is recorded in the field 't:<server id>'
+-- as '<seq> <granted> <tokens> <wait> <now>'. A replayed call (same seq, e.g. a client
+-- retry of a timed-out EVALSHA) returns that answer and spends nothing; an older seq
+-- spends nothing and grants 0. The records live in the bucket hash and expire with it;
+-- once the hash holds more than 256 fields, a new record first drops records older than
+-- 120 s, so a hot bucket that never expires stays bounded.
+local capacity = tonumber(ARGV[1])
+local rate     = tonumber(ARGV[2])
+local want     = tonumber(ARGV[3])
+local min      = tonumber(ARGV[4])
+local seq      = tonumber(ARGV[6])
+if not (capacity and rate and want and min and seq) or capacity < 1 or not (rate > 0)
+    or rate == math.huge or want < 1 or min < 0 or min > want then
+  return redis.error_reply('ERR fleetlimit take: invalid arguments')
+end
+local field = 't:' .. ARGV[5]
+
+local t   = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local state  = redis.call('HMGET', KEYS[1], 'tokens', 'ts', field)
+local tokens = tonumber(state[1]) or capacity
+local ts     = tonumber(state[2]) or now
+tokens = math.min(capacity, tokens + math.max(0, now - ts) / 1000 * rate)
+
+local rec = state[3]
+if rec then
+  local rseq, rg, rtok, rwait, rnow = string.match(rec, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
+  rseq = tonumber(rseq)
+  if rseq == seq then
+    return { tonumber(rg), rtok, tonumber(rwait), tonumber(rnow), 1 }
+  end
+  if rseq and rseq > seq then
+    local wait = 0
+    if tokens < min then wait = math.ceil((min - tokens) / rate * 1000) end
+    return { 0, tostring(tokens), wait, now, 2 }
+  end
+else
+  -- first record of this server in this bucket: keep the hash bounded
+  if redis.call('HLEN', KEYS[1]) > 256 then
+    local all = redis.call('HGETALL', KEYS[1])
+    for i = 1, #all, 2 do
+      local f = all[i]
+      if f ~= 'tokens' and f ~= 'ts' then
+        local when = tonumber(string.match(all[i + 1], '(%S+)$'))
+        if not when or now - when > 120000 then
+          redis.call('HDEL', KEYS[1], f)
+        end
+      end
+    end
+  end
+end
+
+local granted = 0
+if tokens >= want then
+  granted = want
+elseif math.floor(tokens) >= min then
+  granted = math.floor(tokens)
+end
+tokens = tokens - granted
+local wait = 0
+if granted == 0 then
+  wait = math.ceil((min - tokens) / rate * 1000)
+end
+
+local left = tostring(tokens)
+redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', math.max(ts, now),
+  field, ARGV[6] .. ' ' .. granted .. ' ' .. left .. ' ' .. wait .. ' ' .. now)
+redis.call('PEXPIRE', KEYS[1], math.ceil(capacity / rate * 1000) + 1000)
+return { granted, left, wait, now, 0 }
