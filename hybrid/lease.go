@@ -1,0 +1,484 @@
+package hybrid
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// InfDuration is the retry-after of a request that can never be allowed, such as one
+// asking for more tokens than the limit's burst.
+const InfDuration = time.Duration(math.MaxInt64)
+
+// Lease defaults, applied by [LeaseConfig.Normalize] to zero fields.
+const (
+	// DefaultRefillInterval is how long one batch should last at the estimated demand.
+	DefaultRefillInterval = 100 * time.Millisecond
+	// DefaultLifetime is how long leased tokens stay usable before they are refunded.
+	DefaultLifetime = time.Second
+	// DefaultLowWatermark is the fraction of a batch below which a lease prefetches.
+	DefaultLowWatermark = 0.5
+	// DefaultDemandWindow is the window over which local demand is estimated.
+	DefaultDemandWindow = time.Second
+)
+
+// maxPace bounds one pacing interval so that tiny rates cannot overflow a Duration.
+const maxPace = 24 * time.Hour
+
+// ErrInvalidConfig is wrapped by every configuration error of this package.
+var ErrInvalidConfig = errors.New("hybrid: invalid configuration")
+
+// LeaseConfig is what the lease core needs to know about one limit. It is shared by every
+// [Lease] of the limit and read, never written, by the core; to change it (the live server
+// count moves), build a new one and pass that to later calls.
+type LeaseConfig struct {
+	// Rate is the fleet-wide refill rate of the global bucket, in tokens per second.
+	Rate float64
+	// Burst is the capacity of the global bucket.
+	Burst int
+	// Servers is the number of live servers sharing the bucket; 0 means 1.
+	Servers int
+	// RefillInterval is how long one batch should last at the estimated local demand:
+	// batch = clamp(demand × RefillInterval, cost, Burst / Servers).
+	// default: 100ms
+	RefillInterval time.Duration
+	// Lifetime is how long leased tokens stay usable; unused ones are then refunded.
+	// A grant renews the lifetime of every token on hand.
+	// default: 1s
+	Lifetime time.Duration
+	// LowWatermark is the fraction of a batch below which a lease prefetches the next batch,
+	// so that the common path does not wait. Negative disables prefetch.
+	// default: 0.5
+	LowWatermark float64
+	// DemandWindow is the sliding window over which local demand is estimated.
+	// default: 1s
+	DemandWindow time.Duration
+}
+
+// Normalize returns c with defaults filled in, or an error wrapping [ErrInvalidConfig].
+func (c LeaseConfig) Normalize() (LeaseConfig, error) {
+	switch {
+	case math.IsNaN(c.Rate) || math.IsInf(c.Rate, 0) || c.Rate <= 0:
+		return c, fmt.Errorf("%w: rate %v must be a positive finite number", ErrInvalidConfig, c.Rate)
+	case c.Burst < 1:
+		return c, fmt.Errorf("%w: burst %d must be at least 1", ErrInvalidConfig, c.Burst)
+	case c.Servers < 0:
+		return c, fmt.Errorf("%w: servers %d must not be negative", ErrInvalidConfig, c.Servers)
+	case c.RefillInterval < 0, c.Lifetime < 0, c.DemandWindow < 0:
+		return c, fmt.Errorf("%w: durations must not be negative", ErrInvalidConfig)
+	case math.IsNaN(c.LowWatermark) || c.LowWatermark > 1:
+		return c, fmt.Errorf("%w: low watermark %v must be at most 1", ErrInvalidConfig, c.LowWatermark)
+	}
+	if c.Servers == 0 {
+		c.Servers = 1
+	}
+	if c.RefillInterval == 0 {
+		c.RefillInterval = DefaultRefillInterval
+	}
+	if c.Lifetime == 0 {
+		c.Lifetime = DefaultLifetime
+	}
+	if c.LowWatermark == 0 {
+		c.LowWatermark = DefaultLowWatermark
+	}
+	if c.DemandWindow == 0 {
+		c.DemandWindow = DefaultDemandWindow
+	}
+	return c, nil
+}
+
+// servers is c.Servers, never less than 1 (a zero config must not divide by zero).
+func (c *LeaseConfig) servers() int {
+	return max(c.Servers, 1)
+}
+
+// Cap is the most tokens one server holds or asks for at once for a request of cost n:
+// Burst / Servers, or n when that is smaller (one cost per server).
+func (c *LeaseConfig) Cap(n int) int {
+	return max(c.Burst/c.servers(), n)
+}
+
+// Action is what the caller of [Lease.Acquire] must do with the request.
+type Action uint8
+
+const (
+	// Allow: the request's tokens were taken from the lease.
+	Allow Action = iota + 1
+	// Deny: the request is denied locally; Step.RetryAfter says when to try again.
+	Deny
+	// Wait: no tokens on hand and a refill is in flight (perhaps started by this very step:
+	// see Step.Refill). Wait for its answer, then call [Lease.Recheck]. If the refill fails,
+	// the waiting requests go to the limit's failure policy; they do not recheck.
+	Wait
+)
+
+// String returns the action's name.
+func (a Action) String() string {
+	switch a {
+	case Allow:
+		return "allow"
+	case Deny:
+		return "deny"
+	case Wait:
+		return "wait"
+	}
+	return fmt.Sprintf("Action(%d)", uint8(a))
+}
+
+// Reason says why the core answered as it did.
+type Reason uint8
+
+const (
+	// ReasonNone is the zero Reason.
+	ReasonNone Reason = iota
+	// ReasonLease: served from tokens on hand.
+	ReasonLease
+	// ReasonRefill: no tokens on hand; a refill is in flight.
+	ReasonRefill
+	// ReasonPaced: no tokens on hand and the key is paced after contention on the global
+	// bucket; the server does not ask again before RetryAfter.
+	ReasonPaced
+	// ReasonExceedsBurst: the request costs more than the limit's burst and can never pass.
+	ReasonExceedsBurst
+	// ReasonInvalidCost: the request's cost is negative.
+	ReasonInvalidCost
+)
+
+// String returns the reason in a few words.
+func (r Reason) String() string {
+	switch r {
+	case ReasonNone:
+		return "none"
+	case ReasonLease:
+		return "lease"
+	case ReasonRefill:
+		return "refill in flight"
+	case ReasonPaced:
+		return "paced after contention"
+	case ReasonExceedsBurst:
+		return "cost exceeds burst"
+	case ReasonInvalidCost:
+		return "invalid cost"
+	}
+	return fmt.Sprintf("Reason(%d)", uint8(r))
+}
+
+// Refill asks the caller to take tokens from the global bucket: Want of them if the bucket
+// has that many, else as many as it has if that is at least Min, else none. Want == 0 means
+// no refill is asked for. The answer goes to [Lease.Granted] or [Lease.Failed] with Seq.
+type Refill struct {
+	Seq  uint64
+	Want int
+	Min  int
+}
+
+// Step is the core's answer to one request.
+type Step struct {
+	Action Action
+	Reason Reason
+	// RetryAfter is set on Deny: how long until this server may admit the request.
+	RetryAfter time.Duration
+	// Remaining is the best known count of tokens left for the key: tokens on hand plus
+	// what the global bucket reported at the last grant.
+	Remaining int
+	// Refill, when Want > 0, is a refill the caller must start now (a prefetch on Allow,
+	// the refill to wait for on Wait).
+	Refill Refill
+	// Refund is a count of expired leased tokens the caller must give back to the bucket.
+	Refund int
+}
+
+// Grant is the global bucket's answer to a [Refill].
+type Grant struct {
+	// Granted is how many tokens were taken (Want, a partial count >= Min, or 0).
+	Granted int
+	// Remaining is the bucket's level after the take.
+	Remaining float64
+	// Wait is, when Granted is 0, how long until Min tokens are available.
+	Wait time.Duration
+}
+
+// LeaseStats are the lifetime totals of a lease. Granted == Consumed + Refunded + OnHand.
+type LeaseStats struct {
+	Granted  int64 // tokens received from the bucket (including late grants refunded at once)
+	Consumed int64 // tokens spent on allowed requests
+	Refunded int64 // tokens handed back for refund (expired, drained, late)
+	OnHand   int   // tokens held now
+	Refills  int64 // refills started
+	InFlight bool  // a refill is in flight
+}
+
+// Lease is the per-(limit, key) lease state of one server: tokens on hand and their expiry,
+// the refill in flight, a local demand estimate and pacing. It is a pure state machine: no
+// I/O, no goroutines, no clock of its own (every method takes now), no allocations. It is
+// not safe for concurrent use; the caller serialises access (one mutex per key).
+//
+// The zero Lease is empty and ready to use; [NewLease] seeds its pacing jitter.
+type Lease struct {
+	tokens     int
+	expires    time.Time
+	inflight   bool
+	seq        uint64
+	want       int // of the refill in flight
+	pacedUntil time.Time
+	bucket     int // bucket level at the last grant, floored
+
+	winStart  time.Time // demand estimate: a sliding pair of windows
+	winSet    bool      // winStart is set (virtual clocks may start at the zero Time)
+	cur, prev float64   // tokens asked for in the current and previous window
+
+	rng   uint64 // splitmix64 state for pacing jitter
+	stats LeaseStats
+}
+
+// NewLease returns an empty lease whose pacing jitter is drawn from seed. Give every
+// (server, key) its own seed, so that servers paced together do not wake together.
+func NewLease(seed uint64) Lease {
+	return Lease{rng: seed}
+}
+
+// Stats returns the lease's totals.
+func (l *Lease) Stats() LeaseStats {
+	s := l.stats
+	s.OnHand = l.tokens
+	s.InFlight = l.inflight
+	return s
+}
+
+// Tokens returns the tokens on hand (some may have expired; see [Lease.Expire]).
+func (l *Lease) Tokens() int { return l.tokens }
+
+// PacedUntil returns the instant before which the lease will not ask the bucket again.
+func (l *Lease) PacedUntil() time.Time { return l.pacedUntil }
+
+// Acquire answers a new request of cost n at now, and counts it in the demand estimate.
+// Cost 0 is allowed without spending anything.
+func (l *Lease) Acquire(c *LeaseConfig, now time.Time, n int) Step {
+	if n > 0 {
+		l.observe(c, now, n)
+	}
+	return l.decide(c, now, n)
+}
+
+// Recheck answers again a request that waited for a refill; unlike [Lease.Acquire] it does
+// not count the request's demand a second time.
+func (l *Lease) Recheck(c *LeaseConfig, now time.Time, n int) Step {
+	return l.decide(c, now, n)
+}
+
+func (l *Lease) decide(c *LeaseConfig, now time.Time, n int) Step {
+	st := Step{Refund: l.Expire(c, now)}
+	switch {
+	case n < 0:
+		st.Action, st.Reason = Deny, ReasonInvalidCost
+		st.RetryAfter = InfDuration
+	case n > c.Burst:
+		st.Action, st.Reason = Deny, ReasonExceedsBurst
+		st.RetryAfter = InfDuration
+	case l.tokens >= n:
+		l.tokens -= n
+		l.stats.Consumed += int64(n)
+		st.Action, st.Reason = Allow, ReasonLease
+		st.Refill = l.prefetch(c, now, max(n, 1))
+	case l.inflight:
+		st.Action, st.Reason = Wait, ReasonRefill
+	case now.Before(l.pacedUntil):
+		st.Action, st.Reason = Deny, ReasonPaced
+		st.RetryAfter = l.pacedUntil.Sub(now)
+	default:
+		need := n - l.tokens
+		want := max(l.batch(c, now, n)-l.tokens, need)
+		st.Action, st.Reason = Wait, ReasonRefill
+		st.Refill = l.start(want, need)
+	}
+	st.Remaining = l.tokens + l.bucket
+	return st
+}
+
+// prefetch starts a refill when the tokens on hand fell below the low watermark, no refill
+// is in flight, the key is not paced, and the sustained demand (the sliding estimate, not
+// the fast one) would use two batches within a lifetime: a key seen once in a while must
+// not hold tokens only to refund them, at three Redis calls for one request.
+func (l *Lease) prefetch(c *LeaseConfig, now time.Time, cost int) Refill {
+	if l.inflight || now.Before(l.pacedUntil) || c.LowWatermark < 0 {
+		return Refill{}
+	}
+	batch := l.batch(c, now, cost)
+	if float64(l.tokens) >= c.LowWatermark*float64(batch) || l.tokens >= batch {
+		return Refill{}
+	}
+	if sliding, _ := l.rates(c, now); sliding*c.Lifetime.Seconds() < 2*float64(batch) {
+		return Refill{}
+	}
+	return l.start(batch-l.tokens, 1)
+}
+
+func (l *Lease) start(want, minimum int) Refill {
+	l.seq++
+	l.inflight = true
+	l.want = want
+	l.stats.Refills++
+	return Refill{Seq: l.seq, Want: want, Min: minimum}
+}
+
+// Batch returns the batch size the lease would ask for now for a request of cost n:
+// clamp(demand × RefillInterval, n, Cap(n)).
+func (l *Lease) Batch(c *LeaseConfig, now time.Time, n int) int {
+	return l.batch(c, now, n)
+}
+
+func (l *Lease) batch(c *LeaseConfig, now time.Time, n int) int {
+	capacity := c.Cap(n)
+	want := l.demand(c, now) * c.RefillInterval.Seconds()
+	if want >= float64(capacity) {
+		return capacity
+	}
+	return max(int(math.Ceil(want)), n)
+}
+
+// Granted tells the lease the answer to its refill seq, received at now. It returns the
+// tokens the caller must refund at once: all of them when seq is not the refill in flight
+// (a late answer after [Lease.Drain] or [Lease.Failed]).
+//
+// After a grant of 0, a partial grant, or a grant that leaves the bucket below what the
+// fleet asks for in one round (want × servers), the lease is paced: it does not ask again
+// before about want × servers / rate has passed (jittered ±50%), and requests that find no
+// tokens meanwhile are denied with that retry-after.
+func (l *Lease) Granted(c *LeaseConfig, now time.Time, seq uint64, g Grant) (refund int) {
+	granted := max(g.Granted, 0)
+	l.stats.Granted += int64(granted)
+	if !l.inflight || seq != l.seq {
+		l.stats.Refunded += int64(granted)
+		return granted
+	}
+	l.inflight = false
+	if granted > 0 {
+		l.tokens += granted
+		l.expires = now.Add(c.Lifetime)
+	}
+	l.bucket = 0
+	if g.Remaining > 0 && g.Remaining < math.MaxInt32 {
+		l.bucket = int(g.Remaining)
+	}
+	round := float64(l.want) * float64(c.servers())
+	if granted == 0 || granted < l.want || g.Remaining < round {
+		d := l.fairShare(c, l.want)
+		if granted == 0 && g.Wait > d {
+			d = min(g.Wait, maxPace)
+		}
+		l.pacedUntil = now.Add(l.jitter(d))
+	}
+	return 0
+}
+
+// Failed tells the lease that its refill seq failed (timeout, Redis error, breaker open).
+// The tokens on hand stay usable; the next request that needs more starts a new refill.
+func (l *Lease) Failed(seq uint64) {
+	if l.inflight && seq == l.seq {
+		l.inflight = false
+	}
+}
+
+// Expire drops the tokens on hand if their lifetime has passed at now, and returns how many
+// the caller must refund.
+func (l *Lease) Expire(c *LeaseConfig, now time.Time) (refund int) {
+	if l.tokens == 0 || now.Before(l.expires) {
+		return 0
+	}
+	return l.giveBack()
+}
+
+// Drain empties the lease (on eviction or Close): it returns the tokens on hand for refund
+// and forgets the refill in flight, whose answer, when it comes, [Lease.Granted] returns
+// for refund too. The demand estimate and pacing are kept.
+func (l *Lease) Drain() (refund int) {
+	l.inflight = false
+	return l.giveBack()
+}
+
+func (l *Lease) giveBack() int {
+	n := l.tokens
+	l.tokens = 0
+	l.stats.Refunded += int64(n)
+	return n
+}
+
+// fairShare is the time the fleet's bucket needs to refill one round of batches:
+// batch × servers / rate.
+func (l *Lease) fairShare(c *LeaseConfig, batch int) time.Duration {
+	secs := float64(max(batch, 1)) * float64(c.servers()) / c.Rate
+	if !(secs < maxPace.Seconds()) { // also catches NaN and Inf
+		return maxPace
+	}
+	return time.Duration(secs * float64(time.Second))
+}
+
+// jitter returns d scaled by a factor uniform in [0.5, 1.5).
+func (l *Lease) jitter(d time.Duration) time.Duration {
+	l.rng += 0x9e3779b97f4a7c15
+	z := l.rng
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	z ^= z >> 31
+	u := float64(z>>11) / (1 << 53)
+	return time.Duration(float64(d) * (0.5 + u))
+}
+
+// observe counts n tokens of demand at now.
+func (l *Lease) observe(c *LeaseConfig, now time.Time, n int) {
+	l.roll(c, now)
+	l.cur += float64(n)
+}
+
+// roll moves the demand windows forward to now.
+func (l *Lease) roll(c *LeaseConfig, now time.Time) {
+	w := c.DemandWindow
+	if w <= 0 {
+		w = DefaultDemandWindow
+	}
+	if !l.winSet {
+		l.winStart, l.winSet = now, true
+		return
+	}
+	if now.Before(l.winStart) {
+		return
+	}
+	switch el := now.Sub(l.winStart); {
+	case el < w:
+	case el < 2*w:
+		l.prev, l.cur = l.cur, 0
+		l.winStart = l.winStart.Add(w)
+	default:
+		l.prev, l.cur = 0, 0
+		l.winStart = now
+	}
+}
+
+// Demand returns the local demand estimate at now, in tokens per second: the larger of the
+// sliding-window estimate and the fast one (see [Lease.Batch]).
+func (l *Lease) Demand(c *LeaseConfig, now time.Time) float64 {
+	return l.demand(c, now)
+}
+
+func (l *Lease) demand(c *LeaseConfig, now time.Time) float64 {
+	sliding, fast := l.rates(c, now)
+	return max(sliding, fast)
+}
+
+// rates returns two estimates of local demand in tokens per second. sliding weighs the
+// previous window by how much of it still overlaps plus the current one; it is steady but
+// slow to see a rise. fast is the current window alone over at least one refill interval;
+// it sees a sudden rise at once and sizes batches, but a single request looks like a rate.
+func (l *Lease) rates(c *LeaseConfig, now time.Time) (sliding, fast float64) {
+	l.roll(c, now)
+	w := c.DemandWindow
+	if w <= 0 {
+		w = DefaultDemandWindow
+	}
+	el := max(now.Sub(l.winStart), 0)
+	frac := min(float64(el)/float64(w), 1)
+	sliding = (l.prev*(1-frac) + l.cur) / w.Seconds()
+	fast = l.cur / max(el, c.RefillInterval, time.Millisecond).Seconds()
+	return sliding, fast
+}

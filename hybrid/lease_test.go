@@ -1,0 +1,455 @@
+package hybrid
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// op is one step of a lease table test: an input at t0+at and what must come back.
+type op struct {
+	at   time.Duration
+	kind opKind
+	n    int // cost (acquire, recheck) or tokens granted (grant)
+
+	remaining float64       // grant: the bucket's level after the take
+	wait      time.Duration // grant: time until min is available
+	staleSeq  bool          // grant/fail: answer a refill that is not the one in flight
+
+	// expectations (acquire, recheck)
+	act        Action
+	reason     Reason
+	want, min  int // refill asked for; 0 = none
+	retryLo    time.Duration
+	retryHi    time.Duration // RetryAfter must lie in [retryLo, retryHi]
+	refund     int           // Step.Refund, or the return of grant/expire/drain
+	tokensWant int           // tokens on hand after the op; -1 = do not check
+}
+
+type opKind uint8
+
+const (
+	acquire opKind = iota
+	recheck
+	grant
+	fail
+	expire
+	drain
+)
+
+func (k opKind) String() string {
+	return [...]string{"acquire", "recheck", "grant", "fail", "expire", "drain"}[k]
+}
+
+func runLease(t *testing.T, c LeaseConfig, ops []op) {
+	t.Helper()
+	c, err := c.Normalize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := NewLease(1)
+	var seq uint64
+	for i, o := range ops {
+		now := t0.Add(o.at)
+		switch o.kind {
+		case acquire, recheck:
+			var st Step
+			if o.kind == acquire {
+				st = l.Acquire(&c, now, o.n)
+			} else {
+				st = l.Recheck(&c, now, o.n)
+			}
+			if st.Refill.Want > 0 {
+				seq = st.Refill.Seq
+			}
+			if st.Action != o.act || st.Reason != o.reason {
+				t.Fatalf("step %d: %v(t0+%v, %d) = %v (%v), want %v (%v)", i, o.kind, o.at, o.n, st.Action, st.Reason, o.act, o.reason)
+			}
+			if st.Refill.Want != o.want || st.Refill.Min != o.min {
+				t.Fatalf("step %d: %v(t0+%v, %d) refill want %d min %d, want %d min %d", i, o.kind, o.at, o.n, st.Refill.Want, st.Refill.Min, o.want, o.min)
+			}
+			if st.RetryAfter < o.retryLo || st.RetryAfter > o.retryHi {
+				t.Fatalf("step %d: %v(t0+%v, %d) retry-after %v, want in [%v, %v]", i, o.kind, o.at, o.n, st.RetryAfter, o.retryLo, o.retryHi)
+			}
+			if st.Refund != o.refund {
+				t.Fatalf("step %d: %v(t0+%v, %d) refund %d, want %d", i, o.kind, o.at, o.n, st.Refund, o.refund)
+			}
+		case grant:
+			s := seq
+			if o.staleSeq {
+				s = seq - 1
+			}
+			if got := l.Granted(&c, now, s, Grant{Granted: o.n, Remaining: o.remaining, Wait: o.wait}); got != o.refund {
+				t.Fatalf("step %d: Granted(t0+%v, %d) refund %d, want %d", i, o.at, o.n, got, o.refund)
+			}
+		case fail:
+			s := seq
+			if o.staleSeq {
+				s = seq - 1
+			}
+			l.Failed(s)
+		case expire:
+			if got := l.Expire(&c, now); got != o.refund {
+				t.Fatalf("step %d: Expire(t0+%v) = %d, want %d", i, o.at, got, o.refund)
+			}
+		case drain:
+			if got := l.Drain(); got != o.refund {
+				t.Fatalf("step %d: Drain() = %d, want %d", i, got, o.refund)
+			}
+		}
+		if o.tokensWant >= 0 && l.Tokens() != o.tokensWant {
+			t.Fatalf("step %d: %v: tokens on hand %d, want %d", i, o.kind, l.Tokens(), o.tokensWant)
+		}
+		s := l.Stats()
+		if s.Granted != s.Consumed+s.Refunded+int64(s.OnHand) {
+			t.Fatalf("step %d: stats %+v: granted != consumed + refunded + on hand", i, s)
+		}
+	}
+}
+
+// Shorthands for table rows. tokens -1 skips the check.
+func acq(at time.Duration, n int, act Action, reason Reason, want, minimum, tokens int) op {
+	return op{at: at, kind: acquire, n: n, act: act, reason: reason, want: want, min: minimum, tokensWant: tokens}
+}
+
+func rec(at time.Duration, n int, act Action, reason Reason, want, minimum, tokens int) op {
+	o := acq(at, n, act, reason, want, minimum, tokens)
+	o.kind = recheck
+	return o
+}
+
+func grt(at time.Duration, granted int, remaining float64, tokens int) op {
+	return op{at: at, kind: grant, n: granted, remaining: remaining, tokensWant: tokens}
+}
+
+func denied(at time.Duration, n int, reason Reason, lo, hi time.Duration, tokens int) op {
+	return op{at: at, kind: acquire, n: n, act: Deny, reason: reason, retryLo: lo, retryHi: hi, tokensWant: tokens}
+}
+
+const ms = time.Millisecond
+
+func TestLeaseRules(t *testing.T) {
+	big := LeaseConfig{Rate: 1000, Burst: 1000, Servers: 1}
+	tests := []struct {
+		name string
+		cfg  LeaseConfig
+		ops  []op
+	}{
+		{"cold key asks for one cost and waits", big, []op{
+			acq(0, 1, Wait, ReasonRefill, 1, 1, 0),
+			grt(1*ms, 1, 999, 1),
+			rec(1*ms, 1, Allow, ReasonLease, 0, 0, 0),
+		}},
+		{"one refill in flight: others wait without a second refill", big, []op{
+			acq(0, 1, Wait, ReasonRefill, 1, 1, 0),
+			acq(0, 1, Wait, ReasonRefill, 0, 0, 0),
+			acq(0, 2, Wait, ReasonRefill, 0, 0, 0),
+		}},
+		{"batch follows demand: 50 asked in the first 100ms -> 500/s x 100ms", big, append(
+			repeatOps(50, acq(0, 1, Wait, ReasonRefill, 0, 0, 0), acq(0, 1, Wait, ReasonRefill, 1, 1, 0)),
+			grt(1*ms, 1, 999, 1),
+			rec(1*ms, 1, Allow, ReasonLease, 0, 0, 0),
+			acq(2*ms, 1, Wait, ReasonRefill, 51, 1, 0), // 51 asked / 100ms -> batch 51
+		)},
+		{"batch capped at burst / servers", LeaseConfig{Rate: 1000, Burst: 100, Servers: 10}, append(
+			repeatOps(500, acq(0, 1, Wait, ReasonRefill, 0, 0, 0), acq(0, 1, Wait, ReasonRefill, 1, 1, 0)),
+			grt(1*ms, 1, 99, 1),
+			rec(1*ms, 1, Allow, ReasonLease, 10, 1, 0), // prefetch: 501 asked, batch capped at 10
+			acq(2*ms, 1, Wait, ReasonRefill, 0, 0, 0),
+		)},
+		{"burst / servers below cost: one cost per server", LeaseConfig{Rate: 10, Burst: 10, Servers: 20}, append(
+			repeatOps(100, acq(0, 3, Wait, ReasonRefill, 0, 0, 0), acq(0, 3, Wait, ReasonRefill, 3, 3, 0)),
+		)},
+		{"AllowN is atomic: short tokens are kept, min = n - on hand", big, []op{
+			acq(0, 1, Wait, ReasonRefill, 1, 1, 0),
+			grt(1*ms, 3, 997, 3),
+			rec(1*ms, 5, Wait, ReasonRefill, 2, 2, 3), // needs 2 more, asks at least 2
+			grt(2*ms, 0, 1, 3),                        // bucket has 1: grant 0
+			denied(3*ms, 5, ReasonPaced, 0, 2*ms, 3),  // still 3 on hand, none spent
+			rec(3*ms, 3, Allow, ReasonLease, 0, 0, 0), // a cost-3 request fits
+			denied(3*ms, 1, ReasonPaced, 0, 2*ms, 0),  // paced: no refill yet
+			acq(5*ms, 1, Wait, ReasonRefill, 8, 1, 0), // pacing over; 8 asked in 100ms -> batch 8
+			denied(5*ms, 1001, ReasonExceedsBurst, InfDuration, InfDuration, 0),
+		}},
+		{"zero grant paces about batch x servers / rate, jittered", LeaseConfig{Rate: 100, Burst: 100, Servers: 10}, []op{
+			acq(0, 1, Wait, ReasonRefill, 1, 1, 0),
+			grt(1*ms, 0, 0.5, 0),
+			// fair share 1 x 10 / 100 = 100ms, jittered to [50ms, 150ms)
+			denied(1*ms, 1, ReasonPaced, 49*ms, 150*ms, 0),
+			denied(40*ms, 1, ReasonPaced, 10*ms, 111*ms, 0),
+			acq(152*ms, 1, Wait, ReasonRefill, 3, 1, 0), // 4 asked in 152ms x 100ms -> 3
+		}},
+		{"zero grant with a longer bucket wait paces by the wait", LeaseConfig{Rate: 100, Burst: 100, Servers: 1}, []op{
+			acq(0, 1, Wait, ReasonRefill, 1, 1, 0),
+			{at: 1 * ms, kind: grant, n: 0, remaining: 0, wait: 400 * ms, tokensWant: 0},
+			denied(1*ms, 1, ReasonPaced, 200*ms, 600*ms, 0),
+		}},
+		{"partial grant paces; tokens on hand still serve, prefetch waits", LeaseConfig{Rate: 1000, Burst: 1000, Servers: 4}, append(
+			repeatOps(40, acq(0, 1, Wait, ReasonRefill, 0, 0, 0), acq(0, 1, Wait, ReasonRefill, 1, 1, 0)),
+			grt(1*ms, 1, 999, 1),
+			rec(1*ms, 1, Allow, ReasonLease, 0, 0, 0),
+			acq(1*ms, 1, Wait, ReasonRefill, 41, 1, 0),
+			grt(2*ms, 4, 0.3, 4),                      // partial: paced ~ 41 x 4 / 1000 = 164ms
+			rec(2*ms, 1, Allow, ReasonLease, 0, 0, 3), // below watermark, but no prefetch: paced
+			rec(2*ms, 3, Allow, ReasonLease, 0, 0, 0),
+			denied(3*ms, 1, ReasonPaced, 70*ms, 245*ms, 0),
+		)},
+		{"full grant leaving less than one fleet round paces", LeaseConfig{Rate: 1000, Burst: 1000, Servers: 10}, []op{
+			acq(0, 1, Wait, ReasonRefill, 1, 1, 0),
+			grt(1*ms, 1, 9, 1), // 9 left < 1 x 10
+			rec(1*ms, 1, Allow, ReasonLease, 0, 0, 0),
+			denied(1*ms, 1, ReasonPaced, 4*ms, 16*ms, 0),
+		}},
+		{"full grant with room to spare does not pace", LeaseConfig{Rate: 1000, Burst: 1000, Servers: 10}, []op{
+			acq(0, 1, Wait, ReasonRefill, 1, 1, 0),
+			grt(1*ms, 1, 500, 1),
+			rec(1*ms, 1, Allow, ReasonLease, 0, 0, 0),
+			acq(1*ms, 1, Wait, ReasonRefill, 2, 1, 0),
+		}},
+		{"prefetch below the low watermark, once", LeaseConfig{Rate: 1000, Burst: 1000, Servers: 1, Lifetime: 5 * time.Second}, append(
+			repeatOps(100, acq(0, 1, Wait, ReasonRefill, 0, 0, 0), acq(0, 1, Wait, ReasonRefill, 1, 1, 0)),
+			grt(1*ms, 1, 999, 1),
+			rec(1*ms, 1, Allow, ReasonLease, 100, 1, 0), // 0 < 0.5 x batch 100: prefetch
+			grt(2*ms, 100, 899, 100),
+			acq(3*ms, 20, Allow, ReasonLease, 0, 0, 80),      // 80 >= 0.5 x batch 120: no prefetch
+			acq(3*ms, 30, Allow, ReasonLease, 150-50, 1, 50), // 50 < 0.5 x 150: prefetch up to 150
+			acq(3*ms, 10, Allow, ReasonLease, 0, 0, 40),      // in flight: no second prefetch
+		)},
+		{"no prefetch for an idle key: tokens would only expire", LeaseConfig{Rate: 1000, Burst: 1000, Servers: 1, Lifetime: 10 * ms}, []op{
+			acq(0, 1, Wait, ReasonRefill, 1, 1, 0),
+			grt(1*ms, 1, 999, 1),
+			rec(1*ms, 1, Allow, ReasonLease, 0, 0, 0),
+		}},
+		{"expired tokens are refunded, then a refill starts", LeaseConfig{Rate: 1000, Burst: 1000, Servers: 1, Lifetime: 50 * ms}, []op{
+			acq(0, 3, Wait, ReasonRefill, 3, 3, 0),
+			grt(1*ms, 3, 997, 3),
+			rec(1*ms, 1, Allow, ReasonLease, 0, 0, 2),
+			{at: 50 * ms, kind: expire, refund: 0, tokensWant: 2}, // lifetime runs from the grant
+			{at: 51 * ms, kind: acquire, n: 1, act: Wait, reason: ReasonRefill, want: 4, min: 1, refund: 2, tokensWant: 0},
+		}},
+		{"Expire on its own", LeaseConfig{Rate: 1000, Burst: 1000, Servers: 1, Lifetime: 50 * ms}, []op{
+			acq(0, 2, Wait, ReasonRefill, 2, 2, 0),
+			grt(1*ms, 2, 998, 2),
+			{at: 51 * ms, kind: expire, refund: 2, tokensWant: 0},
+			{at: 52 * ms, kind: expire, refund: 0, tokensWant: 0},
+		}},
+		{"drain returns tokens; the late answer of the forgotten refill is refunded", big, []op{
+			acq(0, 4, Wait, ReasonRefill, 4, 4, 0),
+			grt(1*ms, 4, 996, 4),
+			rec(1*ms, 3, Allow, ReasonLease, 0, 0, 1),
+			acq(1*ms, 2, Wait, ReasonRefill, 5, 1, 1), // 6 asked -> batch 6, 1 on hand
+			{at: 2 * ms, kind: drain, refund: 1, tokensWant: 0},
+			{at: 3 * ms, kind: grant, n: 4, remaining: 992, refund: 4, tokensWant: 0},
+			acq(4*ms, 2, Wait, ReasonRefill, 8, 2, 0),
+		}},
+		{"a failed refill clears the flight; its late answer is refunded", big, []op{
+			acq(0, 1, Wait, ReasonRefill, 1, 1, 0),
+			{at: 1 * ms, kind: fail, tokensWant: 0},
+			{at: 2 * ms, kind: grant, n: 1, remaining: 999, refund: 1, tokensWant: 0},
+			acq(3*ms, 1, Wait, ReasonRefill, 2, 1, 0),
+			{at: 4 * ms, kind: fail, staleSeq: true, tokensWant: 0}, // not the flight: ignored
+			acq(4*ms, 1, Wait, ReasonRefill, 0, 0, 0),
+			{at: 5 * ms, kind: grant, n: 2, staleSeq: true, remaining: 9, refund: 2, tokensWant: 0},
+			grt(5*ms, 3, 990, 3),
+		}},
+		{"cost 0 passes, negative cost is refused", big, []op{
+			acq(0, 0, Allow, ReasonLease, 0, 0, 0),
+			{at: 0, kind: acquire, n: -1, act: Deny, reason: ReasonInvalidCost, retryLo: InfDuration, retryHi: InfDuration, tokensWant: 0},
+		}},
+		{"cost above burst can never pass", LeaseConfig{Rate: 10, Burst: 5}, []op{
+			{at: 0, kind: acquire, n: 6, act: Deny, reason: ReasonExceedsBurst, retryLo: InfDuration, retryHi: InfDuration, tokensWant: 0},
+			acq(0, 5, Wait, ReasonRefill, 5, 5, 0),
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { runLease(t, tt.cfg, tt.ops) })
+	}
+}
+
+// repeatOps returns first followed by n-1 copies of rest.
+func repeatOps(n int, rest, first op) []op {
+	out := []op{first}
+	for range n - 1 {
+		out = append(out, rest)
+	}
+	return out
+}
+
+func TestLeaseConfigNormalize(t *testing.T) {
+	bad := []LeaseConfig{
+		{Rate: 0, Burst: 1},
+		{Rate: -1, Burst: 1},
+		{Rate: nan(), Burst: 1},
+		{Rate: inf(), Burst: 1},
+		{Rate: 1, Burst: 0},
+		{Rate: 1, Burst: 1, Servers: -1},
+		{Rate: 1, Burst: 1, Lifetime: -1},
+		{Rate: 1, Burst: 1, LowWatermark: 2},
+		{Rate: 1, Burst: 1, LowWatermark: nan()},
+	}
+	for _, c := range bad {
+		if _, err := c.Normalize(); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("Normalize(%+v) = %v, want ErrInvalidConfig", c, err)
+		}
+	}
+	c, err := LeaseConfig{Rate: 1, Burst: 1}.Normalize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := LeaseConfig{Rate: 1, Burst: 1, Servers: 1, RefillInterval: DefaultRefillInterval,
+		Lifetime: DefaultLifetime, LowWatermark: DefaultLowWatermark, DemandWindow: DefaultDemandWindow}
+	if c != want {
+		t.Errorf("Normalize defaults = %+v, want %+v", c, want)
+	}
+}
+
+func TestLeaseZeroConfigDoesNotPanic(t *testing.T) {
+	var c LeaseConfig // not normalized: zero rate, burst, servers
+	l := NewLease(3)
+	st := l.Acquire(&c, t0, 1)
+	if st.Action != Deny || st.Reason != ReasonExceedsBurst {
+		t.Fatalf("Acquire on a zero config = %+v", st)
+	}
+	c.Burst = 1
+	st = l.Acquire(&c, t0, 1)
+	l.Granted(&c, t0, st.Refill.Seq, Grant{})
+	if d := l.PacedUntil().Sub(t0); d <= 0 || d > maxPace {
+		t.Fatalf("pacing with rate 0 = %v, want (0, %v]", d, maxPace)
+	}
+}
+
+func TestLeaseJitterDeterministic(t *testing.T) {
+	c, _ := LeaseConfig{Rate: 100, Burst: 100, Servers: 10}.Normalize()
+	paced := func(seed uint64) time.Duration {
+		l := NewLease(seed)
+		st := l.Acquire(&c, t0, 1)
+		l.Granted(&c, t0, st.Refill.Seq, Grant{})
+		return l.PacedUntil().Sub(t0)
+	}
+	if paced(7) != paced(7) {
+		t.Fatal("same seed, different jitter")
+	}
+	seen := map[time.Duration]bool{}
+	for s := range uint64(20) {
+		seen[paced(s)] = true
+	}
+	if len(seen) < 15 {
+		t.Fatalf("20 seeds gave only %d distinct pacing intervals", len(seen))
+	}
+}
+
+// TestLeaseConservesTokens drives a lease with random demand, grants (full, partial, zero,
+// over-long), failures, late answers, expiry and drains, and checks that the tokens it
+// hands out (consumed) plus those it hands back (refunded) never exceed those granted, that
+// the stats balance exactly, and that a server never holds more than its cap.
+func TestLeaseConservesTokens(t *testing.T) {
+	seeds := 400
+	if testing.Short() {
+		seeds = 50
+	}
+	for seed := range seeds {
+		r := rand.New(rand.NewPCG(uint64(seed), 99))
+		c, err := LeaseConfig{
+			Rate:           float64(1 + r.IntN(2000)),
+			Burst:          1 + r.IntN(500),
+			Servers:        1 + r.IntN(50),
+			RefillInterval: time.Duration(1+r.IntN(200)) * ms,
+			Lifetime:       time.Duration(1+r.IntN(500)) * ms,
+			LowWatermark:   r.Float64() - 0.1,
+		}.Normalize()
+		if err != nil {
+			t.Fatal(err)
+		}
+		maxCost := 1 + r.IntN(min(c.Burst, 8))
+		l := NewLease(uint64(seed))
+		now := t0
+		var given, consumed, refunded int64
+		var flight Refill
+		var stale []Refill // refills whose answers may still come
+		for range 2000 {
+			now = now.Add(time.Duration(r.IntN(5000)) * time.Microsecond)
+			switch k := r.IntN(10); {
+			case k < 5: // a request
+				n := r.IntN(maxCost + 1)
+				st := l.Acquire(&c, now, n)
+				refunded += int64(st.Refund)
+				if st.Action == Allow {
+					consumed += int64(max(n, 0))
+				}
+				if st.Refill.Want > 0 {
+					if flight.Want > 0 {
+						t.Fatalf("seed %d: second refill %+v while %+v in flight", seed, st.Refill, flight)
+					}
+					if st.Refill.Min < 1 || st.Refill.Min > st.Refill.Want {
+						t.Fatalf("seed %d: bad refill %+v", seed, st.Refill)
+					}
+					flight = st.Refill
+				}
+			case k < 7 && flight.Want > 0: // the answer
+				g := flight.Want
+				switch r.IntN(3) {
+				case 0:
+					g = 0
+				case 1:
+					g = flight.Min + r.IntN(flight.Want-flight.Min+1)
+				}
+				given += int64(g)
+				refunded += int64(l.Granted(&c, now, flight.Seq, Grant{Granted: g, Remaining: r.Float64() * float64(c.Burst), Wait: time.Duration(r.IntN(100)) * ms}))
+				flight = Refill{}
+			case k == 7 && flight.Want > 0:
+				l.Failed(flight.Seq)
+				stale = append(stale, flight)
+				flight = Refill{}
+			case k == 8 && len(stale) > 0: // a late answer
+				s := stale[0]
+				stale = stale[1:]
+				given += int64(s.Want)
+				if got := l.Granted(&c, now, s.Seq, Grant{Granted: s.Want}); got != s.Want {
+					t.Fatalf("seed %d: late grant of %d refunded %d", seed, s.Want, got)
+				}
+				refunded += int64(s.Want)
+			case k == 9:
+				if r.IntN(4) == 0 {
+					refunded += int64(l.Drain())
+					if flight.Want > 0 {
+						stale = append(stale, flight)
+						flight = Refill{}
+					}
+				} else {
+					refunded += int64(l.Expire(&c, now))
+				}
+			}
+			if consumed+refunded > given {
+				t.Fatalf("seed %d: consumed %d + refunded %d > granted %d", seed, consumed, refunded, given)
+			}
+			s := l.Stats()
+			if s.Granted != given || s.Consumed != consumed || s.Refunded != refunded || s.Granted != s.Consumed+s.Refunded+int64(s.OnHand) {
+				t.Fatalf("seed %d: stats %+v, caller saw granted %d consumed %d refunded %d", seed, s, given, consumed, refunded)
+			}
+			if s.OnHand < 0 || s.OnHand > c.Cap(maxCost) {
+				t.Fatalf("seed %d: %d on hand, cap %d", seed, s.OnHand, c.Cap(maxCost))
+			}
+		}
+	}
+}
+
+func BenchmarkLeaseAcquire(b *testing.B) {
+	c, _ := LeaseConfig{Rate: 1e9, Burst: 1 << 30, Servers: 1}.Normalize()
+	l := NewLease(1)
+	now := t0
+	b.ReportAllocs()
+	for b.Loop() {
+		now = now.Add(time.Microsecond)
+		st := l.Acquire(&c, now, 1)
+		if st.Refill.Want > 0 {
+			l.Granted(&c, now, st.Refill.Seq, Grant{Granted: st.Refill.Want, Remaining: 1 << 29})
+		}
+	}
+}
+
+func nan() float64 { return math.NaN() }
+func inf() float64 { return math.Inf(1) }
