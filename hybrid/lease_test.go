@@ -163,6 +163,9 @@ func TestLeaseRules(t *testing.T) {
 		)},
 		{"burst / servers below cost: one cost per server", LeaseConfig{Rate: 10, Burst: 10, Servers: 20}, append(
 			repeatOps(100, acq(0, 3, Wait, ReasonRefill, 0, 0, 0), acq(0, 3, Wait, ReasonRefill, 3, 3, 0)),
+			grt(1*ms, 3, 7, 3),
+			rec(1*ms, 3, Allow, ReasonLease, 0, 0, 0),
+			denied(1*ms, 3, ReasonPaced, 2999*ms, 9*time.Second, 0), // 7 left < 3 x 20: paced 3 x 20 / 10/s = 6s, jittered
 		)},
 		{"AllowN is atomic: short tokens are kept, min = n - on hand", big, []op{
 			acq(0, 1, Wait, ReasonRefill, 1, 1, 0),
