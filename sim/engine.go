@@ -1,0 +1,99 @@
+package sim
+
+import "time"
+
+// event is one thing that happens at a virtual instant. Events at the same instant run in
+// the order they were scheduled (seq), so a run is a pure function of its seed.
+type event struct {
+	at  time.Duration
+	seq uint64
+	fn  func()
+}
+
+// engine is a discrete-event loop in virtual time: a binary heap of events ordered by
+// (at, seq). Nothing in it reads the wall clock and nothing runs concurrently.
+type engine struct {
+	now    time.Duration
+	seq    uint64
+	q      []event
+	events uint64 // events run so far
+	// advance, when set, is called with the next event's instant before the clock moves
+	// there (used to drive a testing/synctest bubble's clock alongside).
+	advance func(to time.Duration)
+}
+
+// at schedules fn at virtual instant t (never in the past).
+func (e *engine) at(t time.Duration, fn func()) {
+	if t < e.now {
+		t = e.now
+	}
+	e.seq++
+	e.q = append(e.q, event{at: t, seq: e.seq, fn: fn})
+	e.up(len(e.q) - 1)
+}
+
+// after schedules fn d after now.
+func (e *engine) after(d time.Duration, fn func()) { e.at(e.now+d, fn) }
+
+// runUntil runs every event due at or before t, then leaves the clock at t.
+func (e *engine) runUntil(t time.Duration) {
+	for len(e.q) > 0 && e.q[0].at <= t {
+		ev := e.pop()
+		if ev.at > e.now && e.advance != nil {
+			e.advance(ev.at)
+		}
+		e.now = ev.at
+		e.events++
+		ev.fn()
+	}
+	if t > e.now {
+		if e.advance != nil {
+			e.advance(t)
+		}
+		e.now = t
+	}
+}
+
+// pending reports how many events are scheduled.
+func (e *engine) pending() int { return len(e.q) }
+
+func (e *engine) less(i, j int) bool {
+	a, b := &e.q[i], &e.q[j]
+	return a.at < b.at || (a.at == b.at && a.seq < b.seq)
+}
+
+func (e *engine) up(i int) {
+	for i > 0 {
+		p := (i - 1) / 2
+		if !e.less(i, p) {
+			return
+		}
+		e.q[i], e.q[p] = e.q[p], e.q[i]
+		i = p
+	}
+}
+
+func (e *engine) pop() event {
+	n := len(e.q) - 1
+	top := e.q[0]
+	e.q[0] = e.q[n]
+	e.q[n] = event{}
+	e.q = e.q[:n]
+	i := 0
+	for {
+		l := 2*i + 1
+		if l >= n {
+			break
+		}
+		m := l
+		if r := l + 1; r < n && e.less(r, l) {
+			m = r
+		}
+		if !e.less(m, i) {
+			break
+		}
+		e.q[i], e.q[m] = e.q[m], e.q[i]
+		i = m
+	}
+	return top
+}
