@@ -1,0 +1,289 @@
+package local
+
+import (
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// Config configures a Limiter. Rate and Burst are required.
+type Config struct {
+	// Rate is the refill rate in tokens per second of every key's bucket.
+	// It must be positive; rate.Inf admits everything.
+	Rate rate.Limit
+
+	// Burst is the size of every key's bucket: the most one key can spend
+	// at once. It must be at least 1 (x/time/rate treats a burst of 0 as
+	// "deny everything", which as a configuration is a silent fail-closed).
+	Burst int
+
+	// MaxKeys caps the number of keys held; 0 means DefaultMaxKeys.
+	MaxKeys int
+
+	// IdleTimeout drops a key's bucket after it has been unused this long.
+	// 0 means the time an empty bucket takes to fill up, plus one second
+	// (the same rule as the TTL of the Redis script): a bucket dropped then
+	// is full, and a full bucket is the same as no key, so nothing is lost.
+	// A shorter timeout saves memory but lets a key that comes back after it
+	// start with a full bucket early. Negative is an error.
+	IdleTimeout time.Duration
+
+	// Shards is as in StoreConfig; 0 picks a default.
+	Shards int
+}
+
+// A Limiter is a set of token buckets, one per key, each a
+// golang.org/x/time/rate Limiter with the same rate and burst: the
+// per-process tier of fleetlimit, for one limit.
+//
+// A key's bucket is created full on first use and dropped when it has been
+// idle for the idle timeout or when the limiter is full and it is the least
+// recently used key of its shard (see Store). A dropped key that comes back
+// starts with a full bucket again: that is token-bucket semantics, a full
+// bucket is the same as no bucket, and with the default idle timeout a
+// bucket is only dropped for idleness once it is full anyway. A bucket
+// dropped for capacity, though, may have been partly spent; size MaxKeys
+// for the number of keys active within one idle timeout.
+//
+// Time is a parameter: AllowN takes the instant of the request, and Allow
+// is shorthand for AllowN(time.Now(), key, 1). An instant earlier than one
+// already seen for the same key counts as that later instant, so a clock
+// that steps back never creates tokens (a bare rate.Limiter does create
+// them in that case).
+//
+// Most callers should use AllowN, or Allow. A Limiter is safe for
+// simultaneous use by multiple goroutines and starts no goroutines.
+type Limiter struct {
+	store *Store[bucket]
+	cfg   atomic.Pointer[limitConfig]
+
+	mu          sync.Mutex // serialises SetLimitAt
+	defaultIdle bool       // IdleTimeout follows the refill time
+}
+
+// limitConfig is one version of the limit; buckets pick up a newer version
+// the next time they are used.
+type limitConfig struct {
+	r     rate.Limit
+	burst int
+	fill  time.Duration // an empty bucket's time to fill, plus a second
+	gen   uint64
+	at    time.Time // instant SetLimitAt took effect
+}
+
+type bucket struct {
+	lim rate.Limiter
+	gen uint64
+}
+
+// NewLimiter returns a Limiter with no keys, or an error wrapping
+// ErrInvalidConfig that says what is wrong with cfg.
+func NewLimiter(cfg Config) (*Limiter, error) {
+	lc, err := newLimitConfig(cfg.Rate, cfg.Burst)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.IdleTimeout < 0 {
+		return nil, fmt.Errorf("%w: IdleTimeout %v is negative", ErrInvalidConfig, cfg.IdleTimeout)
+	}
+	l := &Limiter{defaultIdle: cfg.IdleTimeout == 0}
+	l.cfg.Store(lc)
+	idle := cfg.IdleTimeout
+	if l.defaultIdle {
+		idle = lc.fill
+	}
+	l.store, err = NewStore(StoreConfig[bucket]{
+		MaxKeys:     cfg.MaxKeys,
+		IdleTimeout: idle,
+		Shards:      cfg.Shards,
+		Init:        l.initBucket,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+func newLimitConfig(r rate.Limit, burst int) (*limitConfig, error) {
+	switch {
+	case math.IsNaN(float64(r)):
+		return nil, fmt.Errorf("%w: rate is NaN", ErrInvalidConfig)
+	case r <= 0:
+		return nil, fmt.Errorf("%w: rate %v is not positive", ErrInvalidConfig, float64(r))
+	case burst < 1:
+		return nil, fmt.Errorf("%w: burst %d is less than 1 (a bucket of 0 denies everything)", ErrInvalidConfig, burst)
+	}
+	fill := time.Second
+	if r != rate.Inf {
+		ms := math.Ceil(float64(burst) / float64(r) * 1000)
+		if ms > float64(math.MaxInt64/int64(time.Millisecond))-1000 {
+			return nil, fmt.Errorf("%w: rate %v is too small for burst %d: filling the bucket would take %.3g s",
+				ErrInvalidConfig, float64(r), burst, ms/1000)
+		}
+		fill = time.Duration(ms)*time.Millisecond + time.Second
+	}
+	return &limitConfig{r: r, burst: burst, fill: fill}, nil
+}
+
+// initBucket makes a full bucket for a new key: its history starts one
+// fill time before now. It runs under the shard lock.
+func (l *Limiter) initBucket(b *bucket, _ string, now time.Time) {
+	c := l.cfg.Load()
+	start := now.Add(-c.fill)
+	b.lim.SetLimitAt(start, c.r)
+	b.lim.SetBurstAt(start, c.burst)
+	b.gen = c.gen
+}
+
+// AllowN reports whether n tokens may be taken from key's bucket at instant
+// now, and takes them if so. It never waits. AllowN(now, key, 0) reports
+// true without taking anything; a negative n reports false. The empty
+// string is a key like any other. A closed Limiter reports false.
+func (l *Limiter) AllowN(now time.Time, key string, n int) bool {
+	if n < 0 {
+		return false
+	}
+	sh, e, ok := l.store.acquire(now, key)
+	if !ok {
+		return false
+	}
+	t := l.advance(e, now)
+	allowed := n == 0 || e.val.lim.AllowN(t, n)
+	l.store.release(sh)
+	return allowed
+}
+
+// Allow is shorthand for AllowN(time.Now(), key, 1).
+func (l *Limiter) Allow(key string) bool {
+	return l.AllowN(time.Now(), key, 1)
+}
+
+// TokensAt returns the number of tokens key's bucket holds at instant now,
+// without taking any or making the key more recently used; a key that is
+// not held has a full bucket. Like AllowN, it never moves the key's time
+// backwards.
+func (l *Limiter) TokensAt(now time.Time, key string) float64 {
+	sh := l.store.shardFor(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := sh.lru.Peek(key)
+	if idle := l.store.IdleTimeout(); !ok || (idle > 0 && now.Sub(e.last) >= idle) {
+		return float64(l.cfg.Load().burst) // AllowN would start afresh
+	}
+	return e.val.lim.TokensAt(l.advance(e, now))
+}
+
+// advance moves the entry's time to max(now, its last instant), applies a
+// newer limit if there is one, and returns that time. It requires that the
+// entry's shard is locked.
+func (l *Limiter) advance(e *entry[bucket], now time.Time) time.Time {
+	prev := e.last
+	if now.After(prev) {
+		e.last = now
+	}
+	if c := l.cfg.Load(); e.val.gen < c.gen {
+		l.applyConfig(&e.val, c, prev, e.last)
+	}
+	return e.last
+}
+
+// applyConfig gives b the current limit if it has an older one: the old
+// limit applies until the instant SetLimitAt was called, clamped into
+// [prev, t] so the bucket's time never moves backwards. It requires that
+// b's shard is locked.
+func (l *Limiter) applyConfig(b *bucket, c *limitConfig, prev, t time.Time) {
+	at := c.at
+	if at.Before(prev) {
+		at = prev
+	}
+	if at.After(t) {
+		at = t
+	}
+	b.lim.SetLimitAt(at, c.r)
+	b.lim.SetBurstAt(at, c.burst)
+	b.gen = c.gen
+}
+
+// SetLimitAt changes the rate and burst of every bucket, held or not, from
+// instant now on, with the same rules for r and burst as NewLimiter; an
+// invalid pair leaves the limit unchanged and returns an error wrapping
+// ErrInvalidConfig. Held buckets keep their tokens (capped at the new
+// burst) and take up the new limit when next used; if a key is not used
+// between two changes, only the later one applies to it, from its instant.
+// If the idle timeout was left to its default, it grows to the new refill
+// time when that is longer, and never shrinks: a bucket last used under the
+// old limit may need the old time to fill.
+func (l *Limiter) SetLimitAt(now time.Time, r rate.Limit, burst int) error {
+	nc, err := newLimitConfig(r, burst)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	nc.gen = l.cfg.Load().gen + 1
+	nc.at = now
+	l.cfg.Store(nc)
+	if l.defaultIdle && nc.fill > l.store.IdleTimeout() {
+		l.store.SetIdleTimeout(nc.fill)
+	}
+	return nil
+}
+
+// SetLimit is shorthand for SetLimitAt(time.Now(), r, burst).
+func (l *Limiter) SetLimit(r rate.Limit, burst int) error {
+	return l.SetLimitAt(time.Now(), r, burst)
+}
+
+// Limit returns the current rate and burst.
+func (l *Limiter) Limit() (rate.Limit, int) {
+	c := l.cfg.Load()
+	return c.r, c.burst
+}
+
+// IdleTimeout returns how long an unused key's bucket is kept.
+func (l *Limiter) IdleTimeout() time.Duration {
+	return l.store.IdleTimeout()
+}
+
+// Len returns the number of keys whose buckets are held.
+func (l *Limiter) Len() int {
+	return l.store.Len()
+}
+
+// Cap returns the most keys whose buckets are held at once.
+func (l *Limiter) Cap() int {
+	return l.store.Cap()
+}
+
+// Sweep drops up to max buckets (all if max <= 0) that are idle at instant
+// now and returns how many it dropped. Buckets are also dropped as new
+// keys arrive, so Sweep is only needed to give memory back promptly.
+func (l *Limiter) Sweep(now time.Time, max int) int {
+	return l.store.Sweep(now, max)
+}
+
+// Close drops every bucket; AllowN then reports false. Close is
+// idempotent.
+func (l *Limiter) Close() {
+	l.store.Close()
+}
+
+// FallbackLimit returns the per-server share of a fleet-wide limit of rate
+// tokens per second and burst tokens, for a fleet of servers: rate/servers,
+// and a burst of max(ceil(burst/servers), maxCost), so that a small burst
+// over many servers never rounds down to 0 (which x/time/rate treats as
+// "deny everything") and the largest single request can still pass. A
+// servers or maxCost below 1 counts as 1.
+func FallbackLimit(r float64, burst, servers, maxCost int) (rate.Limit, int) {
+	servers = max(servers, 1)
+	maxCost = max(maxCost, 1)
+	share := burst / servers
+	if burst%servers > 0 {
+		share++
+	}
+	return rate.Limit(r / float64(servers)), max(share, maxCost)
+}

@@ -1,0 +1,488 @@
+package local
+
+import (
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/golang-lru/v2/simplelru"
+)
+
+// ErrInvalidConfig is wrapped by every error that NewStore, NewLimiter,
+// SetLimit and FallbackLimit return for a configuration they cannot honour.
+var ErrInvalidConfig = errors.New("local: invalid configuration")
+
+// DefaultMaxKeys is the number of keys a Store or Limiter holds when its
+// configuration leaves MaxKeys at zero.
+const DefaultMaxKeys = 100_000
+
+// EvictReason says why a Store let go of a key.
+type EvictReason uint8
+
+const (
+	// EvictCapacity: the store was full and the key was the least recently
+	// used of its shard.
+	EvictCapacity EvictReason = iota + 1
+	// EvictIdle: the key had not been used for the idle timeout.
+	EvictIdle
+	// EvictRemoved: Remove was called for the key.
+	EvictRemoved
+	// EvictPurged: Purge or Close dropped every key.
+	EvictPurged
+)
+
+// String returns the reason's name, as in "capacity" or "idle".
+func (r EvictReason) String() string {
+	switch r {
+	case EvictCapacity:
+		return "capacity"
+	case EvictIdle:
+		return "idle"
+	case EvictRemoved:
+		return "removed"
+	case EvictPurged:
+		return "purged"
+	}
+	return fmt.Sprintf("EvictReason(%d)", uint8(r))
+}
+
+// StoreConfig configures a Store. The zero value is usable: DefaultMaxKeys
+// keys, no idle expiry, zero-valued entries and no eviction callback.
+type StoreConfig[V any] struct {
+	// MaxKeys is the hard cap on the number of keys held; when a new key
+	// arrives at a full shard, the least recently used key of that shard
+	// goes. 0 means DefaultMaxKeys; negative is an error.
+	MaxKeys int
+
+	// IdleTimeout drops a key that has not been used for this long. It is
+	// checked when the key is used again (the key then starts afresh), when
+	// a new key is added (the two least recently used keys of its shard are
+	// checked), and by Sweep. 0 disables idle expiry; negative is an error.
+	IdleTimeout time.Duration
+
+	// Shards splits the store into this many independently locked parts, by
+	// a hash of the key, so that goroutines working on different keys rarely
+	// wait for each other. The cap is split among the shards, so each shard
+	// runs its own LRU: a key is evicted when it is the least recently used
+	// of its shard, not necessarily of the whole store. 0 picks a power of
+	// two near 4×GOMAXPROCS, fewer when MaxKeys is small; it is rounded up
+	// to a power of two and cut down to MaxKeys.
+	Shards int
+
+	// Init, if set, initialises the value of a key that is being created,
+	// with the instant of the request that created it. It runs with the
+	// key's shard locked and must not call the Store.
+	Init func(v *V, key string, now time.Time)
+
+	// OnEvict, if set, is told about every key the store lets go of, after
+	// the store's locks are released, on the goroutine whose call caused the
+	// eviction. The value belongs to the callback from then on: no other
+	// call of the store sees it again. It may call the store.
+	OnEvict func(key string, v *V, reason EvictReason)
+}
+
+// A Store is a bounded, concurrency-safe map from string keys to values of
+// type V, for per-key state that must not grow without bound: it holds at
+// most MaxKeys keys, drops the least recently used when full, and drops keys
+// that have been idle for IdleTimeout. Time is never read from the clock:
+// every call that needs it takes the instant as a parameter, so a simulator
+// can drive a Store in virtual time.
+//
+// Each key also carries the latest instant it was used at; instants passed
+// for a key never move it backwards (an earlier instant is treated as the
+// latest one), so state kept per key sees a clock that never runs back.
+//
+// A Store starts no goroutines. It is safe for simultaneous use by multiple
+// goroutines. The LRU bookkeeping is golang-lru's simplelru, one per shard,
+// under a mutex per shard; see the package documentation for why.
+type Store[V any] struct {
+	shards  []shard[V]
+	mask    uint64
+	seed    maphash.Seed
+	idle    atomic.Int64 // nanoseconds; 0 = no idle expiry
+	init    func(v *V, key string, now time.Time)
+	onEvict func(key string, v *V, reason EvictReason)
+	closed  atomic.Bool
+}
+
+// maxPending is the most keys one call evicts: one for capacity and
+// sweepOnInsert idle keys.
+const (
+	sweepOnInsert = 2
+	maxPending    = 1 + sweepOnInsert
+)
+
+type shard[V any] struct {
+	mu sync.Mutex
+	// The fields below are guarded by mu.
+	lru     *simplelru.LRU[string, *entry[V]]
+	cap     int
+	closed  bool
+	pending [maxPending]eviction[V]
+	npend   int
+	_       [64]byte // keep neighbouring shards' mutexes off one cache line
+}
+
+type entry[V any] struct {
+	last time.Time // the latest instant the key was used at
+	used bool      // used since it was last moved to the front of the LRU list
+	val  V
+}
+
+type eviction[V any] struct {
+	key    string
+	e      *entry[V]
+	reason EvictReason
+}
+
+// NewStore returns an empty Store, or an error wrapping ErrInvalidConfig.
+func NewStore[V any](cfg StoreConfig[V]) (*Store[V], error) {
+	if cfg.MaxKeys < 0 {
+		return nil, fmt.Errorf("%w: MaxKeys %d is negative", ErrInvalidConfig, cfg.MaxKeys)
+	}
+	if cfg.IdleTimeout < 0 {
+		return nil, fmt.Errorf("%w: IdleTimeout %v is negative", ErrInvalidConfig, cfg.IdleTimeout)
+	}
+	if cfg.Shards < 0 {
+		return nil, fmt.Errorf("%w: Shards %d is negative", ErrInvalidConfig, cfg.Shards)
+	}
+	maxKeys := cfg.MaxKeys
+	if maxKeys == 0 {
+		maxKeys = DefaultMaxKeys
+	}
+	n := shardCount(cfg.Shards, maxKeys)
+	s := &Store[V]{
+		shards:  make([]shard[V], n),
+		mask:    uint64(n - 1),
+		seed:    maphash.MakeSeed(),
+		init:    cfg.Init,
+		onEvict: cfg.OnEvict,
+	}
+	s.idle.Store(int64(cfg.IdleTimeout))
+	for i := range s.shards {
+		c := maxKeys / n
+		if i < maxKeys%n {
+			c++
+		}
+		// The LRU is never asked to evict by itself: acquire makes room
+		// first, so that the evicted value can be handed to OnEvict after
+		// the lock is released.
+		lru, err := simplelru.NewLRU[string, *entry[V]](c+1, nil)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		s.shards[i].lru = lru
+		s.shards[i].cap = c
+	}
+	return s, nil
+}
+
+// shardCount returns a power of two no larger than maxKeys (when possible)
+// near the requested or default count.
+func shardCount(requested, maxKeys int) int {
+	want := requested
+	if want == 0 {
+		want = 4 * runtime.GOMAXPROCS(0)
+		// Keep at least 64 keys per shard so that the per-shard LRU stays
+		// close to a global one for small stores.
+		if m := maxKeys / 64; want > m {
+			want = m
+		}
+	}
+	if want > maxKeys {
+		want = maxKeys
+	}
+	n := 1
+	for n < want && n < 1<<16 {
+		n <<= 1
+	}
+	for n > 1 && n > maxKeys {
+		n >>= 1
+	}
+	return n
+}
+
+// Update calls fn with the value stored for key, creating the key (with
+// Init) if it is absent or has been idle for IdleTimeout, and marks it as the
+// most recently used key of its shard. now is the instant of the request;
+// fn receives the key's latest instant, max(now, the instant the key was
+// last used at), so per-key time never runs backwards.
+//
+// fn runs with the key's shard locked: it must be short, must not block and
+// must not call the Store, and v is valid only until fn returns. Evictions
+// the call causes are reported to OnEvict after the lock is released.
+// Update reports false, without calling fn, once the Store is closed.
+func (s *Store[V]) Update(now time.Time, key string, fn func(v *V, now time.Time)) bool {
+	sh, e, ok := s.acquire(now, key)
+	if !ok {
+		return false
+	}
+	if now.After(e.last) {
+		e.last = now
+	}
+	fn(&e.val, e.last)
+	s.release(sh)
+	return true
+}
+
+// Peek calls fn with the value stored for key, if the key is present,
+// without creating it, marking it used or checking its idle time, and
+// reports whether it did. The rules for fn are those of Update.
+func (s *Store[V]) Peek(key string, fn func(v *V, last time.Time)) bool {
+	sh := s.shardFor(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := sh.lru.Peek(key)
+	if !ok {
+		return false
+	}
+	fn(&e.val, e.last)
+	return true
+}
+
+// Remove drops key, reporting it to OnEvict with EvictRemoved, and reports
+// whether it was present.
+func (s *Store[V]) Remove(key string) bool {
+	sh := s.shardFor(key)
+	sh.mu.Lock()
+	e, ok := sh.lru.Peek(key)
+	if ok {
+		sh.lru.Remove(key)
+		sh.push(key, e, EvictRemoved)
+	}
+	s.release(sh)
+	return ok
+}
+
+// Sweep drops up to max keys (all of them if max <= 0) that have been idle
+// for IdleTimeout at instant now, oldest first in each shard, reports each
+// to OnEvict with EvictIdle, and returns how many it dropped. A Store never
+// sweeps on its own; call Sweep from a goroutine of yours when idle keys
+// must be let go of promptly (for example to return what they hold).
+func (s *Store[V]) Sweep(now time.Time, max int) int {
+	idle := time.Duration(s.idle.Load())
+	if idle <= 0 {
+		return 0
+	}
+	total := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		for max <= 0 || total < max {
+			batch := maxPending
+			if max > 0 {
+				batch = min(batch, max-total)
+			}
+			sh.mu.Lock()
+			n := sh.sweep(now, idle, batch)
+			s.release(sh)
+			total += n
+			if n < batch {
+				break
+			}
+		}
+	}
+	return total
+}
+
+// Len returns the number of keys held.
+func (s *Store[V]) Len() int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += sh.lru.Len()
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// Cap returns the most keys the Store holds.
+func (s *Store[V]) Cap() int {
+	n := 0
+	for i := range s.shards {
+		n += s.shards[i].cap
+	}
+	return n
+}
+
+// SetIdleTimeout changes the idle timeout; 0 disables idle expiry and a
+// negative value is treated as 0. It applies to keys already held.
+func (s *Store[V]) SetIdleTimeout(d time.Duration) {
+	s.idle.Store(int64(max(d, 0)))
+}
+
+// IdleTimeout returns the idle timeout; 0 means keys never expire for
+// being idle.
+func (s *Store[V]) IdleTimeout() time.Duration {
+	return time.Duration(s.idle.Load())
+}
+
+// Purge drops every key, reporting each to OnEvict with EvictPurged, and
+// returns how many it dropped. The Store stays usable.
+func (s *Store[V]) Purge() int {
+	return s.purge(false)
+}
+
+// Close drops every key like Purge and closes the Store: Update then
+// reports false and Len 0. Close is idempotent.
+func (s *Store[V]) Close() {
+	if s.closed.Swap(true) {
+		return
+	}
+	s.purge(true)
+}
+
+func (s *Store[V]) purge(closing bool) int {
+	total := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		if closing {
+			sh.closed = true
+		}
+		var out []eviction[V]
+		if s.onEvict != nil && sh.lru.Len() > 0 {
+			out = make([]eviction[V], 0, sh.lru.Len())
+		}
+		n := sh.lru.Len()
+		for sh.lru.Len() > 0 {
+			k, e, _ := sh.lru.RemoveOldest()
+			if out != nil {
+				out = append(out, eviction[V]{k, e, EvictPurged})
+			}
+		}
+		sh.mu.Unlock()
+		total += n
+		for _, ev := range out {
+			s.onEvict(ev.key, &ev.e.val, ev.reason)
+		}
+	}
+	return total
+}
+
+func (s *Store[V]) shardFor(key string) *shard[V] {
+	if s.mask == 0 {
+		return &s.shards[0]
+	}
+	return &s.shards[maphash.String(s.seed, key)&s.mask]
+}
+
+// acquire locks key's shard and returns the key's entry, created if needed
+// (with e.last = now); the caller advances e.last and must call
+// release(sh). ok is false, with nothing locked, if the Store is closed.
+//
+// A hit does not move the key in the LRU list, which would touch two more
+// entries' memory; it marks the entry used, and the eviction code moves a
+// used entry to the front when it reaches the back (lazy promotion, as in
+// CLOCK). The cap stays exact; the order is least recently used as of each
+// key's last promotion.
+func (s *Store[V]) acquire(now time.Time, key string) (sh *shard[V], e *entry[V], ok bool) {
+	sh = s.shardFor(key)
+	sh.mu.Lock()
+	if e, ok = sh.lru.Peek(key); ok && !sh.closed {
+		if idle := s.idle.Load(); idle <= 0 || now.Sub(e.last) < time.Duration(idle) {
+			e.used = true
+			return sh, e, true
+		}
+	}
+	return s.acquireSlow(sh, now, key)
+}
+
+// acquireSlow is acquire for a key that is absent or idle, or a closed
+// Store; it requires that sh.mu is held.
+func (s *Store[V]) acquireSlow(sh *shard[V], now time.Time, key string) (*shard[V], *entry[V], bool) {
+	if sh.closed {
+		sh.mu.Unlock()
+		return nil, nil, false
+	}
+	idle := time.Duration(s.idle.Load())
+	if e, ok := sh.lru.Peek(key); ok {
+		// Idle for too long: the key starts afresh.
+		sh.lru.Remove(key)
+		sh.push(key, e, EvictIdle)
+	}
+	if idle > 0 {
+		sh.sweep(now, idle, sweepOnInsert)
+	}
+	// len <= cap always holds, so the shard can only be full here if this
+	// call evicted nothing yet: the pending buffer has room.
+	if sh.lru.Len() >= sh.cap {
+		k, old := sh.oldest()
+		sh.lru.Remove(k)
+		sh.push(k, old, EvictCapacity)
+	}
+	key = strings.Clone(key) // do not pin the caller's buffer
+	e := &entry[V]{last: now}
+	if s.init != nil {
+		s.init(&e.val, key, now)
+	}
+	sh.lru.Add(key, e)
+	return sh, e, true
+}
+
+// release unlocks sh and reports the evictions recorded under the lock.
+func (s *Store[V]) release(sh *shard[V]) {
+	if sh.npend == 0 {
+		sh.mu.Unlock()
+		return
+	}
+	pend := sh.pending
+	n := sh.npend
+	sh.pending = [maxPending]eviction[V]{}
+	sh.npend = 0
+	sh.mu.Unlock()
+	if s.onEvict == nil {
+		return
+	}
+	for _, ev := range pend[:n] {
+		s.onEvict(ev.key, &ev.e.val, ev.reason)
+	}
+}
+
+// push records an eviction to report once the lock is released; it
+// requires that sh.mu is held and that fewer than maxPending are recorded.
+func (sh *shard[V]) push(key string, e *entry[V], reason EvictReason) {
+	sh.pending[sh.npend] = eviction[V]{key, e, reason}
+	sh.npend++
+}
+
+// sweep drops up to max of the least recently used keys that are idle at
+// now, stopping at the first one that is not, and returns how many it
+// dropped; it requires that sh.mu is held and room for max evictions.
+func (sh *shard[V]) sweep(now time.Time, idle time.Duration, max int) int {
+	n := 0
+	for n < max && sh.npend < maxPending && sh.lru.Len() > 0 {
+		k, e := sh.oldest()
+		if now.Sub(e.last) < idle {
+			break
+		}
+		sh.lru.Remove(k)
+		sh.push(k, e, EvictIdle)
+		n++
+	}
+	return n
+}
+
+// maxPromote bounds the work of one oldest call.
+const maxPromote = 8
+
+// oldest returns the least recently used entry of a non-empty shard,
+// first moving entries used since their last move to the front (at most
+// maxPromote of them); it requires that sh.mu is held.
+func (sh *shard[V]) oldest() (string, *entry[V]) {
+	for range maxPromote {
+		k, e, _ := sh.lru.GetOldest()
+		if !e.used {
+			return k, e
+		}
+		e.used = false
+		sh.lru.Get(k) // moves it to the front
+	}
+	k, e, _ := sh.lru.GetOldest()
+	return k, e
+}

@@ -1,0 +1,260 @@
+package local
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+type evicted struct {
+	key    string
+	val    int
+	reason EvictReason
+}
+
+// newCountingStore returns a Store of ints whose OnEvict records what it is
+// told and checks that the store is not locked while it runs.
+func newCountingStore(t *testing.T, cfg StoreConfig[int]) (*Store[int], *[]evicted) {
+	t.Helper()
+	var (
+		mu  sync.Mutex
+		got []evicted
+		s   *Store[int]
+	)
+	cfg.OnEvict = func(key string, v *int, reason EvictReason) {
+		s.Len() // would deadlock if a shard lock were held
+		mu.Lock()
+		got = append(got, evicted{key, *v, reason})
+		mu.Unlock()
+	}
+	s, err := NewStore(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s, &got
+}
+
+func incr(s *Store[int], now time.Time, key string) int {
+	var n int
+	s.Update(now, key, func(v *int, _ time.Time) { *v++; n = *v })
+	return n
+}
+
+func TestStoreLRU(t *testing.T) {
+	s, ev := newCountingStore(t, StoreConfig[int]{MaxKeys: 3, Shards: 1})
+	for _, k := range []string{"a", "b", "c"} {
+		incr(s, at(0), k)
+	}
+	incr(s, at(0), "a") // "a" is now more recently used than "b"
+	incr(s, at(0), "d") // evicts "b"
+	incr(s, at(0), "e") // evicts "c"
+	want := []evicted{{"b", 1, EvictCapacity}, {"c", 1, EvictCapacity}}
+	if !slices.Equal(*ev, want) {
+		t.Fatalf("evicted %v, want %v", *ev, want)
+	}
+	if got := incr(s, at(0), "a"); got != 3 {
+		t.Errorf("a = %d after 3 updates, want 3 (kept)", got)
+	}
+	if got, c := s.Len(), s.Cap(); got != 3 || c != 3 {
+		t.Errorf("Len, Cap = %d, %d, want 3, 3", got, c)
+	}
+}
+
+func TestStoreIdle(t *testing.T) {
+	s, ev := newCountingStore(t, StoreConfig[int]{MaxKeys: 10, Shards: 1, IdleTimeout: time.Second})
+	incr(s, at(0), "a")
+	incr(s, at(0), "b")
+	if got := incr(s, at(999*time.Millisecond), "a"); got != 2 {
+		t.Fatalf("a = %d before its idle timeout, want 2", got)
+	}
+	// "b" has been idle for 1 s: the insert of "c" sweeps it.
+	incr(s, at(time.Second), "c")
+	// "a" idle since 0.999 s: at 1.999 s it starts afresh.
+	if got := incr(s, at(1999*time.Millisecond), "a"); got != 1 {
+		t.Fatalf("a = %d after its idle timeout, want a fresh 1", got)
+	}
+	want := []evicted{{"b", 1, EvictIdle}, {"a", 2, EvictIdle}}
+	if !slices.Equal(*ev, want) {
+		t.Fatalf("evicted %v, want %v", *ev, want)
+	}
+	if n := s.Sweep(at(time.Hour), 0); n != 2 {
+		t.Errorf("Sweep dropped %d, want 2", n)
+	}
+	s.SetIdleTimeout(0)
+	incr(s, at(0), "x")
+	if n := s.Sweep(at(1000*time.Hour), 0); n != 0 {
+		t.Errorf("Sweep with idle expiry off dropped %d", n)
+	}
+}
+
+// TestStoreTimeNeverBackwards: fn sees max(now, the key's latest instant).
+func TestStoreTimeNeverBackwards(t *testing.T) {
+	s, _ := newCountingStore(t, StoreConfig[int]{})
+	for _, tt := range []struct{ now, want time.Duration }{
+		{5 * time.Second, 5 * time.Second},
+		{3 * time.Second, 5 * time.Second},
+		{6 * time.Second, 6 * time.Second},
+		{0, 6 * time.Second},
+	} {
+		var got time.Time
+		s.Update(at(tt.now), "k", func(_ *int, now time.Time) { got = now })
+		if !got.Equal(at(tt.want)) {
+			t.Errorf("Update(t0+%v) saw t0+%v, want t0+%v", tt.now, got.Sub(t0), tt.want)
+		}
+	}
+	var last time.Time
+	if !s.Peek("k", func(_ *int, l time.Time) { last = l }) || !last.Equal(at(6*time.Second)) {
+		t.Errorf("Peek saw last = %v", last)
+	}
+}
+
+func TestStoreRemovePurgeClose(t *testing.T) {
+	var inits []string
+	s, ev := newCountingStore(t, StoreConfig[int]{
+		Init: func(v *int, key string, _ time.Time) { *v = 10; inits = append(inits, key) },
+	})
+	incr(s, at(0), "a")
+	incr(s, at(0), "a")
+	incr(s, at(0), "b")
+	if !slices.Equal(inits, []string{"a", "b"}) {
+		t.Errorf("Init ran for %v, want once per new key", inits)
+	}
+	if !s.Remove("a") || s.Remove("a") || s.Remove("zzz") {
+		t.Error("Remove reports presence wrongly")
+	}
+	if n := s.Purge(); n != 1 {
+		t.Errorf("Purge dropped %d, want 1", n)
+	}
+	incr(s, at(0), "c")
+	s.Close()
+	s.Close()
+	if s.Update(at(0), "d", func(*int, time.Time) { t.Error("fn ran on a closed store") }) {
+		t.Error("Update on a closed store reported true")
+	}
+	want := []evicted{{"a", 12, EvictRemoved}, {"b", 11, EvictPurged}, {"c", 11, EvictPurged}}
+	if !slices.Equal(*ev, want) {
+		t.Fatalf("evicted %v, want %v", *ev, want)
+	}
+	if s.Len() != 0 {
+		t.Errorf("closed store holds %d keys", s.Len())
+	}
+}
+
+// TestStoreCallbackReentry: OnEvict may use the store, including adding the
+// key it was told about.
+func TestStoreCallbackReentry(t *testing.T) {
+	var s *Store[int]
+	readded := 0
+	s, err := NewStore(StoreConfig[int]{MaxKeys: 1, OnEvict: func(key string, v *int, r EvictReason) {
+		if r == EvictCapacity && readded < 3 {
+			readded++
+			s.Update(at(0), key, func(*int, time.Time) {})
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	incr(s, at(0), "a")
+	incr(s, at(0), "b")
+	if readded != 3 || s.Len() != 1 {
+		t.Errorf("readded %d, len %d", readded, s.Len())
+	}
+}
+
+func TestStoreKeyNotPinned(t *testing.T) {
+	s, _ := newCountingStore(t, StoreConfig[int]{})
+	buf := []byte("abc")
+	key := string(buf) // the compiler may share; the store clones anyway
+	incr(s, at(0), key)
+	buf[0] = 'x'
+	if got := incr(s, at(0), "abc"); got != 2 {
+		t.Errorf("abc = %d, want 2", got)
+	}
+}
+
+func TestNewStoreInvalid(t *testing.T) {
+	for _, cfg := range []StoreConfig[int]{
+		{MaxKeys: -1}, {IdleTimeout: -1}, {Shards: -2},
+	} {
+		if _, err := NewStore(cfg); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("NewStore(%+v) = %v, want ErrInvalidConfig", cfg, err)
+		}
+	}
+}
+
+func TestShardCount(t *testing.T) {
+	tests := []struct{ requested, maxKeys, want int }{
+		{1, 100, 1}, {3, 100, 4}, {16, 10, 8}, {0, 1, 1}, {5, 5, 4}, {1 << 20, 1 << 30, 1 << 16},
+	}
+	for _, tt := range tests {
+		if got := shardCount(tt.requested, tt.maxKeys); got != tt.want {
+			t.Errorf("shardCount(%d, %d) = %d, want %d", tt.requested, tt.maxKeys, got, tt.want)
+		}
+	}
+	// Whatever the split, the caps add up to MaxKeys.
+	for _, maxKeys := range []int{1, 7, 100, 1000, 12345} {
+		s, err := NewStore(StoreConfig[int]{MaxKeys: maxKeys, Shards: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Cap() != maxKeys {
+			t.Errorf("MaxKeys %d: Cap() = %d", maxKeys, s.Cap())
+		}
+	}
+}
+
+// TestStoreConcurrent hammers a small store from many goroutines; under
+// -race it checks the locking, and it checks that the cap holds and that
+// every key created is either held or was reported evicted.
+func TestStoreConcurrent(t *testing.T) {
+	var mu sync.Mutex
+	evictions := 0
+	s, err := NewStore(StoreConfig[int]{
+		MaxKeys: 64, Shards: 4, IdleTimeout: 50 * time.Millisecond,
+		Init:    func(v *int, _ string, _ time.Time) { *v = 1 },
+		OnEvict: func(string, *int, EvictReason) { mu.Lock(); evictions++; mu.Unlock() },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var created sync.Map
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 2000 {
+				key := fmt.Sprintf("k%d", (g*7+i)%200)
+				now := at(time.Duration(i) * time.Millisecond)
+				s.Update(now, key, func(v *int, _ time.Time) {
+					if *v == 1 {
+						c, _ := created.LoadOrStore(key, new(int))
+						mu.Lock()
+						*c.(*int)++
+						mu.Unlock()
+					}
+					*v = 2
+				})
+				if i%100 == 0 {
+					s.Sweep(now, 5)
+					s.Peek(key, func(*int, time.Time) {})
+				}
+				if s.Len() > 64 {
+					t.Error("cap exceeded")
+				}
+			}
+		})
+	}
+	wg.Wait()
+	total := 0
+	created.Range(func(_, v any) bool { total += *v.(*int); return true })
+	if held := s.Len(); total != held+evictions {
+		t.Errorf("created %d keys; %d held + %d evicted = %d", total, held, evictions, held+evictions)
+	}
+	s.Close()
+	if total != evictions {
+		t.Errorf("after Close: created %d, evicted %d", total, evictions)
+	}
+}
