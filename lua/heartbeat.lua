@@ -6,14 +6,19 @@
 -- Uses Redis TIME only. Drops members whose expiry has passed, and keeps the key's own
 -- TTL at least ttl, so a fleet that stops beating leaves nothing behind.
 -- Returns the number of live servers (integer), this one included.
-local ttl = tonumber(ARGV[2])
+-- num is tonumber that also reads '1e-06' (see bucket.lua: yuin/gopher-lua#472).
+local function num(s)
+  return tonumber(s) or (s and tonumber((string.gsub(s, '^(%s*[-+]?%d+)([eE])', '%1.0%2'))))
+end
+
+local ttl = num(ARGV[2])
 if not ttl or ttl < 1 or ttl == math.huge then
   return redis.error_reply('ERR fleetlimit heartbeat: invalid arguments')
 end
 ttl = math.ceil(ttl)
 
 local t   = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = num(t[1]) * 1000 + math.floor(num(t[2]) / 1000)
 
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)

@@ -482,3 +482,34 @@ func TestHeartbeat(t *testing.T) {
 		}
 	})
 }
+
+// TestExponentForms: a bucket whose tokens were stored as "1e-06" (Go's and Redis 7.2's
+// shortest form of a tiny number) must read as 1e-06, not as a missing value (a full
+// bucket). miniredis's Lua returns nil from tonumber("1e-06") (yuin/gopher-lua#472);
+// the scripts parse around it. Arguments in exponent form work too.
+func TestExponentForms(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		for _, tc := range []struct {
+			name string
+			s    *redis.Script
+			args []any
+			want func(got []any) bool
+		}{
+			{"bucket", lua.Bucket, []any{"1e+01", "1e-09", 1}, func(g []any) bool { return g[0] == int64(0) && num(t, g[1]) < 1e-3 }},
+			{"take", lua.Take, []any{10, "1e-9", 1, 1, "s", 1}, func(g []any) bool { return g[0] == int64(0) && num(t, g[1]) < 1e-3 }},
+			{"refund", lua.Refund, []any{10, "1e-9", 2, "s", 1}, func(g []any) bool { return near(num(t, g[0]), 2, 1e-3) }},
+		} {
+			key := redistest.Unique(t) + tc.name
+			if err := tg.Client.HSet(ctx, key, "tokens", "1e-06", "ts", redisNowMS(t, tg.Client)).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if got := run(t, tg.Client, tc.s, key, tc.args...); !tc.want(got) {
+				t.Errorf("%s on tokens \"1e-06\": %v", tc.name, got)
+			}
+		}
+		if n, err := lua.Heartbeat.Run(ctx, tg.Client, []string{redistest.Unique(t)}, "s", "6e4").Int64(); err != nil || n != 1 {
+			t.Errorf("heartbeat with ttl \"6e4\": %d %v", n, err)
+		}
+	})
+}

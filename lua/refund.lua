@@ -10,10 +10,15 @@
 --
 -- Idempotent per (server id, seq), like take.lua: the answer is recorded in the field
 -- 'r:<server id>' as '<seq> <tokens> <now>'; a replay returns it and refunds nothing.
-local capacity = tonumber(ARGV[1])
-local rate     = tonumber(ARGV[2])
-local amount   = tonumber(ARGV[3])
-local seq      = tonumber(ARGV[5])
+-- num is tonumber that also reads '1e-06' (see bucket.lua: yuin/gopher-lua#472).
+local function num(s)
+  return tonumber(s) or (s and tonumber((string.gsub(s, '^(%s*[-+]?%d+)([eE])', '%1.0%2'))))
+end
+
+local capacity = num(ARGV[1])
+local rate     = num(ARGV[2])
+local amount   = num(ARGV[3])
+local seq      = num(ARGV[5])
 if not (capacity and rate and amount and seq) or capacity < 1 or not (rate > 0)
     or rate == math.huge or amount < 0 then
   return redis.error_reply('ERR fleetlimit refund: invalid arguments')
@@ -21,17 +26,17 @@ end
 local field = 'r:' .. ARGV[4]
 
 local t   = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = num(t[1]) * 1000 + math.floor(num(t[2]) / 1000)
 
 local state  = redis.call('HMGET', KEYS[1], 'tokens', 'ts', field)
-local tokens = tonumber(state[1]) or capacity
-local ts     = tonumber(state[2]) or now
+local tokens = num(state[1]) or capacity
+local ts     = num(state[2]) or now
 tokens = math.min(capacity, tokens + math.max(0, now - ts) / 1000 * rate)
 
 local rec = state[3]
 if rec then
   local rseq, rtok = string.match(rec, '^(%S+) (%S+) (%S+)$')
-  rseq = tonumber(rseq)
+  rseq = num(rseq)
   if rseq == seq then
     return { rtok, 1 }
   end
@@ -44,7 +49,7 @@ else
     for i = 1, #all, 2 do
       local f = all[i]
       if f ~= 'tokens' and f ~= 'ts' then
-        local when = tonumber(string.match(all[i + 1], '(%S+)$'))
+        local when = num(string.match(all[i + 1], '(%S+)$'))
         if not when or now - when > 120000 then
           redis.call('HDEL', KEYS[1], f)
         end

@@ -18,11 +18,16 @@
 -- spends nothing and grants 0. The records live in the bucket hash and expire with it;
 -- once the hash holds more than 256 fields, a new record first drops records older than
 -- 120 s, so a hot bucket that never expires stays bounded.
-local capacity = tonumber(ARGV[1])
-local rate     = tonumber(ARGV[2])
-local want     = tonumber(ARGV[3])
-local min      = tonumber(ARGV[4])
-local seq      = tonumber(ARGV[6])
+-- num is tonumber that also reads '1e-06' (see bucket.lua: yuin/gopher-lua#472).
+local function num(s)
+  return tonumber(s) or (s and tonumber((string.gsub(s, '^(%s*[-+]?%d+)([eE])', '%1.0%2'))))
+end
+
+local capacity = num(ARGV[1])
+local rate     = num(ARGV[2])
+local want     = num(ARGV[3])
+local min      = num(ARGV[4])
+local seq      = num(ARGV[6])
 if not (capacity and rate and want and min and seq) or capacity < 1 or not (rate > 0)
     or rate == math.huge or want < 1 or min < 0 or min > want then
   return redis.error_reply('ERR fleetlimit take: invalid arguments')
@@ -30,19 +35,19 @@ end
 local field = 't:' .. ARGV[5]
 
 local t   = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = num(t[1]) * 1000 + math.floor(num(t[2]) / 1000)
 
 local state  = redis.call('HMGET', KEYS[1], 'tokens', 'ts', field)
-local tokens = tonumber(state[1]) or capacity
-local ts     = tonumber(state[2]) or now
+local tokens = num(state[1]) or capacity
+local ts     = num(state[2]) or now
 tokens = math.min(capacity, tokens + math.max(0, now - ts) / 1000 * rate)
 
 local rec = state[3]
 if rec then
   local rseq, rg, rtok, rwait, rnow = string.match(rec, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
-  rseq = tonumber(rseq)
+  rseq = num(rseq)
   if rseq == seq then
-    return { tonumber(rg), rtok, tonumber(rwait), tonumber(rnow), 1 }
+    return { num(rg), rtok, num(rwait), num(rnow), 1 }
   end
   if rseq and rseq > seq then
     local wait = 0
@@ -56,7 +61,7 @@ else
     for i = 1, #all, 2 do
       local f = all[i]
       if f ~= 'tokens' and f ~= 'ts' then
-        local when = tonumber(string.match(all[i + 1], '(%S+)$'))
+        local when = num(string.match(all[i + 1], '(%S+)$'))
         if not when or now - when > 120000 then
           redis.call('HDEL', KEYS[1], f)
         end

@@ -1,0 +1,245 @@
+package global
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/lua"
+)
+
+// Grant is the answer of a lease take.
+type Grant struct {
+	// Granted is the number of tokens taken: want, or fewer (at least min), or 0.
+	Granted int
+	// Remaining is the number of tokens left in the bucket after the take.
+	Remaining float64
+	// Wait is 0 when tokens were granted; otherwise how long until min tokens are there,
+	// if nobody else takes meanwhile.
+	Wait time.Duration
+	// Now is Redis's clock (TIME) at the decision, to the millisecond.
+	Now time.Time
+}
+
+// Take takes up to want tokens, and at least min, from the fleet-wide bucket of lim and
+// key in one atomic step (lua.Take): want if the bucket holds that many, else every whole
+// token it holds if that is at least min, else none. 1 <= min <= want <= lim.Burst.
+//
+// Take is idempotent: each call carries this Store's server id and a fresh sequence
+// number, and a replay of the same call (a client retry after a timeout) is answered
+// from the record in the bucket, spending nothing. Errors wrap ErrInvalidLimit (no call
+// made), ErrUnavailable or ErrRedis; a timed-out Take may have been granted in Redis.
+func (s *Store) Take(ctx context.Context, lim Limit, key string, want, min int) (Grant, error) {
+	if err := checkTake(lim, want, min); err != nil {
+		return Grant{}, err
+	}
+	reply, err := lua.Take.Run(ctx, s.c, []string{bucketKey(s.prefix, lim.Name, key)},
+		lim.Burst, lim.Rate, want, min, s.serverID, s.nextSeq()).Slice()
+	if err != nil {
+		return Grant{}, wrap("take", err)
+	}
+	return parseGrant(reply)
+}
+
+func checkTake(lim Limit, want, min int) error {
+	if err := lim.Validate(); err != nil {
+		return err
+	}
+	if err := lim.CheckCost(want); err != nil {
+		return err
+	}
+	if min < 1 || min > want {
+		return fmt.Errorf("%w: limit %q: min %d must be between 1 and want %d", ErrInvalidLimit, lim.Name, min, want)
+	}
+	return nil
+}
+
+func parseGrant(reply []any) (Grant, error) {
+	if len(reply) != 5 {
+		return Grant{}, unexpected("take", "want 5 values")
+	}
+	granted, ok1 := reply[0].(int64)
+	left, ok2 := reply[1].(string)
+	wait, ok3 := reply[2].(int64)
+	now, ok4 := reply[3].(int64)
+	if !ok1 || !ok2 || !ok3 || !ok4 {
+		return Grant{}, unexpected("take", "want {integer, string, integer, integer, integer}")
+	}
+	tokens, err := strconv.ParseFloat(left, 64)
+	if err != nil {
+		return Grant{}, unexpected("take", "tokens not a number")
+	}
+	return Grant{
+		Granted:   int(granted),
+		Remaining: tokens,
+		Wait:      time.Duration(wait) * time.Millisecond,
+		Now:       time.UnixMilli(now),
+	}, nil
+}
+
+// Refund puts n unused tokens back into the bucket of lim and key, capped at its
+// capacity (lua.Refund). n == 0 does nothing; 0 <= n <= lim.Burst. Like Take it is
+// idempotent: a replayed refund adds nothing. Refunds do not loosen the fleet-wide
+// bound: a refunded token was taken and not used.
+func (s *Store) Refund(ctx context.Context, lim Limit, key string, n int) error {
+	if err := lim.Validate(); err != nil {
+		return err
+	}
+	if n == 0 {
+		return nil
+	}
+	if err := lim.CheckCost(n); err != nil {
+		return err
+	}
+	err := lua.Refund.Run(ctx, s.c, []string{bucketKey(s.prefix, lim.Name, key)},
+		lim.Burst, lim.Rate, n, s.serverID, s.nextSeq()).Err()
+	return wrap("refund", err)
+}
+
+// Reset deletes the bucket of lim and key: the next call finds it full.
+func (s *Store) Reset(ctx context.Context, lim Limit, key string) error {
+	if err := lim.Validate(); err != nil {
+		return err
+	}
+	d, ok := s.c.(interface {
+		Del(ctx context.Context, keys ...string) *redis.IntCmd
+	})
+	if !ok {
+		return fmt.Errorf("%w: the client has no DEL", ErrConfig)
+	}
+	return wrap("reset", d.Del(ctx, bucketKey(s.prefix, lim.Name, key)).Err())
+}
+
+// TakeRequest is one item of a TakeBatch.
+type TakeRequest struct {
+	Limit     Limit
+	Key       string
+	Want, Min int
+}
+
+// TakeResult is the answer to one TakeRequest: a Grant, or an error (classified as for
+// Take).
+type TakeResult struct {
+	Grant
+	Err error
+}
+
+// TakeBatch runs the takes in reqs in one pipelined round trip (per cluster node) and
+// writes each answer to out[i]. It is what a server uses when the refills of many keys
+// fall due together. Each item is an independent atomic take with its own sequence
+// number, so the batch is idempotent item by item.
+//
+// Scripts go out as EVALSHA. Inside a pipeline go-redis does not fall back to EVAL on
+// NOSCRIPT (a restarted or failed-over Redis has an empty script cache), so TakeBatch
+// re-sends only the items that got NOSCRIPT, as EVAL, in a second round trip: an empty
+// cache costs one extra round trip, never an error.
+//
+// Invalid items get an error wrapping ErrInvalidLimit and are not sent. The returned
+// error is the first item error (nil when every item has a Grant); out must be at least
+// as long as reqs.
+func (s *Store) TakeBatch(ctx context.Context, reqs []TakeRequest, out []TakeResult) error {
+	if len(out) < len(reqs) {
+		return fmt.Errorf("%w: TakeBatch: out has %d slots for %d requests", ErrConfig, len(out), len(reqs))
+	}
+	out = out[:len(reqs)]
+	if s.pipe == nil {
+		for i, r := range reqs {
+			g, err := s.Take(ctx, r.Limit, r.Key, r.Want, r.Min)
+			out[i] = TakeResult{Grant: g, Err: err}
+		}
+		return firstErr(out)
+	}
+
+	type item struct {
+		keys []string
+		args []any
+		cmd  *redis.Cmd
+	}
+	items := make([]item, len(reqs))
+	pipe := s.pipe.Pipeline()
+	sent := 0
+	for i, r := range reqs {
+		if err := checkTake(r.Limit, r.Want, r.Min); err != nil {
+			out[i] = TakeResult{Err: err}
+			continue
+		}
+		it := &items[i]
+		it.keys = []string{bucketKey(s.prefix, r.Limit.Name, r.Key)}
+		it.args = []any{r.Limit.Burst, r.Limit.Rate, r.Want, r.Min, s.serverID, s.nextSeq()}
+		it.cmd = lua.Take.EvalSha(ctx, pipe, it.keys, it.args...)
+		sent++
+	}
+	if sent == 0 {
+		return firstErr(out)
+	}
+	_, _ = pipe.Exec(ctx) // errors are read per command
+
+	var retry redis.Pipeliner
+	for i := range items {
+		it := &items[i]
+		if it.cmd == nil {
+			continue
+		}
+		if isNoScript(it.cmd.Err()) {
+			if retry == nil {
+				retry = s.pipe.Pipeline()
+			}
+			it.cmd = lua.Take.Eval(ctx, retry, it.keys, it.args...)
+		}
+	}
+	if retry != nil {
+		_, _ = retry.Exec(ctx)
+	}
+	for i := range items {
+		it := &items[i]
+		if it.cmd == nil {
+			continue
+		}
+		reply, err := it.cmd.Slice()
+		if err != nil {
+			out[i] = TakeResult{Err: wrap("take", err)}
+			continue
+		}
+		g, err := parseGrant(reply)
+		out[i] = TakeResult{Grant: g, Err: err}
+	}
+	return firstErr(out)
+}
+
+func isNoScript(err error) bool {
+	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))
+}
+
+func firstErr(out []TakeResult) error {
+	for _, r := range out {
+		if r.Err != nil {
+			return r.Err
+		}
+	}
+	return nil
+}
+
+// Heartbeat records serverID as a live member of fleet until ttl from now by Redis's
+// clock, drops members whose time has passed, and returns how many are live, this one
+// included (lua.Heartbeat). The hybrid tier divides a bucket among the live servers.
+// Call it every ttl/3 or so; the fleet's key expires when every member has stopped.
+func (s *Store) Heartbeat(ctx context.Context, fleet, serverID string, ttl time.Duration) (int, error) {
+	if err := validName("fleet name", fleet); err != nil {
+		return 0, err
+	}
+	if serverID == "" || len(serverID) > MaxNameLen {
+		return 0, fmt.Errorf("%w: server id %q: 1 to %d bytes", ErrInvalidLimit, serverID, MaxNameLen)
+	}
+	if ttl < time.Millisecond {
+		return 0, fmt.Errorf("%w: heartbeat ttl %v is shorter than 1ms", ErrInvalidLimit, ttl)
+	}
+	n, err := lua.Heartbeat.Run(ctx, s.c, []string{fleetKey(s.prefix, fleet)}, serverID, ttl.Milliseconds()).Int64()
+	if err != nil {
+		return 0, wrap("heartbeat", err)
+	}
+	return int(n), nil
+}

@@ -1,0 +1,772 @@
+package global_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/internal/redistest"
+	"github.com/fleetlimit/fleetlimit/lua"
+)
+
+var t0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// lname is a limit name unique to the test, short enough for MaxNameLen.
+func lname(t testing.TB) string {
+	u := redistest.Unique(t)
+	return "t-" + u[strings.LastIndexByte(u, '-')+1:]
+}
+
+func newStore(t testing.TB, c redis.Scripter, opts ...global.Option) *global.Store {
+	t.Helper()
+	s, err := global.New(c, opts...)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return s
+}
+
+func near(a, b, tol float64) bool { return math.Abs(a-b) <= tol }
+
+func TestNewRefusesRetryingClient(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		client redis.Scripter
+		want   string // "" = accepted
+	}{
+		{"default client", redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), "Options.MaxRetries = 3"},
+		{"MaxRetries 1", redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: 1}), "Options.MaxRetries = 1"},
+		{"MaxRetries -1", redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1}), ""},
+		{"Configure", func() redis.Scripter {
+			o := &redis.Options{Addr: "127.0.0.1:1"}
+			global.Configure(o)
+			return redis.NewClient(o)
+		}(), ""},
+		{"default cluster", redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}}), "ClusterOptions.MaxRedirects = 3"},
+		{"cluster node retries", redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, MaxRedirects: -1, MaxRetries: 2}), "ClusterOptions.MaxRetries = 2"},
+		{"ConfigureCluster", func() redis.Scripter {
+			o := &redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}}
+			global.ConfigureCluster(o)
+			return redis.NewClusterClient(o)
+		}(), ""},
+		{"universal single", func() redis.Scripter {
+			o := &redis.UniversalOptions{Addrs: []string{"127.0.0.1:1"}}
+			global.ConfigureUniversal(o)
+			return redis.NewUniversalClient(o)
+		}(), ""},
+		{"universal cluster", func() redis.Scripter {
+			o := &redis.UniversalOptions{Addrs: []string{"127.0.0.1:1", "127.0.0.1:2"}}
+			global.ConfigureUniversal(o)
+			return redis.NewUniversalClient(o)
+		}(), ""},
+		{"default ring", redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}}), "RingOptions.MaxRetries = 3"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			defer tc.client.(interface{ Close() error }).Close()
+			_, err := global.New(tc.client)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("New: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, global.ErrConfig) || !strings.Contains(err.Error(), tc.want) ||
+				!strings.Contains(err.Error(), "-1") || !strings.Contains(err.Error(), "RetryingClient") {
+				t.Fatalf("New = %v, want ErrConfig naming %q and how to fix it", err, tc.want)
+			}
+			// Accepted when the caller says so; AllowN is then refused, takes work.
+			s, err := global.New(tc.client, global.RetryingClient())
+			if err != nil {
+				t.Fatalf("New with RetryingClient: %v", err)
+			}
+			_, err = s.AllowN(context.Background(), global.Limit{Name: "a", Rate: 1, Burst: 1}, "k", 1)
+			if !errors.Is(err, global.ErrConfig) {
+				t.Fatalf("AllowN on a retrying client = %v, want ErrConfig", err)
+			}
+		})
+	}
+	if _, err := global.New(nil); !errors.Is(err, global.ErrConfig) {
+		t.Fatalf("New(nil) = %v", err)
+	}
+	_, c := redistest.Mini(t)
+	for _, id := range []string{"", "has space", strings.Repeat("i", 65)} {
+		if _, err := global.New(c, global.ServerID(id)); !errors.Is(err, global.ErrConfig) {
+			t.Errorf("ServerID(%q) = %v, want ErrConfig", id, err)
+		}
+	}
+	if s := newStore(t, c, global.ServerID("web-17")); s.ServerID() != "web-17" {
+		t.Errorf("ServerID() = %q", s.ServerID())
+	}
+	if a, b := newStore(t, c), newStore(t, c); a.ServerID() == b.ServerID() || a.ServerID() == "" {
+		t.Errorf("default server ids %q, %q: want distinct", a.ServerID(), b.ServerID())
+	}
+}
+
+// TestAllowN: the seed's behaviour through the Store, with the Result's durations.
+func TestAllowN(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		if tg.Mini != nil {
+			tg.Mini.SetTime(t0)
+		}
+		s := newStore(t, tg.Client)
+		// The article's example: capacity 100, rate 10: allowed, 99 left, full in 100 ms.
+		lim := global.Limit{Name: lname(t), Rate: 10, Burst: 100}
+		r, err := s.AllowN(ctx, lim, "alice", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := (global.Result{Allowed: true, Remaining: 99, ResetAfter: 100 * time.Millisecond}); r != want {
+			t.Fatalf("first AllowN = %+v, want %+v", r, want)
+		}
+		pttl, _ := tg.Client.PTTL(ctx, s.Key(lim.Name, "alice")).Result()
+		if pttl > 11*time.Second || pttl < 10*time.Second {
+			t.Fatalf("PTTL = %v, want 11s", pttl)
+		}
+		// A slow bucket so a real Redis's clock cannot change the answers: rate 1e-3/s.
+		slow := global.Limit{Name: lname(t), Rate: 1e-3, Burst: 3}
+		steps := []struct {
+			n       int
+			allowed bool
+			left    float64
+			retry   time.Duration
+		}{
+			{2, true, 1, 0},
+			{2, false, 1, 1000 * time.Second}, // 1 token short at 1e-3/s
+			{1, true, 0, 0},
+			{1, false, 0, 1000 * time.Second},
+		}
+		for i, st := range steps {
+			r, err := s.AllowN(ctx, slow, "bob", st.n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Allowed != st.allowed || !near(r.Remaining, st.left, 1e-3) ||
+				!near(r.RetryAfter.Seconds(), st.retry.Seconds(), 2) {
+				t.Fatalf("step %d: AllowN(%d) = %+v, want allowed %v, %v left, retry %v", i, st.n, r, st.allowed, st.left, st.retry)
+			}
+			if want := (3 - r.Remaining) / 1e-3; !near(r.ResetAfter.Seconds(), want, 1) {
+				t.Fatalf("step %d: ResetAfter %v, want %vs", i, r.ResetAfter, want)
+			}
+		}
+		// Invalid input never reaches Redis.
+		for _, bad := range []struct {
+			lim global.Limit
+			n   int
+		}{{slow, 0}, {slow, 4}, {global.Limit{Name: "x", Rate: 0, Burst: 1}, 1}} {
+			if _, err := s.AllowN(ctx, bad.lim, "bob", bad.n); !errors.Is(err, global.ErrInvalidLimit) {
+				t.Errorf("AllowN(%+v, %d) = %v, want ErrInvalidLimit", bad.lim, bad.n, err)
+			}
+		}
+	})
+}
+
+func TestTakeAndRefund(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		s := newStore(t, tg.Client)
+		lim := global.Limit{Name: lname(t), Rate: 1e-3, Burst: 10}
+		steps := []struct {
+			want, min int
+			granted   int
+			left      float64
+			wait      time.Duration
+		}{
+			{4, 1, 4, 6, 0},
+			{8, 2, 6, 0, 0},
+			{3, 2, 0, 0, 2000 * time.Second},
+		}
+		for i, st := range steps {
+			g, err := s.Take(ctx, lim, "k", st.want, st.min)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g.Granted != st.granted || !near(g.Remaining, st.left, 1e-2) || !near(g.Wait.Seconds(), st.wait.Seconds(), 5) {
+				t.Fatalf("step %d: Take(%d, %d) = %+v, want %d granted, %v left, wait %v", i, st.want, st.min, g, st.granted, st.left, st.wait)
+			}
+			if d := time.Since(g.Now); tg.Real() && (d > time.Minute || d < -time.Minute) {
+				t.Fatalf("step %d: Now = %v, want Redis's clock", i, g.Now)
+			}
+		}
+		if err := s.Refund(ctx, lim, "k", 7); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Refund(ctx, lim, "k", 0); err != nil {
+			t.Fatal(err)
+		}
+		g, err := s.Take(ctx, lim, "k", 10, 1)
+		if err != nil || g.Granted != 7 {
+			t.Fatalf("after refund 7: %+v %v, want 7 granted", g, err)
+		}
+		if err := s.Refund(ctx, lim, "k", 10); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Refund(ctx, lim, "k", 10); err != nil {
+			t.Fatal(err)
+		}
+		if g, _ := s.Take(ctx, lim, "k", 10, 10); g.Granted != 10 || !near(g.Remaining, 0, 1e-2) {
+			t.Fatalf("refunds must cap at burst: %+v", g)
+		}
+		for _, bad := range []struct{ want, min int }{{0, 0}, {11, 1}, {3, 0}, {3, 4}} {
+			if _, err := s.Take(ctx, lim, "k", bad.want, bad.min); !errors.Is(err, global.ErrInvalidLimit) {
+				t.Errorf("Take(%d, %d) = %v, want ErrInvalidLimit", bad.want, bad.min, err)
+			}
+		}
+		for _, n := range []int{-1, 11} {
+			if err := s.Refund(ctx, lim, "k", n); !errors.Is(err, global.ErrInvalidLimit) {
+				t.Errorf("Refund(%d) = %v, want ErrInvalidLimit", n, err)
+			}
+		}
+		if err := s.Reset(ctx, lim, "k"); err != nil {
+			t.Fatal(err)
+		}
+		if g, _ := s.Take(ctx, lim, "k", 10, 10); g.Granted != 10 {
+			t.Fatalf("after Reset: %+v, want a full bucket", g)
+		}
+	})
+}
+
+// TestTakeWait checks Wait against miniredis's clock: rate 2/s, need 1 token.
+func TestTakeWait(t *testing.T) {
+	m, c := redistest.Mini(t)
+	m.SetTime(t0)
+	s := newStore(t, c)
+	lim := global.Limit{Name: "w", Rate: 2, Burst: 4}
+	if g, _ := s.Take(context.Background(), lim, "k", 4, 4); g.Granted != 4 || !g.Now.Equal(t0) {
+		t.Fatalf("%+v", g)
+	}
+	m.SetTime(t0.Add(100 * time.Millisecond))
+	g, err := s.Take(context.Background(), lim, "k", 2, 1)
+	if err != nil || g.Granted != 0 || g.Wait != 400*time.Millisecond || !near(g.Remaining, 0.2, 1e-9) {
+		t.Fatalf("Take = %+v, %v; want 0 granted, wait 400ms, 0.2 left", g, err)
+	}
+}
+
+func TestTakeBatch(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		s := newStore(t, tg.Client)
+		lim := global.Limit{Name: lname(t), Rate: 1e-3, Burst: 10}
+		reqs := []global.TakeRequest{
+			{Limit: lim, Key: "a", Want: 4, Min: 1},
+			{Limit: lim, Key: "b", Want: 10, Min: 10},
+			{Limit: lim, Key: "a", Want: 10, Min: 1}, // same bucket: 6 left after the first
+			{Limit: global.Limit{Name: "", Rate: 1, Burst: 1}, Key: "x", Want: 1, Min: 1},
+			{Limit: lim, Key: "a", Want: 1, Min: 1}, // empty now
+		}
+		out := make([]global.TakeResult, len(reqs))
+		err := s.TakeBatch(ctx, reqs, out)
+		if !errors.Is(err, global.ErrInvalidLimit) {
+			t.Fatalf("TakeBatch error = %v, want the invalid item's error", err)
+		}
+		want := []int{4, 10, 6, -1, 0}
+		for i, w := range want {
+			if w < 0 {
+				if !errors.Is(out[i].Err, global.ErrInvalidLimit) {
+					t.Errorf("item %d: %v, want ErrInvalidLimit", i, out[i].Err)
+				}
+				continue
+			}
+			if out[i].Err != nil || out[i].Granted != w {
+				t.Errorf("item %d: %+v, want %d granted", i, out[i], w)
+			}
+		}
+		if out[4].Wait < 900*time.Second {
+			t.Errorf("empty bucket: Wait %v, want about 1000s", out[4].Wait)
+		}
+		if err := s.TakeBatch(ctx, reqs, out[:2]); !errors.Is(err, global.ErrConfig) {
+			t.Errorf("short out: %v, want ErrConfig", err)
+		}
+		if err := s.TakeBatch(ctx, nil, nil); err != nil {
+			t.Errorf("empty batch: %v", err)
+		}
+	})
+}
+
+// countingHook counts the commands each pipeline sends, by name.
+type countingHook struct {
+	mu        sync.Mutex
+	pipelines [][]string
+	dropOdd   atomic.Bool // answer NOSCRIPT for odd positions without sending them
+}
+
+func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return next
+}
+
+func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		names := make([]string, len(cmds))
+		for i, c := range cmds {
+			names[i] = c.Name()
+		}
+		if countOf(names, "eval")+countOf(names, "evalsha") > 0 { // not the connection handshake
+			h.mu.Lock()
+			h.pipelines = append(h.pipelines, names)
+			h.mu.Unlock()
+		}
+		if h.dropOdd.CompareAndSwap(true, false) {
+			// Simulate a cluster where some nodes lost their script cache: the odd
+			// commands never reach Redis and answer NOSCRIPT.
+			var send []redis.Cmder
+			for i, c := range cmds {
+				if i%2 == 1 {
+					c.SetErr(redis.ErrNoScript)
+				} else {
+					send = append(send, c)
+				}
+			}
+			return next(ctx, send)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestNoScript: an empty script cache (a restarted or failed-over Redis) costs no error,
+// for single calls and in pipelines, and only the failed commands are re-sent.
+func TestNoScript(t *testing.T) {
+	ctx := context.Background()
+	check := func(t *testing.T, c *redis.Client) {
+		hook := &countingHook{}
+		c.AddHook(hook)
+		s := newStore(t, c)
+		lim := global.Limit{Name: lname(t), Rate: 1e-3, Burst: 100}
+		flush := func() {
+			t.Helper()
+			if err := c.ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		flush()
+		if r, err := s.AllowN(ctx, lim, "a", 1); err != nil || !r.Allowed {
+			t.Fatalf("AllowN after SCRIPT FLUSH: %+v %v", r, err)
+		}
+		flush()
+		if g, err := s.Take(ctx, lim, "a", 5, 1); err != nil || g.Granted != 5 {
+			t.Fatalf("Take after SCRIPT FLUSH: %+v %v", g, err)
+		}
+		flush()
+		if err := s.Refund(ctx, lim, "a", 2); err != nil {
+			t.Fatalf("Refund after SCRIPT FLUSH: %v", err)
+		}
+		flush()
+		if n, err := s.Heartbeat(ctx, "fleet", "s1", time.Minute); err != nil || n != 1 {
+			t.Fatalf("Heartbeat after SCRIPT FLUSH: %d %v", n, err)
+		}
+
+		reqs := make([]global.TakeRequest, 6)
+		for i := range reqs {
+			reqs[i] = global.TakeRequest{Limit: lim, Key: "b" + strconv.Itoa(i), Want: 3, Min: 1}
+		}
+		out := make([]global.TakeResult, len(reqs))
+		flush()
+		hook.pipelines = nil
+		if err := s.TakeBatch(ctx, reqs, out); err != nil {
+			t.Fatalf("TakeBatch after SCRIPT FLUSH: %v", err)
+		}
+		for i, r := range out {
+			if r.Granted != 3 {
+				t.Fatalf("item %d: %+v", i, r)
+			}
+		}
+		if len(hook.pipelines) != 2 || countOf(hook.pipelines[0], "evalsha") != 6 || countOf(hook.pipelines[1], "eval") != 6 {
+			t.Fatalf("pipelines %v, want 6 EVALSHA then 6 EVAL", hook.pipelines)
+		}
+		// Warm cache: one round trip.
+		hook.pipelines = nil
+		if err := s.TakeBatch(ctx, reqs, out); err != nil || len(hook.pipelines) != 1 {
+			t.Fatalf("warm TakeBatch: %v, %d pipelines", err, len(hook.pipelines))
+		}
+		// Partial NOSCRIPT: only the failed half is re-sent, and each take runs once.
+		hook.pipelines = nil
+		hook.dropOdd.Store(true)
+		if err := s.TakeBatch(ctx, reqs, out); err != nil {
+			t.Fatal(err)
+		}
+		if len(hook.pipelines) != 2 || len(hook.pipelines[1]) != 3 || countOf(hook.pipelines[1], "eval") != 3 {
+			t.Fatalf("pipelines %v, want the 3 failed takes re-sent as EVAL", hook.pipelines)
+		}
+		for i := range reqs {
+			// 100 - 3 (first batch) - 3 (warm) - 3 (this one) = 91 left in every bucket.
+			if out[i].Err != nil || out[i].Granted != 3 || !near(out[i].Remaining, 91, 1e-2) {
+				t.Fatalf("item %d: %+v, want 3 granted, 91 left", i, out[i])
+			}
+		}
+	}
+	t.Run("miniredis", func(t *testing.T) {
+		_, c := redistest.Mini(t)
+		check(t, c)
+	})
+	t.Run("redis", func(t *testing.T) {
+		srv := redistest.StartServer(t) // its own server: SCRIPT FLUSH is not for the shared one
+		check(t, srv.Client())
+	})
+}
+
+func countOf(names []string, name string) int {
+	n := 0
+	for _, s := range names {
+		if s == name {
+			n++
+		}
+	}
+	return n
+}
+
+func TestHeartbeat(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		s := newStore(t, tg.Client)
+		fleet := lname(t)
+		for i, id := range []string{"a", "b", "a", "c"} {
+			n, err := s.Heartbeat(ctx, fleet, id, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := []int{1, 2, 2, 3}[i]; n != want {
+				t.Fatalf("beat %d (%s): %d live, want %d", i, id, n, want)
+			}
+		}
+		for _, bad := range []struct {
+			fleet, id string
+			ttl       time.Duration
+		}{{"", "a", time.Second}, {"f{", "a", time.Second}, {"f", "", time.Second}, {"f", "a", time.Microsecond}} {
+			if _, err := s.Heartbeat(ctx, bad.fleet, bad.id, bad.ttl); !errors.Is(err, global.ErrInvalidLimit) {
+				t.Errorf("Heartbeat(%q, %q, %v) = %v, want ErrInvalidLimit", bad.fleet, bad.id, bad.ttl, err)
+			}
+		}
+	})
+	m, c := redistest.Mini(t)
+	m.SetTime(t0)
+	s := newStore(t, c)
+	_, _ = s.Heartbeat(context.Background(), "f", "old", time.Second)
+	m.SetTime(t0.Add(2 * time.Second))
+	if n, _ := s.Heartbeat(context.Background(), "f", "new", time.Second); n != 1 {
+		t.Fatalf("live = %d, want 1 (the old member expired by Redis TIME)", n)
+	}
+}
+
+func TestErrorClasses(t *testing.T) {
+	ctx := context.Background()
+	lim := global.Limit{Name: "e", Rate: 1, Burst: 10}
+	m, c := redistest.Mini(t)
+	s := newStore(t, c)
+	type call func(ctx context.Context) error
+	calls := map[string]call{
+		"allow": func(ctx context.Context) error { _, err := s.AllowN(ctx, lim, "k", 1); return err },
+		"take":  func(ctx context.Context) error { _, err := s.Take(ctx, lim, "k", 1, 1); return err },
+		"refund": func(ctx context.Context) error {
+			return s.Refund(ctx, lim, "k", 1)
+		},
+		"batch": func(ctx context.Context) error {
+			out := make([]global.TakeResult, 1)
+			return s.TakeBatch(ctx, []global.TakeRequest{{Limit: lim, Key: "k", Want: 1, Min: 1}}, out)
+		},
+		"heartbeat": func(ctx context.Context) error { _, err := s.Heartbeat(ctx, "f", "s", time.Second); return err },
+	}
+	for _, tc := range []struct {
+		name        string
+		setErr      string
+		unavailable bool
+		redisErr    bool
+	}{
+		{"LOADING", "LOADING Redis is loading the dataset in memory", true, false},
+		{"BUSY", "BUSY Redis is busy running a script", true, false},
+		{"CLUSTERDOWN", "CLUSTERDOWN The cluster is down", true, false},
+		{"READONLY", "READONLY You can't write against a read only replica.", true, false},
+		{"OOM", "OOM command not allowed when used memory > 'maxmemory'.", true, false},
+		{"MOVED", "MOVED 3999 127.0.0.1:6381", true, false},
+		{"ERR", "ERR something went wrong", false, true},
+		{"NOPERM", "NOPERM this user has no permissions", false, true},
+		{"WRONGTYPE", "WRONGTYPE Operation against a key holding the wrong kind of value", false, true},
+	} {
+		m.SetError(tc.setErr)
+		for name, f := range calls {
+			err := f(ctx)
+			if err == nil {
+				t.Fatalf("%s with %s: no error", name, tc.name)
+			}
+			if global.IsUnavailable(err) != tc.unavailable || errors.Is(err, global.ErrRedis) != tc.redisErr ||
+				!strings.HasPrefix(err.Error(), "global: ") {
+				t.Errorf("%s with %s: %v: IsUnavailable %v, ErrRedis %v; want %v, %v",
+					name, tc.name, err, global.IsUnavailable(err), errors.Is(err, global.ErrRedis), tc.unavailable, tc.redisErr)
+			}
+		}
+	}
+	m.SetError("")
+
+	// The caller's cancellation is not the store's failure, and stays matchable.
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	for name, f := range calls {
+		err := f(cctx)
+		if !errors.Is(err, context.Canceled) || global.IsUnavailable(err) || errors.Is(err, global.ErrRedis) {
+			t.Errorf("%s cancelled: %v, want context.Canceled only", name, err)
+		}
+	}
+	// A deadline that passed: the store did not answer in time.
+	dctx, cancel2 := context.WithDeadline(ctx, time.Now().Add(-time.Second))
+	defer cancel2()
+	for name, f := range calls {
+		if err := f(dctx); !errors.Is(err, context.DeadlineExceeded) || !global.IsUnavailable(err) {
+			t.Errorf("%s past deadline: %v, want DeadlineExceeded and unavailable", name, err)
+		}
+	}
+	// A Redis that is gone: connection refused.
+	m.Close()
+	for name, f := range calls {
+		if err := f(ctx); !global.IsUnavailable(err) {
+			t.Errorf("%s on a closed server: %v, want unavailable", name, err)
+		}
+	}
+	// A closed client.
+	_ = c.Close()
+	if err := calls["take"](ctx); !global.IsUnavailable(err) || !errors.Is(err, redis.ErrClosed) {
+		t.Errorf("closed client: %v", err)
+	}
+	// Raw go-redis errors are classified too (the breaker may see them).
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{nil, false}, {context.Canceled, false}, {context.DeadlineExceeded, true},
+		{redis.ErrPoolTimeout, true}, {redis.ErrClosed, true}, {redis.Nil, false},
+		{global.ErrInvalidLimit, false}, {global.ErrConfig, false}, {global.ErrUnavailable, true},
+	} {
+		if got := global.IsUnavailable(tc.err); got != tc.want {
+			t.Errorf("IsUnavailable(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
+
+// TestScriptErrorIsRedisError: a wrong-type key is Redis answering with an error.
+func TestScriptErrorIsRedisError(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		s := newStore(t, tg.Client)
+		lim := global.Limit{Name: lname(t), Rate: 1, Burst: 10}
+		if err := tg.Client.Set(ctx, s.Key(lim.Name, "k"), "a string", time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+		_, err := s.Take(ctx, lim, "k", 1, 1)
+		if !errors.Is(err, global.ErrRedis) || global.IsUnavailable(err) {
+			t.Fatalf("Take on a string key: %v, want ErrRedis", err)
+		}
+	})
+}
+
+// TestConcurrentAllowN: 50 goroutines fire 2,000 requests at a bucket of 100 that
+// refills at 1e-4/s: exactly 100 are admitted.
+func TestConcurrentAllowN(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		s := newStore(t, tg.Client)
+		lim := global.Limit{Name: lname(t), Rate: 1e-4, Burst: 100}
+		const workers, total = 50, 2000
+		var admitted, done atomic.Int64
+		var wg sync.WaitGroup
+		start := time.Now()
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; i < total/workers; i++ {
+					r, err := s.AllowN(context.Background(), lim, "hot", 1)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					done.Add(1)
+					if r.Allowed {
+						admitted.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		elapsed := time.Since(start)
+		if done.Load() != total {
+			t.Fatalf("%d of %d requests answered", done.Load(), total)
+		}
+		// At 1e-4/s the bucket refills one token in 10,000 s; the test takes seconds.
+		if admitted.Load() != 100 {
+			t.Fatalf("admitted %d of %d, want exactly 100 (elapsed %v)", admitted.Load(), total, elapsed)
+		}
+		t.Logf("%s: %d requests from %d goroutines in %v, %d admitted", tg.Name, total, workers, elapsed, admitted.Load())
+	})
+}
+
+// TestConcurrentTakes: concurrent lease takes (with partial grants) never grant more
+// than the bucket held, and drain it.
+func TestConcurrentTakes(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		s := newStore(t, tg.Client)
+		lim := global.Limit{Name: lname(t), Rate: 1e-4, Burst: 100}
+		const workers, perWorker = 50, 40
+		var granted atomic.Int64
+		var wg sync.WaitGroup
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func(w int) {
+				defer wg.Done()
+				for i := 0; i < perWorker; i++ {
+					want := 1 + (w+i)%7
+					g, err := s.Take(context.Background(), lim, "hot", want, 1)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if g.Granted < 0 || g.Granted > want {
+						t.Errorf("granted %d for want %d", g.Granted, want)
+					}
+					granted.Add(int64(g.Granted))
+				}
+			}(w)
+		}
+		wg.Wait()
+		if granted.Load() != 100 {
+			t.Fatalf("granted %d tokens in total, want exactly the 100 the bucket held", granted.Load())
+		}
+	})
+}
+
+// TestBatchedTakesConcurrent: the same with TakeBatch from many goroutines.
+func TestBatchedTakesConcurrent(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		s := newStore(t, tg.Client)
+		lim := global.Limit{Name: lname(t), Rate: 1e-4, Burst: 50}
+		var granted atomic.Int64
+		var wg sync.WaitGroup
+		for w := 0; w < 20; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				reqs := []global.TakeRequest{
+					{Limit: lim, Key: "x", Want: 3, Min: 1},
+					{Limit: lim, Key: "y", Want: 2, Min: 2},
+					{Limit: lim, Key: "x", Want: 1, Min: 1},
+				}
+				out := make([]global.TakeResult, len(reqs))
+				for i := 0; i < 10; i++ {
+					if err := s.TakeBatch(context.Background(), reqs, out); err != nil {
+						t.Error(err)
+						return
+					}
+					for _, r := range out {
+						granted.Add(int64(r.Granted))
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if granted.Load() != 100 {
+			t.Fatalf("granted %d over two buckets of 50, want 100", granted.Load())
+		}
+	})
+}
+
+// TestRetriedTakeSpendsOnce: against a stalled Redis, a go-redis client that retries
+// timed-out commands sends the take script several times. Each attempt waits in the
+// server's socket buffers and runs when the server resumes. The take spends once; the
+// article's script, run the same way, is charged once per attempt.
+func TestRetriedTakeSpendsOnce(t *testing.T) {
+	srv := redistest.StartServer(t)
+	retrying := srv.Client(func(o *redis.Options) {
+		o.MaxRetries = 3
+		o.ReadTimeout = 50 * time.Millisecond
+		o.MinRetryBackoff = time.Millisecond
+		o.MaxRetryBackoff = 2 * time.Millisecond
+	})
+	admin := srv.Client()
+	ctx := context.Background()
+	s := newStore(t, retrying, global.RetryingClient())
+	lim := global.Limit{Name: "retry", Rate: 1e-4, Burst: 100}
+	key := s.Key(lim.Name, "k")
+	seedKey := s.Key(lim.Name, "seed")
+	// Warm up: scripts loaded, and six connections that have done their handshake (a
+	// retry on a new connection would stall in HELLO and never send the script).
+	if err := lua.Take.Load(ctx, admin).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := lua.Bucket.Load(ctx, admin).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var warm sync.WaitGroup
+	for i := 0; i < 6; i++ {
+		warm.Add(1)
+		go func() { // each WAIT (no replicas) holds its connection for 100 ms, so six are opened
+			defer warm.Done()
+			_ = retrying.Wait(ctx, 1, 100*time.Millisecond).Err()
+		}()
+	}
+	warm.Wait()
+
+	calls := func(cmd string) int {
+		info, err := admin.Info(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(info, "\n") {
+			if strings.HasPrefix(line, "cmdstat_"+cmd+":calls=") {
+				n, _ := strconv.Atoi(strings.SplitN(strings.TrimPrefix(line, "cmdstat_"+cmd+":calls="), ",", 2)[0])
+				return n
+			}
+		}
+		return 0
+	}
+	stalled := func(f func() error) int {
+		t.Helper()
+		before := calls("evalsha")
+		srv.Stop()
+		err := f() // every attempt times out: the server is frozen
+		srv.Cont()
+		if !global.IsUnavailable(err) && !redistestTimeout(err) {
+			t.Fatalf("call against a frozen server: %v, want a timeout", err)
+		}
+		// Wait until the server has run every queued attempt (the count stops growing).
+		deadline := time.Now().Add(5 * time.Second)
+		last, stable := -1, 0
+		for stable < 20 && time.Now().Before(deadline) {
+			n := calls("evalsha")
+			if n == last {
+				stable++
+			} else {
+				last, stable = n, 0
+			}
+		}
+		return last - before
+	}
+
+	attempts := stalled(func() error { _, err := s.Take(ctx, lim, "k", 10, 10); return err })
+	if attempts < 2 {
+		t.Fatalf("the client sent the take %d times; the test needs a retrying client", attempts)
+	}
+	tok, err := admin.HGet(ctx, key, "tokens").Float64()
+	if err != nil || !near(tok, 90, 1e-2) {
+		t.Fatalf("after %d attempts of one take of 10: tokens %v (%v), want 90", attempts, tok, err)
+	}
+	t.Logf("one Take sent %d times by the client, spent once", attempts)
+
+	seedAttempts := stalled(func() error {
+		return lua.Bucket.Run(ctx, retrying, []string{seedKey}, 100, 1e-4, 10).Err()
+	})
+	seedTok, _ := admin.HGet(ctx, seedKey, "tokens").Float64()
+	if want := 100 - 10*float64(seedAttempts); !near(seedTok, want, 1e-2) {
+		t.Fatalf("the article's script sent %d times left %v tokens, want %v", seedAttempts, seedTok, want)
+	}
+	t.Logf("the article's script sent %d times spent %v tokens", seedAttempts, 100-seedTok)
+}
+
+func redistestTimeout(err error) bool {
+	var ne interface{ Timeout() bool }
+	return errors.As(err, &ne) && ne.Timeout()
+}
