@@ -143,6 +143,23 @@ const (
 	ReasonExceedsBurst
 	// ReasonInvalidCost: the request's cost is negative.
 	ReasonInvalidCost
+
+	// The reasons below are given by the Limiter, not the core.
+
+	// ReasonPreCheck: the per-server pre-check bucket of the key is empty.
+	ReasonPreCheck
+	// ReasonGranted: a refill answered and the request was served from it.
+	ReasonGranted
+	// ReasonBreakerOpen: the breaker is open; no Redis call was made.
+	ReasonBreakerOpen
+	// ReasonTimeout: Redis did not answer within the limit's Timeout.
+	ReasonTimeout
+	// ReasonUnavailable: the Redis call failed (connection, Redis error, overload).
+	ReasonUnavailable
+	// ReasonCanceled: the caller's context ended while waiting for Redis.
+	ReasonCanceled
+	// ReasonClosed: the Limiter is closed.
+	ReasonClosed
 )
 
 // String returns the reason in a few words.
@@ -160,6 +177,20 @@ func (r Reason) String() string {
 		return "cost exceeds burst"
 	case ReasonInvalidCost:
 		return "invalid cost"
+	case ReasonPreCheck:
+		return "pre-check bucket empty"
+	case ReasonGranted:
+		return "refill granted"
+	case ReasonBreakerOpen:
+		return "breaker open"
+	case ReasonTimeout:
+		return "redis timeout"
+	case ReasonUnavailable:
+		return "redis unavailable"
+	case ReasonCanceled:
+		return "caller canceled"
+	case ReasonClosed:
+		return "limiter closed"
 	}
 	return fmt.Sprintf("Reason(%d)", uint8(r))
 }
@@ -246,6 +277,14 @@ func (l *Lease) Stats() LeaseStats {
 	return s
 }
 
+// CanServe reports whether [Lease.Acquire] would allow a request of cost n at now from
+// tokens on hand (enough of them, not expired), without changing anything. A caller that
+// runs a cheaper check between the two (the limiter's per-server pre-check) uses it to
+// keep the common path to one pass.
+func (l *Lease) CanServe(c *LeaseConfig, now time.Time, n int) bool {
+	return n >= 0 && n <= c.Burst && l.tokens >= n && (n == 0 || now.Before(l.expires))
+}
+
 // Tokens returns the tokens on hand (some may have expired; see [Lease.Expire]).
 func (l *Lease) Tokens() int { return l.tokens }
 
@@ -283,7 +322,9 @@ func (l *Lease) decide(c *LeaseConfig, now time.Time, n int) Step {
 		st.Refill = l.prefetch(c, now, max(n, 1))
 	case l.inflight:
 		st.Action, st.Reason = Wait, ReasonRefill
-	case now.Before(l.pacedUntil):
+	case now.Before(l.pacedUntil) && l.bucket < (n-l.tokens)*c.servers():
+		// Paced, and at the last answer the bucket did not hold this request's need for
+		// every server: do not ask before the round refills.
 		st.Action, st.Reason = Deny, ReasonPaced
 		st.RetryAfter = l.pacedUntil.Sub(now)
 	default:
@@ -343,8 +384,10 @@ func (l *Lease) batch(c *LeaseConfig, now time.Time, n int) int {
 //
 // After a grant of 0, a partial grant, or a grant that leaves the bucket below what the
 // fleet asks for in one round (want × servers), the lease is paced: it does not ask again
-// before about want × servers / rate has passed (jittered ±50%), and requests that find no
-// tokens meanwhile are denied with that retry-after.
+// before the bucket could refill that round, (want × servers − remaining) / rate, about
+// want × servers / rate when contention emptied it (jittered ±50%, so that the servers
+// do not wake together), and requests that find no tokens meanwhile are denied with that
+// retry-after. The bucket's Wait for min is never longer, since min <= want.
 func (l *Lease) Granted(c *LeaseConfig, now time.Time, seq uint64, g Grant) (refund int) {
 	granted := max(g.Granted, 0)
 	l.stats.Granted += int64(granted)
@@ -358,16 +401,12 @@ func (l *Lease) Granted(c *LeaseConfig, now time.Time, seq uint64, g Grant) (ref
 		l.expires = now.Add(c.Lifetime)
 	}
 	l.bucket = 0
-	if g.Remaining > 0 && g.Remaining < math.MaxInt32 {
-		l.bucket = int(g.Remaining)
+	if g.Remaining > 0 {
+		l.bucket = int(min(g.Remaining, math.MaxInt32))
 	}
 	round := float64(l.want) * float64(c.servers())
 	if granted == 0 || granted < l.want || g.Remaining < round {
-		d := l.fairShare(c, l.want)
-		if granted == 0 && g.Wait > d {
-			d = min(g.Wait, maxPace)
-		}
-		l.pacedUntil = now.Add(l.jitter(d))
+		l.pacedUntil = now.Add(l.jitter(l.fairShare(c, round-max(g.Remaining, 0))))
 	}
 	return 0
 }
@@ -404,10 +443,11 @@ func (l *Lease) giveBack() int {
 	return n
 }
 
-// fairShare is the time the fleet's bucket needs to refill one round of batches:
-// batch × servers / rate.
-func (l *Lease) fairShare(c *LeaseConfig, batch int) time.Duration {
-	secs := float64(max(batch, 1)) * float64(c.servers()) / c.Rate
+// fairShare is the time the fleet's bucket needs to refill the tokens it lacks for one
+// round of batches (batch × servers − what it still holds): about batch × servers / rate
+// when contention has emptied it. It is never less than one token's time.
+func (l *Lease) fairShare(c *LeaseConfig, lack float64) time.Duration {
+	secs := max(lack, 1) / c.Rate
 	if !(secs < maxPace.Seconds()) { // also catches NaN and Inf
 		return maxPace
 	}

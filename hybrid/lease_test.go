@@ -174,22 +174,24 @@ func TestLeaseRules(t *testing.T) {
 			grt(2*ms, 0, 1, 3),                        // bucket has 1: grant 0
 			denied(3*ms, 5, ReasonPaced, 0, 2*ms, 3),  // still 3 on hand, none spent
 			rec(3*ms, 3, Allow, ReasonLease, 0, 0, 0), // a cost-3 request fits
-			denied(3*ms, 1, ReasonPaced, 0, 2*ms, 0),  // paced: no refill yet
-			acq(5*ms, 1, Wait, ReasonRefill, 8, 1, 0), // pacing over; 8 asked in 100ms -> batch 8
+			acq(3*ms, 1, Wait, ReasonRefill, 7, 1, 0), // paced, but the bucket held 1, this request's need
+			grt(4*ms, 0, 0, 0),                        // it is gone: paced again
+			denied(5*ms, 1, ReasonPaced, 0, 10*ms, 0), // round 7 / 1000/s, jittered
 			denied(5*ms, 1001, ReasonExceedsBurst, InfDuration, InfDuration, 0),
 		}},
 		{"zero grant paces about batch x servers / rate, jittered", LeaseConfig{Rate: 100, Burst: 100, Servers: 10}, []op{
 			acq(0, 1, Wait, ReasonRefill, 1, 1, 0),
 			grt(1*ms, 0, 0.5, 0),
-			// fair share 1 x 10 / 100 = 100ms, jittered to [50ms, 150ms)
-			denied(1*ms, 1, ReasonPaced, 49*ms, 150*ms, 0),
+			// fair share (1 x 10 - 0.5) / 100 = 95ms, jittered to [47.5ms, 142.5ms)
+			denied(1*ms, 1, ReasonPaced, 46*ms, 142*ms, 0),
 			denied(40*ms, 1, ReasonPaced, 10*ms, 111*ms, 0),
 			acq(152*ms, 1, Wait, ReasonRefill, 3, 1, 0), // 4 asked in 152ms x 100ms -> 3
 		}},
-		{"zero grant with a longer bucket wait paces by the wait", LeaseConfig{Rate: 100, Burst: 100, Servers: 1}, []op{
-			acq(0, 1, Wait, ReasonRefill, 1, 1, 0),
-			{at: 1 * ms, kind: grant, n: 0, remaining: 0, wait: 400 * ms, tokensWant: 0},
-			denied(1*ms, 1, ReasonPaced, 200*ms, 600*ms, 0),
+		{"pacing counts what the bucket still holds", LeaseConfig{Rate: 100, Burst: 100, Servers: 10}, []op{
+			acq(0, 2, Wait, ReasonRefill, 2, 2, 0),
+			{at: 1 * ms, kind: grant, n: 0, remaining: 1.5, wait: 5 * ms, tokensWant: 0},
+			// a round is 2 x 10; the bucket lacks 18.5: 185ms, jittered to [92.5ms, 277.5ms)
+			denied(1*ms, 1, ReasonPaced, 91*ms, 277*ms, 0),
 		}},
 		{"partial grant paces; tokens on hand still serve, prefetch waits", LeaseConfig{Rate: 1000, Burst: 1000, Servers: 4}, append(
 			repeatOps(40, acq(0, 1, Wait, ReasonRefill, 0, 0, 0), acq(0, 1, Wait, ReasonRefill, 1, 1, 0)),
@@ -203,9 +205,9 @@ func TestLeaseRules(t *testing.T) {
 		)},
 		{"full grant leaving less than one fleet round paces", LeaseConfig{Rate: 1000, Burst: 1000, Servers: 10}, []op{
 			acq(0, 1, Wait, ReasonRefill, 1, 1, 0),
-			grt(1*ms, 1, 9, 1), // 9 left < 1 x 10
+			grt(1*ms, 1, 2, 1), // 2 left < 1 x 10: lacks 8, 8ms, jittered
 			rec(1*ms, 1, Allow, ReasonLease, 0, 0, 0),
-			denied(1*ms, 1, ReasonPaced, 4*ms, 16*ms, 0),
+			denied(1*ms, 1, ReasonPaced, 4*ms, 12*ms, 0),
 		}},
 		{"full grant with room to spare does not pace", LeaseConfig{Rate: 1000, Burst: 1000, Servers: 10}, []op{
 			acq(0, 1, Wait, ReasonRefill, 1, 1, 0),

@@ -1,0 +1,190 @@
+package hybrid
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+)
+
+// initEntry makes the state of a key new to this server: a full pre-check bucket (its
+// history starts one fill time before now, as in local.Limiter) and an empty lease.
+func (lm *limit) initEntry(e *entry, key string, now time.Time) {
+	start := now.Add(-lm.fill - time.Second)
+	e.pre.SetLimitAt(start, lm.preRate)
+	e.pre.SetBurstAt(start, lm.preBurst)
+	e.lease = NewLease(lm.seed ^ hashKey(key))
+	e.flight = nil
+}
+
+// hashKey is FNV-1a, to give each key its own jitter seed.
+func hashKey(key string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(key); i++ {
+		h ^= uint64(key[i])
+		h *= 1099511628211
+	}
+	return h
+}
+
+// Allow is shorthand for AllowN(ctx, limit, key, 1).
+func (l *Limiter) Allow(ctx context.Context, limit, key string) (Decision, error) {
+	return l.AllowN(ctx, limit, key, 1)
+}
+
+// AllowN decides whether a request of cost n for key may proceed under the named limit,
+// taking its n tokens atomically (all or none). It waits for Redis only when this server
+// holds no tokens for the key, at most the limit's Timeout and never past ctx.
+//
+// The error is non-nil only for a misuse (ErrUnknownLimit, ErrInvalidCost), after Close
+// (ErrClosed), or when ctx ends while waiting (ctx.Err()); the Decision then denies. A
+// Redis failure is not an error: the limit's policy decides, and the Decision says so.
+// Cost 0 is allowed and spends nothing.
+func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (Decision, error) {
+	lm := l.limits[limit]
+	switch {
+	case lm == nil:
+		return Decision{RetryAfter: InfDuration}, ErrUnknownLimit
+	case n < 0:
+		return Decision{Reason: ReasonInvalidCost, RetryAfter: InfDuration}, ErrInvalidCost
+	case l.closed.Load():
+		return Decision{Reason: ReasonClosed}, ErrClosed
+	}
+	now := l.now()
+	var (
+		d  Decision
+		st Step
+		f  *flight
+	)
+	if !lm.keys.Update(now, key, func(e *entry, t time.Time) {
+		d, st, f = lm.decide(e, t, key, n, true)
+	}) {
+		return Decision{Reason: ReasonClosed}, ErrClosed
+	}
+	d.Servers = int(l.servers.Load())
+	if st.Refund > 0 {
+		l.queueRefund(lm, key, st.Refund)
+	}
+	if st.Refill.Want > 0 {
+		l.send(f)
+	}
+	if st.Action != Wait {
+		l.stats.count(d.Source)
+		return d, nil
+	}
+	return l.wait(ctx, lm, key, n, now, f)
+}
+
+// decide runs the pre-check and the lease for one request, under the key's lock. On the
+// common path (the lease holds enough unexpired tokens) it is one pass: the pre-check
+// takes its tokens, the lease gives its own. Otherwise the pre-check is only looked at
+// first, and spends only if the lease allows, so a request the lease denies or makes wait
+// costs the pre-check nothing: for one server the default pre-check (the fleet's own
+// rate and burst) then never denies what the global bucket alone would allow.
+func (lm *limit) decide(e *entry, t time.Time, key string, n int, first bool) (Decision, Step, *flight) {
+	c := lm.lease.Load()
+	var st Step
+	if e.lease.CanServe(c, t, n) {
+		if !e.pre.AllowN(t, n) {
+			return lm.preDenied(e, t, n), st, nil
+		}
+		st = e.lease.Acquire(c, t, n)
+	} else {
+		if n > 0 && e.pre.TokensAt(t) < float64(n) {
+			return lm.preDenied(e, t, n), st, nil
+		}
+		if first {
+			st = e.lease.Acquire(c, t, n)
+		} else {
+			st = e.lease.Recheck(c, t, n)
+		}
+		if st.Action == Allow {
+			e.pre.AllowN(t, n)
+		}
+	}
+	var f *flight
+	if st.Refill.Want > 0 {
+		f = &flight{lim: lm, key: key, seq: st.Refill.Seq, want: st.Refill.Want, min: st.Refill.Min, done: make(chan struct{})}
+		e.flight = f
+	} else if st.Action == Wait {
+		f = e.flight
+	}
+	d := Decision{Allowed: st.Action == Allow, Remaining: st.Remaining, RetryAfter: st.RetryAfter, Source: SourceLease, Reason: st.Reason}
+	if !first && st.Action != Wait {
+		d.Source = SourceGlobal
+		if d.Allowed {
+			d.Reason = ReasonGranted
+		}
+	}
+	return d, st, f
+}
+
+// preDenied is the decision of an empty pre-check bucket.
+func (lm *limit) preDenied(e *entry, t time.Time, n int) Decision {
+	d := Decision{Source: SourcePreCheck, Reason: ReasonPreCheck, RetryAfter: InfDuration}
+	if n <= lm.preBurst {
+		need := float64(n) - e.pre.TokensAt(t)
+		d.RetryAfter = time.Duration(need / float64(lm.preRate) * float64(time.Second))
+	}
+	return d
+}
+
+// wait waits for the refill f (and any that follow it) until the request is decided, the
+// limit's Timeout passes, or ctx ends.
+func (l *Limiter) wait(ctx context.Context, lm *limit, key string, n int, start time.Time, f *flight) (Decision, error) {
+	timer := time.NewTimer(lm.cfg.Timeout)
+	defer timer.Stop()
+	for {
+		if f == nil { // cannot happen: a Wait always has a flight; be safe
+			return l.fallback(lm, key, n, ReasonUnavailable), nil
+		}
+
+		select {
+		case <-f.done:
+		case <-timer.C:
+			return l.fallback(lm, key, n, ReasonTimeout), nil
+		case <-ctx.Done():
+			l.stats.canceled.Add(1)
+			return Decision{Source: SourceFallback, Reason: ReasonCanceled, Servers: int(l.servers.Load())}, ctx.Err()
+		}
+		if f.err != nil {
+			if errors.Is(f.err, ErrClosed) {
+				return Decision{Reason: ReasonClosed}, ErrClosed
+			}
+			return l.fallback(lm, key, n, reasonFor(f.err)), nil
+		}
+		var (
+			d  Decision
+			st Step
+		)
+		now := l.now()
+		if !lm.keys.Update(now, key, func(e *entry, t time.Time) {
+			d, st, f = lm.decide(e, t, key, n, false)
+		}) {
+			return Decision{Reason: ReasonClosed}, ErrClosed
+		}
+		d.Servers = int(l.servers.Load())
+		if st.Refund > 0 {
+			l.queueRefund(lm, key, st.Refund)
+		}
+		if st.Refill.Want > 0 {
+			l.send(f)
+		}
+		if st.Action != Wait {
+			l.stats.count(d.Source)
+			return d, nil
+		}
+	}
+}
+
+// reasonFor names the failure of a refill.
+func reasonFor(err error) Reason {
+	switch {
+	case errors.Is(err, breaker.ErrOpen):
+		return ReasonBreakerOpen
+	case errors.Is(err, breaker.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
+		return ReasonTimeout
+	}
+	return ReasonUnavailable
+}

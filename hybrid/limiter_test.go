@@ -1,0 +1,216 @@
+package hybrid_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/redistest"
+)
+
+// prefix returns a short key prefix unique to this run (the shared Redis is never flushed).
+func prefix(t testing.TB) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return "hyt" + hex.EncodeToString(b[:]) + ":"
+}
+
+func newStore(t testing.TB, c redis.Scripter) *global.Store {
+	t.Helper()
+	s, err := global.New(c, global.Prefix(prefix(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// slowBreaker has room for a slow machine (-race): tests that are not about timing
+// must not see a 10ms timeout.
+func slowBreaker(t testing.TB) *breaker.Breaker {
+	b, err := breaker.New(breaker.Settings{Timeout: 2 * time.Second, IsFailure: global.IsUnavailable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func newLimiter(t testing.TB, s *global.Store, cfg hybrid.Config) *hybrid.Limiter {
+	t.Helper()
+	if cfg.Breaker == nil {
+		cfg.Breaker = slowBreaker(t)
+	}
+	l, err := hybrid.New(s, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	return l
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	_, c := redistest.Mini(t)
+	s := newStore(t, c)
+	ok := hybrid.Limit{Name: "api", Rate: 10, Burst: 10, Policy: breaker.FailOpen}
+	tests := []struct {
+		name string
+		cfg  hybrid.Config
+		want error
+	}{
+		{"no limits", hybrid.Config{FleetSize: 1}, hybrid.ErrInvalidConfig},
+		{"no fleet size", hybrid.Config{Limits: []hybrid.Limit{ok}}, hybrid.ErrInvalidConfig},
+		{"no policy", hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{{Name: "api", Rate: 10, Burst: 10}}}, breaker.ErrNoPolicy},
+		{"bad rate", hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{{Name: "api", Rate: 0, Burst: 10, Policy: breaker.FailOpen}}}, global.ErrInvalidLimit},
+		{"bad name", hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{{Name: "a{b}", Rate: 1, Burst: 10, Policy: breaker.FailOpen}}}, global.ErrInvalidLimit},
+		{"duplicate", hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{ok, ok}}, hybrid.ErrInvalidConfig},
+		{"pre-check looser than the limit", hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{{Name: "api", Rate: 10, Burst: 10, PreRate: 20, Policy: breaker.FailOpen}}}, hybrid.ErrInvalidConfig},
+		{"max cost above burst", hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{{Name: "api", Rate: 10, Burst: 10, MaxCost: 11, Policy: breaker.FailOpen}}}, hybrid.ErrInvalidConfig},
+		{"bad fleet name", hybrid.Config{FleetSize: 1, Fleet: "a b", Limits: []hybrid.Limit{ok}}, hybrid.ErrInvalidConfig},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l, err := hybrid.New(s, tt.cfg)
+			if !errors.Is(err, tt.want) {
+				t.Fatalf("New = %v, want %v", err, tt.want)
+			}
+			if l != nil {
+				t.Fatal("New returned a Limiter with an error")
+			}
+		})
+	}
+	if _, err := hybrid.New(nil, hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{ok}}); !errors.Is(err, hybrid.ErrInvalidConfig) {
+		t.Fatalf("New(nil store) = %v", err)
+	}
+}
+
+// TestLimiterSources walks one key through the tiers on a frozen clock: the first
+// request waits for a refill (global), the next ones use the lease, the bucket runs dry.
+func TestLimiterSources(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		s := newStore(t, tg.Client)
+		now := time.Now()
+		l := newLimiter(t, s, hybrid.Config{
+			FleetSize: 1,
+			Now:       func() time.Time { return now },
+			Limits:    []hybrid.Limit{{Name: "api", Rate: 0.001, Burst: 5, Policy: breaker.FailClosed, Timeout: time.Second}},
+		})
+		ctx := context.Background()
+		d, err := l.Allow(ctx, "api", "k")
+		if err != nil || !d.Allowed || d.Source != hybrid.SourceGlobal || d.Reason != hybrid.ReasonGranted {
+			t.Fatalf("first Allow = %+v, %v; want allowed by global", d, err)
+		}
+		admitted := 1
+		for range 20 {
+			d, err = l.Allow(ctx, "api", "k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Allowed {
+				admitted++
+			}
+		}
+		if admitted != 5 {
+			t.Fatalf("admitted %d of a burst of 5", admitted)
+		}
+		if d.Allowed || d.RetryAfter <= 0 || d.Source == hybrid.SourceFallback {
+			t.Fatalf("last Allow = %+v; want denied with a retry-after, not by fallback", d)
+		}
+		if _, err := l.AllowN(ctx, "api", "k", -1); !errors.Is(err, hybrid.ErrInvalidCost) {
+			t.Fatalf("AllowN(-1) error %v", err)
+		}
+		if _, err := l.Allow(ctx, "nope", "k"); !errors.Is(err, hybrid.ErrUnknownLimit) {
+			t.Fatalf("unknown limit error %v", err)
+		}
+		st := l.Stats()
+		t.Logf("stats %+v", st)
+		if st.Takes == 0 || st.Granted > 5 {
+			t.Fatalf("stats %+v: want some takes, at most 5 granted", st)
+		}
+	})
+}
+
+// TestLimiterPolicies breaks Redis (miniredis SetError) and checks each policy.
+func TestLimiterPolicies(t *testing.T) {
+	m, c := redistest.Mini(t)
+	s := newStore(t, c)
+	l := newLimiter(t, s, hybrid.Config{
+		FleetSize: 4,
+		Limits: []hybrid.Limit{
+			{Name: "open", Rate: 100, Burst: 10, Policy: breaker.FailOpen},
+			{Name: "closed", Rate: 100, Burst: 10, Policy: breaker.FailClosed},
+			{Name: "local", Rate: 100, Burst: 8, Policy: breaker.FailLocal()},
+		},
+	})
+	m.SetError("ERR injected outage")
+	ctx := context.Background()
+	for _, tc := range []struct {
+		limit    string
+		admitted int // of 20 requests on one key
+	}{
+		{"open", 10},  // the pre-check (the fleet's burst of 10) still holds
+		{"closed", 0}, // nothing
+		{"local", 2},  // burst 8 over 4 servers
+	} {
+		admitted := 0
+		for range 20 {
+			d, err := l.Allow(ctx, tc.limit, "k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Source != hybrid.SourceFallback && (d.Source != hybrid.SourcePreCheck || d.Allowed) {
+				t.Fatalf("%s: decision %+v during an outage, want fallback or a pre-check denial", tc.limit, d)
+			}
+			if d.Allowed {
+				admitted++
+			}
+		}
+		if admitted != tc.admitted {
+			t.Errorf("%s: admitted %d of 20 during the outage, want %d", tc.limit, admitted, tc.admitted)
+		}
+	}
+	m.SetError("")
+}
+
+// TestLimiterConcurrentWaiters: many goroutines on one cold key share one refill.
+func TestLimiterConcurrentWaiters(t *testing.T) {
+	_, c := redistest.Mini(t)
+	s := newStore(t, c)
+	l := newLimiter(t, s, hybrid.Config{
+		FleetSize: 1,
+		Limits:    []hybrid.Limit{{Name: "api", Rate: 0.001, Burst: 50, Policy: breaker.FailClosed, Timeout: time.Second}},
+	})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	admitted := 0
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 4 {
+				d, err := l.Allow(context.Background(), "api", "k")
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if d.Allowed {
+					mu.Lock()
+					admitted++
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if admitted != 50 {
+		t.Fatalf("admitted %d, want exactly the burst 50", admitted)
+	}
+	t.Logf("stats %+v", l.Stats())
+}

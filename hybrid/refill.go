@@ -1,0 +1,368 @@
+package hybrid
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/global"
+)
+
+// refundWorkers bounds the refunds sent at once (there is no pipelined refund).
+const refundWorkers = 8
+
+// send queues the refill f for the refiller. When the breaker is open the refill fails at
+// once, without a trip through the refiller: every request then goes straight to its
+// policy.
+func (l *Limiter) send(f *flight) {
+	if l.brk.State() == breaker.StateOpen {
+		l.finish(f, global.Grant{}, breaker.ErrOpen, l.now())
+		return
+	}
+	l.mu.Lock()
+	if l.stopped {
+		l.mu.Unlock()
+		l.finish(f, global.Grant{}, ErrClosed, l.now())
+		return
+	}
+	l.pending = append(l.pending, f)
+	l.mu.Unlock()
+	l.poke()
+}
+
+// poke wakes the refiller without blocking.
+func (l *Limiter) poke() {
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+// queueRefund queues n tokens of (lm, key) to be given back to the bucket.
+func (l *Limiter) queueRefund(lm *limit, key string, n int) {
+	l.mu.Lock()
+	l.refunds = append(l.refunds, refund{lim: lm, key: key, n: n})
+	l.mu.Unlock()
+	l.poke()
+}
+
+// evicted is the local store's eviction callback: the key's lease is refunded, and the
+// answer of a refill still in flight will be too (it no longer finds its flight).
+func (l *Limiter) evicted(lm *limit, key string, e *entry) {
+	e.flight = nil
+	if n := e.lease.Drain(); n > 0 {
+		l.queueRefund(lm, key, n)
+	}
+}
+
+// refiller is the Limiter's background goroutine: it sends the pending refills (several
+// in one pipelined round trip), refunds, and expires leases whose lifetime has passed.
+func (l *Limiter) refiller() {
+	defer l.wg.Done()
+	tick := time.NewTicker(l.tickEvery())
+	defer tick.Stop()
+	for {
+		select {
+		case <-l.stop:
+			l.mu.Lock()
+			l.stopped = true
+			pending := l.pending
+			l.pending = nil
+			l.mu.Unlock()
+			now := l.now()
+			for _, f := range pending {
+				l.finish(f, global.Grant{}, ErrClosed, now)
+			}
+			return
+		case <-l.wake:
+		case <-tick.C:
+			l.expire(l.now())
+		}
+		l.refill()
+		l.sendRefunds(context.Background(), false)
+	}
+}
+
+// tickEvery is how often leases are checked for expiry: a quarter of the shortest
+// lifetime, at least a millisecond.
+func (l *Limiter) tickEvery() time.Duration {
+	d := time.Hour
+	for _, lm := range l.limits {
+		d = min(d, lm.lease.Load().Lifetime/4)
+	}
+	return max(d, time.Millisecond)
+}
+
+// refill sends every pending refill: one Take, or TakeBatch round trips of up to
+// maxBatch, each through the breaker with the shortest Timeout among its limits.
+func (l *Limiter) refill() {
+	for {
+		l.mu.Lock()
+		batch := l.pending
+		if len(batch) > maxBatch {
+			batch = batch[:maxBatch:maxBatch]
+			l.pending = l.pending[maxBatch:]
+		} else {
+			l.pending = nil
+		}
+		l.mu.Unlock()
+		if len(batch) == 0 {
+			return
+		}
+		l.refillBatch(batch)
+	}
+}
+
+func (l *Limiter) refillBatch(batch []*flight) {
+	timeout := batch[0].lim.cfg.Timeout
+	for _, f := range batch[1:] {
+		timeout = min(timeout, f.lim.cfg.Timeout)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	// The call may outlive Do (the breaker returns at the deadline): it gets its own
+	// slices, never read again after a failure.
+	if len(batch) == 1 {
+		f := batch[0]
+		var g global.Grant
+		err := l.brk.Do(ctx, func(ctx context.Context) error {
+			var err error
+			g, err = l.store.Take(ctx, f.lim.glim, f.key, f.want, f.min)
+			return err
+		})
+		l.stats.takes.Add(1)
+		l.stats.roundTrips.Add(1)
+		if err != nil {
+			l.finish(f, global.Grant{}, err, l.now())
+			return
+		}
+		l.finish(f, g, nil, l.now())
+		return
+	}
+	reqs := make([]global.TakeRequest, len(batch))
+	out := make([]global.TakeResult, len(batch))
+	for i, f := range batch {
+		reqs[i] = global.TakeRequest{Limit: f.lim.glim, Key: f.key, Want: f.want, Min: f.min}
+	}
+	err := l.brk.Do(ctx, func(ctx context.Context) error {
+		err := l.store.TakeBatch(ctx, reqs, out)
+		if global.IsUnavailable(err) {
+			return err // the store did not answer: the breaker counts it
+		}
+		return nil // per-item errors (a script error on one key) are read from out
+	})
+	l.stats.takes.Add(int64(len(batch)))
+	l.stats.roundTrips.Add(1)
+	now := l.now()
+	for i, f := range batch {
+		if err != nil {
+			l.finish(f, global.Grant{}, err, now)
+		} else {
+			l.finish(f, out[i].Grant, out[i].Err, now)
+		}
+	}
+}
+
+// finish applies the answer of refill f to its key's lease, if the key still holds that
+// flight (else the tokens go back), and wakes the requests waiting for it.
+func (l *Limiter) finish(f *flight, g global.Grant, err error, now time.Time) {
+	lm := f.lim
+	back := 0
+	found := false
+	if err == nil {
+		l.stats.granted.Add(int64(g.Granted))
+	} else {
+		l.stats.refillErrors.Add(1)
+	}
+	lm.keys.Peek(f.key, func(e *entry, last time.Time) {
+		if e.flight != f {
+			return
+		}
+		found = true
+		e.flight = nil
+		if err != nil {
+			e.lease.Failed(f.seq)
+			return
+		}
+		back = e.lease.Granted(lm.lease.Load(), later(now, last), f.seq, Grant{Granted: g.Granted, Remaining: g.Remaining, Wait: g.Wait})
+	})
+	if err == nil && !found {
+		back = g.Granted
+	}
+	f.err = err
+	close(f.done)
+	if back > 0 {
+		l.queueRefund(lm, f.key, back)
+	}
+	if err == nil && g.Granted > back {
+		l.mu.Lock()
+		l.expiries = append(l.expiries, expiry{lim: lm, key: f.key, at: now.Add(lm.lease.Load().Lifetime)})
+		l.mu.Unlock()
+	}
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// expire refunds the leased tokens whose lifetime has passed at now, for keys nobody
+// asked about since (a request finds and refunds its key's expired tokens itself).
+func (l *Limiter) expire(now time.Time) {
+	l.mu.Lock()
+	i := 0
+	for i < len(l.expiries) && !l.expiries[i].at.After(now) {
+		i++
+	}
+	due := append([]expiry(nil), l.expiries[:i]...)
+	l.expiries = append(l.expiries[:0], l.expiries[i:]...)
+	l.mu.Unlock()
+	for _, x := range due {
+		n := 0
+		x.lim.keys.Peek(x.key, func(e *entry, last time.Time) {
+			n = e.lease.Expire(x.lim.lease.Load(), later(now, last))
+		})
+		if n > 0 {
+			l.queueRefund(x.lim, x.key, n)
+		}
+	}
+}
+
+// sendRefunds gives the queued refunds back to their buckets, summed per key, a few at a
+// time through the breaker. Refunds that fail are dropped (counted): the tokens stay
+// spent, which errs on the safe side. With all set (Close) it returns the failures.
+func (l *Limiter) sendRefunds(ctx context.Context, all bool) error {
+	l.mu.Lock()
+	queued := l.refunds
+	l.refunds = nil
+	l.mu.Unlock()
+	if len(queued) == 0 {
+		return nil
+	}
+	type bucketKey struct {
+		lim *limit
+		key string
+	}
+	sum := make(map[bucketKey]int, len(queued))
+	order := make([]bucketKey, 0, len(queued))
+	for _, r := range queued {
+		k := bucketKey{r.lim, r.key}
+		if _, ok := sum[k]; !ok {
+			order = append(order, k)
+		}
+		sum[k] += r.n
+	}
+	var (
+		mu       sync.Mutex
+		failed   int
+		firstErr error
+		wg       sync.WaitGroup
+		work     = make(chan bucketKey)
+	)
+	for range min(refundWorkers, len(order)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := range work {
+				n := min(sum[k], k.lim.cfg.Burst)
+				rctx, cancel := context.WithTimeout(ctx, k.lim.cfg.Timeout)
+				err := l.brk.Do(rctx, func(ctx context.Context) error {
+					return l.store.Refund(ctx, k.lim.glim, k.key, n)
+				})
+				cancel()
+				l.stats.refundCalls.Add(1)
+				if err != nil {
+					mu.Lock()
+					failed += n
+					if firstErr == nil {
+						firstErr = err
+					}
+					mu.Unlock()
+					continue
+				}
+				l.stats.refunded.Add(int64(n))
+			}
+		}()
+	}
+	for _, k := range order {
+		work <- k
+	}
+	close(work)
+	wg.Wait()
+	if failed > 0 {
+		l.stats.refundsLost.Add(int64(failed))
+		if all {
+			return fmt.Errorf("hybrid: %d leased tokens not refunded: %w", failed, firstErr)
+		}
+	}
+	return nil
+}
+
+// heartbeat announces this server in the fleet every interval and divides the limits by
+// the live count; while Redis does not answer, the last known count stays.
+func (l *Limiter) heartbeat() {
+	defer l.wg.Done()
+	tick := time.NewTicker(l.beat)
+	defer tick.Stop()
+	for {
+		l.beatOnce()
+		select {
+		case <-l.stop:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (l *Limiter) beatOnce() {
+	ctx, cancel := context.WithTimeout(context.Background(), l.beat)
+	defer cancel()
+	var live int
+	err := l.brk.Do(ctx, func(ctx context.Context) error {
+		var err error
+		live, err = l.store.Heartbeat(ctx, l.fleet, l.store.ServerID(), 3*l.beat)
+		return err
+	})
+	l.stats.heartbeats.Add(1)
+	if err != nil || live < 1 {
+		return
+	}
+	l.setServers(live)
+}
+
+// setServers divides every limit among n live servers from now on.
+func (l *Limiter) setServers(n int) {
+	if int64(n) == l.servers.Swap(int64(n)) {
+		return
+	}
+	for _, lm := range l.limits {
+		c := *lm.lease.Load()
+		c.Servers = n
+		lm.lease.Store(&c)
+		_ = lm.fallback.SetServersAt(l.now(), n) // valid: the limit was accepted at New
+	}
+}
+
+// Close stops the background goroutines, fails the refills not yet sent, and gives every
+// unused leased token back to its bucket (in as few calls as it can, bounded by ctx).
+// Calls after Close return ErrClosed. Close is idempotent; the error reports tokens that
+// could not be refunded.
+func (l *Limiter) Close(ctx context.Context) error {
+	if l.closed.Swap(true) {
+		return nil
+	}
+	close(l.stop)
+	l.wg.Wait()
+	for _, lm := range l.limits {
+		lm.keys.Close() // drains every lease through evicted
+		lm.fallback.Close()
+	}
+	l.mu.Lock()
+	l.expiries = nil
+	l.mu.Unlock()
+	return l.sendRefunds(ctx, true)
+}
