@@ -1,0 +1,487 @@
+package breaker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sony/gobreaker/v2"
+)
+
+// Defaults for the zero fields of Settings.
+const (
+	DefaultTimeout          = 10 * time.Millisecond
+	DefaultMaxInFlight      = 64
+	DefaultFailureThreshold = 5
+	DefaultOpenTimeout      = time.Second
+	DefaultHalfOpenProbes   = 1
+)
+
+var (
+	// ErrOpen is returned by Do, without calling the store, while the
+	// breaker is open, and while it is half-open and its probes are already
+	// in flight. The error also wraps gobreaker's ErrOpenState or
+	// ErrTooManyRequests.
+	ErrOpen = errors.New("breaker: open")
+
+	// ErrTimeout is returned by Do when the call did not return by its
+	// deadline; Do returns at the deadline whether or not the call has.
+	// The error also matches context.DeadlineExceeded.
+	ErrTimeout = errors.New("breaker: store call timed out")
+
+	// ErrOverloaded is returned by Do, without calling the store, when
+	// MaxInFlight calls are already running (most likely stalled on an
+	// unresponsive store): the request should go to its fallback at once.
+	ErrOverloaded = errors.New("breaker: too many store calls in flight")
+
+	// ErrInvalidSettings is wrapped by the error New returns for Settings
+	// it cannot honour.
+	ErrInvalidSettings = errors.New("breaker: invalid settings")
+)
+
+// The errors returned while open are built once: a rejection allocates
+// nothing.
+var (
+	errOpenState   = fmt.Errorf("%w: %w", ErrOpen, gobreaker.ErrOpenState)
+	errTooManyReqs = fmt.Errorf("%w (half-open, probes in flight): %w", ErrOpen, gobreaker.ErrTooManyRequests)
+)
+
+// State is the state of a Breaker.
+type State int8
+
+const (
+	// StateClosed: calls go to the store; store failures are counted.
+	StateClosed State = iota
+	// StateHalfOpen: a few probe calls go to the store; their success
+	// closes the breaker, a failure opens it again.
+	StateHalfOpen
+	// StateOpen: no call goes to the store; Do returns ErrOpen at once.
+	StateOpen
+)
+
+// String returns "closed", "half-open" or "open".
+func (s State) String() string {
+	switch s {
+	case StateClosed:
+		return "closed"
+	case StateHalfOpen:
+		return "half-open"
+	case StateOpen:
+		return "open"
+	}
+	return fmt.Sprintf("State(%d)", int8(s))
+}
+
+func fromGobreaker(s gobreaker.State) State {
+	switch s {
+	case gobreaker.StateHalfOpen:
+		return StateHalfOpen
+	case gobreaker.StateOpen:
+		return StateOpen
+	}
+	return StateClosed
+}
+
+// Settings configures a Breaker. Every field is optional; a zero field
+// takes the default named in its comment, and a negative one is an error.
+type Settings struct {
+	// Name identifies the breaker (for example the Redis address) in
+	// errors and logs.
+	Name string
+
+	// Timeout is the deadline of each guarded call: Do returns by then
+	// whether or not the call has returned. The article recommends 5 to
+	// 20 ms. default: DefaultTimeout (10 ms)
+	Timeout time.Duration
+
+	// MinCountedTimeout: a call that times out counts as a store failure
+	// only if it was given at least this long. A caller's context deadline
+	// that leaves the call less is the caller's own choice, and its expiry
+	// counts as neither success nor failure. default: Timeout/2
+	MinCountedTimeout time.Duration
+
+	// MaxInFlight bounds the store calls running at once, including calls
+	// Do has given up on at their deadline that have not returned yet (a
+	// stalled store holds them, and their connections). A call beyond the
+	// bound gets ErrOverloaded at once. Size it near the client's pool
+	// size. default: DefaultMaxInFlight (64)
+	MaxInFlight int
+
+	// FailureThreshold is the number of consecutive store failures that
+	// open the breaker. default: DefaultFailureThreshold (5)
+	FailureThreshold int
+
+	// OpenTimeout is how long the breaker stays open before it lets probes
+	// through (half-open). default: DefaultOpenTimeout (1 s)
+	OpenTimeout time.Duration
+
+	// HalfOpenProbes is the number of calls let through while half-open,
+	// and the number of consecutive successes that close the breaker.
+	// default: DefaultHalfOpenProbes (1)
+	HalfOpenProbes int
+
+	// IsFailure reports whether an error a call returned means the store
+	// did not answer; other errors (a denied request, a script error, a
+	// missing key) are answers, and count as successes. The caller's own
+	// cancellation, and the expiry of a caller's deadline shorter than
+	// MinCountedTimeout, are never passed to it. The hybrid limiter passes
+	// global.IsUnavailable. default: IsStoreFailure
+	IsFailure func(error) bool
+
+	// OnStateChange is told about every state change, in order, after the
+	// breaker's locks are released, on the goroutine of a call that caused
+	// or observed the change. It may call the breaker. The change from open
+	// to half-open happens when the breaker is next used (Do or State)
+	// after OpenTimeout, not on a timer.
+	OnStateChange func(from, to State)
+}
+
+// A Breaker guards the calls to one store (one Redis client), shared by
+// every limit that uses the store. It is a circuit breaker
+// (github.com/sony/gobreaker/v2) that counts only the store's failures,
+// plus a deadline on every call and a bound on the calls in flight, so that
+// an unresponsive store costs a request at most Timeout, and nothing while
+// the breaker is open.
+//
+// Most callers use Do. A Breaker is safe for simultaneous use by multiple
+// goroutines; it starts one goroutine per guarded call, which ends when the
+// call returns.
+type Breaker struct {
+	name        string
+	cb          *gobreaker.TwoStepCircuitBreaker[struct{}]
+	timeout     time.Duration
+	minCounted  time.Duration
+	maxInFlight int64
+	isFailure   func(error) bool
+	onChange    func(from, to State)
+
+	inFlight atomic.Int64
+	stats    counters
+
+	evPending atomic.Int32 // len(events), readable without evMu
+	evMu      sync.Mutex
+	// The fields below are guarded by evMu.
+	events      []stateEvent
+	dispatching bool
+}
+
+type stateEvent struct{ from, to State }
+
+type counters struct {
+	calls, successes, failures, timeouts, excluded, rejected, overloaded, abandoned atomic.Int64
+	maxInFlight                                                                     atomic.Int64
+}
+
+// Markers passed to gobreaker's done callback: Do classifies the outcome
+// itself.
+var (
+	errFailure  = errors.New("store failure")
+	errExcluded = errors.New("not the store's outcome")
+)
+
+// New returns a closed Breaker, or an error wrapping ErrInvalidSettings.
+func New(st Settings) (*Breaker, error) {
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{
+		{"Timeout", int64(st.Timeout)},
+		{"MinCountedTimeout", int64(st.MinCountedTimeout)},
+		{"MaxInFlight", int64(st.MaxInFlight)},
+		{"FailureThreshold", int64(st.FailureThreshold)},
+		{"OpenTimeout", int64(st.OpenTimeout)},
+		{"HalfOpenProbes", int64(st.HalfOpenProbes)},
+	} {
+		if f.v < 0 {
+			return nil, fmt.Errorf("%w: %s is negative", ErrInvalidSettings, f.name)
+		}
+	}
+	if st.HalfOpenProbes > 1<<16 || st.FailureThreshold > 1<<30 {
+		return nil, fmt.Errorf("%w: HalfOpenProbes or FailureThreshold too large", ErrInvalidSettings)
+	}
+	b := &Breaker{
+		name:        st.Name,
+		timeout:     cmpOr(st.Timeout, DefaultTimeout),
+		maxInFlight: int64(cmpOr(st.MaxInFlight, DefaultMaxInFlight)),
+		isFailure:   st.IsFailure,
+		onChange:    st.OnStateChange,
+	}
+	b.minCounted = cmpOr(st.MinCountedTimeout, b.timeout/2)
+	if b.minCounted > b.timeout {
+		return nil, fmt.Errorf("%w: MinCountedTimeout %v exceeds Timeout %v", ErrInvalidSettings, b.minCounted, b.timeout)
+	}
+	if b.isFailure == nil {
+		b.isFailure = IsStoreFailure
+	}
+	threshold := uint32(cmpOr(st.FailureThreshold, DefaultFailureThreshold))
+	b.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
+		Name:        st.Name,
+		MaxRequests: uint32(cmpOr(st.HalfOpenProbes, DefaultHalfOpenProbes)),
+		Timeout:     cmpOr(st.OpenTimeout, DefaultOpenTimeout),
+		ReadyToTrip: func(c gobreaker.Counts) bool {
+			return c.ConsecutiveFailures >= threshold
+		},
+		IsSuccessful: func(err error) bool { return err == nil },
+		IsExcluded:   func(err error) bool { return err == errExcluded },
+		// gobreaker calls this with its mutex held: only queue the event.
+		OnStateChange: func(_ string, from, to gobreaker.State) {
+			b.evMu.Lock()
+			b.events = append(b.events, stateEvent{fromGobreaker(from), fromGobreaker(to)})
+			b.evPending.Store(int32(len(b.events)))
+			b.evMu.Unlock()
+		},
+	})
+	return b, nil
+}
+
+func cmpOr[T int | time.Duration](v, def T) T {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// Name returns Settings.Name.
+func (b *Breaker) Name() string { return b.name }
+
+// Timeout returns the deadline Do gives each call.
+func (b *Breaker) Timeout() time.Duration { return b.timeout }
+
+// State returns the breaker's state, first moving it from open to
+// half-open if OpenTimeout has passed.
+func (b *Breaker) State() State {
+	s := fromGobreaker(b.cb.State())
+	b.dispatch()
+	return s
+}
+
+type outcome struct {
+	err      error
+	panicked bool
+	panicVal any
+}
+
+// Do calls fn, the store call, unless the breaker is open, and returns its
+// error. fn gets a context that ends at the earlier of ctx's deadline and
+// Timeout from now, and must return the store's error as it is (wrapped
+// with %w at most) so that it can be classified.
+//
+// Do returns by that deadline even if fn has not returned: fn then keeps
+// running on its own goroutine until it does, holding one of MaxInFlight
+// slots, and its result is dropped (fn must not write to memory the caller
+// reads after Do returns). Use a client that honours the context, or a
+// small read timeout, so abandoned calls end soon.
+//
+// The error is nil or fn's error, or:
+//   - ErrOpen (no call made) while the breaker is open or its half-open
+//     probes are in flight;
+//   - ErrOverloaded (no call made) when MaxInFlight calls are running;
+//   - ErrTimeout, also matching context.DeadlineExceeded, when the deadline
+//     passed first;
+//   - ctx's error if ctx was done before the call could start, or was
+//     cancelled while it ran.
+//
+// Only store failures (IsFailure) and counted timeouts count towards
+// opening the breaker. The caller's cancellation, and a timeout under a
+// caller's deadline shorter than MinCountedTimeout, count as nothing. If fn
+// panics while Do waits for it, the panic counts as a failure and Do
+// panics with the same value.
+func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) error {
+	if err := ctx.Err(); err != nil {
+		b.stats.excluded.Add(1)
+		return fmt.Errorf("breaker: call not started: %w", err)
+	}
+	done, err := b.cb.Allow()
+	if err != nil {
+		b.dispatch()
+		b.stats.rejected.Add(1)
+		if errors.Is(err, gobreaker.ErrTooManyRequests) {
+			return errTooManyReqs
+		}
+		return errOpenState
+	}
+	n := b.inFlight.Add(1)
+	if n > b.maxInFlight {
+		b.inFlight.Add(-1)
+		b.report(done, errExcluded)
+		b.stats.overloaded.Add(1)
+		return ErrOverloaded
+	}
+	for m := b.stats.maxInFlight.Load(); n > m; m = b.stats.maxInFlight.Load() {
+		if b.stats.maxInFlight.CompareAndSwap(m, n) {
+			break
+		}
+	}
+	b.stats.calls.Add(1)
+
+	start := time.Now()
+	budget := b.timeout
+	if dl, ok := ctx.Deadline(); ok && dl.Sub(start) < budget {
+		budget = dl.Sub(start)
+	}
+	cctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+
+	// The call's goroutine and Do race to settle it: whoever moves state
+	// from running decides whether Do reads the result (finished) or the
+	// goroutine is on its own (abandoned).
+	const running, finished, abandoned = 0, 1, 2
+	var state atomic.Int32
+	res := make(chan outcome, 1)
+	go func() {
+		defer b.inFlight.Add(-1)
+		o := call(cctx, fn)
+		res <- o // buffered: never blocks
+		if !state.CompareAndSwap(running, finished) && o.panicked {
+			// Nobody waits for this call any more: the panic goes on, as
+			// any panic on a goroutine of its own does.
+			panic(o.panicVal)
+		}
+	}()
+
+	var o outcome
+	select {
+	case o = <-res:
+	case <-cctx.Done():
+		if state.CompareAndSwap(running, abandoned) {
+			b.stats.abandoned.Add(1)
+			return b.finish(done, ctx, cctx, cctx.Err(), budget)
+		}
+		o = <-res // it finished: its send came before its state change
+	}
+	if o.panicked {
+		b.report(done, errFailure)
+		panic(o.panicVal)
+	}
+	return b.finish(done, ctx, cctx, o.err, budget)
+}
+
+func call(ctx context.Context, fn func(context.Context) error) (o outcome) {
+	defer func() {
+		if r := recover(); r != nil {
+			o = outcome{panicked: true, panicVal: r}
+		}
+	}()
+	return outcome{err: fn(ctx)}
+}
+
+// finish classifies the outcome of a call, reports it to gobreaker and
+// returns the error for the caller.
+func (b *Breaker) finish(done func(error), ctx, cctx context.Context, err error, budget time.Duration) error {
+	switch {
+	case err == nil:
+		b.stats.successes.Add(1)
+		b.report(done, nil)
+		return nil
+	case errors.Is(ctx.Err(), context.Canceled):
+		// The caller gave up; whatever happened to the call says nothing
+		// about the store.
+		b.stats.excluded.Add(1)
+		b.report(done, errExcluded)
+		if errors.Is(err, context.Canceled) {
+			return fmt.Errorf("breaker: call abandoned: %w", err)
+		}
+		return err
+	case cctx.Err() != nil && isTimeout(err):
+		// The deadline passed: the store did not answer in time.
+		b.stats.timeouts.Add(1)
+		if budget >= b.minCounted {
+			b.stats.failures.Add(1)
+			b.report(done, errFailure)
+		} else {
+			b.stats.excluded.Add(1)
+			b.report(done, errExcluded)
+		}
+		return &timeoutError{budget: budget, cause: err}
+	case b.isFailure(err):
+		b.stats.failures.Add(1)
+		b.report(done, errFailure)
+		return err
+	default:
+		b.stats.successes.Add(1)
+		b.report(done, nil)
+		return err
+	}
+}
+
+func (b *Breaker) report(done func(error), marker error) {
+	done(marker)
+	b.dispatch()
+}
+
+// timeoutError is ErrTimeout with the budget the call had; it also matches
+// the context error that ended the call.
+type timeoutError struct {
+	budget time.Duration
+	cause  error
+}
+
+func (e *timeoutError) Error() string {
+	return fmt.Sprintf("%v after %v: %v", ErrTimeout, e.budget, e.cause)
+}
+
+func (e *timeoutError) Is(target error) bool {
+	return target == ErrTimeout || target == context.DeadlineExceeded
+}
+
+func (e *timeoutError) Unwrap() error { return e.cause }
+
+// dispatch calls OnStateChange for the queued state changes, in order, with
+// no lock held; one goroutine dispatches at a time.
+func (b *Breaker) dispatch() {
+	if b.evPending.Load() == 0 {
+		return
+	}
+	b.evMu.Lock()
+	if b.dispatching {
+		b.evMu.Unlock()
+		return // the goroutine dispatching will see the new events
+	}
+	b.dispatching = true
+	for len(b.events) > 0 {
+		ev := b.events[0]
+		b.events = b.events[1:]
+		b.evPending.Store(int32(len(b.events)))
+		b.evMu.Unlock()
+		if b.onChange != nil {
+			b.onChange(ev.from, ev.to)
+		}
+		b.evMu.Lock()
+	}
+	b.events = nil
+	b.dispatching = false
+	b.evMu.Unlock()
+}
+
+// Stats are counters of a Breaker's calls since New.
+type Stats struct {
+	Calls       int64 // calls made to the store
+	Successes   int64 // calls that returned nil or an answer that is not a failure
+	Failures    int64 // store failures counted towards opening, timeouts included
+	Timeouts    int64 // calls Do returned from at the deadline, counted or not
+	Excluded    int64 // calls the caller cancelled, or gave too short a deadline
+	Rejected    int64 // calls refused with ErrOpen
+	Overloaded  int64 // calls refused with ErrOverloaded
+	Abandoned   int64 // calls still running when Do returned
+	InFlight    int64 // store calls running now, abandoned ones included
+	MaxInFlight int64 // the most store calls that ran at once
+}
+
+// Stats returns the breaker's counters.
+func (b *Breaker) Stats() Stats {
+	return Stats{
+		Calls:       b.stats.calls.Load(),
+		Successes:   b.stats.successes.Load(),
+		Failures:    b.stats.failures.Load(),
+		Timeouts:    b.stats.timeouts.Load(),
+		Excluded:    b.stats.excluded.Load(),
+		Rejected:    b.stats.rejected.Load(),
+		Overloaded:  b.stats.overloaded.Load(),
+		Abandoned:   b.stats.abandoned.Load(),
+		InFlight:    b.inFlight.Load(),
+		MaxInFlight: b.stats.maxInFlight.Load(),
+	}
+}

@@ -1,0 +1,504 @@
+package breaker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sony/gobreaker/v2"
+)
+
+// store is a fake store call: it counts calls and answers with the error
+// it is set to, or blocks until released when stall is set.
+type store struct {
+	calls atomic.Int64
+	mu    sync.Mutex
+	err   error
+	stall chan struct{} // non-nil: calls block until it is closed
+}
+
+func (s *store) set(err error) {
+	s.mu.Lock()
+	s.err = err
+	s.mu.Unlock()
+}
+
+// stallUntilReleased makes calls block, ignoring their context, as go-redis
+// does without ContextTimeoutEnabled; release ends the stall.
+func (s *store) stallUntilReleased() (release func()) {
+	ch := make(chan struct{})
+	s.mu.Lock()
+	s.stall = ch
+	s.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.mu.Lock()
+			s.stall = nil
+			s.mu.Unlock()
+			close(ch)
+		})
+	}
+}
+
+func (s *store) call(context.Context) error {
+	s.calls.Add(1)
+	s.mu.Lock()
+	err, stall := s.err, s.stall
+	s.mu.Unlock()
+	if stall != nil {
+		<-stall
+	}
+	return err
+}
+
+type changes struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (c *changes) record(b **Breaker) func(from, to State) {
+	return func(from, to State) {
+		(*b).State() // reading the breaker from the callback must not deadlock
+		(*b).Stats()
+		c.mu.Lock()
+		c.got = append(c.got, from.String()+"->"+to.String())
+		c.mu.Unlock()
+	}
+}
+
+func (c *changes) list() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.got)
+}
+
+func newTestBreaker(t *testing.T, st Settings) (*Breaker, *changes) {
+	t.Helper()
+	var b *Breaker
+	ch := &changes{}
+	st.OnStateChange = ch.record(&b)
+	b, err := New(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, ch
+}
+
+// TestBreakerLifecycle walks a breaker through its states in virtual time:
+// opens after FailureThreshold consecutive store failures, makes no store
+// call while open, lets one probe through after OpenTimeout, re-opens on a
+// failed probe and closes on a good one.
+func TestBreakerLifecycle(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b, ch := newTestBreaker(t, Settings{FailureThreshold: 3, OpenTimeout: time.Second})
+		s := &store{}
+		ctx := context.Background()
+
+		// Answers, even error answers, keep it closed.
+		for _, answer := range []error{nil, redis.Nil, errors.New("ERR script error"), nil} {
+			s.set(answer)
+			if err := b.Do(ctx, s.call); err != answer {
+				t.Fatalf("Do = %v, want the store's answer %v", err, answer)
+			}
+		}
+		// Two failures, a success (resets), then three failures open it.
+		for i, e := range []error{io.EOF, syscall.ECONNREFUSED, nil, io.EOF, io.EOF} {
+			s.set(e)
+			b.Do(ctx, s.call)
+			if got := b.State(); got != StateClosed {
+				t.Fatalf("after failure %d: state %v, want closed", i, got)
+			}
+		}
+		s.set(&net.OpError{Op: "read", Err: syscall.ECONNRESET})
+		b.Do(ctx, s.call)
+		if got := b.State(); got != StateOpen {
+			t.Fatalf("after 3 consecutive failures: state %v, want open", got)
+		}
+
+		// Open: no store call, an immediate ErrOpen.
+		calls := s.calls.Load()
+		start := time.Now()
+		for range 100 {
+			if err := b.Do(ctx, s.call); !errors.Is(err, ErrOpen) || !errors.Is(err, gobreaker.ErrOpenState) {
+				t.Fatalf("Do while open = %v, want ErrOpen", err)
+			}
+		}
+		if s.calls.Load() != calls {
+			t.Fatalf("%d store calls while open", s.calls.Load()-calls)
+		}
+		if d := time.Since(start); d != 0 {
+			t.Fatalf("rejections took %v of virtual time, want none", d)
+		}
+
+		// After OpenTimeout: half-open; a failed probe opens it again.
+		time.Sleep(time.Second + time.Millisecond) // gobreaker: strictly after OpenTimeout
+		if got := b.State(); got != StateHalfOpen {
+			t.Fatalf("after OpenTimeout: state %v, want half-open", got)
+		}
+		s.set(io.EOF)
+		b.Do(ctx, s.call)
+		if got := b.State(); got != StateOpen {
+			t.Fatalf("after a failed probe: state %v, want open", got)
+		}
+
+		// Half-open again: one probe at a time; others are refused.
+		time.Sleep(time.Second + time.Millisecond) // gobreaker: strictly after OpenTimeout
+		s.set(nil)
+		release := s.stallUntilReleased()
+		probe := make(chan error)
+		go func() { probe <- b.Do(ctx, s.call) }()
+		synctest.Wait() // the probe is in the store
+		if err := b.Do(ctx, s.call); !errors.Is(err, ErrOpen) || !errors.Is(err, gobreaker.ErrTooManyRequests) {
+			t.Fatalf("second call while the probe is in flight = %v, want ErrOpen", err)
+		}
+		release()
+		if err := <-probe; err != nil {
+			t.Fatalf("probe = %v", err)
+		}
+		if got := b.State(); got != StateClosed {
+			t.Fatalf("after a good probe: state %v, want closed", got)
+		}
+
+		want := []string{"closed->open", "open->half-open", "half-open->open", "open->half-open", "half-open->closed"}
+		if got := ch.list(); !slices.Equal(got, want) {
+			t.Errorf("state changes %v, want %v", got, want)
+		}
+		st := b.Stats()
+		if st.Rejected != 101 || st.Failures != 6 {
+			t.Errorf("stats %+v: want 101 rejected, 6 failures", st)
+		}
+	})
+}
+
+// TestBreakerTimeout: a call that does not return is abandoned at the
+// deadline, which counts as a failure; Do spends exactly Timeout.
+func TestBreakerTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b, _ := newTestBreaker(t, Settings{Timeout: 10 * time.Millisecond, FailureThreshold: 2})
+		s := &store{}
+		release := s.stallUntilReleased()
+		defer release()
+		for i := range 2 {
+			start := time.Now()
+			err := b.Do(context.Background(), s.call)
+			if !errors.Is(err, ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("Do on a stalled store = %v, want ErrTimeout", err)
+			}
+			if d := time.Since(start); d != 10*time.Millisecond {
+				t.Fatalf("Do returned after %v, want the 10ms deadline", d)
+			}
+			t.Logf("call %d: %v", i, err)
+		}
+		if got := b.State(); got != StateOpen {
+			t.Fatalf("after 2 timeouts: %v, want open", got)
+		}
+		st := b.Stats()
+		if st.Timeouts != 2 || st.Failures != 2 || st.Abandoned != 2 || st.InFlight != 2 {
+			t.Errorf("stats %+v", st)
+		}
+		release()
+		synctest.Wait()
+		if n := b.Stats().InFlight; n != 0 {
+			t.Errorf("%d calls in flight after the store answered", n)
+		}
+	})
+}
+
+// TestBreakerCallerContext: the caller's cancellation and a caller deadline
+// shorter than MinCountedTimeout never open the breaker; a caller deadline
+// close to Timeout (the hybrid limiter passes its own) still counts.
+func TestBreakerCallerContext(t *testing.T) {
+	tests := []struct {
+		name      string
+		ctx       func() (context.Context, context.CancelFunc)
+		cancelIn  time.Duration // cancel the caller's context after this
+		wantErr   error
+		wantTook  time.Duration
+		wantState State
+	}{
+		{
+			name:     "cancelled while in flight",
+			ctx:      func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) },
+			cancelIn: 3 * time.Millisecond, wantErr: context.Canceled, wantTook: 3 * time.Millisecond,
+			wantState: StateClosed,
+		},
+		{
+			name: "cancelled before the call",
+			ctx: func() (context.Context, context.CancelFunc) {
+				ctx, cancel := context.WithCancel(context.Background())
+				cancel()
+				return ctx, cancel
+			},
+			wantErr: context.Canceled, wantState: StateClosed,
+		},
+		{
+			name: "caller deadline shorter than MinCountedTimeout",
+			ctx: func() (context.Context, context.CancelFunc) {
+				return context.WithTimeout(context.Background(), 2*time.Millisecond)
+			},
+			wantErr: ErrTimeout, wantTook: 2 * time.Millisecond, wantState: StateClosed,
+		},
+		{
+			name: "caller deadline about Timeout",
+			ctx: func() (context.Context, context.CancelFunc) {
+				return context.WithTimeout(context.Background(), 9*time.Millisecond)
+			},
+			wantErr: ErrTimeout, wantTook: 9 * time.Millisecond, wantState: StateOpen,
+		},
+		{
+			name: "caller deadline longer than Timeout",
+			ctx: func() (context.Context, context.CancelFunc) {
+				return context.WithTimeout(context.Background(), time.Hour)
+			},
+			wantErr: ErrTimeout, wantTook: 10 * time.Millisecond, wantState: StateOpen,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				b, _ := newTestBreaker(t, Settings{Timeout: 10 * time.Millisecond, FailureThreshold: 5})
+				s := &store{}
+				release := s.stallUntilReleased()
+				defer release()
+				for range 5 {
+					ctx, cancel := tt.ctx()
+					if tt.cancelIn > 0 {
+						time.AfterFunc(tt.cancelIn, cancel)
+					}
+					start := time.Now()
+					err := b.Do(ctx, s.call)
+					cancel()
+					if !errors.Is(err, tt.wantErr) {
+						t.Fatalf("Do = %v, want %v", err, tt.wantErr)
+					}
+					if d := time.Since(start); d != tt.wantTook {
+						t.Fatalf("Do took %v, want %v", d, tt.wantTook)
+					}
+				}
+				if got := b.State(); got != tt.wantState {
+					t.Errorf("after 5 such calls: %v, want %v (stats %+v)", got, tt.wantState, b.Stats())
+				}
+			})
+		})
+	}
+}
+
+// TestBreakerMaxInFlight: stalled calls hold their slots past their
+// deadline; a call beyond MaxInFlight is refused at once without a store
+// call; the slots come back when the store answers.
+func TestBreakerMaxInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b, _ := newTestBreaker(t, Settings{MaxInFlight: 3, FailureThreshold: 100})
+		s := &store{}
+		release := s.stallUntilReleased()
+		for range 3 {
+			if err := b.Do(context.Background(), s.call); !errors.Is(err, ErrTimeout) {
+				t.Fatalf("Do = %v, want ErrTimeout", err)
+			}
+		}
+		start := time.Now()
+		if err := b.Do(context.Background(), s.call); !errors.Is(err, ErrOverloaded) {
+			t.Fatalf("Do with 3 stalled calls = %v, want ErrOverloaded", err)
+		}
+		if time.Since(start) != 0 || s.calls.Load() != 3 {
+			t.Fatalf("overloaded call took %v and made %d store calls", time.Since(start), s.calls.Load())
+		}
+		release()
+		synctest.Wait()
+		if err := b.Do(context.Background(), s.call); err != nil {
+			t.Fatalf("Do after the stall = %v", err)
+		}
+		if st := b.Stats(); st.MaxInFlight != 3 || st.Overloaded != 1 {
+			t.Errorf("stats %+v", st)
+		}
+	})
+}
+
+// TestBreakerHalfOpenCancelledProbe: a probe the caller cancels does not
+// count, and lets another probe through.
+func TestBreakerHalfOpenCancelledProbe(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b, _ := newTestBreaker(t, Settings{FailureThreshold: 1, OpenTimeout: time.Second})
+		s := &store{}
+		s.set(io.EOF)
+		b.Do(context.Background(), s.call)
+		time.Sleep(time.Second + time.Millisecond) // gobreaker: strictly after OpenTimeout
+		s.set(nil)
+		release := s.stallUntilReleased()
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(time.Millisecond, cancel)
+		if err := b.Do(ctx, s.call); !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled probe = %v", err)
+		}
+		release()
+		if err := b.Do(context.Background(), s.call); err != nil {
+			t.Fatalf("second probe = %v, want it let through", err)
+		}
+		if got := b.State(); got != StateClosed {
+			t.Errorf("state %v, want closed", got)
+		}
+	})
+}
+
+func TestBreakerPanic(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b, _ := newTestBreaker(t, Settings{FailureThreshold: 1})
+		func() {
+			defer func() {
+				if r := recover(); r != "boom" {
+					t.Errorf("recovered %v, want the call's panic", r)
+				}
+			}()
+			b.Do(context.Background(), func(context.Context) error { panic("boom") })
+		}()
+		if got := b.State(); got != StateOpen {
+			t.Errorf("a panicking call did not count as a failure: %v", got)
+		}
+	})
+}
+
+// TestBreakerIsFailure: a custom classification replaces the default.
+func TestBreakerIsFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		unavailable := errors.New("unavailable")
+		b, _ := newTestBreaker(t, Settings{
+			FailureThreshold: 2,
+			IsFailure:        func(err error) bool { return errors.Is(err, unavailable) },
+		})
+		s := &store{}
+		s.set(io.EOF) // not a failure for this classification
+		for range 5 {
+			b.Do(context.Background(), s.call)
+		}
+		if b.State() != StateClosed {
+			t.Fatal("opened on errors IsFailure rejects")
+		}
+		s.set(fmt.Errorf("wrapped: %w", unavailable))
+		for range 2 {
+			b.Do(context.Background(), s.call)
+		}
+		if b.State() != StateOpen {
+			t.Fatal("did not open on errors IsFailure accepts")
+		}
+	})
+}
+
+func TestIsStoreFailure(t *testing.T) {
+	tests := []struct {
+		err  error
+		want bool
+	}{
+		{nil, false},
+		{redis.Nil, false},
+		{errors.New("ERR Error running script"), false},
+		{redis.ErrNoScript, false},
+		{context.Canceled, false},
+		{context.DeadlineExceeded, true},
+		{io.EOF, true},
+		{fmt.Errorf("read: %w", io.ErrUnexpectedEOF), true},
+		{&net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}, true},
+		{syscall.ECONNRESET, true},
+		{net.ErrClosed, true},
+		{redis.ErrClosed, true},
+		{redis.ErrPoolTimeout, true},
+		{redis.ErrPoolExhausted, true},
+	}
+	for _, tt := range tests {
+		if got := IsStoreFailure(tt.err); got != tt.want {
+			t.Errorf("IsStoreFailure(%v) = %v, want %v", tt.err, got, tt.want)
+		}
+	}
+}
+
+func TestNewInvalid(t *testing.T) {
+	for _, st := range []Settings{
+		{Timeout: -1}, {MaxInFlight: -1}, {FailureThreshold: -1}, {OpenTimeout: -1},
+		{HalfOpenProbes: -1}, {MinCountedTimeout: -1}, {Timeout: time.Millisecond, MinCountedTimeout: time.Second},
+		{HalfOpenProbes: 1 << 20},
+	} {
+		if _, err := New(st); !errors.Is(err, ErrInvalidSettings) {
+			t.Errorf("New(%+v) = %v, want ErrInvalidSettings", st, err)
+		}
+	}
+	b, err := New(Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Timeout() != DefaultTimeout || b.State() != StateClosed {
+		t.Errorf("defaults: timeout %v, state %v", b.Timeout(), b.State())
+	}
+}
+
+// TestBreakerConcurrent runs many callers through a breaker whose store
+// flips between failing and answering, under -race, and checks the
+// counters add up and OnStateChange saw a consistent sequence.
+func TestBreakerConcurrent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b, ch := newTestBreaker(t, Settings{FailureThreshold: 3, OpenTimeout: 30 * time.Millisecond, MaxInFlight: 8})
+		var fail atomic.Bool
+		var wg sync.WaitGroup
+		var results [5]atomic.Int64
+		for g := range 16 {
+			wg.Go(func() {
+				for i := range 200 {
+					err := b.Do(context.Background(), func(ctx context.Context) error {
+						time.Sleep(time.Duration(g%3) * time.Millisecond)
+						if fail.Load() {
+							return io.EOF
+						}
+						return nil
+					})
+					switch {
+					case err == nil:
+						results[0].Add(1)
+					case errors.Is(err, ErrOpen):
+						results[1].Add(1)
+					case errors.Is(err, ErrOverloaded):
+						results[2].Add(1)
+					case errors.Is(err, io.EOF):
+						results[3].Add(1)
+					default:
+						results[4].Add(1)
+					}
+					if i%40 == 0 {
+						fail.Store(g%2 == 0)
+						time.Sleep(20 * time.Millisecond)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		st := b.Stats()
+		var got [len(results)]int64
+		total := int64(0)
+		for i := range results {
+			got[i] = results[i].Load()
+			total += got[i]
+		}
+		if total != 16*200 || got[1] != st.Rejected || got[2] != st.Overloaded || got[4] != 0 {
+			t.Errorf("results (ok, open, overloaded, EOF, other) %v, stats %+v", got, st)
+		}
+		// Every change starts where the previous one ended.
+		prev := "closed"
+		for _, c := range ch.list() {
+			from, to, _ := strings.Cut(c, "->")
+			if from != prev {
+				t.Fatalf("change %q does not follow %q: %v", c, prev, ch.list())
+			}
+			prev = to
+		}
+		t.Logf("%d state changes; stats %+v", len(ch.list()), st)
+	})
+}

@@ -1,0 +1,34 @@
+// Package breaker guards the calls fleetlimit makes to Redis, and holds the
+// failure policies that decide requests while Redis cannot answer.
+//
+// A Breaker is one circuit breaker per Redis client, shared by every limit
+// that uses the client, built on github.com/sony/gobreaker/v2 with what a
+// limiter needs on top:
+//
+//   - Every call gets its own deadline (Settings.Timeout, default 10 ms),
+//     and Do returns by it even if the call has not: go-redis does not
+//     apply a context deadline to a command in flight unless
+//     ContextTimeoutEnabled is set, and with it set every timeout closes a
+//     connection. Calls left running are bounded (Settings.MaxInFlight);
+//     beyond the bound Do returns ErrOverloaded at once, so a stalled Redis
+//     cannot pile up goroutines or connections.
+//   - Only store failures count towards opening (Settings.IsFailure, by
+//     default IsStoreFailure): a denied request or a script's error is an
+//     answer, and the caller's own cancellation or too-short deadline is
+//     neither success nor failure (gobreaker's IsExcluded).
+//   - While open, Do returns ErrOpen without calling the store. After
+//     Settings.OpenTimeout it lets Settings.HalfOpenProbes probes through;
+//     their success closes it, a failure opens it again.
+//   - State changes reach Settings.OnStateChange in order, after the locks
+//     are released (gobreaker calls its own callback under its mutex, where
+//     reading the breaker deadlocks).
+//
+// A Policy is what one limit does while the store cannot answer: FailOpen,
+// FailClosed, or FailLocal (a conservative per-server limit). The zero
+// Policy is invalid, so a limit without a chosen policy is a configuration
+// error. A Fallback applies a Policy to requests.
+//
+// Time: gobreaker reads time.Now and cannot be given a clock, so the tests
+// run it in testing/synctest bubbles, where time is virtual; a simulator
+// can do the same.
+package breaker

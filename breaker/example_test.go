@@ -1,0 +1,59 @@
+package breaker_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+)
+
+// One breaker guards one store. Store failures open it; while open, calls
+// are refused at once, without touching the store, and the limit's policy
+// decides the request.
+func ExampleBreaker() {
+	b, err := breaker.New(breaker.Settings{
+		Timeout:          10 * time.Millisecond,
+		FailureThreshold: 2,
+		OnStateChange: func(from, to breaker.State) {
+			fmt.Println("breaker:", from, "->", to)
+		},
+	})
+	if err != nil {
+		panic(err)
+	}
+	fallback, err := breaker.NewFallback(breaker.FailClosed, breaker.FallbackConfig{Rate: 100, Burst: 10})
+	if err != nil {
+		panic(err)
+	}
+	down := func(ctx context.Context) error { return io.EOF } // the store's connection is gone
+	for i := range 3 {
+		err := b.Do(context.Background(), down)
+		if err != nil {
+			allowed := fallback.AllowN(time.Now(), "client-1", 1)
+			fmt.Printf("call %d: %v; open: %v; fallback allows: %v\n", i, err, errors.Is(err, breaker.ErrOpen), allowed)
+		}
+	}
+	// Output:
+	// call 0: EOF; open: false; fallback allows: false
+	// breaker: closed -> open
+	// call 1: EOF; open: false; fallback allows: false
+	// call 2: breaker: open: circuit breaker is open; open: true; fallback allows: false
+}
+
+// The zero Policy is invalid: every limit chooses one.
+func ExamplePolicy() {
+	var unset breaker.Policy
+	fmt.Println(unset.Validate())
+	for _, p := range []breaker.Policy{breaker.FailOpen, breaker.FailClosed, breaker.FailLocal(), breaker.FailLocalLimit(5, 2)} {
+		fmt.Println(p, p.Validate())
+	}
+	// Output:
+	// breaker: no failure policy chosen: choose FailOpen, FailClosed or FailLocal for every limit
+	// fail-open <nil>
+	// fail-closed <nil>
+	// fail-local <nil>
+	// fail-local(5/s, burst 2) <nil>
+}
