@@ -56,7 +56,9 @@ func (r EvictReason) String() string {
 type StoreConfig[V any] struct {
 	// MaxKeys is the hard cap on the number of keys held; when a new key
 	// arrives at a full shard, the least recently used key of that shard
-	// goes. 0 means DefaultMaxKeys; negative is an error.
+	// goes (approximately: a key used since it last moved in the LRU list
+	// is moved to the front when it reaches the back, rather than on every
+	// use). 0 means DefaultMaxKeys; negative is an error.
 	MaxKeys int
 
 	// IdleTimeout drops a key that has not been used for this long. It is
