@@ -37,6 +37,7 @@ func TestRedisStall(t *testing.T) {
 		poolSize    = 8 // fewer than MaxInFlight: calls also wait in the pool queue
 		openTimeout = 100 * time.Millisecond
 		workers     = 64 // more than MaxInFlight: the first wave overflows
+		readTimeout = time.Second
 	)
 	stall := time.Second
 	if testing.Short() {
@@ -46,8 +47,8 @@ func TestRedisStall(t *testing.T) {
 	var dials atomic.Int64
 	client := srv.Client(func(o *redis.Options) {
 		o.PoolSize = poolSize
-		o.ReadTimeout = time.Second
-		o.WriteTimeout = time.Second
+		o.ReadTimeout = readTimeout
+		o.WriteTimeout = readTimeout
 		d := &net.Dialer{Timeout: time.Second}
 		o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
 			dials.Add(1)
@@ -82,10 +83,21 @@ func TestRedisStall(t *testing.T) {
 	}
 
 	ctx := context.Background()
-	for i := range 20 {
-		if err := b.Do(ctx, ping); err != nil {
-			t.Fatalf("warm-up PING %d: %v", i, err)
+	// Warm up the pool without the breaker: a first dial and handshake
+	// under -race on a busy machine can take longer than 10 ms.
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := client.Ping(wctx).Err(); err != nil {
+		t.Fatalf("warm-up PING: %v", err)
+	}
+	warm := 0
+	for range 20 {
+		if b.Do(ctx, ping) == nil {
+			warm++
 		}
+	}
+	if warm == 0 {
+		t.Fatalf("no guarded PING succeeded before the stall; stats %+v", b.Stats())
 	}
 	dialsBefore := dials.Load()
 
@@ -155,9 +167,14 @@ func TestRedisStall(t *testing.T) {
 	if counts["timeout"] == 0 || counts["open"] == 0 {
 		t.Errorf("want timeouts, then rejections while open: %v", counts)
 	}
-	// A wide ceiling: the point is milliseconds, not the client's second.
-	if worst := p(all, 1); worst > 10*timeout {
-		t.Errorf("slowest guarded call took %v, want under 10× the %v deadline", worst, timeout)
+	// Wide ceilings: the point is milliseconds, not the client's second. A
+	// busy machine (CI runs packages in parallel on two cores) may delay a
+	// timer now and then, so the slowest call gets more room than the p99.
+	if q := p(reached, 0.99); q > 10*timeout {
+		t.Errorf("p99 of calls to Redis %v, want under 10× the %v deadline", q, timeout)
+	}
+	if worst := p(all, 1); worst > readTimeout/2 {
+		t.Errorf("slowest guarded call took %v, want well under the client's %v read timeout", worst, readTimeout)
 	}
 	if n := maxInStore.Load(); n > maxInFlight {
 		t.Errorf("%d calls in go-redis at once, bound %d", n, maxInFlight)
