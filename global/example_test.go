@@ -1,0 +1,122 @@
+package global_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/global"
+)
+
+// startRedis stands in for a real Redis in the examples: an embedded miniredis whose
+// clock (the scripts read Redis TIME) is frozen, so the output is stable.
+func startRedis() (*miniredis.Miniredis, *redis.Options) {
+	m := miniredis.NewMiniRedis()
+	if err := m.Start(); err != nil {
+		panic(err)
+	}
+	m.SetTime(time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC))
+	opts := &redis.Options{Addr: m.Addr()}
+	global.Configure(opts)
+	return m, opts
+}
+
+// Per-request decisions with the source article's script.
+func ExampleStore_AllowN() {
+	m, opts := startRedis()
+	defer m.Close()
+	rdb := redis.NewClient(opts)
+	defer rdb.Close()
+
+	store, err := global.New(rdb)
+	if err != nil {
+		panic(err)
+	}
+	login, err := global.NewLimit("login", 1, 3) // 1 attempt/s, bursts of 3, fleet-wide
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	for i := 0; i < 4; i++ {
+		r, err := store.AllowN(ctx, login, "alice@example.com", 1)
+		if err != nil {
+			panic(err) // Redis unavailable: apply the limit's failure policy instead
+		}
+		fmt.Printf("allowed=%v remaining=%v retry-after=%v reset-after=%v\n",
+			r.Allowed, r.Remaining, r.RetryAfter, r.ResetAfter)
+	}
+	fmt.Println(store.Key("login", "alice@example.com"))
+	// Output:
+	// allowed=true remaining=2 retry-after=0s reset-after=1s
+	// allowed=true remaining=1 retry-after=0s reset-after=2s
+	// allowed=true remaining=0 retry-after=0s reset-after=3s
+	// allowed=false remaining=0 retry-after=1s reset-after=3s
+	// fl:{login:alice@example.com}
+}
+
+// Leases: take a batch of tokens, spend them locally, refund what is left.
+func ExampleStore_Take() {
+	m, opts := startRedis()
+	defer m.Close()
+	rdb := redis.NewClient(opts)
+	defer rdb.Close()
+	store, _ := global.New(rdb)
+	api, _ := global.NewLimit("api", 10, 100)
+	ctx := context.Background()
+
+	g, err := store.Take(ctx, api, "tenant-7", 60, 1) // up to 60, at least 1
+	fmt.Println(g.Granted, g.Remaining, g.Wait, err)
+	g, _ = store.Take(ctx, api, "tenant-7", 60, 1) // only 40 left: a partial grant
+	fmt.Println(g.Granted, g.Remaining, g.Wait)
+	g, _ = store.Take(ctx, api, "tenant-7", 60, 5) // empty: wait until 5 are there
+	fmt.Println(g.Granted, g.Remaining, g.Wait)
+
+	_ = store.Refund(ctx, api, "tenant-7", 25) // 25 were not used
+	g, _ = store.Take(ctx, api, "tenant-7", 60, 1)
+	fmt.Println(g.Granted, g.Remaining)
+	// Output:
+	// 60 40 0s <nil>
+	// 40 0 0s
+	// 0 0 500ms
+	// 25 0
+}
+
+// Refills for many keys in one round trip.
+func ExampleStore_TakeBatch() {
+	m, opts := startRedis()
+	defer m.Close()
+	rdb := redis.NewClient(opts)
+	defer rdb.Close()
+	store, _ := global.New(rdb)
+	api, _ := global.NewLimit("api", 10, 100)
+
+	reqs := []global.TakeRequest{
+		{Limit: api, Key: "tenant-1", Want: 20, Min: 1},
+		{Limit: api, Key: "tenant-2", Want: 100, Min: 100},
+		{Limit: api, Key: "tenant-2", Want: 10, Min: 1},
+	}
+	out := make([]global.TakeResult, len(reqs))
+	if err := store.TakeBatch(context.Background(), reqs, out); err != nil {
+		fmt.Println(err)
+	}
+	for i, r := range out {
+		fmt.Println(reqs[i].Key, r.Granted, r.Wait)
+	}
+	// Output:
+	// tenant-1 20 0s
+	// tenant-2 100 0s
+	// tenant-2 0 100ms
+}
+
+// A client that retries timed-out commands (go-redis's default) is refused, with the fix.
+func ExampleNew() {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	defer rdb.Close()
+	_, err := global.New(rdb)
+	fmt.Println(err)
+	// Output:
+	// global: configuration error: the client retries a timed-out command (Options.MaxRetries = 3), so one AllowN could be charged up to 4 times; set Options.MaxRetries to -1 (global.Configure / ConfigureCluster / ConfigureUniversal do), or pass global.RetryingClient() to use only the idempotent lease calls (Take, Refund, TakeBatch)
+}
