@@ -224,11 +224,11 @@ func (s *Store[V]) Update(now time.Time, key string, fn func(v *V, now time.Time
 	if !ok {
 		return false
 	}
+	defer s.release(sh) // a panicking fn must not leave the shard locked
 	if now.After(e.last) {
 		e.last = now
 	}
 	fn(&e.val, e.last)
-	s.release(sh)
 	return true
 }
 

@@ -258,3 +258,15 @@ func TestStoreConcurrent(t *testing.T) {
 		t.Errorf("after Close: created %d, evicted %d", total, evictions)
 	}
 }
+
+// TestStoreUpdatePanic: a panicking fn leaves the store usable.
+func TestStoreUpdatePanic(t *testing.T) {
+	s, _ := newCountingStore(t, StoreConfig[int]{Shards: 1})
+	func() {
+		defer func() { recover() }()
+		s.Update(at(0), "a", func(*int, time.Time) { panic("boom") })
+	}()
+	if got := incr(s, at(0), "a"); got != 1 {
+		t.Errorf("a = %d after a panicking update, want 1", got)
+	}
+}
