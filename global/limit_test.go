@@ -91,3 +91,28 @@ func TestLimitTTL(t *testing.T) {
 		}
 	}
 }
+
+// FuzzLimit: Validate never panics, and a valid limit has a finite TTL that Redis can
+// hold exactly and costs 1..Burst.
+func FuzzLimit(f *testing.F) {
+	f.Add("api", 10.0, 100)
+	f.Add("", 0.0, 0)
+	f.Add("x", math.SmallestNonzeroFloat64, 1)
+	f.Add("y", math.MaxFloat64, 1<<53)
+	f.Add("z{", math.NaN(), -1)
+	f.Fuzz(func(t *testing.T, name string, rate float64, burst int) {
+		lim := global.Limit{Name: name, Rate: rate, Burst: burst}
+		if err := lim.Validate(); err != nil {
+			if !errors.Is(err, global.ErrInvalidLimit) {
+				t.Fatalf("error %v does not wrap ErrInvalidLimit", err)
+			}
+			return
+		}
+		if ttl := lim.TTL(); ttl < 1000 || ttl >= 1<<53 {
+			t.Fatalf("%+v: TTL %d ms", lim, ttl)
+		}
+		if lim.CheckCost(1) != nil || lim.CheckCost(burst) != nil || lim.CheckCost(burst+1) == nil {
+			t.Fatalf("%+v: cost bounds wrong", lim)
+		}
+	})
+}
