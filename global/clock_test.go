@@ -23,8 +23,8 @@ func TestClientClockIgnored(t *testing.T) {
 		defer m.Close()
 		m.SetTime(t0)
 		opts := &redis.Options{
-			Addr:   "127.0.0.1:6379", // never dialled: an IP literal avoids a DNS lookup in the bubble
-			Dialer: func(context.Context, string, string) (net.Conn, error) { return m.Dial() },
+			Addr:                     "127.0.0.1:6379", // never dialled: an IP literal avoids a DNS lookup in the bubble
+			Dialer:                   func(context.Context, string, string) (net.Conn, error) { return m.Dial() },
 			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 		}
 		global.Configure(opts)
