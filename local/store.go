@@ -454,18 +454,28 @@ func (sh *shard[V]) push(key string, e *entry[V], reason EvictReason) {
 }
 
 // sweep drops up to max of the least recently used keys that are idle at
-// now, stopping at the first one that is not, and returns how many it
-// dropped; it requires that sh.mu is held and room for max evictions.
+// now, and returns how many it dropped; it stops at the first key that is
+// neither idle nor used since its last move (a used one is moved to the
+// front, up to maxPromote of them). It requires that sh.mu is held and room
+// for max evictions.
 func (sh *shard[V]) sweep(now time.Time, idle time.Duration, max int) int {
-	n := 0
-	for n < max && sh.npend < maxPending && sh.lru.Len() > 0 {
-		k, e := sh.oldest()
-		if now.Sub(e.last) < idle {
-			break
+	n, promoted := 0, 0
+	for n < max && sh.npend < maxPending {
+		k, e, ok := sh.lru.GetOldest()
+		switch {
+		case !ok:
+			return n
+		case now.Sub(e.last) >= idle:
+			sh.lru.Remove(k)
+			sh.push(k, e, EvictIdle)
+			n++
+		case e.used && promoted < maxPromote:
+			e.used = false
+			sh.lru.Get(k) // moves it to the front
+			promoted++
+		default:
+			return n
 		}
-		sh.lru.Remove(k)
-		sh.push(k, e, EvictIdle)
-		n++
 	}
 	return n
 }

@@ -270,3 +270,19 @@ func TestStoreUpdatePanic(t *testing.T) {
 		t.Errorf("a = %d after a panicking update, want 1", got)
 	}
 }
+
+// TestStoreSweepUsedIdle: a key used more than once and then left idle is
+// swept like any other, though its use marked it for promotion.
+func TestStoreSweepUsedIdle(t *testing.T) {
+	s, ev := newCountingStore(t, StoreConfig[int]{Shards: 1, IdleTimeout: time.Second})
+	incr(s, at(0), "old")
+	incr(s, at(0), "old") // used: due a promotion
+	incr(s, at(900*time.Millisecond), "recent")
+	incr(s, at(900*time.Millisecond), "recent")
+	if n := s.Sweep(at(1500*time.Millisecond), 0); n != 1 || s.Len() != 1 {
+		t.Fatalf("Sweep dropped %d, %d left; want 1 and 1 (evicted %v)", n, s.Len(), *ev)
+	}
+	if got := incr(s, at(1500*time.Millisecond), "recent"); got != 3 {
+		t.Errorf("recent = %d, want it kept (3)", got)
+	}
+}
