@@ -229,7 +229,14 @@ func runMini(t testing.TB, mr *miniredis.Miniredis, c *redis.Client, prefix stri
 	t.Helper()
 	ctx := context.Background()
 	mr.ClockTTL(true)
-	lua := &luaScripts{ctx: ctx, c: c, mini: mr}
+	d, err := newDirectEval(mr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lua := &luaScripts{ev: d, mini: mr}
+	if len(ops)%2 == 1 { // half the sequences go through go-redis and a connection instead
+		lua.ev = clientEval{ctx: ctx, c: c}
+	}
 	m := newModel()
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	for i, o := range ops {
@@ -254,7 +261,7 @@ func runMini(t testing.TB, mr *miniredis.Miniredis, c *redis.Client, prefix stri
 func runReal(t testing.TB, c *redis.Client, prefix string, ops []mop) {
 	t.Helper()
 	ctx := context.Background()
-	lua := &luaScripts{ctx: ctx, c: c}
+	lua := &luaScripts{ev: clientEval{ctx: ctx, c: c}}
 	m := newModel()
 	for i, o := range ops {
 		if o.dt > 0 {

@@ -52,12 +52,27 @@ var (
 	_ scripts = (*luaScripts)(nil)
 )
 
-// luaScripts runs package lua's scripts on a Redis through go-redis. With mini set, the
-// server's clock (TIME and key TTLs) is set to now before each call; a real Redis runs on
-// its own clock and now is ignored.
+// evaler runs a script on some Redis: through go-redis (a real Redis, or miniredis over a
+// connection) or straight into an embedded miniredis's command dispatcher.
+type evaler interface {
+	eval(s *redis.Script, keys []string, args ...any) ([]any, error)
+}
+
+// clientEval runs scripts through go-redis (Script.Run: EVALSHA, then EVAL on NOSCRIPT).
+type clientEval struct {
+	ctx context.Context
+	c   redis.Scripter
+}
+
+func (e clientEval) eval(s *redis.Script, keys []string, args ...any) ([]any, error) {
+	return s.Run(e.ctx, e.c, keys, args...).Slice()
+}
+
+// luaScripts runs package lua's scripts on a Redis. With mini set, the server's clock
+// (TIME and key TTLs) is set to now before each call; a real Redis runs on its own clock
+// and now is ignored.
 type luaScripts struct {
-	ctx  context.Context
-	c    redis.Scripter
+	ev   evaler
 	mini *miniredis.Miniredis
 	err  error // first error seen; the simulator reports it and fails the run
 }
@@ -76,32 +91,28 @@ func (r *luaScripts) fail(err error) {
 
 func (r *luaScripts) Bucket(now time.Time, key string, capacity, rate, cost float64) (int, float64) {
 	r.setTime(now)
-	v, err := lua.Bucket.Run(r.ctx, r.c, []string{key}, capacity, rate, cost).Slice()
-	a, t, err := parseBucket(v, err)
+	a, t, err := parseBucket(r.ev.eval(lua.Bucket, []string{key}, capacity, rate, cost))
 	r.fail(err)
 	return a, t
 }
 
 func (r *luaScripts) BucketCallerClock(now time.Time, key string, capacity, rate, cost, callerMillis float64) (int, float64) {
 	r.setTime(now)
-	v, err := callerClock.Run(r.ctx, r.c, []string{key}, capacity, rate, cost, strconv.FormatFloat(callerMillis, 'f', -1, 64)).Slice()
-	a, t, err := parseBucket(v, err)
+	a, t, err := parseBucket(r.ev.eval(callerClock, []string{key}, capacity, rate, cost, callerMillis))
 	r.fail(err)
 	return a, t
 }
 
 func (r *luaScripts) Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq uint64) takeReply {
 	r.setTime(now)
-	v, err := lua.Take.Run(r.ctx, r.c, []string{key}, capacity, rate, want, minimum, server, seq).Slice()
-	tr, err := parseTake(v, err)
+	tr, err := parseTake(r.ev.eval(lua.Take, []string{key}, capacity, rate, want, minimum, server, seq))
 	r.fail(err)
 	return tr
 }
 
 func (r *luaScripts) Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq uint64) (float64, int) {
 	r.setTime(now)
-	v, err := lua.Refund.Run(r.ctx, r.c, []string{key}, capacity, rate, amount, server, seq).Slice()
-	t, f, err := parseRefund(v, err)
+	t, f, err := parseRefund(r.ev.eval(lua.Refund, []string{key}, capacity, rate, amount, server, seq))
 	r.fail(err)
 	return t, f
 }

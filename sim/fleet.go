@@ -1,0 +1,218 @@
+package sim
+
+import (
+	"math"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/local"
+)
+
+// epoch is virtual instant 0 on every clock of the simulation (servers and Redis).
+var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// Decision sources, as counted in Result.Sources.
+const (
+	srcNaive    = "naive"
+	srcScript   = "script"
+	srcLocal    = "local"
+	srcPrecheck = "precheck"
+	srcLease    = "lease"
+	srcPaced    = "paced"
+	srcFallback = "fallback"
+)
+
+// request is one client request travelling through the fleet.
+type request struct {
+	key    int
+	n      int
+	arrive time.Duration
+}
+
+// server is one application server.
+type server struct {
+	id    int
+	name  string
+	skew  time.Duration // how far its clock runs ahead of true (virtual) time
+	alive bool
+	local *local.Limiter // local-only share, or the hybrid pre-check
+	state any            // the strategy's per-server state
+}
+
+// clock is the server's reading of its own clock at virtual instant t.
+func (s *server) clock(t time.Duration) time.Time { return epoch.Add(t + s.skew) }
+
+// strategyImpl is what a strategy does with a request that reached a server.
+type strategyImpl interface {
+	// join prepares a server that enters the fleet.
+	join(s *server) error
+	// handle decides q on s, now or later, by calling fleet.decide exactly once.
+	handle(s *server, q *request)
+	// leave closes a server that leaves the fleet gracefully.
+	leave(s *server)
+}
+
+// fleet is one run: the servers, the balancer, the demand, the network and Redis.
+type fleet struct {
+	sc    *Scenario
+	e     engine
+	rng   *rand.Rand
+	rec   *recorder
+	redis redisSim
+	strat strategyImpl
+
+	servers []*server // every server ever started, by id
+	live    []*server // servers taking traffic now
+	keys    []string
+	zipf    *rand.Zipf
+	err     error
+}
+
+// keyName is the bucket key of client key k.
+func (f *fleet) keyName(k int) string { return f.keys[k] }
+
+// fail records the first error of the run; Run returns it.
+func (f *fleet) fail(err error) {
+	if f.err == nil && err != nil {
+		f.err = err
+	}
+}
+
+// decide records q's decision now.
+func (f *fleet) decide(q *request, allowed bool, source string) {
+	f.rec.decide(q, f.e.now, allowed, source)
+}
+
+// resize grows or shrinks the live fleet to n servers.
+func (f *fleet) resize(n int) {
+	for len(f.live) > n {
+		s := f.live[len(f.live)-1]
+		f.live = f.live[:len(f.live)-1]
+		s.alive = false
+		f.strat.leave(s)
+	}
+	for len(f.live) < n {
+		s := f.newServer()
+		f.live = append(f.live, s)
+		if err := f.strat.join(s); err != nil {
+			f.fail(err)
+		}
+	}
+}
+
+func (f *fleet) newServer() *server {
+	id := len(f.servers)
+	s := &server{id: id, name: "srv" + strconv.Itoa(id), alive: true}
+	if f.sc.FastBy != 0 && id == f.sc.FastServer {
+		s.skew = f.sc.FastBy
+	}
+	f.servers = append(f.servers, s)
+	return s
+}
+
+// pick is the load balancer: a live server for the next request.
+func (f *fleet) pick() *server {
+	n := len(f.live)
+	if f.sc.Balancer == Skewed && n >= 10 {
+		hot := n / 10
+		if f.rng.IntN(2) == 0 {
+			return f.live[f.rng.IntN(hot)]
+		}
+		return f.live[hot+f.rng.IntN(n-hot)]
+	}
+	return f.live[f.rng.IntN(n)]
+}
+
+// arrival returns the instant of request i (0-based) of the demand stream.
+func (f *fleet) arrival(i int64) time.Duration {
+	c := float64(i) + f.rng.Float64()
+	var secs float64
+	switch f.sc.Pattern {
+	case Bursty:
+		const period, on = 1.0, 0.2 // seconds
+		perPeriod := f.sc.Demand * period
+		k := math.Floor(c / perPeriod)
+		secs = k*period + (c-k*perPeriod)/(f.sc.Demand/on)
+	default:
+		secs = c / f.sc.Demand
+	}
+	return time.Duration(secs * float64(time.Second))
+}
+
+// next schedules request i of the demand stream.
+func (f *fleet) next(i int64) {
+	if f.sc.Demand <= 0 {
+		return
+	}
+	t := f.arrival(i)
+	if t >= f.sc.Duration {
+		return
+	}
+	f.e.at(t, func() {
+		k := 0
+		if f.zipf != nil {
+			k = int(f.zipf.Uint64())
+		}
+		q := &request{key: k, n: f.sc.Cost, arrive: f.e.now}
+		f.rec.arrive(q)
+		if b := f.rec.bin(f.e.now); b != nil {
+			b.servers = len(f.live)
+		}
+		f.strat.handle(f.pick(), q)
+		f.next(i + 1)
+	})
+}
+
+// redisSim is the one Redis of the fleet and the network to it. It runs one command at a
+// time in arrival order: a command that arrives while Redis is busy waits. During the
+// scenario's outage it is a black hole: commands arriving then are neither run nor
+// answered, and only the caller's deadline ends the wait.
+type redisSim struct {
+	f         *fleet
+	busyUntil time.Duration
+	busy      time.Duration // service time spent before the end of the run's duration
+	calls     int64         // commands (a script call is one)
+	trips     int64         // round trips (a pipeline is one)
+	callsOut  int64         // commands sent during the outage window
+}
+
+// oneWay draws a one-way network delay: RTT/2 ± Jitter/2.
+func (r *redisSim) oneWay() time.Duration {
+	sc := r.f.sc
+	d := sc.RTT / 2
+	if sc.Jitter > 0 {
+		d += time.Duration((r.f.rng.Float64() - 0.5) * float64(sc.Jitter))
+	}
+	return d
+}
+
+// roundTrip sends cmds commands costing cost of Redis time in one round trip. exec runs
+// when Redis starts them, with Redis's clock; reply runs on the caller when the answer is
+// back. Neither runs if Redis is down when the commands arrive.
+func (r *redisSim) roundTrip(cmds int, cost time.Duration, exec func(redisNow time.Time), reply func()) {
+	r.calls += int64(cmds)
+	r.trips++
+	sc := r.f.sc
+	if sc.Outage.Contains(r.f.e.now) {
+		r.callsOut += int64(cmds)
+	}
+	e := &r.f.e
+	e.after(r.oneWay(), func() {
+		if sc.Outage.Contains(e.now) {
+			return
+		}
+		start := max(e.now, r.busyUntil)
+		r.busyUntil = start + cost
+		if start < sc.Duration {
+			r.busy += min(cost, sc.Duration-start)
+		}
+		// Commands run in arrival order: running exec now, on the state as every earlier
+		// arrival left it, with the clock at the instant Redis gets to it, is the same as
+		// running it at that instant.
+		if exec != nil {
+			exec(epoch.Add(start))
+		}
+		e.at(r.busyUntil+r.oneWay(), reply)
+	})
+}

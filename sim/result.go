@@ -1,0 +1,243 @@
+package sim
+
+import (
+	"slices"
+	"time"
+)
+
+// Result is what one run measured. Rates are per second of virtual time; latencies are the
+// virtual time from a request's arrival at a server to its decision (network and Redis
+// queueing; in-process work takes no virtual time).
+type Result struct {
+	Scenario   string  `json:"scenario"`
+	Strategy   string  `json:"strategy"`
+	Policy     string  `json:"policy,omitempty"`
+	Servers    int     `json:"servers"`
+	LimitPerS  float64 `json:"limit_per_s"`
+	Burst      int     `json:"burst"`
+	DemandPerS float64 `json:"demand_per_s"`
+	Keys       int     `json:"keys"`
+	DurationS  float64 `json:"duration_s"`
+
+	Requests int64 `json:"requests"`
+	// Admitted counts admissions decided within the run's window [0, T]: what the protected
+	// service received during it. A request still waiting for Redis at T is decided later;
+	// if admitted, it counts in AdmittedLate instead.
+	Admitted     int64   `json:"admitted"`
+	AdmittedLate int64   `json:"admitted_late"`
+	AdmittedPerS float64 `json:"admitted_per_s"`
+	// AdmittedOverLimit is AdmittedPerS / LimitPerS (for many keys: Admitted / Fair).
+	AdmittedOverLimit float64 `json:"admitted_over_limit"`
+	// RequestsAdmittedOverLimit counts every admitted request of the run, however late it
+	// was decided, over rate·T: the share of the demand let through, in units of the limit.
+	RequestsAdmittedOverLimit float64 `json:"requests_admitted_over_limit"`
+	// LastDecisionS is when the last request of the run was decided.
+	LastDecisionS float64 `json:"last_decision_s"`
+	// Bound is burst + rate·T, the most a perfect token bucket admits for one key.
+	Bound float64 `json:"bound"`
+	// Floor is 90% of rate·T.
+	Floor float64 `json:"floor"`
+	// Fair is Σ over keys of min(that key's requests, burst + rate·T): what a perfect limiter
+	// would admit. AdmittedOverFair = Admitted / Fair. HottestKeyOverBound is the largest
+	// admitted / Bound of any one key.
+	Fair                float64 `json:"fair"`
+	AdmittedOverFair    float64 `json:"admitted_over_fair"`
+	HottestKeyOverBound float64 `json:"hottest_key_over_bound"`
+
+	RedisCalls                int64            `json:"redis_calls"`
+	RedisRoundTrips           int64            `json:"redis_round_trips"`
+	RedisCallsPerRequest      float64          `json:"redis_calls_per_request"`
+	RedisRoundTripsPerRequest float64          `json:"redis_round_trips_per_request"`
+	RedisBusy                 float64          `json:"redis_busy"`
+	P50DecisionUS             float64          `json:"p50_decision_us"`
+	P99DecisionUS             float64          `json:"p99_decision_us"`
+	MaxDecisionUS             float64          `json:"max_decision_us"`
+	Sources                   map[string]int64 `json:"sources"`
+	Timeline                  []Bin            `json:"timeline"`
+	Outage                    *OutageResult    `json:"outage,omitempty"`
+	FastServer                string           `json:"fast_server,omitempty"`
+	Events                    uint64           `json:"events"`
+	WallMS                    float64          `json:"wall_ms"`
+}
+
+// Bin is one slice of the timeline.
+type Bin struct {
+	AtS          float64 `json:"at_s"` // start of the bin, seconds
+	AdmittedPerS float64 `json:"admitted_per_s"`
+	DemandPerS   float64 `json:"demand_per_s"`
+	// LimitPerS is the limit in force (changes only if the scenario changes it).
+	Servers int `json:"servers"`
+	// Breaker is the share of the bin's decisions that went to the failure policy.
+	FallbackShare float64 `json:"fallback_share"`
+}
+
+// OutageResult describes the run during its Redis outage window.
+type OutageResult struct {
+	StartS        float64 `json:"start_s"`
+	EndS          float64 `json:"end_s"`
+	Requests      int64   `json:"requests"`
+	AdmittedPerS  float64 `json:"admitted_per_s"`
+	DemandPerS    float64 `json:"demand_per_s"`
+	OverLimit     float64 `json:"admitted_over_limit"`
+	P50DecisionUS float64 `json:"p50_decision_us"`
+	P99DecisionUS float64 `json:"p99_decision_us"`
+	MaxDecisionUS float64 `json:"max_decision_us"`
+	// BreakerOpenS is when the breaker of the first server to trip opened, relative to
+	// the outage start; BreakerClosedS when the last one closed again after it.
+	BreakerOpenS   float64 `json:"breaker_open_after_s"`
+	BreakerClosedS float64 `json:"breaker_closed_after_end_s"`
+	CallsDuring    int64   `json:"redis_calls_during"`
+}
+
+// binWidth is the timeline's resolution.
+const binWidth = 100 * time.Millisecond
+
+// recorder collects a run's measures as decisions happen.
+type recorder struct {
+	sc      *Scenario
+	bins    []binAcc
+	lat     []time.Duration
+	outLat  []time.Duration
+	sources map[string]int64
+
+	requests, admitted, late int64
+	last                     time.Duration
+	keyReq, keyAdm           []int64
+	outReq, outAdm           int64
+}
+
+type binAcc struct {
+	admitted, demand, fallback, decided int64
+	servers                             int
+}
+
+func newRecorder(sc *Scenario) *recorder {
+	n := int(sc.Duration/binWidth) + 1
+	return &recorder{
+		sc:      sc,
+		bins:    make([]binAcc, n),
+		lat:     make([]time.Duration, 0, int(sc.Demand*sc.Duration.Seconds())+16),
+		sources: make(map[string]int64),
+		keyReq:  make([]int64, sc.Keys),
+		keyAdm:  make([]int64, sc.Keys),
+	}
+}
+
+func (r *recorder) bin(t time.Duration) *binAcc {
+	i := int(t / binWidth)
+	if i >= len(r.bins) {
+		return nil
+	}
+	return &r.bins[i]
+}
+
+func (r *recorder) arrive(q *request) {
+	r.requests++
+	r.keyReq[q.key]++
+	if b := r.bin(q.arrive); b != nil {
+		b.demand++
+	}
+	if r.sc.Outage.Contains(q.arrive) {
+		r.outReq++
+	}
+}
+
+// decide records the decision of q at virtual instant now, made by source.
+func (r *recorder) decide(q *request, now time.Duration, allowed bool, source string) {
+	r.sources[source]++
+	r.last = max(r.last, now)
+	lat := now - q.arrive
+	r.lat = append(r.lat, lat)
+	inOutage := r.sc.Outage.Contains(q.arrive)
+	if inOutage {
+		r.outLat = append(r.outLat, lat)
+	}
+	b := r.bin(now)
+	if b != nil {
+		b.decided++
+		if source == srcFallback {
+			b.fallback++
+		}
+	}
+	if !allowed {
+		return
+	}
+	if now > r.sc.Duration {
+		r.late++
+		return
+	}
+	r.admitted++
+	r.keyAdm[q.key]++
+	if b != nil {
+		b.admitted++
+	}
+	if inOutage {
+		r.outAdm++
+	}
+}
+
+// percentile returns the p-quantile of sorted (nearest rank), in microseconds.
+func percentile(sorted []time.Duration, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(p*float64(len(sorted))+0.5) - 1
+	i = min(max(i, 0), len(sorted)-1)
+	return float64(sorted[i]) / float64(time.Microsecond)
+}
+
+func (r *recorder) result(st Strategy) Result {
+	sc := r.sc
+	T := sc.Duration.Seconds()
+	res := Result{
+		Scenario: sc.Name, Strategy: string(st), Servers: sc.Servers,
+		LimitPerS: sc.Rate, Burst: sc.Burst, DemandPerS: sc.Demand, Keys: sc.Keys, DurationS: T,
+		Requests: r.requests, Admitted: r.admitted, AdmittedLate: r.late,
+		Bound: sc.bound(), Floor: 0.9 * sc.Rate * T,
+		Sources: r.sources,
+	}
+	if st == Hybrid {
+		res.Policy = string(sc.Policy)
+	}
+	res.AdmittedPerS = float64(r.admitted) / T
+	res.RequestsAdmittedOverLimit = float64(r.admitted+r.late) / (sc.Rate * T)
+	res.LastDecisionS = r.last.Seconds()
+	var fair float64
+	for k := range r.keyReq {
+		fair += min(float64(r.keyReq[k]), sc.bound())
+		res.HottestKeyOverBound = max(res.HottestKeyOverBound, float64(r.keyAdm[k])/sc.bound())
+	}
+	res.Fair = fair
+	if fair > 0 {
+		res.AdmittedOverFair = float64(r.admitted) / fair
+	}
+	if sc.Keys == 1 {
+		res.AdmittedOverLimit = res.AdmittedPerS / sc.Rate
+	} else {
+		res.AdmittedOverLimit = res.AdmittedOverFair
+	}
+	slices.Sort(r.lat)
+	res.P50DecisionUS = percentile(r.lat, 0.50)
+	res.P99DecisionUS = percentile(r.lat, 0.99)
+	res.MaxDecisionUS = percentile(r.lat, 1)
+	sec := binWidth.Seconds()
+	for i, b := range r.bins[:len(r.bins)-1] {
+		bin := Bin{AtS: float64(i) * sec, AdmittedPerS: float64(b.admitted) / sec, DemandPerS: float64(b.demand) / sec, Servers: b.servers}
+		if b.decided > 0 {
+			bin.FallbackShare = float64(b.fallback) / float64(b.decided)
+		}
+		res.Timeline = append(res.Timeline, bin)
+	}
+	if w := sc.Outage; w.End > w.Start {
+		slices.Sort(r.outLat)
+		d := (w.End - w.Start).Seconds()
+		res.Outage = &OutageResult{
+			StartS: w.Start.Seconds(), EndS: w.End.Seconds(), Requests: r.outReq,
+			AdmittedPerS: float64(r.outAdm) / d, DemandPerS: float64(r.outReq) / d,
+			P50DecisionUS: percentile(r.outLat, 0.5), P99DecisionUS: percentile(r.outLat, 0.99),
+			MaxDecisionUS: percentile(r.outLat, 1),
+		}
+		res.Outage.OverLimit = res.Outage.AdmittedPerS / sc.Rate
+	}
+	return res
+}

@@ -1,0 +1,110 @@
+package sim
+
+import (
+	"errors"
+	"reflect"
+	"testing"
+	"time"
+)
+
+// same reports whether two results are identical but for wall time.
+func same(a, b Result) bool {
+	a.WallMS, b.WallMS = 0, 0
+	return reflect.DeepEqual(a, b)
+}
+
+// TestRunIsDeterministic runs each strategy twice on a small fleet: the results must be
+// identical, so every figure of the tables can be reproduced from its seed.
+func TestRunIsDeterministic(t *testing.T) {
+	sc := Scenario{Name: "det", Servers: 20, Duration: time.Second, Rate: 2000, Burst: 200, Demand: 3000,
+		Keys: 10, Balancer: Skewed, Outage: Window{Start: 300 * time.Millisecond, End: 500 * time.Millisecond},
+		Churn: []Change{{At: 600 * time.Millisecond, Servers: 15}, {At: 800 * time.Millisecond, Servers: 25}}}
+	for _, st := range []Strategy{Naive, Script, ScriptCallerClock, Hybrid, LocalOnly} {
+		a, err := Run(sc, st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := Run(sc, st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !same(a, b) {
+			t.Errorf("%s: two runs of the same seed differ:\n%+v\n%+v", st, a, b)
+		}
+		sc2 := sc
+		sc2.Seed = 2
+		c, err := Run(sc2, st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if same(a, c) {
+			t.Errorf("%s: seeds 1 and 2 gave identical results; the seed is not used", st)
+		}
+	}
+}
+
+// TestModelRunsMatchMiniredis runs the hybrid strategy on the same small scenarios twice:
+// once with the real scripts on miniredis and once on the Go model. Every figure must be
+// identical, which is what licenses GoModel for the large many-keys scenario.
+func TestModelRunsMatchMiniredis(t *testing.T) {
+	base := Scenario{Servers: 20, Duration: 2 * time.Second, Rate: 2000, Burst: 200, Demand: 3000}
+	many := base
+	many.Name, many.Keys, many.Rate, many.Burst, many.Demand = "many", 100, 20, 20, 2000
+	outage := base
+	outage.Name, outage.Outage = "outage", Window{Start: 500 * time.Millisecond, End: time.Second}
+	churn := base
+	churn.Name, churn.Churn = "churn", []Change{{At: 500 * time.Millisecond, Servers: 12}, {At: time.Second, Servers: 30}}
+	base.Name = "hot"
+	for _, sc := range []Scenario{base, many, outage, churn} {
+		t.Run(sc.Name, func(t *testing.T) {
+			lua, err := Run(sc, Hybrid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sc.GoModel = true
+			mod, err := Run(sc, Hybrid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if lua.RedisCalls == 0 {
+				t.Fatal("no Redis calls: the comparison proves nothing")
+			}
+			if !same(lua, mod) {
+				t.Errorf("miniredis and the Go model disagree:\nlua   %+v\nmodel %+v", lua, mod)
+			}
+		})
+	}
+}
+
+func TestScenarioValidation(t *testing.T) {
+	ok := Scenario{Name: "v", Rate: 10, Burst: 10, Demand: 10}
+	cases := []struct {
+		name string
+		edit func(*Scenario)
+	}{
+		{"zero rate", func(s *Scenario) { s.Rate = 0 }},
+		{"NaN demand", func(s *Scenario) { s.Demand = nan() }},
+		{"burst 0", func(s *Scenario) { s.Burst = 0 }},
+		{"cost over burst", func(s *Scenario) { s.Cost = 11 }},
+		{"jitter over rtt", func(s *Scenario) { s.RTT, s.Jitter = time.Millisecond, 2*time.Millisecond }},
+		{"zipf s 1", func(s *Scenario) { s.Keys, s.ZipfS = 10, 1 }},
+		{"unknown policy", func(s *Scenario) { s.Policy = "maybe" }},
+		{"fast server outside", func(s *Scenario) { s.FastBy, s.FastServer = time.Second, 500 }},
+		{"empty fleet", func(s *Scenario) { s.Churn = []Change{{At: time.Second, Servers: 0}} }},
+	}
+	for _, c := range cases {
+		sc := ok
+		c.edit(&sc)
+		if _, err := Run(sc, Script); !errors.Is(err, ErrInvalidScenario) {
+			t.Errorf("%s: err = %v, want ErrInvalidScenario", c.name, err)
+		}
+	}
+	if _, err := Run(ok, "carrier pigeon"); !errors.Is(err, ErrInvalidScenario) {
+		t.Errorf("unknown strategy: err = %v", err)
+	}
+	if _, err := Run(ok, Script); err != nil {
+		t.Errorf("valid scenario: %v", err)
+	}
+}
+
+func nan() float64 { var z float64; return z / z }

@@ -1,0 +1,238 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Strategy is a way of enforcing one fleet-wide limit from every server of a fleet.
+type Strategy string
+
+// The strategies the simulator compares.
+const (
+	// Naive reads the bucket (HMGET), computes in application code with the server's clock
+	// and writes it back (HSET + PEXPIRE): two round trips that other servers' commands
+	// interleave with, the race of the source article's trace.
+	Naive Strategy = "naive"
+	// Script runs the seed script (lua.Bucket, Redis TIME) on every request.
+	Script Strategy = "script"
+	// ScriptCallerClock runs the article's script changed to trust the caller's clock
+	// (now passed as an argument, ts = now): the mistake the article warns about.
+	ScriptCallerClock Strategy = "script-caller-clock"
+	// Hybrid is fleetlimit's two tiers: a local pre-check (local.Limiter at the limit's own
+	// rate and burst), token leases from the global bucket (hybrid.Lease, lua.Take and
+	// lua.Refund on miniredis), and the failure policy when Redis does not answer in time.
+	Hybrid Strategy = "hybrid"
+	// LocalOnly gives each server local.FallbackLimit's share of the limit and never
+	// talks to Redis.
+	LocalOnly Strategy = "local-only"
+)
+
+// Pattern is how a client's demand is spread over time.
+type Pattern string
+
+// Demand patterns.
+const (
+	// Steady demand arrives evenly: request i at (i+u)/rate, u uniform in [0,1), so a run
+	// of T seconds has exactly rate·T requests.
+	Steady Pattern = "steady"
+	// Bursty demand arrives in on/off waves: in each second, all of it in the first 200 ms
+	// (5× the average rate), nothing in the other 800 ms.
+	Bursty Pattern = "bursty"
+)
+
+// Balancer is how the load balancer spreads requests over the live servers.
+type Balancer string
+
+// Load balancers.
+const (
+	// Uniform picks a live server uniformly at random for each request.
+	Uniform Balancer = "uniform"
+	// Skewed sends half of the requests to the first 10% of the live servers.
+	Skewed Balancer = "skewed"
+)
+
+// Policy is what a hybrid limit does when Redis does not answer in time.
+type Policy string
+
+// Failure policies (the breaker package's, by name).
+const (
+	// FailOpen admits every request the global tier cannot decide.
+	FailOpen Policy = "fail-open"
+	// FailClosed denies every request the global tier cannot decide.
+	FailClosed Policy = "fail-closed"
+	// FailLocal decides with a conservative local limit: local.FallbackLimit's share of
+	// the fleet-wide limit on each server.
+	FailLocal Policy = "fail-local"
+)
+
+// Window is a stretch of virtual time, measured from the start of the run.
+type Window struct {
+	Start, End time.Duration
+}
+
+// Contains reports whether t is in [Start, End).
+func (w Window) Contains(t time.Duration) bool { return t >= w.Start && t < w.End }
+
+// Change resizes the fleet at a virtual instant: servers leave (the last ones, closing
+// gracefully) or join (fresh, with empty state).
+type Change struct {
+	At      time.Duration
+	Servers int
+}
+
+// Scenario fixes everything about one simulated run but the strategy. Zero fields take the
+// defaults of the issue: 200 servers, 10 s, RTT 0.5 ms ± 0.1 ms, 8 µs per script call.
+type Scenario struct {
+	// Name identifies the scenario in tables, reports and plot files.
+	Name string
+	// Servers is the fleet size at the start. default: 200
+	Servers int
+	// Duration is the virtual time during which requests arrive. default: 10s
+	Duration time.Duration
+	// RTT is the mean network round trip between a server and Redis. default: 500µs
+	RTT time.Duration
+	// Jitter spreads each round trip uniformly over RTT ± Jitter. default: 100µs;
+	// negative means none.
+	Jitter time.Duration
+	// ScriptTime is the Redis time one script call costs; Redis runs one command at a
+	// time, in arrival order, so more than 1/ScriptTime calls per second queue. default: 8µs
+	ScriptTime time.Duration
+	// CommandTime is the Redis time of a plain command (HMGET, HSET, PEXPIRE). default: 2µs
+	CommandTime time.Duration
+
+	// Rate and Burst are the limit, per key, fleet-wide (tokens per second, bucket size).
+	Rate  float64
+	Burst int
+	// Demand is the fleet-wide request rate, all keys together, requests per second.
+	Demand float64
+	// Pattern spreads demand over time. default: Steady
+	Pattern Pattern
+	// Keys is the number of client keys; with more than one, each request's key is drawn
+	// from a Zipf distribution with exponent ZipfS (default 1.1). default: 1
+	Keys  int
+	ZipfS float64
+	// Cost is the tokens each request takes. default: 1
+	Cost int
+	// Balancer spreads requests over servers. default: Uniform
+	Balancer Balancer
+
+	// Outage makes Redis a black hole (no answers) during the window.
+	Outage Window
+	// Policy is the hybrid strategy's failure policy. default: FailLocal
+	Policy Policy
+	// Deadline is the hybrid strategy's per-call deadline. default: 10ms
+	Deadline time.Duration
+
+	// FastServer, when FastBy is non-zero, is the index of a server whose clock runs FastBy
+	// ahead of everyone else's.
+	FastServer int
+	FastBy     time.Duration
+
+	// Churn resizes the fleet during the run.
+	Churn []Change
+
+	// GoModel runs the hybrid strategy's scripts on the simulator's Go model of them instead
+	// of on miniredis: much faster with many keys (miniredis ages every key's TTL on every
+	// command), and held to the same answers by TestModelMatchesScripts and
+	// TestModelRunsMatchMiniredis. The per-request strategies always run on the model.
+	GoModel bool
+
+	// Seed makes the run reproducible: the same scenario, strategy and seed give the same
+	// result. default: 1
+	Seed uint64
+}
+
+// ErrInvalidScenario is wrapped by every error Run returns for a scenario it cannot run.
+var ErrInvalidScenario = errors.New("sim: invalid scenario")
+
+// withDefaults fills zero fields and checks the rest.
+func (sc Scenario) withDefaults() (Scenario, error) {
+	if sc.Servers == 0 {
+		sc.Servers = 200
+	}
+	if sc.Duration == 0 {
+		sc.Duration = 10 * time.Second
+	}
+	if sc.RTT == 0 {
+		sc.RTT = 500 * time.Microsecond
+	}
+	switch {
+	case sc.Jitter == 0:
+		sc.Jitter = 100 * time.Microsecond
+	case sc.Jitter < 0:
+		sc.Jitter = 0
+	}
+	if sc.ScriptTime == 0 {
+		sc.ScriptTime = 8 * time.Microsecond
+	}
+	if sc.CommandTime == 0 {
+		sc.CommandTime = 2 * time.Microsecond
+	}
+	if sc.Pattern == "" {
+		sc.Pattern = Steady
+	}
+	if sc.Keys == 0 {
+		sc.Keys = 1
+	}
+	if sc.ZipfS == 0 {
+		sc.ZipfS = 1.1
+	}
+	if sc.Cost == 0 {
+		sc.Cost = 1
+	}
+	if sc.Balancer == "" {
+		sc.Balancer = Uniform
+	}
+	if sc.Policy == "" {
+		sc.Policy = FailLocal
+	}
+	if sc.Deadline == 0 {
+		sc.Deadline = 10 * time.Millisecond
+	}
+	if sc.Seed == 0 {
+		sc.Seed = 1
+	}
+	bad := func(format string, args ...any) (Scenario, error) {
+		return sc, fmt.Errorf("%w: %s", ErrInvalidScenario, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case sc.Servers < 1:
+		return bad("servers %d < 1", sc.Servers)
+	case sc.Duration < 0 || sc.RTT < 0 || sc.ScriptTime < 0 || sc.CommandTime < 0 || sc.Deadline < 0:
+		return bad("negative duration")
+	case sc.Jitter > sc.RTT:
+		return bad("jitter %v exceeds the round trip %v", sc.Jitter, sc.RTT)
+	case !(sc.Rate > 0) || math.IsInf(sc.Rate, 0):
+		return bad("rate %v must be positive and finite", sc.Rate)
+	case sc.Burst < 1:
+		return bad("burst %d < 1", sc.Burst)
+	case !(sc.Demand >= 0) || math.IsInf(sc.Demand, 0):
+		return bad("demand %v must be a finite number >= 0", sc.Demand)
+	case sc.Pattern != Steady && sc.Pattern != Bursty:
+		return bad("unknown pattern %q", sc.Pattern)
+	case sc.Keys < 1:
+		return bad("keys %d < 1", sc.Keys)
+	case sc.Keys > 1 && !(sc.ZipfS > 1):
+		return bad("zipf exponent %v must be > 1", sc.ZipfS)
+	case sc.Cost < 1 || sc.Cost > sc.Burst:
+		return bad("cost %d must be in [1, burst]", sc.Cost)
+	case sc.Balancer != Uniform && sc.Balancer != Skewed:
+		return bad("unknown balancer %q", sc.Balancer)
+	case sc.Policy != FailOpen && sc.Policy != FailClosed && sc.Policy != FailLocal:
+		return bad("unknown policy %q", sc.Policy)
+	case sc.FastBy != 0 && (sc.FastServer < 0 || sc.FastServer >= sc.Servers):
+		return bad("fast server %d is not in the fleet", sc.FastServer)
+	}
+	for _, c := range sc.Churn {
+		if c.Servers < 1 || c.At < 0 {
+			return bad("churn %+v: a fleet keeps at least one server", c)
+		}
+	}
+	return sc, nil
+}
+
+// window is the scenario's accuracy bound over its whole duration: burst + rate·T.
+func (sc *Scenario) bound() float64 { return float64(sc.Burst) + sc.Rate*sc.Duration.Seconds() }

@@ -1,0 +1,212 @@
+package sim
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+var (
+	reportFile = flag.String("report", "", "write one JSON object per (scenario, strategy) to this file")
+	plotsDir   = flag.String("plots", "", "write SVG plots of the scenarios to this directory")
+	seedFlag   = flag.Uint64("seed", 1, "seed of every scenario")
+	onlyFlag   = flag.String("only", "", "run only these scenarios (comma-separated names)")
+)
+
+// selected filters the suites by -only.
+func selected(ss []suite) []suite {
+	if *onlyFlag == "" {
+		return ss
+	}
+	var out []suite
+	for _, s := range ss {
+		for _, n := range strings.Split(*onlyFlag, ",") {
+			if s.name == strings.TrimSpace(n) {
+				out = append(out, s)
+			}
+		}
+	}
+	return out
+}
+
+// outcome is one finished run of a suite.
+type outcome struct {
+	run
+	res Result
+	err error
+}
+
+// runSuites runs every run of every suite on GOMAXPROCS workers and returns the outcomes by
+// suite, in the suites' order.
+func runSuites(ss []suite) [][]outcome {
+	out := make([][]outcome, len(ss))
+	type job struct{ i, j int }
+	jobs := make(chan job)
+	var wg sync.WaitGroup
+	for range runtime.GOMAXPROCS(0) {
+		wg.Go(func() {
+			for jb := range jobs {
+				r := ss[jb.i].runs[jb.j]
+				res, err := Run(r.sc, r.st)
+				out[jb.i][jb.j] = outcome{run: r, res: res, err: err}
+			}
+		})
+	}
+	for i, s := range ss {
+		out[i] = make([]outcome, len(s.runs))
+	}
+	// Longest runs first keeps both workers busy to the end.
+	for i, s := range ss {
+		for j, r := range s.runs {
+			if r.st == Hybrid {
+				jobs <- job{i, j}
+			}
+		}
+	}
+	for i, s := range ss {
+		for j, r := range s.runs {
+			if r.st != Hybrid {
+				jobs <- job{i, j}
+			}
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	return out
+}
+
+// TestFleet runs the scenarios at 200 servers (20 under -short), prints a table
+// per scenario, checks the claims of the Show section, and writes the report and
+// plots when asked.
+func TestFleet(t *testing.T) {
+	sc := fullScale()
+	if testing.Short() {
+		sc = shortScale()
+	}
+	ss := selected(suites(sc, *seedFlag))
+	start := time.Now()
+	all := runSuites(ss)
+	t.Logf("%d runs in %v of wall time", countRuns(ss), time.Since(start).Round(time.Millisecond))
+
+	byName := map[string][]outcome{}
+	for i, s := range ss {
+		byName[s.name] = all[i]
+		for _, o := range all[i] {
+			if o.err != nil {
+				t.Fatalf("%s / %s: %v", s.name, o.name(), o.err)
+			}
+		}
+	}
+	for i, s := range ss {
+		t.Run(s.name, func(t *testing.T) {
+			t.Log("\n" + table(s.name, all[i]))
+			if check := checks[s.name]; check != nil {
+				check(t, all[i])
+			}
+		})
+	}
+	if *reportFile != "" {
+		if err := writeReport(*reportFile, ss, all); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if *plotsDir != "" {
+		if err := writePlots(*plotsDir, ss, all); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func countRuns(ss []suite) int {
+	n := 0
+	for _, s := range ss {
+		n += len(s.runs)
+	}
+	return n
+}
+
+func writeReport(path string, ss []suite, all [][]outcome) error {
+	var b strings.Builder
+	enc := json.NewEncoder(&b)
+	for i := range ss {
+		for _, o := range all[i] {
+			r := o.res
+			r.Scenario = ss[i].name
+			r.Strategy = o.name()
+			if err := enc.Encode(r); err != nil {
+				return err
+			}
+		}
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// header states a suite's fixed parameters (taken from its first run).
+func header(name string, o outcome) string {
+	sc, _ := o.sc.withDefaults()
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: %d servers, limit %s/s burst %s per key, demand %s/s %s",
+		name, sc.Servers, num(sc.Rate), num(float64(sc.Burst)), num(sc.Demand), sc.Pattern)
+	if sc.Keys > 1 {
+		fmt.Fprintf(&b, " over %d keys (Zipf s=%.1f)", sc.Keys, sc.ZipfS)
+	}
+	fmt.Fprintf(&b, ", %s LB, RTT %v±%v, script %v, T %v",
+		sc.Balancer, sc.RTT, sc.Jitter, sc.ScriptTime, sc.Duration)
+	if w := sc.Outage; w.End > w.Start {
+		fmt.Fprintf(&b, ", Redis down %v-%v, call deadline %v", w.Start, w.End, sc.Deadline)
+	}
+	for _, c := range sc.Churn {
+		fmt.Fprintf(&b, ", %d servers at %v", c.Servers, c.At)
+	}
+	fmt.Fprintf(&b, "\nbound burst+rate·T = %s per key, floor 90%% of rate·T = %s\n",
+		num(sc.bound()), num(0.9*sc.Rate*sc.Duration.Seconds()))
+	return b.String()
+}
+
+// num prints a count compactly: 150000 -> 150,000.
+func num(x float64) string {
+	if x != float64(int64(x)) {
+		return fmt.Sprintf("%.3g", x)
+	}
+	s := fmt.Sprintf("%d", int64(x))
+	var out []byte
+	for i := range len(s) {
+		if i > 0 && (len(s)-i)%3 == 0 && s[i-1] != '-' {
+			out = append(out, ',')
+		}
+		out = append(out, s[i])
+	}
+	return string(out)
+}
+
+// table prints a suite as one readable table.
+func table(name string, os []outcome) string {
+	var b strings.Builder
+	b.WriteString(header(name, os[0]))
+	fmt.Fprintf(&b, "%-26s %11s %9s %9s %10s %10s %6s %9s %9s %9s %8s\n",
+		"strategy", "admitted/s", "adm/limit", "adm/bound", "calls/req", "trips/req", "busy", "p50 µs", "p99 µs", "max µs", "wall s")
+	for _, o := range os {
+		r := o.res
+		fmt.Fprintf(&b, "%-26s %11s %9.4f %9.4f %10.4f %10.4f %5.1f%% %9.0f %9.0f %9.0f %8.1f\n",
+			o.name(), num(float64(int64(r.AdmittedPerS))), r.AdmittedOverLimit, maxKey(r), r.RedisCallsPerRequest,
+			r.RedisRoundTripsPerRequest, 100*r.RedisBusy, r.P50DecisionUS, r.P99DecisionUS, r.MaxDecisionUS, r.WallMS/1000)
+	}
+	for _, o := range os {
+		if r := o.res; r.Outage != nil {
+			u := r.Outage
+			fmt.Fprintf(&b, "  during outage, %-26s admitted %s/s of %s/s demand (%.3f× limit), p99 %.0f µs, max %.0f µs, %d Redis calls\n",
+				o.name()+":", num(float64(int64(u.AdmittedPerS))), num(float64(int64(u.DemandPerS))), u.OverLimit,
+				u.P99DecisionUS, u.MaxDecisionUS, u.CallsDuring)
+		}
+	}
+	return b.String()
+}
+
+// maxKey is the hottest key's admissions over burst + rate·T.
+func maxKey(r Result) float64 { return r.HottestKeyOverBound }

@@ -1,0 +1,108 @@
+package sim
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/fleetlimit/fleetlimit/local"
+)
+
+// naive is the article's broken read-modify-write: HMGET, compute in the application with
+// the server's clock, HSET + PEXPIRE. Other servers' commands interleave between the read
+// and the write, so every server that read the same state admits against it.
+type naive struct {
+	f *fleet
+	m *model
+}
+
+func (n *naive) join(*server) error { return nil }
+func (n *naive) leave(*server)      {}
+
+func (n *naive) handle(s *server, q *request) {
+	f, sc := n.f, n.f.sc
+	key := f.keyName(q.key)
+	capacity, r := float64(sc.Burst), sc.Rate
+	var tokens, ts float64
+	var okT, okTS bool
+	f.redis.roundTrip(1, sc.CommandTime, func(at time.Time) {
+		tokens, ts, okT, okTS = n.m.HMGet(at, key)
+	}, func() {
+		now := luaMillis(s.clock(f.e.now))
+		if !okT {
+			tokens = capacity
+		}
+		if !okTS {
+			ts = now
+		}
+		tokens = math.Min(capacity, tokens+math.Max(0, now-ts)/1000*r)
+		allowed := tokens >= float64(q.n)
+		if allowed {
+			tokens -= float64(q.n)
+		}
+		t := tokens
+		f.redis.roundTrip(2, 2*sc.CommandTime, func(at time.Time) {
+			n.m.HSetExpire(at, key, t, now, bucketTTL(capacity, r))
+		}, func() {
+			f.decide(q, allowed, srcNaive)
+		})
+	})
+}
+
+// perRequest runs one bucket script per request: lua.Bucket (Redis TIME), or the
+// caller-clock variant.
+type perRequest struct {
+	f           *fleet
+	s           scripts
+	callerClock bool
+}
+
+func (p *perRequest) join(*server) error { return nil }
+func (p *perRequest) leave(*server)      {}
+
+func (p *perRequest) handle(s *server, q *request) {
+	f, sc := p.f, p.f.sc
+	key := f.keyName(q.key)
+	sent := luaMillis(s.clock(f.e.now)) // the caller's clock, read when it sends
+	var allowed int
+	f.redis.roundTrip(1, sc.ScriptTime, func(at time.Time) {
+		if p.callerClock {
+			allowed, _ = p.s.BucketCallerClock(at, key, float64(sc.Burst), sc.Rate, float64(q.n), sent)
+			return
+		}
+		allowed, _ = p.s.Bucket(at, key, float64(sc.Burst), sc.Rate, float64(q.n))
+	}, func() {
+		f.decide(q, allowed == 1, srcScript)
+	})
+}
+
+// localOnly gives every server local.FallbackLimit's share of the limit, for the fleet
+// size it was configured with, and never talks to Redis.
+type localOnly struct {
+	f *fleet
+}
+
+func newLocalLimiter(sc *Scenario, r rate.Limit, burst int) (*local.Limiter, error) {
+	l, err := local.NewLimiter(local.Config{Rate: r, Burst: burst, MaxKeys: max(sc.Keys, 1024)})
+	if err != nil {
+		return nil, fmt.Errorf("sim: local limiter: %w", err)
+	}
+	return l, nil
+}
+
+func (l *localOnly) join(s *server) error {
+	sc := l.f.sc
+	r, b := local.FallbackLimit(sc.Rate, sc.Burst, sc.Servers, sc.Cost)
+	lim, err := newLocalLimiter(sc, r, b)
+	s.local = lim
+	return err
+}
+
+func (l *localOnly) leave(s *server) { s.local.Close() }
+
+func (l *localOnly) handle(s *server, q *request) {
+	f := l.f
+	f.decide(q, s.local.AllowN(s.clock(f.e.now), f.keyName(q.key), q.n), srcLocal)
+}

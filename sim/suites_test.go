@@ -1,0 +1,88 @@
+package sim
+
+import (
+	"time"
+)
+
+// run is one simulated run of a suite.
+type run struct {
+	label string // shown in the table; defaults to the strategy
+	sc    Scenario
+	st    Strategy
+}
+
+func (r run) name() string {
+	if r.label != "" {
+		return r.label
+	}
+	return string(r.st)
+}
+
+// suite is one scenario of the issue, run under several strategies (or variants) and
+// printed as one table.
+type suite struct {
+	name string
+	runs []run
+}
+
+// scale shrinks a scenario for -short: a tenth of the fleet, of the limit and of the
+// demand, and a fifth of the time, so CI can run it under -race. The assertions are the
+// same; they are ratios.
+type scale struct {
+	servers  int
+	duration time.Duration
+	factor   float64 // applied to rates, bursts and demand of the large scenarios
+}
+
+func fullScale() scale  { return scale{servers: 200, duration: 10 * time.Second, factor: 1} }
+func shortScale() scale { return scale{servers: 20, duration: 2 * time.Second, factor: 0.1} }
+
+// suites returns the scenarios of the issue at scale s.
+func suites(s scale, seed uint64) []suite {
+	T := s.duration
+	at := func(frac float64) time.Duration { return time.Duration(float64(T) * frac) }
+	f := s.factor
+	n := func(x float64) int { return max(int(x*f), 1) }
+	hot := Scenario{Name: "hot-key", Servers: s.servers, Duration: T, Seed: seed,
+		Rate: 100000 * f, Burst: n(10000), Demand: 150000 * f}
+	abusive := Scenario{Name: "abusive-client", Servers: s.servers, Duration: T, Seed: seed,
+		Rate: 100, Burst: 100, Demand: 10000}
+	many := Scenario{Name: "many-keys", Servers: s.servers, Duration: T, Seed: seed,
+		Rate: 50, Burst: 50, Demand: 20000 * f, Keys: 1000, ZipfS: 1.1, GoModel: true}
+	skewed := hot
+	skewed.Name, skewed.Balancer = "skewed-lb", Skewed
+	bursty := Scenario{Name: "bursty", Servers: s.servers, Duration: T, Seed: seed,
+		Rate: 10000 * f, Burst: n(1000), Demand: 8000 * f, Pattern: Bursty}
+	outage := hot
+	outage.Name, outage.Outage = "redis-outage", Window{Start: at(0.3), End: at(0.6)}
+	skew := abusive
+	skew.Name = "clock-skew"
+	fast := skew
+	fast.FastServer, fast.FastBy = 0, 2*time.Second
+	churn := hot
+	churn.Name = "churn"
+	churn.Churn = []Change{{At: at(0.3), Servers: s.servers * 3 / 4}, {At: at(0.6), Servers: s.servers * 5 / 4}}
+
+	policy := func(p Policy) run {
+		sc := outage
+		sc.Policy = p
+		return run{label: "hybrid " + string(p), sc: sc, st: Hybrid}
+	}
+	return []suite{
+		{"hot-key", []run{{sc: hot, st: Naive}, {sc: hot, st: Script}, {sc: hot, st: Hybrid}, {sc: hot, st: LocalOnly}}},
+		{"abusive-client", []run{{sc: abusive, st: Naive}, {sc: abusive, st: Script}, {sc: abusive, st: Hybrid}, {sc: abusive, st: LocalOnly}}},
+		{"many-keys", []run{{sc: many, st: Naive}, {sc: many, st: Script}, {sc: many, st: Hybrid}, {sc: many, st: LocalOnly}}},
+		{"skewed-lb", []run{{sc: skewed, st: Script}, {sc: skewed, st: Hybrid}, {sc: skewed, st: LocalOnly}}},
+		{"bursty", []run{{sc: bursty, st: Script}, {sc: bursty, st: Hybrid}, {sc: bursty, st: LocalOnly}}},
+		{"redis-outage", []run{policy(FailOpen), policy(FailClosed), policy(FailLocal), {sc: outage, st: LocalOnly}}},
+		{"clock-skew", []run{
+			{label: "script (TIME)", sc: skew, st: Script},
+			{label: "script (TIME), srv0 +2s", sc: fast, st: Script},
+			{label: "caller clock", sc: skew, st: ScriptCallerClock},
+			{label: "caller clock, srv0 +2s", sc: fast, st: ScriptCallerClock},
+			{label: "hybrid", sc: skew, st: Hybrid},
+			{label: "hybrid, srv0 +2s", sc: fast, st: Hybrid},
+		}},
+		{"churn", []run{{sc: churn, st: Script}, {sc: churn, st: Hybrid}, {sc: churn, st: LocalOnly}}},
+	}
+}
