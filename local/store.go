@@ -121,12 +121,13 @@ const (
 
 type shard[V any] struct {
 	mu sync.Mutex
-	// The fields below are guarded by mu.
+	// The fields below are guarded by mu; those a hit reads come first, to
+	// share the mutex's cache line.
+	closed  bool
+	npend   int
 	lru     *simplelru.LRU[string, *entry[V]]
 	cap     int
-	closed  bool
 	pending [maxPending]eviction[V]
-	npend   int
 	_       [64]byte // keep neighbouring shards' mutexes off one cache line
 }
 
