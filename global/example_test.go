@@ -13,7 +13,8 @@ import (
 
 // startRedis stands in for a real Redis in the examples: an embedded miniredis whose
 // clock (the scripts read Redis TIME) is frozen, so the output is stable.
-func startRedis() (*miniredis.Miniredis, *redis.Options) {
+// It returns a client built as the library recommends, and a function that stops both.
+func startRedis() (*redis.Client, func()) {
 	m := miniredis.NewMiniRedis()
 	if err := m.Start(); err != nil {
 		panic(err)
@@ -21,15 +22,14 @@ func startRedis() (*miniredis.Miniredis, *redis.Options) {
 	m.SetTime(time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC))
 	opts := &redis.Options{Addr: m.Addr()}
 	global.Configure(opts)
-	return m, opts
+	rdb := redis.NewClient(opts)
+	return rdb, func() { _ = rdb.Close(); m.Close() }
 }
 
 // Per-request decisions with the source article's script.
 func ExampleStore_AllowN() {
-	m, opts := startRedis()
-	defer m.Close()
-	rdb := redis.NewClient(opts)
-	defer rdb.Close()
+	rdb, stop := startRedis()
+	defer stop()
 
 	store, err := global.New(rdb)
 	if err != nil {
@@ -59,10 +59,8 @@ func ExampleStore_AllowN() {
 
 // Leases: take a batch of tokens, spend them locally, refund what is left.
 func ExampleStore_Take() {
-	m, opts := startRedis()
-	defer m.Close()
-	rdb := redis.NewClient(opts)
-	defer rdb.Close()
+	rdb, stop := startRedis()
+	defer stop()
 	store, _ := global.New(rdb)
 	api, _ := global.NewLimit("api", 10, 100)
 	ctx := context.Background()
@@ -86,10 +84,8 @@ func ExampleStore_Take() {
 
 // Refills for many keys in one round trip.
 func ExampleStore_TakeBatch() {
-	m, opts := startRedis()
-	defer m.Close()
-	rdb := redis.NewClient(opts)
-	defer rdb.Close()
+	rdb, stop := startRedis()
+	defer stop()
 	store, _ := global.New(rdb)
 	api, _ := global.NewLimit("api", 10, 100)
 
