@@ -51,16 +51,25 @@ func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (Decisio
 	case l.closed.Load():
 		return Decision{Reason: ReasonClosed}, ErrClosed
 	}
-	now := l.now()
-	var (
-		d  Decision
-		st Step
-		f  *flight
-	)
-	if !lm.keys.Update(now, key, func(e *entry, t time.Time) {
-		d, st, f = lm.decide(e, t, key, n, true)
-	}) {
+	d, f, ok := l.pass(lm, key, n, true)
+	switch {
+	case !ok:
 		return Decision{Reason: ReasonClosed}, ErrClosed
+	case f == nil:
+		return d, nil
+	}
+	return l.wait(ctx, lm, key, n, f)
+}
+
+// pass runs decide for one request under the key's lock and does what the step asks
+// outside it (queue a refund, send a refill). f is the refill to wait for, nil once the
+// request is decided; ok is false when the Limiter is closed.
+func (l *Limiter) pass(lm *limit, key string, n int, first bool) (d Decision, f *flight, ok bool) {
+	var st Step
+	if !lm.keys.Update(l.now(), key, func(e *entry, t time.Time) {
+		d, st, f = lm.decide(e, t, key, n, first)
+	}) {
+		return d, nil, false
 	}
 	d.Servers = int(l.servers.Load())
 	if st.Refund > 0 {
@@ -71,9 +80,9 @@ func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (Decisio
 	}
 	if st.Action != Wait {
 		l.stats.count(d.Source)
-		return d, nil
+		return d, nil, true
 	}
-	return l.wait(ctx, lm, key, n, now, f)
+	return d, f, true
 }
 
 // decide runs the pre-check and the lease for one request, under the key's lock. On the
@@ -132,7 +141,7 @@ func (lm *limit) preDenied(e *entry, t time.Time, n int) Decision {
 
 // wait waits for the refill f (and any that follow it) until the request is decided, the
 // limit's Timeout passes, or ctx ends.
-func (l *Limiter) wait(ctx context.Context, lm *limit, key string, n int, start time.Time, f *flight) (Decision, error) {
+func (l *Limiter) wait(ctx context.Context, lm *limit, key string, n int, f *flight) (Decision, error) {
 	timer := time.NewTimer(lm.cfg.Timeout)
 	defer timer.Stop()
 	for {
@@ -154,27 +163,14 @@ func (l *Limiter) wait(ctx context.Context, lm *limit, key string, n int, start 
 			}
 			return l.fallback(lm, key, n, reasonFor(f.err)), nil
 		}
-		var (
-			d  Decision
-			st Step
-		)
-		now := l.now()
-		if !lm.keys.Update(now, key, func(e *entry, t time.Time) {
-			d, st, f = lm.decide(e, t, key, n, false)
-		}) {
+		d, next, ok := l.pass(lm, key, n, false)
+		switch {
+		case !ok:
 			return Decision{Reason: ReasonClosed}, ErrClosed
-		}
-		d.Servers = int(l.servers.Load())
-		if st.Refund > 0 {
-			l.queueRefund(lm, key, st.Refund)
-		}
-		if st.Refill.Want > 0 {
-			l.send(f)
-		}
-		if st.Action != Wait {
-			l.stats.count(d.Source)
+		case next == nil:
 			return d, nil
 		}
+		f = next
 	}
 }
 

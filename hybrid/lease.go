@@ -245,19 +245,24 @@ type LeaseStats struct {
 // I/O, no goroutines, no clock of its own (every method takes now), no allocations. It is
 // not safe for concurrent use; the caller serialises access (one mutex per key).
 //
+// Instants are kept as nanoseconds since the first instant the lease was given, so any
+// clock works, a virtual one starting at the zero Time included, and the common path does
+// integer arithmetic only.
+//
 // The zero Lease is empty and ready to use; [NewLease] seeds its pacing jitter.
 type Lease struct {
+	base       int64 // UnixNano of the first instant seen; the others are offsets from it
+	based      bool
 	tokens     int
-	expires    time.Time
+	expires    int64 // tokens on hand are usable before this offset
 	inflight   bool
 	seq        uint64
-	want       int // of the refill in flight
-	pacedUntil time.Time
-	bucket     int // bucket level at the last grant, floored
+	want       int   // of the refill in flight, or the last one
+	pacedUntil int64 // no refill before this offset (unless the bucket holds the need)
+	bucket     int   // bucket level at the last grant, floored
 
-	winStart  time.Time // demand estimate: a sliding pair of windows
-	winSet    bool      // winStart is set (virtual clocks may start at the zero Time)
-	cur, prev float64   // tokens asked for in the current and previous window
+	winStart  int64 // demand estimate: a sliding pair of windows
+	cur, prev int64 // tokens asked for in the current and previous window
 
 	rng   uint64 // splitmix64 state for pacing jitter
 	stats LeaseStats
@@ -267,6 +272,20 @@ type Lease struct {
 // (server, key) its own seed, so that servers paced together do not wake together.
 func NewLease(seed uint64) Lease {
 	return Lease{rng: seed}
+}
+
+// at returns now as an offset from the lease's base instant, setting the base on first use.
+// UnixNano overflows outside the years 1678-2262, but it wraps the same way for every
+// instant, so the difference of two instants less than 292 years apart is exact: the zero
+// Time works as a virtual epoch. It reads the wall clock reading, not the monotonic one
+// (time.Time.Sub costs an overflow check for times without one, such as virtual ones).
+func (l *Lease) at(now time.Time) int64 {
+	if !l.based {
+		l.base, l.based = now.UnixNano(), true
+		l.pacedUntil = math.MinInt64
+		return 0
+	}
+	return now.UnixNano() - l.base
 }
 
 // Stats returns the lease's totals.
@@ -282,32 +301,40 @@ func (l *Lease) Stats() LeaseStats {
 // runs a cheaper check between the two (the limiter's per-server pre-check) uses it to
 // keep the common path to one pass.
 func (l *Lease) CanServe(c *LeaseConfig, now time.Time, n int) bool {
-	return n >= 0 && n <= c.Burst && l.tokens >= n && (n == 0 || now.Before(l.expires))
+	return n >= 0 && n <= c.Burst && l.tokens >= n && (n == 0 || now.UnixNano()-l.base < l.expires)
 }
 
 // Tokens returns the tokens on hand (some may have expired; see [Lease.Expire]).
 func (l *Lease) Tokens() int { return l.tokens }
 
-// PacedUntil returns the instant before which the lease will not ask the bucket again.
-func (l *Lease) PacedUntil() time.Time { return l.pacedUntil }
+// PacedUntil returns the instant before which the lease will not ask the bucket again
+// (the zero Time if it was never paced).
+func (l *Lease) PacedUntil() time.Time {
+	if !l.based || l.pacedUntil == math.MinInt64 {
+		return time.Time{}
+	}
+	return time.Unix(0, l.base+l.pacedUntil)
+}
 
 // Acquire answers a new request of cost n at now, and counts it in the demand estimate.
 // Cost 0 is allowed without spending anything.
 func (l *Lease) Acquire(c *LeaseConfig, now time.Time, n int) Step {
+	t := l.at(now)
 	if n > 0 {
-		l.observe(c, now, n)
+		l.roll(c, t)
+		l.cur += int64(n)
 	}
-	return l.decide(c, now, n)
+	return l.decide(c, t, n)
 }
 
 // Recheck answers again a request that waited for a refill; unlike [Lease.Acquire] it does
 // not count the request's demand a second time.
 func (l *Lease) Recheck(c *LeaseConfig, now time.Time, n int) Step {
-	return l.decide(c, now, n)
+	return l.decide(c, l.at(now), n)
 }
 
-func (l *Lease) decide(c *LeaseConfig, now time.Time, n int) Step {
-	st := Step{Refund: l.Expire(c, now)}
+func (l *Lease) decide(c *LeaseConfig, t int64, n int) Step {
+	st := Step{Refund: l.expire(t)}
 	switch {
 	case n < 0:
 		st.Action, st.Reason = Deny, ReasonInvalidCost
@@ -319,17 +346,17 @@ func (l *Lease) decide(c *LeaseConfig, now time.Time, n int) Step {
 		l.tokens -= n
 		l.stats.Consumed += int64(n)
 		st.Action, st.Reason = Allow, ReasonLease
-		st.Refill = l.prefetch(c, now, max(n, 1))
+		st.Refill = l.prefetch(c, t, max(n, 1))
 	case l.inflight:
 		st.Action, st.Reason = Wait, ReasonRefill
-	case now.Before(l.pacedUntil) && l.bucket < (n-l.tokens)*c.servers():
+	case t < l.pacedUntil && l.bucket < (n-l.tokens)*c.servers():
 		// Paced, and at the last answer the bucket did not hold this request's need for
 		// every server: do not ask before the round refills.
 		st.Action, st.Reason = Deny, ReasonPaced
-		st.RetryAfter = l.pacedUntil.Sub(now)
+		st.RetryAfter = time.Duration(l.pacedUntil - t)
 	default:
 		need := n - l.tokens
-		want := max(l.batch(c, now, n)-l.tokens, need)
+		want := max(l.batch(c, t, n)-l.tokens, need)
 		st.Action, st.Reason = Wait, ReasonRefill
 		st.Refill = l.start(want, need)
 	}
@@ -341,15 +368,20 @@ func (l *Lease) decide(c *LeaseConfig, now time.Time, n int) Step {
 // is in flight, the key is not paced, and the sustained demand (the sliding estimate, not
 // the fast one) would use two batches within a lifetime: a key seen once in a while must
 // not hold tokens only to refund them, at three Redis calls for one request.
-func (l *Lease) prefetch(c *LeaseConfig, now time.Time, cost int) Refill {
-	if l.inflight || now.Before(l.pacedUntil) || c.LowWatermark < 0 {
+func (l *Lease) prefetch(c *LeaseConfig, t int64, cost int) Refill {
+	if l.inflight || t < l.pacedUntil || c.LowWatermark < 0 {
 		return Refill{}
 	}
-	batch := l.batch(c, now, cost)
+	if l.want > 0 && float64(l.tokens) >= c.LowWatermark*float64(l.want) {
+		// Still above the watermark of the last batch: the common case, decided without
+		// estimating demand. A batch that grew since is seen at the next refill.
+		return Refill{}
+	}
+	batch := l.batch(c, t, cost)
 	if float64(l.tokens) >= c.LowWatermark*float64(batch) || l.tokens >= batch {
 		return Refill{}
 	}
-	if sliding, _ := l.rates(c, now); sliding*c.Lifetime.Seconds() < 2*float64(batch) {
+	if sliding, _ := l.rates(c, t); sliding*c.Lifetime.Seconds() < 2*float64(batch) {
 		return Refill{}
 	}
 	return l.start(batch-l.tokens, 1)
@@ -366,12 +398,12 @@ func (l *Lease) start(want, minimum int) Refill {
 // Batch returns the batch size the lease would ask for now for a request of cost n:
 // clamp(demand × RefillInterval, n, Cap(n)).
 func (l *Lease) Batch(c *LeaseConfig, now time.Time, n int) int {
-	return l.batch(c, now, n)
+	return l.batch(c, l.at(now), n)
 }
 
-func (l *Lease) batch(c *LeaseConfig, now time.Time, n int) int {
+func (l *Lease) batch(c *LeaseConfig, t int64, n int) int {
 	capacity := c.Cap(n)
-	want := l.demand(c, now) * c.RefillInterval.Seconds()
+	want := l.demand(c, t) * c.RefillInterval.Seconds()
 	if want >= float64(capacity) {
 		return capacity
 	}
@@ -387,7 +419,8 @@ func (l *Lease) batch(c *LeaseConfig, now time.Time, n int) int {
 // before the bucket could refill that round, (want × servers − remaining) / rate, about
 // want × servers / rate when contention emptied it (jittered ±50%, so that the servers
 // do not wake together), and requests that find no tokens meanwhile are denied with that
-// retry-after. The bucket's Wait for min is never longer, since min <= want.
+// retry-after, unless the bucket held their need for every server at the last answer.
+// The bucket's Wait for min is never longer, since min <= want.
 func (l *Lease) Granted(c *LeaseConfig, now time.Time, seq uint64, g Grant) (refund int) {
 	granted := max(g.Granted, 0)
 	l.stats.Granted += int64(granted)
@@ -395,10 +428,11 @@ func (l *Lease) Granted(c *LeaseConfig, now time.Time, seq uint64, g Grant) (ref
 		l.stats.Refunded += int64(granted)
 		return granted
 	}
+	t := l.at(now)
 	l.inflight = false
 	if granted > 0 {
 		l.tokens += granted
-		l.expires = now.Add(c.Lifetime)
+		l.expires = t + int64(c.Lifetime)
 	}
 	l.bucket = 0
 	if g.Remaining > 0 {
@@ -406,7 +440,7 @@ func (l *Lease) Granted(c *LeaseConfig, now time.Time, seq uint64, g Grant) (ref
 	}
 	round := float64(l.want) * float64(c.servers())
 	if granted == 0 || granted < l.want || g.Remaining < round {
-		l.pacedUntil = now.Add(l.jitter(l.fairShare(c, round-max(g.Remaining, 0))))
+		l.pacedUntil = t + int64(l.jitter(l.fairShare(c, round-max(g.Remaining, 0))))
 	}
 	return 0
 }
@@ -422,7 +456,11 @@ func (l *Lease) Failed(seq uint64) {
 // Expire drops the tokens on hand if their lifetime has passed at now, and returns how many
 // the caller must refund.
 func (l *Lease) Expire(c *LeaseConfig, now time.Time) (refund int) {
-	if l.tokens == 0 || now.Before(l.expires) {
+	return l.expire(l.at(now))
+}
+
+func (l *Lease) expire(t int64) int {
+	if l.tokens == 0 || t < l.expires {
 		return 0
 	}
 	return l.giveBack()
@@ -465,44 +503,37 @@ func (l *Lease) jitter(d time.Duration) time.Duration {
 	return time.Duration(float64(d) * (0.5 + u))
 }
 
-// observe counts n tokens of demand at now.
-func (l *Lease) observe(c *LeaseConfig, now time.Time, n int) {
-	l.roll(c, now)
-	l.cur += float64(n)
+// window is the demand window of c, never zero.
+func window(c *LeaseConfig) int64 {
+	if c.DemandWindow <= 0 {
+		return int64(DefaultDemandWindow)
+	}
+	return int64(c.DemandWindow)
 }
 
-// roll moves the demand windows forward to now.
-func (l *Lease) roll(c *LeaseConfig, now time.Time) {
-	w := c.DemandWindow
-	if w <= 0 {
-		w = DefaultDemandWindow
-	}
-	if !l.winSet {
-		l.winStart, l.winSet = now, true
-		return
-	}
-	if now.Before(l.winStart) {
-		return
-	}
-	switch el := now.Sub(l.winStart); {
+// roll moves the demand windows forward to t. An instant before the current window (a
+// clock that stepped back) changes nothing.
+func (l *Lease) roll(c *LeaseConfig, t int64) {
+	w := window(c)
+	switch el := t - l.winStart; {
 	case el < w:
 	case el < 2*w:
 		l.prev, l.cur = l.cur, 0
-		l.winStart = l.winStart.Add(w)
+		l.winStart += w
 	default:
 		l.prev, l.cur = 0, 0
-		l.winStart = now
+		l.winStart = t
 	}
 }
 
 // Demand returns the local demand estimate at now, in tokens per second: the larger of the
 // sliding-window estimate and the fast one (see [Lease.Batch]).
 func (l *Lease) Demand(c *LeaseConfig, now time.Time) float64 {
-	return l.demand(c, now)
+	return l.demand(c, l.at(now))
 }
 
-func (l *Lease) demand(c *LeaseConfig, now time.Time) float64 {
-	sliding, fast := l.rates(c, now)
+func (l *Lease) demand(c *LeaseConfig, t int64) float64 {
+	sliding, fast := l.rates(c, t)
 	return max(sliding, fast)
 }
 
@@ -510,15 +541,12 @@ func (l *Lease) demand(c *LeaseConfig, now time.Time) float64 {
 // previous window by how much of it still overlaps plus the current one; it is steady but
 // slow to see a rise. fast is the current window alone over at least one refill interval;
 // it sees a sudden rise at once and sizes batches, but a single request looks like a rate.
-func (l *Lease) rates(c *LeaseConfig, now time.Time) (sliding, fast float64) {
-	l.roll(c, now)
-	w := c.DemandWindow
-	if w <= 0 {
-		w = DefaultDemandWindow
-	}
-	el := max(now.Sub(l.winStart), 0)
+func (l *Lease) rates(c *LeaseConfig, t int64) (sliding, fast float64) {
+	l.roll(c, t)
+	w := window(c)
+	el := max(t-l.winStart, 0)
 	frac := min(float64(el)/float64(w), 1)
-	sliding = (l.prev*(1-frac) + l.cur) / w.Seconds()
-	fast = l.cur / max(el, c.RefillInterval, time.Millisecond).Seconds()
+	sliding = (float64(l.prev)*(1-frac) + float64(l.cur)) / (float64(w) / 1e9)
+	fast = float64(l.cur) / (float64(max(el, int64(c.RefillInterval), int64(time.Millisecond))) / 1e9)
 	return sliding, fast
 }

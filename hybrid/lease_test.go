@@ -221,8 +221,9 @@ func TestLeaseRules(t *testing.T) {
 			rec(1*ms, 1, Allow, ReasonLease, 100, 1, 0), // 0 < 0.5 x batch 100: prefetch
 			grt(2*ms, 100, 899, 100),
 			acq(3*ms, 20, Allow, ReasonLease, 0, 0, 80),      // 80 >= 0.5 x batch 120: no prefetch
-			acq(3*ms, 30, Allow, ReasonLease, 150-50, 1, 50), // 50 < 0.5 x 150: prefetch up to 150
-			acq(3*ms, 10, Allow, ReasonLease, 0, 0, 40),      // in flight: no second prefetch
+			acq(3*ms, 30, Allow, ReasonLease, 0, 0, 50),      // 50 >= 0.5 x the last batch 100: not yet
+			acq(3*ms, 10, Allow, ReasonLease, 160-40, 1, 40), // 40 < 50: prefetch up to the batch, now 160
+			acq(3*ms, 10, Allow, ReasonLease, 0, 0, 30),      // in flight: no second prefetch
 		)},
 		{"no prefetch for an idle key: tokens would only expire", LeaseConfig{Rate: 1000, Burst: 1000, Servers: 1, Lifetime: 10 * ms}, []op{
 			acq(0, 1, Wait, ReasonRefill, 1, 1, 0),

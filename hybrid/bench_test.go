@@ -1,0 +1,183 @@
+package hybrid_test
+
+import (
+	"context"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/redistest"
+)
+
+// The hot-path benchmarks: a bare x/time/rate Limiter (the baseline: what a process-local
+// limit costs) against hybrid.Limiter.Allow when the key's lease holds tokens. The limits
+// are so large that nothing is denied and refills are rare; miniredis answers them.
+// Run them in one go so the ratios compare like with like:
+//
+//	go test ./hybrid -run '^$' -bench 'BareRate|AllowLease' -benchmem -count 6
+
+const benchKeys = 10_000
+
+// benchLimiter's limit never runs dry. A batch lasts RefillInterval at the key's demand:
+// a minute, so that with 10,000 keys, each seeing a ten-thousandth of the requests, the
+// leases still hold tokens and refills stay rare. (With the default 100ms every key would
+// refill every few of its requests: 10,000 refills a second, more than miniredis, which
+// runs in this process and whose allocations the benchmark counts, can serve.)
+func benchLimiter(b *testing.B) *hybrid.Limiter {
+	_, c := redistest.Mini(b)
+	return newLimiter(b, newStore(b, c), hybrid.Config{
+		FleetSize: 1,
+		Limits: []hybrid.Limit{{Name: "bench", Rate: 1e12, Burst: 1 << 40, Policy: breaker.FailOpen,
+			MaxKeys: 2 * benchKeys, RefillInterval: time.Minute, Lifetime: 5 * time.Minute, Timeout: time.Second}},
+	})
+}
+
+// warm sends rounds of requests for every key, so that each lease has seen demand and
+// holds a batch before the timing starts.
+func warm(b *testing.B, l *hybrid.Limiter, ks []string, rounds int) {
+	ctx := context.Background()
+	for range rounds {
+		for _, k := range ks {
+			if d, _ := l.Allow(ctx, "bench", k); !d.Allowed {
+				b.Fatal("denied")
+			}
+		}
+	}
+}
+
+func keys() []string {
+	k := make([]string, benchKeys)
+	for i := range k {
+		k[i] = "client-" + strconv.Itoa(i)
+	}
+	return k
+}
+
+func BenchmarkBareRateAllow(b *testing.B) {
+	lim := rate.NewLimiter(rate.Limit(1e12), 1<<40)
+	b.ReportAllocs()
+	for b.Loop() {
+		if !lim.Allow() {
+			b.Fatal("denied")
+		}
+	}
+}
+
+func BenchmarkAllowLease(b *testing.B) {
+	l := benchLimiter(b)
+	ctx := context.Background()
+	if d, _ := l.Allow(ctx, "bench", "k"); !d.Allowed {
+		b.Fatal("denied")
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if d, _ := l.Allow(ctx, "bench", "k"); !d.Allowed {
+			b.Fatal("denied")
+		}
+	}
+	reportCalls(b, l)
+}
+
+// BenchmarkBareRateAllow10kKeys is the keyed baseline: a read-only map of 10,000 bare
+// limiters (no LRU, no bound, no lock on the map).
+func BenchmarkBareRateAllow10kKeys(b *testing.B) {
+	ks := keys()
+	m := make(map[string]*rate.Limiter, len(ks))
+	for _, k := range ks {
+		m[k] = rate.NewLimiter(rate.Limit(1e12), 1<<40)
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if !m[ks[i]].Allow() {
+			b.Fatal("denied")
+		}
+		if i++; i == len(ks) {
+			i = 0
+		}
+	}
+}
+
+func BenchmarkAllowLease10kKeys(b *testing.B) {
+	l := benchLimiter(b)
+	ctx := context.Background()
+	ks := keys()
+	warm(b, l, ks, 200)
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if d, _ := l.Allow(ctx, "bench", ks[i]); !d.Allowed {
+			b.Fatal("denied")
+		}
+		if i++; i == len(ks) {
+			i = 0
+		}
+	}
+	reportCalls(b, l)
+}
+
+func BenchmarkBareRateAllowParallel(b *testing.B) {
+	lim := rate.NewLimiter(rate.Limit(1e12), 1<<40)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if !lim.Allow() {
+				b.Fatal("denied")
+			}
+		}
+	})
+}
+
+func BenchmarkAllowLeaseParallel(b *testing.B) {
+	l := benchLimiter(b)
+	ctx := context.Background()
+	if d, _ := l.Allow(ctx, "bench", "k"); !d.Allowed {
+		b.Fatal("denied")
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if d, _ := l.Allow(ctx, "bench", "k"); !d.Allowed {
+				b.Fatal("denied")
+			}
+		}
+	})
+	reportCalls(b, l)
+}
+
+func BenchmarkAllowLease10kKeysParallel(b *testing.B) {
+	l := benchLimiter(b)
+	ctx := context.Background()
+	ks := keys()
+	warm(b, l, ks, 200)
+	var next atomic.Uint64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := int(next.Add(7919)) % len(ks)
+		for pb.Next() {
+			if d, _ := l.Allow(ctx, "bench", ks[i]); !d.Allowed {
+				b.Fatal("denied")
+			}
+			if i++; i == len(ks) {
+				i = 0
+			}
+		}
+	})
+	reportCalls(b, l)
+}
+
+// reportCalls reports the Redis round trips per decision.
+func reportCalls(b *testing.B, l *hybrid.Limiter) {
+	s := l.Stats()
+	if n := s.PreCheck + s.Lease + s.Global + s.Fallback; n > 0 {
+		b.ReportMetric(float64(s.RoundTrips+s.RefundCalls)/float64(n), "redis/op")
+	}
+}
