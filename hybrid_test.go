@@ -453,4 +453,3 @@ func TestCloseRefundsLeases(t *testing.T) {
 		}
 	})
 }
-
