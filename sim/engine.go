@@ -17,9 +17,11 @@ type engine struct {
 	seq    uint64
 	q      []event
 	events uint64 // events run so far
-	// advance, when set, is called with the next event's instant before the clock moves
-	// there (used to drive a testing/synctest bubble's clock alongside).
-	advance func(to time.Duration)
+	// deadline, when set, reports the next instant something outside the heap happens
+	// (a guarded call's deadline, see bubble); the loop stops there first and calls
+	// expire with the clock at that instant.
+	deadline func() (time.Duration, bool)
+	expire   func()
 }
 
 // at schedules fn at virtual instant t (never in the past).
@@ -37,21 +39,27 @@ func (e *engine) after(d time.Duration, fn func()) { e.at(e.now+d, fn) }
 
 // runUntil runs every event due at or before t, then leaves the clock at t.
 func (e *engine) runUntil(t time.Duration) {
-	for len(e.q) > 0 && e.q[0].at <= t {
-		ev := e.pop()
-		if ev.at > e.now && e.advance != nil {
-			e.advance(ev.at)
+	for {
+		next := t
+		if len(e.q) > 0 && e.q[0].at <= t {
+			next = e.q[0].at
 		}
+		if e.deadline != nil {
+			if d, ok := e.deadline(); ok && d <= next {
+				e.now = max(e.now, d)
+				e.expire()
+				continue
+			}
+		}
+		if len(e.q) == 0 || e.q[0].at > t {
+			break
+		}
+		ev := e.pop()
 		e.now = ev.at
 		e.events++
 		ev.fn()
 	}
-	if t > e.now {
-		if e.advance != nil {
-			e.advance(t)
-		}
-		e.now = t
-	}
+	e.now = max(e.now, t)
 }
 
 // pending reports how many events are scheduled.

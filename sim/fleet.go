@@ -38,6 +38,7 @@ type server struct {
 	alive bool
 	local *local.Limiter // local-only share, or the hybrid pre-check
 	state any            // the strategy's per-server state
+	seq   uint64         // last refund sequence number sent
 }
 
 // clock is the server's reading of its own clock at virtual instant t.

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -8,93 +9,180 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/hybrid"
-	"github.com/fleetlimit/fleetlimit/local"
 )
 
-// srcGlobal marks a decision taken after waiting for a refill from the global bucket.
-const srcGlobal = "global"
+// Decision sources of the hybrid strategy besides srcPrecheck, srcLease and srcFallback.
+const (
+	// srcGlobal marks a decision taken after waiting for a refill from the global bucket.
+	srcGlobal = "global"
+	// srcClosed marks a request whose server closed while it waited (denied).
+	srcClosed = "closed"
+)
 
-// hybridStrat wires hybrid's lease core, local's limiters and the failure policy into the
-// simulated fleet the way the production limiter does: pre-check, lease, refill through the
-// call deadline (and the breaker), fallback. The lease decisions are hybrid.Lease's own.
+// Constants of hybrid.Limiter that the simulation repeats (they are not exported).
+const (
+	maxBatch      = 256 // refills in one pipelined round trip
+	refundWorkers = 8   // refunds sent at once
+)
+
+// hybridStrat runs, on every simulated server, what hybrid.Limiter does around the lease
+// core: the pre-check (a local.Limiter at the limit's own rate and burst, looked at first
+// and spent only if the lease allows), the lease (hybrid.Lease, the library's own state
+// machine), one background refiller per server that sends pending refills (several keys
+// in one pipelined round trip) through the server's breaker.Breaker, then the queued
+// refunds (summed per key, eight at a time), and expires leases every Lifetime/4; requests
+// that wait for a refill give up after the limit's timeout; when Redis does not answer,
+// breaker.Fallback applies the limit's policy. The lua.Take and lua.Refund scripts run on
+// miniredis (or the Go model).
 type hybridStrat struct {
 	f   *fleet
 	s   scripts
+	b   *bubble
 	cfg *hybrid.LeaseConfig // the live server count as the fleet knows it
 
-	takes, refunds int64
+	transitions []transition
 }
 
-// hserver is one server's hybrid state.
+// transition is a breaker state change of one server.
+type transition struct {
+	at       time.Duration
+	server   int
+	from, to breaker.State
+}
+
+// hserver is one server's hybrid.Limiter.
 type hserver struct {
-	keys      map[int]*hkey
-	fallback  *local.Limiter // FailLocal's limiter
-	refundSeq uint64
-	guard     guard
+	keys     map[int]*hkey
+	brk      *breaker.Breaker
+	fb       *breaker.Fallback
+	pending  []*flight
+	refunds  []refundReq
+	expiries []expiryReq
+	busy     bool // the refiller is working
+	wake     bool // work arrived while it was
+	tick     bool // an expiry tick arrived while it was
+	closed   bool
 }
 
-// hkey is one server's state for one key: the lease and the requests waiting on its refill.
+// hkey is one server's entry for one key: its lease and the refill in flight.
 type hkey struct {
-	lease   hybrid.Lease
-	waiters []*request
-	flight  *flight
+	lease  hybrid.Lease
+	flight *flight
 }
 
-// flight is a refill in flight.
+// flight is one refill on its way; waiters are the requests waiting for it.
 type flight struct {
-	seq      uint64
-	timedOut bool
-	answered bool
+	key       int
+	seq       uint64
+	want, min int
+	waiters   []*waiter
 }
 
-func newHybrid(f *fleet, s scripts) (*hybridStrat, error) {
+// waiter is a request waiting for a refill, with its own timeout.
+type waiter struct {
+	q       *request
+	decided bool
+}
+
+type refundReq struct{ key, n int }
+
+type expiryReq struct {
+	key int
+	at  time.Time
+}
+
+func newHybrid(f *fleet, s scripts, b *bubble) (*hybridStrat, error) {
 	cfg, err := hybrid.LeaseConfig{Rate: f.sc.Rate, Burst: f.sc.Burst, Servers: f.sc.Servers}.Normalize()
 	if err != nil {
 		return nil, fmt.Errorf("sim: %w", err)
 	}
-	return &hybridStrat{f: f, s: s, cfg: &cfg}, nil
+	return &hybridStrat{f: f, s: s, b: b, cfg: &cfg}, nil
+}
+
+func policyOf(p Policy) breaker.Policy {
+	switch p {
+	case FailOpen:
+		return breaker.FailOpen
+	case FailClosed:
+		return breaker.FailClosed
+	}
+	return breaker.FailLocal()
 }
 
 func (h *hybridStrat) join(s *server) error {
 	sc := h.f.sc
-	pre, err := newLocalLimiter(sc, h.rate(), sc.Burst)
+	pre, err := newLocalLimiter(sc, rate.Limit(sc.Rate), sc.Burst)
 	if err != nil {
 		return err
 	}
 	s.local = pre
-	r, b := local.FallbackLimit(sc.Rate, sc.Burst, h.cfg.Servers, sc.Cost)
-	fb, err := newLocalLimiter(sc, r, b)
+	fb, err := breaker.NewFallback(policyOf(sc.Policy), breaker.FallbackConfig{
+		Rate: sc.Rate, Burst: sc.Burst, Servers: h.cfg.Servers, MaxCost: sc.Cost, MaxKeys: max(sc.Keys, 1024),
+	})
 	if err != nil {
-		return err
+		return fmt.Errorf("sim: %w", err)
 	}
-	s.state = &hserver{keys: make(map[int]*hkey), fallback: fb, guard: h.f.newGuard(s)}
+	id := s.id
+	brk, err := breaker.New(breaker.Settings{
+		Name:    s.name,
+		Timeout: sc.Deadline,
+		OnStateChange: func(from, to breaker.State) {
+			h.transitions = append(h.transitions, transition{at: h.f.e.now, server: id, from: from, to: to})
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("sim: %w", err)
+	}
+	hs := &hserver{keys: make(map[int]*hkey), brk: brk, fb: fb}
+	s.state = hs
+	h.scheduleTick(s, hs)
 	return nil
 }
 
-// rate is the pre-check's rate: the limit's own fleet-wide rate, so that the pre-check
-// never denies what the global bucket alone would allow.
-func (h *hybridStrat) rate() rate.Limit { return rate.Limit(h.f.sc.Rate) }
+// scheduleTick runs the refiller's expiry ticker: every Lifetime/4.
+func (h *hybridStrat) scheduleTick(s *server, hs *hserver) {
+	h.f.e.after(max(h.cfg.Lifetime/4, time.Millisecond), func() {
+		if hs.closed || h.f.e.now > h.f.sc.Duration+10*time.Second {
+			return
+		}
+		hs.tick = true
+		h.kick(s, hs)
+		h.scheduleTick(s, hs)
+	})
+}
 
-// leave closes s gracefully, as Limiter.Close does: every lease is drained and refunded,
-// and requests still waiting on a refill go to the failure policy.
+// leave closes s as Limiter.Close does: refills not yet sent fail, every lease is drained,
+// and the unused tokens are refunded.
 func (h *hybridStrat) leave(s *server) {
 	hs := s.state.(*hserver)
+	hs.closed = true
+	for _, fl := range hs.pending {
+		h.settle(s, fl, nil, errClosed)
+	}
+	hs.pending = nil
 	for _, k := range slices.Sorted(maps.Keys(hs.keys)) { // map order would make runs differ
 		st := hs.keys[k]
-		h.refund(s, k, st.lease.Drain())
-		h.toFallback(s, k, st)
+		st.flight = nil
+		h.queueRefund(hs, k, st.lease.Drain())
 	}
+	h.sendRefunds(s, hs, func() {})
 }
+
+var errClosed = errors.New("sim: server closed")
 
 // resize tells every live server the new fleet size (what the heartbeat reports).
 func (h *hybridStrat) resize(n int) {
 	c := *h.cfg
 	c.Servers = n
 	h.cfg = &c
+	for _, s := range h.f.live {
+		_ = s.state.(*hserver).fb.SetServersAt(s.clock(h.f.e.now), n)
+	}
 }
 
-func (h *hybridStrat) key(s *server, k int) *hkey {
+func (h *hybridStrat) entry(s *server, k int) *hkey {
 	hs := s.state.(*hserver)
 	st := hs.keys[k]
 	if st == nil {
@@ -118,126 +206,322 @@ func mix(xs ...uint64) uint64 {
 }
 
 func (h *hybridStrat) handle(s *server, q *request) {
-	f := h.f
-	now := s.clock(f.e.now)
-	if !s.local.AllowN(now, f.keyName(q.key), q.n) {
-		f.decide(q, false, srcPrecheck)
-		return
-	}
-	st := h.key(s, q.key)
-	step := st.lease.Acquire(h.cfg, now, q.n)
-	h.apply(s, q.key, st, q, step, srcLease)
+	h.pass(s, &waiter{q: q}, true)
 }
 
-// apply carries out one step of the lease core for q.
-func (h *hybridStrat) apply(s *server, k int, st *hkey, q *request, step hybrid.Step, allowSrc string) {
-	h.refund(s, k, step.Refund)
+// pass is Limiter.pass: decide under the key's entry, then queue the refund and send the
+// refill the step asks for. A request that must wait joins its flight's waiters.
+func (h *hybridStrat) pass(s *server, w *waiter, first bool) {
+	f, hs := h.f, s.state.(*hserver)
+	q := w.q
+	now := s.clock(f.e.now)
+	key := f.keyName(q.key)
+	st := h.entry(s, q.key)
+	var step hybrid.Step
+	if st.lease.CanServe(h.cfg, now, q.n) {
+		if !s.local.AllowN(now, key, q.n) {
+			h.decide(w, false, srcPrecheck)
+			return
+		}
+		step = st.lease.Acquire(h.cfg, now, q.n)
+	} else {
+		if q.n > 0 && s.local.TokensAt(now, key) < float64(q.n) {
+			h.decide(w, false, srcPrecheck)
+			return
+		}
+		if first {
+			step = st.lease.Acquire(h.cfg, now, q.n)
+		} else {
+			step = st.lease.Recheck(h.cfg, now, q.n)
+		}
+		if step.Action == hybrid.Allow {
+			s.local.AllowN(now, key, q.n)
+		}
+	}
+	var fl *flight
+	if step.Refill.Want > 0 {
+		fl = &flight{key: q.key, seq: step.Refill.Seq, want: step.Refill.Want, min: step.Refill.Min}
+		st.flight = fl
+	} else if step.Action == hybrid.Wait {
+		fl = st.flight
+	}
+	h.queueRefund(hs, q.key, step.Refund)
+	if step.Action == hybrid.Wait && fl != nil {
+		fl.waiters = append(fl.waiters, w)
+		if first {
+			f.e.after(f.sc.Deadline, func() { // the request's own wait timeout
+				if !w.decided {
+					h.fallback(s, w)
+				}
+			})
+		}
+	}
+	if step.Refill.Want > 0 {
+		h.send(s, hs, fl)
+	}
 	switch step.Action {
 	case hybrid.Allow:
-		h.f.decide(q, true, allowSrc)
-		if step.Refill.Want > 0 {
-			h.refill(s, k, st, step.Refill)
+		src := srcLease
+		if !first {
+			src = srcGlobal
 		}
+		h.decide(w, true, src)
 	case hybrid.Deny:
-		h.f.decide(q, false, srcPaced)
+		src := srcLease
+		if step.Reason == hybrid.ReasonPaced {
+			src = srcPaced
+		}
+		h.decide(w, false, src)
 	case hybrid.Wait:
-		st.waiters = append(st.waiters, q)
-		if step.Refill.Want > 0 {
-			h.refill(s, k, st, step.Refill)
+		if fl == nil { // cannot happen: a Wait always has a flight; be safe
+			h.fallback(s, w)
 		}
 	}
+	h.kick(s, hs)
 }
 
-// refill sends lua.Take for the lease's refill rf, under the call deadline.
-func (h *hybridStrat) refill(s *server, k int, st *hkey, rf hybrid.Refill) {
-	f, sc := h.f, h.f.sc
-	hs := s.state.(*hserver)
-	if !hs.guard.allow(f.e.now) {
-		st.lease.Failed(rf.Seq)
-		h.toFallback(s, k, st)
+func (h *hybridStrat) decide(w *waiter, allowed bool, src string) {
+	if w.decided {
 		return
 	}
-	fl := &flight{seq: rf.Seq}
-	st.flight = fl
-	h.takes++
-	var g takeReply
-	key := f.keyName(k)
-	f.redis.roundTrip(1, sc.ScriptTime, func(at time.Time) {
-		g = h.s.Take(at, key, float64(sc.Burst), sc.Rate, rf.Want, rf.Min, s.name, rf.Seq)
-	}, func() {
-		fl.answered = true
-		now := s.clock(f.e.now)
-		grant := hybrid.Grant{Granted: g.Granted, Remaining: g.Tokens, Wait: time.Duration(g.WaitMS) * time.Millisecond}
-		if fl.timedOut || !s.alive {
-			h.refund(s, k, st.lease.Granted(h.cfg, now, rf.Seq, grant))
-			return
-		}
-		hs.guard.done(f.e.now, true)
-		st.flight = nil
-		h.refund(s, k, st.lease.Granted(h.cfg, now, rf.Seq, grant))
-		h.recheck(s, k, st)
-	})
-	f.e.after(sc.Deadline, func() {
-		if fl.answered {
-			return
-		}
-		fl.timedOut = true
-		hs.guard.done(f.e.now, false)
-		if st.flight == fl {
-			st.flight = nil
-		}
-		st.lease.Failed(rf.Seq)
-		h.toFallback(s, k, st)
+	w.decided = true
+	h.f.decide(w.q, allowed, src)
+}
+
+// fallback is Limiter.fallback: the policy decides; an admitted request still spends its
+// pre-check tokens.
+func (h *hybridStrat) fallback(s *server, w *waiter) {
+	if w.decided {
+		return
+	}
+	f, hs := h.f, s.state.(*hserver)
+	q := w.q
+	now := s.clock(f.e.now)
+	key := f.keyName(q.key)
+	allowed := hs.fb.AllowN(now, key, q.n)
+	if allowed && q.n > 0 && !s.local.AllowN(now, key, q.n) {
+		h.decide(w, false, srcPrecheck)
+		return
+	}
+	h.decide(w, allowed, srcFallback)
+}
+
+// send is Limiter.send: with the breaker open the refill fails at once; else it waits for
+// the refiller.
+func (h *hybridStrat) send(s *server, hs *hserver, fl *flight) {
+	h.b.sync()
+	if hs.brk.State() == breaker.StateOpen {
+		h.settle(s, fl, nil, breaker.ErrOpen)
+		return
+	}
+	if hs.closed {
+		h.settle(s, fl, nil, errClosed)
+		return
+	}
+	hs.pending = append(hs.pending, fl)
+	h.kick(s, hs)
+}
+
+func (h *hybridStrat) queueRefund(hs *hserver, k, n int) {
+	if n > 0 {
+		hs.refunds = append(hs.refunds, refundReq{key: k, n: n})
+	}
+}
+
+// kick wakes the refiller.
+func (h *hybridStrat) kick(s *server, hs *hserver) {
+	if hs.busy {
+		hs.wake = true
+		return
+	}
+	if len(hs.pending) == 0 && len(hs.refunds) == 0 && !hs.tick {
+		return
+	}
+	h.loop(s, hs)
+}
+
+// loop is one turn of Limiter.refiller: expire (on a tick), send every pending refill,
+// then the refunds; again if work arrived meanwhile.
+func (h *hybridStrat) loop(s *server, hs *hserver) {
+	hs.busy, hs.wake = true, false
+	if hs.tick {
+		hs.tick = false
+		h.expire(s, hs)
+	}
+	h.refill(s, hs, func() {
+		h.sendRefunds(s, hs, func() {
+			hs.busy = false
+			if hs.wake || hs.tick {
+				h.loop(s, hs)
+			}
+		})
 	})
 }
 
-// recheck answers the requests that waited on a refill.
-func (h *hybridStrat) recheck(s *server, k int, st *hkey) {
-	ws := st.waiters
-	st.waiters = nil
+// expire is Limiter.expire: refund leased tokens whose lifetime has passed.
+func (h *hybridStrat) expire(s *server, hs *hserver) {
 	now := s.clock(h.f.e.now)
-	for _, q := range ws {
-		h.apply(s, k, st, q, st.lease.Recheck(h.cfg, now, q.n), srcGlobal)
+	i := 0
+	for i < len(hs.expiries) && !hs.expiries[i].at.After(now) {
+		i++
+	}
+	due := hs.expiries[:i:i]
+	hs.expiries = hs.expiries[i:]
+	for _, x := range due {
+		if st := hs.keys[x.key]; st != nil {
+			h.queueRefund(hs, x.key, st.lease.Expire(h.cfg, now))
+		}
 	}
 }
 
-// toFallback decides every request waiting on st by the failure policy.
-func (h *hybridStrat) toFallback(s *server, k int, st *hkey) {
-	ws := st.waiters
-	st.waiters = nil
-	for _, q := range ws {
-		h.fallback(s, q)
-	}
-}
-
-func (h *hybridStrat) fallback(s *server, q *request) {
-	f := h.f
-	switch f.sc.Policy {
-	case FailOpen:
-		f.decide(q, true, srcFallback)
-	case FailClosed:
-		f.decide(q, false, srcFallback)
-	default:
-		hs := s.state.(*hserver)
-		f.decide(q, hs.fallback.AllowN(s.clock(f.e.now), f.keyName(q.key), q.n), srcFallback)
-	}
-}
-
-// refund gives n tokens back to key k's bucket (lua.Refund), unless the breaker is open.
-func (h *hybridStrat) refund(s *server, k int, n int) {
-	if n <= 0 {
+// refill sends the pending refills, up to maxBatch per pipelined round trip, one round
+// trip at a time, then calls next.
+func (h *hybridStrat) refill(s *server, hs *hserver, next func()) {
+	if len(hs.pending) == 0 || hs.closed {
+		next()
 		return
 	}
 	f, sc := h.f, h.f.sc
+	batch := hs.pending
+	if len(batch) > maxBatch {
+		batch = batch[:maxBatch:maxBatch]
+		hs.pending = hs.pending[maxBatch:]
+	} else {
+		hs.pending = nil
+	}
+	grants := make([]takeReply, len(batch))
+	h.b.call(hs.brk, func(answered func()) {
+		f.redis.roundTrip(len(batch), time.Duration(len(batch))*sc.ScriptTime, func(at time.Time) {
+			for i, fl := range batch {
+				grants[i] = h.s.Take(at, f.keyName(fl.key), float64(sc.Burst), sc.Rate, fl.want, fl.min, s.name, fl.seq)
+			}
+		}, answered)
+	}, func(err error) {
+		for i, fl := range batch {
+			h.settle(s, fl, &grants[i], err)
+		}
+		h.refill(s, hs, next)
+	})
+}
+
+// settle is Limiter.finish: apply the answer of refill fl if its key still holds that
+// flight (else the tokens go back), then let the waiting requests pass again, or go to the
+// policy if the refill failed.
+func (h *hybridStrat) settle(s *server, fl *flight, g *takeReply, err error) {
 	hs := s.state.(*hserver)
-	if !hs.guard.allow(f.e.now) {
+	now := s.clock(h.f.e.now)
+	st := hs.keys[fl.key]
+	back := 0
+	if st != nil && st.flight == fl {
+		st.flight = nil
+		if err != nil {
+			st.lease.Failed(fl.seq)
+		} else {
+			back = st.lease.Granted(h.cfg, now, fl.seq, hybrid.Grant{
+				Granted: g.Granted, Remaining: g.Tokens, Wait: time.Duration(g.WaitMS) * time.Millisecond})
+		}
+	} else if err == nil {
+		back = g.Granted
+	}
+	h.queueRefund(hs, fl.key, back)
+	if err == nil && g.Granted > back {
+		hs.expiries = append(hs.expiries, expiryReq{key: fl.key, at: now.Add(h.cfg.Lifetime)})
+	}
+	for _, w := range fl.waiters {
+		switch {
+		case w.decided:
+		case errors.Is(err, errClosed):
+			h.decide(w, false, srcClosed)
+		case err != nil:
+			h.fallback(s, w)
+		default:
+			h.pass(s, w, false)
+		}
+	}
+	fl.waiters = nil
+}
+
+// sendRefunds is Limiter.sendRefunds: the queued refunds, summed per key (at most a burst),
+// refundWorkers at a time through the breaker; then next. Failed refunds are dropped.
+func (h *hybridStrat) sendRefunds(s *server, hs *hserver, next func()) {
+	queued := hs.refunds
+	hs.refunds = nil
+	if len(queued) == 0 {
+		next()
 		return
 	}
-	hs.refundSeq++
-	seq := hs.refundSeq
-	h.refunds++
-	key := f.keyName(k)
-	f.redis.roundTrip(1, sc.ScriptTime, func(at time.Time) {
-		h.s.Refund(at, key, float64(sc.Burst), sc.Rate, n, s.name, seq)
-	}, func() {})
+	sum := map[int]int{}
+	var order []int
+	for _, r := range queued {
+		if _, ok := sum[r.key]; !ok {
+			order = append(order, r.key)
+		}
+		sum[r.key] += r.n
+	}
+	f, sc := h.f, h.f.sc
+	running := 0
+	var start func()
+	start = func() {
+		for running < refundWorkers && len(order) > 0 {
+			k := order[0]
+			order = order[1:]
+			n := min(sum[k], sc.Burst)
+			running++
+			h.b.call(hs.brk, func(answered func()) {
+				f.redis.roundTrip(1, sc.ScriptTime, func(at time.Time) {
+					h.s.Refund(at, f.keyName(k), float64(sc.Burst), sc.Rate, n, s.name, h.refundSeq(s))
+				}, answered)
+			}, func(error) {
+				running--
+				if running == 0 && len(order) == 0 {
+					next()
+					return
+				}
+				start()
+			})
+		}
+	}
+	start()
+}
+
+// refundSeq numbers the refunds of server s (increasing, as global.Store's are).
+func (h *hybridStrat) refundSeq(s *server) uint64 {
+	s.seq++
+	return s.seq
+}
+
+// report adds what only the hybrid strategy knows to res: breaker transitions over time.
+func (h *hybridStrat) report(res *Result) {
+	res.BreakerTransitions = len(h.transitions)
+	state := map[int]breaker.State{}
+	notClosed := 0
+	ti := 0
+	for i := range res.Timeline {
+		end := time.Duration((res.Timeline[i].AtS + binWidth.Seconds()) * float64(time.Second))
+		for ; ti < len(h.transitions) && h.transitions[ti].at < end; ti++ {
+			tr := h.transitions[ti]
+			if state[tr.server] != breaker.StateClosed {
+				notClosed--
+			}
+			state[tr.server] = tr.to
+			if tr.to != breaker.StateClosed {
+				notClosed++
+			}
+		}
+		res.Timeline[i].BreakersOpen = notClosed
+	}
+	o := res.Outage
+	if o == nil {
+		return
+	}
+	w := h.f.sc.Outage
+	o.BreakerOpenS, o.BreakerClosedS = -1, -1
+	for _, tr := range h.transitions {
+		if tr.to == breaker.StateOpen && tr.at >= w.Start && o.BreakerOpenS < 0 {
+			o.BreakerOpenS = (tr.at - w.Start).Seconds()
+		}
+		if tr.to == breaker.StateClosed && tr.at >= w.End {
+			o.BreakerClosedS = (tr.at - w.End).Seconds()
+		}
+	}
 }

@@ -56,6 +56,7 @@ type Result struct {
 	Timeline                  []Bin            `json:"timeline"`
 	Outage                    *OutageResult    `json:"outage,omitempty"`
 	FastServer                string           `json:"fast_server,omitempty"`
+	BreakerTransitions        int              `json:"breaker_transitions"`
 	Events                    uint64           `json:"events"`
 	WallMS                    float64          `json:"wall_ms"`
 }
@@ -65,10 +66,12 @@ type Bin struct {
 	AtS          float64 `json:"at_s"` // start of the bin, seconds
 	AdmittedPerS float64 `json:"admitted_per_s"`
 	DemandPerS   float64 `json:"demand_per_s"`
-	// LimitPerS is the limit in force (changes only if the scenario changes it).
+	// Servers is the live fleet size.
 	Servers int `json:"servers"`
-	// Breaker is the share of the bin's decisions that went to the failure policy.
+	// FallbackShare is the share of the bin's decisions that went to the failure policy.
 	FallbackShare float64 `json:"fallback_share"`
+	// BreakersOpen counts the servers whose breaker was not closed at the end of the bin.
+	BreakersOpen int `json:"breakers_open"`
 }
 
 // OutageResult describes the run during its Redis outage window.
@@ -87,6 +90,9 @@ type OutageResult struct {
 	BreakerOpenS   float64 `json:"breaker_open_after_s"`
 	BreakerClosedS float64 `json:"breaker_closed_after_end_s"`
 	CallsDuring    int64   `json:"redis_calls_during"`
+	// Sources counts the decisions of requests that arrived during the outage, by source
+	// and outcome ("fallback+", "paced-", ...).
+	Sources map[string]int64 `json:"sources"`
 }
 
 // binWidth is the timeline's resolution.
@@ -104,6 +110,7 @@ type recorder struct {
 	last                     time.Duration
 	keyReq, keyAdm           []int64
 	outReq, outAdm           int64
+	outSources               map[string]int64
 }
 
 type binAcc struct {
@@ -151,6 +158,14 @@ func (r *recorder) decide(q *request, now time.Duration, allowed bool, source st
 	inOutage := r.sc.Outage.Contains(q.arrive)
 	if inOutage {
 		r.outLat = append(r.outLat, lat)
+		if r.outSources == nil {
+			r.outSources = map[string]int64{}
+		}
+		sign := "-"
+		if allowed {
+			sign = "+"
+		}
+		r.outSources[source+sign]++
 	}
 	b := r.bin(now)
 	if b != nil {
@@ -235,7 +250,7 @@ func (r *recorder) result(st Strategy) Result {
 			StartS: w.Start.Seconds(), EndS: w.End.Seconds(), Requests: r.outReq,
 			AdmittedPerS: float64(r.outAdm) / d, DemandPerS: float64(r.outReq) / d,
 			P50DecisionUS: percentile(r.outLat, 0.5), P99DecisionUS: percentile(r.outLat, 0.99),
-			MaxDecisionUS: percentile(r.outLat, 1),
+			MaxDecisionUS: percentile(r.outLat, 1), Sources: r.outSources,
 		}
 		res.Outage.OverLimit = res.Outage.AdmittedPerS / sc.Rate
 	}

@@ -3,17 +3,12 @@ package sim
 import (
 	"fmt"
 	"math/rand/v2"
+	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 )
-
-// guard decides whether a server may call Redis now and learns how calls went: the
-// breaker of the hybrid strategy.
-type guard interface {
-	allow(now time.Duration) bool
-	done(now time.Duration, ok bool)
-}
 
 // Run simulates sc under strategy st and returns what it measured. It is deterministic:
 // the same scenario (including Seed) and strategy give the same Result, but for WallMS.
@@ -21,8 +16,23 @@ type guard interface {
 // The per-request strategies (Naive, Script, ScriptCallerClock) run on the Go model of the
 // scripts, which TestModelMatchesScripts holds to the Lua; Hybrid runs the real scripts of
 // package lua on an embedded miniredis whose clock follows the virtual one.
-func Run(sc Scenario, st Strategy) (Result, error) {
+//
+// Hybrid runs inside a testing/synctest bubble (hence t): the breaker package's breakers
+// and deadlines read time.Now, and in the bubble that clock is kept on the virtual one.
+func Run(t *testing.T, sc Scenario, st Strategy) (res Result, err error) {
 	start := time.Now()
+	if st != Hybrid {
+		res, err = simulate(sc, st, false)
+	} else {
+		synctest.Test(t, func(*testing.T) {
+			res, err = simulate(sc, st, true)
+		})
+	}
+	res.WallMS = float64(time.Since(start).Microseconds()) / 1000
+	return res, err
+}
+
+func simulate(sc Scenario, st Strategy, inBubble bool) (Result, error) {
 	sc, err := sc.withDefaults()
 	if err != nil {
 		return Result{}, err
@@ -56,7 +66,12 @@ func Run(sc Scenario, st Strategy) (Result, error) {
 			defer func() { f.fail(lua.err) }()
 			s = lua
 		}
-		if hyb, err = newHybrid(f, s); err != nil {
+		if !inBubble {
+			return Result{}, fmt.Errorf("%w: the hybrid strategy runs in a synctest bubble", ErrInvalidScenario)
+		}
+		b := newBubble(&f.e)
+		defer b.close()
+		if hyb, err = newHybrid(f, s, b); err != nil {
 			return Result{}, err
 		}
 		f.strat = hyb
@@ -94,8 +109,10 @@ func Run(sc Scenario, st Strategy) (Result, error) {
 	if sc.FastBy != 0 {
 		res.FastServer = fmt.Sprintf("srv%d +%v", sc.FastServer, sc.FastBy)
 	}
+	if hyb != nil {
+		hyb.report(&res)
+	}
 	res.Events = f.e.events
-	res.WallMS = float64(time.Since(start).Microseconds()) / 1000
 	return res, nil
 }
 
@@ -111,11 +128,3 @@ func startMiniredis() (*luaScripts, func(), error) {
 	}
 	return &luaScripts{ev: d, mini: m}, m.Close, nil
 }
-
-// newGuard returns the breaker of server s.
-func (f *fleet) newGuard(s *server) guard { return noGuard{} }
-
-type noGuard struct{}
-
-func (noGuard) allow(time.Duration) bool { return true }
-func (noGuard) done(time.Duration, bool) {}

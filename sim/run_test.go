@@ -20,11 +20,11 @@ func TestRunIsDeterministic(t *testing.T) {
 		Keys: 10, Balancer: Skewed, Outage: Window{Start: 300 * time.Millisecond, End: 500 * time.Millisecond},
 		Churn: []Change{{At: 600 * time.Millisecond, Servers: 15}, {At: 800 * time.Millisecond, Servers: 25}}}
 	for _, st := range []Strategy{Naive, Script, ScriptCallerClock, Hybrid, LocalOnly} {
-		a, err := Run(sc, st)
+		a, err := Run(t, sc, st)
 		if err != nil {
 			t.Fatal(err)
 		}
-		b, err := Run(sc, st)
+		b, err := Run(t, sc, st)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -33,7 +33,7 @@ func TestRunIsDeterministic(t *testing.T) {
 		}
 		sc2 := sc
 		sc2.Seed = 2
-		c, err := Run(sc2, st)
+		c, err := Run(t, sc2, st)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -57,12 +57,12 @@ func TestModelRunsMatchMiniredis(t *testing.T) {
 	base.Name = "hot"
 	for _, sc := range []Scenario{base, many, outage, churn} {
 		t.Run(sc.Name, func(t *testing.T) {
-			lua, err := Run(sc, Hybrid)
+			lua, err := Run(t, sc, Hybrid)
 			if err != nil {
 				t.Fatal(err)
 			}
 			sc.GoModel = true
-			mod, err := Run(sc, Hybrid)
+			mod, err := Run(t, sc, Hybrid)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -95,14 +95,14 @@ func TestScenarioValidation(t *testing.T) {
 	for _, c := range cases {
 		sc := ok
 		c.edit(&sc)
-		if _, err := Run(sc, Script); !errors.Is(err, ErrInvalidScenario) {
+		if _, err := Run(t, sc, Script); !errors.Is(err, ErrInvalidScenario) {
 			t.Errorf("%s: err = %v, want ErrInvalidScenario", c.name, err)
 		}
 	}
-	if _, err := Run(ok, "carrier pigeon"); !errors.Is(err, ErrInvalidScenario) {
+	if _, err := Run(t, ok, "carrier pigeon"); !errors.Is(err, ErrInvalidScenario) {
 		t.Errorf("unknown strategy: err = %v", err)
 	}
-	if _, err := Run(ok, Script); err != nil {
+	if _, err := Run(t, ok, Script); err != nil {
 		t.Errorf("valid scenario: %v", err)
 	}
 }

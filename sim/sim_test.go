@@ -5,9 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -42,42 +40,30 @@ type outcome struct {
 	err error
 }
 
-// runSuites runs every run of every suite on GOMAXPROCS workers and returns the outcomes by
-// suite, in the suites' order.
-func runSuites(ss []suite) [][]outcome {
+// runSuites runs every run of every suite as parallel subtests of t (so GOMAXPROCS of them
+// at once) and returns the outcomes by suite, in the suites' order. Hybrid runs go first:
+// they are the longest.
+func runSuites(t *testing.T, ss []suite) [][]outcome {
 	out := make([][]outcome, len(ss))
-	type job struct{ i, j int }
-	jobs := make(chan job)
-	var wg sync.WaitGroup
-	for range runtime.GOMAXPROCS(0) {
-		wg.Go(func() {
-			for jb := range jobs {
-				r := ss[jb.i].runs[jb.j]
-				res, err := Run(r.sc, r.st)
-				out[jb.i][jb.j] = outcome{run: r, res: res, err: err}
-			}
-		})
-	}
 	for i, s := range ss {
 		out[i] = make([]outcome, len(s.runs))
 	}
-	// Longest runs first keeps both workers busy to the end.
-	for i, s := range ss {
-		for j, r := range s.runs {
-			if r.st == Hybrid {
-				jobs <- job{i, j}
+	t.Run("runs", func(t *testing.T) {
+		for _, hybridFirst := range []bool{true, false} {
+			for i, s := range ss {
+				for j, r := range s.runs {
+					if (r.st == Hybrid) != hybridFirst {
+						continue
+					}
+					t.Run(s.name+"/"+r.name(), func(t *testing.T) {
+						t.Parallel()
+						res, err := Run(t, r.sc, r.st)
+						out[i][j] = outcome{run: r, res: res, err: err}
+					})
+				}
 			}
 		}
-	}
-	for i, s := range ss {
-		for j, r := range s.runs {
-			if r.st != Hybrid {
-				jobs <- job{i, j}
-			}
-		}
-	}
-	close(jobs)
-	wg.Wait()
+	})
 	return out
 }
 
@@ -91,7 +77,7 @@ func TestFleet(t *testing.T) {
 	}
 	ss := selected(suites(sc, *seedFlag))
 	start := time.Now()
-	all := runSuites(ss)
+	all := runSuites(t, ss)
 	t.Logf("%d runs in %v of wall time", countRuns(ss), time.Since(start).Round(time.Millisecond))
 
 	byName := map[string][]outcome{}
@@ -200,9 +186,13 @@ func table(name string, os []outcome) string {
 	for _, o := range os {
 		if r := o.res; r.Outage != nil {
 			u := r.Outage
-			fmt.Fprintf(&b, "  during outage, %-26s admitted %s/s of %s/s demand (%.3f× limit), p99 %.0f µs, max %.0f µs, %d Redis calls\n",
+			fmt.Fprintf(&b, "  during outage, %-26s admitted %s/s of %s/s demand (%.3f× limit), p99 %.0f µs, max %.0f µs, %d Redis calls",
 				o.name()+":", num(float64(int64(u.AdmittedPerS))), num(float64(int64(u.DemandPerS))), u.OverLimit,
 				u.P99DecisionUS, u.MaxDecisionUS, u.CallsDuring)
+			if u.BreakerOpenS >= 0 && r.BreakerTransitions > 0 {
+				fmt.Fprintf(&b, ", first breaker open after %.0f ms, last closed %.2f s after", 1000*u.BreakerOpenS, u.BreakerClosedS)
+			}
+			fmt.Fprintf(&b, "\n    decisions: %v\n", u.Sources)
 		}
 	}
 	return b.String()
