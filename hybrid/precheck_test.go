@@ -1,0 +1,102 @@
+package hybrid
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// TestPreCheckNeverDeniesWhatTheBucketWouldAllow drives the production decision path
+// (limit.decide: the pre-check and the lease under one key lock) for one server whose
+// pre-check is the default, the limit's own rate and burst, against an in-memory global
+// bucket that answers refills at once, over random demand, costs, pauses, lease expiries
+// and evictions. "The global bucket alone" is the source article's script per request:
+// a bucket of the same rate and burst that spends exactly the requests admitted. The
+// pre-check must never deny a request that bucket would allow, so its tokens must never
+// fall below that bucket's: a pre-check that spent on requests the lease then denied or
+// made wait, or that started a new key less than full, would fail here.
+//
+// (It may deny what the lease-holding global bucket could still serve: that bucket refills
+// while this server holds leased tokens, the L of the bound burst + rate·T + L. One server
+// then admits at most burst + rate·T, as with the script per request.)
+func TestPreCheckNeverDeniesWhatTheBucketWouldAllow(t *testing.T) {
+	seeds := 300
+	if testing.Short() {
+		seeds = 40
+	}
+	const eps = 1e-6
+	for seed := range seeds {
+		r := rand.New(rand.NewPCG(uint64(seed), 7))
+		rateLimit := float64(1 + r.IntN(500))
+		burst := 1 + r.IntN(200)
+		lc, err := LeaseConfig{Rate: rateLimit, Burst: burst, Servers: 1,
+			Lifetime: time.Duration(1+r.IntN(300)) * ms}.Normalize()
+		if err != nil {
+			t.Fatal(err)
+		}
+		lm := &limit{preRate: rate.Limit(rateLimit), preBurst: burst, seed: uint64(seed),
+			fill: time.Duration(float64(burst) / rateLimit * float64(time.Second))}
+		lm.lease.Store(&lc)
+		var e entry
+		now := t0
+		lm.initEntry(&e, "k", now)
+		g := modelBucket{capacity: float64(burst), rate: rateLimit, tokens: float64(burst), ts: now}
+		alone := g // the global bucket alone: spends what is admitted
+		maxCost := 1 + r.IntN(min(burst, 5))
+		admitted, preDenied := 0, 0
+		for step := range 3000 {
+			now = now.Add(time.Duration(r.ExpFloat64() * float64(time.Second) / (rateLimit * 3)))
+			if r.IntN(200) == 0 && alone.tokensAt(now) == float64(burst) {
+				// Evicted once idle (the store's idle timeout outlasts a refill of the
+				// pre-check): the lease is refunded, the key starts afresh and full.
+				g.refund(now, e.lease.Drain())
+				lm.initEntry(&e, "k", now)
+			}
+			n := 1 + r.IntN(maxCost)
+			first := true
+			for tries := 0; ; tries++ {
+				if tries > 10 {
+					t.Fatalf("seed %d step %d: no decision after 10 refills", seed, step)
+				}
+				d, st, f := lm.decide(&e, now, "k", n, first)
+				first = false
+				g.refund(now, st.Refund)
+				if d.Source == SourcePreCheck {
+					preDenied++
+					if have := alone.tokensAt(now); have >= float64(n)-eps {
+						t.Fatalf("seed %d step %d: the pre-check denied a cost of %d that the bucket alone (%.3f) would allow",
+							seed, step, n, have)
+					}
+					break
+				}
+				if st.Refill.Want > 0 {
+					ans := g.take(now, st.Refill.Want, st.Refill.Min)
+					e.flight = nil
+					g.refund(now, e.lease.Granted(&lc, now, f.seq, ans))
+				}
+				if st.Action == Allow {
+					admitted++
+					alone.refill(now)
+					alone.tokens -= float64(n)
+				}
+				if st.Action != Wait {
+					break
+				}
+			}
+			if p, a := e.pre.TokensAt(now), alone.tokensAt(now); p < a-eps {
+				t.Fatalf("seed %d step %d: the pre-check holds %.4f, the bucket alone %.4f", seed, step, p, a)
+			}
+		}
+		if seed == 0 {
+			t.Logf("seed 0: rate %v burst %d: %d admitted, %d denied by the pre-check", rateLimit, burst, admitted, preDenied)
+		}
+	}
+}
+
+// tokensAt is the bucket's level at now.
+func (b *modelBucket) tokensAt(now time.Time) float64 {
+	b.refill(now)
+	return b.tokens
+}
