@@ -1,0 +1,87 @@
+package hybrid_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/hybrid"
+)
+
+// A limiter as a server of a fleet wires it: one go-redis client configured as the
+// library recommends, a store, a breaker, and limits that each choose their failure
+// policy. Here an embedded miniredis with a frozen clock stands in for Redis.
+func Example() {
+	m := miniredis.NewMiniRedis()
+	if err := m.Start(); err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	m.SetTime(time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)) // the scripts read Redis TIME
+
+	opts := &redis.Options{Addr: m.Addr()}
+	global.Configure(opts) // no retries of a timed-out script, short timeouts
+	rdb := redis.NewClient(opts)
+	defer rdb.Close()
+	store, err := global.New(rdb)
+	if err != nil {
+		panic(err)
+	}
+	// One breaker per Redis. In production keep the call timeout at 5-20ms; the example
+	// allows a slow machine a whole second so that its output never changes.
+	brk, err := breaker.New(breaker.Settings{Timeout: time.Second, IsFailure: global.IsUnavailable})
+	if err != nil {
+		panic(err)
+	}
+	frozen := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	lim, err := hybrid.New(store, hybrid.Config{
+		FleetSize: 4, // or Fleet: "api-servers" to count live servers in Redis
+		Breaker:   brk,
+		Seed:      1,
+		Now:       func() time.Time { return frozen },
+		Limits: []hybrid.Limit{
+			// 1 upload a minute per tenant, bursts of 8, fleet-wide; while Redis is away,
+			// each server admits its share (2/min/4 servers, bursts of 2).
+			{Name: "upload", Rate: 1.0 / 60, Burst: 8, Policy: breaker.FailLocal(), Timeout: time.Second},
+		},
+	})
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	show := func(tenant string) {
+		d, err := lim.Allow(ctx, "upload", tenant)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("%s allowed=%-5v source=%-8v reason=%s\n", tenant, d.Allowed, d.Source, d.Reason)
+	}
+	// The first request waits for a refill from Redis; later ones use the tokens this
+	// server leased. When the bucket runs low the server is paced: it leaves the rest to
+	// the other servers and does not ask Redis again until the fleet's round refills.
+	for range 6 {
+		show("tenant-42")
+	}
+	m.SetError("LOADING Redis is loading the dataset in memory") // Redis goes away
+	for range 3 {
+		show("tenant-7")
+	}
+	if err := lim.Close(ctx); err != nil { // refunds the tokens this server still holds
+		fmt.Println("close:", err)
+	}
+	// Output:
+	// tenant-42 allowed=true  source=global   reason=refill granted
+	// tenant-42 allowed=true  source=global   reason=refill granted
+	// tenant-42 allowed=true  source=lease    reason=lease
+	// tenant-42 allowed=true  source=global   reason=refill granted
+	// tenant-42 allowed=true  source=lease    reason=lease
+	// tenant-42 allowed=false source=lease    reason=paced after contention
+	// tenant-7 allowed=true  source=fallback reason=redis unavailable
+	// tenant-7 allowed=true  source=fallback reason=redis unavailable
+	// tenant-7 allowed=false source=fallback reason=redis unavailable
+}
