@@ -12,7 +12,7 @@ local function num(s)
 end
 
 local ttl = num(ARGV[2])
-if not ttl or ttl < 1 or ttl == math.huge then
+if not (ttl and ttl >= 1 and ttl < 2^53) then
   return redis.error_reply('ERR fleetlimit heartbeat: invalid arguments')
 end
 ttl = math.ceil(ttl)

@@ -419,6 +419,23 @@ func TestInvalidArguments(t *testing.T) {
 			{"refund rate -1", lua.Refund, []any{10, -1, 1, "s", 1}},
 			{"refund amount -1", lua.Refund, []any{10, 1, -1, "s", 1}},
 			{"heartbeat ttl 0", lua.Heartbeat, []any{"s", 0}},
+			// NaN passes every "x < bound" test; Lua's tonumber reads "nan" on real Redis.
+			{"take capacity nan", lua.Take, []any{"nan", 1, 1, 1, "s", 1}},
+			{"take want nan", lua.Take, []any{10, 1, "nan", 1, "s", 1}},
+			{"take min nan", lua.Take, []any{10, 1, 1, "nan", "s", 1}},
+			{"take seq nan", lua.Take, []any{10, 1, 1, 1, "s", "nan"}},
+			{"take capacity inf", lua.Take, []any{"inf", 1, 1, 1, "s", 1}},
+			{"refund capacity nan", lua.Refund, []any{"nan", 1, 1, "s", 1}},
+			{"refund amount nan", lua.Refund, []any{10, 1, "nan", "s", 1}},
+			{"refund amount inf", lua.Refund, []any{10, 1, "inf", "s", 1}},
+			{"heartbeat ttl nan", lua.Heartbeat, []any{"s", "nan"}},
+			// A fractional want would spend 1.5 tokens and answer 1 (integer reply).
+			{"take want 1.5", lua.Take, []any{10, 1, 1.5, 1, "s", 1}},
+			{"take min 0.5", lua.Take, []any{10, 1, 2, 0.5, "s", 1}},
+			// The TTL would not be an integer PEXPIRE accepts: the HSET would stay,
+			// without expiry, and the call would fail after writing.
+			{"take ttl too long", lua.Take, []any{100000, 1e-15, 1, 1, "s", 1}},
+			{"refund ttl too long", lua.Refund, []any{100000, 1e-15, 1, "s", 1}},
 		} {
 			err := tc.s.Run(context.Background(), tg.Client, []string{key}, tc.args...).Err()
 			if err == nil {

@@ -19,8 +19,10 @@ local capacity = num(ARGV[1])
 local rate     = num(ARGV[2])
 local amount   = num(ARGV[3])
 local seq      = num(ARGV[5])
-if not (capacity and rate and amount and seq) or capacity < 1 or not (rate > 0)
-    or rate == math.huge or amount < 0 then
+-- Every test is written so that NaN fails it (see take.lua).
+if not (capacity and rate and amount and seq) or not (capacity >= 1 and capacity < math.huge)
+    or not (rate > 0 and rate < math.huge) or not (amount >= 0 and amount < math.huge)
+    or seq ~= seq or not (math.ceil(capacity / rate * 1000) + 1000 < 2^53) then
   return redis.error_reply('ERR fleetlimit refund: invalid arguments')
 end
 local field = 'r:' .. ARGV[4]

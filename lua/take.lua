@@ -28,8 +28,13 @@ local rate     = num(ARGV[2])
 local want     = num(ARGV[3])
 local min      = num(ARGV[4])
 local seq      = num(ARGV[6])
-if not (capacity and rate and want and min and seq) or capacity < 1 or not (rate > 0)
-    or rate == math.huge or want < 1 or min < 0 or min > want then
+-- Every test is written so that NaN fails it (Lua's tonumber reads 'nan' and 'inf'); want
+-- and min are whole numbers; the TTL must stay an exact integer (< 2^53 ms) that PEXPIRE
+-- accepts, as global.Limit.Validate requires.
+if not (capacity and rate and want and min and seq) or not (capacity >= 1 and capacity < math.huge)
+    or not (rate > 0 and rate < math.huge) or not (want >= 1 and want < math.huge)
+    or not (min >= 0 and min <= want) or want ~= math.floor(want) or min ~= math.floor(min)
+    or seq ~= seq or not (math.ceil(capacity / rate * 1000) + 1000 < 2^53) then
   return redis.error_reply('ERR fleetlimit take: invalid arguments')
 end
 local field = 't:' .. ARGV[5]
