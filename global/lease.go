@@ -31,19 +31,36 @@ type Grant struct {
 //
 // Take is idempotent: each call carries this Store's server id and a fresh sequence
 // number, and a replay of the same call (a client retry after a timeout) is answered
-// from the record in the bucket, spending nothing. Errors wrap ErrInvalidLimit (no call
+// from the record in the bucket, spending nothing. Concurrent Takes of one bucket
+// through one Store are fine: one that Redis sees after a later one is sent again
+// (see maxStale) rather than answered with 0. Errors wrap ErrInvalidLimit (no call
 // made), ErrUnavailable or ErrRedis; a timed-out Take may have been granted in Redis.
 func (s *Store) Take(ctx context.Context, lim Limit, key string, want, min int) (Grant, error) {
 	if err := checkTake(lim, want, min); err != nil {
 		return Grant{}, err
 	}
-	reply, err := lua.Take.Run(ctx, s.c, []string{bucketKey(s.prefix, lim.Name, key)},
-		lim.Burst, lim.Rate, want, min, s.serverID, s.nextSeq()).Slice()
-	if err != nil {
-		return Grant{}, wrap("take", err)
+	keys := []string{bucketKey(s.prefix, lim.Name, key)}
+	for attempt := 1; ; attempt++ {
+		reply, err := lua.Take.Run(ctx, s.c, keys, lim.Burst, lim.Rate, want, min, s.serverID, s.nextSeq()).Slice()
+		if err != nil {
+			return Grant{}, wrap("take", err)
+		}
+		g, flag, err := parseGrant(reply)
+		if err != nil || flag != lua.Stale || attempt == maxStale {
+			return g, err
+		}
 	}
-	return parseGrant(reply)
 }
+
+// maxStale is how many times Take sends a take that Redis answered as stale.
+//
+// A Store is safe for concurrent use, so two goroutines may take from one bucket at
+// once, and their sequence numbers may reach Redis out of order (two connections). The
+// script then answers the older call as stale: it spent nothing and granted 0, to guard
+// against a late replay. That is not the bucket's answer, so the take goes again with
+// a fresh (larger) sequence number. This does not spend twice: a stale call spent
+// nothing. It repeats only while other takes of the same bucket keep overtaking it.
+const maxStale = 4
 
 func checkTake(lim Limit, want, min int) error {
 	if err := lim.Validate(); err != nil {
@@ -58,27 +75,30 @@ func checkTake(lim Limit, want, min int) error {
 	return nil
 }
 
-func parseGrant(reply []any) (Grant, error) {
+// parseGrant decodes lua.Take's reply and its replay flag (lua.Fresh, lua.Replayed or
+// lua.Stale).
+func parseGrant(reply []any) (Grant, int64, error) {
 	if len(reply) != 5 {
-		return Grant{}, unexpected("take", "want 5 values")
+		return Grant{}, 0, unexpected("take", "want 5 values")
 	}
 	granted, ok1 := reply[0].(int64)
 	left, ok2 := reply[1].(string)
 	wait, ok3 := reply[2].(int64)
 	now, ok4 := reply[3].(int64)
-	if !ok1 || !ok2 || !ok3 || !ok4 {
-		return Grant{}, unexpected("take", "want {integer, string, integer, integer, integer}")
+	flag, ok5 := reply[4].(int64)
+	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 {
+		return Grant{}, 0, unexpected("take", "want {integer, string, integer, integer, integer}")
 	}
 	tokens, err := strconv.ParseFloat(left, 64)
 	if err != nil {
-		return Grant{}, unexpected("take", "tokens not a number")
+		return Grant{}, 0, unexpected("take", "tokens not a number")
 	}
 	return Grant{
 		Granted:   int(granted),
 		Remaining: tokens,
 		Wait:      time.Duration(wait) * time.Millisecond,
 		Now:       time.UnixMilli(now),
-	}, nil
+	}, flag, nil
 }
 
 // Refund puts n unused tokens back into the bucket of lim and key, capped at its
@@ -204,7 +224,13 @@ func (s *Store) TakeBatch(ctx context.Context, reqs []TakeRequest, out []TakeRes
 			out[i] = TakeResult{Err: wrap("take", err)}
 			continue
 		}
-		g, err := parseGrant(reply)
+		g, flag, err := parseGrant(reply)
+		if err == nil && flag == lua.Stale {
+			// Overtaken by a concurrent take of the same bucket (see maxStale): it
+			// spent nothing; take again on its own.
+			r := reqs[i]
+			g, err = s.Take(ctx, r.Limit, r.Key, r.Want, r.Min)
+		}
 		out[i] = TakeResult{Grant: g, Err: err}
 	}
 	return firstErr(out)

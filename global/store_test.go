@@ -3,6 +3,7 @@ package global_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"strconv"
 	"strings"
@@ -777,4 +778,77 @@ func TestRetriedTakeSpendsOnce(t *testing.T) {
 func redistestTimeout(err error) bool {
 	var ne interface{ Timeout() bool }
 	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// staleHook runs one other Take of the same bucket, through the same Store, just before
+// the first take script it sees goes out: the later sequence number reaches Redis
+// first, as it does when two goroutines take from one key at once over two connections.
+type staleHook struct {
+	fired atomic.Bool
+	other func()
+}
+
+func (h *staleHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *staleHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && h.fired.CompareAndSwap(false, true) {
+			h.other()
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *staleHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && h.fired.CompareAndSwap(false, true) {
+				h.other()
+				break
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestConcurrentTakesOfOneKeyAreNotStale: a Store is safe for concurrent use, so two
+// goroutines may take from one bucket at once, and their sequence numbers may reach
+// Redis out of order. The script answers the older one as stale (nothing spent, 0
+// granted); Take and TakeBatch must not pass that on as "the bucket is empty" while it
+// holds tokens.
+func TestConcurrentTakesOfOneKeyAreNotStale(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
+			redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+				ctx := context.Background()
+				lim := global.Limit{Name: lname(t), Rate: 1e-4, Burst: 100}
+				h := &staleHook{}
+				tg.Client.AddHook(h)
+				s := newStore(t, tg.Client)
+				h.other = func() {
+					if g, err := s.Take(ctx, lim, "k", 10, 1); err != nil || g.Granted != 10 {
+						t.Errorf("other take: %+v, %v", g, err)
+					}
+				}
+				var g global.Grant
+				if batch {
+					out := make([]global.TakeResult, 1)
+					err := s.TakeBatch(ctx, []global.TakeRequest{{Limit: lim, Key: "k", Want: 5, Min: 5}}, out)
+					if err != nil {
+						t.Fatal(err)
+					}
+					g = out[0].Grant
+				} else {
+					var err error
+					if g, err = s.Take(ctx, lim, "k", 5, 5); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if !h.fired.Load() {
+					t.Fatal("the hook did not run")
+				}
+				if g.Granted != 5 || !near(g.Remaining, 85, 1e-3) {
+					t.Fatalf("take with 90 tokens in the bucket = %+v, want 5 granted and 85 left", g)
+				}
+			})
+		})
+	}
 }
