@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"math"
 	"slices"
 	"time"
 )
@@ -237,7 +238,7 @@ func (r *recorder) result(st Strategy) Result {
 	res.MaxDecisionUS = percentile(r.lat, 1)
 	sec := binWidth.Seconds()
 	for i, b := range r.bins[:len(r.bins)-1] {
-		bin := Bin{AtS: float64(i) * sec, AdmittedPerS: float64(b.admitted) / sec, DemandPerS: float64(b.demand) / sec, Servers: b.servers}
+		bin := Bin{AtS: math.Round(float64(i)*sec*1000) / 1000, AdmittedPerS: float64(b.admitted) / sec, DemandPerS: float64(b.demand) / sec, Servers: b.servers}
 		if b.decided > 0 {
 			bin.FallbackShare = float64(b.fallback) / float64(b.decided)
 		}

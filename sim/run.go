@@ -17,8 +17,9 @@ import (
 // scripts, which TestModelMatchesScripts holds to the Lua; Hybrid runs the real scripts of
 // package lua on an embedded miniredis whose clock follows the virtual one.
 //
-// Hybrid runs inside a testing/synctest bubble (hence t): the breaker package's breakers
-// and deadlines read time.Now, and in the bubble that clock is kept on the virtual one.
+// Hybrid runs inside a testing/synctest bubble of t: the breaker package's breakers and
+// deadlines read time.Now, and in the bubble that clock is kept on the virtual one. The
+// other strategies do not use t, which may then be nil.
 func Run(t *testing.T, sc Scenario, st Strategy) (res Result, err error) {
 	start := time.Now()
 	if st != Hybrid {

@@ -108,3 +108,21 @@ func TestScenarioValidation(t *testing.T) {
 }
 
 func nan() float64 { var z float64; return z / z }
+
+// TestNaiveRacesAsTheArticleTrace replays the source article's trace: two servers share a
+// bucket with one token; both read it before either writes. The naive read-modify-write
+// admits both requests; the seed script, one.
+func TestNaiveRacesAsTheArticleTrace(t *testing.T) {
+	sc := Scenario{Name: "trace", Servers: 2, Duration: 100 * time.Microsecond, Jitter: -1,
+		Rate: 0.001, Burst: 1, Demand: 20000} // two requests within 0.1 ms: both read first
+	want := map[Strategy]int64{Naive: 2, Script: 1}
+	for st, n := range want {
+		r, err := Run(t, sc, st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Requests != 2 || r.Admitted+r.AdmittedLate != n {
+			t.Errorf("%s: %d requests, %d admitted; want 2 requests, %d admitted", st, r.Requests, r.Admitted+r.AdmittedLate, n)
+		}
+	}
+}

@@ -142,8 +142,12 @@ func header(name string, o outcome) string {
 	if sc.Keys > 1 {
 		fmt.Fprintf(&b, " over %d keys (Zipf s=%.1f)", sc.Keys, sc.ZipfS)
 	}
-	fmt.Fprintf(&b, ", %s LB, RTT %v±%v, script %v, T %v",
-		sc.Balancer, sc.RTT, sc.Jitter, sc.ScriptTime, sc.Duration)
+	lb := "uniform LB"
+	if sc.Balancer == Skewed {
+		lb = "skewed LB (half the requests to 10% of the servers)"
+	}
+	fmt.Fprintf(&b, ", %s, RTT %v±%v, Redis %v per script call, T %v",
+		lb, sc.RTT, sc.Jitter, sc.ScriptTime, sc.Duration)
 	if w := sc.Outage; w.End > w.Start {
 		fmt.Fprintf(&b, ", Redis down %v-%v, call deadline %v", w.Start, w.End, sc.Deadline)
 	}
