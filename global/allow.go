@@ -42,6 +42,11 @@ func (s *Store) AllowN(ctx context.Context, lim Limit, key string, n int) (Resul
 	if err != nil {
 		return Result{}, wrap("allow", err)
 	}
+	return parseResult(reply, lim, n)
+}
+
+// parseResult decodes lua.Bucket's reply for a request of cost n.
+func parseResult(reply []any, lim Limit, n int) (Result, error) {
 	if len(reply) != 2 {
 		return Result{}, unexpected("allow", "want 2 values")
 	}
