@@ -14,8 +14,10 @@ func (lm *limit) initEntry(e *entry, key string, now time.Time) {
 	start := now.Add(-lm.fill - time.Second)
 	e.pre.SetLimitAt(start, lm.preRate)
 	e.pre.SetBurstAt(start, lm.preBurst)
-	e.lease = NewLease(lm.seed ^ hashKey(key))
+	h := hashKey(key)
+	e.lease = NewLease(lm.seed ^ h)
 	e.flight = nil
+	e.slot = uint8(h % counterShards)
 }
 
 // hashKey is FNV-1a, to give each key its own jitter seed.
@@ -42,7 +44,7 @@ func (l *Limiter) Allow(ctx context.Context, limit, key string) (Decision, error
 // Redis failure is not an error: the limit's policy decides, and the Decision says so.
 // Cost 0 is allowed and spends nothing.
 func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (Decision, error) {
-	lm := l.limits[limit]
+	lm := l.lookup(limit)
 	switch {
 	case lm == nil:
 		return Decision{RetryAfter: InfDuration}, ErrUnknownLimit
@@ -65,24 +67,45 @@ func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (Decisio
 // outside it (queue a refund, send a refill). f is the refill to wait for, nil once the
 // request is decided; ok is false when the Limiter is closed.
 func (l *Limiter) pass(lm *limit, key string, n int, first bool) (d Decision, f *flight, ok bool) {
-	var st Step
+	var o outcome
 	if !lm.keys.Update(l.now(), key, func(e *entry, t time.Time) {
-		d, st, f = lm.decide(e, t, key, n, first)
+		lm.decide(&o, e, t, key, n, first)
 	}) {
-		return d, nil, false
+		return o.d, nil, false
 	}
-	d.Servers = int(l.servers.Load())
-	if st.Refund > 0 {
-		l.queueRefund(lm, key, st.Refund)
+	o.d.Servers = int(l.servers.Load())
+	if o.st.Refund > 0 {
+		l.queueRefund(lm, key, o.st.Refund)
 	}
-	if st.Refill.Want > 0 {
-		l.send(f)
+	if o.st.Refill.Want > 0 {
+		l.send(o.f)
 	}
-	if st.Action != Wait {
-		l.stats.count(d.Source)
-		return d, nil, true
+	if o.st.Action != Wait {
+		l.stats.count(o.slot, o.d.Source)
+		return o.d, nil, true
 	}
-	return d, f, true
+	return o.d, o.f, true
+}
+
+// outcome is what decide found, filled in under the key's lock.
+type outcome struct {
+	d    Decision
+	st   Step
+	f    *flight
+	slot uint8 // the key's counter shard
+}
+
+// lookup finds the named limit: a scan for a few limits (no hashing), else the map.
+func (l *Limiter) lookup(name string) *limit {
+	if l.byName != nil {
+		return l.byName[name]
+	}
+	for _, lm := range l.list {
+		if lm.cfg.Name == name {
+			return lm
+		}
+	}
+	return nil
 }
 
 // decide runs the pre-check and the lease for one request, under the key's lock. On the
@@ -91,42 +114,43 @@ func (l *Limiter) pass(lm *limit, key string, n int, first bool) (d Decision, f 
 // first, and spends only if the lease allows, so a request the lease denies or makes wait
 // costs the pre-check nothing: for one server the default pre-check (the fleet's own
 // rate and burst) then never denies what the global bucket alone would allow.
-func (lm *limit) decide(e *entry, t time.Time, key string, n int, first bool) (Decision, Step, *flight) {
+func (lm *limit) decide(o *outcome, e *entry, t time.Time, key string, n int, first bool) {
 	c := lm.lease.Load()
-	var st Step
+	o.slot = e.slot
 	if e.lease.CanServe(c, t, n) {
 		if !e.pre.AllowN(t, n) {
-			return lm.preDenied(e, t, n), st, nil
+			o.d = lm.preDenied(e, t, n)
+			return
 		}
-		st = e.lease.Acquire(c, t, n)
+		e.lease.acquire(c, t, n, &o.st)
 	} else {
 		if n > 0 && e.pre.TokensAt(t) < float64(n) {
-			return lm.preDenied(e, t, n), st, nil
+			o.d = lm.preDenied(e, t, n)
+			return
 		}
 		if first {
-			st = e.lease.Acquire(c, t, n)
+			e.lease.acquire(c, t, n, &o.st)
 		} else {
-			st = e.lease.Recheck(c, t, n)
+			o.st = e.lease.Recheck(c, t, n)
 		}
-		if st.Action == Allow {
+		if o.st.Action == Allow {
 			e.pre.AllowN(t, n)
 		}
 	}
-	var f *flight
+	st := &o.st
 	if st.Refill.Want > 0 {
-		f = &flight{lim: lm, key: key, seq: st.Refill.Seq, want: st.Refill.Want, min: st.Refill.Min, done: make(chan struct{})}
-		e.flight = f
+		o.f = &flight{lim: lm, key: key, seq: st.Refill.Seq, want: st.Refill.Want, min: st.Refill.Min, done: make(chan struct{})}
+		e.flight = o.f
 	} else if st.Action == Wait {
-		f = e.flight
+		o.f = e.flight
 	}
-	d := Decision{Allowed: st.Action == Allow, Remaining: st.Remaining, RetryAfter: st.RetryAfter, Source: SourceLease, Reason: st.Reason}
+	o.d = Decision{Allowed: st.Action == Allow, Remaining: st.Remaining, RetryAfter: st.RetryAfter, Source: SourceLease, Reason: st.Reason}
 	if !first && st.Action != Wait {
-		d.Source = SourceGlobal
-		if d.Allowed {
-			d.Reason = ReasonGranted
+		o.d.Source = SourceGlobal
+		if o.d.Allowed {
+			o.d.Reason = ReasonGranted
 		}
 	}
-	return d, st, f
 }
 
 // preDenied is the decision of an empty pre-check bucket.

@@ -30,6 +30,7 @@ func (l *Limiter) fallback(lm *limit, key string, n int, why Reason) Decision {
 	now := l.now()
 	servers := int(l.servers.Load())
 	d := Decision{Source: SourceFallback, Reason: why, Servers: servers}
+	slot := uint8(hashKey(key) % counterShards)
 	d.Allowed = lm.fallback.AllowN(now, key, n)
 	if !d.Allowed {
 		r, _, ok := lm.cfg.Policy.LocalLimit(lm.cfg.Rate, lm.cfg.Burst, servers, lm.cfg.MaxCost)
@@ -41,17 +42,18 @@ func (l *Limiter) fallback(lm *limit, key string, n int, why Reason) Decision {
 	if d.Allowed && n > 0 {
 		pre := true
 		lm.keys.Update(now, key, func(e *entry, t time.Time) {
+			slot = e.slot
 			if pre = e.pre.AllowN(t, n); !pre {
 				d = lm.preDenied(e, t, n)
 			}
 		})
 		if !pre {
 			d.Servers = servers
-			l.stats.count(SourcePreCheck)
+			l.stats.count(slot, SourcePreCheck)
 			return d
 		}
 	}
-	l.stats.count(SourceFallback)
+	l.stats.count(slot, SourceFallback)
 	return d
 }
 

@@ -319,22 +319,32 @@ func (l *Lease) PacedUntil() time.Time {
 // Acquire answers a new request of cost n at now, and counts it in the demand estimate.
 // Cost 0 is allowed without spending anything.
 func (l *Lease) Acquire(c *LeaseConfig, now time.Time, n int) Step {
+	var st Step
+	l.acquire(c, now, n, &st)
+	return st
+}
+
+// acquire is Acquire writing its answer into st (a zero Step), without copying it.
+func (l *Lease) acquire(c *LeaseConfig, now time.Time, n int, st *Step) {
 	t := l.at(now)
 	if n > 0 {
 		l.roll(c, t)
 		l.cur += int64(n)
 	}
-	return l.decide(c, t, n)
+	l.decide(c, t, n, st)
 }
 
 // Recheck answers again a request that waited for a refill; unlike [Lease.Acquire] it does
 // not count the request's demand a second time.
 func (l *Lease) Recheck(c *LeaseConfig, now time.Time, n int) Step {
-	return l.decide(c, l.at(now), n)
+	var st Step
+	l.decide(c, l.at(now), n, &st)
+	return st
 }
 
-func (l *Lease) decide(c *LeaseConfig, t int64, n int) Step {
-	st := Step{Refund: l.expire(t)}
+// decide answers a request of cost n at offset t into st, a zero Step.
+func (l *Lease) decide(c *LeaseConfig, t int64, n int, st *Step) {
+	st.Refund = l.expire(t)
 	switch {
 	case n < 0:
 		st.Action, st.Reason = Deny, ReasonInvalidCost
@@ -361,7 +371,6 @@ func (l *Lease) decide(c *LeaseConfig, t int64, n int) Step {
 		st.Refill = l.start(want, need)
 	}
 	st.Remaining = l.tokens + l.bucket
-	return st
 }
 
 // prefetch starts a refill when the tokens on hand fell below the low watermark, no refill

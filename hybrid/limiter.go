@@ -152,6 +152,8 @@ type Limiter struct {
 	store  *global.Store
 	brk    *breaker.Breaker
 	limits map[string]*limit
+	list   []*limit          // the same limits, scanned by lookup when there are few
+	byName map[string]*limit // nil when there are few
 	now    func() time.Time
 	fleet  string
 	beat   time.Duration
@@ -191,6 +193,7 @@ type entry struct {
 	pre    rate.Limiter
 	lease  Lease
 	flight *flight // the refill in flight, nil if none
+	slot   uint8   // which shard of the Limiter's counters this key counts in
 }
 
 // flight is one refill on its way to Redis and back. Requests that wait for it select on
@@ -275,6 +278,12 @@ func New(store *global.Store, cfg Config) (*Limiter, error) {
 			return nil, err
 		}
 		l.limits[lc.Name] = lm
+	}
+	for _, lc := range cfg.Limits {
+		l.list = append(l.list, l.limits[lc.Name])
+	}
+	if len(l.list) > 8 {
+		l.byName = l.limits
 	}
 	l.wg.Add(1)
 	go l.refiller()

@@ -60,7 +60,9 @@ func TestPreCheckNeverDeniesWhatTheBucketWouldAllow(t *testing.T) {
 				if tries > 10 {
 					t.Fatalf("seed %d step %d: no decision after 10 refills", seed, step)
 				}
-				d, st, f := lm.decide(&e, now, "k", n, first)
+				var o outcome
+				lm.decide(&o, &e, now, "k", n, first)
+				d, st, f := o.d, o.st, o.f
 				first = false
 				g.refund(now, st.Refund)
 				if d.Source == SourcePreCheck {

@@ -28,31 +28,42 @@ type Stats struct {
 	Breaker breaker.State
 }
 
+// counterShards spreads the per-decision counters over cache lines by key, so that
+// goroutines deciding for different keys do not write one line.
+const counterShards = 16
+
 type counters struct {
-	preCheck, lease, global, fallback, canceled atomic.Int64
+	decisions                                   [counterShards]decisionCounters
+	canceled                                    atomic.Int64
 	takes, roundTrips, refillErrors             atomic.Int64
 	granted, refunded, refundsLost, refundCalls atomic.Int64
 	heartbeats                                  atomic.Int64
 }
 
-func (c *counters) count(s Source) {
-	switch s {
-	case SourcePreCheck:
-		c.preCheck.Add(1)
-	case SourceLease:
-		c.lease.Add(1)
-	case SourceGlobal:
-		c.global.Add(1)
-	case SourceFallback:
-		c.fallback.Add(1)
+type decisionCounters struct {
+	bySource [SourceFallback + 1]atomic.Int64
+	_        [64 - 8*(SourceFallback+1)%64]byte
+}
+
+func (c *counters) count(slot uint8, s Source) {
+	if s <= SourceFallback {
+		c.decisions[slot%counterShards].bySource[s].Add(1)
 	}
+}
+
+func (c *counters) decided(s Source) int64 {
+	var n int64
+	for i := range c.decisions {
+		n += c.decisions[i].bySource[s].Load()
+	}
+	return n
 }
 
 // Stats returns the Limiter's counters.
 func (l *Limiter) Stats() Stats {
 	c := &l.stats
 	return Stats{
-		PreCheck: c.preCheck.Load(), Lease: c.lease.Load(), Global: c.global.Load(), Fallback: c.fallback.Load(),
+		PreCheck: c.decided(SourcePreCheck), Lease: c.decided(SourceLease), Global: c.decided(SourceGlobal), Fallback: c.decided(SourceFallback),
 		Canceled: c.canceled.Load(),
 		Takes:    c.takes.Load(), RoundTrips: c.roundTrips.Load(), RefillErrors: c.refillErrors.Load(),
 		Granted: c.granted.Load(), Refunded: c.refunded.Load(), RefundsLost: c.refundsLost.Load(), RefundCalls: c.refundCalls.Load(),
