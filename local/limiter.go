@@ -164,8 +164,9 @@ func (l *Limiter) Allow(key string) bool {
 
 // TokensAt returns the number of tokens key's bucket holds at instant now,
 // without taking any or making the key more recently used; a key that is
-// not held has a full bucket. Like AllowN, it never moves the key's time
-// backwards.
+// not held has a full bucket. An instant earlier than the key's latest
+// counts as that latest one, as in AllowN. It does not advance the key's
+// time, so looking at a key does not keep it from expiring when idle.
 func (l *Limiter) TokensAt(now time.Time, key string) float64 {
 	sh := l.store.shardFor(key)
 	sh.mu.Lock()
@@ -174,7 +175,18 @@ func (l *Limiter) TokensAt(now time.Time, key string) float64 {
 	if idle := l.store.IdleTimeout(); !ok || (idle > 0 && now.Sub(e.last) >= idle) {
 		return float64(l.cfg.Load().burst) // AllowN would start afresh
 	}
-	return e.val.lim.TokensAt(l.advance(e, now))
+	t := e.last
+	if now.After(t) {
+		t = now
+	}
+	if c := l.cfg.Load(); e.val.gen < c.gen {
+		// Applying the newer limit moves the bucket's time to when it was set;
+		// the key's time follows it (never beyond), so its idle time is not reset.
+		e.last = l.applyConfig(&e.val, c, e.last, t)
+	}
+	// rate.Limiter.TokensAt only reads: the key's time stays as it was, so
+	// looking does not keep an idle key alive.
+	return e.val.lim.TokensAt(t)
 }
 
 // advance moves the entry's time to max(now, its last instant), applies a
@@ -194,8 +206,9 @@ func (l *Limiter) advance(e *entry[bucket], now time.Time) time.Time {
 // applyConfig gives b the current limit if it has an older one: the old
 // limit applies until the instant SetLimitAt was called, clamped into
 // [prev, t] so the bucket's time never moves backwards. It requires that
-// b's shard is locked.
-func (l *Limiter) applyConfig(b *bucket, c *limitConfig, prev, t time.Time) {
+// b's shard is locked. It returns the instant the limit took effect, in
+// [prev, t].
+func (l *Limiter) applyConfig(b *bucket, c *limitConfig, prev, t time.Time) time.Time {
 	at := c.at
 	if at.Before(prev) {
 		at = prev
@@ -206,6 +219,7 @@ func (l *Limiter) applyConfig(b *bucket, c *limitConfig, prev, t time.Time) {
 	b.lim.SetLimitAt(at, c.r)
 	b.lim.SetBurstAt(at, c.burst)
 	b.gen = c.gen
+	return at
 }
 
 // SetLimitAt changes the rate and burst of every bucket, held or not, from

@@ -441,3 +441,24 @@ func FuzzLimiter(f *testing.F) {
 		}
 	})
 }
+
+// TestLimiterTokensAtIsReadOnly: TokensAt says it does not make a key more recently
+// used, so looking at a key (a metrics loop, say) must not keep it from expiring.
+func TestLimiterTokensAtIsReadOnly(t *testing.T) {
+	l := newTestLimiter(t, Config{Rate: 0.1, Burst: 10, MaxKeys: 64, Shards: 1, IdleTimeout: time.Second})
+	if !l.AllowN(at(0), "k", 1) {
+		t.Fatal("first AllowN denied")
+	}
+	for _, d := range []time.Duration{500 * time.Millisecond, 900 * time.Millisecond} {
+		if got := l.TokensAt(at(d), "k"); math.Abs(got-(9+0.1*d.Seconds())) > 1e-9 {
+			t.Fatalf("TokensAt(+%v) = %v", d, got)
+		}
+	}
+	// Idle since 0: at 1.2 s the key starts afresh, as AllowN would find it.
+	if got := l.TokensAt(at(1200*time.Millisecond), "k"); got != 10 {
+		t.Fatalf("TokensAt after the idle timeout = %v, want a full bucket (10)", got)
+	}
+	if got := l.Sweep(at(1200*time.Millisecond), 0); got != 1 {
+		t.Fatalf("Sweep after the idle timeout dropped %d keys, want 1", got)
+	}
+}
