@@ -54,6 +54,8 @@ type LeaseConfig struct {
 	// DemandWindow is the sliding window over which local demand is estimated.
 	// default: 1s
 	DemandWindow time.Duration
+
+	noPacing bool // tests only: "retry after the bucket's wait" instead of pacing
 }
 
 // Normalize returns c with defaults filled in, or an error wrapping [ErrInvalidConfig].
@@ -448,7 +450,12 @@ func (l *Lease) Granted(c *LeaseConfig, now time.Time, seq uint64, g Grant) (ref
 		l.bucket = int(min(g.Remaining, math.MaxInt32))
 	}
 	round := float64(l.want) * float64(c.servers())
-	if granted == 0 || granted < l.want || g.Remaining < round {
+	switch {
+	case c.noPacing: // the plain rule pacing replaces: after nothing, retry when min is there
+		if granted == 0 {
+			l.pacedUntil = t + int64(g.Wait)
+		}
+	case granted == 0 || granted < l.want || g.Remaining < round:
 		l.pacedUntil = t + int64(l.jitter(l.fairShare(c, round-max(g.Remaining, 0))))
 	}
 	return 0
