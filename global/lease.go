@@ -103,7 +103,8 @@ func parseGrant(reply []any) (Grant, int64, error) {
 
 // Refund puts n unused tokens back into the bucket of lim and key, capped at its
 // capacity (lua.Refund). n == 0 does nothing; 0 <= n <= lim.Burst. Like Take it is
-// idempotent: a replayed refund adds nothing. Refunds do not loosen the fleet-wide
+// idempotent: a replayed refund adds nothing; one overtaken by a concurrent refund of
+// the same bucket is sent again. Refunds do not loosen the fleet-wide
 // bound: a refunded token was taken and not used.
 func (s *Store) Refund(ctx context.Context, lim Limit, key string, n int) error {
 	if err := lim.Validate(); err != nil {
@@ -115,9 +116,21 @@ func (s *Store) Refund(ctx context.Context, lim Limit, key string, n int) error 
 	if err := lim.CheckCost(n); err != nil {
 		return err
 	}
-	err := lua.Refund.Run(ctx, s.c, []string{bucketKey(s.prefix, lim.Name, key)},
-		lim.Burst, lim.Rate, n, s.serverID, s.nextSeq()).Err()
-	return wrap("refund", err)
+	keys := []string{bucketKey(s.prefix, lim.Name, key)}
+	for attempt := 1; ; attempt++ {
+		reply, err := lua.Refund.Run(ctx, s.c, keys, lim.Burst, lim.Rate, n, s.serverID, s.nextSeq()).Slice()
+		if err != nil {
+			return wrap("refund", err)
+		}
+		if len(reply) != 2 {
+			return unexpected("refund", "want 2 values")
+		}
+		// Stale: overtaken by a concurrent refund of this bucket from this Store; it
+		// refunded nothing, so send it again (see maxStale).
+		if flag, _ := reply[1].(int64); flag != lua.Stale || attempt == maxStale {
+			return nil
+		}
+	}
 }
 
 // Reset deletes the bucket of lim and key: the next call finds it full.

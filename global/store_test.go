@@ -852,3 +852,36 @@ func TestConcurrentTakesOfOneKeyAreNotStale(t *testing.T) {
 		})
 	}
 }
+
+// TestConcurrentRefundsOfOneKeyAreNotLost: as for takes, a refund that reaches Redis
+// after a later refund of the same bucket from the same Store is answered stale
+// (nothing refunded); Refund must send it again rather than drop the tokens.
+func TestConcurrentRefundsOfOneKeyAreNotLost(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		lim := global.Limit{Name: lname(t), Rate: 1e-4, Burst: 100}
+		s := newStore(t, tg.Client)
+		if g, err := s.Take(ctx, lim, "k", 50, 50); err != nil || g.Granted != 50 {
+			t.Fatalf("take: %+v, %v", g, err)
+		}
+		h := &staleHook{other: func() {
+			if err := s.Refund(ctx, lim, "k", 10); err != nil {
+				t.Errorf("other refund: %v", err)
+			}
+		}}
+		tg.Client.AddHook(h)
+		if err := s.Refund(ctx, lim, "k", 5); err != nil {
+			t.Fatal(err)
+		}
+		if !h.fired.Load() {
+			t.Fatal("the hook did not run")
+		}
+		g, err := s.Take(ctx, lim, "k", 100, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.Granted != 65 {
+			t.Fatalf("after refunds of 10 and 5 into 50 left, a take found %d tokens, want 65", g.Granted)
+		}
+	})
+}
