@@ -104,13 +104,13 @@ func checkOutage(t *testing.T, os []outcome) {
 			// its next refill can fail over to the policy. So "admits the demand" holds for
 			// every request the policy sees; overall it is 98.8% (200 servers, 3 s outage).
 			for src, n := range u.Sources {
-				if src[len(src)-1] == '-' && src != srcPaced+"-" {
+				if src[len(src)-1] == '-' && src != srcPaced.String()+"-" {
 					t.Errorf("fail-open: %d requests denied by %s during the outage", n, src[:len(src)-1])
 				}
 			}
 			atLeast(t, "fail-open: admitted / demand during the outage", u.AdmittedPerS/u.DemandPerS, 0.95)
 		case FailClosed:
-			if n := u.Sources[srcFallback+"+"]; n > 0 {
+			if n := u.Sources[srcFallback.String()+"+"]; n > 0 {
 				t.Errorf("fail-closed: the policy admitted %d requests", n)
 			}
 			// Only tokens leased before the outage: at most the burst (plus one cost per server).

@@ -12,16 +12,26 @@ import (
 // epoch is virtual instant 0 on every clock of the simulation (servers and Redis).
 var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// Decision sources, as counted in Result.Sources.
+// source is what made a decision, as counted in Result.Sources.
+type source uint8
+
+// Decision sources.
 const (
-	srcNaive    = "naive"
-	srcScript   = "script"
-	srcLocal    = "local"
-	srcPrecheck = "precheck"
-	srcLease    = "lease"
-	srcPaced    = "paced"
-	srcFallback = "fallback"
+	srcNaive source = iota
+	srcScript
+	srcLocal
+	srcPrecheck
+	srcLease
+	srcPaced
+	srcFallback
+	srcGlobal // hybrid, after waiting for a refill from the global bucket
+	srcClosed // hybrid, the server closed while the request waited (denied)
+	nSources
 )
+
+var sourceNames = [nSources]string{"naive", "script", "local", "precheck", "lease", "paced", "fallback", "global", "closed"}
+
+func (s source) String() string { return sourceNames[s] }
 
 // request is one client request travelling through the fleet.
 type request struct {
@@ -63,11 +73,12 @@ type fleet struct {
 	redis redisSim
 	strat strategyImpl
 
-	servers []*server // every server ever started, by id
-	live    []*server // servers taking traffic now
-	keys    []string
-	zipf    *rand.Zipf
-	err     error
+	servers  []*server // every server ever started, by id
+	live     []*server // servers taking traffic now
+	keys     []string
+	zipf     *rand.Zipf
+	arriveFn func(int64) // f.arrive, bound once
+	err      error
 }
 
 // keyName is the bucket key of client key k.
@@ -81,8 +92,8 @@ func (f *fleet) fail(err error) {
 }
 
 // decide records q's decision now.
-func (f *fleet) decide(q *request, allowed bool, source string) {
-	f.rec.decide(q, f.e.now, allowed, source)
+func (f *fleet) decide(q *request, allowed bool, src source) {
+	f.rec.decide(q, f.e.now, allowed, src)
 }
 
 // resize grows or shrinks the live fleet to n servers.
@@ -146,23 +157,24 @@ func (f *fleet) next(i int64) {
 	if f.sc.Demand <= 0 {
 		return
 	}
-	t := f.arrival(i)
-	if t >= f.sc.Duration {
-		return
+	if t := f.arrival(i); t < f.sc.Duration {
+		f.e.atArg(t, f.arriveFn, i)
 	}
-	f.e.at(t, func() {
-		k := 0
-		if f.zipf != nil {
-			k = int(f.zipf.Uint64())
-		}
-		q := &request{key: k, n: f.sc.Cost, arrive: f.e.now}
-		f.rec.arrive(q)
-		if b := f.rec.bin(f.e.now); b != nil {
-			b.servers = len(f.live)
-		}
-		f.strat.handle(f.pick(), q)
-		f.next(i + 1)
-	})
+}
+
+// arrive is request i reaching the load balancer.
+func (f *fleet) arrive(i int64) {
+	k := 0
+	if f.zipf != nil {
+		k = int(f.zipf.Uint64())
+	}
+	q := &request{key: k, n: f.sc.Cost, arrive: f.e.now}
+	f.rec.arrive(q)
+	if b := f.rec.bin(f.e.now); b != nil {
+		b.servers = len(f.live)
+	}
+	f.strat.handle(f.pick(), q)
+	f.next(i + 1)
 }
 
 // redisSim is the one Redis of the fleet and the network to it. It runs one command at a

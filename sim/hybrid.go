@@ -13,14 +13,6 @@ import (
 	"github.com/fleetlimit/fleetlimit/hybrid"
 )
 
-// Decision sources of the hybrid strategy besides srcPrecheck, srcLease and srcFallback.
-const (
-	// srcGlobal marks a decision taken after waiting for a refill from the global bucket.
-	srcGlobal = "global"
-	// srcClosed marks a request whose server closed while it waited (denied).
-	srcClosed = "closed"
-)
-
 // Constants of hybrid.Limiter that the simulation repeats (they are not exported).
 const (
 	maxBatch      = 256 // refills in one pipelined round trip
@@ -206,27 +198,27 @@ func mix(xs ...uint64) uint64 {
 }
 
 func (h *hybridStrat) handle(s *server, q *request) {
-	h.pass(s, &waiter{q: q}, true)
+	h.pass(s, q, nil, true)
 }
 
 // pass is Limiter.pass: decide under the key's entry, then queue the refund and send the
-// refill the step asks for. A request that must wait joins its flight's waiters.
-func (h *hybridStrat) pass(s *server, w *waiter, first bool) {
+// refill the step asks for. A request that must wait joins its flight's waiters (w is nil
+// until a request first waits).
+func (h *hybridStrat) pass(s *server, q *request, w *waiter, first bool) {
 	f, hs := h.f, s.state.(*hserver)
-	q := w.q
 	now := s.clock(f.e.now)
 	key := f.keyName(q.key)
 	st := h.entry(s, q.key)
 	var step hybrid.Step
 	if st.lease.CanServe(h.cfg, now, q.n) {
 		if !s.local.AllowN(now, key, q.n) {
-			h.decide(w, false, srcPrecheck)
+			h.decide(q, w, false, srcPrecheck)
 			return
 		}
 		step = st.lease.Acquire(h.cfg, now, q.n)
 	} else {
 		if q.n > 0 && s.local.TokensAt(now, key) < float64(q.n) {
-			h.decide(w, false, srcPrecheck)
+			h.decide(q, w, false, srcPrecheck)
 			return
 		}
 		if first {
@@ -247,11 +239,14 @@ func (h *hybridStrat) pass(s *server, w *waiter, first bool) {
 	}
 	h.queueRefund(hs, q.key, step.Refund)
 	if step.Action == hybrid.Wait && fl != nil {
+		if w == nil {
+			w = &waiter{q: q}
+		}
 		fl.waiters = append(fl.waiters, w)
 		if first {
 			f.e.after(f.sc.Deadline, func() { // the request's own wait timeout
 				if !w.decided {
-					h.fallback(s, w)
+					h.fallback(s, q, w)
 				}
 			})
 		}
@@ -265,45 +260,47 @@ func (h *hybridStrat) pass(s *server, w *waiter, first bool) {
 		if !first {
 			src = srcGlobal
 		}
-		h.decide(w, true, src)
+		h.decide(q, w, true, src)
 	case hybrid.Deny:
 		src := srcLease
 		if step.Reason == hybrid.ReasonPaced {
 			src = srcPaced
 		}
-		h.decide(w, false, src)
+		h.decide(q, w, false, src)
 	case hybrid.Wait:
 		if fl == nil { // cannot happen: a Wait always has a flight; be safe
-			h.fallback(s, w)
+			h.fallback(s, q, w)
 		}
 	}
 	h.kick(s, hs)
 }
 
-func (h *hybridStrat) decide(w *waiter, allowed bool, src string) {
-	if w.decided {
-		return
+// decide records q's decision, once (w, if the request waited, remembers it was decided).
+func (h *hybridStrat) decide(q *request, w *waiter, allowed bool, src source) {
+	if w != nil {
+		if w.decided {
+			return
+		}
+		w.decided = true
 	}
-	w.decided = true
-	h.f.decide(w.q, allowed, src)
+	h.f.decide(q, allowed, src)
 }
 
 // fallback is Limiter.fallback: the policy decides; an admitted request still spends its
 // pre-check tokens.
-func (h *hybridStrat) fallback(s *server, w *waiter) {
-	if w.decided {
+func (h *hybridStrat) fallback(s *server, q *request, w *waiter) {
+	if w != nil && w.decided {
 		return
 	}
 	f, hs := h.f, s.state.(*hserver)
-	q := w.q
 	now := s.clock(f.e.now)
 	key := f.keyName(q.key)
 	allowed := hs.fb.AllowN(now, key, q.n)
 	if allowed && q.n > 0 && !s.local.AllowN(now, key, q.n) {
-		h.decide(w, false, srcPrecheck)
+		h.decide(q, w, false, srcPrecheck)
 		return
 	}
-	h.decide(w, allowed, srcFallback)
+	h.decide(q, w, allowed, srcFallback)
 }
 
 // send is Limiter.send: with the breaker open the refill fails at once; else it waits for
@@ -431,11 +428,11 @@ func (h *hybridStrat) settle(s *server, fl *flight, g *takeReply, err error) {
 		switch {
 		case w.decided:
 		case errors.Is(err, errClosed):
-			h.decide(w, false, srcClosed)
+			h.decide(w.q, w, false, srcClosed)
 		case err != nil:
-			h.fallback(s, w)
+			h.fallback(s, w.q, w)
 		default:
-			h.pass(s, w, false)
+			h.pass(s, w.q, w, false)
 		}
 	}
 	fl.waiters = nil

@@ -41,7 +41,10 @@ type Result struct {
 	// Fair is Σ over keys of min(that key's requests, burst + rate·T): what a perfect limiter
 	// would admit. AdmittedOverFair = Admitted / Fair. HottestKeyOverBound is the largest
 	// admitted / Bound of any one key.
-	Fair                float64 `json:"fair"`
+	Fair float64 `json:"fair"`
+	// UnderLimitAdmitted is, over the keys whose requests stayed within burst + rate·T (a
+	// perfect limiter admits them all), the share of their requests admitted.
+	UnderLimitAdmitted  float64 `json:"under_limit_admitted"`
 	AdmittedOverFair    float64 `json:"admitted_over_fair"`
 	HottestKeyOverBound float64 `json:"hottest_key_over_bound"`
 
@@ -105,13 +108,13 @@ type recorder struct {
 	bins    []binAcc
 	lat     []time.Duration
 	outLat  []time.Duration
-	sources map[string]int64
+	sources [nSources]int64
 
 	requests, admitted, late int64
 	last                     time.Duration
 	keyReq, keyAdm           []int64
 	outReq, outAdm           int64
-	outSources               map[string]int64
+	outSources               [nSources][2]int64 // [source][allowed]
 }
 
 type binAcc struct {
@@ -122,12 +125,11 @@ type binAcc struct {
 func newRecorder(sc *Scenario) *recorder {
 	n := int(sc.Duration/binWidth) + 1
 	return &recorder{
-		sc:      sc,
-		bins:    make([]binAcc, n),
-		lat:     make([]time.Duration, 0, int(sc.Demand*sc.Duration.Seconds())+16),
-		sources: make(map[string]int64),
-		keyReq:  make([]int64, sc.Keys),
-		keyAdm:  make([]int64, sc.Keys),
+		sc:     sc,
+		bins:   make([]binAcc, n),
+		lat:    make([]time.Duration, 0, int(sc.Demand*sc.Duration.Seconds())+16),
+		keyReq: make([]int64, sc.Keys),
+		keyAdm: make([]int64, sc.Keys),
 	}
 }
 
@@ -151,27 +153,24 @@ func (r *recorder) arrive(q *request) {
 }
 
 // decide records the decision of q at virtual instant now, made by source.
-func (r *recorder) decide(q *request, now time.Duration, allowed bool, source string) {
-	r.sources[source]++
+func (r *recorder) decide(q *request, now time.Duration, allowed bool, src source) {
+	r.sources[src]++
 	r.last = max(r.last, now)
 	lat := now - q.arrive
 	r.lat = append(r.lat, lat)
 	inOutage := r.sc.Outage.Contains(q.arrive)
 	if inOutage {
 		r.outLat = append(r.outLat, lat)
-		if r.outSources == nil {
-			r.outSources = map[string]int64{}
-		}
-		sign := "-"
+		a := 0
 		if allowed {
-			sign = "+"
+			a = 1
 		}
-		r.outSources[source+sign]++
+		r.outSources[src][a]++
 	}
 	b := r.bin(now)
 	if b != nil {
 		b.decided++
-		if source == srcFallback {
+		if src == srcFallback {
 			b.fallback++
 		}
 	}
@@ -210,7 +209,12 @@ func (r *recorder) result(st Strategy) Result {
 		LimitPerS: sc.Rate, Burst: sc.Burst, DemandPerS: sc.Demand, Keys: sc.Keys, DurationS: T,
 		Requests: r.requests, Admitted: r.admitted, AdmittedLate: r.late,
 		Bound: sc.bound(), Floor: 0.9 * sc.Rate * T,
-		Sources: r.sources,
+		Sources: map[string]int64{},
+	}
+	for src, n := range r.sources {
+		if n > 0 {
+			res.Sources[source(src).String()] = n
+		}
 	}
 	if st == Hybrid {
 		res.Policy = string(sc.Policy)
@@ -218,12 +222,19 @@ func (r *recorder) result(st Strategy) Result {
 	res.AdmittedPerS = float64(r.admitted) / T
 	res.RequestsAdmittedOverLimit = float64(r.admitted+r.late) / (sc.Rate * T)
 	res.LastDecisionS = r.last.Seconds()
-	var fair float64
+	var fair, underReq, underAdm float64
 	for k := range r.keyReq {
+		if float64(r.keyReq[k]) <= sc.bound() {
+			underReq += float64(r.keyReq[k])
+			underAdm += float64(r.keyAdm[k])
+		}
 		fair += min(float64(r.keyReq[k]), sc.bound())
 		res.HottestKeyOverBound = max(res.HottestKeyOverBound, float64(r.keyAdm[k])/sc.bound())
 	}
 	res.Fair = fair
+	if underReq > 0 {
+		res.UnderLimitAdmitted = underAdm / underReq
+	}
 	if fair > 0 {
 		res.AdmittedOverFair = float64(r.admitted) / fair
 	}
@@ -251,7 +262,14 @@ func (r *recorder) result(st Strategy) Result {
 			StartS: w.Start.Seconds(), EndS: w.End.Seconds(), Requests: r.outReq,
 			AdmittedPerS: float64(r.outAdm) / d, DemandPerS: float64(r.outReq) / d,
 			P50DecisionUS: percentile(r.outLat, 0.5), P99DecisionUS: percentile(r.outLat, 0.99),
-			MaxDecisionUS: percentile(r.outLat, 1), Sources: r.outSources,
+			MaxDecisionUS: percentile(r.outLat, 1), Sources: map[string]int64{},
+		}
+		for src, n := range r.outSources {
+			for a, sign := range []string{"-", "+"} {
+				if n[a] > 0 {
+					res.Outage.Sources[source(src).String()+sign] = n[a]
+				}
+			}
 		}
 		res.Outage.OverLimit = res.Outage.AdmittedPerS / sc.Rate
 	}

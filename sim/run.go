@@ -40,6 +40,7 @@ func simulate(sc Scenario, st Strategy, inBubble bool) (Result, error) {
 	}
 	f := &fleet{sc: &sc, rng: rand.New(rand.NewPCG(sc.Seed, uint64(len(sc.Name))))}
 	f.redis.f = f
+	f.arriveFn = f.arrive
 	f.rec = newRecorder(&sc)
 	f.keys = make([]string, sc.Keys)
 	for k := range f.keys {

@@ -187,6 +187,12 @@ func table(name string, os []outcome) string {
 			o.name(), num(float64(int64(r.AdmittedPerS))), r.AdmittedOverLimit, maxKey(r), r.RedisCallsPerRequest,
 			r.RedisRoundTripsPerRequest, 100*r.RedisBusy, r.P50DecisionUS, r.P99DecisionUS, r.MaxDecisionUS, r.WallMS/1000)
 	}
+	if os[0].res.Keys > 1 {
+		b.WriteString("adm/limit is admitted / Σ min(requests, bound) over keys; adm/bound is the hottest key's\n")
+		for _, o := range os {
+			fmt.Fprintf(&b, "  %-26s keys within their limit got %.2f%% of their requests through\n", o.name()+":", 100*o.res.UnderLimitAdmitted)
+		}
+	}
 	for _, o := range os {
 		if r := o.res; r.Outage != nil {
 			u := r.Outage
