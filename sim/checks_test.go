@@ -8,9 +8,9 @@ import (
 
 // checks holds the Show assertions, per suite. Each compares measured figures of
 // the runs; none holds for a simulator that does not simulate.
-var checks = map[string]func(t *testing.T, os []outcome){
-	"hot-key": func(t *testing.T, os []outcome) {
-		naive, script, hyb := pick(t, os, "naive"), pick(t, os, "script"), pick(t, os, "hybrid")
+var checks = map[string]func(t *testing.T, runs []outcome){
+	"hot-key": func(t *testing.T, runs []outcome) {
+		naive, script, hyb := pick(t, runs, "naive"), pick(t, runs, "script"), pick(t, runs, "hybrid")
 		// The race lets (nearly) everything through: at demand 1.5× the limit, at least 1.5×
 		// the limit means every request. Requests arriving in the last 1 ms are decided after
 		// the window [0,T] closes, so the windowed admitted/limit reads 1.4998; the claim is
@@ -22,28 +22,28 @@ var checks = map[string]func(t *testing.T, os []outcome){
 		withinBound(t, "hybrid", hyb, 2)
 		fewerCalls(t, script, hyb, 40)
 	},
-	"abusive-client": func(t *testing.T, os []outcome) {
-		script, hyb := pick(t, os, "script"), pick(t, os, "hybrid")
+	"abusive-client": func(t *testing.T, runs []outcome) {
+		script, hyb := pick(t, runs, "script"), pick(t, runs, "hybrid")
 		withinBound(t, "script", script, 1)
 		withinBound(t, "hybrid", hyb, 2)
 		fewerCalls(t, script, hyb, 50)
-		atLeast(t, "naive: admitted / limit", pick(t, os, "naive").AdmittedOverLimit, 1.5)
+		atLeast(t, "naive: admitted / limit", pick(t, runs, "naive").AdmittedOverLimit, 1.5)
 	},
-	"many-keys": func(t *testing.T, os []outcome) {
+	"many-keys": func(t *testing.T, runs []outcome) {
 		// No key may pass its own bound; the table reports how much of the fair share
 		// (Σ min(demand, bound)) each strategy admits.
-		script, hyb := pick(t, os, "script"), pick(t, os, "hybrid")
+		script, hyb := pick(t, runs, "script"), pick(t, runs, "hybrid")
 		atMost(t, "script: hottest key admitted / (burst+rate·T)", script.HottestKeyOverBound, 1)
 		atMost(t, "hybrid: hottest key admitted / (burst+rate·T)", hyb.HottestKeyOverBound, twoBurst(hyb)/hyb.Bound)
 	},
-	"skewed-lb": func(t *testing.T, os []outcome) {
-		withinBound(t, "script", pick(t, os, "script"), 1)
-		withinBound(t, "hybrid", pick(t, os, "hybrid"), 2)
+	"skewed-lb": func(t *testing.T, runs []outcome) {
+		withinBound(t, "script", pick(t, runs, "script"), 1)
+		withinBound(t, "hybrid", pick(t, runs, "hybrid"), 2)
 	},
-	"bursty": func(t *testing.T, os []outcome) {
+	"bursty": func(t *testing.T, runs []outcome) {
 		// Demand (8,000/s in 200 ms waves) is below the limit on average: only the bound.
 		for _, name := range []string{"script", "hybrid"} {
-			r := pick(t, os, name)
+			r := pick(t, runs, name)
 			limit := r.Bound
 			if name == "hybrid" {
 				limit = twoBurst(r)
@@ -52,10 +52,10 @@ var checks = map[string]func(t *testing.T, os []outcome){
 		}
 	},
 	"redis-outage": checkOutage,
-	"clock-skew": func(t *testing.T, os []outcome) {
-		script, scriptFast := pick(t, os, "script (TIME)"), pick(t, os, "script (TIME), srv0 +2s")
-		caller, callerFast := pick(t, os, "caller clock"), pick(t, os, "caller clock, srv0 +2s")
-		hyb, hybFast := pick(t, os, "hybrid"), pick(t, os, "hybrid, srv0 +2s")
+	"clock-skew": func(t *testing.T, runs []outcome) {
+		script, scriptFast := pick(t, runs, "script (TIME)"), pick(t, runs, "script (TIME), srv0 +2s")
+		caller, callerFast := pick(t, runs, "caller clock"), pick(t, runs, "caller clock, srv0 +2s")
+		hyb, hybFast := pick(t, runs, "hybrid"), pick(t, runs, "hybrid, srv0 +2s")
 		if script.Admitted != scriptFast.Admitted || script.Requests != scriptFast.Requests {
 			t.Errorf("script reading TIME: a server 2 s fast changed admissions from %d to %d", script.Admitted, scriptFast.Admitted)
 		}
@@ -69,17 +69,17 @@ var checks = map[string]func(t *testing.T, os []outcome){
 		t.Logf("TIME: %d admitted with or without the fast server; caller clock: %d without, %d with (+%.0f, %.1f× the limit)",
 			script.Admitted, caller.Admitted, callerFast.Admitted, extra, callerFast.AdmittedOverLimit)
 	},
-	"churn": func(t *testing.T, os []outcome) {
-		withinBound(t, "script", pick(t, os, "script"), 1)
-		withinBound(t, "hybrid", pick(t, os, "hybrid"), 2)
+	"churn": func(t *testing.T, runs []outcome) {
+		withinBound(t, "script", pick(t, runs, "script"), 1)
+		withinBound(t, "hybrid", pick(t, runs, "hybrid"), 2)
 	},
 }
 
 // checkOutage: during the outage fail-open admits the demand, fail-closed admits nothing
 // beyond tokens leased before it, the local fallback admits 0.8–1.2× the fleet limit, and
 // no decision waits longer than the call deadline.
-func checkOutage(t *testing.T, os []outcome) {
-	for _, o := range os {
+func checkOutage(t *testing.T, runs []outcome) {
+	for _, o := range runs {
 		if o.st != Hybrid {
 			continue
 		}
@@ -125,9 +125,9 @@ func checkOutage(t *testing.T, os []outcome) {
 	}
 }
 
-func pick(t *testing.T, os []outcome, name string) Result {
+func pick(t *testing.T, runs []outcome, name string) Result {
 	t.Helper()
-	for _, o := range os {
+	for _, o := range runs {
 		if o.name() == name {
 			return o.res
 		}

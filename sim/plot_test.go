@@ -72,9 +72,9 @@ var (
 	black = color.Black
 )
 
-func ratePlot(path, name string, os []outcome) error {
-	r0 := os[0].res
-	sc, _ := os[0].sc.withDefaults()
+func ratePlot(path, name string, runs []outcome) error {
+	r0 := runs[0].res
+	sc, _ := runs[0].sc.withDefaults()
 	title := fmt.Sprintf("%s: admitted per second, %d servers, limit %s/s, burst %s", name, sc.Servers, num(sc.Rate), num(float64(sc.Burst)))
 	if sc.Keys > 1 {
 		title = fmt.Sprintf("%s: admitted per second, all %d keys, %d servers", name, sc.Keys, sc.Servers)
@@ -89,7 +89,7 @@ func ratePlot(path, name string, os []outcome) error {
 			return err
 		}
 	}
-	for i, o := range os {
+	for i, o := range runs {
 		c := plotutil.Color(i)
 		if err := line(p, o.name(), series(o.res, func(b Bin) float64 { return b.AdmittedPerS }), c, vg.Points(1.2)); err != nil {
 			return err
@@ -102,7 +102,7 @@ func ratePlot(path, name string, os []outcome) error {
 			}
 		}
 	}
-	p.Y.Min = 0
+	p.Y.Min, p.X.Min, p.X.Max = 0, 0, sc.Duration.Seconds()
 	return p.Save(24*vg.Centimeter, 12*vg.Centimeter, path)
 }
 
@@ -117,14 +117,30 @@ func vline(p *plot.Plot, x float64) error {
 	return nil
 }
 
-func breakerPlot(path string, os []outcome) error {
-	sc, _ := os[0].sc.withDefaults()
+func breakerPlot(path string, runs []outcome) error {
+	sc, _ := runs[0].sc.withDefaults()
 	top := newPlot(fmt.Sprintf("Redis down %v-%v: servers whose breaker is open or half-open", sc.Outage.Start, sc.Outage.End), "servers")
 	bottom := newPlot("share of decisions made by the failure policy", "share")
-	for i, o := range os {
-		if o.st != Hybrid {
-			continue
+	var hybrids []outcome
+	for _, o := range runs {
+		if o.st == Hybrid {
+			hybrids = append(hybrids, o)
 		}
+	}
+	// The breakers do not depend on the policy: when every run has the same curves,
+	// draw them once.
+	same := true
+	for _, o := range hybrids[1:] {
+		for i, b := range o.res.Timeline {
+			h := hybrids[0].res.Timeline[i]
+			same = same && b.BreakersOpen == h.BreakersOpen && b.FallbackShare == h.FallbackShare
+		}
+	}
+	if same {
+		hybrids[0].label = "every policy (identical)"
+		hybrids = hybrids[:1]
+	}
+	for i, o := range hybrids {
 		c := plotutil.Color(i)
 		if err := line(top, o.name(), series(o.res, func(b Bin) float64 { return float64(b.BreakersOpen) }), c, vg.Points(1.2)); err != nil {
 			return err
@@ -134,6 +150,8 @@ func breakerPlot(path string, os []outcome) error {
 		}
 	}
 	top.Y.Min, bottom.Y.Min, bottom.Y.Max = 0, 0, 1
+	top.X.Min, top.X.Max = 0, sc.Duration.Seconds()
+	bottom.X.Min, bottom.X.Max = 0, sc.Duration.Seconds()
 	plots := [][]*plot.Plot{{top}, {bottom}}
 	w, h := 24*vg.Centimeter, 18*vg.Centimeter
 	img := vgimg(w, h, path)

@@ -176,24 +176,24 @@ func num(x float64) string {
 }
 
 // table prints a suite as one readable table.
-func table(name string, os []outcome) string {
+func table(name string, runs []outcome) string {
 	var b strings.Builder
-	b.WriteString(header(name, os[0]))
+	b.WriteString(header(name, runs[0]))
 	fmt.Fprintf(&b, "%-26s %11s %9s %9s %10s %10s %6s %9s %9s %9s %8s\n",
 		"strategy", "admitted/s", "adm/limit", "adm/bound", "calls/req", "trips/req", "busy", "p50 µs", "p99 µs", "max µs", "wall s")
-	for _, o := range os {
+	for _, o := range runs {
 		r := o.res
 		fmt.Fprintf(&b, "%-26s %11s %9.4f %9.4f %10.4f %10.4f %5.1f%% %9.0f %9.0f %9.0f %8.1f\n",
 			o.name(), num(float64(int64(r.AdmittedPerS))), r.AdmittedOverLimit, maxKey(r), r.RedisCallsPerRequest,
 			r.RedisRoundTripsPerRequest, 100*r.RedisBusy, r.P50DecisionUS, r.P99DecisionUS, r.MaxDecisionUS, r.WallMS/1000)
 	}
-	if os[0].res.Keys > 1 {
+	if runs[0].res.Keys > 1 {
 		b.WriteString("adm/limit is admitted / Σ min(requests, bound) over keys; adm/bound is the hottest key's\n")
-		for _, o := range os {
+		for _, o := range runs {
 			fmt.Fprintf(&b, "  %-26s keys within their limit got %.2f%% of their requests through\n", o.name()+":", 100*o.res.UnderLimitAdmitted)
 		}
 	}
-	for _, o := range os {
+	for _, o := range runs {
 		if r := o.res; r.Outage != nil {
 			u := r.Outage
 			fmt.Fprintf(&b, "  during outage, %-26s admitted %s/s of %s/s demand (%.3f× limit), p99 %.0f µs, max %.0f µs, %d Redis calls",
