@@ -361,7 +361,7 @@ func (l *Lease) decide(c *LeaseConfig, t int64, n int, st *Step) {
 		st.Refill = l.prefetch(c, t, max(n, 1))
 	case l.inflight:
 		st.Action, st.Reason = Wait, ReasonRefill
-	case t < l.pacedUntil && l.bucket < (n-l.tokens)*c.servers():
+	case t < l.pacedUntil && float64(l.bucket) < l.round(c, n-l.tokens):
 		// Paced, and at the last answer the bucket did not hold this request's need for
 		// every server: do not ask before the round refills.
 		st.Action, st.Reason = Deny, ReasonPaced
@@ -449,14 +449,21 @@ func (l *Lease) Granted(c *LeaseConfig, now time.Time, seq uint64, g Grant) (ref
 	if g.Remaining > 0 {
 		l.bucket = int(min(g.Remaining, math.MaxInt32))
 	}
-	round := float64(l.want) * float64(c.servers())
+	full := float64(l.want) * float64(c.servers()) // one round: every server asks for want
 	switch {
 	case c.noPacing: // the plain rule pacing replaces: after nothing, retry when min is there
 		if granted == 0 {
 			l.pacedUntil = t + int64(g.Wait)
 		}
-	case granted == 0 || granted < l.want || g.Remaining < round:
-		l.pacedUntil = t + int64(l.jitter(l.fairShare(c, round-max(g.Remaining, 0))))
+	case granted == 0 || granted < l.want:
+		// Contention shown: the bucket could not give this server its batch. Wait until
+		// it could refill a whole round.
+		l.pacedUntil = t + int64(l.jitter(l.fairShare(c, full-max(g.Remaining, 0))))
+	case g.Remaining < l.round(c, l.want):
+		// Granted in full, but the bucket is left below a round: contention is likely.
+		// Wait until it could hold a round again, a round being at most the bucket (a
+		// burst below one cost per server could never hold one).
+		l.pacedUntil = t + int64(l.jitter(l.fairShare(c, l.round(c, l.want)-g.Remaining)))
 	}
 	return 0
 }
@@ -495,6 +502,14 @@ func (l *Lease) giveBack() int {
 	l.tokens = 0
 	l.stats.Refunded += int64(n)
 	return n
+}
+
+// round is what the fleet asks the bucket for in one round when every server asks for
+// want: want × servers, but never more than the bucket holds (Burst). Without that cap a
+// limit whose burst is below one cost per server could never see a round in its bucket,
+// and would pace every server after every grant, even for keys well within their limit.
+func (l *Lease) round(c *LeaseConfig, want int) float64 {
+	return min(float64(want)*float64(c.servers()), float64(c.Burst))
 }
 
 // fairShare is the time the fleet's bucket needs to refill the tokens it lacks for one

@@ -165,7 +165,9 @@ func TestLeaseRules(t *testing.T) {
 			repeatOps(100, acq(0, 3, Wait, ReasonRefill, 0, 0, 0), acq(0, 3, Wait, ReasonRefill, 3, 3, 0)),
 			grt(1*ms, 3, 7, 3),
 			rec(1*ms, 3, Allow, ReasonLease, 0, 0, 0),
-			denied(1*ms, 3, ReasonPaced, 2999*ms, 9*time.Second, 0), // 7 left < 3 x 20: paced 3 x 20 / 10/s = 6s, jittered
+			// 7 left, below a round, but a round of 3 x 20 cannot fit a bucket of 10: pace
+			// until the bucket is full again, 3 / 10/s = 300ms, jittered
+			denied(1*ms, 3, ReasonPaced, 149*ms, 450*ms, 0),
 		)},
 		{"AllowN is atomic: short tokens are kept, min = n - on hand", big, []op{
 			acq(0, 1, Wait, ReasonRefill, 1, 1, 0),
