@@ -1,10 +1,12 @@
 package sim
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -34,7 +36,8 @@ type hybridStrat struct {
 	b   *bubble
 	cfg *hybrid.LeaseConfig // the live server count as the fleet knows it
 
-	transitions []transition
+	mu          sync.Mutex   // guards transitions: OnStateChange runs on the calls' goroutines
+	transitions []transition // by time
 }
 
 // transition is a breaker state change of one server.
@@ -121,7 +124,11 @@ func (h *hybridStrat) join(s *server) error {
 		Name:    s.name,
 		Timeout: sc.Deadline,
 		OnStateChange: func(from, to breaker.State) {
-			h.transitions = append(h.transitions, transition{at: h.f.e.now, server: id, from: from, to: to})
+			// The bubble's clock is the virtual one (the event loop keeps it there).
+			tr := transition{at: time.Since(h.b.base), server: id, from: from, to: to}
+			h.mu.Lock()
+			h.transitions = append(h.transitions, tr)
+			h.mu.Unlock()
 		},
 	})
 	if err != nil {
@@ -489,6 +496,9 @@ func (h *hybridStrat) refundSeq(s *server) uint64 {
 
 // report adds what only the hybrid strategy knows to res: breaker transitions over time.
 func (h *hybridStrat) report(res *Result) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	slices.SortStableFunc(h.transitions, func(a, b transition) int { return cmp.Compare(a.at, b.at) })
 	res.BreakerTransitions = len(h.transitions)
 	state := map[int]breaker.State{}
 	notClosed := 0
