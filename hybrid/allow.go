@@ -5,15 +5,22 @@ import (
 	"errors"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/fleetlimit/fleetlimit/breaker"
 )
 
-// initEntry makes the state of a key new to this server: a full pre-check bucket (its
-// history starts one fill time before now, as in local.Limiter) and an empty lease.
+// initEntry makes the state of a key new to this server: a full pre-check bucket and an
+// empty lease. A zero rate.Limiter holds no tokens, and filling it by starting its history
+// one fill time in the past fails for slow rates (a burst of 5 at one a day needs five
+// days; slower ones overflow a time.Duration). Instead: burst set, then an infinite rate
+// for one nanosecond fills it (x/time/rate caps the tokens at the burst), then the real
+// rate from now on.
 func (lm *limit) initEntry(e *entry, key string, now time.Time) {
-	start := now.Add(-lm.fill - time.Second)
-	e.pre.SetLimitAt(start, lm.preRate)
-	e.pre.SetBurstAt(start, lm.preBurst)
+	before := now.Add(-time.Nanosecond)
+	e.pre.SetBurstAt(before, lm.preBurst)
+	e.pre.SetLimitAt(before, rate.Inf)
+	e.pre.SetLimitAt(now, lm.preRate)
 	h := hashKey(key)
 	e.lease = NewLease(lm.seed ^ h)
 	e.flight = nil

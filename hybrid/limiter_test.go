@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -213,4 +214,104 @@ func TestLimiterConcurrentWaiters(t *testing.T) {
 		t.Fatalf("admitted %d, want exactly the burst 50", admitted)
 	}
 	t.Logf("stats %+v", l.Stats())
+}
+
+// TestFleetDiscovery: limiters that share a Fleet name count each other through Redis's
+// heartbeat, divide the limit by the live count, and keep the last count while Redis is
+// away.
+func TestFleetDiscovery(t *testing.T) {
+	m, c := redistest.Mini(t)
+	p := prefix(t)
+	server := func(id string) *global.Store {
+		s, err := global.New(c, global.Prefix(p), global.ServerID(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	cfg := func() hybrid.Config {
+		return hybrid.Config{
+			FleetSize: 1, Fleet: "web", HeartbeatInterval: 5 * time.Millisecond,
+			Limits: []hybrid.Limit{{Name: "api", Rate: 100, Burst: 100, Policy: breaker.FailLocal()}},
+		}
+	}
+	a := newLimiter(t, server("a"), cfg())
+	b := newLimiter(t, server("b"), cfg()) // another server: one Redis, its own id
+	waitFor(t, "both servers to see two live members", func() bool {
+		return a.Stats().Servers == 2 && b.Stats().Servers == 2
+	})
+	d, err := a.Allow(context.Background(), "api", "k")
+	if err != nil || d.Servers != 2 {
+		t.Fatalf("decision %+v, %v: want Servers 2", d, err)
+	}
+	m.SetError("LOADING going away")
+	beats := a.Stats().Heartbeats
+	waitFor(t, "more heartbeats while Redis is away", func() bool { return a.Stats().Heartbeats > beats+3 })
+	if n := a.Stats().Servers; n != 2 {
+		t.Fatalf("Servers %d while Redis is away, want the last known 2", n)
+	}
+	m.SetError("")
+}
+
+// TestRefillsShareRoundTrips: refills of many cold keys falling due together go out in
+// pipelined round trips, fewer than the refills.
+func TestRefillsShareRoundTrips(t *testing.T) {
+	_, c := redistest.Mini(t)
+	l := newLimiter(t, newStore(t, c), hybrid.Config{
+		FleetSize: 1,
+		Limits:    []hybrid.Limit{{Name: "api", Rate: 100, Burst: 100, Policy: breaker.FailClosed, Timeout: time.Second}},
+	})
+	var wg sync.WaitGroup
+	for i := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if d, err := l.Allow(context.Background(), "api", "key-"+strconv.Itoa(i)); err != nil || !d.Allowed {
+				t.Errorf("key %d: %+v, %v", i, d, err)
+			}
+		}()
+	}
+	wg.Wait()
+	st := l.Stats()
+	t.Logf("%d refills in %d round trips", st.Takes, st.RoundTrips)
+	if st.Takes < 200 || st.RoundTrips >= st.Takes {
+		t.Fatalf("%d refills in %d round trips: want at least 200 refills, sharing round trips", st.Takes, st.RoundTrips)
+	}
+}
+
+// TestIdleLeaseIsRefunded: tokens leased for a key nobody asks about again go back to the
+// bucket once their lifetime ends, without a request to notice it.
+func TestIdleLeaseIsRefunded(t *testing.T) {
+	_, c := redistest.Mini(t)
+	l := newLimiter(t, newStore(t, c), hybrid.Config{
+		FleetSize: 1,
+		Limits: []hybrid.Limit{{Name: "api", Rate: 1, Burst: 100, Policy: breaker.FailClosed, Timeout: time.Second,
+			Lifetime: 20 * time.Millisecond, LowWatermark: -1}},
+	})
+	ctx := context.Background()
+	for range 20 { // demand grows the batch: the lease ends up holding tokens
+		if d, _ := l.Allow(ctx, "api", "k"); !d.Allowed {
+			t.Fatalf("denied: %+v", d)
+		}
+	}
+	st := l.Stats()
+	if st.Granted <= 20 {
+		t.Skipf("the lease holds no spare tokens (granted %d): nothing to refund", st.Granted)
+	}
+	waitFor(t, "the idle lease to be refunded", func() bool {
+		s := l.Stats()
+		return s.Refunded == s.Granted-20
+	})
+}
+
+// waitFor polls cond until it holds, failing the test after 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }

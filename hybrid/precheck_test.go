@@ -102,3 +102,22 @@ func (b *modelBucket) tokensAt(now time.Time) float64 {
 	b.refill(now)
 	return b.tokens
 }
+
+// TestPreCheckStartsFull: a key new to a server starts with its whole pre-check burst,
+// however slow the rate (one a day; one in a thousand years).
+func TestPreCheckStartsFull(t *testing.T) {
+	for _, tc := range []struct {
+		rate  float64
+		burst int
+	}{{1000, 1}, {1, 100}, {1.0 / 86400, 5}, {1e-11, 1 << 20}} {
+		lm := &limit{preRate: rate.Limit(tc.rate), preBurst: tc.burst}
+		var e entry
+		lm.initEntry(&e, "k", t0)
+		if got := e.pre.TokensAt(t0); got != float64(tc.burst) {
+			t.Errorf("rate %v burst %d: a new key's pre-check holds %v, want %d", tc.rate, tc.burst, got, tc.burst)
+		}
+		if !e.pre.AllowN(t0, tc.burst) || e.pre.AllowN(t0, 1) {
+			t.Errorf("rate %v burst %d: the burst must pass at once, then nothing", tc.rate, tc.burst)
+		}
+	}
+}
