@@ -173,16 +173,23 @@ func (lm *limit) preDenied(e *entry, t time.Time, n int) Decision {
 // wait waits for the refill f (and any that follow it) until the request is decided, the
 // limit's Timeout passes, or ctx ends.
 func (l *Limiter) wait(ctx context.Context, lm *limit, key string, n int, f *flight) (Decision, error) {
-	timer := time.NewTimer(lm.cfg.Timeout)
-	defer timer.Stop()
+	var expired <-chan time.Time // the timer starts only if a flight is still on its way
 	for {
 		if f == nil { // cannot happen: a Wait always has a flight; be safe
 			return l.fallback(lm, key, n, ReasonUnavailable), nil
 		}
-
+		select {
+		case <-f.done: // already answered (the breaker was open: failed at once)
+		default:
+			if expired == nil {
+				timer := time.NewTimer(lm.cfg.Timeout)
+				defer timer.Stop()
+				expired = timer.C
+			}
+		}
 		select {
 		case <-f.done:
-		case <-timer.C:
+		case <-expired:
 			return l.fallback(lm, key, n, ReasonTimeout), nil
 		case <-ctx.Done():
 			l.stats.canceled.Add(1)

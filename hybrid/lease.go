@@ -253,21 +253,26 @@ type LeaseStats struct {
 //
 // The zero Lease is empty and ready to use; [NewLease] seeds its pacing jitter.
 type Lease struct {
+	// Read or written by every request (kept together: one or two cache lines).
 	base       int64 // UnixNano of the first instant seen; the others are offsets from it
-	based      bool
 	tokens     int
 	expires    int64 // tokens on hand are usable before this offset
-	inflight   bool
-	seq        uint64
-	want       int   // of the refill in flight, or the last one
 	pacedUntil int64 // no refill before this offset (unless the bucket holds the need)
-	bucket     int   // bucket level at the last grant, floored
+	winStart   int64 // demand estimate: a sliding pair of windows...
+	cur        int64 // ...tokens asked for in the current one
+	want       int   // of the refill in flight, or the last one
+	consumed   int64
+	inflight   bool
+	based      bool
 
-	winStart  int64 // demand estimate: a sliding pair of windows
-	cur, prev int64 // tokens asked for in the current and previous window
-
-	rng   uint64 // splitmix64 state for pacing jitter
-	stats LeaseStats
+	// Read or written at refills.
+	prev     int64 // tokens asked for in the previous window
+	seq      uint64
+	bucket   int    // bucket level at the last grant, floored
+	rng      uint64 // splitmix64 state for pacing jitter
+	granted  int64
+	refunded int64
+	refills  int64
 }
 
 // NewLease returns an empty lease whose pacing jitter is drawn from seed. Give every
@@ -292,10 +297,8 @@ func (l *Lease) at(now time.Time) int64 {
 
 // Stats returns the lease's totals.
 func (l *Lease) Stats() LeaseStats {
-	s := l.stats
-	s.OnHand = l.tokens
-	s.InFlight = l.inflight
-	return s
+	return LeaseStats{Granted: l.granted, Consumed: l.consumed, Refunded: l.refunded,
+		OnHand: l.tokens, Refills: l.refills, InFlight: l.inflight}
 }
 
 // CanServe reports whether [Lease.Acquire] would allow a request of cost n at now from
@@ -356,7 +359,7 @@ func (l *Lease) decide(c *LeaseConfig, t int64, n int, st *Step) {
 		st.RetryAfter = InfDuration
 	case l.tokens >= n:
 		l.tokens -= n
-		l.stats.Consumed += int64(n)
+		l.consumed += int64(n)
 		st.Action, st.Reason = Allow, ReasonLease
 		st.Refill = l.prefetch(c, t, max(n, 1))
 	case l.inflight:
@@ -402,7 +405,7 @@ func (l *Lease) start(want, minimum int) Refill {
 	l.seq++
 	l.inflight = true
 	l.want = want
-	l.stats.Refills++
+	l.refills++
 	return Refill{Seq: l.seq, Want: want, Min: minimum}
 }
 
@@ -434,9 +437,9 @@ func (l *Lease) batch(c *LeaseConfig, t int64, n int) int {
 // The bucket's Wait for min is never longer, since min <= want.
 func (l *Lease) Granted(c *LeaseConfig, now time.Time, seq uint64, g Grant) (refund int) {
 	granted := max(g.Granted, 0)
-	l.stats.Granted += int64(granted)
+	l.granted += int64(granted)
 	if !l.inflight || seq != l.seq {
-		l.stats.Refunded += int64(granted)
+		l.refunded += int64(granted)
 		return granted
 	}
 	t := l.at(now)
@@ -500,7 +503,7 @@ func (l *Lease) Drain() (refund int) {
 func (l *Lease) giveBack() int {
 	n := l.tokens
 	l.tokens = 0
-	l.stats.Refunded += int64(n)
+	l.refunded += int64(n)
 	return n
 }
 
