@@ -283,6 +283,7 @@ func TestTakeWaitAndPartial(t *testing.T) {
 		{1750 * time.Millisecond, 5, 2, 3, 0.5, 0},      // 3.5 tokens: partial grant of 3
 		{2 * time.Millisecond * 1000, 5, 5, 0, 1, 2000}, // 1 token, need 5: 4 more = 2 s
 		{10 * time.Second, 20, 10, 10, 0, 0},            // refill capped at capacity 10
+		{10250 * time.Millisecond, 5, 0, 0, 0.5, 0},     // min 0: nothing to wait for, never a negative wait
 	}
 	for i, s := range steps {
 		m.SetTime(t0.Add(s.at))

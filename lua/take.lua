@@ -83,7 +83,7 @@ elseif math.floor(tokens) >= min then
 end
 tokens = tokens - granted
 local wait = 0
-if granted == 0 then
+if granted == 0 and tokens < min then
   wait = math.ceil((min - tokens) / rate * 1000)
 end
 

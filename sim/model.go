@@ -243,7 +243,7 @@ func (m *model) Take(now time.Time, key string, capacity, rate float64, want, mi
 	}
 	tokens -= granted
 	wait := 0.0
-	if granted == 0 {
+	if granted == 0 && tokens < float64(minimum) {
 		wait = math.Ceil((float64(minimum) - tokens) / rate * 1000)
 	}
 	left := luaNum(tokens)
