@@ -231,10 +231,10 @@ type phase struct {
 	latencies latencies
 }
 
-// TestRedisDiesMidRun kills the Redis under a running limiter: each policy behaves as
-// configured, decisions stay fast (latency reported; only a wide ceiling asserted), the
-// breaker opens, and after a restart (empty script cache, no data) the limiter recovers
-// by itself.
+// TestRedisDiesMidRun stalls (SIGSTOP), then kills the Redis under a running limiter:
+// each policy behaves as configured, decisions stay fast (latency reported; only wide
+// ceilings asserted), the breaker opens, and after a restart (empty script cache, no
+// data) the limiter recovers by itself.
 func TestRedisDiesMidRun(t *testing.T) {
 	step := 1500 * time.Millisecond
 	if testing.Short() {
@@ -309,6 +309,34 @@ func TestRedisDiesMidRun(t *testing.T) {
 	hammer(healthy, step)
 	report(healthy, step)
 
+	srv.Stop() // SIGSTOP: connections stay open, nothing answers
+	stalled := &phase{name: "redis stalled"}
+	hammer(stalled, step)
+	srv.Cont()
+	report(stalled, step)
+	if p50, _, _, _ := stalled.latencies.summary(); p50 > 100*time.Millisecond {
+		t.Errorf("stalled Redis: median decision %v; the limit's timeout is 10ms", p50)
+	}
+	waitRecovered := func(key string) {
+		t.Helper()
+		start := time.Now()
+		for {
+			d, err := l.Allow(ctx, "closed", key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Source != hybrid.SourceFallback {
+				t.Logf("recovered %v after Redis came back (breaker %v)", time.Since(start).Round(time.Millisecond), s.brk.State())
+				return
+			}
+			if time.Since(start) > 20*time.Second {
+				t.Fatalf("still in fallback 20s after Redis came back: %+v, breaker %v", d, s.brk.State())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitRecovered("after-stall")
+
 	srv.Kill()
 	down := &phase{name: "redis killed"}
 	hammer(down, step)
@@ -340,22 +368,7 @@ func TestRedisDiesMidRun(t *testing.T) {
 	}
 
 	srv.Restart() // empty data, empty script cache
-	recovered := time.Now()
-	deadline := recovered.Add(20 * time.Second)
-	for {
-		d, err := l.Allow(ctx, "closed", "after-restart")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if d.Source != hybrid.SourceFallback {
-			t.Logf("recovered %v after the restart (breaker %v)", time.Since(recovered).Round(time.Millisecond), s.brk.State())
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("still in fallback 20s after the restart: %+v, breaker %v", d, s.brk.State())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitRecovered("after-restart")
 	after := &phase{name: "restarted"}
 	hammer(after, step)
 	report(after, step)
