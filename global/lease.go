@@ -107,30 +107,54 @@ func parseGrant(reply []any) (Grant, int64, error) {
 // the same bucket is sent again. Refunds do not loosen the fleet-wide
 // bound: a refunded token was taken and not used.
 func (s *Store) Refund(ctx context.Context, lim Limit, key string, n int) error {
+	return s.refundOne(ctx, RefundRequest{Limit: lim, Key: key, N: n}).Err
+}
+
+// refundOne is Refund, answering the bucket's level too.
+func (s *Store) refundOne(ctx context.Context, r RefundRequest) RefundResult {
+	if err := checkRefund(r.Limit, r.N); err != nil || r.N == 0 {
+		return RefundResult{Err: err}
+	}
+	keys := []string{bucketKey(s.prefix, r.Limit.Name, r.Key)}
+	for attempt := 1; ; attempt++ {
+		reply, err := lua.Refund.Run(ctx, s.c, keys, r.Limit.Burst, r.Limit.Rate, r.N, s.serverID, s.nextSeq()).Slice()
+		if err != nil {
+			return RefundResult{Err: wrap("refund", err)}
+		}
+		left, flag, err := parseRefund(reply)
+		// Stale: overtaken by a concurrent refund of this bucket from this Store; it
+		// refunded nothing, so send it again (see maxStale).
+		if err != nil || flag != lua.Stale || attempt == maxStale {
+			return RefundResult{Remaining: left, Err: err}
+		}
+	}
+}
+
+func checkRefund(lim Limit, n int) error {
 	if err := lim.Validate(); err != nil {
 		return err
 	}
 	if n == 0 {
 		return nil
 	}
-	if err := lim.CheckCost(n); err != nil {
-		return err
+	return lim.CheckCost(n)
+}
+
+// parseRefund decodes lua.Refund's reply: the tokens after, and the replay flag.
+func parseRefund(reply []any) (float64, int64, error) {
+	if len(reply) != 2 {
+		return 0, 0, unexpected("refund", "want 2 values")
 	}
-	keys := []string{bucketKey(s.prefix, lim.Name, key)}
-	for attempt := 1; ; attempt++ {
-		reply, err := lua.Refund.Run(ctx, s.c, keys, lim.Burst, lim.Rate, n, s.serverID, s.nextSeq()).Slice()
-		if err != nil {
-			return wrap("refund", err)
-		}
-		if len(reply) != 2 {
-			return unexpected("refund", "want 2 values")
-		}
-		// Stale: overtaken by a concurrent refund of this bucket from this Store; it
-		// refunded nothing, so send it again (see maxStale).
-		if flag, _ := reply[1].(int64); flag != lua.Stale || attempt == maxStale {
-			return nil
-		}
+	left, ok1 := reply[0].(string)
+	flag, ok2 := reply[1].(int64)
+	if !ok1 || !ok2 {
+		return 0, 0, unexpected("refund", "want {string, integer}")
 	}
+	tokens, err := strconv.ParseFloat(left, 64)
+	if err != nil {
+		return 0, 0, unexpected("refund", "tokens not a number")
+	}
+	return tokens, flag, nil
 }
 
 // Reset deletes the bucket of lim and key: the next call finds it full.
@@ -184,48 +208,22 @@ func (s *Store) TakeBatch(ctx context.Context, reqs []TakeRequest, out []TakeRes
 			g, err := s.Take(ctx, r.Limit, r.Key, r.Want, r.Min)
 			out[i] = TakeResult{Grant: g, Err: err}
 		}
-		return firstErr(out)
+		return firstErr(out, TakeResult.err)
 	}
 
-	type item struct {
-		keys []string
-		args []any
-		cmd  *redis.Cmd
-	}
-	items := make([]item, len(reqs))
-	pipe := s.pipe.Pipeline()
-	sent := 0
+	items := make([]batchItem, len(reqs))
 	for i, r := range reqs {
 		if err := checkTake(r.Limit, r.Want, r.Min); err != nil {
 			out[i] = TakeResult{Err: err}
 			continue
 		}
-		it := &items[i]
-		it.keys = []string{bucketKey(s.prefix, r.Limit.Name, r.Key)}
-		it.args = []any{r.Limit.Burst, r.Limit.Rate, r.Want, r.Min, s.serverID, s.nextSeq()}
-		it.cmd = lua.Take.EvalSha(ctx, pipe, it.keys, it.args...)
-		sent++
-	}
-	if sent == 0 {
-		return firstErr(out)
-	}
-	_, _ = pipe.Exec(ctx) // errors are read per command
-
-	var retry redis.Pipeliner
-	for i := range items {
-		it := &items[i]
-		if it.cmd == nil {
-			continue
-		}
-		if isNoScript(it.cmd.Err()) {
-			if retry == nil {
-				retry = s.pipe.Pipeline()
-			}
-			it.cmd = lua.Take.Eval(ctx, retry, it.keys, it.args...)
+		items[i] = batchItem{
+			keys: []string{bucketKey(s.prefix, r.Limit.Name, r.Key)},
+			args: []any{r.Limit.Burst, r.Limit.Rate, r.Want, r.Min, s.serverID, s.nextSeq()},
 		}
 	}
-	if retry != nil {
-		_, _ = retry.Exec(ctx)
+	if !s.runBatch(ctx, lua.Take, items) {
+		return firstErr(out, TakeResult.err)
 	}
 	for i := range items {
 		it := &items[i]
@@ -246,17 +244,137 @@ func (s *Store) TakeBatch(ctx context.Context, reqs []TakeRequest, out []TakeRes
 		}
 		out[i] = TakeResult{Grant: g, Err: err}
 	}
-	return firstErr(out)
+	return firstErr(out, TakeResult.err)
 }
+
+// batchItem is one script call of a pipelined batch; keys == nil means not sent.
+type batchItem struct {
+	keys []string
+	args []any
+	cmd  *redis.Cmd
+}
+
+// runBatch sends script for every item with keys in one pipeline of EVALSHA, then the
+// items that got NOSCRIPT again as EVAL in a second one, and leaves each answer in
+// item.cmd. It reports whether anything was sent.
+func (s *Store) runBatch(ctx context.Context, script *redis.Script, items []batchItem) bool {
+	pipe := s.pipe.Pipeline()
+	sent := 0
+	for i := range items {
+		if it := &items[i]; it.keys != nil {
+			it.cmd = script.EvalSha(ctx, pipe, it.keys, it.args...)
+			sent++
+		}
+	}
+	if sent == 0 {
+		return false
+	}
+	_, _ = pipe.Exec(ctx) // errors are read per command
+
+	var retry redis.Pipeliner
+	for i := range items {
+		if it := &items[i]; it.cmd != nil && isNoScript(it.cmd.Err()) {
+			if retry == nil {
+				retry = s.pipe.Pipeline()
+			}
+			it.cmd = script.Eval(ctx, retry, it.keys, it.args...)
+		}
+	}
+	if retry != nil {
+		_, _ = retry.Exec(ctx)
+	}
+	return true
+}
+
+// RefundRequest is one item of a RefundBatch: give N unused tokens back to the bucket of
+// Limit and Key.
+type RefundRequest struct {
+	Limit Limit
+	Key   string
+	N     int
+}
+
+// RefundResult is the answer to one RefundRequest: the tokens in the bucket after the
+// refund (0 when nothing was sent, for N == 0), or an error (classified as for Refund).
+type RefundResult struct {
+	Remaining float64
+	Err       error
+}
+
+// RefundBatch runs the refunds in reqs in one pipelined round trip (per cluster node)
+// and writes each answer to out[i]. It is what a server uses to give back the unused
+// tokens of many keys at once: expired leases, evicted keys, or everything it holds when
+// it shuts down. Each item is an independent atomic refund (lua.Refund) with its own
+// sequence number, so the batch is idempotent item by item, as Refund is: a replayed
+// item adds nothing, and one overtaken by a concurrent refund of the same bucket from
+// this Store (answered stale, nothing refunded) is sent again on its own.
+//
+// Scripts go out as EVALSHA; items answered NOSCRIPT are re-sent as EVAL in a second
+// round trip, as in TakeBatch. Items with N == 0 are not sent; invalid items (a bad
+// limit, N < 0 or N > Burst) get an error wrapping ErrInvalidLimit and are not sent.
+// Two items for one bucket are two refunds. The returned error is the first item error
+// (nil when every item was refunded); out must be at least as long as reqs. An item
+// that timed out may have been refunded in Redis.
+func (s *Store) RefundBatch(ctx context.Context, reqs []RefundRequest, out []RefundResult) error {
+	if len(out) < len(reqs) {
+		return fmt.Errorf("%w: RefundBatch: out has %d slots for %d requests", ErrConfig, len(out), len(reqs))
+	}
+	out = out[:len(reqs)]
+	if s.pipe == nil {
+		for i, r := range reqs {
+			out[i] = s.refundOne(ctx, r)
+		}
+		return firstErr(out, RefundResult.err)
+	}
+	items := make([]batchItem, len(reqs))
+	for i, r := range reqs {
+		out[i] = RefundResult{}
+		if err := checkRefund(r.Limit, r.N); err != nil || r.N == 0 {
+			out[i].Err = err
+			continue
+		}
+		items[i] = batchItem{
+			keys: []string{bucketKey(s.prefix, r.Limit.Name, r.Key)},
+			args: []any{r.Limit.Burst, r.Limit.Rate, r.N, s.serverID, s.nextSeq()},
+		}
+	}
+	if !s.runBatch(ctx, lua.Refund, items) {
+		return firstErr(out, RefundResult.err)
+	}
+	for i := range items {
+		it := &items[i]
+		if it.cmd == nil {
+			continue
+		}
+		reply, err := it.cmd.Slice()
+		if err != nil {
+			out[i] = RefundResult{Err: wrap("refund", err)}
+			continue
+		}
+		left, flag, err := parseRefund(reply)
+		if err == nil && flag == lua.Stale {
+			// Overtaken by a concurrent refund of the same bucket (see maxStale): it
+			// refunded nothing; refund again on its own.
+			out[i] = s.refundOne(ctx, reqs[i])
+			continue
+		}
+		out[i] = RefundResult{Remaining: left, Err: err}
+	}
+	return firstErr(out, RefundResult.err)
+}
+
+func (r TakeResult) err() error   { return r.Err }
+func (r RefundResult) err() error { return r.Err }
 
 func isNoScript(err error) bool {
 	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))
 }
 
-func firstErr(out []TakeResult) error {
+// firstErr returns the first item error of a batch's answers.
+func firstErr[R any](out []R, errOf func(R) error) error {
 	for _, r := range out {
-		if r.Err != nil {
-			return r.Err
+		if err := errOf(r); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -1,0 +1,225 @@
+package global_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/internal/redistest"
+)
+
+// level is what the bucket of lim and key holds now: a take of everything, refunded.
+func level(t *testing.T, s *global.Store, lim global.Limit, key string) int {
+	t.Helper()
+	ctx := context.Background()
+	g, err := s.Take(ctx, lim, key, lim.Burst, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Refund(ctx, lim, key, g.Granted); err != nil {
+		t.Fatal(err)
+	}
+	return g.Granted
+}
+
+func TestRefundBatch(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		s := newStore(t, tg.Client)
+		lim := global.Limit{Name: lname(t), Rate: 1e-4, Burst: 100}
+		for i := range 4 {
+			if g, err := s.Take(ctx, lim, "k"+strconv.Itoa(i), 50, 50); err != nil || g.Granted != 50 {
+				t.Fatalf("take: %+v %v", g, err)
+			}
+		}
+		reqs := []global.RefundRequest{
+			{Limit: lim, Key: "k0", N: 10},
+			{Limit: lim, Key: "k1", N: 0},   // nothing to send
+			{Limit: lim, Key: "k2", N: 101}, // more than the burst: invalid, not sent
+			{Limit: lim, Key: "k3", N: 80},  // 50 + 80 is capped at 100
+			{Limit: lim, Key: "k0", N: 5},   // a second refund of one bucket adds up
+			{Limit: lim, Key: "new", N: 7},  // a bucket that does not exist is full
+		}
+		out := make([]global.RefundResult, len(reqs))
+		err := s.RefundBatch(ctx, reqs, out)
+		if !errors.Is(err, global.ErrInvalidLimit) || !errors.Is(out[2].Err, global.ErrInvalidLimit) {
+			t.Fatalf("RefundBatch error %v, item 2 %v: want the invalid item's error", err, out[2].Err)
+		}
+		for _, c := range []struct {
+			item int
+			left float64
+		}{{0, 60}, {1, 0}, {3, 100}, {4, 65}, {5, 100}} {
+			if r := out[c.item]; r.Err != nil || !near(r.Remaining, c.left, 1e-2) {
+				t.Errorf("item %d: %+v, want %v left", c.item, r, c.left)
+			}
+		}
+		for key, want := range map[string]int{"k0": 65, "k1": 50, "k2": 50, "k3": 100, "new": 100} {
+			if got := level(t, s, lim, key); got != want {
+				t.Errorf("bucket %s holds %d, want %d", key, got, want)
+			}
+		}
+
+		if err := s.RefundBatch(ctx, reqs, out[:2]); !errors.Is(err, global.ErrConfig) {
+			t.Fatalf("short out: %v, want ErrConfig", err)
+		}
+		if err := s.RefundBatch(ctx, nil, nil); err != nil {
+			t.Fatalf("empty batch: %v", err)
+		}
+		// A batch with nothing to send makes no call and answers nothing.
+		if err := s.RefundBatch(ctx, reqs[1:2], out); err != nil || out[0] != (global.RefundResult{}) {
+			t.Fatalf("N == 0 batch: %+v %v", out[0], err)
+		}
+	})
+}
+
+// replayHook sends every pipeline twice, as a client that retries a timed-out pipeline
+// does: the same (server id, seq) reaches Redis twice.
+type replayHook struct{}
+
+func (replayHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (replayHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (replayHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if err := next(ctx, cmds); err != nil {
+			return err
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestRefundBatchReplaySafe: a batch whose commands all run twice refunds once.
+func TestRefundBatchReplaySafe(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		s := newStore(t, tg.Client)
+		lim := global.Limit{Name: lname(t), Rate: 1e-4, Burst: 100}
+		reqs := make([]global.RefundRequest, 8)
+		for i := range reqs {
+			reqs[i] = global.RefundRequest{Limit: lim, Key: "k" + strconv.Itoa(i), N: 3 + i}
+			if g, err := s.Take(ctx, lim, reqs[i].Key, 60, 60); err != nil || g.Granted != 60 {
+				t.Fatalf("take: %+v %v", g, err)
+			}
+		}
+		tg.Client.AddHook(replayHook{})
+		out := make([]global.RefundResult, len(reqs))
+		if err := s.RefundBatch(ctx, reqs, out); err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range out {
+			// The replayed answer is the recorded one: the level after the one refund.
+			if want := float64(40 + 3 + i); r.Err != nil || !near(r.Remaining, want, 1e-2) {
+				t.Errorf("item %d: %+v, want %v left", i, r, want)
+			}
+			if got := level(t, s, lim, reqs[i].Key); got != 40+3+i {
+				t.Errorf("bucket %d holds %d after a replayed refund of %d, want %d", i, got, 3+i, 40+3+i)
+			}
+		}
+	})
+}
+
+// TestRefundBatchNoScript: an empty script cache costs one extra round trip, and only
+// the items that got NOSCRIPT are re-sent.
+func TestRefundBatchNoScript(t *testing.T) {
+	ctx := context.Background()
+	check := func(t *testing.T, c *redis.Client) {
+		hook := &countingHook{}
+		c.AddHook(hook)
+		s := newStore(t, c)
+		lim := global.Limit{Name: lname(t), Rate: 1e-4, Burst: 100}
+		reqs := make([]global.RefundRequest, 6)
+		for i := range reqs {
+			reqs[i] = global.RefundRequest{Limit: lim, Key: "b" + strconv.Itoa(i), N: 4}
+			if g, err := s.Take(ctx, lim, reqs[i].Key, 50, 50); err != nil || g.Granted != 50 {
+				t.Fatalf("take: %+v %v", g, err)
+			}
+		}
+		out := make([]global.RefundResult, len(reqs))
+		if err := c.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		hook.pipelines = nil
+		if err := s.RefundBatch(ctx, reqs, out); err != nil {
+			t.Fatalf("RefundBatch after SCRIPT FLUSH: %v", err)
+		}
+		if len(hook.pipelines) != 2 || countOf(hook.pipelines[0], "evalsha") != 6 || countOf(hook.pipelines[1], "eval") != 6 {
+			t.Fatalf("pipelines %v, want 6 EVALSHA then 6 EVAL", hook.pipelines)
+		}
+		// Warm cache: one round trip.
+		hook.pipelines = nil
+		if err := s.RefundBatch(ctx, reqs, out); err != nil || len(hook.pipelines) != 1 {
+			t.Fatalf("warm RefundBatch: %v, %d pipelines", err, len(hook.pipelines))
+		}
+		// Partial NOSCRIPT: only the failed half is re-sent, and each refund runs once.
+		hook.pipelines = nil
+		hook.dropOdd.Store(true)
+		if err := s.RefundBatch(ctx, reqs, out); err != nil {
+			t.Fatal(err)
+		}
+		if len(hook.pipelines) != 2 || len(hook.pipelines[1]) != 3 || countOf(hook.pipelines[1], "eval") != 3 {
+			t.Fatalf("pipelines %v, want the 3 failed refunds re-sent as EVAL", hook.pipelines)
+		}
+		for i, r := range out {
+			// 50 + 4 (flushed) + 4 (warm) + 4 (partial) = 62 in every bucket.
+			if r.Err != nil || !near(r.Remaining, 62, 1e-2) {
+				t.Fatalf("item %d: %+v, want 62 left", i, r)
+			}
+		}
+	}
+	t.Run("miniredis", func(t *testing.T) {
+		_, c := redistest.Mini(t)
+		check(t, c)
+	})
+	t.Run("redis", func(t *testing.T) {
+		srv := redistest.StartServer(t) // its own server: SCRIPT FLUSH is not for the shared one
+		check(t, srv.Client())
+	})
+}
+
+// TestRefundBatchNotStale: an item overtaken by a concurrent refund of the same bucket
+// from the same Store (answered stale, nothing refunded) is sent again, not dropped.
+func TestRefundBatchNotStale(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		lim := global.Limit{Name: lname(t), Rate: 1e-4, Burst: 100}
+		s := newStore(t, tg.Client)
+		if g, err := s.Take(ctx, lim, "k", 50, 50); err != nil || g.Granted != 50 {
+			t.Fatalf("take: %+v, %v", g, err)
+		}
+		h := &staleHook{other: func() {
+			if err := s.Refund(ctx, lim, "k", 10); err != nil {
+				t.Errorf("other refund: %v", err)
+			}
+		}}
+		tg.Client.AddHook(h)
+		out := make([]global.RefundResult, 1)
+		if err := s.RefundBatch(ctx, []global.RefundRequest{{Limit: lim, Key: "k", N: 5}}, out); err != nil {
+			t.Fatal(err)
+		}
+		if !h.fired.Load() {
+			t.Fatal("the hook did not run")
+		}
+		if !near(out[0].Remaining, 65, 1e-2) {
+			t.Errorf("batch answered %v left, want 65", out[0].Remaining)
+		}
+		if got := level(t, s, lim, "k"); got != 65 {
+			t.Fatalf("after refunds of 10 and 5 into 50 left, the bucket holds %d, want 65", got)
+		}
+	})
+}
+
+// TestRefundBatchErrors: a broken Redis fails every item with ErrUnavailable.
+func TestRefundBatchErrors(t *testing.T) {
+	m, c := redistest.Mini(t)
+	s := newStore(t, c)
+	lim := global.Limit{Name: lname(t), Rate: 1, Burst: 10}
+	m.Close()
+	out := make([]global.RefundResult, 2)
+	err := s.RefundBatch(context.Background(), []global.RefundRequest{{Limit: lim, Key: "a", N: 1}, {Limit: lim, Key: "b", N: 2}}, out)
+	if !global.IsUnavailable(err) || !global.IsUnavailable(out[0].Err) || !global.IsUnavailable(out[1].Err) {
+		t.Fatalf("closed Redis: %v, items %v / %v, want ErrUnavailable", err, out[0].Err, out[1].Err)
+	}
+}
