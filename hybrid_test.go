@@ -466,3 +466,73 @@ func TestCloseRefundsLeases(t *testing.T) {
 		}
 	})
 }
+
+// TestCloseRefundsInFewRoundTrips: a server holding leases for many keys gives every
+// unused token back on Close in pipelined batches, not one call per key, and every
+// bucket ends where the admitted requests left it.
+func TestCloseRefundsInFewRoundTrips(t *testing.T) {
+	const perKey = 30
+	targets(t, func(t *testing.T, addr string, real bool) {
+		keys := 1000 // miniredis runs scripts slowly: fewer keys there
+		if !real {
+			keys = 300
+		}
+		if testing.Short() {
+			keys /= 3
+		}
+		prefix := randomPrefix()
+		counter := &callCounter{}
+		s := newServer(t, addr, prefix, counter, breaker.Settings{Timeout: 5 * time.Second}, hybrid.Config{
+			FleetSize: 1,
+			Limits: []hybrid.Limit{{Name: "api", Rate: 0.001, Burst: 100, Policy: breaker.FailClosed,
+				Timeout: 5 * time.Second, MaxKeys: 2 * keys,
+				// Long-lived leases sized for seconds of demand: every key holds spare
+				// tokens at Close, and none expire before.
+				RefillInterval: 5 * time.Second, Lifetime: time.Minute}},
+		})
+		ctx := context.Background()
+		var wg sync.WaitGroup
+		for k := range keys {
+			wg.Go(func() {
+				// A burst of requests grows the key's batch: its lease ends up holding tokens.
+				for range perKey {
+					if d, err := s.limiter.Allow(ctx, "api", fmt.Sprint("k", k)); err != nil || !d.Allowed {
+						t.Errorf("key %d denied: %+v %v", k, d, err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		before := s.limiter.Stats()
+		trips, cmds := counter.trips.Load(), counter.cmds.Load()
+		if err := s.limiter.Close(ctx); err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+		closeTrips, closeCmds := counter.trips.Load()-trips, counter.cmds.Load()-cmds
+		st := s.limiter.Stats()
+		t.Logf("%d keys: Close refunded %d tokens with %d commands in %d round trips (%d refund calls); stats %+v",
+			keys, st.Refunded-before.Refunded, closeCmds, closeTrips, st.RefundCalls-before.RefundCalls, st)
+		if st.Granted-st.Refunded != int64(keys*perKey) || st.RefundsLost != 0 {
+			t.Errorf("granted %d − refunded %d != %d admitted (lost %d)", st.Granted, st.Refunded, keys*perKey, st.RefundsLost)
+		}
+		if closeCmds < int64(keys) {
+			t.Errorf("Close sent %d commands for %d keys: some keys held no lease, the test proves less", closeCmds, keys)
+		}
+		// One pipeline per 256 keys, plus a few for whatever was in flight (a heartbeat,
+		// an expiry tick).
+		if limit := int64((keys+255)/256 + 3); closeTrips > limit {
+			t.Errorf("Close made %d round trips for %d keys, want at most %d", closeTrips, keys, limit)
+		}
+		lim, _ := global.NewLimit("api", 0.001, 100)
+		for k := range keys {
+			g, err := s.store.Take(ctx, lim, fmt.Sprint("k", k), 100, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g.Granted != 100-perKey {
+				t.Fatalf("bucket of key %d holds %d after Close, want %d (leases not all refunded)", k, g.Granted, 100-perKey)
+			}
+		}
+	})
+}

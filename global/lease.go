@@ -117,15 +117,20 @@ func (s *Store) refundOne(ctx context.Context, r RefundRequest) RefundResult {
 	}
 	keys := []string{bucketKey(s.prefix, r.Limit.Name, r.Key)}
 	for attempt := 1; ; attempt++ {
-		reply, err := lua.Refund.Run(ctx, s.c, keys, r.Limit.Burst, r.Limit.Rate, r.N, s.serverID, s.nextSeq()).Slice()
+		seq := r.Seq
+		if seq == 0 {
+			seq = s.nextSeq()
+		}
+		reply, err := lua.Refund.Run(ctx, s.c, keys, r.Limit.Burst, r.Limit.Rate, r.N, s.serverID, seq).Slice()
 		if err != nil {
-			return RefundResult{Err: wrap("refund", err)}
+			return RefundResult{Seq: seq, Err: wrap("refund", err)}
 		}
 		left, flag, err := parseRefund(reply)
 		// Stale: overtaken by a concurrent refund of this bucket from this Store; it
-		// refunded nothing, so send it again (see maxStale).
-		if err != nil || flag != lua.Stale || attempt == maxStale {
-			return RefundResult{Remaining: left, Err: err}
+		// refunded nothing, so send it again (see maxStale) — unless the caller chose
+		// the seq (a retry), which may have run before the newer refund.
+		if err != nil || flag != lua.Stale || attempt == maxStale || r.Seq != 0 {
+			return RefundResult{Remaining: left, Seq: seq, Err: err}
 		}
 	}
 }
@@ -292,12 +297,20 @@ type RefundRequest struct {
 	Limit Limit
 	Key   string
 	N     int
+	// Seq is 0 for a new refund: RefundBatch gives it a fresh sequence number and
+	// reports it in RefundResult.Seq. To send again a refund whose answer was lost (a
+	// timeout), set Seq to that number: where the first attempt ran, Redis answers it
+	// as a replay and adds nothing, so the retry cannot refund twice. Such an item is
+	// not re-sent when Redis answers it stale (a later refund of the bucket from this
+	// Store already ran): that errs on the safe side.
+	Seq uint64
 }
 
 // RefundResult is the answer to one RefundRequest: the tokens in the bucket after the
 // refund (0 when nothing was sent, for N == 0), or an error (classified as for Refund).
 type RefundResult struct {
 	Remaining float64
+	Seq       uint64 // the sequence number sent (see RefundRequest.Seq); 0 if not sent
 	Err       error
 }
 
@@ -333,9 +346,14 @@ func (s *Store) RefundBatch(ctx context.Context, reqs []RefundRequest, out []Ref
 			out[i].Err = err
 			continue
 		}
+		seq := r.Seq
+		if seq == 0 {
+			seq = s.nextSeq()
+		}
+		out[i].Seq = seq
 		items[i] = batchItem{
 			keys: []string{bucketKey(s.prefix, r.Limit.Name, r.Key)},
-			args: []any{r.Limit.Burst, r.Limit.Rate, r.N, s.serverID, s.nextSeq()},
+			args: []any{r.Limit.Burst, r.Limit.Rate, r.N, s.serverID, seq},
 		}
 	}
 	if !s.runBatch(ctx, lua.Refund, items) {
@@ -348,20 +366,25 @@ func (s *Store) RefundBatch(ctx context.Context, reqs []RefundRequest, out []Ref
 		}
 		reply, err := it.cmd.Slice()
 		if err != nil {
-			out[i] = RefundResult{Err: wrap("refund", err)}
+			out[i].Err = wrap("refund", err)
 			continue
 		}
 		left, flag, err := parseRefund(reply)
-		if err == nil && flag == lua.Stale {
+		if err == nil && flag == lua.Stale && reqs[i].Seq == 0 {
 			// Overtaken by a concurrent refund of the same bucket (see maxStale): it
 			// refunded nothing; refund again on its own.
 			out[i] = s.refundOne(ctx, reqs[i])
 			continue
 		}
-		out[i] = RefundResult{Remaining: left, Err: err}
+		out[i].Remaining, out[i].Err = left, err
 	}
 	return firstErr(out, RefundResult.err)
 }
+
+// NextSeq returns a fresh sequence number of this Store, for RefundRequest.Seq: a caller
+// that may give up on a batch before its answer arrives (a deadline) picks the numbers
+// first, so that it can send the same refunds again without refunding twice.
+func (s *Store) NextSeq() uint64 { return s.nextSeq() }
 
 func (r TakeResult) err() error   { return r.Err }
 func (r RefundResult) err() error { return r.Err }

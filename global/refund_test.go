@@ -223,3 +223,45 @@ func TestRefundBatchErrors(t *testing.T) {
 		t.Fatalf("closed Redis: %v, items %v / %v, want ErrUnavailable", err, out[0].Err, out[1].Err)
 	}
 }
+
+// TestRefundBatchRetryWithSeq: a refund sent again with the Seq of its first attempt
+// adds nothing where that attempt ran, and refunds where it did not.
+func TestRefundBatchRetryWithSeq(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		s := newStore(t, tg.Client)
+		lim := global.Limit{Name: lname(t), Rate: 1e-4, Burst: 100}
+		for _, k := range []string{"ran", "lost"} {
+			if g, err := s.Take(ctx, lim, k, 50, 50); err != nil || g.Granted != 50 {
+				t.Fatalf("take: %+v %v", g, err)
+			}
+		}
+		reqs := []global.RefundRequest{{Limit: lim, Key: "ran", N: 10}}
+		out := make([]global.RefundResult, 2)
+		if err := s.RefundBatch(ctx, reqs, out); err != nil || out[0].Seq == 0 {
+			t.Fatalf("first attempt: %+v %v", out[0], err)
+		}
+		// The answer was lost; the retry carries the first attempt's seq.
+		reqs[0].Seq = out[0].Seq
+		if err := s.RefundBatch(ctx, reqs, out); err != nil || !near(out[0].Remaining, 60, 1e-2) || out[0].Seq != reqs[0].Seq {
+			t.Fatalf("retry: %+v %v, want the recorded 60 and the same seq", out[0], err)
+		}
+		if got := level(t, s, lim, "ran"); got != 60 {
+			t.Fatalf("a refund of 10 sent twice left %d, want 60", got)
+		}
+		if tg.Mini == nil {
+			return
+		}
+		// An attempt that never ran: the retry with its seq refunds.
+		tg.Mini.SetError("LOADING Redis is loading the dataset in memory")
+		lost := []global.RefundRequest{{Limit: lim, Key: "lost", N: 7}}
+		if err := s.RefundBatch(ctx, lost, out); !global.IsUnavailable(err) || out[0].Seq == 0 {
+			t.Fatalf("failed attempt: %+v %v", out[0], err)
+		}
+		tg.Mini.SetError("")
+		lost[0].Seq = out[0].Seq
+		if err := s.RefundBatch(ctx, lost, out); err != nil || !near(out[0].Remaining, 57, 1e-2) {
+			t.Fatalf("retry of a lost refund: %+v %v, want 57 left", out[0], err)
+		}
+	})
+}

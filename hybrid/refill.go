@@ -1,17 +1,15 @@
 package hybrid
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
 )
-
-// refundWorkers bounds the refunds sent at once (there is no pipelined refund).
-const refundWorkers = 8
 
 // send queues the refill f for the refiller. When the breaker is open the refill fails at
 // once, without a trip through the refiller: every request then goes straight to its
@@ -232,9 +230,10 @@ func (l *Limiter) expire(now time.Time) {
 	}
 }
 
-// sendRefunds gives the queued refunds back to their buckets, summed per key, a few at a
-// time through the breaker. Refunds that fail are dropped (counted): the tokens stay
-// spent, which errs on the safe side. With all set (Close) it returns the failures.
+// sendRefunds gives the queued refunds back to their buckets, summed per key, with
+// RefundBatch round trips of up to maxRefundBatch keys, each through the breaker with the
+// shortest Timeout among its limits. Refunds that fail are dropped (counted): the tokens
+// stay spent, which errs on the safe side. With all set (Close) it returns the failures.
 func (l *Limiter) sendRefunds(ctx context.Context, all bool) error {
 	l.mu.Lock()
 	queued := l.refunds
@@ -247,52 +246,34 @@ func (l *Limiter) sendRefunds(ctx context.Context, all bool) error {
 		lim *limit
 		key string
 	}
-	sum := make(map[bucketKey]int, len(queued))
-	order := make([]bucketKey, 0, len(queued))
+	at := make(map[bucketKey]int, len(queued)) // index in reqs
+	reqs := make([]global.RefundRequest, 0, len(queued))
+	lims := make([]*limit, 0, len(queued))
 	for _, r := range queued {
 		k := bucketKey{r.lim, r.key}
-		if _, ok := sum[k]; !ok {
-			order = append(order, k)
+		i, ok := at[k]
+		if !ok {
+			i = len(reqs)
+			at[k] = i
+			// The seq is chosen now so that a batch can be sent again (see refundBatch).
+			reqs = append(reqs, global.RefundRequest{Limit: r.lim.glim, Key: r.key, Seq: l.store.NextSeq()})
+			lims = append(lims, r.lim)
 		}
-		sum[k] += r.n
+		reqs[i].N += r.n
 	}
-	var (
-		mu       sync.Mutex
-		failed   int
-		firstErr error
-		wg       sync.WaitGroup
-		work     = make(chan bucketKey)
-	)
-	for range min(refundWorkers, len(order)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for k := range work {
-				n := min(sum[k], k.lim.cfg.Burst)
-				rctx, cancel := context.WithTimeout(ctx, k.lim.cfg.Timeout)
-				err := l.brk.Do(rctx, func(ctx context.Context) error {
-					return l.store.Refund(ctx, k.lim.glim, k.key, n)
-				})
-				cancel()
-				l.stats.refundCalls.Add(1)
-				if err != nil {
-					mu.Lock()
-					failed += n
-					if firstErr == nil {
-						firstErr = err
-					}
-					mu.Unlock()
-					continue
-				}
-				l.stats.refunded.Add(int64(n))
-			}
-		}()
+	for i := range reqs {
+		reqs[i].N = min(reqs[i].N, lims[i].cfg.Burst) // the bucket holds no more
 	}
-	for _, k := range order {
-		work <- k
+	failed := 0
+	var firstErr error
+	for lo := 0; lo < len(reqs); lo += maxRefundBatch {
+		hi := min(lo+maxRefundBatch, len(reqs))
+		n, err := l.refundBatch(ctx, reqs[lo:hi], lims[lo:hi])
+		failed += n
+		if firstErr == nil {
+			firstErr = err
+		}
 	}
-	close(work)
-	wg.Wait()
 	if failed > 0 {
 		l.stats.refundsLost.Add(int64(failed))
 		if all {
@@ -300,6 +281,57 @@ func (l *Limiter) sendRefunds(ctx context.Context, all bool) error {
 		}
 	}
 	return nil
+}
+
+// maxRefundBatch is the most refunds sent in one pipelined round trip.
+const maxRefundBatch = 256
+
+// refundBatch sends one RefundBatch round trip through the breaker and returns the
+// tokens that were not refunded, with the first error.
+//
+// A batch that Redis answers too slowly for the breaker's deadline (a busy or slow
+// server, a large batch) is sent again in two halves, down to single refunds. That is
+// safe because every item keeps the sequence number it was given in sendRefunds: where
+// the abandoned attempt ran, Redis answers the resend as a replay and adds nothing.
+// An open breaker, or any other failure, ends it: those tokens stay spent.
+func (l *Limiter) refundBatch(ctx context.Context, reqs []global.RefundRequest, lims []*limit) (int, error) {
+	timeout := lims[0].cfg.Timeout
+	for _, lm := range lims[1:] {
+		timeout = min(timeout, lm.cfg.Timeout)
+	}
+	// The call may outlive Do (the breaker returns at its deadline): it gets its own out,
+	// never read after a failure; reqs is only read.
+	out := make([]global.RefundResult, len(reqs))
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	err := l.brk.Do(cctx, func(ctx context.Context) error {
+		err := l.store.RefundBatch(ctx, reqs, out)
+		if global.IsUnavailable(err) {
+			return err // the store did not answer: the breaker counts it
+		}
+		return nil // per-item errors (a script error on one key) are read from out
+	})
+	cancel()
+	l.stats.refundCalls.Add(1)
+	if err != nil && errors.Is(err, breaker.ErrTimeout) && len(reqs) > 1 && ctx.Err() == nil {
+		half := len(reqs) / 2
+		n1, err1 := l.refundBatch(ctx, reqs[:half], lims[:half])
+		n2, err2 := l.refundBatch(ctx, reqs[half:], lims[half:])
+		return n1 + n2, cmp.Or(err1, err2)
+	}
+	failed, refunded := 0, 0
+	firstErr := err
+	for i, r := range reqs {
+		if err != nil || out[i].Err != nil {
+			failed += r.N
+			if firstErr == nil {
+				firstErr = out[i].Err
+			}
+			continue
+		}
+		refunded += r.N
+	}
+	l.stats.refunded.Add(int64(refunded))
+	return failed, firstErr
 }
 
 // heartbeat announces this server in the fleet every interval and divides the limits by
