@@ -16,7 +16,7 @@ import (
 
 // TestCluster runs against the real Redis Cluster named by REDIS_CLUSTER_ADDRS (.ci/run
 // starts a 3-master one with .ci/redis-cluster.sh). The refills of many keys of one limit
-// go out in one TakeBatch call, and because the hash tag is per bucket, not per limit,
+// go out in one TakeBatch call (their refunds in one RefundBatch), and because the hash tag is per bucket, not per limit,
 // those keys land on every master.
 func TestCluster(t *testing.T) {
 	c := redistest.Cluster(t, func(o *redis.ClusterOptions) {
@@ -87,6 +87,21 @@ func TestCluster(t *testing.T) {
 	for i, r := range out {
 		if r.Granted != 5 || !near(r.Remaining, 10, 1e-2) {
 			t.Fatalf("second batch item %d: %+v", i, r)
+		}
+	}
+
+	// The refunds of those buckets, from every master, in one RefundBatch call.
+	refunds := make([]global.RefundRequest, n)
+	for i, r := range reqs {
+		refunds[i] = global.RefundRequest{Limit: lim, Key: r.Key, N: 5}
+	}
+	rout := make([]global.RefundResult, n)
+	if err := s.RefundBatch(ctx, refunds, rout); err != nil {
+		t.Fatalf("RefundBatch: %v", err)
+	}
+	for i, r := range rout {
+		if r.Err != nil || !near(r.Remaining, 15, 1e-2) {
+			t.Fatalf("refund item %d: %+v, want 15 left", i, r)
 		}
 	}
 
