@@ -23,6 +23,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/hybrid"
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
+	"github.com/fleetlimit/fleetlimit/lua"
 )
 
 // callCounter is a go-redis hook counting what a server sends to Redis: round trips
@@ -524,15 +525,93 @@ func TestCloseRefundsInFewRoundTrips(t *testing.T) {
 		if limit := int64((keys+255)/256 + 3); closeTrips > limit {
 			t.Errorf("Close made %d round trips for %d keys, want at most %d", closeTrips, keys, limit)
 		}
-		lim, _ := global.NewLimit("api", 0.001, 100)
+		checkLevels(t, s.store, "api", keys, 100-perKey)
+	})
+}
+
+// slowRefunds holds back the answer of the first refund pipeline until the next refund
+// pipeline goes out: the refunds have run in Redis, but the limiter's breaker gave up on
+// them (a slow answer), and the limiter sends them again.
+type slowRefunds struct {
+	first  atomic.Bool
+	resent chan struct{}
+	once   sync.Once
+}
+
+func (h *slowRefunds) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *slowRefunds) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *slowRefunds) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) == 0 || cmds[0].Name() != "evalsha" || cmds[0].Args()[1] != lua.Refund.Hash() {
+			return next(ctx, cmds)
+		}
+		if !h.first.CompareAndSwap(false, true) {
+			h.once.Do(func() { close(h.resent) })
+			return next(ctx, cmds)
+		}
+		err := next(ctx, cmds)
+		select {
+		case <-h.resent:
+		case <-time.After(10 * time.Second): // the limiter never sent them again: the test fails below
+		}
+		return err
+	}
+}
+
+// TestRefundTimeoutResendsOnce: a refund batch whose answer comes too late for the
+// breaker is sent again with the same sequence numbers (in halves): Redis answers the
+// resend as a replay, so every bucket gets its tokens back exactly once.
+func TestRefundTimeoutResendsOnce(t *testing.T) {
+	targets(t, func(t *testing.T, addr string, real bool) {
+		const keys, perKey = 20, 30
+		hook := &slowRefunds{resent: make(chan struct{})}
+		s := newServer(t, addr, randomPrefix(), nil, breaker.Settings{Timeout: 200 * time.Millisecond}, hybrid.Config{
+			FleetSize: 1,
+			Limits: []hybrid.Limit{{Name: "api", Rate: 0.001, Burst: 100, Policy: breaker.FailClosed,
+				Timeout: 200 * time.Millisecond, RefillInterval: 5 * time.Second, Lifetime: time.Minute}},
+		})
+		ctx := context.Background()
 		for k := range keys {
-			g, err := s.store.Take(ctx, lim, fmt.Sprint("k", k), 100, 1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if g.Granted != 100-perKey {
-				t.Fatalf("bucket of key %d holds %d after Close, want %d (leases not all refunded)", k, g.Granted, 100-perKey)
+			for range perKey {
+				if d, err := s.limiter.Allow(ctx, "api", fmt.Sprint("k", k)); err != nil || !d.Allowed {
+					t.Fatalf("key %d denied: %+v %v", k, d, err)
+				}
 			}
 		}
+		s.client.AddHook(hook)
+		before := s.limiter.Stats()
+		if err := s.limiter.Close(ctx); err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+		st := s.limiter.Stats()
+		t.Logf("Close: %d refund round trips, %d tokens refunded; stats %+v", st.RefundCalls-before.RefundCalls, st.Refunded-before.Refunded, st)
+		if !hook.first.Load() {
+			t.Fatal("no refund pipeline went out")
+		}
+		select {
+		case <-hook.resent:
+		default:
+			t.Fatal("the timed-out refund batch was not sent again")
+		}
+		if st.RefundsLost != 0 || st.Granted-st.Refunded != keys*perKey {
+			t.Errorf("granted %d − refunded %d != %d admitted (lost %d)", st.Granted, st.Refunded, keys*perKey, st.RefundsLost)
+		}
+		checkLevels(t, s.store, "api", keys, 100-perKey)
 	})
+}
+
+// checkLevels checks that the buckets of keys k0..k<keys-1> of limit name (rate 0.001,
+// burst 100) each hold want whole tokens: every leased token refunded exactly once.
+func checkLevels(t *testing.T, st *global.Store, name string, keys, want int) {
+	t.Helper()
+	lim, _ := global.NewLimit(name, 0.001, 100)
+	for k := range keys {
+		g, err := st.Take(context.Background(), lim, fmt.Sprint("k", k), 100, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.Granted != want {
+			t.Fatalf("bucket of key %d holds %d after Close, want %d: leases refunded twice or not at all", k, g.Granted, want)
+		}
+	}
 }
