@@ -461,3 +461,42 @@ func BenchmarkLeaseAcquire(b *testing.B) {
 
 func nan() float64 { return math.NaN() }
 func inf() float64 { return math.Inf(1) }
+
+// TestServesTakeIsAcquire: the limiter's common path (serves, then take) leaves the lease
+// exactly as Acquire would and answers the same, whenever serves says yes.
+func TestServesTakeIsAcquire(t *testing.T) {
+	hits := 0
+	for seed := range 200 {
+		r := rand.New(rand.NewPCG(uint64(seed), 11))
+		c, err := LeaseConfig{Rate: float64(1 + r.IntN(1000)), Burst: 1 + r.IntN(100), Servers: 1 + r.IntN(4),
+			LowWatermark: []float64{-1, 0, 0.5, 0.9}[r.IntN(4)]}.Normalize()
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := NewLease(uint64(seed))
+		now := t0
+		for step := range 500 {
+			now = now.Add(time.Duration(r.IntN(20)) * ms)
+			n := r.IntN(4)
+			tt := l.at(now)
+			if l.serves(&c, tt, n) {
+				hits++
+				fast := l
+				rem := fast.take(&c, tt, n)
+				st := l.Acquire(&c, now, n)
+				if fast != l || st != (Step{Action: Allow, Reason: ReasonLease, Remaining: rem}) {
+					t.Fatalf("seed %d step %d: serves+take gave %+v (remaining %d), Acquire %+v %+v", seed, step, fast, rem, l, st)
+				}
+				continue
+			}
+			st := l.Acquire(&c, now, n)
+			if st.Refill.Want > 0 && r.IntN(3) > 0 {
+				l.Granted(&c, now, st.Refill.Seq, Grant{Granted: st.Refill.Want - r.IntN(2)*st.Refill.Want, Remaining: float64(r.IntN(50))})
+			}
+		}
+	}
+	if hits == 0 {
+		t.Fatal("serves never said yes")
+	}
+	t.Logf("%d requests on the common path", hits)
+}
