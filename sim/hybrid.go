@@ -17,8 +17,7 @@ import (
 
 // Constants of hybrid.Limiter that the simulation repeats (they are not exported).
 const (
-	maxBatch      = 256 // refills in one pipelined round trip
-	refundWorkers = 8   // refunds sent at once
+	maxBatch = 256 // refills in one pipelined round trip
 )
 
 // hybridStrat runs, on every simulated server, what hybrid.Limiter does around the lease
@@ -26,7 +25,7 @@ const (
 // and spent only if the lease allows), the lease (hybrid.Lease, the library's own state
 // machine), one background refiller per server that sends pending refills (several keys
 // in one pipelined round trip) through the server's breaker.Breaker, then the queued
-// refunds (summed per key, eight at a time), and expires leases every Lifetime/4; requests
+// refunds (summed per key, up to maxBatch keys per pipelined round trip), and expires leases every Lifetime/4; requests
 // that wait for a refill give up after the limit's timeout; when Redis does not answer,
 // breaker.Fallback applies the limit's policy. The lua.Take and lua.Refund scripts run on
 // miniredis (or the Go model).
@@ -445,8 +444,9 @@ func (h *hybridStrat) settle(s *server, fl *flight, g *takeReply, err error) {
 	fl.waiters = nil
 }
 
-// sendRefunds is Limiter.sendRefunds: the queued refunds, summed per key (at most a burst),
-// refundWorkers at a time through the breaker; then next. Failed refunds are dropped.
+// sendRefunds is Limiter.sendRefunds: the queued refunds, summed per key (at most a
+// burst), up to maxBatch keys per pipelined round trip (global.Store.RefundBatch), one
+// round trip at a time through the breaker; then next. Failed refunds are dropped.
 func (h *hybridStrat) sendRefunds(s *server, hs *hserver, next func()) {
 	queued := hs.refunds
 	hs.refunds = nil
@@ -463,29 +463,23 @@ func (h *hybridStrat) sendRefunds(s *server, hs *hserver, next func()) {
 		sum[r.key] += r.n
 	}
 	f, sc := h.f, h.f.sc
-	running := 0
-	var start func()
-	start = func() {
-		for running < refundWorkers && len(order) > 0 {
-			k := order[0]
-			order = order[1:]
-			n := min(sum[k], sc.Burst)
-			running++
-			h.b.call(hs.brk, func(answered func()) {
-				f.redis.roundTrip(1, sc.ScriptTime, func(at time.Time) {
-					h.s.Refund(at, f.keyName(k), float64(sc.Burst), sc.Rate, n, s.name, h.refundSeq(s))
-				}, answered)
-			}, func(error) {
-				running--
-				if running == 0 && len(order) == 0 {
-					next()
-					return
-				}
-				start()
-			})
+	var trip func()
+	trip = func() {
+		if len(order) == 0 {
+			next()
+			return
 		}
+		batch := order[:min(len(order), maxBatch)]
+		order = order[len(batch):]
+		h.b.call(hs.brk, func(answered func()) {
+			f.redis.roundTrip(len(batch), time.Duration(len(batch))*sc.ScriptTime, func(at time.Time) {
+				for _, k := range batch {
+					h.s.Refund(at, f.keyName(k), float64(sc.Burst), sc.Rate, min(sum[k], sc.Burst), s.name, h.refundSeq(s))
+				}
+			}, answered)
+		}, func(error) { trip() })
 	}
-	start()
+	trip()
 }
 
 // refundSeq numbers the refunds of server s (increasing, as global.Store's are).
