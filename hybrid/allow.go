@@ -60,21 +60,11 @@ func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (Decisio
 	case l.closed.Load():
 		return Decision{Reason: ReasonClosed}, ErrClosed
 	}
-	// The common path, kept in this function: one lookup, and a request the lease serves
-	// is answered without the slow path's bookkeeping.
-	var o outcome
-	if !lm.keys.Update(l.now(), key, func(e *entry, t time.Time) {
-		lm.decide(&o, e, t, key, n, true)
-	}) {
+	d, f, ok := l.pass(lm, key, n, true)
+	switch {
+	case !ok:
 		return Decision{Reason: ReasonClosed}, ErrClosed
-	}
-	if o.served {
-		l.stats.count(o.slot, SourceLease)
-		o.d.Servers = int(l.servers.Load())
-		return o.d, nil
-	}
-	d, f := l.after(lm, key, &o)
-	if f == nil {
+	case f == nil:
 		return d, nil
 	}
 	return l.wait(ctx, lm, key, n, f)
@@ -90,13 +80,6 @@ func (l *Limiter) pass(lm *limit, key string, n int, first bool) (d Decision, f 
 	}) {
 		return o.d, nil, false
 	}
-	d, f = l.after(lm, key, &o)
-	return d, f, true
-}
-
-// after does what a decided step asks outside the key's lock (queue a refund, send a
-// refill) and counts the decision; f is the refill to wait for, nil once decided.
-func (l *Limiter) after(lm *limit, key string, o *outcome) (Decision, *flight) {
 	o.d.Servers = int(l.servers.Load())
 	if o.st.Refund > 0 {
 		l.queueRefund(lm, key, o.st.Refund)
@@ -106,9 +89,9 @@ func (l *Limiter) after(lm *limit, key string, o *outcome) (Decision, *flight) {
 	}
 	if o.st.Action != Wait {
 		l.stats.count(o.slot, o.d.Source)
-		return o.d, nil
+		return o.d, nil, true
 	}
-	return o.d, o.f
+	return o.d, o.f, true
 }
 
 // outcome is what decide found, filled in under the key's lock.
@@ -117,9 +100,6 @@ type outcome struct {
 	st   Step
 	f    *flight
 	slot uint8 // the key's counter shard
-	// served: the lease allowed the request from tokens on hand, with nothing to refund
-	// and no refill to start, so there is nothing to do outside the lock but count it.
-	served bool
 }
 
 // lookup finds the named limit: a scan for a few limits (no hashing), else the map.
@@ -144,18 +124,6 @@ func (l *Limiter) lookup(name string) *limit {
 func (lm *limit) decide(o *outcome, e *entry, t time.Time, key string, n int, first bool) {
 	c := lm.lease.Load()
 	o.slot = e.slot
-	if first && e.lease.serves(c, t.UnixNano()-e.lease.base, n) {
-		// The common path: the lease holds the tokens and nothing else is due.
-		if !e.pre.AllowN(t, n) {
-			o.d = lm.preDenied(e, t, n)
-			return
-		}
-		rem := e.lease.take(c, t.UnixNano()-e.lease.base, n)
-		o.served = true
-		o.st.Action, o.st.Reason, o.st.Remaining = Allow, ReasonLease, rem
-		o.d = Decision{Allowed: true, Remaining: rem, Source: SourceLease, Reason: ReasonLease}
-		return
-	}
 	if e.lease.CanServe(c, t, n) {
 		if !e.pre.AllowN(t, n) {
 			o.d = lm.preDenied(e, t, n)

@@ -309,29 +309,6 @@ func (l *Lease) CanServe(c *LeaseConfig, now time.Time, n int) bool {
 	return n >= 0 && n <= c.Burst && l.tokens >= n && (n == 0 || now.UnixNano()-l.base < l.expires)
 }
 
-// serves reports whether a new request of cost n > 0 at now would be allowed from tokens
-// on hand with nothing else to do: enough unexpired tokens, and no prefetch due after it
-// (a refill is in flight, the key is paced, prefetch is off, or what stays is at or above
-// the watermark of the last batch). It changes nothing; [Lease.take] then does what
-// [Lease.Acquire] would. The limiter's common path uses the pair to skip the general one.
-func (l *Lease) serves(c *LeaseConfig, t int64, n int) bool {
-	if n <= 0 || n > c.Burst || l.tokens < n || t >= l.expires || !l.based {
-		return false
-	}
-	return l.inflight || t < l.pacedUntil || c.LowWatermark < 0 ||
-		(l.want > 0 && float64(l.tokens-n) >= c.LowWatermark*float64(l.want))
-}
-
-// take is [Lease.Acquire] for a request that [Lease.serves] said yes to at the same t: it
-// counts the demand, spends the n tokens and returns the best known remaining count.
-func (l *Lease) take(c *LeaseConfig, t int64, n int) (remaining int) {
-	l.roll(c, t)
-	l.cur += int64(n)
-	l.tokens -= n
-	l.consumed += int64(n)
-	return l.tokens + l.bucket
-}
-
 // Tokens returns the tokens on hand (some may have expired; see [Lease.Expire]).
 func (l *Lease) Tokens() int { return l.tokens }
 
