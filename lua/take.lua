@@ -47,6 +47,12 @@ local tokens = num(state[1]) or capacity
 local ts     = num(state[2]) or now
 tokens = math.min(capacity, tokens + math.max(0, now - ts) / 1000 * rate)
 
+-- ms until `min` tokens are there, 0 if they are
+local function wait_for(tokens)
+  if tokens >= min then return 0 end
+  return math.ceil((min - tokens) / rate * 1000)
+end
+
 local rec = state[3]
 if rec then
   local rseq, rg, rtok, rwait, rnow = string.match(rec, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
@@ -55,9 +61,7 @@ if rec then
     return { num(rg), rtok, num(rwait), num(rnow), 1 }
   end
   if rseq and rseq > seq then
-    local wait = 0
-    if tokens < min then wait = math.ceil((min - tokens) / rate * 1000) end
-    return { 0, tostring(tokens), wait, now, 2 }
+    return { 0, tostring(tokens), wait_for(tokens), now, 2 }
   end
 else
   -- first record of this server in this bucket: keep the hash bounded
@@ -83,9 +87,7 @@ elseif math.floor(tokens) >= min then
 end
 tokens = tokens - granted
 local wait = 0
-if granted == 0 and tokens < min then
-  wait = math.ceil((min - tokens) / rate * 1000)
-end
+if granted == 0 then wait = wait_for(tokens) end
 
 local left = tostring(tokens)
 redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', math.max(ts, now),

@@ -80,9 +80,6 @@ func (e *engine) runUntil(t time.Duration) {
 	e.now = max(e.now, t)
 }
 
-// pending reports how many events are scheduled.
-func (e *engine) pending() int { return len(e.q) }
-
 func (e *engine) less(i, j int) bool {
 	a, b := &e.q[i], &e.q[j]
 	return a.at < b.at || (a.at == b.at && a.seq < b.seq)

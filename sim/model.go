@@ -225,11 +225,7 @@ func (m *model) Take(now time.Time, key string, capacity, rate float64, want, mi
 				return takeReply{Granted: int(g), Tokens: t, WaitMS: int64(w), NowMS: int64(n), Flag: 1}
 			}
 			if rseq > fseq {
-				var wait float64
-				if tokens < float64(minimum) {
-					wait = math.Ceil((float64(minimum) - tokens) / rate * 1000)
-				}
-				return takeReply{Tokens: tokens, WaitMS: int64(wait), NowMS: int64(ms), Flag: 2}
+				return takeReply{Tokens: tokens, WaitMS: int64(waitFor(tokens, minimum, rate)), NowMS: int64(ms), Flag: 2}
 			}
 		}
 	} else {
@@ -243,8 +239,8 @@ func (m *model) Take(now time.Time, key string, capacity, rate float64, want, mi
 	}
 	tokens -= granted
 	wait := 0.0
-	if granted == 0 && tokens < float64(minimum) {
-		wait = math.Ceil((float64(minimum) - tokens) / rate * 1000)
+	if granted == 0 {
+		wait = waitFor(tokens, minimum, rate)
 	}
 	left := luaNum(tokens)
 	h = m.getOrCreate(key)
@@ -253,6 +249,14 @@ func (m *model) Take(now time.Time, key string, capacity, rate float64, want, mi
 	h.fields[field] = strconv.FormatUint(seq, 10) + " " + luaNum(granted) + " " + left + " " + luaNum(wait) + " " + luaNum(ms)
 	m.pexpire(key, bucketTTL(capacity, rate))
 	return takeReply{Granted: int(granted), Tokens: tokens, WaitMS: int64(wait), NowMS: int64(ms)}
+}
+
+// waitFor is take.lua's wait: the ms until minimum tokens are there, 0 if they are.
+func waitFor(tokens float64, minimum int, rate float64) float64 {
+	if tokens >= float64(minimum) {
+		return 0
+	}
+	return math.Ceil((float64(minimum) - tokens) / rate * 1000)
 }
 
 // Refund runs lua.Refund; it returns the tokens after and the replay flag.
