@@ -138,30 +138,7 @@ func TestRefundBatchNoScript(t *testing.T) {
 			}
 		}
 		out := make([]global.RefundResult, len(reqs))
-		if err := c.ScriptFlush(ctx).Err(); err != nil {
-			t.Fatal(err)
-		}
-		hook.pipelines = nil
-		if err := s.RefundBatch(ctx, reqs, out); err != nil {
-			t.Fatalf("RefundBatch after SCRIPT FLUSH: %v", err)
-		}
-		if len(hook.pipelines) != 2 || countOf(hook.pipelines[0], "evalsha") != 6 || countOf(hook.pipelines[1], "eval") != 6 {
-			t.Fatalf("pipelines %v, want 6 EVALSHA then 6 EVAL", hook.pipelines)
-		}
-		// Warm cache: one round trip.
-		hook.pipelines = nil
-		if err := s.RefundBatch(ctx, reqs, out); err != nil || len(hook.pipelines) != 1 {
-			t.Fatalf("warm RefundBatch: %v, %d pipelines", err, len(hook.pipelines))
-		}
-		// Partial NOSCRIPT: only the failed half is re-sent, and each refund runs once.
-		hook.pipelines = nil
-		hook.dropOdd.Store(true)
-		if err := s.RefundBatch(ctx, reqs, out); err != nil {
-			t.Fatal(err)
-		}
-		if len(hook.pipelines) != 2 || len(hook.pipelines[1]) != 3 || countOf(hook.pipelines[1], "eval") != 3 {
-			t.Fatalf("pipelines %v, want the 3 failed refunds re-sent as EVAL", hook.pipelines)
-		}
+		checkBatchNoScript(t, c, hook, "RefundBatch", len(reqs), func() error { return s.RefundBatch(ctx, reqs, out) }, func() {})
 		for i, r := range out {
 			// 50 + 4 (flushed) + 4 (warm) + 4 (partial) = 62 in every bucket.
 			if r.Err != nil || !near(r.Remaining, 62, 1e-2) {

@@ -335,6 +335,39 @@ func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 
 // TestNoScript: an empty script cache (a restarted or failed-over Redis) costs no error,
 // for single calls and in pipelines, and only the failed commands are re-sent.
+// checkBatchNoScript runs batch three times on a client watched by hook and checks its
+// round trips: after SCRIPT FLUSH, 6 EVALSHA then the same n re-sent as EVAL (afterFlush
+// then checks the answers); with a warm cache, one round trip; with half the items
+// answered NOSCRIPT by the hook, only those re-sent as EVAL.
+func checkBatchNoScript(t *testing.T, c *redis.Client, hook *countingHook, name string, n int, batch func() error, afterFlush func()) {
+	t.Helper()
+	if err := c.ScriptFlush(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	hook.pipelines = nil
+	if err := batch(); err != nil {
+		t.Fatalf("%s after SCRIPT FLUSH: %v", name, err)
+	}
+	afterFlush()
+	if len(hook.pipelines) != 2 || countOf(hook.pipelines[0], "evalsha") != n || countOf(hook.pipelines[1], "eval") != n {
+		t.Fatalf("pipelines %v, want %d EVALSHA then %d EVAL", hook.pipelines, n, n)
+	}
+	// Warm cache: one round trip.
+	hook.pipelines = nil
+	if err := batch(); err != nil || len(hook.pipelines) != 1 {
+		t.Fatalf("warm %s: %v, %d pipelines", name, err, len(hook.pipelines))
+	}
+	// Partial NOSCRIPT: only the failed half is re-sent, and each item runs once.
+	hook.pipelines = nil
+	hook.dropOdd.Store(true)
+	if err := batch(); err != nil {
+		t.Fatal(err)
+	}
+	if len(hook.pipelines) != 2 || len(hook.pipelines[1]) != n/2 || countOf(hook.pipelines[1], "eval") != n/2 {
+		t.Fatalf("pipelines %v, want the %d failed items re-sent as EVAL", hook.pipelines, n/2)
+	}
+}
+
 func TestNoScript(t *testing.T) {
 	ctx := context.Background()
 	check := func(t *testing.T, c *redis.Client) {
@@ -370,33 +403,13 @@ func TestNoScript(t *testing.T) {
 			reqs[i] = global.TakeRequest{Limit: lim, Key: "b" + strconv.Itoa(i), Want: 3, Min: 1}
 		}
 		out := make([]global.TakeResult, len(reqs))
-		flush()
-		hook.pipelines = nil
-		if err := s.TakeBatch(ctx, reqs, out); err != nil {
-			t.Fatalf("TakeBatch after SCRIPT FLUSH: %v", err)
-		}
-		for i, r := range out {
-			if r.Granted != 3 {
-				t.Fatalf("item %d: %+v", i, r)
+		checkBatchNoScript(t, c, hook, "TakeBatch", len(reqs), func() error { return s.TakeBatch(ctx, reqs, out) }, func() {
+			for i, r := range out {
+				if r.Granted != 3 {
+					t.Fatalf("item %d: %+v", i, r)
+				}
 			}
-		}
-		if len(hook.pipelines) != 2 || countOf(hook.pipelines[0], "evalsha") != 6 || countOf(hook.pipelines[1], "eval") != 6 {
-			t.Fatalf("pipelines %v, want 6 EVALSHA then 6 EVAL", hook.pipelines)
-		}
-		// Warm cache: one round trip.
-		hook.pipelines = nil
-		if err := s.TakeBatch(ctx, reqs, out); err != nil || len(hook.pipelines) != 1 {
-			t.Fatalf("warm TakeBatch: %v, %d pipelines", err, len(hook.pipelines))
-		}
-		// Partial NOSCRIPT: only the failed half is re-sent, and each take runs once.
-		hook.pipelines = nil
-		hook.dropOdd.Store(true)
-		if err := s.TakeBatch(ctx, reqs, out); err != nil {
-			t.Fatal(err)
-		}
-		if len(hook.pipelines) != 2 || len(hook.pipelines[1]) != 3 || countOf(hook.pipelines[1], "eval") != 3 {
-			t.Fatalf("pipelines %v, want the 3 failed takes re-sent as EVAL", hook.pipelines)
-		}
+		})
 		for i := range reqs {
 			// 100 - 3 (first batch) - 3 (warm) - 3 (this one) = 91 left in every bucket.
 			if out[i].Err != nil || out[i].Granted != 3 || !near(out[i].Remaining, 91, 1e-2) {
