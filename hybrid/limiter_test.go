@@ -142,8 +142,12 @@ func TestLimiterSources(t *testing.T) {
 func TestLimiterPolicies(t *testing.T) {
 	m, c := redistest.Mini(t)
 	s := newStore(t, c)
+	// A frozen clock: at 100/s a slow run (-race on a loaded machine) would
+	// otherwise refill a token mid-loop and admit 11 instead of 10.
+	now := time.Now()
 	l := newLimiter(t, s, hybrid.Config{
 		FleetSize: 4,
+		Now:       func() time.Time { return now },
 		Limits: []hybrid.Limit{
 			{Name: "open", Rate: 100, Burst: 10, Policy: breaker.FailOpen},
 			{Name: "closed", Rate: 100, Burst: 10, Policy: breaker.FailClosed},
