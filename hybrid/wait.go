@@ -1,0 +1,72 @@
+package hybrid
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Errors of Wait and WaitN.
+var (
+	// ErrWouldExceedDeadline is returned by WaitN, without waiting, when the denial's
+	// RetryAfter ends after ctx's deadline: the request could not pass in time.
+	ErrWouldExceedDeadline = errors.New("hybrid: wait would exceed the context deadline")
+	// ErrNeverAllowed is returned by WaitN for a request that can never pass (its cost
+	// is above the limit's burst, or the pre-check's).
+	ErrNeverAllowed = errors.New("hybrid: request can never be allowed")
+)
+
+// minRetry is the shortest pause between two tries of WaitN, so that a denial with a
+// RetryAfter of a few nanoseconds (a token due almost now) does not spin.
+const minRetry = 100 * time.Microsecond
+
+// Wait is shorthand for WaitN(ctx, limit, key, 1).
+func (l *Limiter) Wait(ctx context.Context, limit, key string) (Decision, error) {
+	return l.WaitN(ctx, limit, key, 1)
+}
+
+// WaitN blocks until a request of cost n for key may proceed under the named limit, and
+// returns the decision that admitted it. It asks as AllowN does; after a denial it
+// sleeps for the denial's RetryAfter and asks again, until admitted or ctx ends.
+//
+// It does not sleep at all when it cannot succeed: it returns ErrNeverAllowed for a cost
+// no bucket can hold, and ErrWouldExceedDeadline when RetryAfter ends after ctx's
+// deadline (as x/time/rate's Wait does). It returns ctx.Err() when ctx ends while it
+// sleeps, and AllowN's errors as they are. With every error the Decision is the last
+// denial (or AllowN's answer).
+//
+// Denials under contention carry a jittered RetryAfter (see docs/design.md, pacing), so
+// the waiters of a fleet do not wake together. A limit that fails closed makes WaitN
+// wait through a Redis outage, until ctx ends.
+func (l *Limiter) WaitN(ctx context.Context, limit, key string, n int) (Decision, error) {
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		d, err := l.AllowN(ctx, limit, key, n)
+		if err != nil || d.Allowed {
+			return d, err
+		}
+		if d.RetryAfter >= InfDuration {
+			return d, fmt.Errorf("%w: cost %d for limit %q (%v)", ErrNeverAllowed, n, limit, d.Reason)
+		}
+		pause := max(d.RetryAfter, minRetry)
+		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < pause {
+			return d, fmt.Errorf("%w: retry after %v", ErrWouldExceedDeadline, d.RetryAfter)
+		}
+		if timer == nil {
+			timer = time.NewTimer(pause)
+		} else {
+			timer.Reset(pause)
+		}
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			return d, ctx.Err()
+		}
+	}
+}

@@ -1,0 +1,89 @@
+package hybrid_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/redistest"
+)
+
+// TestWaitPaces: three Waits on a bucket of one token at 20/s all pass, and cannot pass
+// sooner than the bucket refills twice (a lower bound: a slow machine only adds to it);
+// WaitN sleeps for the RetryAfter it is told instead of asking again and again.
+func TestWaitPaces(t *testing.T) {
+	_, c := redistest.Mini(t)
+	l := newLimiter(t, newStore(t, c), hybrid.Config{
+		FleetSize: 1,
+		Limits:    []hybrid.Limit{{Name: "api", Rate: 20, Burst: 1, Policy: breaker.FailClosed, Timeout: time.Second}},
+	})
+	ctx := context.Background()
+	start := time.Now()
+	for i := range 3 {
+		d, err := l.Wait(ctx, "api", "k")
+		if err != nil || !d.Allowed {
+			t.Fatalf("Wait %d = %+v, %v; want allowed", i, d, err)
+		}
+	}
+	elapsed := time.Since(start)
+	st := l.Stats()
+	decisions := st.PreCheck + st.Lease + st.Global + st.Fallback
+	t.Logf("3 Waits took %v and %d decisions (%+v)", elapsed.Round(time.Millisecond), decisions, st)
+	if elapsed < 95*time.Millisecond {
+		t.Errorf("3 tokens of a bucket of 1 at 20/s in %v; the bucket needs 100ms to refill twice", elapsed)
+	}
+	if decisions > 12 {
+		t.Errorf("%d decisions for 3 Waits: WaitN asks again before RetryAfter", decisions)
+	}
+}
+
+// TestWaitErrors: WaitN gives up without sleeping when it cannot succeed.
+func TestWaitErrors(t *testing.T) {
+	_, c := redistest.Mini(t)
+	l := newLimiter(t, newStore(t, c), hybrid.Config{
+		FleetSize: 1,
+		Limits:    []hybrid.Limit{{Name: "api", Rate: 0.1, Burst: 2, Policy: breaker.FailClosed, Timeout: time.Second}},
+	})
+	bg := context.Background()
+	if d, err := l.WaitN(bg, "api", "k", 2); err != nil || !d.Allowed {
+		t.Fatalf("WaitN(2) on a full bucket = %+v, %v", d, err)
+	}
+	// The bucket is empty and refills one token in 10 s.
+	short, cancel := context.WithTimeout(bg, time.Second)
+	defer cancel()
+	canceled, cancel2 := context.WithCancel(bg)
+	cancel2()
+	tests := []struct {
+		name string
+		ctx  context.Context
+		lim  string
+		n    int
+		want error
+	}{
+		{"retry after the deadline", short, "api", 1, hybrid.ErrWouldExceedDeadline},
+		{"cost above the burst", bg, "api", 3, hybrid.ErrNeverAllowed},
+		{"canceled while waiting", canceled, "api", 1, context.Canceled},
+		{"unknown limit", bg, "nope", 1, hybrid.ErrUnknownLimit},
+		{"negative cost", bg, "api", -1, hybrid.ErrInvalidCost},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d, err := l.WaitN(tt.ctx, tt.lim, "k", tt.n)
+			if !errors.Is(err, tt.want) || d.Allowed {
+				t.Fatalf("WaitN = %+v, %v; want denied with %v", d, err, tt.want)
+			}
+		})
+	}
+	if err := short.Err(); err != nil {
+		t.Errorf("WaitN slept until the deadline (%v) instead of giving up at once", err)
+	}
+	if err := l.Close(bg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Wait(bg, "api", "k"); !errors.Is(err, hybrid.ErrClosed) {
+		t.Fatalf("Wait after Close: %v, want ErrClosed", err)
+	}
+}
