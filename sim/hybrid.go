@@ -269,7 +269,10 @@ func (h *hybridStrat) pass(s *server, q *request, w *waiter, first bool) {
 		h.decide(q, w, true, src)
 	case hybrid.Deny:
 		src := srcLease
-		if step.Reason == hybrid.ReasonPaced {
+		switch {
+		case !first: // as Limiter.decide: denied after waiting for a refill
+			src = srcGlobal
+		case step.Reason == hybrid.ReasonPaced:
 			src = srcPaced
 		}
 		h.decide(q, w, false, src)
