@@ -432,7 +432,8 @@ func (l *Lease) batch(c *LeaseConfig, t int64, n int) int {
 // fleet asks for in one round (want × servers), the lease is paced: it does not ask again
 // before the bucket could refill that round, (want × servers − remaining) / rate, about
 // want × servers / rate when contention emptied it (jittered ±50%, so that the servers
-// do not wake together), and requests that find no tokens meanwhile are denied with that
+// do not wake together; after a full grant never past the instant the bucket is full
+// again, when its refill would start to be lost), and requests that find no tokens meanwhile are denied with that
 // retry-after, unless the bucket held their need for every server at the last answer.
 // The bucket's Wait for min is never longer, since min <= want.
 func (l *Lease) Granted(c *LeaseConfig, now time.Time, seq uint64, g Grant) (refund int) {
@@ -466,7 +467,14 @@ func (l *Lease) Granted(c *LeaseConfig, now time.Time, seq uint64, g Grant) (ref
 		// Granted in full, but the bucket is left below a round: contention is likely.
 		// Wait until it could hold a round again, a round being at most the bucket (a
 		// burst below one cost per server could never hold one).
-		l.pacedUntil = t + int64(l.jitter(l.fairShare(c, l.round(c, l.want)-g.Remaining)))
+		// Refill past a full bucket is lost: a jittered wait that ends after the bucket is
+		// full again is folded back below that instant by as much as it overshot (never
+		// below half of it, since the round is at most the burst).
+		d := l.jitter(l.fairShare(c, l.round(c, l.want)-g.Remaining))
+		if full := l.fairShare(c, float64(c.Burst)-g.Remaining); d > full {
+			d = full - (d - full)
+		}
+		l.pacedUntil = t + int64(d)
 	}
 	return 0
 }

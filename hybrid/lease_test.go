@@ -350,6 +350,30 @@ func TestLeaseJitterDeterministic(t *testing.T) {
 	}
 }
 
+// TestLeasePacingStopsAtFullBucket: after a full grant that leaves the bucket below a
+// round, the jittered wait never ends after the bucket is full again (refill past that
+// is lost), yet still spreads over [half, all] of that time. Burst 20 over 200 servers at
+// 10/s: each lease holds one token; a grant leaving 19 is paced up to 0.1 s, the time the
+// bucket takes to be full.
+func TestLeasePacingStopsAtFullBucket(t *testing.T) {
+	c, _ := LeaseConfig{Rate: 10, Burst: 20, Servers: 200}.Normalize()
+	full := 100 * time.Millisecond
+	seen := map[time.Duration]bool{}
+	for seed := range uint64(200) {
+		l := NewLease(seed)
+		st := l.Acquire(&c, t0, 1)
+		l.Granted(&c, t0, st.Refill.Seq, Grant{Granted: 1, Remaining: 19})
+		d := l.PacedUntil().Sub(t0)
+		if d < full/2 || d > full {
+			t.Fatalf("seed %d: paced %v after a full grant leaving 19 of 20, want within [%v, %v]", seed, d, full/2, full)
+		}
+		seen[d] = true
+	}
+	if len(seen) < 150 {
+		t.Fatalf("200 seeds gave only %d distinct pacing intervals", len(seen))
+	}
+}
+
 // TestLeaseConservesTokens drives a lease with random demand, grants (full, partial, zero,
 // over-long), failures, late answers, expiry and drains, and checks that the tokens it
 // hands out (consumed) plus those it hands back (refunded) never exceed those granted, that
