@@ -3,7 +3,7 @@
 // strategy and fault before anyone deploys.
 //
 // A run is a discrete-event simulation, deterministic for its seed: N servers behind a load
-// balancer (uniform or skewed), clients with a demand pattern (steady, bursty, one hot key,
+// balancer (uniform, skewed or sticky), clients with a demand pattern (steady, bursty, one hot key,
 // many keys with a Zipf spread, an abusive client), a network with a round-trip time and
 // jitter, and one Redis that runs commands one at a time in arrival order, each costing
 // Redis time, so a strategy that saturates it queues.

@@ -126,6 +126,9 @@ func (f *fleet) newServer() *server {
 // pick is the load balancer: a live server for the next request.
 func (f *fleet) pick() *server {
 	n := len(f.live)
+	if f.sc.Balancer == Sticky {
+		return f.live[0]
+	}
 	if f.sc.Balancer == Skewed && n >= 10 {
 		hot := n / 10
 		if f.rng.IntN(2) == 0 {

@@ -52,6 +52,9 @@ const (
 	Uniform Balancer = "uniform"
 	// Skewed sends half of the requests to the first 10% of the live servers.
 	Skewed Balancer = "skewed"
+	// Sticky sends every request to the first live server, as a client that keeps one
+	// connection open (HTTP keep-alive) reaches one server however many there are.
+	Sticky Balancer = "sticky"
 )
 
 // Policy is what a hybrid limit does when Redis does not answer in time.
@@ -219,7 +222,7 @@ func (sc Scenario) withDefaults() (Scenario, error) {
 		return bad("zipf exponent %v must be > 1", sc.ZipfS)
 	case sc.Cost < 1 || sc.Cost > sc.Burst:
 		return bad("cost %d must be in [1, burst]", sc.Cost)
-	case sc.Balancer != Uniform && sc.Balancer != Skewed:
+	case sc.Balancer != Uniform && sc.Balancer != Skewed && sc.Balancer != Sticky:
 		return bad("unknown balancer %q", sc.Balancer)
 	case sc.Policy != FailOpen && sc.Policy != FailClosed && sc.Policy != FailLocal:
 		return bad("unknown policy %q", sc.Policy)

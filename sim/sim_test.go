@@ -143,8 +143,11 @@ func header(name string, o outcome) string {
 		fmt.Fprintf(&b, " over %d keys (Zipf s=%.1f)", sc.Keys, sc.ZipfS)
 	}
 	lb := "uniform LB"
-	if sc.Balancer == Skewed {
+	switch sc.Balancer {
+	case Skewed:
 		lb = "skewed LB (half the requests to 10% of the servers)"
+	case Sticky:
+		lb = "sticky LB (every request to one server)"
 	}
 	fmt.Fprintf(&b, ", %s, RTT %v±%v, Redis %v per script call, T %v",
 		lb, sc.RTT, sc.Jitter, sc.ScriptTime, sc.Duration)

@@ -51,6 +51,8 @@ func suites(s scale, seed uint64) []suite {
 		Rate: 50, Burst: 50, Demand: 20000 * f, Keys: 1000, ZipfS: 1.1, GoModel: true}
 	skewed := hot
 	skewed.Name, skewed.Balancer = "skewed-lb", Skewed
+	sticky := abusive
+	sticky.Name, sticky.Balancer = "sticky-client", Sticky
 	bursty := Scenario{Name: "bursty", Servers: s.servers, Duration: T, Seed: seed,
 		Rate: 10000 * f, Burst: n(1000), Demand: 8000 * f, Pattern: Bursty}
 	outage := hot
@@ -73,6 +75,7 @@ func suites(s scale, seed uint64) []suite {
 		{"abusive-client", []run{{sc: abusive, st: Naive}, {sc: abusive, st: Script}, {sc: abusive, st: Hybrid}, {sc: abusive, st: LocalOnly}}},
 		{"many-keys", []run{{sc: many, st: Naive}, {sc: many, st: Script}, {sc: many, st: Hybrid}, {sc: many, st: LocalOnly}}},
 		{"skewed-lb", []run{{sc: skewed, st: Script}, {sc: skewed, st: Hybrid}, {sc: skewed, st: LocalOnly}}},
+		{"sticky-client", []run{{sc: sticky, st: Script}, {sc: sticky, st: Hybrid}, {sc: sticky, st: LocalOnly}}},
 		{"bursty", []run{{sc: bursty, st: Script}, {sc: bursty, st: Hybrid}, {sc: bursty, st: LocalOnly}}},
 		{"redis-outage", []run{policy(FailOpen), policy(FailClosed), policy(FailLocal), {sc: outage, st: LocalOnly}}},
 		{"clock-skew", []run{
