@@ -28,11 +28,13 @@ type limiterRun struct {
 	stats              hybrid.Stats // summed over the fleet
 }
 
-// runLimiters runs sc's fleet with the production stack — one hybrid.Limiter, global.Store
-// and go-redis client per server, one miniredis — inside a synctest bubble: every request
-// is a goroutine calling Limiter.Allow at its arrival instant, and every Redis command
-// waits sc.RTT (a miniredis hook sleeping on the bubble's clock). Only the hot-key shape
-// (one key, uniform balancer, FailLocal) is supported.
+// runLimiters runs sc's fleet with the production stack — one hybrid.Limiter, global.Store,
+// breaker and go-redis client per server, one miniredis — inside a synctest bubble: every
+// request is a goroutine calling Limiter.Allow at its arrival instant, and every Redis
+// command waits sc.RTT (a miniredis hook sleeping on the bubble's clock). During
+// sc.Outage the hook drops every script unexecuted and unanswered, as the simulator's
+// Redis does: callers hear nothing and time out. Only the hot-key shape (one key, uniform
+// balancer) is supported.
 func runLimiters(t *testing.T, sc Scenario) limiterRun {
 	sc, err := sc.withDefaults()
 	if err != nil {
@@ -40,6 +42,11 @@ func runLimiters(t *testing.T, sc Scenario) limiterRun {
 	}
 	var out limiterRun
 	synctest.Test(t, func(t *testing.T) {
+		base := time.Now() // the bubble's clock moves only when every goroutine waits
+		down := func() bool {
+			since := time.Since(base)
+			return since >= sc.Outage.Start && since < sc.Outage.End
+		}
 		m := miniredis.NewMiniRedis()
 		m.ClockTTL(true)    // TIME and TTLs follow the bubble's clock (SetTime is never called)
 		c0, err := m.Dial() // starts the server without a listener
@@ -50,9 +57,13 @@ func runLimiters(t *testing.T, sc Scenario) limiterRun {
 		m.Server().SetPreHook(func(_ *mserver.Peer, cmd string, _ ...string) bool {
 			// Only the scripts a client sends: the hook also sees the commands a script
 			// runs, under miniredis's lock, where sleeping would stall every connection.
-			if cmd == "EVALSHA" || cmd == "EVAL" {
-				time.Sleep(sc.RTT)
+			if cmd != "EVALSHA" && cmd != "EVAL" {
+				return false
 			}
+			if down() {
+				return true // handled: not run, and no reply is written
+			}
+			time.Sleep(sc.RTT)
 			return false
 		})
 		ctx := context.Background()
@@ -70,9 +81,14 @@ func runLimiters(t *testing.T, sc Scenario) limiterRun {
 			if err != nil {
 				t.Fatal(err)
 			}
+			brk, err := breaker.New(breaker.Settings{Timeout: sc.Deadline, IsFailure: global.IsUnavailable})
+			if err != nil {
+				t.Fatal(err)
+			}
 			lims[i], err = hybrid.New(store, hybrid.Config{
-				Limits:    []hybrid.Limit{{Name: "x", Rate: sc.Rate, Burst: sc.Burst, Policy: breaker.FailLocal(), Timeout: sc.Deadline}},
+				Limits:    []hybrid.Limit{{Name: "x", Rate: sc.Rate, Burst: sc.Burst, Policy: policyOf(sc.Policy), Timeout: sc.Deadline}},
 				FleetSize: sc.Servers,
+				Breaker:   brk,
 				Seed:      uint64(i + 1),
 			})
 			if err != nil {
@@ -80,7 +96,6 @@ func runLimiters(t *testing.T, sc Scenario) limiterRun {
 			}
 		}
 		rng := rand.New(rand.NewPCG(sc.Seed, 7))
-		base := time.Now()
 		var wg sync.WaitGroup
 		var admitted atomic.Int64
 		for i := 0; ; i++ {
@@ -131,6 +146,14 @@ func TestSimTracksLimiter(t *testing.T) {
 		{Name: "hot", Servers: 10, Duration: 2 * time.Second, Rate: 2000, Burst: 200, Demand: 3000},
 		{Name: "abusive", Servers: 20, Duration: 5 * time.Second, Rate: 20, Burst: 20, Demand: 2000},
 		{Name: "wide", Servers: 50, Duration: 2 * time.Second, Rate: 10000, Burst: 1000, Demand: 15000},
+		// Redis stops answering for a second, under each policy: the breakers, the
+		// fallback and the recovery must match too.
+		{Name: "outage fail-local", Servers: 10, Duration: 3 * time.Second, Rate: 2000, Burst: 200, Demand: 3000,
+			Outage: Window{Start: time.Second, End: 2 * time.Second}, Policy: FailLocal},
+		{Name: "outage fail-closed", Servers: 10, Duration: 3 * time.Second, Rate: 2000, Burst: 200, Demand: 3000,
+			Outage: Window{Start: time.Second, End: 2 * time.Second}, Policy: FailClosed},
+		{Name: "outage fail-open", Servers: 10, Duration: 3 * time.Second, Rate: 2000, Burst: 200, Demand: 3000,
+			Outage: Window{Start: time.Second, End: 2 * time.Second}, Policy: FailOpen},
 	}
 	for _, sc := range cases {
 		sc.Jitter = -1 // the Limiters' Redis answers after exactly RTT
@@ -156,6 +179,12 @@ func TestSimTracksLimiter(t *testing.T) {
 			}
 			if r := float64(sim.Sources["global"]) / float64(prod.stats.Global); r < 0.8 || r > 1.25 {
 				t.Errorf("decisions after a refill: simulator %d, Limiters %d (want within 0.8-1.25x)", sim.Sources["global"], prod.stats.Global)
+			}
+			if sc.Outage.End > sc.Outage.Start {
+				t.Logf("decided by the policy: simulator %d, Limiters %d", sim.Sources["fallback"], prod.stats.Fallback)
+				if r := float64(sim.Sources["fallback"]) / float64(prod.stats.Fallback); prod.stats.Fallback == 0 || r < 0.8 || r > 1.25 {
+					t.Errorf("decided by the policy: simulator %d, Limiters %d (want some, within 0.8-1.25x)", sim.Sources["fallback"], prod.stats.Fallback)
+				}
 			}
 		})
 	}
