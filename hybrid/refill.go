@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/breaker"
@@ -144,21 +145,27 @@ func (l *Limiter) refillBatch(batch []*flight) {
 	for i, f := range batch {
 		reqs[i] = global.TakeRequest{Limit: f.lim.glim, Key: f.key, Want: f.want, Min: f.min}
 	}
+	var answered atomic.Bool // TakeBatch returned: out holds every item's answer
 	err := l.brk.Do(ctx, func(ctx context.Context) error {
 		err := l.store.TakeBatch(ctx, reqs, out)
+		answered.Store(true)
 		if global.IsUnavailable(err) {
-			return err // the store did not answer: the breaker counts it
+			return err // an item found the store unavailable: the breaker counts it
 		}
-		return nil // per-item errors (a script error on one key) are read from out
+		return nil // other per-item errors (a script error on one key) are read from out
 	})
 	l.stats.takes.Add(int64(len(batch)))
 	l.stats.roundTrips.Add(1)
 	now := l.now()
+	// When TakeBatch itself returned, each item's answer stands on its own: one item's
+	// node being unavailable (a failover, a MOVED slot) must not throw away the tokens
+	// the other nodes granted. Otherwise (breaker open, deadline) nothing is known.
+	itemized := err == nil || answered.Load()
 	for i, f := range batch {
-		if err != nil {
-			l.finish(f, global.Grant{}, err, now)
-		} else {
+		if itemized {
 			l.finish(f, out[i].Grant, out[i].Err, now)
+		} else {
+			l.finish(f, global.Grant{}, err, now)
 		}
 	}
 }
@@ -303,12 +310,14 @@ func (l *Limiter) refundBatch(ctx context.Context, reqs []global.RefundRequest, 
 	// never read after a failure; reqs is only read.
 	out := make([]global.RefundResult, len(reqs))
 	cctx, cancel := context.WithTimeout(ctx, timeout)
+	var answered atomic.Bool // RefundBatch returned: out holds every item's answer
 	err := l.brk.Do(cctx, func(ctx context.Context) error {
 		err := l.store.RefundBatch(ctx, reqs, out)
+		answered.Store(true)
 		if global.IsUnavailable(err) {
-			return err // the store did not answer: the breaker counts it
+			return err // an item found the store unavailable: the breaker counts it
 		}
-		return nil // per-item errors (a script error on one key) are read from out
+		return nil // other per-item errors (a script error on one key) are read from out
 	})
 	cancel()
 	l.stats.refundCalls.Add(1)
@@ -320,6 +329,9 @@ func (l *Limiter) refundBatch(ctx context.Context, reqs []global.RefundRequest, 
 	}
 	failed, refunded := 0, 0
 	firstErr := err
+	if answered.Load() { // as in refillBatch: each item's answer stands on its own
+		err, firstErr = nil, nil
+	}
 	for i, r := range reqs {
 		if err != nil || out[i].Err != nil {
 			failed += r.N
