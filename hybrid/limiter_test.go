@@ -35,9 +35,10 @@ func newStore(t testing.TB, c redis.Scripter) *global.Store {
 }
 
 // slowBreaker has room for a slow machine (-race): tests that are not about timing
-// must not see a 10ms timeout.
+// must not see a 10ms timeout. Its MinCountedTimeout stays below the limits' Timeouts
+// (10ms by default), as New requires.
 func slowBreaker(t testing.TB) *breaker.Breaker {
-	b, err := breaker.New(breaker.Settings{Timeout: 2 * time.Second, IsFailure: global.IsUnavailable})
+	b, err := breaker.New(breaker.Settings{Timeout: 2 * time.Second, MinCountedTimeout: time.Millisecond, IsFailure: global.IsUnavailable})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,6 +76,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"pre-check looser than the limit", hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{{Name: "api", Rate: 10, Burst: 10, PreRate: 20, Policy: breaker.FailOpen}}}, hybrid.ErrInvalidConfig},
 		{"max cost above burst", hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{{Name: "api", Rate: 10, Burst: 10, MaxCost: 11, Policy: breaker.FailOpen}}}, hybrid.ErrInvalidConfig},
 		{"bad fleet name", hybrid.Config{FleetSize: 1, Fleet: "a b", Limits: []hybrid.Limit{ok}}, hybrid.ErrInvalidConfig},
+		// The default breaker (10ms) counts only timeouts of calls given at least 5ms.
+		{"timeout the breaker would not count", hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{{Name: "api", Rate: 10, Burst: 10, Policy: breaker.FailOpen, Timeout: 2 * time.Millisecond}}}, hybrid.ErrInvalidConfig},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
