@@ -167,7 +167,7 @@ type Limiter struct {
 	// The fields below are guarded by mu.
 	pending  []*flight // refills waiting to be sent
 	refunds  []refund  // tokens waiting to be refunded
-	expiries []expiry  // grants whose lifetime ends, oldest first
+	expiries expiries  // grants whose lifetime ends: a min-heap on at (limits' lifetimes differ)
 	stopped  bool      // the refiller has stopped: refills fail at once
 
 	wake chan struct{} // buffered 1: work is pending

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -321,4 +322,36 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// TestExpiryFollowsEachLimitsLifetime: a grant of a limit with a short lease lifetime is
+// refunded when it ends, even behind an earlier grant of a limit with a long one (the
+// expiry queue used to be in arrival order and stopped at the first grant not due).
+func TestExpiryFollowsEachLimitsLifetime(t *testing.T) {
+	_, c := redistest.Mini(t)
+	var now atomic.Int64
+	now.Store(time.Now().UnixNano())
+	l := newLimiter(t, newStore(t, c), hybrid.Config{
+		FleetSize: 1,
+		Now:       func() time.Time { return time.Unix(0, now.Load()) },
+		Limits: []hybrid.Limit{
+			{Name: "slow", Rate: 1000, Burst: 1000, Policy: breaker.FailClosed, Timeout: time.Second, Lifetime: time.Hour, LowWatermark: -1},
+			{Name: "fast", Rate: 1000, Burst: 1000, Policy: breaker.FailClosed, Timeout: time.Second, Lifetime: 40 * time.Millisecond, LowWatermark: -1},
+		},
+	})
+	ctx := context.Background()
+	for _, name := range []string{"slow", "fast"} { // slow's grants go first
+		for range 20 {
+			if d, err := l.Allow(ctx, name, "k"); err != nil || !d.Allowed {
+				t.Fatalf("%s: %+v, %v", name, d, err)
+			}
+		}
+	}
+	st := l.Stats()
+	if st.Granted <= 40 {
+		t.Skipf("the leases hold no spare tokens (granted %d): nothing to refund", st.Granted)
+	}
+	now.Add(int64(time.Second)) // fast's lifetime is over; slow's has an hour to go
+	waitFor(t, "fast's lease to be refunded", func() bool { return l.Stats().Refunded > 0 })
+	t.Logf("granted %d, refunded %d", l.Stats().Granted, l.Stats().Refunded)
 }

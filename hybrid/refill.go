@@ -2,6 +2,7 @@ package hybrid
 
 import (
 	"cmp"
+	"container/heap"
 	"context"
 	"errors"
 	"fmt"
@@ -203,7 +204,7 @@ func (l *Limiter) finish(f *flight, g global.Grant, err error, now time.Time) {
 	}
 	if err == nil && g.Granted > back {
 		l.mu.Lock()
-		l.expiries = append(l.expiries, expiry{lim: lm, key: f.key, at: now.Add(lm.lease.Load().Lifetime)})
+		heap.Push(&l.expiries, expiry{lim: lm, key: f.key, at: now.Add(lm.lease.Load().Lifetime)})
 		l.mu.Unlock()
 	}
 }
@@ -219,12 +220,10 @@ func later(a, b time.Time) time.Time {
 // asked about since (a request finds and refunds its key's expired tokens itself).
 func (l *Limiter) expire(now time.Time) {
 	l.mu.Lock()
-	i := 0
-	for i < len(l.expiries) && !l.expiries[i].at.After(now) {
-		i++
+	var due []expiry
+	for len(l.expiries) > 0 && !l.expiries[0].at.After(now) {
+		due = append(due, heap.Pop(&l.expiries).(expiry))
 	}
-	due := append([]expiry(nil), l.expiries[:i]...)
-	l.expiries = append(l.expiries[:0], l.expiries[i:]...)
 	l.mu.Unlock()
 	for _, x := range due {
 		n := 0
@@ -409,4 +408,21 @@ func (l *Limiter) Close(ctx context.Context) error {
 	l.expiries = nil
 	l.mu.Unlock()
 	return l.sendRefunds(ctx, true)
+}
+
+// expiries is a min-heap of grants by the instant their lifetime ends. Grants of one
+// limit arrive in that order, but limits' lifetimes differ: a queue in arrival order
+// kept a short-lived grant waiting behind a long-lived one.
+type expiries []expiry
+
+func (h expiries) Len() int           { return len(h) }
+func (h expiries) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h expiries) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *expiries) Push(x any)        { *h = append(*h, x.(expiry)) }
+func (h *expiries) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	old[len(old)-1] = expiry{}
+	*h = old[:len(old)-1]
+	return x
 }
