@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 
@@ -96,7 +97,7 @@ func parseGrant(reply []any) (Grant, int64, error) {
 	return Grant{
 		Granted:   int(granted),
 		Remaining: tokens,
-		Wait:      time.Duration(wait) * time.Millisecond,
+		Wait:      waitFor(wait),
 		Now:       time.UnixMilli(now),
 	}, flag, nil
 }
@@ -422,4 +423,14 @@ func (s *Store) Heartbeat(ctx context.Context, fleet, serverID string, ttl time.
 		return 0, wrap("heartbeat", err)
 	}
 	return int(n), nil
+}
+
+// waitFor converts the take script's wait in milliseconds to a Duration. A wait too long
+// for a Duration (a very slow rate: Redis turns a Lua number past 2^63 into garbage, seen
+// as negative) is the longest Duration: for a caller, never.
+func waitFor(ms int64) time.Duration {
+	if ms < 0 || ms > math.MaxInt64/int64(time.Millisecond) {
+		return time.Duration(math.MaxInt64)
+	}
+	return time.Duration(ms) * time.Millisecond
 }

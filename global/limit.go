@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"time"
 )
 
 // MaxNameLen is the longest limit or fleet name accepted, in bytes.
@@ -11,6 +12,9 @@ const MaxNameLen = 64
 
 // maxExact is the largest integer a Redis Lua number (a float64) holds exactly.
 const maxExact = 1 << 53
+
+// maxTTLms is the longest bucket TTL, in milliseconds, that a time.Duration holds.
+const maxTTLms = float64(math.MaxInt64 / int64(time.Millisecond))
 
 // A Limit is one fleet-wide token bucket: Burst tokens at most, refilled at Rate tokens
 // per second. Name identifies it in Redis keys, so every server that uses the limit must
@@ -52,10 +56,12 @@ func (l Limit) Validate() error {
 	case l.Burst > maxExact:
 		return l.invalid("burst " + strconv.Itoa(l.Burst) + " exceeds 2^53, the largest count Redis Lua numbers hold exactly")
 	}
-	// The scripts set PEXPIRE ceil(burst/rate*1000)+1000 ms; keep it an exact integer.
-	if ttl := math.Ceil(float64(l.Burst)/l.Rate*1000) + 1000; !(ttl < maxExact) {
+	// The scripts set PEXPIRE ceil(burst/rate*1000)+1000 ms; keep it an exact integer,
+	// and a time.Duration: every wait the scripts report is at most the time to refill
+	// the bucket, and a refill longer than 292 years would wrap (miniredis's TTLs too).
+	if ttl := math.Ceil(float64(l.Burst)/l.Rate*1000) + 1000; !(ttl < maxExact && ttl < maxTTLms) {
 		return l.invalid("burst/rate (" + strconv.FormatFloat(float64(l.Burst)/l.Rate, 'g', 4, 64) +
-			" s to refill) is too long for a Redis TTL")
+			" s to refill) is too long for a Redis TTL (at most about 292 years)")
 	}
 	return nil
 }

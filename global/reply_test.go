@@ -2,7 +2,9 @@ package global
 
 import (
 	"errors"
+	"math"
 	"testing"
+	"time"
 )
 
 // replyFrom builds a reply of odd shapes from fuzz bytes: each byte picks the type of
@@ -55,4 +57,27 @@ func FuzzReplies(f *testing.F) {
 			t.Fatalf("take reply %#v: error %v is not ErrRedis", reply, err)
 		}
 	})
+}
+
+// TestWaitFor: the take script's wait converts to a Duration, and one too long for a
+// Duration (a very slow rate; Redis turns a Lua number past 2^63 into garbage, seen as
+// negative) reads as the longest one, never as a negative or wrapped wait.
+func TestWaitFor(t *testing.T) {
+	const max = time.Duration(math.MaxInt64)
+	tests := []struct {
+		ms   int64
+		want time.Duration
+	}{
+		{0, 0},
+		{400, 400 * time.Millisecond},
+		{math.MaxInt64 / int64(time.Millisecond), time.Duration(math.MaxInt64/int64(time.Millisecond)) * time.Millisecond},
+		{math.MaxInt64/int64(time.Millisecond) + 1, max},
+		{-1, max},
+		{math.MinInt64, max},
+	}
+	for _, tt := range tests {
+		if got := waitFor(tt.ms); got != tt.want || got < 0 {
+			t.Errorf("waitFor(%d) = %v, want %v", tt.ms, got, tt.want)
+		}
+	}
 }

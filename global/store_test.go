@@ -898,3 +898,27 @@ func TestConcurrentRefundsOfOneKeyAreNotLost(t *testing.T) {
 		}
 	})
 }
+
+// TestTakeWaitSlowRate: at one token in 250 years (the slowest refill Validate accepts
+// is about 292 years) the wait is reported exactly, in range, on miniredis and on real
+// Redis. A slower limit wrapped the wait to a negative Duration on real Redis, and on
+// miniredis its TTL wrapped and the bucket vanished at once.
+func TestTakeWaitSlowRate(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		s := newStore(t, tg.Client)
+		year := 365.25 * 24 * 3600.0
+		lim := global.Limit{Name: "slow", Rate: 1 / (250 * year), Burst: 1}
+		ctx := context.Background()
+		key := redistest.Unique(t) // the bucket lives 250 years: never reuse it
+		if g, err := s.Take(ctx, lim, key, 1, 1); err != nil || g.Granted != 1 {
+			t.Fatalf("first Take = %+v, %v", g, err)
+		}
+		g, err := s.Take(ctx, lim, key, 1, 1)
+		if err != nil || g.Granted != 0 || g.Wait < 249*time.Duration(year)*time.Second {
+			t.Fatalf("Take = %+v, %v; want 0 granted and a wait of 250 years", g, err)
+		}
+		if err := s.Reset(ctx, lim, key); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

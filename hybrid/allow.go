@@ -164,8 +164,7 @@ func (lm *limit) decide(o *outcome, e *entry, t time.Time, key string, n int, fi
 func (lm *limit) preDenied(e *entry, t time.Time, n int) Decision {
 	d := Decision{Source: SourcePreCheck, Reason: ReasonPreCheck, RetryAfter: InfDuration}
 	if n <= lm.preBurst {
-		need := float64(n) - e.pre.TokensAt(t)
-		d.RetryAfter = time.Duration(need / float64(lm.preRate) * float64(time.Second))
+		d.RetryAfter = durationFor(float64(n)-e.pre.TokensAt(t), float64(lm.preRate))
 	}
 	return d
 }

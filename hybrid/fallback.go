@@ -2,7 +2,6 @@ package hybrid
 
 import (
 	"fmt"
-	"math"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -57,10 +56,11 @@ func (l *Limiter) fallback(lm *limit, key string, n int, why Reason) Decision {
 	return d
 }
 
-// durationFor is the time n tokens take at r per second (InfDuration if never).
+// durationFor is the time n tokens take at r per second (InfDuration if never, or if
+// it would not fit in a Duration, about 292 years).
 func durationFor(n, r float64) time.Duration {
 	secs := n / r
-	if !(secs < float64(math.MaxInt64/int64(time.Second))) {
+	if !(secs < 9e9) {
 		return InfDuration
 	}
 	return time.Duration(secs * float64(time.Second))

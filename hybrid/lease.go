@@ -26,6 +26,15 @@ const (
 // maxPace bounds one pacing interval so that tiny rates cannot overflow a Duration.
 const maxPace = 24 * time.Hour
 
+// MaxLeaseDuration bounds LeaseConfig's RefillInterval, Lifetime and DemandWindow: the
+// core adds them to instants in int64 nanoseconds, and longer would overflow.
+// MinLifetime is the shortest Lifetime: tokens must outlive the trip that brought them,
+// or every grant expires before it is used and the lease takes and refunds in a loop.
+const (
+	MaxLeaseDuration = 24 * time.Hour
+	MinLifetime      = time.Millisecond
+)
+
 // ErrInvalidConfig is wrapped by every configuration error of this package.
 var ErrInvalidConfig = errors.New("hybrid: invalid configuration")
 
@@ -69,6 +78,12 @@ func (c LeaseConfig) Normalize() (LeaseConfig, error) {
 		return c, fmt.Errorf("%w: servers %d must not be negative", ErrInvalidConfig, c.Servers)
 	case c.RefillInterval < 0, c.Lifetime < 0, c.DemandWindow < 0:
 		return c, fmt.Errorf("%w: durations must not be negative", ErrInvalidConfig)
+	case c.RefillInterval > MaxLeaseDuration, c.Lifetime > MaxLeaseDuration, c.DemandWindow > MaxLeaseDuration:
+		return c, fmt.Errorf("%w: refill interval %v, lifetime %v and demand window %v must be at most %v",
+			ErrInvalidConfig, c.RefillInterval, c.Lifetime, c.DemandWindow, MaxLeaseDuration)
+	case c.Lifetime != 0 && c.Lifetime < MinLifetime:
+		return c, fmt.Errorf("%w: lifetime %v is below %v: leased tokens would expire before they are used",
+			ErrInvalidConfig, c.Lifetime, MinLifetime)
 	case math.IsNaN(c.LowWatermark) || c.LowWatermark > 1:
 		return c, fmt.Errorf("%w: low watermark %v must be at most 1", ErrInvalidConfig, c.LowWatermark)
 	}
@@ -457,7 +472,7 @@ func (l *Lease) Granted(c *LeaseConfig, now time.Time, seq uint64, g Grant) (ref
 	switch {
 	case c.noPacing: // the plain rule pacing replaces: after nothing, retry when min is there
 		if granted == 0 {
-			l.pacedUntil = t + int64(g.Wait)
+			l.pacedUntil = t + int64(min(max(g.Wait, 0), maxPace))
 		}
 	case granted == 0 || granted < l.want:
 		// Contention shown: the bucket could not give this server its batch. Wait until

@@ -298,6 +298,14 @@ func TestLeaseConfigNormalize(t *testing.T) {
 		{Rate: 1, Burst: 1, Lifetime: -1},
 		{Rate: 1, Burst: 1, LowWatermark: 2},
 		{Rate: 1, Burst: 1, LowWatermark: nan()},
+		// Durations the core adds to instants must not overflow them, and tokens must
+		// outlive the trip that brings them (found by review: Lifetime MaxInt64 expired
+		// every grant on arrival, 172 takes for 3 requests).
+		{Rate: 1, Burst: 1, Lifetime: math.MaxInt64},
+		{Rate: 1, Burst: 1, Lifetime: MaxLeaseDuration + 1},
+		{Rate: 1, Burst: 1, RefillInterval: MaxLeaseDuration + 1},
+		{Rate: 1, Burst: 1, DemandWindow: math.MaxInt64},
+		{Rate: 1, Burst: 1, Lifetime: time.Microsecond},
 	}
 	for _, c := range bad {
 		if _, err := c.Normalize(); !errors.Is(err, ErrInvalidConfig) {

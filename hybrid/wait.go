@@ -12,8 +12,9 @@ var (
 	// ErrWouldExceedDeadline is returned by WaitN, without waiting, when the denial's
 	// RetryAfter ends after ctx's deadline: the request could not pass in time.
 	ErrWouldExceedDeadline = errors.New("hybrid: wait would exceed the context deadline")
-	// ErrNeverAllowed is returned by WaitN for a request that can never pass (its cost
-	// is above the limit's burst, or the pre-check's).
+	// ErrNeverAllowed is returned by WaitN for a request that can never pass: its cost
+	// is above the limit's burst or the pre-check's, or its tokens would take longer
+	// than a time.Duration holds (about 292 years) to come.
 	ErrNeverAllowed = errors.New("hybrid: request can never be allowed")
 )
 

@@ -87,3 +87,27 @@ func TestWaitErrors(t *testing.T) {
 		t.Fatalf("Wait after Close: %v, want ErrClosed", err)
 	}
 }
+
+// TestSlowPreCheckNeverWraps: a pre-check so slow that its next token is beyond a
+// Duration's range answers InfDuration, not a negative RetryAfter that WaitN would
+// poll on (found by review: 264 decisions in 300ms, then a negative retry-after).
+func TestSlowPreCheckNeverWraps(t *testing.T) {
+	_, c := redistest.Mini(t)
+	l := newLimiter(t, newStore(t, c), hybrid.Config{
+		FleetSize: 1,
+		Limits:    []hybrid.Limit{{Name: "api", Rate: 1, Burst: 1, PreRate: 1e-300, Policy: breaker.FailClosed, Timeout: time.Second}},
+	})
+	ctx := context.Background()
+	if d, err := l.Allow(ctx, "api", "k"); err != nil || !d.Allowed {
+		t.Fatalf("first Allow = %+v, %v", d, err)
+	}
+	d, err := l.Allow(ctx, "api", "k")
+	if err != nil || d.Allowed || d.Source != hybrid.SourcePreCheck || d.RetryAfter != hybrid.InfDuration {
+		t.Fatalf("second Allow = %+v, %v; want a pre-check denial with RetryAfter InfDuration", d, err)
+	}
+	short, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if _, err := l.Wait(short, "api", "k"); !errors.Is(err, hybrid.ErrNeverAllowed) {
+		t.Fatalf("Wait = %v, want ErrNeverAllowed at once", err)
+	}
+}
