@@ -169,6 +169,8 @@ type Limiter struct {
 	refunds  []refund  // tokens waiting to be refunded
 	expiries expiries  // grants whose lifetime ends: a min-heap on at (limits' lifetimes differ)
 	stopped  bool      // the refiller has stopped: refills fail at once
+	// refundsDone: Close has taken the last refunds; later ones are counted lost.
+	refundsDone bool
 
 	wake chan struct{} // buffered 1: work is pending
 	stop chan struct{} // closed by Close

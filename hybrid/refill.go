@@ -43,6 +43,13 @@ func (l *Limiter) poke() {
 // queueRefund queues n tokens of (lm, key) to be given back to the bucket.
 func (l *Limiter) queueRefund(lm *limit, key string, n int) {
 	l.mu.Lock()
+	if l.refundsDone {
+		// Close has sent its last refunds: a request that raced it (past its closed
+		// check, then preempted) found expired tokens. Nothing will send them; say so.
+		l.mu.Unlock()
+		l.stats.refundsLost.Add(int64(n))
+		return
+	}
 	l.refunds = append(l.refunds, refund{lim: lm, key: key, n: n})
 	l.mu.Unlock()
 	l.poke()
@@ -244,6 +251,7 @@ func (l *Limiter) sendRefunds(ctx context.Context, all bool) error {
 	l.mu.Lock()
 	queued := l.refunds
 	l.refunds = nil
+	l.refundsDone = l.refundsDone || all // Close's send is the last
 	l.mu.Unlock()
 	if len(queued) == 0 {
 		return nil
