@@ -35,8 +35,9 @@ type Grant struct {
 // from the record in the bucket, spending nothing. Concurrent Takes of one bucket
 // through one Store are fine: one that Redis sees after a later one is sent again,
 // up to maxStale sends in all (a stale call spent nothing); if every send was
-// overtaken, Take answers the last, 0 granted, with no error. Errors wrap ErrInvalidLimit (no call
-// made), ErrUnavailable or ErrRedis; a timed-out Take may have been granted in Redis.
+// overtaken, Take answers the last, 0 granted, with no error. Errors wrap
+// ErrInvalidLimit (no call made), ErrUnavailable or ErrRedis; a timed-out Take may have
+// been granted in Redis.
 func (s *Store) Take(ctx context.Context, lim Limit, key string, want, min int) (Grant, error) {
 	if err := checkTake(lim, want, min); err != nil {
 		return Grant{}, err

@@ -448,8 +448,9 @@ func (l *Lease) batch(c *LeaseConfig, t int64, n int) int {
 // before the bucket could refill that round, (want × servers − remaining) / rate, about
 // want × servers / rate when contention emptied it (jittered ±50%, so that the servers
 // do not wake together; after a full grant never past the instant the bucket is full
-// again, when its refill would start to be lost), and requests that find no tokens meanwhile are denied with that
-// retry-after, unless the bucket held their need for every server at the last answer.
+// again, when its refill would start to be lost), and requests that find no tokens
+// meanwhile are denied with that retry-after, unless the bucket held their need for
+// every server at the last answer.
 // The bucket's Wait for min is never longer, since min <= want.
 func (l *Lease) Granted(c *LeaseConfig, now time.Time, seq uint64, g Grant) (refund int) {
 	granted := max(g.Granted, 0)
