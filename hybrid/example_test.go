@@ -2,6 +2,7 @@ package hybrid_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -67,6 +68,12 @@ func Example() {
 	for range 6 {
 		show("tenant-42")
 	}
+	// A job that would rather queue than be turned away calls Wait; it gives up at once
+	// when its turn would come after its deadline (here the next upload is a minute off).
+	job, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, err = lim.Wait(job, "upload", "tenant-42")
+	fmt.Println("wait gave up at once:", errors.Is(err, hybrid.ErrWouldExceedDeadline))
 	m.SetError("LOADING Redis is loading the dataset in memory") // Redis goes away
 	for range 3 {
 		show("tenant-7")
@@ -81,6 +88,7 @@ func Example() {
 	// tenant-42 allowed=true  source=global   reason=refill granted
 	// tenant-42 allowed=true  source=lease    reason=lease
 	// tenant-42 allowed=false source=lease    reason=paced after contention
+	// wait gave up at once: true
 	// tenant-7 allowed=true  source=fallback reason=redis unavailable
 	// tenant-7 allowed=true  source=fallback reason=redis unavailable
 	// tenant-7 allowed=false source=fallback reason=redis unavailable
