@@ -250,10 +250,6 @@ func (b *Breaker) Name() string { return b.name }
 // Timeout returns the deadline Do gives each call.
 func (b *Breaker) Timeout() time.Duration { return b.timeout }
 
-// MinCountedTimeout returns the shortest caller deadline whose expiry counts as a store
-// failure (Settings.MinCountedTimeout).
-func (b *Breaker) MinCountedTimeout() time.Duration { return b.minCounted }
-
 // State returns the breaker's state, first moving it from open to
 // half-open if OpenTimeout has passed.
 func (b *Breaker) State() State {

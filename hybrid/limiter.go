@@ -56,10 +56,9 @@ type Limit struct {
 	PreRate  float64
 	PreBurst int
 	// Timeout is the longest a decision waits for Redis: a refill not answered by then
-	// goes to Policy. The Redis call's deadline is the shorter of this and the breaker's
-	// Timeout. It must be at least the breaker's MinCountedTimeout (by default half the
-	// breaker's Timeout), or the breaker would take its timeouts for the caller's own
-	// short deadlines and never open. default: DefaultTimeout (10ms)
+	// goes to Policy. The Redis call itself runs to the breaker's Timeout, so that the
+	// breaker counts a stalled Redis whatever the limits' Timeouts; a refill answered
+	// after its requests gave up still fills the lease. default: DefaultTimeout (10ms)
 	Timeout time.Duration
 	// MaxCost is the largest cost passed to AllowN; it sizes the conservative local
 	// fallback's burst so that such a request is not always denied during an outage.
@@ -280,11 +279,6 @@ func New(store *global.Store, cfg Config) (*Limiter, error) {
 		lm, err := l.newLimit(lc, cfg.FleetSize, seed+uint64(i)*0x9e3779b97f4a7c15)
 		if err != nil {
 			return nil, err
-		}
-		if lm.cfg.Timeout < l.brk.MinCountedTimeout() {
-			return nil, fmt.Errorf("%w: limit %q: Timeout %v is below the breaker's MinCountedTimeout %v: "+
-				"its timeouts would never count as failures, so the breaker would never open (lower the breaker's MinCountedTimeout)",
-				ErrInvalidConfig, lc.Name, lm.cfg.Timeout, l.brk.MinCountedTimeout())
 		}
 		l.limits[lc.Name] = lm
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	mserver "github.com/alicebob/miniredis/v2/server"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/fleetlimit/breaker"
@@ -36,10 +37,9 @@ func newStore(t testing.TB, c redis.Scripter) *global.Store {
 }
 
 // slowBreaker has room for a slow machine (-race): tests that are not about timing
-// must not see a 10ms timeout. Its MinCountedTimeout stays below the limits' Timeouts
-// (10ms by default), as New requires.
+// must not see a 10ms timeout.
 func slowBreaker(t testing.TB) *breaker.Breaker {
-	b, err := breaker.New(breaker.Settings{Timeout: 2 * time.Second, MinCountedTimeout: time.Millisecond, IsFailure: global.IsUnavailable})
+	b, err := breaker.New(breaker.Settings{Timeout: 2 * time.Second, IsFailure: global.IsUnavailable})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,8 +77,6 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"pre-check looser than the limit", hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{{Name: "api", Rate: 10, Burst: 10, PreRate: 20, Policy: breaker.FailOpen}}}, hybrid.ErrInvalidConfig},
 		{"max cost above burst", hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{{Name: "api", Rate: 10, Burst: 10, MaxCost: 11, Policy: breaker.FailOpen}}}, hybrid.ErrInvalidConfig},
 		{"bad fleet name", hybrid.Config{FleetSize: 1, Fleet: "a b", Limits: []hybrid.Limit{ok}}, hybrid.ErrInvalidConfig},
-		// The default breaker (10ms) counts only timeouts of calls given at least 5ms.
-		{"timeout the breaker would not count", hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{{Name: "api", Rate: 10, Burst: 10, Policy: breaker.FailOpen, Timeout: 2 * time.Millisecond}}}, hybrid.ErrInvalidConfig},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -354,4 +352,39 @@ func TestExpiryFollowsEachLimitsLifetime(t *testing.T) {
 	now.Add(int64(time.Second)) // fast's lifetime is over; slow's has an hour to go
 	waitFor(t, "fast's lease to be refunded", func() bool { return l.Stats().Refunded > 0 })
 	t.Logf("granted %d, refunded %d", l.Stats().Granted, l.Stats().Refunded)
+}
+
+// TestShortTimeoutStillOpensTheBreaker: a limit whose Timeout is shorter than the
+// breaker's MinCountedTimeout (2ms against 10ms, the breaker's Timeout being 20ms) still
+// lets a stalled Redis open the breaker: the refill runs to the breaker's own deadline,
+// which it counts, while each request gives up after 2ms. (When the refill carried the
+// limit's Timeout as its deadline, 40 timeouts counted as the caller's own and the
+// breaker never opened.)
+func TestShortTimeoutStillOpensTheBreaker(t *testing.T) {
+	m, c := redistest.Mini(t)
+	m.Server().SetPreHook(func(_ *mserver.Peer, cmd string, _ ...string) bool {
+		if cmd == "EVALSHA" || cmd == "EVAL" {
+			time.Sleep(30 * time.Millisecond) // Redis answers, too late
+		}
+		return false
+	})
+	brk, err := breaker.New(breaker.Settings{Timeout: 20 * time.Millisecond, IsFailure: global.IsUnavailable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLimiter(t, newStore(t, c), hybrid.Config{
+		FleetSize: 1,
+		Breaker:   brk,
+		Limits:    []hybrid.Limit{{Name: "api", Rate: 100, Burst: 100, Policy: breaker.FailClosed, Timeout: 2 * time.Millisecond}},
+	})
+	ctx := context.Background()
+	for i := 0; brk.State() != breaker.StateOpen; i++ {
+		if i == 200 {
+			t.Fatalf("breaker still %v after %d requests against a stalled Redis (stats %+v)", brk.State(), i, brk.Stats())
+		}
+		d, err := l.Allow(ctx, "api", "k"+strconv.Itoa(i)) // a new key: a refill each time
+		if err != nil || d.Allowed || d.Source != hybrid.SourceFallback {
+			t.Fatalf("request %d: %+v, %v; want the policy's denial", i, d, err)
+		}
+	}
 }

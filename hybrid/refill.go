@@ -103,7 +103,7 @@ func (l *Limiter) tickEvery() time.Duration {
 }
 
 // refill sends every pending refill: one Take, or TakeBatch round trips of up to
-// maxBatch, each through the breaker with the shortest Timeout among its limits.
+// maxBatch, each through the breaker (see refillBatch for its deadline).
 func (l *Limiter) refill() {
 	for {
 		l.mu.Lock()
@@ -122,13 +122,14 @@ func (l *Limiter) refill() {
 	}
 }
 
+// refillBatch sends one round trip of refills through the breaker. The call's deadline
+// is the breaker's own Timeout, not the limits': a request waits at most its limit's
+// Timeout (then its policy decides), but the refill may finish later and still fill the
+// lease for the requests after it. Had it the limit's Timeout as a caller deadline, a
+// Timeout near or below the breaker's MinCountedTimeout would make every timeout look
+// like the caller's own impatience: a stalled Redis would never open the breaker.
 func (l *Limiter) refillBatch(batch []*flight) {
-	timeout := batch[0].lim.cfg.Timeout
-	for _, f := range batch[1:] {
-		timeout = min(timeout, f.lim.cfg.Timeout)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
+	ctx := context.Background()
 	// The call may outlive Do (the breaker returns at the deadline): it gets its own
 	// slices, never read again after a failure.
 	if len(batch) == 1 {
@@ -244,8 +245,8 @@ func (l *Limiter) expire(now time.Time) {
 }
 
 // sendRefunds gives the queued refunds back to their buckets, summed per key, with
-// RefundBatch round trips of up to maxRefundBatch keys, each through the breaker with the
-// shortest Timeout among its limits. Refunds that fail are dropped (counted): the tokens
+// RefundBatch round trips of up to maxRefundBatch keys, each through the breaker under
+// its own deadline (or ctx's, if shorter). Refunds that fail are dropped (counted): the tokens
 // stay spent, which errs on the safe side. With all set (Close) it returns the failures.
 func (l *Limiter) sendRefunds(ctx context.Context, all bool) error {
 	l.mu.Lock()
@@ -282,7 +283,7 @@ func (l *Limiter) sendRefunds(ctx context.Context, all bool) error {
 	var firstErr error
 	for lo := 0; lo < len(reqs); lo += maxRefundBatch {
 		hi := min(lo+maxRefundBatch, len(reqs))
-		n, err := l.refundBatch(ctx, reqs[lo:hi], lims[lo:hi])
+		n, err := l.refundBatch(ctx, reqs[lo:hi])
 		failed += n
 		if firstErr == nil {
 			firstErr = err
@@ -308,17 +309,13 @@ const maxRefundBatch = 256
 // safe because every item keeps the sequence number it was given in sendRefunds: where
 // the abandoned attempt ran, Redis answers the resend as a replay and adds nothing.
 // An open breaker, or any other failure, ends it: those tokens stay spent.
-func (l *Limiter) refundBatch(ctx context.Context, reqs []global.RefundRequest, lims []*limit) (int, error) {
-	timeout := lims[0].cfg.Timeout
-	for _, lm := range lims[1:] {
-		timeout = min(timeout, lm.cfg.Timeout)
-	}
-	// The call may outlive Do (the breaker returns at its deadline): it gets its own out,
+func (l *Limiter) refundBatch(ctx context.Context, reqs []global.RefundRequest) (int, error) {
+	// The call's deadline is the breaker's own (see refillBatch), or ctx's if shorter.
+	// It may outlive Do (the breaker returns at its deadline): it gets its own out,
 	// never read after a failure; reqs is only read.
 	out := make([]global.RefundResult, len(reqs))
-	cctx, cancel := context.WithTimeout(ctx, timeout)
 	var answered atomic.Bool // RefundBatch returned: out holds every item's answer
-	err := l.brk.Do(cctx, func(ctx context.Context) error {
+	err := l.brk.Do(ctx, func(ctx context.Context) error {
 		err := l.store.RefundBatch(ctx, reqs, out)
 		answered.Store(true)
 		if global.IsUnavailable(err) {
@@ -326,12 +323,11 @@ func (l *Limiter) refundBatch(ctx context.Context, reqs []global.RefundRequest, 
 		}
 		return nil // other per-item errors (a script error on one key) are read from out
 	})
-	cancel()
 	l.stats.refundCalls.Add(1)
 	if err != nil && errors.Is(err, breaker.ErrTimeout) && len(reqs) > 1 && ctx.Err() == nil {
 		half := len(reqs) / 2
-		n1, err1 := l.refundBatch(ctx, reqs[:half], lims[:half])
-		n2, err2 := l.refundBatch(ctx, reqs[half:], lims[half:])
+		n1, err1 := l.refundBatch(ctx, reqs[:half])
+		n2, err2 := l.refundBatch(ctx, reqs[half:])
 		return n1 + n2, cmp.Or(err1, err2)
 	}
 	failed, refunded := 0, 0
