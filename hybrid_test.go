@@ -411,9 +411,16 @@ func TestNoGoroutineOutlivesClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Not a test of timing: a breaker with room for -race on a loaded machine, where
+	// miniredis (in this process) once took over 10ms for 5 calls in a row, the default
+	// breaker opened, and Close could not refund.
+	brk, err := breaker.New(breaker.Settings{Timeout: 2 * time.Second, IsFailure: global.IsUnavailable})
+	if err != nil {
+		t.Fatal(err)
+	}
 	l, err := hybrid.New(st, hybrid.Config{
-		FleetSize: 2, Fleet: "leak-test", HeartbeatInterval: 10 * time.Millisecond,
-		Limits: []hybrid.Limit{{Name: "api", Rate: 1000, Burst: 100, Policy: breaker.FailLocal(), Lifetime: 20 * time.Millisecond}},
+		FleetSize: 2, Fleet: "leak-test", HeartbeatInterval: 10 * time.Millisecond, Breaker: brk,
+		Limits: []hybrid.Limit{{Name: "api", Rate: 1000, Burst: 100, Policy: breaker.FailLocal(), Lifetime: 20 * time.Millisecond, Timeout: time.Second}},
 	})
 	if err != nil {
 		t.Fatal(err)
