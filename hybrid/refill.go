@@ -154,22 +154,14 @@ func (l *Limiter) refillBatch(batch []*flight) {
 	for i, f := range batch {
 		reqs[i] = global.TakeRequest{Limit: f.lim.glim, Key: f.key, Want: f.want, Min: f.min}
 	}
-	var answered atomic.Bool // TakeBatch returned: out holds every item's answer
-	err := l.brk.Do(ctx, func(ctx context.Context) error {
-		err := l.store.TakeBatch(ctx, reqs, out)
-		answered.Store(true)
-		if global.IsUnavailable(err) {
-			return err // an item found the store unavailable: the breaker counts it
-		}
-		return nil // other per-item errors (a script error on one key) are read from out
-	})
+	answered, err := l.doBatch(ctx, func(ctx context.Context) error { return l.store.TakeBatch(ctx, reqs, out) })
 	l.stats.takes.Add(int64(len(batch)))
 	l.stats.roundTrips.Add(1)
 	now := l.now()
 	// When TakeBatch itself returned, each item's answer stands on its own: one item's
 	// node being unavailable (a failover, a MOVED slot) must not throw away the tokens
 	// the other nodes granted. Otherwise (breaker open, deadline) nothing is known.
-	itemized := err == nil || answered.Load()
+	itemized := err == nil || answered
 	for i, f := range batch {
 		if itemized {
 			l.finish(f, out[i].Grant, out[i].Err, now)
@@ -314,15 +306,7 @@ func (l *Limiter) refundBatch(ctx context.Context, reqs []global.RefundRequest) 
 	// It may outlive Do (the breaker returns at its deadline): it gets its own out,
 	// never read after a failure; reqs is only read.
 	out := make([]global.RefundResult, len(reqs))
-	var answered atomic.Bool // RefundBatch returned: out holds every item's answer
-	err := l.brk.Do(ctx, func(ctx context.Context) error {
-		err := l.store.RefundBatch(ctx, reqs, out)
-		answered.Store(true)
-		if global.IsUnavailable(err) {
-			return err // an item found the store unavailable: the breaker counts it
-		}
-		return nil // other per-item errors (a script error on one key) are read from out
-	})
+	answered, err := l.doBatch(ctx, func(ctx context.Context) error { return l.store.RefundBatch(ctx, reqs, out) })
 	l.stats.refundCalls.Add(1)
 	if err != nil && errors.Is(err, breaker.ErrTimeout) && len(reqs) > 1 && ctx.Err() == nil {
 		half := len(reqs) / 2
@@ -332,7 +316,7 @@ func (l *Limiter) refundBatch(ctx context.Context, reqs []global.RefundRequest) 
 	}
 	failed, refunded := 0, 0
 	firstErr := err
-	if answered.Load() { // as in refillBatch: each item's answer stands on its own
+	if answered { // as in refillBatch: each item's answer stands on its own
 		err, firstErr = nil, nil
 	}
 	for i, r := range reqs {
@@ -429,4 +413,23 @@ func (h *expiries) Pop() any {
 	old[len(old)-1] = expiry{}
 	*h = old[:len(old)-1]
 	return x
+}
+
+// doBatch runs one pipelined batch call (TakeBatch or RefundBatch, writing each item's
+// answer to its out) through the breaker. An item that found the store unavailable
+// fails the call for the breaker to count; other item errors are read from out.
+// answered reports that the call itself returned, so out holds every item's answer
+// even when err is set; if not (breaker open, deadline), out must not be read: the
+// call may still be running.
+func (l *Limiter) doBatch(ctx context.Context, call func(ctx context.Context) error) (answered bool, err error) {
+	var done atomic.Bool
+	err = l.brk.Do(ctx, func(ctx context.Context) error {
+		err := call(ctx)
+		done.Store(true)
+		if global.IsUnavailable(err) {
+			return err
+		}
+		return nil
+	})
+	return done.Load(), err
 }
