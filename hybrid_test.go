@@ -142,7 +142,7 @@ func TestFleetHoldsTheLimit(t *testing.T) {
 			// and an outage is TestRedisDiesMidRun's subject, not this test's: 100ms.
 			fleet[i] = newServer(t, addr, prefix, &counter, breaker.Settings{Timeout: 100 * time.Millisecond}, hybrid.Config{
 				FleetSize: servers,
-				Limits: []hybrid.Limit{{Name: "api", Rate: rateLimit, Burst: burst, Timeout: 100 * time.Millisecond,
+				Limits: []hybrid.Limit{{Name: "api", Rate: rateLimit, Burst: burst, MaxWait: 100 * time.Millisecond,
 					// Fail closed: a timed-out refill must not admit, so the bound is exact.
 					Policy: breaker.FailClosed}},
 			})
@@ -420,7 +420,7 @@ func TestNoGoroutineOutlivesClose(t *testing.T) {
 	}
 	l, err := hybrid.New(st, hybrid.Config{
 		FleetSize: 2, Fleet: "leak-test", HeartbeatInterval: 10 * time.Millisecond, Breaker: brk,
-		Limits: []hybrid.Limit{{Name: "api", Rate: 1000, Burst: 100, Policy: breaker.FailLocal(), Lifetime: 20 * time.Millisecond, Timeout: time.Second}},
+		Limits: []hybrid.Limit{{Name: "api", Rate: 1000, Burst: 100, Policy: breaker.FailLocal(), Lifetime: 20 * time.Millisecond, MaxWait: time.Second}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -457,7 +457,7 @@ func TestCloseRefundsLeases(t *testing.T) {
 		prefix := randomPrefix()
 		s := newServer(t, addr, prefix, nil, breaker.Settings{Timeout: time.Second}, hybrid.Config{
 			FleetSize: 1,
-			Limits:    []hybrid.Limit{{Name: "api", Rate: 0.01, Burst: 100, Policy: breaker.FailClosed, Timeout: time.Second}},
+			Limits:    []hybrid.Limit{{Name: "api", Rate: 0.01, Burst: 100, Policy: breaker.FailClosed, MaxWait: time.Second}},
 		})
 		ctx := context.Background()
 		// A burst of requests grows the batch: the lease ends up holding tokens.
@@ -510,7 +510,7 @@ func TestCloseRefundsInFewRoundTrips(t *testing.T) {
 		s := newServer(t, addr, prefix, counter, breaker.Settings{Timeout: 5 * time.Second}, hybrid.Config{
 			FleetSize: 1,
 			Limits: []hybrid.Limit{{Name: "api", Rate: 0.001, Burst: 100, Policy: breaker.FailClosed,
-				Timeout: 5 * time.Second, MaxKeys: 2 * keys,
+				MaxWait: 5 * time.Second, MaxKeys: 2 * keys,
 				// Long-lived leases sized for seconds of demand: every key holds spare
 				// tokens at Close, and none expire before.
 				RefillInterval: 5 * time.Second, Lifetime: time.Minute}},
@@ -592,7 +592,7 @@ func TestRefundTimeoutResendsOnce(t *testing.T) {
 		s := newServer(t, addr, randomPrefix(), nil, breaker.Settings{Timeout: 200 * time.Millisecond}, hybrid.Config{
 			FleetSize: 1,
 			Limits: []hybrid.Limit{{Name: "api", Rate: 0.001, Burst: 100, Policy: breaker.FailClosed,
-				Timeout: 200 * time.Millisecond, RefillInterval: 5 * time.Second, Lifetime: time.Minute}},
+				MaxWait: 200 * time.Millisecond, RefillInterval: 5 * time.Second, Lifetime: time.Minute}},
 		})
 		ctx := context.Background()
 		for k := range keys {

@@ -83,7 +83,7 @@ func TestBatchKeepsOtherItemsGrants(t *testing.T) {
 		l, err := hybrid.New(newStore(t, c), hybrid.Config{
 			FleetSize: 1,
 			Breaker:   brk,
-			Limits:    []hybrid.Limit{{Name: "api", Rate: 0.001, Burst: 10, Policy: breaker.FailClosed, Timeout: 10 * time.Second}},
+			Limits:    []hybrid.Limit{{Name: "api", Rate: 0.001, Burst: 10, Policy: breaker.FailClosed, MaxWait: 10 * time.Second}},
 		})
 		if err != nil {
 			t.Fatal(err)

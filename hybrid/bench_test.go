@@ -36,7 +36,7 @@ func benchLimiter(b *testing.B) *hybrid.Limiter {
 	return newLimiter(b, newStore(b, c), hybrid.Config{
 		FleetSize: 1,
 		Limits: []hybrid.Limit{{Name: "bench", Rate: 1e12, Burst: 1 << 40, Policy: breaker.FailOpen,
-			MaxKeys: 2 * benchKeys, RefillInterval: time.Hour, Lifetime: 5 * time.Hour, LowWatermark: -1, Timeout: time.Second}},
+			MaxKeys: 2 * benchKeys, RefillInterval: time.Hour, Lifetime: 5 * time.Hour, LowWatermark: -1, MaxWait: time.Second}},
 	})
 }
 

@@ -48,7 +48,7 @@ func Example() {
 		Limits: []hybrid.Limit{
 			// 1 upload a minute per tenant, bursts of 8, fleet-wide; while Redis is away,
 			// each server admits its share (2/min/4 servers, bursts of 2).
-			{Name: "upload", Rate: 1.0 / 60, Burst: 8, Policy: breaker.FailLocal(), Timeout: time.Second},
+			{Name: "upload", Rate: 1.0 / 60, Burst: 8, Policy: breaker.FailLocal(), MaxWait: time.Second},
 		},
 	})
 	if err != nil {

@@ -30,7 +30,7 @@ func FuzzAllowN(f *testing.F) {
 	l := newLimiter(f, newStore(f, c), hybrid.Config{
 		FleetSize: 1,
 		Now:       func() time.Time { return frozen },
-		Limits:    []hybrid.Limit{{Name: "api", Rate: 1e-9, Burst: burst, Policy: breaker.FailClosed, Timeout: time.Second}},
+		Limits:    []hybrid.Limit{{Name: "api", Rate: 1e-9, Burst: burst, Policy: breaker.FailClosed, MaxWait: time.Second}},
 	})
 	var mu sync.Mutex
 	admitted := map[string]int{}

@@ -1,24 +1,27 @@
 package hybrid
 
 import (
+	"cmp"
+	"context"
 	"errors"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/time/rate"
-
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
-	"github.com/fleetlimit/fleetlimit/local"
+	"github.com/fleetlimit/fleetlimit/internal/engine"
 )
 
 // Errors of the Limiter. Being denied is not an error, and neither is a Redis failure:
 // the limit's failure policy decides, and the Decision says so.
 var (
+	// ErrInvalidConfig is wrapped by every error New returns for a configuration it
+	// cannot honour; the error also wraps global.ErrInvalidLimit for a bad rate, burst
+	// or name, and breaker.ErrNoPolicy for a limit without a failure policy.
+	ErrInvalidConfig = engine.ErrInvalidConfig
 	// ErrUnknownLimit is returned by Allow and AllowN for a limit name the Limiter was
 	// not configured with.
 	ErrUnknownLimit = errors.New("hybrid: unknown limit")
@@ -28,26 +31,27 @@ var (
 	ErrClosed = errors.New("hybrid: limiter closed")
 )
 
-// DefaultTimeout is how long a decision waits for Redis when Limit.Timeout is zero.
-const DefaultTimeout = 10 * time.Millisecond
-
-// DefaultHeartbeatInterval is how often a Limiter with a Fleet name announces itself.
-const DefaultHeartbeatInterval = time.Second
-
-// maxBatch is the most refills sent in one pipelined round trip.
-const maxBatch = 256
+// InfDuration is the RetryAfter of a request that can never be allowed, such as one
+// asking for more tokens than the limit's burst.
+const InfDuration = engine.InfDuration
 
 // Limit is one named fleet-wide limit: a token bucket of Burst tokens refilled at Rate
-// per second, held in Redis and shared by every server, per key (client, tenant, ...).
+// per second, held in Redis and shared by every server, one bucket per key (client,
+// tenant, IP, ...). Zero fields take the defaults their comments name; Name, Rate, Burst
+// and Policy are required.
 type Limit struct {
-	// Name identifies the limit in calls and in Redis keys (see global.Limit).
+	// Name identifies the limit in calls and in Redis keys: 1 to 64 printable ASCII bytes
+	// without space, '{', '}', ':' or '#'. Every server gives a limit the same Name, Rate
+	// and Burst.
 	Name string
-	// Rate is the fleet-wide refill rate, in tokens per second.
+	// Rate is the fleet-wide refill rate, in tokens per second: finite and > 0.
 	Rate float64
-	// Burst is the fleet-wide bucket capacity; the largest cost one request may have.
+	// Burst is the fleet-wide bucket capacity, at least 1; the largest cost one request
+	// may have.
 	Burst int
-	// Policy decides requests when Redis does not answer (breaker open, timeout, error).
-	// Required: there is no default (see breaker.Policy).
+	// Policy decides requests when Redis does not answer (breaker open, timeout, error):
+	// breaker.FailOpen, breaker.FailClosed or breaker.FailLocal(). Required: there is no
+	// default (docs/failure-policies.md helps choose).
 	Policy breaker.Policy
 	// PreRate and PreBurst set a tighter per-server pre-check, a local bucket per key
 	// consulted before anything else, which stops a hot key on one server without Redis.
@@ -55,21 +59,26 @@ type Limit struct {
 	// may, so the default pre-check never denies what the global bucket would allow.
 	PreRate  float64
 	PreBurst int
-	// Timeout is the longest a decision waits for Redis: a refill not answered by then
-	// goes to Policy. The Redis call itself runs to the breaker's Timeout, so that the
-	// breaker counts a stalled Redis whatever the limits' Timeouts; a refill answered
-	// after its requests gave up still fills the lease. default: DefaultTimeout (10ms)
-	Timeout time.Duration
-	// MaxCost is the largest cost passed to AllowN; it sizes the conservative local
-	// fallback's burst so that such a request is not always denied during an outage.
-	// default: 1
+	// MaxWait is the longest a decision waits for Redis: a refill not answered by then
+	// sends the request to Policy. The Redis call itself runs to the breaker's Timeout, so
+	// that the breaker counts a stalled Redis whatever the limits' MaxWait; a refill
+	// answered after its requests gave up still fills the lease. default: 10ms
+	MaxWait time.Duration
+	// MaxCost is the largest cost passed to AllowN; it sizes the FailLocal burst so that
+	// such a request is not always denied during an outage. default: 1
 	MaxCost int
-	// RefillInterval, Lifetime and LowWatermark tune the leases (see LeaseConfig).
+	// RefillInterval is how long one batch of leased tokens should last at the key's
+	// local demand; a batch is at most Burst / servers. default: 100ms
 	RefillInterval time.Duration
-	Lifetime       time.Duration
-	LowWatermark   float64
+	// Lifetime is how long leased tokens stay usable before they are refunded. At most
+	// 24h, at least 1ms. default: 1s
+	Lifetime time.Duration
+	// LowWatermark is the fraction of a batch below which a lease fetches the next one
+	// before it runs out, so the common path does not wait; negative disables it.
+	// default: 0.5
+	LowWatermark float64
 	// MaxKeys caps the keys held for this limit on this server (least recently used go
-	// first; their leased tokens are refunded). default: local.DefaultMaxKeys
+	// first; their leased tokens are refunded). default: 100,000
 	MaxKeys int
 }
 
@@ -87,8 +96,8 @@ type Config struct {
 	// HeartbeatInterval is how often the Limiter announces itself; a member is dropped
 	// after three intervals without a heartbeat. default: 1s
 	HeartbeatInterval time.Duration
-	// Breaker guards the Redis calls. nil builds one with breaker defaults that counts
-	// global.IsUnavailable errors; share one breaker per Redis.
+	// Breaker guards the Redis calls. nil builds one with the breaker package's
+	// defaults; share one breaker per Redis.
 	Breaker *breaker.Breaker
 	// Seed seeds the pacing jitter; 0 picks a random seed.
 	Seed uint64
@@ -99,38 +108,87 @@ type Config struct {
 // Source says which tier made a decision.
 type Source uint8
 
+// Decision sources.
 const (
 	// SourcePreCheck: the per-server pre-check denied the request; Redis was not asked.
-	SourcePreCheck Source = iota + 1
+	SourcePreCheck = Source(engine.SourcePreCheck)
 	// SourceLease: decided from tokens this server already held (or denied while the key
 	// is paced after contention); Redis was not asked.
-	SourceLease
+	SourceLease = Source(engine.SourceLease)
 	// SourceGlobal: decided after waiting for a refill from the global bucket.
-	SourceGlobal
+	SourceGlobal = Source(engine.SourceGlobal)
 	// SourceFallback: Redis did not answer; the limit's failure policy decided.
-	SourceFallback
+	SourceFallback = Source(engine.SourceFallback)
 )
 
-// String returns the source's name.
+var sourceNames = [engine.NumSources]string{
+	SourcePreCheck: "pre-check", SourceLease: "lease", SourceGlobal: "global", SourceFallback: "fallback",
+}
+
+// String returns the source's name, as in "pre-check" or "lease".
 func (s Source) String() string {
-	switch s {
-	case SourcePreCheck:
-		return "pre-check"
-	case SourceLease:
-		return "lease"
-	case SourceGlobal:
-		return "global"
-	case SourceFallback:
-		return "fallback"
+	if int(s) < len(sourceNames) && sourceNames[s] != "" {
+		return sourceNames[s]
 	}
 	return fmt.Sprintf("Source(%d)", uint8(s))
+}
+
+// Reason says why a decision was made.
+type Reason uint8
+
+// Decision reasons.
+const (
+	// ReasonNone is the zero Reason.
+	ReasonNone = Reason(engine.ReasonNone)
+	// ReasonLease: served from tokens this server held.
+	ReasonLease = Reason(engine.ReasonLease)
+	// ReasonRefill: no tokens on hand; a refill is in flight.
+	ReasonRefill = Reason(engine.ReasonRefill)
+	// ReasonPaced: no tokens on hand and the key is paced after contention on the global
+	// bucket; this server does not ask again before RetryAfter.
+	ReasonPaced = Reason(engine.ReasonPaced)
+	// ReasonExceedsBurst: the request costs more than the limit's burst and can never pass.
+	ReasonExceedsBurst = Reason(engine.ReasonExceedsBurst)
+	// ReasonInvalidCost: the request's cost is negative.
+	ReasonInvalidCost = Reason(engine.ReasonInvalidCost)
+	// ReasonPreCheck: the per-server pre-check bucket of the key is empty.
+	ReasonPreCheck = Reason(engine.ReasonPreCheck)
+	// ReasonGranted: a refill answered and the request was served from it.
+	ReasonGranted = Reason(engine.ReasonGranted)
+	// ReasonBreakerOpen: the breaker is open; no Redis call was made.
+	ReasonBreakerOpen = Reason(engine.ReasonBreakerOpen)
+	// ReasonTimeout: Redis did not answer within the limit's MaxWait.
+	ReasonTimeout = Reason(engine.ReasonTimeout)
+	// ReasonUnavailable: the Redis call failed (connection, Redis error, overload).
+	ReasonUnavailable = Reason(engine.ReasonUnavailable)
+	// ReasonCanceled: the caller's context ended while waiting for Redis.
+	ReasonCanceled = Reason(engine.ReasonCanceled)
+	// ReasonClosed: the Limiter is closed.
+	ReasonClosed = Reason(engine.ReasonClosed)
+)
+
+var reasonNames = [engine.NumReasons]string{
+	ReasonNone: "none", ReasonLease: "lease", ReasonRefill: "refill in flight",
+	ReasonPaced: "paced after contention", ReasonExceedsBurst: "cost exceeds burst",
+	ReasonInvalidCost: "invalid cost", ReasonPreCheck: "pre-check bucket empty",
+	ReasonGranted: "refill granted", ReasonBreakerOpen: "breaker open", ReasonTimeout: "redis timeout",
+	ReasonUnavailable: "redis unavailable", ReasonCanceled: "caller canceled", ReasonClosed: "limiter closed",
+}
+
+// String returns the reason in a few words.
+func (r Reason) String() string {
+	if int(r) < len(reasonNames) && (r == ReasonNone || reasonNames[r] != "") {
+		return reasonNames[r]
+	}
+	return fmt.Sprintf("Reason(%d)", uint8(r))
 }
 
 // Decision is the answer to one request.
 type Decision struct {
 	// Allowed reports whether the request may proceed.
 	Allowed bool
-	// Remaining is the best known count of tokens left for the key, fleet-wide.
+	// Remaining is the best known count of tokens left for the key, fleet-wide: tokens
+	// this server holds plus what the bucket reported at its last grant.
 	Remaining int
 	// RetryAfter, when the request is denied, is when it may pass (InfDuration: never).
 	RetryAfter time.Duration
@@ -141,124 +199,51 @@ type Decision struct {
 	Servers int
 }
 
+// decision is d as the user sees it.
+func decision(d engine.Decision) Decision {
+	return Decision{Allowed: d.Allowed, Remaining: d.Remaining, RetryAfter: d.RetryAfter,
+		Source: Source(d.Source), Reason: Reason(d.Reason), Servers: d.Servers}
+}
+
 // Limiter is the two-tier limiter users call: for each request, a per-server pre-check,
 // then tokens leased from the global Redis bucket in batches, refilled in the background
 // (one refill in flight per key; refills of many keys share one pipelined round trip),
-// and the limit's failure policy when Redis does not answer. See docs/design.md.
+// and the limit's failure policy when Redis does not answer. docs/design.md describes
+// the rules and the accuracy they give.
 //
-// New starts one background goroutine (two with a Fleet name): refills, refunds of
-// expired leases, heartbeats. Close stops them and refunds every unused leased token.
-// A Limiter is safe for simultaneous use by multiple goroutines.
+// The zero Limiter is not usable; build one with New. New starts one background
+// goroutine (refills, refunds, lease expiry, heartbeats); Close stops it and refunds every
+// unused leased token. Most callers use Allow, or Wait for work that should queue. A
+// Limiter is safe for simultaneous use by multiple goroutines: decisions for different
+// keys take no common lock.
 type Limiter struct {
-	store  *global.Store
-	brk    *breaker.Breaker
-	limits map[string]*limit
-	list   []*limit          // the same limits, scanned by lookup when there are few
-	byName map[string]*limit // nil when there are few
-	now    func() time.Time
-	fleet  string
-	beat   time.Duration
+	eng   *engine.Engine
+	store *global.Store
+	brk   *breaker.Breaker
+	now   func() time.Time
 
-	servers atomic.Int64
-	closed  atomic.Bool
-
-	mu sync.Mutex
-	// The fields below are guarded by mu.
-	pending  []*flight // refills waiting to be sent
-	refunds  []refund  // tokens waiting to be refunded
-	expiries expiries  // grants whose lifetime ends: a min-heap on at (limits' lifetimes differ)
-	stopped  bool      // the refiller has stopped: refills fail at once
-	// refundsDone: Close has taken the last refunds; later ones are counted lost.
-	refundsDone bool
-
-	wake chan struct{} // buffered 1: work is pending
-	stop chan struct{} // closed by Close
-	wg   sync.WaitGroup
-
-	stats counters
-}
-
-type limit struct {
-	cfg      Limit
-	glim     global.Limit
-	lease    atomic.Pointer[LeaseConfig]
-	keys     *local.Store[entry]
-	fallback *breaker.Fallback
-	preRate  rate.Limit
-	preBurst int
-	fill     time.Duration // time for an empty pre-check bucket to fill
-	seed     uint64
-}
-
-// entry is what one server holds for one (limit, key): the pre-check bucket and the lease.
-// It lives in the limit's bounded store and is only touched under that store's lock.
-type entry struct {
-	pre    rate.Limiter
-	lease  Lease
-	flight *flight // the refill in flight, nil if none
-	slot   uint8   // which shard of the Limiter's counters this key counts in
-}
-
-// flight is one refill on its way to Redis and back. Requests that wait for it select on
-// done; err and granted are set before done is closed.
-type flight struct {
-	lim       *limit
-	key       string
-	seq       uint64
-	want, min int
-	done      chan struct{}
-	err       error
-}
-
-type refund struct {
-	lim *limit
-	key string
-	n   int
-}
-
-type expiry struct {
-	lim *limit
-	key string
-	at  time.Time
+	closed atomic.Bool
+	wake   chan struct{} // buffered 1: the engine has I/O queued
+	stop   chan struct{} // closed by Close
+	wg     sync.WaitGroup
 }
 
 // New returns a Limiter for the limits in cfg over store, or an error wrapping
-// ErrInvalidConfig (or global.ErrInvalidLimit, breaker.ErrNoPolicy) that says what is
-// wrong. It starts the Limiter's background goroutines; call Close to stop them.
+// ErrInvalidConfig that says what is wrong. It starts the Limiter's background
+// goroutine; call Close to stop it.
 func New(store *global.Store, cfg Config) (*Limiter, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
 	}
-	if len(cfg.Limits) == 0 {
-		return nil, fmt.Errorf("%w: no limits", ErrInvalidConfig)
-	}
-	if cfg.FleetSize < 1 {
-		return nil, fmt.Errorf("%w: FleetSize %d: say how many servers share the limits (with Fleet set, the first guess)", ErrInvalidConfig, cfg.FleetSize)
-	}
-	if cfg.HeartbeatInterval < 0 {
-		return nil, fmt.Errorf("%w: HeartbeatInterval %v is negative", ErrInvalidConfig, cfg.HeartbeatInterval)
-	}
 	l := &Limiter{
-		store:  store,
-		brk:    cfg.Breaker,
-		limits: make(map[string]*limit, len(cfg.Limits)),
-		now:    cfg.Now,
-		fleet:  cfg.Fleet,
-		beat:   cfg.HeartbeatInterval,
-		wake:   make(chan struct{}, 1),
-		stop:   make(chan struct{}),
+		store: store,
+		brk:   cfg.Breaker,
+		now:   cfg.Now,
+		wake:  make(chan struct{}, 1),
+		stop:  make(chan struct{}),
 	}
 	if l.now == nil {
 		l.now = time.Now
-	}
-	if l.beat == 0 {
-		l.beat = DefaultHeartbeatInterval
-	}
-	if l.fleet != "" {
-		// Checked here, not at the first heartbeat: the same rules as a limit name.
-		if _, err := global.NewLimit(l.fleet, 1, 1); err != nil {
-			return nil, fmt.Errorf("%w: fleet name: %w", ErrInvalidConfig, err)
-		}
 	}
 	if l.brk == nil {
 		b, err := breaker.New(breaker.Settings{IsFailure: global.IsUnavailable})
@@ -267,100 +252,234 @@ func New(store *global.Store, cfg Config) (*Limiter, error) {
 		}
 		l.brk = b
 	}
-	l.servers.Store(int64(cfg.FleetSize))
 	seed := cfg.Seed
 	if seed == 0 {
 		seed = rand.Uint64()
 	}
-	for i, lc := range cfg.Limits {
-		if _, dup := l.limits[lc.Name]; dup {
-			return nil, fmt.Errorf("%w: limit %q configured twice", ErrInvalidConfig, lc.Name)
-		}
-		lm, err := l.newLimit(lc, cfg.FleetSize, seed+uint64(i)*0x9e3779b97f4a7c15)
-		if err != nil {
-			return nil, err
-		}
-		l.limits[lc.Name] = lm
+	limits := make([]engine.LimitConfig, len(cfg.Limits))
+	for i, c := range cfg.Limits {
+		limits[i] = engine.LimitConfig(c) // the same fields: the engine validates them
 	}
-	for _, lc := range cfg.Limits {
-		l.list = append(l.list, l.limits[lc.Name])
+	eng, err := engine.New(engine.Config{
+		Limits:            limits,
+		Servers:           cfg.FleetSize,
+		Fleet:             cfg.Fleet,
+		HeartbeatInterval: cfg.HeartbeatInterval,
+		Seed:              seed,
+		NextSeq:           store.NextSeq,
+		BreakerOpen:       func() bool { return l.brk.State() == breaker.StateOpen },
+		Notify:            l.poke,
+	})
+	if err != nil {
+		return nil, err
 	}
-	if len(l.list) > 8 {
-		l.byName = l.limits
-	}
+	l.eng = eng
 	l.wg.Add(1)
-	go l.refiller()
-	if l.fleet != "" {
-		l.wg.Add(1)
-		go l.heartbeat()
-	}
+	go l.run()
 	return l, nil
 }
 
-func (l *Limiter) newLimit(c Limit, servers int, seed uint64) (*limit, error) {
-	glim, err := global.NewLimit(c.Name, c.Rate, c.Burst)
-	if err != nil {
-		return nil, err
+// poke wakes the background goroutine without blocking.
+func (l *Limiter) poke() {
+	select {
+	case l.wake <- struct{}{}:
+	default:
 	}
-	if err := c.Policy.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: limit %q: %w", ErrInvalidConfig, c.Name, err)
-	}
-	switch {
-	case c.PreRate < 0 || math.IsNaN(c.PreRate) || math.IsInf(c.PreRate, 0):
-		return nil, fmt.Errorf("%w: limit %q: PreRate %v", ErrInvalidConfig, c.Name, c.PreRate)
-	case c.PreBurst < 0:
-		return nil, fmt.Errorf("%w: limit %q: PreBurst %d", ErrInvalidConfig, c.Name, c.PreBurst)
-	case c.Timeout < 0:
-		return nil, fmt.Errorf("%w: limit %q: Timeout %v", ErrInvalidConfig, c.Name, c.Timeout)
-	case c.MaxCost < 0 || c.MaxCost > c.Burst:
-		return nil, fmt.Errorf("%w: limit %q: MaxCost %d must be between 1 and Burst %d", ErrInvalidConfig, c.Name, c.MaxCost, c.Burst)
-	case c.PreRate > c.Rate || c.PreBurst > c.Burst:
-		return nil, fmt.Errorf("%w: limit %q: the pre-check (%v/s, burst %d) must be tighter than the limit (%v/s, burst %d)",
-			ErrInvalidConfig, c.Name, c.PreRate, c.PreBurst, c.Rate, c.Burst)
-	case c.MaxKeys < 0:
-		return nil, fmt.Errorf("%w: limit %q: MaxKeys %d", ErrInvalidConfig, c.Name, c.MaxKeys)
-	}
-	c.Timeout = cmpOr(c.Timeout, DefaultTimeout)
-	c.MaxCost = max(c.MaxCost, 1)
-	c.PreRate = cmpOr(c.PreRate, c.Rate)
-	c.PreBurst = cmpOr(c.PreBurst, c.Burst)
-	lc, err := LeaseConfig{
-		Rate: c.Rate, Burst: c.Burst, Servers: servers,
-		RefillInterval: c.RefillInterval, Lifetime: c.Lifetime, LowWatermark: c.LowWatermark,
-	}.Normalize()
-	if err != nil {
-		return nil, fmt.Errorf("limit %q: %w", c.Name, err)
-	}
-	lm := &limit{
-		cfg: c, glim: glim, seed: seed,
-		preRate: rate.Limit(c.PreRate), preBurst: c.PreBurst,
-		fill: time.Duration(math.Min(float64(c.PreBurst)/c.PreRate*float64(time.Second), float64(24*time.Hour))),
-	}
-	lm.lease.Store(&lc)
-	// Idle keys go after twice the lease lifetime, and not before their pre-check bucket
-	// would be full again (a dropped bucket comes back full); their leases are refunded.
-	idle := max(2*lc.Lifetime, lm.fill+time.Second)
-	lm.keys, err = local.NewStore(local.StoreConfig[entry]{
-		MaxKeys:     c.MaxKeys,
-		IdleTimeout: idle,
-		Init:        lm.initEntry,
-		OnEvict: func(key string, e *entry, _ local.EvictReason) {
-			l.evicted(lm, key, e)
-		},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("%w: limit %q: %w", ErrInvalidConfig, c.Name, err)
-	}
-	if lm.fallback, err = newFallback(c, servers); err != nil {
-		return nil, err
-	}
-	return lm, nil
 }
 
-func cmpOr[T comparable](v, def T) T {
-	var zero T
-	if v == zero {
-		return def
+// run is the Limiter's background goroutine: it carries out the engine's round trips,
+// one at a time, and ticks it.
+func (l *Limiter) run() {
+	defer l.wg.Done()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		select {
+		case <-l.stop:
+			l.eng.Stop(l.now())
+			return
+		default:
+		}
+		now := l.now()
+		l.eng.Tick(now)
+		if t := l.eng.Next(); t != nil {
+			l.do(context.Background(), t)
+			l.eng.Done(l.now(), t)
+			continue
+		}
+		timer.Reset(max(l.eng.NextTick().Sub(now), time.Millisecond))
+		select {
+		case <-l.stop:
+			l.eng.Stop(l.now())
+			return
+		case <-l.wake:
+		case <-timer.C:
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
 	}
-	return v
+}
+
+// do makes the round trip t through the breaker and writes its answers into t. The
+// call's deadline is the breaker's own Timeout (or ctx's, if shorter), never a limit's
+// MaxWait: a request waits at most its MaxWait (then its policy decides), but the
+// refill may finish later and still fill the lease. With the limit's MaxWait as a caller
+// deadline, a MaxWait near or below the breaker's MinCountedTimeout would make every
+// timeout look like the caller's own impatience, and a stalled Redis would never open
+// the breaker.
+//
+// A call may outlive Do (the breaker returns at its deadline): it then writes only
+// into memory nothing reads once Do has failed.
+func (l *Limiter) do(ctx context.Context, t *engine.Trip) {
+	switch t.Kind {
+	case engine.TakeTrip:
+		if len(t.Takes) == 1 {
+			r := t.Takes[0]
+			var g global.Grant
+			t.Err = l.brk.Do(ctx, func(ctx context.Context) error {
+				var err error
+				g, err = l.store.Take(ctx, r.Limit, r.Key, r.Want, r.Min)
+				return err
+			})
+			if t.Err == nil {
+				t.TakeResults[0].Grant, t.Answered = g, true
+			}
+			return
+		}
+		t.Answered, t.Err = l.doBatch(ctx, func(ctx context.Context) error { return l.store.TakeBatch(ctx, t.Takes, t.TakeResults) })
+	case engine.RefundTrip:
+		t.Answered, t.Err = l.doBatch(ctx, func(ctx context.Context) error { return l.store.RefundBatch(ctx, t.Refunds, t.RefundResults) })
+	case engine.HeartbeatTrip:
+		var live int
+		t.Err = l.brk.Do(ctx, func(ctx context.Context) error {
+			var err error
+			live, err = l.store.Heartbeat(ctx, t.Fleet, l.store.ServerID(), t.TTL)
+			return err
+		})
+		if t.Err == nil {
+			t.Live, t.Answered = live, true
+		}
+	}
+}
+
+// doBatch runs one pipelined batch call (TakeBatch or RefundBatch, writing each item's
+// answer to its out) through the breaker. An item that found the store unavailable
+// fails the call for the breaker to count; other item errors are read from out.
+// answered reports that the call itself returned, so out holds every item's answer
+// even when err is set; if not (breaker open, deadline), out must not be read: the
+// call may still be running.
+func (l *Limiter) doBatch(ctx context.Context, call func(ctx context.Context) error) (answered bool, err error) {
+	var done atomic.Bool
+	err = l.brk.Do(ctx, func(ctx context.Context) error {
+		err := call(ctx)
+		done.Store(true)
+		if global.IsUnavailable(err) {
+			return err
+		}
+		return nil
+	})
+	return done.Load(), err
+}
+
+// Allow is shorthand for AllowN(ctx, limit, key, 1).
+func (l *Limiter) Allow(ctx context.Context, limit, key string) (Decision, error) {
+	return l.AllowN(ctx, limit, key, 1)
+}
+
+// AllowN decides whether a request of cost n for key may proceed under the named limit,
+// taking its n tokens atomically (all or none). It waits for Redis only when this server
+// holds no tokens for the key, at most the limit's MaxWait and never past ctx.
+//
+// The error is non-nil only for a misuse (ErrUnknownLimit, ErrInvalidCost), after Close
+// (ErrClosed), or when ctx ends while waiting (ctx.Err()); the Decision then denies. A
+// Redis failure is not an error: the limit's policy decides, and the Decision says so.
+// Cost 0 is allowed and spends nothing.
+func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (Decision, error) {
+	lm := l.eng.Limit(limit)
+	switch {
+	case lm == nil:
+		return Decision{RetryAfter: InfDuration}, ErrUnknownLimit
+	case n < 0:
+		return Decision{Reason: ReasonInvalidCost, RetryAfter: InfDuration}, ErrInvalidCost
+	case l.closed.Load():
+		return Decision{Reason: ReasonClosed}, ErrClosed
+	}
+	d, w := l.eng.Decide(l.now(), lm, key, n)
+	if w != nil {
+		return l.wait(ctx, w)
+	}
+	return result(d)
+}
+
+// result is d as AllowN returns it.
+func result(d engine.Decision) (Decision, error) {
+	if d.Reason == engine.ReasonClosed {
+		return Decision{Reason: ReasonClosed}, ErrClosed
+	}
+	return decision(d), nil
+}
+
+// wait waits for the decision of a request that waits for a refill: the engine's,
+// or the policy's once the limit's MaxWait has passed, or none once ctx ends.
+func (l *Limiter) wait(ctx context.Context, w *engine.Waiter) (Decision, error) {
+	select {
+	case <-w.Done(): // decided already
+		return result(w.Decision())
+	default:
+	}
+	timer := time.NewTimer(w.Limit().Config().MaxWait)
+	defer timer.Stop()
+	select {
+	case <-w.Done():
+		return result(w.Decision())
+	case <-timer.C:
+		return result(l.eng.GiveUp(l.now(), w, engine.ReasonTimeout))
+	case <-ctx.Done():
+		d := l.eng.GiveUp(l.now(), w, engine.ReasonCanceled)
+		if d.Reason != engine.ReasonCanceled { // decided just before
+			return result(d)
+		}
+		return decision(d), ctx.Err()
+	}
+}
+
+// errNotSent explains refunds queued while Close was sending the last ones.
+var errNotSent = errors.New("queued after Close sent its last refunds")
+
+// Close stops the background goroutine, fails the refills not yet sent, and gives every
+// unused leased token back to its bucket (in as few calls as it can, bounded by ctx).
+// Calls after Close return ErrClosed. Close is idempotent; the error reports tokens that
+// could not be refunded.
+func (l *Limiter) Close(ctx context.Context) error {
+	if l.closed.Swap(true) {
+		return nil
+	}
+	close(l.stop)
+	l.wg.Wait() // the engine is stopped, and its last round trip answered
+	l.eng.Drain()
+	lost := 0
+	var firstErr error
+	for ctx.Err() == nil {
+		t := l.eng.Next()
+		if t == nil {
+			break
+		}
+		l.do(ctx, t)
+		l.eng.Done(l.now(), t)
+		n, err := t.Lost()
+		lost += n
+		firstErr = cmp.Or(firstErr, err)
+	}
+	if n := l.eng.Finish(); n > 0 {
+		lost += n
+		firstErr = cmp.Or(firstErr, ctx.Err(), errNotSent)
+	}
+	if lost > 0 {
+		return fmt.Errorf("hybrid: %d leased tokens not refunded: %w", lost, firstErr)
+	}
+	return nil
 }

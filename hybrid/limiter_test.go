@@ -103,7 +103,7 @@ func TestLimiterSources(t *testing.T) {
 		l := newLimiter(t, s, hybrid.Config{
 			FleetSize: 1,
 			Now:       func() time.Time { return now },
-			Limits:    []hybrid.Limit{{Name: "api", Rate: 0.001, Burst: 5, Policy: breaker.FailClosed, Timeout: time.Second}},
+			Limits:    []hybrid.Limit{{Name: "api", Rate: 0.001, Burst: 5, Policy: breaker.FailClosed, MaxWait: time.Second}},
 		})
 		ctx := context.Background()
 		d, err := l.Allow(ctx, "api", "k")
@@ -192,7 +192,7 @@ func TestLimiterConcurrentWaiters(t *testing.T) {
 	s := newStore(t, c)
 	l := newLimiter(t, s, hybrid.Config{
 		FleetSize: 1,
-		Limits:    []hybrid.Limit{{Name: "api", Rate: 0.001, Burst: 50, Policy: breaker.FailClosed, Timeout: time.Second}},
+		Limits:    []hybrid.Limit{{Name: "api", Rate: 0.001, Burst: 50, Policy: breaker.FailClosed, MaxWait: time.Second}},
 	})
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -265,7 +265,7 @@ func TestRefillsShareRoundTrips(t *testing.T) {
 	_, c := redistest.Mini(t)
 	l := newLimiter(t, newStore(t, c), hybrid.Config{
 		FleetSize: 1,
-		Limits:    []hybrid.Limit{{Name: "api", Rate: 100, Burst: 100, Policy: breaker.FailClosed, Timeout: time.Second}},
+		Limits:    []hybrid.Limit{{Name: "api", Rate: 100, Burst: 100, Policy: breaker.FailClosed, MaxWait: time.Second}},
 	})
 	var wg sync.WaitGroup
 	for i := range 200 {
@@ -291,7 +291,7 @@ func TestIdleLeaseIsRefunded(t *testing.T) {
 	_, c := redistest.Mini(t)
 	l := newLimiter(t, newStore(t, c), hybrid.Config{
 		FleetSize: 1,
-		Limits: []hybrid.Limit{{Name: "api", Rate: 1, Burst: 100, Policy: breaker.FailClosed, Timeout: time.Second,
+		Limits: []hybrid.Limit{{Name: "api", Rate: 1, Burst: 100, Policy: breaker.FailClosed, MaxWait: time.Second,
 			Lifetime: 20 * time.Millisecond, LowWatermark: -1}},
 	})
 	ctx := context.Background()
@@ -333,8 +333,8 @@ func TestExpiryFollowsEachLimitsLifetime(t *testing.T) {
 		FleetSize: 1,
 		Now:       func() time.Time { return time.Unix(0, now.Load()) },
 		Limits: []hybrid.Limit{
-			{Name: "slow", Rate: 1000, Burst: 1000, Policy: breaker.FailClosed, Timeout: time.Second, Lifetime: time.Hour, LowWatermark: -1},
-			{Name: "fast", Rate: 1000, Burst: 1000, Policy: breaker.FailClosed, Timeout: time.Second, Lifetime: 40 * time.Millisecond, LowWatermark: -1},
+			{Name: "slow", Rate: 1000, Burst: 1000, Policy: breaker.FailClosed, MaxWait: time.Second, Lifetime: time.Hour, LowWatermark: -1},
+			{Name: "fast", Rate: 1000, Burst: 1000, Policy: breaker.FailClosed, MaxWait: time.Second, Lifetime: 40 * time.Millisecond, LowWatermark: -1},
 		},
 	})
 	ctx := context.Background()
@@ -375,7 +375,7 @@ func TestShortTimeoutStillOpensTheBreaker(t *testing.T) {
 	l := newLimiter(t, newStore(t, c), hybrid.Config{
 		FleetSize: 1,
 		Breaker:   brk,
-		Limits:    []hybrid.Limit{{Name: "api", Rate: 100, Burst: 100, Policy: breaker.FailClosed, Timeout: 2 * time.Millisecond}},
+		Limits:    []hybrid.Limit{{Name: "api", Rate: 100, Burst: 100, Policy: breaker.FailClosed, MaxWait: 2 * time.Millisecond}},
 	})
 	ctx := context.Background()
 	for i := 0; brk.State() != breaker.StateOpen; i++ {

@@ -1,10 +1,6 @@
 package hybrid
 
-import (
-	"sync/atomic"
-
-	"github.com/fleetlimit/fleetlimit/breaker"
-)
+import "github.com/fleetlimit/fleetlimit/breaker"
 
 // Stats are a Limiter's counters since New, for metrics.
 type Stats struct {
@@ -28,47 +24,16 @@ type Stats struct {
 	Breaker breaker.State
 }
 
-// counterShards spreads the per-decision counters over cache lines by key, so that
-// goroutines deciding for different keys do not write one line.
-const counterShards = 16
-
-type counters struct {
-	decisions                                   [counterShards]decisionCounters
-	canceled                                    atomic.Int64
-	takes, roundTrips, refillErrors             atomic.Int64
-	granted, refunded, refundsLost, refundCalls atomic.Int64
-	heartbeats                                  atomic.Int64
-}
-
-type decisionCounters struct {
-	bySource [SourceFallback + 1]atomic.Int64
-	_        [64 - 8*(SourceFallback+1)%64]byte
-}
-
-func (c *counters) count(slot uint8, s Source) {
-	if s <= SourceFallback {
-		c.decisions[slot%counterShards].bySource[s].Add(1)
-	}
-}
-
-func (c *counters) decided(s Source) int64 {
-	var n int64
-	for i := range c.decisions {
-		n += c.decisions[i].bySource[s].Load()
-	}
-	return n
-}
-
 // Stats returns the Limiter's counters.
 func (l *Limiter) Stats() Stats {
-	c := &l.stats
+	s := l.eng.Stats()
 	return Stats{
-		PreCheck: c.decided(SourcePreCheck), Lease: c.decided(SourceLease), Global: c.decided(SourceGlobal), Fallback: c.decided(SourceFallback),
-		Canceled: c.canceled.Load(),
-		Takes:    c.takes.Load(), RoundTrips: c.roundTrips.Load(), RefillErrors: c.refillErrors.Load(),
-		Granted: c.granted.Load(), Refunded: c.refunded.Load(), RefundsLost: c.refundsLost.Load(), RefundCalls: c.refundCalls.Load(),
-		Heartbeats: c.heartbeats.Load(),
-		Servers:    int(l.servers.Load()),
+		PreCheck: s.PreCheck, Lease: s.Lease, Global: s.Global, Fallback: s.Fallback,
+		Canceled: s.Canceled,
+		Takes:    s.Takes, RoundTrips: s.RoundTrips, RefillErrors: s.RefillErrors,
+		Granted: s.Granted, Refunded: s.Refunded, RefundsLost: s.RefundsLost, RefundCalls: s.RefundCalls,
+		Heartbeats: s.Heartbeats,
+		Servers:    s.Servers,
 		Breaker:    l.brk.State(),
 	}
 }

@@ -18,7 +18,7 @@ func TestWaitPaces(t *testing.T) {
 	_, c := redistest.Mini(t)
 	l := newLimiter(t, newStore(t, c), hybrid.Config{
 		FleetSize: 1,
-		Limits:    []hybrid.Limit{{Name: "api", Rate: 20, Burst: 1, Policy: breaker.FailClosed, Timeout: time.Second}},
+		Limits:    []hybrid.Limit{{Name: "api", Rate: 20, Burst: 1, Policy: breaker.FailClosed, MaxWait: time.Second}},
 	})
 	ctx := context.Background()
 	start := time.Now()
@@ -45,7 +45,7 @@ func TestWaitErrors(t *testing.T) {
 	_, c := redistest.Mini(t)
 	l := newLimiter(t, newStore(t, c), hybrid.Config{
 		FleetSize: 1,
-		Limits:    []hybrid.Limit{{Name: "api", Rate: 0.1, Burst: 2, Policy: breaker.FailClosed, Timeout: time.Second}},
+		Limits:    []hybrid.Limit{{Name: "api", Rate: 0.1, Burst: 2, Policy: breaker.FailClosed, MaxWait: time.Second}},
 	})
 	bg := context.Background()
 	if d, err := l.WaitN(bg, "api", "k", 2); err != nil || !d.Allowed {
@@ -95,7 +95,7 @@ func TestSlowPreCheckNeverWraps(t *testing.T) {
 	_, c := redistest.Mini(t)
 	l := newLimiter(t, newStore(t, c), hybrid.Config{
 		FleetSize: 1,
-		Limits:    []hybrid.Limit{{Name: "api", Rate: 1, Burst: 1, PreRate: 1e-300, Policy: breaker.FailClosed, Timeout: time.Second}},
+		Limits:    []hybrid.Limit{{Name: "api", Rate: 1, Burst: 1, PreRate: 1e-300, Policy: breaker.FailClosed, MaxWait: time.Second}},
 	})
 	ctx := context.Background()
 	if d, err := l.Allow(ctx, "api", "k"); err != nil || !d.Allowed {

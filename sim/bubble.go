@@ -29,7 +29,7 @@ var errShutdown = errors.New("sim: run over")
 // Every step ends with synctest.Wait, and results are handled in call order, so a run is
 // as deterministic as without the bubble.
 type bubble struct {
-	e        *engine
+	e        *events
 	base     time.Time // the bubble's clock at virtual instant 0
 	results  chan bubbleResult
 	inflight []*bubbleCall // by deadline (all calls of a run have the same timeout)
@@ -51,7 +51,7 @@ type bubbleResult struct {
 }
 
 // newBubble must be called on the bubble's root goroutine at virtual instant 0.
-func newBubble(e *engine) *bubble {
+func newBubble(e *events) *bubble {
 	b := &bubble{e: e, base: time.Now(), results: make(chan bubbleResult, 1024), shutdown: make(chan struct{})}
 	e.deadline = b.nextDeadline
 	e.expire = b.expire

@@ -8,15 +8,17 @@
 // jitter, and one Redis that runs commands one at a time in arrival order, each costing
 // Redis time, so a strategy that saturates it queues.
 //
-// The strategies are the library's own code where the library has code: Hybrid drives
-// hybrid.Lease (the lease state machine hybrid.Limiter uses), local.Limiter for the
-// pre-check, breaker.Breaker and breaker.Fallback for failures, and the Lua scripts of
-// package lua on an embedded miniredis whose clock follows the virtual one. The breaker
-// reads time.Now, so hybrid runs happen inside a testing/synctest bubble whose clock the
-// event loop keeps on the virtual one. LocalOnly uses local.FallbackLimit. The per-request
-// strategies (Naive, Script, ScriptCallerClock) make a Redis call per request, 1.5 M per
-// run; they run on a Go model of the scripts that TestModelMatchesScripts holds to the Lua
-// (on miniredis and on a real Redis when one answers).
+// The strategies are the library's own code where the library has code: Hybrid runs, on
+// every simulated server, the very engine hybrid.Limiter runs (pre-check, leases, refills
+// and the requests waiting for them, refunds, expiry, the failure policy), with a real
+// breaker.Breaker per server and the Lua scripts of package lua on an embedded miniredis
+// whose clock follows the virtual one; only the Limiter's goroutine loop and its timers are
+// events here. The breaker reads time.Now, so hybrid runs happen inside a testing/synctest
+// bubble whose clock the event loop keeps on the virtual one. LocalOnly uses
+// local.FallbackLimit. The per-request strategies (Naive, Script, ScriptCallerClock) make a
+// Redis call per request, 1.5 M per run; they run on a Go model of the scripts that
+// TestModelMatchesScripts holds to the Lua (on miniredis and on a real Redis when one
+// answers).
 //
 // `go test ./sim -v` prints a table per scenario; `-args -report FILE` writes one JSON
 // object per scenario and strategy; `-args -plots DIR` writes SVG plots. See

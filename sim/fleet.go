@@ -46,9 +46,8 @@ type server struct {
 	name  string
 	skew  time.Duration // how far its clock runs ahead of true (virtual) time
 	alive bool
-	local *local.Limiter // local-only share, or the hybrid pre-check
+	local *local.Limiter // local-only share
 	state any            // the strategy's per-server state
-	seq   uint64         // last refund sequence number sent
 }
 
 // clock is the server's reading of its own clock at virtual instant t.
@@ -67,7 +66,7 @@ type strategyImpl interface {
 // fleet is one run: the servers, the balancer, the demand, the network and Redis.
 type fleet struct {
 	sc    *Scenario
-	e     engine
+	e     events
 	rng   *rand.Rand
 	rec   *recorder
 	redis redisSim
@@ -75,14 +74,22 @@ type fleet struct {
 
 	servers  []*server // every server ever started, by id
 	live     []*server // servers taking traffic now
-	keys     []string
+	keys     []string  // client keys, by index
+	bkeys    []string  // their buckets' Redis keys
 	zipf     *rand.Zipf
 	arriveFn func(int64) // f.arrive, bound once
 	err      error
 }
 
-// keyName is the bucket key of client key k.
+// keyName is client key k.
 func (f *fleet) keyName(k int) string { return f.keys[k] }
+
+// bucketKeyOf is the Redis key of client key k's bucket.
+func (f *fleet) bucketKeyOf(k int) string { return f.bkeys[k] }
+
+// bucketKey is the Redis key of the bucket of client key key, as global.Store names it
+// (prefix "fl:", limit limitName).
+func (f *fleet) bucketKey(key string) string { return "fl:{" + limitName + ":" + key + "}" }
 
 // fail records the first error of the run; Run returns it.
 func (f *fleet) fail(err error) {

@@ -2,38 +2,29 @@ package sim
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"sync"
 	"time"
 
-	"golang.org/x/time/rate"
-
 	"github.com/fleetlimit/fleetlimit/breaker"
-	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/engine"
 )
 
-// Constants of hybrid.Limiter that the simulation repeats (they are not exported).
-const (
-	maxBatch = 256 // refills in one pipelined round trip
-)
+// limitName names the simulated limit in the engine and in bucket keys.
+const limitName = "sim"
 
-// hybridStrat runs, on every simulated server, what hybrid.Limiter does around the lease
-// core: the pre-check (a local.Limiter at the limit's own rate and burst, looked at first
-// and spent only if the lease allows), the lease (hybrid.Lease, the library's own state
-// machine), one background refiller per server that sends pending refills (several keys
-// in one pipelined round trip) through the server's breaker.Breaker, then the queued
-// refunds (summed per key, up to maxBatch keys per pipelined round trip), and expires leases every Lifetime/4; requests
-// that wait for a refill give up after the limit's timeout; when Redis does not answer,
-// breaker.Fallback applies the limit's policy. The lua.Take and lua.Refund scripts run on
-// miniredis (or the Go model).
+// hybridStrat runs, on every simulated server, the engine hybrid.Limiter runs (package
+// internal/engine: pre-check, leases, refills and the requests waiting for them, refunds,
+// lease expiry, the failure policy), and carries out its round trips as hybrid.Limiter
+// does: one at a time, through the server's own breaker.Breaker, to the simulated Redis
+// that runs the scripts of package lua (on miniredis or the Go model). What stays here is
+// only what a Limiter does with goroutines and timers, in virtual time: the background
+// loop that ticks the engine and makes its trips, and each waiting request's MaxWait.
 type hybridStrat struct {
-	f   *fleet
-	s   scripts
-	b   *bubble
-	cfg *hybrid.LeaseConfig // the live server count as the fleet knows it
+	f *fleet
+	s scripts
+	b *bubble
 
 	mu          sync.Mutex   // guards transitions: OnStateChange runs on the calls' goroutines
 	transitions []transition // by time
@@ -46,53 +37,23 @@ type transition struct {
 	from, to breaker.State
 }
 
-// hserver is one server's hybrid.Limiter.
-type hserver struct {
-	keys     map[int]*hkey
-	brk      *breaker.Breaker
-	fb       *breaker.Fallback
-	pending  []*flight
-	refunds  []refundReq
-	expiries []expiryReq
-	busy     bool // the refiller is working
-	wake     bool // work arrived while it was
-	tick     bool // an expiry tick arrived while it was
-	closed   bool
+// hybridServer is what one server of the hybrid strategy holds: the engine and the state
+// of the loop that drives it (hybrid.Limiter's background goroutine).
+type hybridServer struct {
+	eng     *engine.Engine
+	lim     *engine.Limit
+	brk     *breaker.Breaker
+	waiting map[*engine.Waiter]*request
+	busy    bool   // a trip is out
+	poked   bool   // the engine queued I/O since the loop last looked
+	timer   uint64 // generation of the armed tick timer; 0: none
+	gen     uint64
+	leaving bool // Close was called: the loop stops after the trip out
+	seq     uint64
 }
 
-// hkey is one server's entry for one key: its lease and the refill in flight.
-type hkey struct {
-	lease  hybrid.Lease
-	flight *flight
-}
-
-// flight is one refill on its way; waiters are the requests waiting for it.
-type flight struct {
-	key       int
-	seq       uint64
-	want, min int
-	waiters   []*waiter
-}
-
-// waiter is a request waiting for a refill, with its own timeout.
-type waiter struct {
-	q       *request
-	decided bool
-}
-
-type refundReq struct{ key, n int }
-
-type expiryReq struct {
-	key int
-	at  time.Time
-}
-
-func newHybrid(f *fleet, s scripts, b *bubble) (*hybridStrat, error) {
-	cfg, err := hybrid.LeaseConfig{Rate: f.sc.Rate, Burst: f.sc.Burst, Servers: f.sc.Servers}.Normalize()
-	if err != nil {
-		return nil, fmt.Errorf("sim: %w", err)
-	}
-	return &hybridStrat{f: f, s: s, b: b, cfg: &cfg}, nil
+func newHybrid(f *fleet, s scripts, b *bubble) *hybridStrat {
+	return &hybridStrat{f: f, s: s, b: b}
 }
 
 func policyOf(p Policy) breaker.Policy {
@@ -105,19 +66,21 @@ func policyOf(p Policy) breaker.Policy {
 	return breaker.FailLocal()
 }
 
+// engineConfig is the engine configuration of server id of scenario sc.
+func engineConfig(sc *Scenario, id int) engine.Config {
+	return engine.Config{
+		Limits: []engine.LimitConfig{{
+			Name: limitName, Rate: sc.Rate, Burst: sc.Burst, Policy: policyOf(sc.Policy),
+			MaxWait: sc.Deadline, MaxCost: sc.Cost, MaxKeys: max(sc.Keys, 1024),
+		}},
+		Servers: sc.Servers,
+		Seed:    mix(sc.Seed, uint64(id)),
+		Shards:  1,
+	}
+}
+
 func (h *hybridStrat) join(s *server) error {
 	sc := h.f.sc
-	pre, err := newLocalLimiter(sc, rate.Limit(sc.Rate), sc.Burst)
-	if err != nil {
-		return err
-	}
-	s.local = pre
-	fb, err := breaker.NewFallback(policyOf(sc.Policy), breaker.FallbackConfig{
-		Rate: sc.Rate, Burst: sc.Burst, Servers: h.cfg.Servers, MaxCost: sc.Cost, MaxKeys: max(sc.Keys, 1024),
-	})
-	if err != nil {
-		return fmt.Errorf("sim: %w", err)
-	}
 	id := s.id
 	brk, err := breaker.New(breaker.Settings{
 		Name:    s.name,
@@ -133,65 +96,26 @@ func (h *hybridStrat) join(s *server) error {
 	if err != nil {
 		return fmt.Errorf("sim: %w", err)
 	}
-	hs := &hserver{keys: make(map[int]*hkey), brk: brk, fb: fb}
+	hs := &hybridServer{brk: brk, waiting: make(map[*engine.Waiter]*request)}
+	cfg := engineConfig(sc, id)
+	cfg.NextSeq = func() uint64 { hs.seq++; return hs.seq }
+	cfg.BreakerOpen = func() bool {
+		h.b.sync()
+		return brk.State() == breaker.StateOpen
+	}
+	cfg.Notify = func() { hs.poked = true }
+	cfg.Decided = func(w *engine.Waiter) { h.decided(s, hs, w) }
+	if hs.eng, err = engine.New(cfg); err != nil {
+		return fmt.Errorf("sim: %w", err)
+	}
+	hs.lim = hs.eng.Limit(limitName)
 	s.state = hs
-	h.scheduleTick(s, hs)
+	h.run(s, hs)
 	return nil
 }
 
-// scheduleTick runs the refiller's expiry ticker: every Lifetime/4.
-func (h *hybridStrat) scheduleTick(s *server, hs *hserver) {
-	h.f.e.after(max(h.cfg.Lifetime/4, time.Millisecond), func() {
-		if hs.closed || h.f.e.now > h.f.sc.Duration+10*time.Second {
-			return
-		}
-		hs.tick = true
-		h.kick(s, hs)
-		h.scheduleTick(s, hs)
-	})
-}
-
-// leave closes s as Limiter.Close does: refills not yet sent fail, every lease is drained,
-// and the unused tokens are refunded.
-func (h *hybridStrat) leave(s *server) {
-	hs := s.state.(*hserver)
-	hs.closed = true
-	for _, fl := range hs.pending {
-		h.settle(s, fl, nil, errClosed)
-	}
-	hs.pending = nil
-	for _, k := range slices.Sorted(maps.Keys(hs.keys)) { // map order would make runs differ
-		st := hs.keys[k]
-		st.flight = nil
-		h.queueRefund(hs, k, st.lease.Drain())
-	}
-	h.sendRefunds(s, hs, func() {})
-}
-
-var errClosed = errors.New("sim: server closed")
-
-// resize tells every live server the new fleet size (what the heartbeat reports).
-func (h *hybridStrat) resize(n int) {
-	c := *h.cfg
-	c.Servers = n
-	h.cfg = &c
-	for _, s := range h.f.live {
-		_ = s.state.(*hserver).fb.SetServersAt(s.clock(h.f.e.now), n)
-	}
-}
-
-func (h *hybridStrat) entry(s *server, k int) *hkey {
-	hs := s.state.(*hserver)
-	st := hs.keys[k]
-	if st == nil {
-		st = &hkey{lease: hybrid.NewLease(mix(h.f.sc.Seed, uint64(s.id), uint64(k)))}
-		hs.keys[k] = st
-	}
-	return st
-}
-
 // mix derives a well-spread 64-bit seed from xs (splitmix64 finalizer over a running sum),
-// so every (run, server, key) gets its own pacing jitter, the same in every run.
+// so every (run, server) gets its own pacing jitter, the same in every run.
 func mix(xs ...uint64) uint64 {
 	var z uint64
 	for _, x := range xs {
@@ -204,291 +128,150 @@ func mix(xs ...uint64) uint64 {
 }
 
 func (h *hybridStrat) handle(s *server, q *request) {
-	h.pass(s, q, nil, true)
-}
-
-// pass is Limiter.pass: decide under the key's entry, then queue the refund and send the
-// refill the step asks for. A request that must wait joins its flight's waiters (w is nil
-// until a request first waits).
-func (h *hybridStrat) pass(s *server, q *request, w *waiter, first bool) {
-	f, hs := h.f, s.state.(*hserver)
-	now := s.clock(f.e.now)
-	key := f.keyName(q.key)
-	st := h.entry(s, q.key)
-	var step hybrid.Step
-	if st.lease.CanServe(h.cfg, now, q.n) {
-		if !s.local.AllowN(now, key, q.n) {
-			h.decide(q, w, false, srcPrecheck)
-			return
-		}
-		step = st.lease.Acquire(h.cfg, now, q.n)
+	hs := s.state.(*hybridServer)
+	f := h.f
+	d, w := hs.eng.Decide(s.clock(f.e.now), hs.lim, f.keyName(q.key), q.n)
+	if w == nil {
+		h.record(q, d)
 	} else {
-		if q.n > 0 && s.local.TokensAt(now, key) < float64(q.n) {
-			h.decide(q, w, false, srcPrecheck)
-			return
-		}
-		if first {
-			step = st.lease.Acquire(h.cfg, now, q.n)
-		} else {
-			step = st.lease.Recheck(h.cfg, now, q.n)
-		}
-		if step.Action == hybrid.Allow {
-			s.local.AllowN(now, key, q.n)
-		}
-	}
-	var fl *flight
-	if step.Refill.Want > 0 {
-		fl = &flight{key: q.key, seq: step.Refill.Seq, want: step.Refill.Want, min: step.Refill.Min}
-		st.flight = fl
-	} else if step.Action == hybrid.Wait {
-		fl = st.flight
-	}
-	h.queueRefund(hs, q.key, step.Refund)
-	if step.Action == hybrid.Wait && fl != nil {
-		if w == nil {
-			w = &waiter{q: q}
-		}
-		fl.waiters = append(fl.waiters, w)
-		if first {
-			f.e.after(f.sc.Deadline, func() { // the request's own wait timeout
-				if !w.decided {
-					h.fallback(s, q, w)
-				}
-			})
-		}
-	}
-	if step.Refill.Want > 0 {
-		h.send(s, hs, fl)
-	}
-	switch step.Action {
-	case hybrid.Allow:
-		src := srcLease
-		if !first {
-			src = srcGlobal
-		}
-		h.decide(q, w, true, src)
-	case hybrid.Deny:
-		src := srcLease
-		switch {
-		case !first: // as Limiter.decide: denied after waiting for a refill
-			src = srcGlobal
-		case step.Reason == hybrid.ReasonPaced:
-			src = srcPaced
-		}
-		h.decide(q, w, false, src)
-	case hybrid.Wait:
-		if fl == nil { // cannot happen: a Wait always has a flight; be safe
-			h.fallback(s, q, w)
-		}
-	}
-	h.kick(s, hs)
-}
-
-// decide records q's decision, once (w, if the request waited, remembers it was decided).
-func (h *hybridStrat) decide(q *request, w *waiter, allowed bool, src source) {
-	if w != nil {
-		if w.decided {
-			return
-		}
-		w.decided = true
-	}
-	h.f.decide(q, allowed, src)
-}
-
-// fallback is Limiter.fallback: the policy decides; an admitted request still spends its
-// pre-check tokens.
-func (h *hybridStrat) fallback(s *server, q *request, w *waiter) {
-	if w != nil && w.decided {
-		return
-	}
-	f, hs := h.f, s.state.(*hserver)
-	now := s.clock(f.e.now)
-	key := f.keyName(q.key)
-	allowed := hs.fb.AllowN(now, key, q.n)
-	if allowed && q.n > 0 && !s.local.AllowN(now, key, q.n) {
-		h.decide(q, w, false, srcPrecheck)
-		return
-	}
-	h.decide(q, w, allowed, srcFallback)
-}
-
-// send is Limiter.send: with the breaker open the refill fails at once; else it waits for
-// the refiller.
-func (h *hybridStrat) send(s *server, hs *hserver, fl *flight) {
-	h.b.sync()
-	if hs.brk.State() == breaker.StateOpen {
-		h.settle(s, fl, nil, breaker.ErrOpen)
-		return
-	}
-	if hs.closed {
-		h.settle(s, fl, nil, errClosed)
-		return
-	}
-	hs.pending = append(hs.pending, fl)
-	h.kick(s, hs)
-}
-
-func (h *hybridStrat) queueRefund(hs *hserver, k, n int) {
-	if n > 0 {
-		hs.refunds = append(hs.refunds, refundReq{key: k, n: n})
-	}
-}
-
-// kick wakes the refiller.
-func (h *hybridStrat) kick(s *server, hs *hserver) {
-	if hs.busy {
-		hs.wake = true
-		return
-	}
-	if len(hs.pending) == 0 && len(hs.refunds) == 0 && !hs.tick {
-		return
-	}
-	h.loop(s, hs)
-}
-
-// loop is one turn of Limiter.refiller: expire (on a tick), send every pending refill,
-// then the refunds; again if work arrived meanwhile.
-func (h *hybridStrat) loop(s *server, hs *hserver) {
-	hs.busy, hs.wake = true, false
-	if hs.tick {
-		hs.tick = false
-		h.expire(s, hs)
-	}
-	h.refill(s, hs, func() {
-		h.sendRefunds(s, hs, func() {
-			hs.busy = false
-			if hs.wake || hs.tick {
-				h.loop(s, hs)
+		hs.waiting[w] = q
+		f.e.after(hs.lim.Config().MaxWait, func() { // the request's own wait timeout
+			if q, ok := hs.waiting[w]; ok {
+				delete(hs.waiting, w)
+				h.record(q, hs.eng.GiveUp(s.clock(f.e.now), w, engine.ReasonTimeout))
 			}
 		})
+	}
+	h.wake(s, hs)
+}
+
+// decided records the decision the engine made for a waiting request.
+func (h *hybridStrat) decided(s *server, hs *hybridServer, w *engine.Waiter) {
+	if q, ok := hs.waiting[w]; ok {
+		delete(hs.waiting, w)
+		h.record(q, w.Decision())
+	}
+}
+
+// record counts q's decision under the simulator's sources.
+func (h *hybridStrat) record(q *request, d engine.Decision) {
+	src := srcFallback
+	switch {
+	case d.Reason == engine.ReasonClosed:
+		src = srcClosed
+	case d.Source == engine.SourcePreCheck:
+		src = srcPrecheck
+	case d.Source == engine.SourceLease && d.Reason == engine.ReasonPaced:
+		src = srcPaced
+	case d.Source == engine.SourceLease:
+		src = srcLease
+	case d.Source == engine.SourceGlobal:
+		src = srcGlobal
+	}
+	h.f.decide(q, d.Allowed, src)
+}
+
+// wake runs the server's loop if the engine queued I/O and the loop is idle: what the
+// Limiter's poke does.
+func (h *hybridStrat) wake(s *server, hs *hybridServer) {
+	if hs.poked && !hs.busy {
+		h.run(s, hs)
+	}
+}
+
+// run is one wake-up of hybrid.Limiter's background goroutine: tick the engine and make
+// its round trips, one at a time, until it has none; then sleep until its next tick.
+func (h *hybridStrat) run(s *server, hs *hybridServer) {
+	f := h.f
+	hs.poked = false
+	hs.timer = 0
+	if hs.leaving {
+		h.close(s, hs)
+		return
+	}
+	now := s.clock(f.e.now)
+	hs.eng.Tick(now)
+	t := hs.eng.Next()
+	if t == nil {
+		if f.e.now > f.sc.Duration+10*time.Second {
+			return // the run is over: let the event queue drain
+		}
+		hs.gen++
+		gen := hs.gen
+		hs.timer = gen
+		f.e.after(max(hs.eng.NextTick().Sub(now), time.Millisecond), func() {
+			if hs.timer == gen && !hs.busy {
+				h.run(s, hs)
+			}
+		})
+		return
+	}
+	hs.busy = true
+	h.trip(s, hs, t, func() {
+		hs.eng.Done(s.clock(f.e.now), t)
+		hs.busy = false
+		h.run(s, hs)
 	})
 }
 
-// expire is Limiter.expire: refund leased tokens whose lifetime has passed.
-func (h *hybridStrat) expire(s *server, hs *hserver) {
-	now := s.clock(h.f.e.now)
-	i := 0
-	for i < len(hs.expiries) && !hs.expiries[i].at.After(now) {
-		i++
-	}
-	due := hs.expiries[:i:i]
-	hs.expiries = hs.expiries[i:]
-	for _, x := range due {
-		if st := hs.keys[x.key]; st != nil {
-			h.queueRefund(hs, x.key, st.lease.Expire(h.cfg, now))
-		}
-	}
-}
-
-// refill sends the pending refills, up to maxBatch per pipelined round trip, one round
-// trip at a time, then calls next.
-func (h *hybridStrat) refill(s *server, hs *hserver, next func()) {
-	if len(hs.pending) == 0 || hs.closed {
-		next()
-		return
-	}
+// trip makes round trip t through the server's breaker to the simulated Redis, as
+// hybrid.Limiter's do does, then calls next.
+func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next func()) {
 	f, sc := h.f, h.f.sc
-	batch := hs.pending
-	if len(batch) > maxBatch {
-		batch = batch[:maxBatch:maxBatch]
-		hs.pending = hs.pending[maxBatch:]
-	} else {
-		hs.pending = nil
-	}
-	grants := make([]takeReply, len(batch))
+	n := max(len(t.Takes), len(t.Refunds), 1)
 	h.b.call(hs.brk, func(answered func()) {
-		f.redis.roundTrip(len(batch), time.Duration(len(batch))*sc.ScriptTime, func(at time.Time) {
-			for i, fl := range batch {
-				grants[i] = h.s.Take(at, f.keyName(fl.key), float64(sc.Burst), sc.Rate, fl.want, fl.min, s.name, fl.seq)
+		f.redis.roundTrip(n, time.Duration(n)*sc.ScriptTime, func(at time.Time) {
+			for i, r := range t.Takes {
+				g := h.s.Take(at, f.bucketKey(r.Key), float64(r.Limit.Burst), r.Limit.Rate, r.Want, r.Min, s.name, h.seq(hs))
+				t.TakeResults[i].Granted, t.TakeResults[i].Remaining = g.Granted, g.Tokens
+				t.TakeResults[i].Wait = time.Duration(g.WaitMS) * time.Millisecond
+			}
+			for i, r := range t.Refunds {
+				left, _ := h.s.Refund(at, f.bucketKey(r.Key), float64(r.Limit.Burst), r.Limit.Rate, r.N, s.name, r.Seq)
+				t.RefundResults[i].Remaining, t.RefundResults[i].Seq = left, r.Seq
 			}
 		}, answered)
 	}, func(err error) {
-		for i, fl := range batch {
-			h.settle(s, fl, &grants[i], err)
-		}
-		h.refill(s, hs, next)
+		t.Err, t.Answered = err, err == nil
+		next()
 	})
 }
 
-// settle is Limiter.finish: apply the answer of refill fl if its key still holds that
-// flight (else the tokens go back), then let the waiting requests pass again, or go to the
-// policy if the refill failed.
-func (h *hybridStrat) settle(s *server, fl *flight, g *takeReply, err error) {
-	hs := s.state.(*hserver)
-	now := s.clock(h.f.e.now)
-	st := hs.keys[fl.key]
-	back := 0
-	if st != nil && st.flight == fl {
-		st.flight = nil
-		if err != nil {
-			st.lease.Failed(fl.seq)
-		} else {
-			back = st.lease.Granted(h.cfg, now, fl.seq, hybrid.Grant{
-				Granted: g.Granted, Remaining: g.Tokens, Wait: time.Duration(g.WaitMS) * time.Millisecond})
-		}
-	} else if err == nil {
-		back = g.Granted
-	}
-	h.queueRefund(hs, fl.key, back)
-	if err == nil && g.Granted > back {
-		hs.expiries = append(hs.expiries, expiryReq{key: fl.key, at: now.Add(h.cfg.Lifetime)})
-	}
-	for _, w := range fl.waiters {
-		switch {
-		case w.decided:
-		case errors.Is(err, errClosed):
-			h.decide(w.q, w, false, srcClosed)
-		case err != nil:
-			h.fallback(s, w.q, w)
-		default:
-			h.pass(s, w.q, w, false)
-		}
-	}
-	fl.waiters = nil
+// seq numbers the takes of a server (increasing, as global.Store's are).
+func (h *hybridStrat) seq(hs *hybridServer) uint64 {
+	hs.seq++
+	return hs.seq
 }
 
-// sendRefunds is Limiter.sendRefunds: the queued refunds, summed per key (at most a
-// burst), up to maxBatch keys per pipelined round trip (global.Store.RefundBatch), one
-// round trip at a time through the breaker; then next. Failed refunds are dropped.
-func (h *hybridStrat) sendRefunds(s *server, hs *hserver, next func()) {
-	queued := hs.refunds
-	hs.refunds = nil
-	if len(queued) == 0 {
-		next()
-		return
+// leave closes s as Limiter.Close does: once the trip out is answered, the engine stops
+// (refills not yet sent fail), lets go of every key, and its unused tokens are refunded.
+func (h *hybridStrat) leave(s *server) {
+	hs := s.state.(*hybridServer)
+	hs.leaving = true
+	if !hs.busy {
+		h.close(s, hs)
 	}
-	sum := map[int]int{}
-	var order []int
-	for _, r := range queued {
-		if _, ok := sum[r.key]; !ok {
-			order = append(order, r.key)
-		}
-		sum[r.key] += r.n
-	}
-	f, sc := h.f, h.f.sc
-	var trip func()
-	trip = func() {
-		if len(order) == 0 {
-			next()
+}
+
+// close is the rest of Limiter.Close, from the loop's stop.
+func (h *hybridStrat) close(s *server, hs *hybridServer) {
+	f := h.f
+	hs.timer = 0
+	hs.eng.Stop(s.clock(f.e.now))
+	hs.eng.Drain()
+	var refund func()
+	refund = func() {
+		t := hs.eng.Next()
+		if t == nil {
+			hs.eng.Finish()
 			return
 		}
-		batch := order[:min(len(order), maxBatch)]
-		order = order[len(batch):]
-		h.b.call(hs.brk, func(answered func()) {
-			f.redis.roundTrip(len(batch), time.Duration(len(batch))*sc.ScriptTime, func(at time.Time) {
-				for _, k := range batch {
-					h.s.Refund(at, f.keyName(k), float64(sc.Burst), sc.Rate, min(sum[k], sc.Burst), s.name, h.refundSeq(s))
-				}
-			}, answered)
-		}, func(error) { trip() })
+		h.trip(s, hs, t, func() {
+			hs.eng.Done(s.clock(f.e.now), t)
+			refund()
+		})
 	}
-	trip()
-}
-
-// refundSeq numbers the refunds of server s (increasing, as global.Store's are).
-func (h *hybridStrat) refundSeq(s *server) uint64 {
-	s.seq++
-	return s.seq
+	refund()
 }
 
 // report adds what only the hybrid strategy knows to res: breaker transitions over time.

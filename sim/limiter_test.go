@@ -86,7 +86,7 @@ func runLimiters(t *testing.T, sc Scenario) limiterRun {
 				t.Fatal(err)
 			}
 			lims[i], err = hybrid.New(store, hybrid.Config{
-				Limits:    []hybrid.Limit{{Name: "x", Rate: sc.Rate, Burst: sc.Burst, Policy: policyOf(sc.Policy), Timeout: sc.Deadline}},
+				Limits:    []hybrid.Limit{{Name: "x", Rate: sc.Rate, Burst: sc.Burst, Policy: policyOf(sc.Policy), MaxWait: sc.Deadline}},
 				FleetSize: sc.Servers,
 				Breaker:   brk,
 				Seed:      uint64(i + 1),
@@ -139,7 +139,7 @@ func runLimiters(t *testing.T, sc Scenario) limiterRun {
 // TestSimTracksLimiter runs small fleets twice: with the simulator's hybrid strategy and
 // with real hybrid.Limiters in a synctest bubble. The simulator repeats the Limiter's
 // orchestration around the library's lease core; if the two drift apart (a change to the
-// Limiter not carried into sim/hybrid.go), admissions, Redis calls or the decisions that
+// Limiter not carried into the engine), admissions, Redis calls or the decisions that
 // waited for Redis stop agreeing.
 func TestSimTracksLimiter(t *testing.T) {
 	cases := []Scenario{

@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -43,8 +44,10 @@ func simulate(sc Scenario, st Strategy, inBubble bool) (Result, error) {
 	f.arriveFn = f.arrive
 	f.rec = newRecorder(&sc)
 	f.keys = make([]string, sc.Keys)
+	f.bkeys = make([]string, sc.Keys)
 	for k := range f.keys {
-		f.keys[k] = fmt.Sprintf("fl:{%s:k%d}", sc.Name, k)
+		f.keys[k] = "k" + strconv.Itoa(k)
+		f.bkeys[k] = f.bucketKey(f.keys[k])
 	}
 	if sc.Keys > 1 {
 		f.zipf = rand.NewZipf(f.rng, sc.ZipfS, 1, uint64(sc.Keys-1))
@@ -73,22 +76,14 @@ func simulate(sc Scenario, st Strategy, inBubble bool) (Result, error) {
 		}
 		b := newBubble(&f.e)
 		defer b.close()
-		if hyb, err = newHybrid(f, s, b); err != nil {
-			return Result{}, err
-		}
+		hyb = newHybrid(f, s, b)
 		f.strat = hyb
 	default:
 		return Result{}, fmt.Errorf("%w: unknown strategy %q", ErrInvalidScenario, st)
 	}
 	f.resize(sc.Servers)
 	for _, c := range sc.Churn {
-		f.e.at(c.At, func() {
-			f.resize(c.Servers)
-			if hyb != nil {
-				// Servers learn the new fleet size from the heartbeat within a second.
-				f.e.after(time.Second, func() { hyb.resize(len(f.live)) })
-			}
-		})
+		f.e.at(c.At, func() { f.resize(c.Servers) })
 	}
 	f.next(0)
 	f.e.runUntil(sc.Duration)
@@ -114,7 +109,7 @@ func simulate(sc Scenario, st Strategy, inBubble bool) (Result, error) {
 	if hyb != nil {
 		hyb.report(&res)
 	}
-	res.Events = f.e.events
+	res.Events = f.e.ran
 	return res, nil
 }
 

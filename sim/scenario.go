@@ -21,8 +21,8 @@ const (
 	// ScriptCallerClock runs the article's script changed to trust the caller's clock
 	// (now passed as an argument, ts = now): the mistake the article warns about.
 	ScriptCallerClock Strategy = "script-caller-clock"
-	// Hybrid is fleetlimit's two tiers: a local pre-check (local.Limiter at the limit's own
-	// rate and burst), token leases from the global bucket (hybrid.Lease, lua.Take and
+	// Hybrid is fleetlimit's two tiers, as hybrid.Limiter runs them on every server (the
+	// same engine): a local pre-check, token leases from the global bucket (lua.Take and
 	// lua.Refund on miniredis), and the failure policy when Redis does not answer in time.
 	Hybrid Strategy = "hybrid"
 	// LocalOnly gives each server local.FallbackLimit's share of the limit and never

@@ -23,7 +23,7 @@ func (n *naive) leave(*server)      {}
 
 func (n *naive) handle(s *server, q *request) {
 	f, sc := n.f, n.f.sc
-	key := f.keyName(q.key)
+	key := f.bucketKeyOf(q.key)
 	capacity, r := float64(sc.Burst), sc.Rate
 	var tokens, ts float64
 	var okT, okTS bool
@@ -64,7 +64,7 @@ func (p *perRequest) leave(*server)      {}
 
 func (p *perRequest) handle(s *server, q *request) {
 	f, sc := p.f, p.f.sc
-	key := f.keyName(q.key)
+	key := f.bucketKeyOf(q.key)
 	sent := luaMillis(s.clock(f.e.now)) // the caller's clock, read when it sends
 	var allowed int
 	f.redis.roundTrip(1, sc.ScriptTime, func(at time.Time) {

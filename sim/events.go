@@ -14,13 +14,13 @@ type event struct {
 	arg int64
 }
 
-// engine is a discrete-event loop in virtual time: a binary heap of events ordered by
+// events is the discrete-event loop in virtual time: a binary heap of events ordered by
 // (at, seq). Nothing in it reads the wall clock and nothing runs concurrently.
-type engine struct {
-	now    time.Duration
-	seq    uint64
-	q      []event
-	events uint64 // events run so far
+type events struct {
+	now time.Duration
+	seq uint64
+	q   []event
+	ran uint64 // events run so far
 	// deadline, when set, reports the next instant something outside the heap happens
 	// (a guarded call's deadline, see bubble); the loop stops there first and calls
 	// expire with the clock at that instant.
@@ -29,7 +29,7 @@ type engine struct {
 }
 
 // at schedules fn at virtual instant t (never in the past).
-func (e *engine) at(t time.Duration, fn func()) {
+func (e *events) at(t time.Duration, fn func()) {
 	if t < e.now {
 		t = e.now
 	}
@@ -39,7 +39,7 @@ func (e *engine) at(t time.Duration, fn func()) {
 }
 
 // atArg schedules afn(arg) at virtual instant t (never in the past).
-func (e *engine) atArg(t time.Duration, afn func(int64), arg int64) {
+func (e *events) atArg(t time.Duration, afn func(int64), arg int64) {
 	if t < e.now {
 		t = e.now
 	}
@@ -49,10 +49,10 @@ func (e *engine) atArg(t time.Duration, afn func(int64), arg int64) {
 }
 
 // after schedules fn d after now.
-func (e *engine) after(d time.Duration, fn func()) { e.at(e.now+d, fn) }
+func (e *events) after(d time.Duration, fn func()) { e.at(e.now+d, fn) }
 
 // runUntil runs every event due at or before t, then leaves the clock at t.
-func (e *engine) runUntil(t time.Duration) {
+func (e *events) runUntil(t time.Duration) {
 	for {
 		next := t
 		if len(e.q) > 0 && e.q[0].at <= t {
@@ -70,7 +70,7 @@ func (e *engine) runUntil(t time.Duration) {
 		}
 		ev := e.pop()
 		e.now = ev.at
-		e.events++
+		e.ran++
 		if ev.afn != nil {
 			ev.afn(ev.arg)
 		} else {
@@ -80,12 +80,12 @@ func (e *engine) runUntil(t time.Duration) {
 	e.now = max(e.now, t)
 }
 
-func (e *engine) less(i, j int) bool {
+func (e *events) less(i, j int) bool {
 	a, b := &e.q[i], &e.q[j]
 	return a.at < b.at || (a.at == b.at && a.seq < b.seq)
 }
 
-func (e *engine) up(i int) {
+func (e *events) up(i int) {
 	for i > 0 {
 		p := (i - 1) / 2
 		if !e.less(i, p) {
@@ -96,7 +96,7 @@ func (e *engine) up(i int) {
 	}
 }
 
-func (e *engine) pop() event {
+func (e *events) pop() event {
 	n := len(e.q) - 1
 	top := e.q[0]
 	e.q[0] = e.q[n]

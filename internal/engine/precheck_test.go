@@ -1,4 +1,4 @@
-package hybrid
+package engine
 
 import (
 	"math/rand/v2"
@@ -9,7 +9,7 @@ import (
 )
 
 // TestPreCheckNeverDeniesWhatTheBucketWouldAllow drives the production decision path
-// (limit.decide: the pre-check and the lease under one key lock) for one server whose
+// (Limit.decide: the pre-check and the lease under one key lock) for one server whose
 // pre-check is the default, the limit's own rate and burst, against an in-memory global
 // bucket that answers refills at once, over random demand, costs, pauses, lease expiries
 // and evictions. "The global bucket alone" is the source article's script per request:
@@ -36,12 +36,11 @@ func TestPreCheckNeverDeniesWhatTheBucketWouldAllow(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		lm := &limit{preRate: rate.Limit(rateLimit), preBurst: burst, seed: uint64(seed),
-			fill: time.Duration(float64(burst) / rateLimit * float64(time.Second))}
+		lm := &Limit{preRate: rate.Limit(rateLimit), preBurst: burst, seed: uint64(seed)}
 		lm.lease.Store(&lc)
-		var e entry
+		var en entry
 		now := t0
-		lm.initEntry(&e, "k", now)
+		lm.initEntry(&en, "k", now)
 		g := modelBucket{capacity: float64(burst), rate: rateLimit, tokens: float64(burst), ts: now}
 		alone := g // the global bucket alone: spends what is admitted
 		maxCost := 1 + r.IntN(min(burst, 5))
@@ -51,20 +50,23 @@ func TestPreCheckNeverDeniesWhatTheBucketWouldAllow(t *testing.T) {
 			if r.IntN(200) == 0 && alone.tokensAt(now) == float64(burst) {
 				// Evicted once idle (the store's idle timeout outlasts a refill of the
 				// pre-check): the lease is refunded, the key starts afresh and full.
-				g.refund(now, e.lease.Drain())
-				lm.initEntry(&e, "k", now)
+				g.refund(now, en.lease.Drain())
+				lm.initEntry(&en, "k", now)
 			}
 			n := 1 + r.IntN(maxCost)
-			first := true
+			var w *Waiter // the request's, once it waited
 			for tries := 0; ; tries++ {
 				if tries > 10 {
 					t.Fatalf("seed %d step %d: no decision after 10 refills", seed, step)
 				}
 				var o outcome
-				lm.decide(&o, &e, now, "k", n, first)
+				lm.decide(&o, &en, now, "k", n, w)
 				d, st, f := o.d, o.st, o.f
-				first = false
+				w = o.w
 				g.refund(now, st.Refund)
+				if o.w != nil {
+					en.flight.waiters = nil // answered below, at once
+				}
 				if d.Source == SourcePreCheck {
 					preDenied++
 					if have := alone.tokensAt(now); have >= float64(n)-eps {
@@ -75,8 +77,8 @@ func TestPreCheckNeverDeniesWhatTheBucketWouldAllow(t *testing.T) {
 				}
 				if st.Refill.Want > 0 {
 					ans := g.take(now, st.Refill.Want, st.Refill.Min)
-					e.flight = nil
-					g.refund(now, e.lease.Granted(&lc, now, f.seq, ans))
+					en.flight = nil
+					g.refund(now, en.lease.Granted(&lc, now, f.seq, ans))
 				}
 				if st.Action == Allow {
 					admitted++
@@ -87,7 +89,7 @@ func TestPreCheckNeverDeniesWhatTheBucketWouldAllow(t *testing.T) {
 					break
 				}
 			}
-			if p, a := e.pre.TokensAt(now), alone.tokensAt(now); p < a-eps {
+			if p, a := en.pre.TokensAt(now), alone.tokensAt(now); p < a-eps {
 				t.Fatalf("seed %d step %d: the pre-check holds %.4f, the bucket alone %.4f", seed, step, p, a)
 			}
 		}
@@ -110,13 +112,13 @@ func TestPreCheckStartsFull(t *testing.T) {
 		rate  float64
 		burst int
 	}{{1000, 1}, {1, 100}, {1.0 / 86400, 5}, {1e-11, 1 << 20}} {
-		lm := &limit{preRate: rate.Limit(tc.rate), preBurst: tc.burst}
-		var e entry
-		lm.initEntry(&e, "k", t0)
-		if got := e.pre.TokensAt(t0); got != float64(tc.burst) {
+		lm := &Limit{preRate: rate.Limit(tc.rate), preBurst: tc.burst}
+		var en entry
+		lm.initEntry(&en, "k", t0)
+		if got := en.pre.TokensAt(t0); got != float64(tc.burst) {
 			t.Errorf("rate %v burst %d: a new key's pre-check holds %v, want %d", tc.rate, tc.burst, got, tc.burst)
 		}
-		if !e.pre.AllowN(t0, tc.burst) || e.pre.AllowN(t0, 1) {
+		if !en.pre.AllowN(t0, tc.burst) || en.pre.AllowN(t0, 1) {
 			t.Errorf("rate %v burst %d: the burst must pass at once, then nothing", tc.rate, tc.burst)
 		}
 	}

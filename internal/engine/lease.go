@@ -1,15 +1,10 @@
-package hybrid
+package engine
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"time"
 )
-
-// InfDuration is the retry-after of a request that can never be allowed, such as one
-// asking for more tokens than the limit's burst.
-const InfDuration = time.Duration(math.MaxInt64)
 
 // Lease defaults, applied by [LeaseConfig.Normalize] to zero fields.
 const (
@@ -34,9 +29,6 @@ const (
 	MaxLeaseDuration = 24 * time.Hour
 	MinLifetime      = time.Millisecond
 )
-
-// ErrInvalidConfig is wrapped by every configuration error of this package.
-var ErrInvalidConfig = errors.New("hybrid: invalid configuration")
 
 // LeaseConfig is what the lease core needs to know about one limit. It is shared by every
 // [Lease] of the limit and read, never written, by the core; to change it (the live server
@@ -67,13 +59,11 @@ type LeaseConfig struct {
 	noPacing bool // tests only: "retry after the bucket's wait" instead of pacing
 }
 
-// Normalize returns c with defaults filled in, or an error wrapping [ErrInvalidConfig].
+// Normalize returns c with defaults filled in, or an error wrapping [ErrInvalidConfig]
+// for a tuning it cannot honour. Rate and Burst are not checked here: they come from a
+// limit global.Limit.Validate accepted.
 func (c LeaseConfig) Normalize() (LeaseConfig, error) {
 	switch {
-	case math.IsNaN(c.Rate) || math.IsInf(c.Rate, 0) || c.Rate <= 0:
-		return c, fmt.Errorf("%w: rate %v must be a positive finite number", ErrInvalidConfig, c.Rate)
-	case c.Burst < 1:
-		return c, fmt.Errorf("%w: burst %d must be at least 1", ErrInvalidConfig, c.Burst)
 	case c.Servers < 0:
 		return c, fmt.Errorf("%w: servers %d must not be negative", ErrInvalidConfig, c.Servers)
 	case c.RefillInterval < 0, c.Lifetime < 0, c.DemandWindow < 0:
@@ -141,75 +131,6 @@ func (a Action) String() string {
 		return "wait"
 	}
 	return fmt.Sprintf("Action(%d)", uint8(a))
-}
-
-// Reason says why the core answered as it did.
-type Reason uint8
-
-const (
-	// ReasonNone is the zero Reason.
-	ReasonNone Reason = iota
-	// ReasonLease: served from tokens on hand.
-	ReasonLease
-	// ReasonRefill: no tokens on hand; a refill is in flight.
-	ReasonRefill
-	// ReasonPaced: no tokens on hand and the key is paced after contention on the global
-	// bucket; the server does not ask again before RetryAfter.
-	ReasonPaced
-	// ReasonExceedsBurst: the request costs more than the limit's burst and can never pass.
-	ReasonExceedsBurst
-	// ReasonInvalidCost: the request's cost is negative.
-	ReasonInvalidCost
-
-	// The reasons below are given by the Limiter, not the core.
-
-	// ReasonPreCheck: the per-server pre-check bucket of the key is empty.
-	ReasonPreCheck
-	// ReasonGranted: a refill answered and the request was served from it.
-	ReasonGranted
-	// ReasonBreakerOpen: the breaker is open; no Redis call was made.
-	ReasonBreakerOpen
-	// ReasonTimeout: Redis did not answer within the limit's Timeout.
-	ReasonTimeout
-	// ReasonUnavailable: the Redis call failed (connection, Redis error, overload).
-	ReasonUnavailable
-	// ReasonCanceled: the caller's context ended while waiting for Redis.
-	ReasonCanceled
-	// ReasonClosed: the Limiter is closed.
-	ReasonClosed
-)
-
-// String returns the reason in a few words.
-func (r Reason) String() string {
-	switch r {
-	case ReasonNone:
-		return "none"
-	case ReasonLease:
-		return "lease"
-	case ReasonRefill:
-		return "refill in flight"
-	case ReasonPaced:
-		return "paced after contention"
-	case ReasonExceedsBurst:
-		return "cost exceeds burst"
-	case ReasonInvalidCost:
-		return "invalid cost"
-	case ReasonPreCheck:
-		return "pre-check bucket empty"
-	case ReasonGranted:
-		return "refill granted"
-	case ReasonBreakerOpen:
-		return "breaker open"
-	case ReasonTimeout:
-		return "redis timeout"
-	case ReasonUnavailable:
-		return "redis unavailable"
-	case ReasonCanceled:
-		return "caller canceled"
-	case ReasonClosed:
-		return "limiter closed"
-	}
-	return fmt.Sprintf("Reason(%d)", uint8(r))
 }
 
 // Refill asks the caller to take tokens from the global bucket: Want of them if the bucket

@@ -1,4 +1,4 @@
-package hybrid
+package engine
 
 import (
 	"errors"
@@ -287,20 +287,17 @@ func repeatOps(n int, rest, first op) []op {
 	return out
 }
 
+// TestLeaseConfigNormalize checks the tuning; a limit's rate and burst are checked by
+// global.Limit.Validate before a LeaseConfig is built (TestNewRejectsBadConfig).
 func TestLeaseConfigNormalize(t *testing.T) {
 	bad := []LeaseConfig{
-		{Rate: 0, Burst: 1},
-		{Rate: -1, Burst: 1},
-		{Rate: nan(), Burst: 1},
-		{Rate: inf(), Burst: 1},
-		{Rate: 1, Burst: 0},
 		{Rate: 1, Burst: 1, Servers: -1},
 		{Rate: 1, Burst: 1, Lifetime: -1},
 		{Rate: 1, Burst: 1, LowWatermark: 2},
 		{Rate: 1, Burst: 1, LowWatermark: nan()},
 		// Durations the core adds to instants must not overflow them, and tokens must
-		// outlive the trip that brings them (found by review: Lifetime MaxInt64 expired
-		// every grant on arrival, 172 takes for 3 requests).
+		// outlive the trip that brings them (a Lifetime of MaxInt64 would expire every
+		// grant on arrival: 172 takes for 3 requests).
 		{Rate: 1, Burst: 1, Lifetime: math.MaxInt64},
 		{Rate: 1, Burst: 1, Lifetime: MaxLeaseDuration + 1},
 		{Rate: 1, Burst: 1, RefillInterval: MaxLeaseDuration + 1},
@@ -492,4 +489,3 @@ func BenchmarkLeaseAcquire(b *testing.B) {
 }
 
 func nan() float64 { return math.NaN() }
-func inf() float64 { return math.Inf(1) }

@@ -1,0 +1,275 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+)
+
+// Flight is one refill on its way to Redis and back, and the requests waiting for it.
+type Flight struct {
+	lim       *Limit
+	key       string
+	seq       uint64
+	want, min int
+	// waiters, in the order they came. Appended under the key's store lock while the
+	// key's entry holds the flight; taken by whoever detaches the flight from the entry
+	// (its answer, its failure) or, once the entry was evicted, by its answer.
+	waiters []*Waiter
+}
+
+// Waiter is a request waiting for a refill. The engine decides it when the refill is
+// answered or fails, or when the driver gives up on it (GiveUp); Done is closed then.
+type Waiter struct {
+	lim *Limit
+	key string
+	n   int
+	ch  chan struct{} // closed once decided
+
+	mu sync.Mutex
+	// The fields below are guarded by mu, which is taken before the key's store lock.
+	decided bool
+	d       Decision
+}
+
+// Done is closed once the request is decided.
+func (w *Waiter) Done() <-chan struct{} { return w.ch }
+
+// Decision returns the request's decision. It is valid once Done is closed.
+func (w *Waiter) Decision() Decision {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.d
+}
+
+// Limit returns the limit the request is for.
+func (w *Waiter) Limit() *Limit { return w.lim }
+
+// set decides w; it requires that w.mu is held and w undecided.
+func (w *Waiter) set(d Decision) {
+	w.decided, w.d = true, d
+	close(w.ch)
+}
+
+// outcome is what decide found, filled in under the key's lock.
+type outcome struct {
+	d    Decision
+	st   Step
+	f    *Flight // a refill decide started, to send
+	w    *Waiter // the request's waiter, when it must wait
+	slot uint8   // the key's counter shard
+}
+
+// Decide decides a request of cost n for key under lm at now. On the common path (the
+// lease holds enough unexpired tokens) it is one pass under the key's store lock, with no
+// allocation. When the request must wait for a refill it returns a Waiter (the Decision
+// is then only provisional): the driver waits for Waiter.Done, or calls GiveUp once the
+// limit's MaxWait has passed or its caller gave up. A negative n is denied
+// (ReasonInvalidCost); after Stop and Finish requests are denied with ReasonClosed.
+func (e *Engine) Decide(now time.Time, lm *Limit, key string, n int) (Decision, *Waiter) {
+	var o outcome
+	if !lm.keys.Update(now, key, func(en *entry, t time.Time) {
+		lm.decide(&o, en, t, key, n, nil)
+	}) {
+		return Decision{Reason: ReasonClosed, Servers: e.Servers()}, nil
+	}
+	o.d.Servers = e.Servers()
+	if o.st.Refund > 0 {
+		e.queueRefund(lm, key, o.st.Refund)
+	}
+	if o.f != nil && e.send(now, o.f, o.w) && o.w != nil {
+		// The refill failed at once (breaker open, stopped): the policy decided o.w.
+		return o.w.d, nil
+	}
+	if o.w != nil {
+		return o.d, o.w
+	}
+	e.stats.count(o.slot, o.d.Source)
+	return o.d, nil
+}
+
+// decide runs the pre-check and the lease for one request under the key's lock; w is
+// the request's waiter when it waited for a refill already (a recheck), nil for a new
+// request. On the common path (the lease holds enough unexpired tokens) it is one pass:
+// the pre-check takes its tokens, the lease gives its own. Otherwise the pre-check is
+// only looked at first, and spends only if the lease allows, so a request the lease
+// denies or makes wait costs the pre-check nothing: for one server the default
+// pre-check (the fleet's own rate and burst) then never denies what the global bucket
+// alone would allow.
+func (lm *Limit) decide(o *outcome, en *entry, t time.Time, key string, n int, w *Waiter) {
+	c := lm.lease.Load()
+	o.slot = en.slot
+	first := w == nil
+	if en.lease.CanServe(c, t, n) {
+		if !en.pre.AllowN(t, n) {
+			o.d = lm.preDenied(en, t, n)
+			return
+		}
+		en.lease.acquire(c, t, n, &o.st)
+	} else {
+		if n > 0 && en.pre.TokensAt(t) < float64(n) {
+			o.d = lm.preDenied(en, t, n)
+			return
+		}
+		if first {
+			en.lease.acquire(c, t, n, &o.st)
+		} else {
+			o.st = en.lease.Recheck(c, t, n)
+		}
+		if o.st.Action == Allow {
+			en.pre.AllowN(t, n)
+		}
+	}
+	st := &o.st
+	if st.Refill.Want > 0 {
+		o.f = &Flight{lim: lm, key: key, seq: st.Refill.Seq, want: st.Refill.Want, min: st.Refill.Min}
+		en.flight = o.f
+	}
+	if st.Action == Wait && en.flight != nil {
+		if w == nil {
+			w = &Waiter{lim: lm, key: key, n: n, ch: make(chan struct{})}
+		}
+		en.flight.waiters = append(en.flight.waiters, w)
+		o.w = w
+	}
+	o.d = Decision{Allowed: st.Action == Allow, Remaining: st.Remaining, RetryAfter: st.RetryAfter, Source: SourceLease, Reason: st.Reason}
+	switch {
+	case st.Action == Wait && en.flight == nil:
+		// The lease waits for a refill its entry no longer holds; it cannot happen,
+		// but a request must not wait for nothing: the policy decides it.
+		en.lease.Failed(en.lease.seq)
+		o.d = Decision{Source: SourceFallback, Reason: ReasonUnavailable}
+	case !first && st.Action != Wait:
+		o.d.Source = SourceGlobal
+		if o.d.Allowed {
+			o.d.Reason = ReasonGranted
+		}
+	}
+}
+
+// preDenied is the decision of an empty pre-check bucket.
+func (lm *Limit) preDenied(en *entry, t time.Time, n int) Decision {
+	d := Decision{Source: SourcePreCheck, Reason: ReasonPreCheck, RetryAfter: InfDuration}
+	if n <= lm.preBurst {
+		d.RetryAfter = durationFor(float64(n)-en.pre.TokensAt(t), float64(lm.preRate))
+	}
+	return d
+}
+
+// GiveUp ends the wait of w at now, for why: ReasonTimeout when the limit's MaxWait has
+// passed (the limit's policy decides it), ReasonCanceled when its caller gave up (denied,
+// counted as canceled). If the engine decided w first, GiveUp returns that decision.
+func (e *Engine) GiveUp(now time.Time, w *Waiter, why Reason) Decision {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.decided {
+		return w.d
+	}
+	if why == ReasonCanceled {
+		e.stats.canceled.Add(1)
+		w.set(Decision{Source: SourceFallback, Reason: ReasonCanceled, Servers: e.Servers()})
+		return w.d
+	}
+	w.set(e.fallback(now, w.lim, w.key, w.n, why))
+	return w.d
+}
+
+// recheck decides w again after its refill was answered: served, denied, or waiting for
+// the next refill. It reports whether w is decided now.
+func (e *Engine) recheck(now time.Time, w *Waiter) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.decided { // the driver gave up on it
+		return false
+	}
+	lm := w.lim
+	var o outcome
+	if !lm.keys.Update(now, w.key, func(en *entry, t time.Time) {
+		lm.decide(&o, en, t, w.key, w.n, w)
+	}) {
+		w.set(Decision{Reason: ReasonClosed, Servers: e.Servers()})
+		return true
+	}
+	o.d.Servers = e.Servers()
+	if o.st.Refund > 0 {
+		e.queueRefund(lm, w.key, o.st.Refund)
+	}
+	if o.f != nil && e.send(now, o.f, w) && o.w != nil {
+		return true // failed at once: decided by the policy
+	}
+	if o.w != nil {
+		return false // waits for the next refill
+	}
+	e.stats.count(o.slot, o.d.Source)
+	w.set(o.d)
+	return true
+}
+
+// fallback decides a request by the limit's failure policy, after the pre-check and the
+// lease could not (Redis did not answer, or the breaker is open). A request the policy
+// admits still spends its pre-check tokens.
+func (e *Engine) fallback(now time.Time, lm *Limit, key string, n int, why Reason) Decision {
+	servers := e.Servers()
+	d := Decision{Source: SourceFallback, Reason: why, Servers: servers}
+	slot := uint8(hashKey(key) % counterShards)
+	d.Allowed = lm.fallback.AllowN(now, key, n)
+	if !d.Allowed {
+		r, _, ok := lm.cfg.Policy.LocalLimit(lm.cfg.Rate, lm.cfg.Burst, servers, lm.cfg.MaxCost)
+		if !ok { // FailClosed: this server's share of the refill
+			r = rate.Limit(lm.glim.Rate / float64(servers))
+		}
+		d.RetryAfter = durationFor(float64(n), float64(r))
+	}
+	if d.Allowed && n > 0 {
+		lm.keys.Update(now, key, func(en *entry, t time.Time) {
+			slot = en.slot
+			if !en.pre.AllowN(t, n) {
+				d = lm.preDenied(en, t, n)
+				d.Servers = servers
+			}
+		})
+	}
+	e.stats.count(slot, d.Source)
+	return d
+}
+
+// reasonFor names the failure of a refill.
+func reasonFor(err error) Reason {
+	switch {
+	case errors.Is(err, errClosed):
+		return ReasonClosed
+	case errors.Is(err, breaker.ErrOpen):
+		return ReasonBreakerOpen
+	case errors.Is(err, breaker.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
+		return ReasonTimeout
+	}
+	return ReasonUnavailable
+}
+
+// errClosed fails the refills of a stopped engine.
+var errClosed = errors.New("hybrid: limiter closed")
+
+// decideFailed decides w, whose refill failed with err: by the limit's policy, or
+// closed. It reports whether w was still waiting. self is a waiter the caller holds
+// already (its lock, or the only reference), nil if none.
+func (e *Engine) decideFailed(now time.Time, w, self *Waiter, err error) bool {
+	if w != self {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+	}
+	if w.decided {
+		return false
+	}
+	why := reasonFor(err)
+	if why == ReasonClosed {
+		w.set(Decision{Reason: ReasonClosed, Servers: e.Servers()})
+		return true
+	}
+	w.set(e.fallback(now, w.lim, w.key, w.n, why))
+	return true
+}

@@ -1,0 +1,48 @@
+// Package engine is the per-server core of fleetlimit's hybrid limiter: one state machine
+// that both hybrid.Limiter and the simulator (package sim) drive, so that what decides a
+// request is written once and the simulator runs it the day it changes.
+//
+// It is shaped like etcd's raft: the Engine makes no I/O, starts no goroutine, sets no
+// timer and reads no clock. Its inputs are method calls that carry their instant:
+//
+//   - Decide: a request (limit, key, cost) at now; the common path, a lease that holds
+//     tokens, is one pass under the key's lock with no allocation;
+//   - GiveUp: a waiting request's wait is over (MaxWait passed, or its caller left);
+//   - Done: the answers of a round trip the driver made;
+//   - Tick: time passed (lease expiry, heartbeats);
+//   - Stop, Drain, Finish: shutdown.
+//
+// Its outputs are the decisions (returned by Decide and GiveUp, or, for a request that
+// waited, set on its Waiter) and the I/O it wants: Next returns one Trip at a time —
+// refills (up to MaxBatch per pipelined round trip), refunds summed per key, a heartbeat —
+// which the driver carries out and hands back to Done. The scheduling of that I/O is the
+// engine's: one round trip out at a time, refills first, a refund trip answered too late
+// sent again in halves with the same sequence numbers.
+//
+// The Lease type is the pure per-key lease rule inside it (batch size, prefetch, pacing,
+// expiry), with no locks at all.
+//
+// # Concurrency
+//
+// An Engine is safe for simultaneous use by multiple goroutines, and its hot path takes
+// one lock per key, never one per Engine. What is guarded by what:
+//
+//   - a key's entry (pre-check bucket, Lease, the refill in flight and the requests
+//     waiting for it) by that key's shard lock in the limit's local.Store;
+//   - a Waiter's decision by the Waiter's own mutex, taken before the key's lock: a
+//     refill's answer and the driver's GiveUp race to decide it, and exactly one does;
+//   - the outbox (pending refills, queued refunds, refund trips, the expiry heap, the
+//     tick and heartbeat schedule, whether a Trip is out) by Engine.mu, which is never
+//     held while a key's lock is taken;
+//   - the counters are atomics, and a limit's lease configuration is an atomic pointer
+//     replaced whole when the live server count changes.
+//
+// Lock order: Waiter.mu, then a key's shard lock or Engine.mu. Driver callbacks (Notify,
+// Decided) run with no lock of the engine held, except that Notify may run under a
+// Waiter's mutex: it must not call the engine.
+//
+// Given the same inputs in the same order an Engine gives the same outputs: nothing in
+// it depends on map order or the scheduler. A driver that makes the same calls at the
+// same instants therefore sees the same decisions and the same Trips, which is what
+// lets the simulator stand for a fleet of Limiters.
+package engine

@@ -1,0 +1,348 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/local"
+)
+
+// ErrInvalidConfig is wrapped by every error New returns for a configuration it cannot
+// honour (with global.ErrInvalidLimit or breaker.ErrNoPolicy where those say more).
+var ErrInvalidConfig = errors.New("hybrid: invalid configuration")
+
+// Defaults of LimitConfig and Config.
+const (
+	// DefaultMaxWait is how long a request waits for a refill when MaxWait is zero.
+	DefaultMaxWait = 10 * time.Millisecond
+	// DefaultHeartbeatInterval is how often an engine with a Fleet name announces itself.
+	DefaultHeartbeatInterval = time.Second
+)
+
+// MaxBatch is the most items one round trip carries (refills or refunds).
+const MaxBatch = 256
+
+// LimitConfig is one named fleet-wide limit as the engine runs it. It has the fields of
+// hybrid.Limit, in the same order, so that one converts to the other; hybrid.Limit
+// documents them. Zero fields take their defaults.
+type LimitConfig struct {
+	Name           string
+	Rate           float64
+	Burst          int
+	Policy         breaker.Policy
+	PreRate        float64
+	PreBurst       int
+	MaxWait        time.Duration
+	MaxCost        int
+	RefillInterval time.Duration
+	Lifetime       time.Duration
+	LowWatermark   float64
+	MaxKeys        int
+}
+
+// Config configures one server's Engine.
+type Config struct {
+	Limits []LimitConfig
+	// Servers is the fleet size the limits are divided by until a heartbeat answers.
+	Servers int
+	// Fleet, if set, names the fleet: the engine asks for a heartbeat every
+	// HeartbeatInterval and divides by the live count it answers.
+	Fleet             string
+	HeartbeatInterval time.Duration
+	// Seed seeds the pacing jitter of every lease.
+	Seed uint64
+	// Shards splits each limit's key store (local.StoreConfig.Shards; 0: the default).
+	// A simulator passes 1: which keys an idle sweep or a full store lets go of then
+	// depends on nothing but the order of the requests.
+	Shards int
+	// NextSeq returns the sequence number of a refund (global.Store.NextSeq): chosen
+	// when the refund trip is built, so that a batch answered too late can be sent
+	// again, in halves, without refunding twice. Required.
+	NextSeq func() uint64
+	// BreakerOpen reports whether the breaker is open. A refill that would be sent
+	// while it is fails at once, and its requests go to their policy without waiting.
+	// nil: never open.
+	BreakerOpen func() bool
+	// Notify is called, with no lock held, whenever I/O is queued, so that the driver
+	// calls Next. nil: the driver polls.
+	Notify func()
+	// Decided is called, with no lock held, for every waiting request the engine
+	// decides by itself (a refill answered or failed, Stop); never for one decided
+	// by GiveUp, which returns its decision. nil: the driver watches Waiter.Done.
+	Decided func(w *Waiter)
+}
+
+// Engine is one server's state for every key of every limit: the per-key entries
+// (pre-check, lease, the refill in flight and the requests waiting for it), the refills
+// and refunds waiting to be sent, the lease-expiry order, the heartbeat schedule and the
+// counters. It makes no I/O, starts no goroutine, sets no timer and reads no clock:
+// every input carries its instant, and the I/O it wants comes out of Next as a Trip for
+// the driver to carry out and hand back to Done. See the package documentation for the
+// concurrency model.
+type Engine struct {
+	limits []*Limit
+	byName map[string]*Limit // nil when there are few limits: a scan is faster
+
+	fleet     string
+	beat      time.Duration
+	tickEvery time.Duration
+	nextSeq   func() uint64
+	open      func() bool
+	notify    func()
+	decided   func(w *Waiter)
+
+	servers atomic.Int64
+
+	mu sync.Mutex
+	// The fields below are guarded by mu.
+	pending     []*Flight                // refills waiting to be sent
+	refunds     []refund                 // tokens waiting to be refunded
+	refundTrips [][]global.RefundRequest // refunds summed and numbered, one trip each
+	expiries    expiries                 // grants by the end of their lifetime
+	busy        bool                     // a trip is out
+	stopped     bool                     // Stop was called: refills fail at once
+	finished    bool                     // Finish was called: refunds are counted lost
+	ticked      bool                     // Tick has run once
+	nextExpiry  time.Time
+	nextBeat    time.Time
+	beatDue     bool
+
+	stats counters
+}
+
+// Limit is the state of one limit on this server. Obtain it with Engine.Limit.
+type Limit struct {
+	e        *Engine
+	cfg      LimitConfig
+	glim     global.Limit
+	lease    atomic.Pointer[LeaseConfig]
+	keys     *local.Store[entry]
+	fallback *breaker.Fallback
+	preRate  rate.Limit
+	preBurst int
+	seed     uint64
+}
+
+// entry is what one server holds for one (limit, key). It lives in the limit's bounded
+// store and is only touched under that store's lock for the key.
+type entry struct {
+	pre    rate.Limiter
+	lease  Lease
+	flight *Flight // the refill in flight, nil if none
+	slot   uint8   // which shard of the counters the key counts in
+}
+
+type refund struct {
+	lim *Limit
+	key string
+	n   int
+}
+
+// New returns an Engine for cfg, or an error wrapping ErrInvalidConfig that says what
+// is wrong with it.
+func New(cfg Config) (*Engine, error) {
+	if len(cfg.Limits) == 0 {
+		return nil, fmt.Errorf("%w: no limits", ErrInvalidConfig)
+	}
+	if cfg.Servers < 1 {
+		return nil, fmt.Errorf("%w: FleetSize %d: say how many servers share the limits (with Fleet set, the first guess)", ErrInvalidConfig, cfg.Servers)
+	}
+	if cfg.HeartbeatInterval < 0 {
+		return nil, fmt.Errorf("%w: HeartbeatInterval %v is negative", ErrInvalidConfig, cfg.HeartbeatInterval)
+	}
+	if cfg.NextSeq == nil {
+		return nil, fmt.Errorf("%w: no NextSeq", ErrInvalidConfig)
+	}
+	if cfg.Fleet != "" {
+		if _, err := global.NewLimit(cfg.Fleet, 1, 1); err != nil { // a fleet name follows the limit-name rules
+			return nil, fmt.Errorf("%w: fleet name: %w", ErrInvalidConfig, err)
+		}
+	}
+	e := &Engine{
+		fleet:   cfg.Fleet,
+		beat:    cmpOr(cfg.HeartbeatInterval, DefaultHeartbeatInterval),
+		nextSeq: cfg.NextSeq,
+		open:    cfg.BreakerOpen,
+		notify:  cfg.Notify,
+		decided: cfg.Decided,
+	}
+	e.servers.Store(int64(cfg.Servers))
+	e.tickEvery = time.Hour
+	for i, lc := range cfg.Limits {
+		if e.Limit(lc.Name) != nil {
+			return nil, fmt.Errorf("%w: limit %q configured twice", ErrInvalidConfig, lc.Name)
+		}
+		lm, err := e.newLimit(lc, cfg.Servers, cfg.Shards, cfg.Seed+uint64(i)*0x9e3779b97f4a7c15)
+		if err != nil {
+			return nil, err
+		}
+		e.limits = append(e.limits, lm)
+		e.tickEvery = min(e.tickEvery, lm.lease.Load().Lifetime/4)
+	}
+	e.tickEvery = max(e.tickEvery, time.Millisecond)
+	if len(e.limits) > 8 {
+		e.byName = make(map[string]*Limit, len(e.limits))
+		for _, lm := range e.limits {
+			e.byName[lm.cfg.Name] = lm
+		}
+	}
+	return e, nil
+}
+
+func (e *Engine) newLimit(c LimitConfig, servers, shards int, seed uint64) (*Limit, error) {
+	glim, err := global.NewLimit(c.Name, c.Rate, c.Burst)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if err := c.Policy.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: limit %q: %w", ErrInvalidConfig, c.Name, err)
+	}
+	switch {
+	case c.PreRate < 0 || math.IsNaN(c.PreRate) || math.IsInf(c.PreRate, 0):
+		return nil, fmt.Errorf("%w: limit %q: PreRate %v", ErrInvalidConfig, c.Name, c.PreRate)
+	case c.PreBurst < 0:
+		return nil, fmt.Errorf("%w: limit %q: PreBurst %d", ErrInvalidConfig, c.Name, c.PreBurst)
+	case c.MaxWait < 0:
+		return nil, fmt.Errorf("%w: limit %q: MaxWait %v", ErrInvalidConfig, c.Name, c.MaxWait)
+	case c.MaxCost < 0 || c.MaxCost > c.Burst:
+		return nil, fmt.Errorf("%w: limit %q: MaxCost %d must be between 1 and Burst %d", ErrInvalidConfig, c.Name, c.MaxCost, c.Burst)
+	case c.PreRate > c.Rate || c.PreBurst > c.Burst:
+		return nil, fmt.Errorf("%w: limit %q: the pre-check (%v/s, burst %d) must be tighter than the limit (%v/s, burst %d)",
+			ErrInvalidConfig, c.Name, c.PreRate, c.PreBurst, c.Rate, c.Burst)
+	case c.MaxKeys < 0:
+		return nil, fmt.Errorf("%w: limit %q: MaxKeys %d", ErrInvalidConfig, c.Name, c.MaxKeys)
+	}
+	c.MaxWait = cmpOr(c.MaxWait, DefaultMaxWait)
+	c.MaxCost = max(c.MaxCost, 1)
+	c.PreRate = cmpOr(c.PreRate, c.Rate)
+	c.PreBurst = cmpOr(c.PreBurst, c.Burst)
+	lc, err := LeaseConfig{
+		Rate: c.Rate, Burst: c.Burst, Servers: servers,
+		RefillInterval: c.RefillInterval, Lifetime: c.Lifetime, LowWatermark: c.LowWatermark,
+	}.Normalize()
+	if err != nil {
+		return nil, fmt.Errorf("%w: limit %q: %w", ErrInvalidConfig, c.Name, err)
+	}
+	lm := &Limit{
+		e: e, cfg: c, glim: glim, seed: seed,
+		preRate: rate.Limit(c.PreRate), preBurst: c.PreBurst,
+	}
+	lm.lease.Store(&lc)
+	// Idle keys go after twice the lease lifetime, and not before their pre-check bucket
+	// would be full again (a dropped bucket comes back full), the fill time capped at a
+	// day; their leases are refunded.
+	fill := min(durationFor(float64(c.PreBurst), c.PreRate), 24*time.Hour)
+	lm.keys, err = local.NewStore(local.StoreConfig[entry]{
+		MaxKeys:     c.MaxKeys,
+		IdleTimeout: max(2*lc.Lifetime, fill+time.Second),
+		Shards:      shards,
+		Init:        lm.initEntry,
+		OnEvict:     func(key string, en *entry, _ local.EvictReason) { lm.evicted(key, en) },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: limit %q: %w", ErrInvalidConfig, c.Name, err)
+	}
+	// FailLocal: a per-key local limit of this server's share of the fleet limit (rate /
+	// servers, burst max(ceil(burst / servers), MaxCost)), resized when the count moves.
+	lm.fallback, err = breaker.NewFallback(c.Policy, breaker.FallbackConfig{
+		Rate: c.Rate, Burst: c.Burst, Servers: servers, MaxCost: c.MaxCost, MaxKeys: c.MaxKeys,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: limit %q: %w", ErrInvalidConfig, c.Name, err)
+	}
+	return lm, nil
+}
+
+func cmpOr[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
+
+// Limit returns the named limit, or nil if the engine has none of that name.
+func (e *Engine) Limit(name string) *Limit {
+	if e.byName != nil {
+		return e.byName[name]
+	}
+	for _, lm := range e.limits {
+		if lm.cfg.Name == name {
+			return lm
+		}
+	}
+	return nil
+}
+
+// Config returns the limit's configuration with its defaults filled in.
+func (lm *Limit) Config() LimitConfig { return lm.cfg }
+
+// Servers returns the live server count the limits are divided by.
+func (e *Engine) Servers() int { return int(e.servers.Load()) }
+
+// setServers divides every limit among n live servers from now on.
+func (e *Engine) setServers(now time.Time, n int) {
+	if int64(n) == e.servers.Swap(int64(n)) {
+		return
+	}
+	for _, lm := range e.limits {
+		c := *lm.lease.Load()
+		c.Servers = n
+		lm.lease.Store(&c)
+		_ = lm.fallback.SetServersAt(now, n) // valid: the limit was accepted at New
+	}
+}
+
+// initEntry makes the state of a key new to this server: a full pre-check bucket and an
+// empty lease. A zero rate.Limiter holds no tokens, and filling it by starting its history
+// one fill time in the past fails for slow rates (a burst of 5 at one a day needs five
+// days; slower ones overflow a time.Duration). Instead: burst set, then an infinite rate
+// for one nanosecond fills it (x/time/rate caps the tokens at the burst), then the real
+// rate from now on.
+func (lm *Limit) initEntry(en *entry, key string, now time.Time) {
+	before := now.Add(-time.Nanosecond)
+	en.pre.SetBurstAt(before, lm.preBurst)
+	en.pre.SetLimitAt(before, rate.Inf)
+	en.pre.SetLimitAt(now, lm.preRate)
+	h := hashKey(key)
+	en.lease = NewLease(lm.seed ^ h)
+	en.flight = nil
+	en.slot = uint8(h % counterShards)
+}
+
+// evicted is the key store's eviction callback: the key's lease is refunded, and the
+// answer of a refill still in flight will be too (it no longer finds its flight).
+func (lm *Limit) evicted(key string, en *entry) {
+	en.flight = nil
+	if n := en.lease.Drain(); n > 0 {
+		lm.e.queueRefund(lm, key, n)
+	}
+}
+
+// hashKey is FNV-1a, to give each key its own jitter seed and counter shard.
+func hashKey(key string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(key); i++ {
+		h ^= uint64(key[i])
+		h *= 1099511628211
+	}
+	return h
+}
+
+// durationFor is the time n tokens take at r per second (InfDuration if never, or if it
+// would not fit in a Duration).
+func durationFor(n, r float64) time.Duration {
+	secs := n / r
+	if !(secs < 9e9) {
+		return InfDuration
+	}
+	return time.Duration(secs * float64(time.Second))
+}

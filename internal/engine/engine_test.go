@@ -1,0 +1,307 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/global"
+)
+
+// testEngine is an engine of one limit for the tests of this file: rate 100/s, burst
+// 100 over one server, prefetch off.
+func testEngine(t *testing.T, mod func(*Config)) (*Engine, *Limit) {
+	t.Helper()
+	var seq uint64
+	cfg := Config{
+		Limits: []LimitConfig{{Name: "api", Rate: 100, Burst: 100, Policy: breaker.FailClosed,
+			LowWatermark: -1}},
+		Servers: 1,
+		Seed:    1,
+		Shards:  1,
+		NextSeq: func() uint64 { seq++; return seq },
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	e, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, e.Limit("api")
+}
+
+// answerAll answers every take of t in full and every refund as done.
+func answerAll(t *Trip) {
+	for i, r := range t.Takes {
+		t.TakeResults[i].Granted, t.TakeResults[i].Remaining = r.Want, 50
+	}
+	t.Answered = true
+}
+
+func TestRequestsWaitForOneRefillAndAreDecidedInOrder(t *testing.T) {
+	var decided []*Waiter
+	e, lm := testEngine(t, func(c *Config) { c.Decided = func(w *Waiter) { decided = append(decided, w) } })
+	d, w1 := e.Decide(t0, lm, "k", 1)
+	if w1 == nil || d.Reason != ReasonRefill {
+		t.Fatalf("first request: %+v, %v; want a waiter for its refill", d, w1)
+	}
+	_, w2 := e.Decide(t0, lm, "k", 1)
+	if w2 == nil {
+		t.Fatal("second request did not wait for the refill in flight")
+	}
+	trip := e.Next()
+	if trip == nil || trip.Kind != TakeTrip || len(trip.Takes) != 1 {
+		t.Fatalf("Next = %+v, want one take", trip)
+	}
+	if e.Next() != nil {
+		t.Fatal("a second trip while one is out")
+	}
+	// The first refill was sized for one request: it serves the first waiter, and the
+	// second waits for the next refill, which the engine starts itself.
+	answerAll(trip)
+	e.Done(t0.Add(ms), trip)
+	if len(decided) != 1 || decided[0] != w1 {
+		t.Fatalf("decided %v, want the first waiter", decided)
+	}
+	trip = e.Next()
+	if trip == nil || trip.Kind != TakeTrip {
+		t.Fatalf("Next = %+v, want the second waiter's refill", trip)
+	}
+	answerAll(trip)
+	e.Done(t0.Add(2*ms), trip)
+	if len(decided) != 2 || decided[1] != w2 {
+		t.Fatalf("decided %v, want both waiters in the order they came", decided)
+	}
+	for i, w := range []*Waiter{w1, w2} {
+		select {
+		case <-w.Done():
+		default:
+			t.Fatalf("waiter %d: Done not closed", i)
+		}
+		if d := w.Decision(); !d.Allowed || d.Source != SourceGlobal || d.Reason != ReasonGranted {
+			t.Errorf("waiter %d: %+v, want allowed after the refill", i, d)
+		}
+		if d := e.GiveUp(t0.Add(time.Second), w, ReasonTimeout); !d.Allowed {
+			t.Errorf("GiveUp after the decision changed it: %+v", d)
+		}
+	}
+	if s := e.Stats(); s.Global != 2 || s.Takes != 2 || s.RoundTrips != 2 || s.Fallback != 0 {
+		t.Errorf("stats %+v", s)
+	}
+}
+
+func TestGiveUpBeforeTheAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		why     Reason
+		allowed bool
+		source  Source
+	}{
+		{ReasonTimeout, false, SourceFallback}, // FailClosed decides
+		{ReasonCanceled, false, SourceFallback},
+	} {
+		t.Run(tc.why.name(), func(t *testing.T) {
+			called := 0
+			e, lm := testEngine(t, func(c *Config) { c.Decided = func(*Waiter) { called++ } })
+			_, w := e.Decide(t0, lm, "k", 1)
+			d := e.GiveUp(t0.Add(10*ms), w, tc.why)
+			if d.Allowed != tc.allowed || d.Source != tc.source || d.Reason != tc.why {
+				t.Fatalf("GiveUp = %+v", d)
+			}
+			trip := e.Next()
+			answerAll(trip)
+			e.Done(t0.Add(11*ms), trip)
+			if called != 0 {
+				t.Fatal("the engine decided a request the driver gave up on")
+			}
+			if got := w.Decision(); got != d {
+				t.Fatalf("decision changed to %+v", got)
+			}
+			// The late grant still fills the lease: the next request is served from it.
+			if d, w := e.Decide(t0.Add(12*ms), lm, "k", 1); w != nil || !d.Allowed || d.Source != SourceLease {
+				t.Fatalf("after a late grant: %+v, %v", d, w)
+			}
+		})
+	}
+}
+
+func (r Reason) name() string { return fmt.Sprintf("reason%d", r) }
+
+func TestBreakerOpenFailsAtOnce(t *testing.T) {
+	open := true
+	e, lm := testEngine(t, func(c *Config) { c.BreakerOpen = func() bool { return open } })
+	d, w := e.Decide(t0, lm, "k", 1)
+	if w != nil || d.Allowed || d.Source != SourceFallback || d.Reason != ReasonBreakerOpen {
+		t.Fatalf("with the breaker open: %+v, %v; want the policy at once", d, w)
+	}
+	if trip := e.Next(); trip != nil {
+		t.Fatalf("a trip while the breaker is open: %+v", trip)
+	}
+	if s := e.Stats(); s.Fallback != 1 || s.RefillErrors != 1 {
+		t.Errorf("stats %+v", s)
+	}
+}
+
+func TestFailedRefillSendsWaitersToThePolicy(t *testing.T) {
+	e, lm := testEngine(t, func(c *Config) { c.Limits[0].Policy = breaker.FailOpen })
+	_, w := e.Decide(t0, lm, "k", 1)
+	trip := e.Next()
+	trip.Err = fmt.Errorf("deadline: %w", breaker.ErrTimeout)
+	e.Done(t0.Add(10*ms), trip)
+	if d := w.Decision(); !d.Allowed || d.Source != SourceFallback || d.Reason != ReasonTimeout {
+		t.Fatalf("%+v, want admitted by FailOpen after a timeout", d)
+	}
+}
+
+func TestTripsBatchAndRefillsGoFirst(t *testing.T) {
+	e, lm := testEngine(t, nil)
+	for i := range MaxBatch + 10 {
+		e.Decide(t0, lm, fmt.Sprint("k", i), 1)
+	}
+	e.queueRefund(lm, "a", 3)
+	e.queueRefund(lm, "b", 1)
+	e.queueRefund(lm, "a", 200) // summed with the first, capped at the burst
+	var kinds []string
+	for trip := e.Next(); trip != nil; trip = e.Next() {
+		kinds = append(kinds, fmt.Sprintf("%d×%d", trip.Kind, len(trip.Takes)+len(trip.Refunds)))
+		if trip.Kind == RefundTrip {
+			if trip.Refunds[0].N != 100 || trip.Refunds[1].N != 1 || trip.Refunds[0].Seq == 0 {
+				t.Errorf("refunds %+v: want a's summed and capped at 100, numbered", trip.Refunds)
+			}
+		}
+		answerAll(trip)
+		e.Done(t0.Add(ms), trip)
+	}
+	want := []string{fmt.Sprintf("%d×%d", TakeTrip, MaxBatch), fmt.Sprintf("%d×10", TakeTrip), fmt.Sprintf("%d×2", RefundTrip)}
+	if fmt.Sprint(kinds) != fmt.Sprint(want) {
+		t.Fatalf("trips %v, want %v", kinds, want)
+	}
+}
+
+func TestSlowRefundTripIsSentAgainInHalves(t *testing.T) {
+	e, lm := testEngine(t, nil)
+	for i := range 5 {
+		e.queueRefund(lm, fmt.Sprint("k", i), 1)
+	}
+	trip := e.Next()
+	seqs := map[string]uint64{}
+	for _, r := range trip.Refunds {
+		seqs[r.Key] = r.Seq
+	}
+	trip.Err = fmt.Errorf("late: %w", breaker.ErrTimeout)
+	e.Done(t0, trip)
+	var sizes []int
+	for trip := e.Next(); trip != nil; trip = e.Next() {
+		sizes = append(sizes, len(trip.Refunds))
+		for _, r := range trip.Refunds {
+			if r.Seq != seqs[r.Key] {
+				t.Errorf("%s re-sent with seq %d, want %d", r.Key, r.Seq, seqs[r.Key])
+			}
+		}
+		if len(trip.Refunds) > 1 {
+			trip.Err = breaker.ErrTimeout
+		} else {
+			trip.Answered = true
+		}
+		e.Done(t0, trip)
+	}
+	if fmt.Sprint(sizes) != "[2 1 1 3 1 2 1 1]" {
+		t.Fatalf("trips of %v refunds, want halves down to single refunds", sizes)
+	}
+	if s := e.Stats(); s.Refunded != 5 || s.RefundsLost != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	// Any other failure drops the refunds: the tokens stay spent.
+	e.queueRefund(lm, "k", 2)
+	trip = e.Next()
+	trip.Err = errors.New("refused")
+	e.Done(t0, trip)
+	if n, err := trip.Lost(); n != 2 || err == nil {
+		t.Fatalf("Lost() = %d, %v", n, err)
+	}
+}
+
+func TestShutdown(t *testing.T) {
+	e, lm := testEngine(t, nil)
+	_, w := e.Decide(t0, lm, "k", 1) // its refill is pending, never sent
+	e.Stop(t0)
+	if d := w.Decision(); d.Reason != ReasonClosed || d.Allowed {
+		t.Fatalf("a request waiting at Stop: %+v", d)
+	}
+	if d, w := e.Decide(t0, lm, "j", 1); w != nil || d.Reason != ReasonClosed {
+		t.Fatalf("a request after Stop: %+v, %v", d, w)
+	}
+	// A key that holds tokens: they are refunded at Drain.
+	lm.keys.Update(t0, "held", func(en *entry, t time.Time) { en.lease.tokens = 7 })
+	e.Drain()
+	trip := e.Next()
+	if trip == nil || trip.Kind != RefundTrip || len(trip.Refunds) != 1 || trip.Refunds[0].N != 7 {
+		t.Fatalf("after Drain: %+v, want the held tokens refunded", trip)
+	}
+	trip.Answered = true
+	e.Done(t0, trip)
+	if lost := e.Finish(); lost != 0 {
+		t.Fatalf("Finish lost %d", lost)
+	}
+	// A refund queued after Finish (a request that raced the shutdown) is counted lost,
+	// not left in a queue nobody sends.
+	e.queueRefund(lm, "late", 3)
+	if s := e.Stats(); s.RefundsLost != 3 {
+		t.Fatalf("RefundsLost %d, want 3", s.RefundsLost)
+	}
+	if trip := e.Next(); trip != nil {
+		t.Fatalf("a trip after Finish: %+v", trip)
+	}
+}
+
+func TestHeartbeatDividesTheLimits(t *testing.T) {
+	e, lm := testEngine(t, func(c *Config) { c.Fleet = "api-servers"; c.Servers = 4 })
+	if !e.NextTick().IsZero() {
+		t.Fatal("NextTick before the first Tick")
+	}
+	e.Tick(t0)
+	trip := e.Next()
+	if trip == nil || trip.Kind != HeartbeatTrip || trip.Fleet != "api-servers" || trip.TTL != 3*time.Second {
+		t.Fatalf("first trip %+v, want a heartbeat", trip)
+	}
+	trip.Live, trip.Answered = 10, true
+	e.Done(t0, trip)
+	if e.Servers() != 10 || lm.lease.Load().Servers != 10 {
+		t.Fatalf("servers %d after a heartbeat answering 10", e.Servers())
+	}
+	if got := e.NextTick(); !got.Equal(t0.Add(DefaultLifetime / 4)) {
+		t.Fatalf("NextTick %v, want the expiry tick first", got.Sub(t0))
+	}
+	e.Tick(t0.Add(500 * ms))
+	if trip := e.Next(); trip != nil {
+		t.Fatalf("a trip before the next heartbeat: %+v", trip)
+	}
+	e.Tick(t0.Add(time.Second))
+	if trip := e.Next(); trip == nil || trip.Kind != HeartbeatTrip {
+		t.Fatalf("no heartbeat a second later: %+v", trip)
+	}
+}
+
+func TestNewRejects(t *testing.T) {
+	ok := LimitConfig{Name: "api", Rate: 1, Burst: 1, Policy: breaker.FailOpen}
+	seq := func() uint64 { return 1 }
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		is   error
+	}{
+		{"no limits", Config{Servers: 1, NextSeq: seq}, ErrInvalidConfig},
+		{"no servers", Config{Limits: []LimitConfig{ok}, NextSeq: seq}, ErrInvalidConfig},
+		{"no seq", Config{Limits: []LimitConfig{ok}, Servers: 1}, ErrInvalidConfig},
+		{"twice", Config{Limits: []LimitConfig{ok, ok}, Servers: 1, NextSeq: seq}, ErrInvalidConfig},
+		{"rate", Config{Limits: []LimitConfig{{Name: "a", Rate: 0, Burst: 1, Policy: breaker.FailOpen}}, Servers: 1, NextSeq: seq}, global.ErrInvalidLimit},
+		{"policy", Config{Limits: []LimitConfig{{Name: "a", Rate: 1, Burst: 1}}, Servers: 1, NextSeq: seq}, breaker.ErrNoPolicy},
+		{"fleet", Config{Limits: []LimitConfig{ok}, Servers: 1, NextSeq: seq, Fleet: "a b"}, global.ErrInvalidLimit},
+	} {
+		if _, err := New(tc.cfg); !errors.Is(err, tc.is) || !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("%s: New = %v, want %v and ErrInvalidConfig", tc.name, err, tc.is)
+		}
+	}
+}

@@ -1,0 +1,427 @@
+package engine
+
+import (
+	"container/heap"
+	"errors"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/global"
+)
+
+// TripKind is what a Trip carries.
+type TripKind uint8
+
+// Trip kinds.
+const (
+	// TakeTrip carries refills: one global.Store.Take, or a TakeBatch of up to MaxBatch.
+	TakeTrip TripKind = iota + 1
+	// RefundTrip carries refunds, summed per key: a RefundBatch of up to MaxBatch.
+	RefundTrip
+	// HeartbeatTrip announces this server in its fleet (global.Store.Heartbeat).
+	HeartbeatTrip
+)
+
+// Trip is one round trip to Redis the engine asks its driver to make: the driver makes
+// the call (through its breaker), writes the answers into the Trip and hands it back to
+// Done. Only one Trip is out at a time.
+type Trip struct {
+	Kind TripKind
+	// Takes are the refills of a TakeTrip; the driver writes the answer to Takes[i] in
+	// TakeResults[i].
+	Takes       []global.TakeRequest
+	TakeResults []global.TakeResult
+	// Refunds are the refunds of a RefundTrip, each with its sequence number already
+	// chosen (a trip sent again after a timeout keeps them, so Redis answers a second
+	// run as a replay); the answers go to RefundResults[i].
+	Refunds       []global.RefundRequest
+	RefundResults []global.RefundResult
+	// Fleet and TTL are the heartbeat of a HeartbeatTrip; the driver writes the live
+	// count it answers to Live.
+	Fleet string
+	TTL   time.Duration
+	Live  int
+	// Err is the error of the call as a whole. Answered reports that the call returned,
+	// so that the results hold every item's answer even when Err is set (one item's
+	// node was unavailable); when it did not (breaker open, deadline passed), Err
+	// stands for every item and the results are not read.
+	Err      error
+	Answered bool
+
+	flights  []*Flight // of a TakeTrip, by item
+	lost     int       // tokens of a RefundTrip not refunded
+	firstErr error     // the first error of a RefundTrip's lost tokens
+}
+
+// Lost returns, after Done, the tokens of a RefundTrip that were not refunded (they stay
+// spent) and the first error that lost them.
+func (t *Trip) Lost() (int, error) { return t.lost, t.firstErr }
+
+// Next returns the next round trip to make, or nil when one is out already or nothing
+// is due: refills first (they have requests waiting), then refunds, then a heartbeat.
+func (e *Engine) Next() *Trip {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.busy {
+		return nil
+	}
+	var t *Trip
+	switch {
+	case len(e.pending) > 0:
+		t = e.takeTrip()
+	case len(e.refundTrips) > 0 || len(e.refunds) > 0:
+		t = e.refundTrip()
+	case e.beatDue:
+		e.beatDue = false
+		t = &Trip{Kind: HeartbeatTrip, Fleet: e.fleet, TTL: 3 * e.beat}
+	default:
+		return nil
+	}
+	e.busy = true
+	return t
+}
+
+// takeTrip takes up to MaxBatch pending refills; it requires that e.mu is held.
+func (e *Engine) takeTrip() *Trip {
+	batch := e.pending
+	if len(batch) > MaxBatch {
+		batch = batch[:MaxBatch:MaxBatch]
+		e.pending = e.pending[MaxBatch:]
+	} else {
+		e.pending = nil
+	}
+	t := &Trip{Kind: TakeTrip, flights: batch,
+		Takes: make([]global.TakeRequest, len(batch)), TakeResults: make([]global.TakeResult, len(batch))}
+	for i, f := range batch {
+		t.Takes[i] = global.TakeRequest{Limit: f.lim.glim, Key: f.key, Want: f.want, Min: f.min}
+	}
+	return t
+}
+
+// refundTrip returns the next refund trip, first summing the queued refunds per key
+// (at most a burst each: the bucket holds no more), numbering them and cutting them into
+// trips of MaxBatch; it requires that e.mu is held.
+func (e *Engine) refundTrip() *Trip {
+	if len(e.refundTrips) == 0 {
+		type bucketKey struct {
+			lim *Limit
+			key string
+		}
+		at := make(map[bucketKey]int, len(e.refunds)) // index in reqs
+		reqs := make([]global.RefundRequest, 0, len(e.refunds))
+		burst := make([]int, 0, len(e.refunds))
+		for _, r := range e.refunds {
+			k := bucketKey{r.lim, r.key}
+			i, ok := at[k]
+			if !ok {
+				i = len(reqs)
+				at[k] = i
+				reqs = append(reqs, global.RefundRequest{Limit: r.lim.glim, Key: r.key, Seq: e.nextSeq()})
+				burst = append(burst, r.lim.glim.Burst)
+			}
+			reqs[i].N += r.n
+		}
+		e.refunds = nil
+		for i := range reqs {
+			reqs[i].N = min(reqs[i].N, burst[i])
+		}
+		for lo := 0; lo < len(reqs); lo += MaxBatch {
+			hi := min(lo+MaxBatch, len(reqs))
+			e.refundTrips = append(e.refundTrips, reqs[lo:hi:hi])
+		}
+	}
+	reqs := e.refundTrips[0]
+	e.refundTrips = e.refundTrips[1:]
+	return &Trip{Kind: RefundTrip, Refunds: reqs, RefundResults: make([]global.RefundResult, len(reqs))}
+}
+
+// Done takes the answers of trip t, made by the driver, at now: grants fill their leases
+// and decide the requests waiting for them (failures send those to their policy), the
+// heartbeat's live count divides the limits. A refund trip answered too late for the
+// breaker's deadline is sent again in two halves (its items keep their sequence numbers:
+// where the first attempt ran, Redis answers the resend as a replay and adds nothing);
+// any other failed refund is dropped, and its tokens stay spent.
+func (e *Engine) Done(now time.Time, t *Trip) {
+	switch t.Kind {
+	case TakeTrip:
+		e.stats.takes.Add(int64(len(t.flights)))
+		e.stats.roundTrips.Add(1)
+		for i, f := range t.flights {
+			if !t.Answered {
+				e.answer(now, f, Grant{}, t.Err, nil)
+				continue
+			}
+			r := t.TakeResults[i]
+			e.answer(now, f, Grant{Granted: r.Granted, Remaining: r.Remaining, Wait: r.Wait}, r.Err, nil)
+		}
+	case RefundTrip:
+		e.refunded(t)
+	case HeartbeatTrip:
+		e.stats.heartbeats.Add(1)
+		if t.Err == nil && t.Live >= 1 {
+			e.setServers(now, t.Live)
+		}
+	}
+	e.mu.Lock()
+	e.busy = false
+	e.mu.Unlock()
+}
+
+// refunded counts the answers of a refund trip, or queues it again in halves.
+func (e *Engine) refunded(t *Trip) {
+	e.stats.refundCalls.Add(1)
+	if !t.Answered && errors.Is(t.Err, breaker.ErrTimeout) && len(t.Refunds) > 1 {
+		half := len(t.Refunds) / 2
+		e.mu.Lock()
+		e.refundTrips = append([][]global.RefundRequest{t.Refunds[:half:half], t.Refunds[half:]}, e.refundTrips...)
+		e.mu.Unlock()
+		return
+	}
+	refunded := 0
+	for i, r := range t.Refunds {
+		err := t.Err
+		if t.Answered {
+			err = t.RefundResults[i].Err
+		}
+		if err == nil {
+			refunded += r.N
+			continue
+		}
+		t.lost += r.N
+		if t.firstErr == nil {
+			t.firstErr = err
+		}
+	}
+	e.stats.refunded.Add(int64(refunded))
+	e.stats.refundsLost.Add(int64(t.lost))
+}
+
+// send queues refill f, or fails it at once when the breaker is open or the engine is
+// stopped, and reports whether it failed. self is a waiter of f the caller holds (see
+// decideFailed).
+func (e *Engine) send(now time.Time, f *Flight, self *Waiter) bool {
+	var err error
+	if e.open != nil && e.open() {
+		err = breaker.ErrOpen
+	} else {
+		e.mu.Lock()
+		if e.stopped {
+			err = errClosed
+		} else {
+			e.pending = append(e.pending, f)
+		}
+		e.mu.Unlock()
+	}
+	if err == nil {
+		e.wake()
+		return false
+	}
+	e.answer(now, f, Grant{}, err, self)
+	return true
+}
+
+// answer applies the outcome of refill f (a grant, or the error that failed it) to its
+// key's lease, if the key still holds that flight (else the tokens go back), then decides
+// the requests that waited for it: again with the grant, or by their policy.
+func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Waiter) {
+	lm := f.lim
+	back, found := 0, false
+	var ws []*Waiter
+	lm.keys.Peek(f.key, func(en *entry, last time.Time) {
+		if en.flight != f {
+			return
+		}
+		found = true
+		en.flight = nil
+		ws, f.waiters = f.waiters, nil
+		if err != nil {
+			en.lease.Failed(f.seq)
+			return
+		}
+		back = en.lease.Granted(lm.lease.Load(), later(now, last), f.seq, g)
+	})
+	if !found {
+		// The key was evicted (or the store closed) while f was out: no request can join
+		// f any more, and Peek's lock orders this read after the last that did.
+		ws, f.waiters = f.waiters, nil
+		if err == nil {
+			back = g.Granted
+		}
+	}
+	if err == nil {
+		e.stats.granted.Add(int64(g.Granted))
+	} else {
+		e.stats.refillErrors.Add(1)
+	}
+	if back > 0 {
+		e.queueRefund(lm, f.key, back)
+	}
+	if err == nil && g.Granted > back {
+		e.mu.Lock()
+		heap.Push(&e.expiries, expiry{lim: lm, key: f.key, at: now.Add(lm.lease.Load().Lifetime)})
+		e.mu.Unlock()
+	}
+	for _, w := range ws {
+		var decided bool
+		if err != nil {
+			decided = e.decideFailed(now, w, self, err)
+		} else {
+			decided = e.recheck(now, w)
+		}
+		if decided && w != self && e.decided != nil {
+			e.decided(w)
+		}
+	}
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// queueRefund queues n tokens of (lm, key) to be given back to the bucket.
+func (e *Engine) queueRefund(lm *Limit, key string, n int) {
+	e.mu.Lock()
+	if e.finished {
+		// Finish has counted the last refunds: a request that raced it found expired
+		// tokens. Nothing will send them; say so.
+		e.mu.Unlock()
+		e.stats.refundsLost.Add(int64(n))
+		return
+	}
+	e.refunds = append(e.refunds, refund{lim: lm, key: key, n: n})
+	e.mu.Unlock()
+	e.wake()
+}
+
+// wake tells the driver that I/O is queued.
+func (e *Engine) wake() {
+	if e.notify != nil {
+		e.notify()
+	}
+}
+
+// Tick advances the engine's own schedule to now: every quarter of the shortest lease
+// lifetime it refunds the leased tokens whose lifetime has passed, for keys nobody asked
+// about since (a request finds and refunds its key's expired tokens itself), and every
+// HeartbeatInterval it makes a heartbeat due. Call it at NextTick, and whenever else is
+// convenient: it does nothing before its time.
+func (e *Engine) Tick(now time.Time) {
+	e.mu.Lock()
+	if !e.ticked {
+		e.ticked = true
+		e.nextExpiry = now.Add(e.tickEvery)
+		e.nextBeat = now
+	}
+	var due []expiry
+	if !now.Before(e.nextExpiry) {
+		for len(e.expiries) > 0 && !e.expiries[0].at.After(now) {
+			due = append(due, heap.Pop(&e.expiries).(expiry))
+		}
+		e.nextExpiry = now.Add(e.tickEvery)
+	}
+	if e.fleet != "" && !e.stopped && !now.Before(e.nextBeat) {
+		e.beatDue = true
+		e.nextBeat = now.Add(e.beat)
+	}
+	e.mu.Unlock()
+	for _, x := range due {
+		n := 0
+		x.lim.keys.Peek(x.key, func(en *entry, last time.Time) {
+			n = en.lease.Expire(x.lim.lease.Load(), later(now, last))
+		})
+		if n > 0 {
+			e.queueRefund(x.lim, x.key, n)
+		}
+	}
+	if due != nil || e.beatDue {
+		e.wake()
+	}
+}
+
+// NextTick returns when Tick next has work: the zero Time before the first Tick.
+func (e *Engine) NextTick() time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.ticked {
+		return time.Time{}
+	}
+	t := e.nextExpiry
+	if e.fleet != "" && !e.stopped && e.nextBeat.Before(t) {
+		t = e.nextBeat
+	}
+	return t
+}
+
+// Stop ends the engine's refills: the refills not yet sent fail (their requests are
+// denied with ReasonClosed), and so does every later one. Refunds still go out; a Trip
+// that is out is still handed back to Done. Stop is the first step of a shutdown: then
+// wait for the Trip out, Drain, send what Next returns, and Finish.
+func (e *Engine) Stop(now time.Time) {
+	e.mu.Lock()
+	e.stopped = true
+	e.beatDue = false
+	pending := e.pending
+	e.pending = nil
+	e.mu.Unlock()
+	for _, f := range pending {
+		e.answer(now, f, Grant{}, errClosed, nil)
+	}
+}
+
+// Drain lets go of every key (their leased tokens are queued for refund) and of the
+// fallbacks; requests are then denied with ReasonClosed. Call it after Stop, once no
+// Trip is out.
+func (e *Engine) Drain() {
+	for _, lm := range e.limits {
+		lm.keys.Close() // drains every lease through evicted
+		lm.fallback.Close()
+	}
+	e.mu.Lock()
+	e.expiries = nil
+	e.mu.Unlock()
+}
+
+// Finish ends the shutdown: the refunds not sent by now are dropped and returned as
+// lost tokens (they stay spent), and so is every refund queued later.
+func (e *Engine) Finish() (lost int) {
+	e.mu.Lock()
+	e.finished = true
+	for _, r := range e.refunds {
+		lost += r.n
+	}
+	for _, trip := range e.refundTrips {
+		for _, r := range trip {
+			lost += r.N
+		}
+	}
+	e.refunds, e.refundTrips = nil, nil
+	e.mu.Unlock()
+	e.stats.refundsLost.Add(int64(lost))
+	return lost
+}
+
+// expiry is a grant whose lifetime ends at at.
+type expiry struct {
+	lim *Limit
+	key string
+	at  time.Time
+}
+
+// expiries is a min-heap of grants by the instant their lifetime ends. Grants of one
+// limit arrive in that order, but limits' lifetimes differ.
+type expiries []expiry
+
+func (h expiries) Len() int           { return len(h) }
+func (h expiries) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h expiries) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *expiries) Push(x any)        { *h = append(*h, x.(expiry)) }
+func (h *expiries) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	old[len(old)-1] = expiry{}
+	*h = old[:len(old)-1]
+	return x
+}
