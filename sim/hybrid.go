@@ -25,9 +25,24 @@ type hybridStrat struct {
 	f *fleet
 	s scripts
 	b *bubble
+	breakerLog
+}
 
+// breakerLog records the breaker state changes of every server, for the report.
+type breakerLog struct {
 	mu          sync.Mutex   // guards transitions: OnStateChange runs on the calls' goroutines
 	transitions []transition // by time
+}
+
+// onChange returns the OnStateChange of server id's breaker, which reads the virtual
+// clock as the bubble's.
+func (l *breakerLog) onChange(b *bubble, id int) func(from, to breaker.State) {
+	return func(from, to breaker.State) {
+		tr := transition{at: time.Since(b.base), server: id, from: from, to: to}
+		l.mu.Lock()
+		l.transitions = append(l.transitions, tr)
+		l.mu.Unlock()
+	}
 }
 
 // transition is a breaker state change of one server.
@@ -82,17 +97,7 @@ func engineConfig(sc *Scenario, id int) engine.Config {
 func (h *hybridStrat) join(s *server) error {
 	sc := h.f.sc
 	id := s.id
-	brk, err := breaker.New(breaker.Settings{
-		Name:    s.name,
-		Timeout: sc.Deadline,
-		OnStateChange: func(from, to breaker.State) {
-			// The bubble's clock is the virtual one (the event loop keeps it there).
-			tr := transition{at: time.Since(h.b.base), server: id, from: from, to: to}
-			h.mu.Lock()
-			h.transitions = append(h.transitions, tr)
-			h.mu.Unlock()
-		},
-	})
+	brk, err := breaker.New(breaker.Settings{Name: s.name, Timeout: sc.Deadline, OnStateChange: h.onChange(h.b, id)})
 	if err != nil {
 		return fmt.Errorf("sim: %w", err)
 	}
@@ -153,22 +158,26 @@ func (h *hybridStrat) decided(s *server, hs *hybridServer, w *engine.Waiter) {
 	}
 }
 
-// record counts q's decision under the simulator's sources.
+// record counts q's decision now.
 func (h *hybridStrat) record(q *request, d engine.Decision) {
-	src := srcFallback
+	h.f.decide(q, d.Allowed, sourceOf(d))
+}
+
+// sourceOf is the simulator's source of a decision of the engine.
+func sourceOf(d engine.Decision) source {
 	switch {
 	case d.Reason == engine.ReasonClosed:
-		src = srcClosed
+		return srcClosed
 	case d.Source == engine.SourcePreCheck:
-		src = srcPrecheck
+		return srcPrecheck
 	case d.Source == engine.SourceLease && d.Reason == engine.ReasonPaced:
-		src = srcPaced
+		return srcPaced
 	case d.Source == engine.SourceLease:
-		src = srcLease
+		return srcLease
 	case d.Source == engine.SourceGlobal:
-		src = srcGlobal
+		return srcGlobal
 	}
-	h.f.decide(q, d.Allowed, src)
+	return srcFallback
 }
 
 // wake runs the server's loop if the engine queued I/O and the loop is idle: what the
@@ -274,8 +283,8 @@ func (h *hybridStrat) close(s *server, hs *hybridServer) {
 	refund()
 }
 
-// report adds what only the hybrid strategy knows to res: breaker transitions over time.
-func (h *hybridStrat) report(res *Result) {
+// report adds the breaker transitions over time to res.
+func (h *breakerLog) report(sc *Scenario, res *Result) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	slices.SortStableFunc(h.transitions, func(a, b transition) int { return cmp.Compare(a.at, b.at) })
@@ -301,7 +310,7 @@ func (h *hybridStrat) report(res *Result) {
 	if o == nil {
 		return
 	}
-	w := h.f.sc.Outage
+	w := sc.Outage
 	o.BreakerOpenS, o.BreakerClosedS = -1, -1
 	for _, tr := range h.transitions {
 		if tr.to == breaker.StateOpen && tr.at >= w.Start && o.BreakerOpenS < 0 {

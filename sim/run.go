@@ -24,17 +24,19 @@ import (
 func Run(t *testing.T, sc Scenario, st Strategy) (res Result, err error) {
 	start := time.Now()
 	if st != Hybrid {
-		res, err = simulate(sc, st, false)
+		res, err = simulate(sc, st, false, nil)
 	} else {
 		synctest.Test(t, func(*testing.T) {
-			res, err = simulate(sc, st, true)
+			res, err = simulate(sc, st, true, nil)
 		})
 	}
 	res.WallMS = float64(time.Since(start).Microseconds()) / 1000
 	return res, err
 }
 
-func simulate(sc Scenario, st Strategy, inBubble bool) (Result, error) {
+// simulate runs sc under st. A test passes custom to run another implementation of the
+// hybrid strategy's servers on the same fleet, demand, network and Redis (st is Hybrid).
+func simulate(sc Scenario, st Strategy, inBubble bool, custom func(f *fleet, b *bubble) strategyImpl) (Result, error) {
 	sc, err := sc.withDefaults()
 	if err != nil {
 		return Result{}, err
@@ -52,7 +54,6 @@ func simulate(sc Scenario, st Strategy, inBubble bool) (Result, error) {
 	if sc.Keys > 1 {
 		f.zipf = rand.NewZipf(f.rng, sc.ZipfS, 1, uint64(sc.Keys-1))
 	}
-	var hyb *hybridStrat
 	switch st {
 	case Naive:
 		f.strat = &naive{f: f, m: newModel()}
@@ -61,6 +62,15 @@ func simulate(sc Scenario, st Strategy, inBubble bool) (Result, error) {
 	case LocalOnly:
 		f.strat = &localOnly{f: f}
 	case Hybrid:
+		if !inBubble {
+			return Result{}, fmt.Errorf("%w: the hybrid strategy runs in a synctest bubble", ErrInvalidScenario)
+		}
+		b := newBubble(&f.e)
+		defer b.close()
+		if custom != nil {
+			f.strat = custom(f, b)
+			break
+		}
 		var s scripts = newModel()
 		if !sc.GoModel {
 			lua, stop, err := startMiniredis()
@@ -71,13 +81,7 @@ func simulate(sc Scenario, st Strategy, inBubble bool) (Result, error) {
 			defer func() { f.fail(lua.err) }()
 			s = lua
 		}
-		if !inBubble {
-			return Result{}, fmt.Errorf("%w: the hybrid strategy runs in a synctest bubble", ErrInvalidScenario)
-		}
-		b := newBubble(&f.e)
-		defer b.close()
-		hyb = newHybrid(f, s, b)
-		f.strat = hyb
+		f.strat = newHybrid(f, s, b)
 	default:
 		return Result{}, fmt.Errorf("%w: unknown strategy %q", ErrInvalidScenario, st)
 	}
@@ -106,11 +110,16 @@ func simulate(sc Scenario, st Strategy, inBubble bool) (Result, error) {
 	if sc.FastBy != 0 {
 		res.FastServer = fmt.Sprintf("srv%d +%v", sc.FastServer, sc.FastBy)
 	}
-	if hyb != nil {
-		hyb.report(&res)
+	if r, ok := f.strat.(reporter); ok {
+		r.report(&sc, &res)
 	}
 	res.Events = f.e.ran
 	return res, nil
+}
+
+// reporter is a strategy that adds to the Result what only it knows.
+type reporter interface {
+	report(sc *Scenario, res *Result)
 }
 
 // startMiniredis starts an embedded miniredis whose TIME and TTLs follow the clock the

@@ -103,6 +103,7 @@ type Engine struct {
 
 	mu sync.Mutex
 	// The fields below are guarded by mu.
+	rng         uint64                   // splitmix64 state: the schedule's phase
 	pending     []*Flight                // refills waiting to be sent
 	refunds     []refund                 // tokens waiting to be refunded
 	refundTrips [][]global.RefundRequest // refunds summed and numbered, one trip each
@@ -173,6 +174,7 @@ func New(cfg Config) (*Engine, error) {
 		open:    cfg.BreakerOpen,
 		notify:  cfg.Notify,
 		decided: cfg.Decided,
+		rng:     cfg.Seed ^ 0x5eed7ac4,
 	}
 	e.servers.Store(int64(cfg.Servers))
 	e.tickEvery = time.Hour

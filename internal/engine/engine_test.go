@@ -262,23 +262,31 @@ func TestHeartbeatDividesTheLimits(t *testing.T) {
 		t.Fatal("NextTick before the first Tick")
 	}
 	e.Tick(t0)
+	beat := e.NextTick() // the first heartbeat, at a phase of its own within 100ms
+	if d := beat.Sub(t0); d < 0 || d >= 100*ms {
+		t.Fatalf("first heartbeat at +%v, want within 100ms", d)
+	}
+	if trip := e.Next(); trip != nil {
+		t.Fatalf("a trip before the first heartbeat is due: %+v", trip)
+	}
+	e.Tick(beat)
 	trip := e.Next()
 	if trip == nil || trip.Kind != HeartbeatTrip || trip.Fleet != "api-servers" || trip.TTL != 3*time.Second {
 		t.Fatalf("first trip %+v, want a heartbeat", trip)
 	}
 	trip.Live, trip.Answered = 10, true
-	e.Done(t0, trip)
+	e.Done(beat, trip)
 	if e.Servers() != 10 || lm.lease.Load().Servers != 10 {
 		t.Fatalf("servers %d after a heartbeat answering 10", e.Servers())
 	}
-	if got := e.NextTick(); !got.Equal(t0.Add(DefaultLifetime / 4)) {
-		t.Fatalf("NextTick %v, want the expiry tick first", got.Sub(t0))
+	if got := e.NextTick().Sub(t0); got < DefaultLifetime/8 || got >= 3*DefaultLifetime/8 {
+		t.Fatalf("NextTick +%v, want the first expiry sweep within 0.5-1.5 sweep intervals", got)
 	}
-	e.Tick(t0.Add(500 * ms))
+	e.Tick(beat.Add(999 * ms))
 	if trip := e.Next(); trip != nil {
 		t.Fatalf("a trip before the next heartbeat: %+v", trip)
 	}
-	e.Tick(t0.Add(time.Second))
+	e.Tick(beat.Add(time.Second))
 	if trip := e.Next(); trip == nil || trip.Kind != HeartbeatTrip {
 		t.Fatalf("no heartbeat a second later: %+v", trip)
 	}

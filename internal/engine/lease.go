@@ -473,13 +473,17 @@ func (l *Lease) fairShare(c *LeaseConfig, lack float64) time.Duration {
 
 // jitter returns d scaled by a factor uniform in [0.5, 1.5).
 func (l *Lease) jitter(d time.Duration) time.Duration {
-	l.rng += 0x9e3779b97f4a7c15
-	z := l.rng
+	return time.Duration(float64(d) * (0.5 + uniform(&l.rng)))
+}
+
+// uniform advances the splitmix64 state s and returns a number uniform in [0, 1).
+func uniform(s *uint64) float64 {
+	*s += 0x9e3779b97f4a7c15
+	z := *s
 	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
 	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
 	z ^= z >> 31
-	u := float64(z>>11) / (1 << 53)
-	return time.Duration(float64(d) * (0.5 + u))
+	return float64(z>>11) / (1 << 53)
 }
 
 // window is the demand window of c, never zero.

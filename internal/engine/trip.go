@@ -308,12 +308,16 @@ func (e *Engine) wake() {
 // about since (a request finds and refunds its key's expired tokens itself), and every
 // HeartbeatInterval it makes a heartbeat due. Call it at NextTick, and whenever else is
 // convenient: it does nothing before its time.
+//
+// The first Tick starts the schedule at a phase drawn from the seed (the first expiry
+// sweep within 0.5 to 1.5 sweep intervals, the first heartbeat within a tenth of an
+// interval), so that servers started together do not sweep and beat together.
 func (e *Engine) Tick(now time.Time) {
 	e.mu.Lock()
 	if !e.ticked {
 		e.ticked = true
-		e.nextExpiry = now.Add(e.tickEvery)
-		e.nextBeat = now
+		e.nextExpiry = now.Add(time.Duration(float64(e.tickEvery) * (0.5 + uniform(&e.rng))))
+		e.nextBeat = now.Add(time.Duration(float64(e.beat) / 10 * uniform(&e.rng)))
 	}
 	var due []expiry
 	if !now.Before(e.nextExpiry) {
