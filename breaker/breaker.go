@@ -137,6 +137,17 @@ type Settings struct {
 	// to half-open happens when the breaker is next used (Do or State)
 	// after OpenTimeout, not on a timer.
 	OnStateChange func(from, to State)
+
+	// Clock is where Do reads the time and sets its deadlines: the start
+	// of each call, the time left before the caller's deadline (read as an
+	// instant of this clock), and the timer at which Do returns ErrTimeout.
+	// With SystemClock the context a call gets carries that deadline, which
+	// go-redis applies to the socket when ContextTimeoutEnabled is set; with
+	// any other clock it carries only the caller's deadline, and is done,
+	// with context.DeadlineExceeded, when this clock's timer fires. The open
+	// period (OpenTimeout) follows the system clock whatever this is (see
+	// Clock). default: SystemClock{}
+	Clock Clock
 }
 
 // A Breaker guards the calls to one store (one Redis client), shared by
@@ -157,6 +168,8 @@ type Breaker struct {
 	maxInFlight int64
 	isFailure   func(error) bool
 	onChange    func(from, to State)
+	clock       Clock
+	sysClock    bool // clock is the system clock: its deadlines go into the call's context
 
 	inFlight atomic.Int64
 	stats    counters
@@ -208,7 +221,12 @@ func New(st Settings) (*Breaker, error) {
 		maxInFlight: int64(cmpOr(st.MaxInFlight, DefaultMaxInFlight)),
 		isFailure:   st.IsFailure,
 		onChange:    st.OnStateChange,
+		clock:       st.Clock,
 	}
+	if b.clock == nil {
+		b.clock = SystemClock{}
+	}
+	b.sysClock = isSystem(b.clock)
 	b.minCounted = cmpOr(st.MinCountedTimeout, b.timeout/2)
 	if b.minCounted > b.timeout {
 		return nil, fmt.Errorf("%w: MinCountedTimeout %v exceeds Timeout %v", ErrInvalidSettings, b.minCounted, b.timeout)
@@ -265,9 +283,12 @@ type outcome struct {
 }
 
 // Do calls fn, the store call, unless the breaker is open, and returns its
-// error. fn gets a context that ends at the earlier of ctx's deadline and
-// Timeout from now, and must return the store's error as it is (wrapped
-// with %w at most) so that it can be classified.
+// error. The call's deadline is the earlier of ctx's deadline and Timeout
+// from now, on the breaker's Clock. fn gets a context with ctx's values that
+// is done at that deadline, when ctx is done, or when Do returns; with the
+// system clock its Deadline method reports the deadline (see
+// Settings.Clock). fn must return the store's error as it is (wrapped with
+// %w at most) so that it can be classified.
 //
 // Do returns by that deadline even if fn has not returned: fn then keeps
 // running on its own goroutine until it does, holding one of MaxInFlight
@@ -317,13 +338,20 @@ func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) er
 	}
 	b.stats.calls.Add(1)
 
-	start := time.Now()
+	start := b.clock.Now()
 	budget := b.timeout
 	if dl, ok := ctx.Deadline(); ok && dl.Sub(start) < budget {
 		budget = dl.Sub(start)
 	}
-	cctx, cancel := context.WithTimeout(ctx, b.timeout)
-	defer cancel()
+	cctx := newCallCtx(ctx)
+	if b.sysClock {
+		cctx.deadline = start.Add(budget)
+	}
+	stop := b.clock.AfterFunc(budget, cctx.expire)
+	defer func() {
+		stop()
+		cctx.end(context.Canceled) // the call's context ends when Do returns
+	}()
 
 	// The call's goroutine and Do race to settle it: whoever moves state
 	// from running decides whether Do reads the result (finished) or the
@@ -343,9 +371,15 @@ func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) er
 	}()
 
 	var o outcome
+	answered := false
 	select {
 	case o = <-res:
-	case <-cctx.Done():
+		answered = true
+	case <-cctx.Done(): // the deadline passed
+	case <-ctx.Done():
+		cctx.end(ctx.Err()) // unless the deadline passed first
+	}
+	if !answered {
 		if state.CompareAndSwap(running, abandoned) {
 			b.stats.abandoned.Add(1)
 			return b.finish(done, ctx, cctx, cctx.Err(), budget)

@@ -28,7 +28,13 @@
 // Policy is invalid, so a limit without a chosen policy is a configuration
 // error. A Fallback applies a Policy to requests.
 //
-// Time: gobreaker reads time.Now and cannot be given a clock, so the tests
-// run it in testing/synctest bubbles, where time is virtual; a simulator
-// can do the same.
+// # Time
+//
+// A Breaker reads the time and sets its deadlines through one Clock
+// (Settings.Clock, SystemClock by default); package hybrid takes the same
+// Clock for its own timers. A manual Clock makes a Breaker's deadlines
+// virtual. gobreaker, underneath, reads time.Now and cannot be given a
+// clock, so the open period follows the system clock; the tests and the
+// simulator run the whole breaker in testing/synctest bubbles, where the
+// system clock is virtual.
 package breaker
