@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
+
+	"github.com/fleetlimit/fleetlimit/internal/storeerr"
 )
 
 // Defaults for the zero fields of Settings.
@@ -127,8 +131,11 @@ type Settings struct {
 	// did not answer; other errors (a denied request, a script error, a
 	// missing key) are answers, and count as successes. The caller's own
 	// cancellation, and the expiry of a caller's deadline shorter than
-	// MinCountedTimeout, are never passed to it. The hybrid limiter passes
-	// global.IsUnavailable. default: IsStoreFailure
+	// MinCountedTimeout, are never passed to it. default: the rule of
+	// global.IsUnavailable, the same one the global tier classifies its
+	// errors by (a timeout, a network error, a closed client or pool, a Redis
+	// reply that says it cannot serve now; an error that carries one of
+	// global's classes counts by its class; context.Canceled never counts).
 	IsFailure func(error) bool
 
 	// OnStateChange is told about every state change, in order, after the
@@ -232,7 +239,7 @@ func New(st Settings) (*Breaker, error) {
 		return nil, fmt.Errorf("%w: MinCountedTimeout %v exceeds Timeout %v", ErrInvalidSettings, b.minCounted, b.timeout)
 	}
 	if b.isFailure == nil {
-		b.isFailure = IsStoreFailure
+		b.isFailure = storeerr.IsUnavailable
 	}
 	threshold := uint32(cmpOr(st.FailureThreshold, DefaultFailureThreshold))
 	b.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
@@ -462,6 +469,15 @@ func (e *timeoutError) Is(target error) bool {
 }
 
 func (e *timeoutError) Unwrap() error { return e.cause }
+
+// isTimeout reports whether err is a deadline or timeout error.
+func isTimeout(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
+		return true
+	}
+	var netErr net.Error
+	return errors.As(err, &netErr) && netErr.Timeout()
+}
 
 // dispatch calls OnStateChange for the queued state changes, in order, with
 // no lock held; one goroutine dispatches at a time.

@@ -13,9 +13,10 @@
 //     beyond the bound Do returns ErrOverloaded at once, so a stalled Redis
 //     cannot pile up goroutines or connections.
 //   - Only store failures count towards opening (Settings.IsFailure, by
-//     default IsStoreFailure): a denied request or a script's error is an
-//     answer, and the caller's own cancellation or too-short deadline is
-//     neither success nor failure (gobreaker's IsExcluded).
+//     default the rule of global.IsUnavailable): a denied request or a
+//     script's error is an answer, and the caller's own cancellation or
+//     too-short deadline is neither success nor failure (gobreaker's
+//     IsExcluded).
 //   - While open, Do returns ErrOpen without calling the store. After
 //     Settings.OpenTimeout it lets Settings.HalfOpenProbes probes through;
 //     their success closes it, a failure opens it again.
