@@ -41,9 +41,11 @@ var (
 	// unresponsive store): the request should go to its fallback at once.
 	ErrOverloaded = errors.New("breaker: too many store calls in flight")
 
-	// ErrInvalidSettings is wrapped by the error New returns for Settings
-	// it cannot honour.
-	ErrInvalidSettings = errors.New("breaker: invalid settings")
+	// ErrInvalidConfig is wrapped by every error this package returns for a
+	// configuration it cannot honour: Settings that New rejects, and a
+	// Policy that Validate rejects (ErrNoPolicy, for the zero Policy, also
+	// matches it).
+	ErrInvalidConfig = errors.New("breaker: invalid configuration")
 )
 
 // The errors returned while open are built once: a rejection allocates
@@ -202,7 +204,7 @@ var (
 	errExcluded = errors.New("not the store's outcome")
 )
 
-// New returns a closed Breaker, or an error wrapping ErrInvalidSettings.
+// New returns a closed Breaker, or an error wrapping ErrInvalidConfig.
 func New(st Settings) (*Breaker, error) {
 	for _, f := range []struct {
 		name string
@@ -216,11 +218,11 @@ func New(st Settings) (*Breaker, error) {
 		{"HalfOpenProbes", int64(st.HalfOpenProbes)},
 	} {
 		if f.v < 0 {
-			return nil, fmt.Errorf("%w: %s is negative", ErrInvalidSettings, f.name)
+			return nil, fmt.Errorf("%w: %s is negative", ErrInvalidConfig, f.name)
 		}
 	}
 	if st.HalfOpenProbes > 1<<16 || st.FailureThreshold > 1<<30 {
-		return nil, fmt.Errorf("%w: HalfOpenProbes or FailureThreshold too large", ErrInvalidSettings)
+		return nil, fmt.Errorf("%w: HalfOpenProbes or FailureThreshold too large", ErrInvalidConfig)
 	}
 	b := &Breaker{
 		name:        st.Name,
@@ -236,7 +238,7 @@ func New(st Settings) (*Breaker, error) {
 	b.sysClock = isSystem(b.clock)
 	b.minCounted = cmpOr(st.MinCountedTimeout, b.timeout/2)
 	if b.minCounted > b.timeout {
-		return nil, fmt.Errorf("%w: MinCountedTimeout %v exceeds Timeout %v", ErrInvalidSettings, b.minCounted, b.timeout)
+		return nil, fmt.Errorf("%w: MinCountedTimeout %v exceeds Timeout %v", ErrInvalidConfig, b.minCounted, b.timeout)
 	}
 	if b.isFailure == nil {
 		b.isFailure = storeerr.IsUnavailable

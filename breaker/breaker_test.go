@@ -407,8 +407,8 @@ func TestNewInvalid(t *testing.T) {
 		{HalfOpenProbes: -1}, {MinCountedTimeout: -1}, {Timeout: time.Millisecond, MinCountedTimeout: time.Second},
 		{HalfOpenProbes: 1 << 20},
 	} {
-		if _, err := New(st); !errors.Is(err, ErrInvalidSettings) {
-			t.Errorf("New(%+v) = %v, want ErrInvalidSettings", st, err)
+		if _, err := New(st); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("New(%+v) = %v, want ErrInvalidConfig", st, err)
 		}
 	}
 	b, err := New(Settings{})

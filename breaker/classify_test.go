@@ -93,8 +93,8 @@ func TestOneClassifier(t *testing.T) {
 		{"ErrRedis over EOF", fmt.Errorf("%w: %w", global.ErrRedis, io.EOF), false},
 		{"ErrInvalidLimit", global.ErrInvalidLimit, false},
 		{"ErrInvalidLimit over a deadline", fmt.Errorf("%w: %w", global.ErrInvalidLimit, context.DeadlineExceeded), false},
-		{"ErrConfig", global.ErrConfig, false},
-		{"ErrConfig over a refused connection", fmt.Errorf("%w: %w", global.ErrConfig, syscall.ECONNREFUSED), false},
+		{"ErrInvalidConfig", global.ErrInvalidConfig, false},
+		{"ErrInvalidConfig over a refused connection", fmt.Errorf("%w: %w", global.ErrInvalidConfig, syscall.ECONNREFUSED), false},
 	}
 	for _, errno := range []syscall.Errno{
 		syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.ECONNABORTED, syscall.EPIPE,

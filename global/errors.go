@@ -23,17 +23,17 @@ var (
 	ErrRedis = storeerr.ErrRedis
 	// ErrInvalidLimit means a Limit, a cost or a name is not valid. No call was made.
 	ErrInvalidLimit = storeerr.ErrInvalidLimit
-	// ErrConfig means the Store or its client is configured in a way the library cannot
-	// work with safely (for example a client that retries timed-out commands, used for
-	// AllowN). The message says how to fix it.
-	ErrConfig = storeerr.ErrConfig
+	// ErrInvalidConfig means the Store or its client is configured in a way the library
+	// cannot work with safely (for example a client that retries timed-out commands, used
+	// for AllowN). The message says how to fix it.
+	ErrInvalidConfig = storeerr.ErrInvalidConfig
 )
 
 // IsUnavailable reports whether err means the store did not answer usefully (see
 // ErrUnavailable). An error that carries a class answers by its class; a raw go-redis,
 // network or context error is classified the way the Store classifies it. It is false
 // for nil, for anything that matches context.Canceled (the caller gave up; that says
-// nothing about the store), and for ErrRedis, ErrInvalidLimit and ErrConfig. A
+// nothing about the store), and for ErrRedis, ErrInvalidLimit and ErrInvalidConfig. A
 // breaker.Breaker counts failures by this same rule unless its Settings.IsFailure says
 // otherwise.
 func IsUnavailable(err error) bool { return storeerr.IsUnavailable(err) }
@@ -41,7 +41,7 @@ func IsUnavailable(err error) bool { return storeerr.IsUnavailable(err) }
 // opError is what the Store returns: the operation, its class and the cause.
 type opError struct {
 	op    string
-	class error // ErrUnavailable, ErrRedis, ErrConfig, or nil for the caller's cancellation
+	class error // ErrUnavailable, ErrRedis, ErrInvalidConfig, or nil for a cancellation
 	err   error
 }
 

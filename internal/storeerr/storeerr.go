@@ -14,16 +14,16 @@ import (
 )
 
 // The error classes. Package global documents them, as global.ErrUnavailable,
-// global.ErrRedis, global.ErrInvalidLimit and global.ErrConfig.
+// global.ErrRedis, global.ErrInvalidLimit and global.ErrInvalidConfig.
 var (
-	ErrUnavailable  = errors.New("global: redis unavailable")
-	ErrRedis        = errors.New("global: redis error")
-	ErrInvalidLimit = errors.New("global: invalid limit")
-	ErrConfig       = errors.New("global: configuration error")
+	ErrUnavailable   = errors.New("global: redis unavailable")
+	ErrRedis         = errors.New("global: redis error")
+	ErrInvalidLimit  = errors.New("global: invalid limit")
+	ErrInvalidConfig = errors.New("global: invalid configuration")
 )
 
 // classes are checked in this order: an error carrying one keeps it.
-var classes = [...]error{ErrUnavailable, ErrRedis, ErrInvalidLimit, ErrConfig}
+var classes = [...]error{ErrUnavailable, ErrRedis, ErrInvalidLimit, ErrInvalidConfig}
 
 // unavailableReplies are the first words of the Redis error replies that mean the
 // server cannot serve now.
