@@ -134,10 +134,11 @@ type Settings struct {
 	// missing key) are answers, and count as successes. The caller's own
 	// cancellation, and the expiry of a caller's deadline shorter than
 	// MinCountedTimeout, are never passed to it. default: the rule of
-	// global.IsUnavailable, the same one the global tier classifies its
-	// errors by (a timeout, a network error, a closed client or pool, a Redis
-	// reply that says it cannot serve now; an error that carries one of
-	// global's classes counts by its class; context.Canceled never counts).
+	// global.IsUnavailable, by which the global tier classifies its errors:
+	// a timeout, a network error or any other failure below the Redis
+	// protocol, a closed client, a pool timeout and a Redis reply that says
+	// the server cannot serve now count; an error that carries one of
+	// global's classes counts by its class; context.Canceled never counts.
 	IsFailure func(error) bool
 
 	// OnStateChange is told about every state change, in order, after the

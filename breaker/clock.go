@@ -7,10 +7,12 @@ import (
 )
 
 // A Clock tells the time and runs functions after a duration. A Breaker reads
-// the time and sets its deadlines through its Clock only (Settings.Clock);
-// package hybrid takes the same Clock for its own timers. The default is
-// SystemClock; a test or a simulator passes a clock of its own, such as a
-// manual clock that moves only when told to.
+// the time and sets its deadlines through its Clock only (Settings.Clock).
+// The default is SystemClock; a test or a simulator passes a clock of its own,
+// such as a manual clock that moves only when told to. The two methods are
+// all a timer needs, so code that drives a Breaker can put its own timers (a
+// wake-up, a wait's timeout, a sleep that ends early when a context does) on
+// the same Clock.
 //
 // gobreaker, which counts the failures under a Breaker, reads time.Now itself
 // and cannot be given a Clock: the open period (Settings.OpenTimeout) follows

@@ -32,8 +32,8 @@
 // # Time
 //
 // A Breaker reads the time and sets its deadlines through one Clock
-// (Settings.Clock, SystemClock by default); package hybrid takes the same
-// Clock for its own timers. A manual Clock makes a Breaker's deadlines
+// (Settings.Clock, SystemClock by default), an interface small enough for
+// the caller's own timers too. A manual Clock makes a Breaker's deadlines
 // virtual. gobreaker, underneath, reads time.Now and cannot be given a
 // clock, so the open period follows the system clock; the tests and the
 // simulator run the whole breaker in testing/synctest bubbles, where the
