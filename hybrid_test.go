@@ -414,7 +414,7 @@ func TestNoGoroutineOutlivesClose(t *testing.T) {
 	// Not a test of timing: a breaker with room for -race on a loaded machine, where
 	// miniredis (in this process) once took over 10ms for 5 calls in a row, the default
 	// breaker opened, and Close could not refund.
-	brk, err := breaker.New(breaker.Settings{Timeout: 2 * time.Second, IsFailure: global.IsUnavailable})
+	brk, err := breaker.New(breaker.Settings{Timeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

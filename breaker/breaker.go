@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
+
+	"github.com/fleetlimit/fleetlimit/internal/storeerr"
 )
 
 // Defaults for the zero fields of Settings.
@@ -37,9 +41,11 @@ var (
 	// unresponsive store): the request should go to its fallback at once.
 	ErrOverloaded = errors.New("breaker: too many store calls in flight")
 
-	// ErrInvalidSettings is wrapped by the error New returns for Settings
-	// it cannot honour.
-	ErrInvalidSettings = errors.New("breaker: invalid settings")
+	// ErrInvalidConfig is wrapped by every error this package returns for a
+	// configuration it cannot honour: Settings that New rejects, and a
+	// Policy that Validate rejects (ErrNoPolicy, for the zero Policy, also
+	// matches it).
+	ErrInvalidConfig = errors.New("breaker: invalid configuration")
 )
 
 // The errors returned while open are built once: a rejection allocates
@@ -127,8 +133,12 @@ type Settings struct {
 	// did not answer; other errors (a denied request, a script error, a
 	// missing key) are answers, and count as successes. The caller's own
 	// cancellation, and the expiry of a caller's deadline shorter than
-	// MinCountedTimeout, are never passed to it. The hybrid limiter passes
-	// global.IsUnavailable. default: IsStoreFailure
+	// MinCountedTimeout, are never passed to it. default: the rule of
+	// global.IsUnavailable, by which the global tier classifies its errors:
+	// a timeout, a network error or any other failure below the Redis
+	// protocol, a closed client, a pool timeout and a Redis reply that says
+	// the server cannot serve now count; an error that carries one of
+	// global's classes counts by its class; context.Canceled never counts.
 	IsFailure func(error) bool
 
 	// OnStateChange is told about every state change, in order, after the
@@ -137,6 +147,17 @@ type Settings struct {
 	// to half-open happens when the breaker is next used (Do or State)
 	// after OpenTimeout, not on a timer.
 	OnStateChange func(from, to State)
+
+	// Clock is where Do reads the time and sets its deadlines: the start
+	// of each call, the time left before the caller's deadline (read as an
+	// instant of this clock), and the timer at which Do returns ErrTimeout.
+	// With SystemClock the context a call gets carries that deadline, which
+	// go-redis applies to the socket when ContextTimeoutEnabled is set; with
+	// any other clock it carries only the caller's deadline, and is done,
+	// with context.DeadlineExceeded, when this clock's timer fires. The open
+	// period (OpenTimeout) follows the system clock whatever this is (see
+	// Clock). default: SystemClock{}
+	Clock Clock
 }
 
 // A Breaker guards the calls to one store (one Redis client), shared by
@@ -157,6 +178,8 @@ type Breaker struct {
 	maxInFlight int64
 	isFailure   func(error) bool
 	onChange    func(from, to State)
+	clock       Clock
+	sysClock    bool // clock is the system clock: its deadlines go into the call's context
 
 	inFlight atomic.Int64
 	stats    counters
@@ -182,7 +205,7 @@ var (
 	errExcluded = errors.New("not the store's outcome")
 )
 
-// New returns a closed Breaker, or an error wrapping ErrInvalidSettings.
+// New returns a closed Breaker, or an error wrapping ErrInvalidConfig.
 func New(st Settings) (*Breaker, error) {
 	for _, f := range []struct {
 		name string
@@ -196,11 +219,11 @@ func New(st Settings) (*Breaker, error) {
 		{"HalfOpenProbes", int64(st.HalfOpenProbes)},
 	} {
 		if f.v < 0 {
-			return nil, fmt.Errorf("%w: %s is negative", ErrInvalidSettings, f.name)
+			return nil, fmt.Errorf("%w: %s is negative", ErrInvalidConfig, f.name)
 		}
 	}
 	if st.HalfOpenProbes > 1<<16 || st.FailureThreshold > 1<<30 {
-		return nil, fmt.Errorf("%w: HalfOpenProbes or FailureThreshold too large", ErrInvalidSettings)
+		return nil, fmt.Errorf("%w: HalfOpenProbes or FailureThreshold too large", ErrInvalidConfig)
 	}
 	b := &Breaker{
 		name:        st.Name,
@@ -208,13 +231,18 @@ func New(st Settings) (*Breaker, error) {
 		maxInFlight: int64(cmpOr(st.MaxInFlight, DefaultMaxInFlight)),
 		isFailure:   st.IsFailure,
 		onChange:    st.OnStateChange,
+		clock:       st.Clock,
 	}
+	if b.clock == nil {
+		b.clock = SystemClock{}
+	}
+	b.sysClock = isSystem(b.clock)
 	b.minCounted = cmpOr(st.MinCountedTimeout, b.timeout/2)
 	if b.minCounted > b.timeout {
-		return nil, fmt.Errorf("%w: MinCountedTimeout %v exceeds Timeout %v", ErrInvalidSettings, b.minCounted, b.timeout)
+		return nil, fmt.Errorf("%w: MinCountedTimeout %v exceeds Timeout %v", ErrInvalidConfig, b.minCounted, b.timeout)
 	}
 	if b.isFailure == nil {
-		b.isFailure = IsStoreFailure
+		b.isFailure = storeerr.IsUnavailable
 	}
 	threshold := uint32(cmpOr(st.FailureThreshold, DefaultFailureThreshold))
 	b.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
@@ -265,9 +293,12 @@ type outcome struct {
 }
 
 // Do calls fn, the store call, unless the breaker is open, and returns its
-// error. fn gets a context that ends at the earlier of ctx's deadline and
-// Timeout from now, and must return the store's error as it is (wrapped
-// with %w at most) so that it can be classified.
+// error. The call's deadline is the earlier of ctx's deadline and Timeout
+// from now, on the breaker's Clock. fn gets a context with ctx's values that
+// is done at that deadline, when ctx is done, or when Do returns; with the
+// system clock its Deadline method reports the deadline (see
+// Settings.Clock). fn must return the store's error as it is (wrapped with
+// %w at most) so that it can be classified.
 //
 // Do returns by that deadline even if fn has not returned: fn then keeps
 // running on its own goroutine until it does, holding one of MaxInFlight
@@ -317,13 +348,20 @@ func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) er
 	}
 	b.stats.calls.Add(1)
 
-	start := time.Now()
+	start := b.clock.Now()
 	budget := b.timeout
 	if dl, ok := ctx.Deadline(); ok && dl.Sub(start) < budget {
 		budget = dl.Sub(start)
 	}
-	cctx, cancel := context.WithTimeout(ctx, b.timeout)
-	defer cancel()
+	cctx := newCallCtx(ctx)
+	if b.sysClock {
+		cctx.deadline = start.Add(budget)
+	}
+	stop := b.clock.AfterFunc(budget, cctx.expire)
+	defer func() {
+		stop()
+		cctx.end(context.Canceled) // the call's context ends when Do returns
+	}()
 
 	// The call's goroutine and Do race to settle it: whoever moves state
 	// from running decides whether Do reads the result (finished) or the
@@ -343,9 +381,15 @@ func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) er
 	}()
 
 	var o outcome
+	answered := false
 	select {
 	case o = <-res:
-	case <-cctx.Done():
+		answered = true
+	case <-cctx.Done(): // the deadline passed
+	case <-ctx.Done():
+		cctx.end(ctx.Err()) // unless the deadline passed first
+	}
+	if !answered {
 		if state.CompareAndSwap(running, abandoned) {
 			b.stats.abandoned.Add(1)
 			return b.finish(done, ctx, cctx, cctx.Err(), budget)
@@ -428,6 +472,15 @@ func (e *timeoutError) Is(target error) bool {
 }
 
 func (e *timeoutError) Unwrap() error { return e.cause }
+
+// isTimeout reports whether err is a deadline or timeout error.
+func isTimeout(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
+		return true
+	}
+	var netErr net.Error
+	return errors.As(err, &netErr) && netErr.Timeout()
+}
 
 // dispatch calls OnStateChange for the queued state changes, in order, with
 // no lock held; one goroutine dispatches at a time.

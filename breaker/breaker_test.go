@@ -63,6 +63,12 @@ func (s *store) call(context.Context) error {
 	return err
 }
 
+// reply is a Redis error reply, as go-redis returns one.
+type reply string
+
+func (r reply) Error() string { return string(r) }
+func (reply) RedisError()     {}
+
 type changes struct {
 	mu  sync.Mutex
 	got []string
@@ -107,7 +113,7 @@ func TestBreakerLifecycle(t *testing.T) {
 		ctx := context.Background()
 
 		// Answers, even error answers, keep it closed.
-		for _, answer := range []error{nil, redis.Nil, errors.New("ERR script error"), nil} {
+		for _, answer := range []error{nil, redis.Nil, reply("ERR Error running script"), nil} {
 			s.set(answer)
 			if err := b.Do(ctx, s.call); err != answer {
 				t.Fatalf("Do = %v, want the store's answer %v", err, answer)
@@ -395,41 +401,14 @@ func TestBreakerIsFailure(t *testing.T) {
 	})
 }
 
-func TestIsStoreFailure(t *testing.T) {
-	tests := []struct {
-		err  error
-		want bool
-	}{
-		{nil, false},
-		{redis.Nil, false},
-		{errors.New("ERR Error running script"), false},
-		{redis.ErrNoScript, false},
-		{context.Canceled, false},
-		{context.DeadlineExceeded, true},
-		{io.EOF, true},
-		{fmt.Errorf("read: %w", io.ErrUnexpectedEOF), true},
-		{&net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}, true},
-		{syscall.ECONNRESET, true},
-		{net.ErrClosed, true},
-		{redis.ErrClosed, true},
-		{redis.ErrPoolTimeout, true},
-		{redis.ErrPoolExhausted, true},
-	}
-	for _, tt := range tests {
-		if got := IsStoreFailure(tt.err); got != tt.want {
-			t.Errorf("IsStoreFailure(%v) = %v, want %v", tt.err, got, tt.want)
-		}
-	}
-}
-
 func TestNewInvalid(t *testing.T) {
 	for _, st := range []Settings{
 		{Timeout: -1}, {MaxInFlight: -1}, {FailureThreshold: -1}, {OpenTimeout: -1},
 		{HalfOpenProbes: -1}, {MinCountedTimeout: -1}, {Timeout: time.Millisecond, MinCountedTimeout: time.Second},
 		{HalfOpenProbes: 1 << 20},
 	} {
-		if _, err := New(st); !errors.Is(err, ErrInvalidSettings) {
-			t.Errorf("New(%+v) = %v, want ErrInvalidSettings", st, err)
+		if _, err := New(st); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("New(%+v) = %v, want ErrInvalidConfig", st, err)
 		}
 	}
 	b, err := New(Settings{})

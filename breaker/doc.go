@@ -13,9 +13,10 @@
 //     beyond the bound Do returns ErrOverloaded at once, so a stalled Redis
 //     cannot pile up goroutines or connections.
 //   - Only store failures count towards opening (Settings.IsFailure, by
-//     default IsStoreFailure): a denied request or a script's error is an
-//     answer, and the caller's own cancellation or too-short deadline is
-//     neither success nor failure (gobreaker's IsExcluded).
+//     default the rule of global.IsUnavailable): a denied request or a
+//     script's error is an answer, and the caller's own cancellation or
+//     too-short deadline is neither success nor failure (gobreaker's
+//     IsExcluded).
 //   - While open, Do returns ErrOpen without calling the store. After
 //     Settings.OpenTimeout it lets Settings.HalfOpenProbes probes through;
 //     their success closes it, a failure opens it again.
@@ -28,7 +29,13 @@
 // Policy is invalid, so a limit without a chosen policy is a configuration
 // error. A Fallback applies a Policy to requests.
 //
-// Time: gobreaker reads time.Now and cannot be given a clock, so the tests
-// run it in testing/synctest bubbles, where time is virtual; a simulator
-// can do the same.
+// # Time
+//
+// A Breaker reads the time and sets its deadlines through one Clock
+// (Settings.Clock, SystemClock by default), an interface small enough for
+// the caller's own timers too. A manual Clock makes a Breaker's deadlines
+// virtual. gobreaker, underneath, reads time.Now and cannot be given a
+// clock, so the open period follows the system clock; the tests and the
+// simulator run the whole breaker in testing/synctest bubbles, where the
+// system clock is virtual.
 package breaker

@@ -1,7 +1,6 @@
 package breaker
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -11,18 +10,22 @@ import (
 	"github.com/fleetlimit/fleetlimit/local"
 )
 
-var (
-	// ErrNoPolicy is wrapped by the error Validate returns for the zero
-	// Policy. There is no default failure policy: whether a limit fails
-	// open, fails closed or falls back to a local limit is a decision to
-	// make per limit (the source article lists choosing one by default as a
-	// common mistake).
-	ErrNoPolicy = errors.New("breaker: no failure policy chosen")
+// ErrNoPolicy is wrapped by the error Validate returns for the zero Policy,
+// and matches ErrInvalidConfig too. There is no default failure policy:
+// whether a limit fails open, fails closed or falls back to a local limit is
+// a decision to make per limit (the source article lists choosing one by
+// default as a common mistake).
+var ErrNoPolicy error = &subError{msg: "breaker: no failure policy chosen", class: ErrInvalidConfig}
 
-	// ErrInvalidPolicy is wrapped by the error Validate returns for a
-	// FailLocalLimit with an unusable rate or burst.
-	ErrInvalidPolicy = errors.New("breaker: invalid failure policy")
-)
+// subError is a sentinel that also matches the broader sentinel class.
+type subError struct {
+	msg   string
+	class error
+}
+
+func (e *subError) Error() string { return e.msg }
+
+func (e *subError) Unwrap() error { return e.class }
 
 // Kind is what a Policy does with requests while the store cannot answer.
 type Kind uint8
@@ -104,10 +107,10 @@ func (p Policy) String() string {
 	return p.kind.String()
 }
 
-// Validate returns nil for a usable policy, an error wrapping ErrNoPolicy
-// for the zero Policy, and one wrapping ErrInvalidPolicy for a
-// FailLocalLimit whose rate is not positive (or NaN) or whose burst is
-// less than 1.
+// Validate returns nil for a usable policy, and otherwise an error wrapping
+// ErrInvalidConfig: wrapping ErrNoPolicy too for the zero Policy, and saying
+// what is wrong with a FailLocalLimit whose rate is not positive (or NaN) or
+// whose burst is less than 1.
 func (p Policy) Validate() error {
 	switch p.kind {
 	case KindOpen, KindClosed:
@@ -118,13 +121,13 @@ func (p Policy) Validate() error {
 		}
 		if math.IsNaN(float64(p.rate)) || p.rate <= 0 || p.burst < 1 {
 			return fmt.Errorf("%w: FailLocalLimit(%v, %d): need a positive rate and a burst of at least 1",
-				ErrInvalidPolicy, float64(p.rate), p.burst)
+				ErrInvalidConfig, float64(p.rate), p.burst)
 		}
 		return nil
 	case KindNone:
 		return fmt.Errorf("%w: choose FailOpen, FailClosed or FailLocal for every limit", ErrNoPolicy)
 	}
-	return fmt.Errorf("%w: unknown kind %d", ErrInvalidPolicy, p.kind)
+	return fmt.Errorf("%w: unknown kind %d", ErrInvalidConfig, p.kind)
 }
 
 // LocalLimit returns the per-server, per-key limit a FailLocal policy
@@ -161,8 +164,8 @@ type Fallback struct {
 }
 
 // NewFallback returns the Fallback of policy p for the limit cfg, or an
-// error if p is not valid (ErrNoPolicy, ErrInvalidPolicy) or its local
-// limit cannot be built (local.ErrInvalidConfig).
+// error if p is not valid (ErrInvalidConfig; also ErrNoPolicy for the zero
+// Policy) or its local limit cannot be built (local.ErrInvalidConfig).
 func NewFallback(p Policy, cfg FallbackConfig) (*Fallback, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err

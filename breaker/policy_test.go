@@ -22,16 +22,19 @@ func TestPolicyValidate(t *testing.T) {
 		{FailClosed, nil, "fail-closed"},
 		{FailLocal(), nil, "fail-local"},
 		{FailLocalLimit(5, 2), nil, "fail-local(5/s, burst 2)"},
-		{FailLocalLimit(0, 2), ErrInvalidPolicy, "fail-local"},
-		{FailLocalLimit(-1, 2), ErrInvalidPolicy, "fail-local(-1/s, burst 2)"},
-		{FailLocalLimit(rate.Limit(math.NaN()), 2), ErrInvalidPolicy, "fail-local(NaN/s, burst 2)"},
-		{FailLocalLimit(5, 0), ErrInvalidPolicy, "fail-local(5/s, burst 0)"},
-		{Policy{kind: 9}, ErrInvalidPolicy, "Kind(9)"},
+		{FailLocalLimit(0, 2), ErrInvalidConfig, "fail-local"},
+		{FailLocalLimit(-1, 2), ErrInvalidConfig, "fail-local(-1/s, burst 2)"},
+		{FailLocalLimit(rate.Limit(math.NaN()), 2), ErrInvalidConfig, "fail-local(NaN/s, burst 2)"},
+		{FailLocalLimit(5, 0), ErrInvalidConfig, "fail-local(5/s, burst 0)"},
+		{Policy{kind: 9}, ErrInvalidConfig, "Kind(9)"},
 	}
 	for _, tt := range tests {
 		err := tt.p.Validate()
 		if (tt.want == nil) != (err == nil) || (tt.want != nil && !errors.Is(err, tt.want)) {
 			t.Errorf("%v.Validate() = %v, want %v", tt.p, err, tt.want)
+		}
+		if err != nil && !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("%v.Validate() = %v, want it to match ErrInvalidConfig", tt.p, err)
 		}
 		if got := tt.p.String(); got != tt.str {
 			t.Errorf("String() = %q, want %q", got, tt.str)
@@ -78,8 +81,8 @@ func TestFallbackDecisions(t *testing.T) {
 		f.Close()
 		f.Close()
 	}
-	if _, err := NewFallback(Policy{}, cfg); !errors.Is(err, ErrNoPolicy) {
-		t.Errorf("NewFallback(zero) = %v, want ErrNoPolicy", err)
+	if _, err := NewFallback(Policy{}, cfg); !errors.Is(err, ErrNoPolicy) || !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("NewFallback(zero) = %v, want ErrNoPolicy and ErrInvalidConfig", err)
 	}
 	if _, err := NewFallback(FailLocal(), FallbackConfig{Rate: math.NaN(), Burst: 1}); !errors.Is(err, local.ErrInvalidConfig) {
 		t.Errorf("NewFallback with a NaN rate = %v, want local.ErrInvalidConfig", err)

@@ -27,7 +27,8 @@ type Result struct {
 // with one call of the source article's script (lua.Bucket): Redis's clock, one atomic
 // step, no race between servers. Being denied is a Result with Allowed false, not an
 // error. Errors wrap ErrInvalidLimit (no call made), ErrUnavailable, ErrRedis, or
-// ErrConfig (a Store built with RetryingClient cannot run this non-idempotent script).
+// ErrInvalidConfig (a Store built with RetryingClient cannot run this non-idempotent
+// script).
 func (s *Store) AllowN(ctx context.Context, lim Limit, key string, n int) (Result, error) {
 	if err := lim.Validate(); err != nil {
 		return Result{}, err

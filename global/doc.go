@@ -18,8 +18,8 @@
 // it (see New and Configure).
 //
 // Errors are classified for a circuit breaker: ErrUnavailable (the store did not
-// answer usefully), ErrRedis (it answered with an error), ErrInvalidLimit and ErrConfig
-// (nothing was sent). A denial is a result, never an error.
+// answer usefully), ErrRedis (it answered with an error), ErrInvalidLimit and
+// ErrInvalidConfig (nothing was sent). A denial is a result, never an error.
 //
 // The Store reads no clock of its own: refill, TTLs and Grant.Now come from Redis TIME.
 package global

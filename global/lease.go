@@ -174,7 +174,7 @@ func (s *Store) Reset(ctx context.Context, lim Limit, key string) error {
 		Del(ctx context.Context, keys ...string) *redis.IntCmd
 	})
 	if !ok {
-		return fmt.Errorf("%w: the client has no DEL", ErrConfig)
+		return fmt.Errorf("%w: the client has no DEL", ErrInvalidConfig)
 	}
 	return wrap("reset", d.Del(ctx, bucketKey(s.prefix, lim.Name, key)).Err())
 }
@@ -208,7 +208,7 @@ type TakeResult struct {
 // as long as reqs.
 func (s *Store) TakeBatch(ctx context.Context, reqs []TakeRequest, out []TakeResult) error {
 	if len(out) < len(reqs) {
-		return fmt.Errorf("%w: TakeBatch: out has %d slots for %d requests", ErrConfig, len(out), len(reqs))
+		return fmt.Errorf("%w: TakeBatch: out has %d slots for %d requests", ErrInvalidConfig, len(out), len(reqs))
 	}
 	out = out[:len(reqs)]
 	if s.pipe == nil {
@@ -333,7 +333,7 @@ type RefundResult struct {
 // that timed out may have been refunded in Redis.
 func (s *Store) RefundBatch(ctx context.Context, reqs []RefundRequest, out []RefundResult) error {
 	if len(out) < len(reqs) {
-		return fmt.Errorf("%w: RefundBatch: out has %d slots for %d requests", ErrConfig, len(out), len(reqs))
+		return fmt.Errorf("%w: RefundBatch: out has %d slots for %d requests", ErrInvalidConfig, len(out), len(reqs))
 	}
 	out = out[:len(reqs)]
 	if s.pipe == nil {

@@ -63,8 +63,8 @@ func TestRefundBatch(t *testing.T) {
 			}
 		}
 
-		if err := s.RefundBatch(ctx, reqs, out[:2]); !errors.Is(err, global.ErrConfig) {
-			t.Fatalf("short out: %v, want ErrConfig", err)
+		if err := s.RefundBatch(ctx, reqs, out[:2]); !errors.Is(err, global.ErrInvalidConfig) {
+			t.Fatalf("short out: %v, want ErrInvalidConfig", err)
 		}
 		if err := s.RefundBatch(ctx, nil, nil); err != nil {
 			t.Fatalf("empty batch: %v", err)

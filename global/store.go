@@ -46,11 +46,11 @@ func (f optionFunc) apply(s *Store) error { return f(s) }
 func Prefix(p string) Option {
 	return optionFunc(func(s *Store) error {
 		if len(p) > 32 || strings.ContainsAny(p, "{} ") {
-			return fmt.Errorf("%w: prefix %q: at most 32 bytes, no space, '{' or '}'", ErrConfig, p)
+			return fmt.Errorf("%w: prefix %q: at most 32 bytes, no space, '{' or '}'", ErrInvalidConfig, p)
 		}
 		for i := 0; i < len(p); i++ {
 			if p[i] < ' ' || p[i] > '~' {
-				return fmt.Errorf("%w: prefix %q: byte %d is not printable ASCII", ErrConfig, p, i)
+				return fmt.Errorf("%w: prefix %q: byte %d is not printable ASCII", ErrInvalidConfig, p, i)
 			}
 		}
 		s.prefix = p
@@ -66,7 +66,7 @@ func Prefix(p string) Option {
 func ServerID(id string) Option {
 	return optionFunc(func(s *Store) error {
 		if id == "" || len(id) > MaxNameLen || strings.ContainsAny(id, " \t\r\n") {
-			return fmt.Errorf("%w: server id %q: 1 to %d bytes without white space", ErrConfig, id, MaxNameLen)
+			return fmt.Errorf("%w: server id %q: 1 to %d bytes without white space", ErrInvalidConfig, id, MaxNameLen)
 		}
 		s.serverID = id
 		return nil
@@ -76,7 +76,7 @@ func ServerID(id string) Option {
 // RetryingClient accepts a client that retries timed-out commands (for example a
 // ClusterClient that keeps MaxRedirects > 0 to follow MOVED during resharding).
 // Take, Refund, TakeBatch and Heartbeat stay exact with such a client, because their
-// scripts recognise a replay. AllowN then returns an error wrapping ErrConfig: the
+// scripts recognise a replay. AllowN then returns an error wrapping ErrInvalidConfig: the
 // source article's script cannot recognise a replay, and a retried call would be
 // charged once per attempt.
 func RetryingClient() Option {
@@ -95,8 +95,9 @@ func RetryingClient() Option {
 //   - No retry of a timed-out command for AllowN. go-redis retries a read timeout by
 //     default (MaxRetries 3; a ClusterClient retries up to MaxRedirects 3 times), and
 //     the server may have run the script each time: one call, up to four charges. New
-//     refuses such a client with an error wrapping ErrConfig, unless RetryingClient is
-//     given (AllowN is then refused; the lease calls are idempotent and stay exact).
+//     refuses such a client with an error wrapping ErrInvalidConfig, unless
+//     RetryingClient is given (AllowN is then refused; the lease calls are idempotent
+//     and stay exact).
 //     New can only inspect go-redis's own client types; for any other Scripter the
 //     caller answers for it.
 //   - A short ReadTimeout and one dial attempt, so a stalled or dead Redis costs
@@ -105,7 +106,7 @@ func RetryingClient() Option {
 //     batch is sent one call at a time.
 func New(client redis.Scripter, opts ...Option) (*Store, error) {
 	if client == nil {
-		return nil, fmt.Errorf("%w: nil client", ErrConfig)
+		return nil, fmt.Errorf("%w: nil client", ErrInvalidConfig)
 	}
 	s := &Store{c: client, prefix: DefaultPrefix}
 	if p, ok := client.(pipeliner); ok {
@@ -119,7 +120,7 @@ func New(client redis.Scripter, opts ...Option) (*Store, error) {
 	if s.serverID == "" {
 		var b [6]byte
 		if _, err := rand.Read(b[:]); err != nil {
-			return nil, fmt.Errorf("%w: no random server id: %v", ErrConfig, err)
+			return nil, fmt.Errorf("%w: no random server id: %v", ErrInvalidConfig, err)
 		}
 		s.serverID = hex.EncodeToString(b[:])
 	}
@@ -127,7 +128,7 @@ func New(client redis.Scripter, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("%w: the client retries a timed-out command (%s = %d), so one AllowN could be "+
 			"charged up to %d times; set %s to -1 (global.Configure / ConfigureCluster / ConfigureUniversal do), "+
 			"or pass global.RetryingClient() to use only the idempotent lease calls (Take, Refund, TakeBatch)",
-			ErrConfig, what, n, n+1, what)
+			ErrInvalidConfig, what, n, n+1, what)
 	}
 	// Sequence numbers must grow across restarts of a process that keeps its ServerID,
 	// and stay below 2^53 (Lua numbers): microseconds since 1970 do both until 2255.
@@ -162,7 +163,7 @@ func (s *Store) ServerID() string { return s.serverID }
 func (s *Store) nextSeq() uint64 { return s.seq.Add(1) }
 
 // errRetrying is returned by AllowN on a Store built with RetryingClient.
-var errRetrying = &opError{op: "allow", class: ErrConfig, err: errors.New(
+var errRetrying = &opError{op: "allow", class: ErrInvalidConfig, err: errors.New(
 	"the client retries timed-out commands (RetryingClient) and the per-request script cannot recognise " +
 		"a replay: configure the client with MaxRetries -1 (global.Configure) to use AllowN")}
 

@@ -80,9 +80,9 @@ func TestNewRefusesRetryingClient(t *testing.T) {
 				}
 				return
 			}
-			if !errors.Is(err, global.ErrConfig) || !strings.Contains(err.Error(), tc.want) ||
+			if !errors.Is(err, global.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) ||
 				!strings.Contains(err.Error(), "-1") || !strings.Contains(err.Error(), "RetryingClient") {
-				t.Fatalf("New = %v, want ErrConfig naming %q and how to fix it", err, tc.want)
+				t.Fatalf("New = %v, want ErrInvalidConfig naming %q and how to fix it", err, tc.want)
 			}
 			// Accepted when the caller says so; AllowN is then refused, takes work.
 			s, err := global.New(tc.client, global.RetryingClient())
@@ -90,18 +90,18 @@ func TestNewRefusesRetryingClient(t *testing.T) {
 				t.Fatalf("New with RetryingClient: %v", err)
 			}
 			_, err = s.AllowN(context.Background(), global.Limit{Name: "a", Rate: 1, Burst: 1}, "k", 1)
-			if !errors.Is(err, global.ErrConfig) {
-				t.Fatalf("AllowN on a retrying client = %v, want ErrConfig", err)
+			if !errors.Is(err, global.ErrInvalidConfig) {
+				t.Fatalf("AllowN on a retrying client = %v, want ErrInvalidConfig", err)
 			}
 		})
 	}
-	if _, err := global.New(nil); !errors.Is(err, global.ErrConfig) {
+	if _, err := global.New(nil); !errors.Is(err, global.ErrInvalidConfig) {
 		t.Fatalf("New(nil) = %v", err)
 	}
 	_, c := redistest.Mini(t)
 	for _, id := range []string{"", "has space", strings.Repeat("i", 65)} {
-		if _, err := global.New(c, global.ServerID(id)); !errors.Is(err, global.ErrConfig) {
-			t.Errorf("ServerID(%q) = %v, want ErrConfig", id, err)
+		if _, err := global.New(c, global.ServerID(id)); !errors.Is(err, global.ErrInvalidConfig) {
+			t.Errorf("ServerID(%q) = %v, want ErrInvalidConfig", id, err)
 		}
 	}
 	if s := newStore(t, c, global.ServerID("web-17")); s.ServerID() != "web-17" {
@@ -284,8 +284,8 @@ func TestTakeBatch(t *testing.T) {
 		if out[4].Wait < 900*time.Second {
 			t.Errorf("empty bucket: Wait %v, want about 1000s", out[4].Wait)
 		}
-		if err := s.TakeBatch(ctx, reqs, out[:2]); !errors.Is(err, global.ErrConfig) {
-			t.Errorf("short out: %v, want ErrConfig", err)
+		if err := s.TakeBatch(ctx, reqs, out[:2]); !errors.Is(err, global.ErrInvalidConfig) {
+			t.Errorf("short out: %v, want ErrInvalidConfig", err)
 		}
 		if err := s.TakeBatch(ctx, nil, nil); err != nil {
 			t.Errorf("empty batch: %v", err)
@@ -555,7 +555,7 @@ func TestErrorClasses(t *testing.T) {
 	}{
 		{nil, false}, {context.Canceled, false}, {context.DeadlineExceeded, true},
 		{redis.ErrPoolTimeout, true}, {redis.ErrClosed, true}, {redis.Nil, false},
-		{global.ErrInvalidLimit, false}, {global.ErrConfig, false}, {global.ErrUnavailable, true},
+		{global.ErrInvalidLimit, false}, {global.ErrInvalidConfig, false}, {global.ErrUnavailable, true},
 	} {
 		if got := global.IsUnavailable(tc.err); got != tc.want {
 			t.Errorf("IsUnavailable(%v) = %v, want %v", tc.err, got, tc.want)

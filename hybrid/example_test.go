@@ -14,6 +14,15 @@ import (
 	"github.com/fleetlimit/fleetlimit/hybrid"
 )
 
+// frozen is the system clock stopped when the example starts, so that its output does
+// not depend on how fast it runs. Production code leaves Config.Clock nil.
+type frozen struct {
+	breaker.SystemClock
+	at time.Time
+}
+
+func (c frozen) Now() time.Time { return c.at }
+
 // A limiter as a server of a fleet wires it: one go-redis client configured as the
 // library recommends, a store, a breaker, and limits that each choose their failure
 // policy. Here an embedded miniredis with a frozen clock stands in for Redis.
@@ -35,16 +44,15 @@ func Example() {
 	}
 	// One breaker per Redis. In production keep the call timeout at 5-20ms; the example
 	// allows a slow machine a whole second so that its output never changes.
-	brk, err := breaker.New(breaker.Settings{Timeout: time.Second, IsFailure: global.IsUnavailable})
+	brk, err := breaker.New(breaker.Settings{Timeout: time.Second})
 	if err != nil {
 		panic(err)
 	}
-	frozen := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 	lim, err := hybrid.New(store, hybrid.Config{
 		FleetSize: 4, // or Fleet: "api-servers" to count live servers in Redis
 		Breaker:   brk,
 		Seed:      1,
-		Now:       func() time.Time { return frozen },
+		Clock:     frozen{at: time.Now()},
 		Limits: []hybrid.Limit{
 			// 1 upload a minute per tenant, bursts of 8, fleet-wide; while Redis is away,
 			// each server admits its share (2/min/4 servers, bursts of 2).

@@ -29,7 +29,7 @@ func FuzzAllowN(f *testing.F) {
 	const burst = 5
 	l := newLimiter(f, newStore(f, c), hybrid.Config{
 		FleetSize: 1,
-		Now:       func() time.Time { return frozen },
+		Clock:     clockAt(func() time.Time { return frozen }),
 		Limits:    []hybrid.Limit{{Name: "api", Rate: 1e-9, Burst: burst, Policy: breaker.FailClosed, MaxWait: time.Second}},
 	})
 	var mu sync.Mutex

@@ -101,8 +101,11 @@ type Config struct {
 	Breaker *breaker.Breaker
 	// Seed seeds the pacing jitter; 0 picks a random seed.
 	Seed uint64
-	// Now is the clock; nil means time.Now. Tests and simulators pass their own.
-	Now func() time.Time
+	// Clock is where the Limiter reads the time and sets its timers (the background
+	// goroutine's wake-ups, MaxWait, Wait's sleeps); it is also the Clock of the breaker
+	// New builds when Breaker is nil. nil means breaker.SystemClock. Tests pass their
+	// own, for instance one that embeds SystemClock and freezes Now.
+	Clock breaker.Clock
 }
 
 // Source says which tier made a decision.
@@ -220,7 +223,7 @@ type Limiter struct {
 	eng   *engine.Engine
 	store *global.Store
 	brk   *breaker.Breaker
-	now   func() time.Time
+	clock breaker.Clock
 
 	closed atomic.Bool
 	wake   chan struct{} // buffered 1: the engine has I/O queued
@@ -238,15 +241,15 @@ func New(store *global.Store, cfg Config) (*Limiter, error) {
 	l := &Limiter{
 		store: store,
 		brk:   cfg.Breaker,
-		now:   cfg.Now,
+		clock: cfg.Clock,
 		wake:  make(chan struct{}, 1),
 		stop:  make(chan struct{}),
 	}
-	if l.now == nil {
-		l.now = time.Now
+	if l.clock == nil {
+		l.clock = breaker.SystemClock{}
 	}
 	if l.brk == nil {
-		b, err := breaker.New(breaker.Settings{IsFailure: global.IsUnavailable})
+		b, err := breaker.New(breaker.Settings{Clock: l.clock})
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
@@ -291,35 +294,28 @@ func (l *Limiter) poke() {
 // one at a time, and ticks it.
 func (l *Limiter) run() {
 	defer l.wg.Done()
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
 	for {
 		select {
 		case <-l.stop:
-			l.eng.Stop(l.now())
+			l.eng.Stop(l.clock.Now())
 			return
 		default:
 		}
-		now := l.now()
+		now := l.clock.Now()
 		l.eng.Tick(now)
 		if t := l.eng.Next(); t != nil {
 			l.do(context.Background(), t)
-			l.eng.Done(l.now(), t)
+			l.eng.Done(l.clock.Now(), t)
 			continue
 		}
-		timer.Reset(max(l.eng.NextTick().Sub(now), time.Millisecond))
+		stop := l.clock.AfterFunc(max(l.eng.NextTick().Sub(now), time.Millisecond), l.poke)
 		select {
 		case <-l.stop:
-			l.eng.Stop(l.now())
+			stop()
+			l.eng.Stop(l.clock.Now())
 			return
 		case <-l.wake:
-		case <-timer.C:
-		}
-		if !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
-			}
+			stop()
 		}
 	}
 }
@@ -408,7 +404,7 @@ func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (Decisio
 	case l.closed.Load():
 		return Decision{Reason: ReasonClosed}, ErrClosed
 	}
-	d, w := l.eng.Decide(l.now(), lm, key, n)
+	d, w := l.eng.Decide(l.clock.Now(), lm, key, n)
 	if w != nil {
 		return l.wait(ctx, w)
 	}
@@ -431,15 +427,16 @@ func (l *Limiter) wait(ctx context.Context, w *engine.Waiter) (Decision, error) 
 		return result(w.Decision())
 	default:
 	}
-	timer := time.NewTimer(w.Limit().Config().MaxWait)
-	defer timer.Stop()
+	expired := make(chan struct{})
+	stop := l.clock.AfterFunc(w.Limit().Config().MaxWait, func() { close(expired) })
+	defer stop()
 	select {
 	case <-w.Done():
 		return result(w.Decision())
-	case <-timer.C:
-		return result(l.eng.GiveUp(l.now(), w, engine.ReasonTimeout))
+	case <-expired:
+		return result(l.eng.GiveUp(l.clock.Now(), w, engine.ReasonTimeout))
 	case <-ctx.Done():
-		d := l.eng.GiveUp(l.now(), w, engine.ReasonCanceled)
+		d := l.eng.GiveUp(l.clock.Now(), w, engine.ReasonCanceled)
 		if d.Reason != engine.ReasonCanceled { // decided just before
 			return result(d)
 		}
@@ -469,7 +466,7 @@ func (l *Limiter) Close(ctx context.Context) error {
 			break
 		}
 		l.do(ctx, t)
-		l.eng.Done(l.now(), t)
+		l.eng.Done(l.clock.Now(), t)
 		n, err := t.Lost()
 		lost += n
 		firstErr = cmp.Or(firstErr, err)

@@ -39,7 +39,7 @@ func newStore(t testing.TB, c redis.Scripter) *global.Store {
 // slowBreaker has room for a slow machine (-race): tests that are not about timing
 // must not see a 10ms timeout.
 func slowBreaker(t testing.TB) *breaker.Breaker {
-	b, err := breaker.New(breaker.Settings{Timeout: 2 * time.Second, IsFailure: global.IsUnavailable})
+	b, err := breaker.New(breaker.Settings{Timeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestLimiterSources(t *testing.T) {
 		now := time.Now()
 		l := newLimiter(t, s, hybrid.Config{
 			FleetSize: 1,
-			Now:       func() time.Time { return now },
+			Clock:     clockAt(func() time.Time { return now }),
 			Limits:    []hybrid.Limit{{Name: "api", Rate: 0.001, Burst: 5, Policy: breaker.FailClosed, MaxWait: time.Second}},
 		})
 		ctx := context.Background()
@@ -149,7 +149,7 @@ func TestLimiterPolicies(t *testing.T) {
 	now := time.Now()
 	l := newLimiter(t, s, hybrid.Config{
 		FleetSize: 4,
-		Now:       func() time.Time { return now },
+		Clock:     clockAt(func() time.Time { return now }),
 		Limits: []hybrid.Limit{
 			{Name: "open", Rate: 100, Burst: 10, Policy: breaker.FailOpen},
 			{Name: "closed", Rate: 100, Burst: 10, Policy: breaker.FailClosed},
@@ -331,7 +331,7 @@ func TestExpiryFollowsEachLimitsLifetime(t *testing.T) {
 	now.Store(time.Now().UnixNano())
 	l := newLimiter(t, newStore(t, c), hybrid.Config{
 		FleetSize: 1,
-		Now:       func() time.Time { return time.Unix(0, now.Load()) },
+		Clock:     clockAt(func() time.Time { return time.Unix(0, now.Load()) }),
 		Limits: []hybrid.Limit{
 			{Name: "slow", Rate: 1000, Burst: 1000, Policy: breaker.FailClosed, MaxWait: time.Second, Lifetime: time.Hour, LowWatermark: -1},
 			{Name: "fast", Rate: 1000, Burst: 1000, Policy: breaker.FailClosed, MaxWait: time.Second, Lifetime: 40 * time.Millisecond, LowWatermark: -1},
@@ -368,7 +368,7 @@ func TestShortTimeoutStillOpensTheBreaker(t *testing.T) {
 		}
 		return false
 	})
-	brk, err := breaker.New(breaker.Settings{Timeout: 20 * time.Millisecond, IsFailure: global.IsUnavailable})
+	brk, err := breaker.New(breaker.Settings{Timeout: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -387,4 +387,14 @@ func TestShortTimeoutStillOpensTheBreaker(t *testing.T) {
 			t.Fatalf("request %d: %+v, %v; want the policy's denial", i, d, err)
 		}
 	}
+}
+
+// clockAt is the system clock with Now replaced, for tests that freeze or step the time
+// of decisions while timers run on the system clock.
+type clockAt func() time.Time
+
+func (c clockAt) Now() time.Time { return c() }
+
+func (clockAt) AfterFunc(d time.Duration, f func()) func() bool {
+	return breaker.SystemClock{}.AfterFunc(d, f)
 }

@@ -33,7 +33,8 @@ func (l *Limiter) Wait(ctx context.Context, limit, key string) (Decision, error)
 //
 // It does not sleep at all when it cannot succeed: it returns ErrNeverAllowed for a cost
 // no bucket can hold, and ErrWouldExceedDeadline when RetryAfter ends after ctx's
-// deadline (as x/time/rate's Wait does). It returns ctx.Err() when ctx ends while it
+// deadline (as x/time/rate's Wait does; the deadline is read as an instant of the
+// Limiter's Clock). It returns ctx.Err() when ctx ends while it
 // sleeps, and AllowN's errors as they are. With every error the Decision is the last
 // denial (or AllowN's answer).
 //
@@ -41,12 +42,6 @@ func (l *Limiter) Wait(ctx context.Context, limit, key string) (Decision, error)
 // the waiters of a fleet do not wake together. A limit that fails closed makes WaitN
 // wait through a Redis outage, until ctx ends.
 func (l *Limiter) WaitN(ctx context.Context, limit, key string, n int) (Decision, error) {
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
 	for {
 		d, err := l.AllowN(ctx, limit, key, n)
 		if err != nil || d.Allowed {
@@ -56,18 +51,24 @@ func (l *Limiter) WaitN(ctx context.Context, limit, key string, n int) (Decision
 			return d, fmt.Errorf("%w: cost %d for limit %q (%v)", ErrNeverAllowed, n, limit, d.Reason)
 		}
 		pause := max(d.RetryAfter, minRetry)
-		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < pause {
+		if deadline, ok := ctx.Deadline(); ok && deadline.Sub(l.clock.Now()) < pause {
 			return d, fmt.Errorf("%w: retry after %v", ErrWouldExceedDeadline, d.RetryAfter)
 		}
-		if timer == nil {
-			timer = time.NewTimer(pause)
-		} else {
-			timer.Reset(pause)
+		if err := l.sleep(ctx, pause); err != nil {
+			return d, err
 		}
-		select {
-		case <-timer.C:
-		case <-ctx.Done():
-			return d, ctx.Err()
-		}
+	}
+}
+
+// sleep waits d on the Limiter's clock, or until ctx ends (its error).
+func (l *Limiter) sleep(ctx context.Context, d time.Duration) error {
+	woke := make(chan struct{})
+	stop := l.clock.AfterFunc(d, func() { close(woke) })
+	defer stop()
+	select {
+	case <-woke:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }

@@ -107,7 +107,7 @@ func (l *limiterStrat) join(s *server) error {
 	if err != nil {
 		return err
 	}
-	brk, err := breaker.New(breaker.Settings{Name: s.name, Timeout: sc.Deadline, IsFailure: global.IsUnavailable,
+	brk, err := breaker.New(breaker.Settings{Name: s.name, Timeout: sc.Deadline,
 		OnStateChange: l.log.onChange(l.b, s.id)})
 	if err != nil {
 		return err
@@ -118,7 +118,7 @@ func (l *limiterStrat) join(s *server) error {
 		FleetSize: cfg.Servers,
 		Seed:      cfg.Seed,
 		Breaker:   brk,
-		Now:       func() time.Time { return s.clock(l.since()) },
+		Clock:     serverClock{s, l},
 	})
 	if err != nil {
 		return err
@@ -309,4 +309,17 @@ func TestSimTracksLimiter(t *testing.T) {
 			}
 		})
 	}
+}
+
+// serverClock is server s's clock in the bubble: the simulator's reading of it (its skew
+// included); its timers are the bubble's.
+type serverClock struct {
+	s *server
+	l *limiterStrat
+}
+
+func (c serverClock) Now() time.Time { return c.s.clock(c.l.since()) }
+
+func (serverClock) AfterFunc(d time.Duration, f func()) func() bool {
+	return breaker.SystemClock{}.AfterFunc(d, f)
 }

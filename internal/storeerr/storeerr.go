@@ -1,0 +1,69 @@
+// Package storeerr holds the error classes of fleetlimit's Redis tier and the one
+// rule that says which errors mean that the store did not answer. Package global
+// exports both (global.ErrUnavailable and the other classes, global.IsUnavailable);
+// package breaker applies the rule as its default Settings.IsFailure, so a breaker
+// built by hand counts exactly the failures the hybrid limiter's own breaker counts.
+package storeerr
+
+import (
+	"context"
+	"errors"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The error classes. Package global documents them, as global.ErrUnavailable,
+// global.ErrRedis, global.ErrInvalidLimit and global.ErrInvalidConfig.
+var (
+	ErrUnavailable   = errors.New("global: redis unavailable")
+	ErrRedis         = errors.New("global: redis error")
+	ErrInvalidLimit  = errors.New("global: invalid limit")
+	ErrInvalidConfig = errors.New("global: invalid configuration")
+)
+
+// classes are checked in this order: an error carrying one keeps it.
+var classes = [...]error{ErrUnavailable, ErrRedis, ErrInvalidLimit, ErrInvalidConfig}
+
+// unavailableReplies are the first words of the Redis error replies that mean the
+// server cannot serve now.
+var unavailableReplies = map[string]bool{
+	"LOADING": true, "BUSY": true, "CLUSTERDOWN": true, "TRYAGAIN": true,
+	"MASTERDOWN": true, "READONLY": true, "NOREPLICAS": true, "MISCONF": true,
+	"OOM": true, "MOVED": true, "ASK": true,
+}
+
+// maxClients starts the reply of a server that has no room for another connection.
+const maxClients = "ERR max number of clients"
+
+// Class returns the class of err: nil for nil and for anything that matches
+// context.Canceled (the caller gave up, which says nothing about the store); the
+// class err already carries, if any; for a Redis error reply, ErrUnavailable if
+// its first word is one of LOADING, BUSY, CLUSTERDOWN, TRYAGAIN, MASTERDOWN,
+// READONLY, NOREPLICAS, MISCONF, OOM, MOVED or ASK, or it says the server has
+// reached its maximum number of clients, and ErrRedis otherwise; and ErrUnavailable
+// for every other error, which happened below the Redis protocol (a deadline, a
+// network error, a closed client, a pool timeout, a dialer or TLS failure).
+func Class(err error) error {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return nil
+	}
+	for _, c := range classes {
+		if errors.Is(err, c) {
+			return c
+		}
+	}
+	var reply redis.Error
+	if errors.As(err, &reply) {
+		msg := reply.Error()
+		word, _, _ := strings.Cut(msg, " ")
+		if unavailableReplies[word] || strings.HasPrefix(msg, maxClients) {
+			return ErrUnavailable
+		}
+		return ErrRedis
+	}
+	return ErrUnavailable
+}
+
+// IsUnavailable reports whether Class(err) is ErrUnavailable.
+func IsUnavailable(err error) bool { return Class(err) == ErrUnavailable }
