@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,7 +13,7 @@ import (
 
 var (
 	reportFile = flag.String("report", "", "write one JSON object per (scenario, strategy) to this file")
-	plotsDir   = flag.String("plots", "", "write SVG plots of the scenarios to this directory")
+	plotsDir   = flag.String("plots", "", "write the report to DIR/report.jsonl and log the command that draws its SVG plots into DIR")
 	seedFlag   = flag.Uint64("seed", 1, "seed of every scenario")
 	onlyFlag   = flag.String("only", "", "run only these scenarios (comma-separated names)")
 )
@@ -68,8 +69,8 @@ func runSuites(t *testing.T, ss []suite) [][]outcome {
 }
 
 // TestFleet runs the issue's scenarios at 200 servers (20 under -short), prints a table
-// per scenario, checks the claims of the issue's Show section, and writes the report and
-// plots when asked.
+// per scenario, checks the claims of the issue's Show section, and writes the report (for
+// -plots, into the plots directory) when asked.
 func TestFleet(t *testing.T) {
 	sc := fullScale()
 	if testing.Short() {
@@ -103,10 +104,42 @@ func TestFleet(t *testing.T) {
 		}
 	}
 	if *plotsDir != "" {
-		if err := writePlots(*plotsDir, ss, all); err != nil {
+		cmd, err := writePlotReport(*plotsDir, ss, all)
+		if err != nil {
 			t.Fatal(err)
 		}
+		t.Logf("plots: draw them from the report with\n\t%s", cmd)
 	}
+}
+
+// writePlotReport writes the report into dir as report.jsonl and returns the command,
+// to run from anywhere, that draws the plots from it into dir: the renderer is the
+// nested module sim/plot, which keeps the plotting library out of the root module.
+func writePlotReport(dir string, ss []suite, all [][]outcome) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(abs, 0o755); err != nil {
+		return "", err
+	}
+	report := filepath.Join(abs, "report.jsonl")
+	if err := writeReport(report, ss, all); err != nil {
+		return "", err
+	}
+	module, err := filepath.Abs("plot") // tests run in the package's directory, sim/
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("go -C %s run . -report %s -out %s", shellQuote(module), shellQuote(report), shellQuote(abs)), nil
+}
+
+// shellQuote quotes s for a POSIX shell when it holds anything but plain path characters.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-+:,@") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 func countRuns(ss []suite) int {
