@@ -143,9 +143,9 @@ func runLimiters(t *testing.T, sc Scenario) limiterRun {
 // waited for Redis stop agreeing.
 func TestSimTracksLimiter(t *testing.T) {
 	cases := []Scenario{
-		{Name: "hot", Servers: 10, Duration: 2 * time.Second, Rate: 2000, Burst: 200, Demand: 3000},
-		{Name: "abusive", Servers: 20, Duration: 5 * time.Second, Rate: 20, Burst: 20, Demand: 2000},
-		{Name: "wide", Servers: 50, Duration: 2 * time.Second, Rate: 10000, Burst: 1000, Demand: 15000},
+		{Name: "hot", Servers: 10, Duration: 2 * time.Second, Rate: 2000, Burst: 200, Demand: 3000, Policy: FailLocal},
+		{Name: "abusive", Servers: 20, Duration: 5 * time.Second, Rate: 20, Burst: 20, Demand: 2000, Policy: FailLocal},
+		{Name: "wide", Servers: 50, Duration: 2 * time.Second, Rate: 10000, Burst: 1000, Demand: 15000, Policy: FailLocal},
 		// Redis stops answering for a second, under each policy: the breakers, the
 		// fallback and the recovery must match too.
 		{Name: "outage fail-local", Servers: 10, Duration: 3 * time.Second, Rate: 2000, Burst: 200, Demand: 3000,
