@@ -87,7 +87,7 @@ type OutageResult struct {
 	Requests      int64   `json:"requests"`
 	AdmittedPerS  float64 `json:"admitted_per_s"`
 	DemandPerS    float64 `json:"demand_per_s"`
-	OverLimit     float64 `json:"admitted_over_limit"`
+	OverLimit     float64 `json:"admitted_over_limit"` // AdmittedPerS over one key's limit
 	P50DecisionUS float64 `json:"p50_decision_us"`
 	P99DecisionUS float64 `json:"p99_decision_us"`
 	MaxDecisionUS float64 `json:"max_decision_us"`

@@ -232,8 +232,12 @@ func table(name string, runs []outcome) string {
 	for _, o := range runs {
 		if r := o.res; r.Outage != nil {
 			u := r.Outage
-			fmt.Fprintf(&b, "  during outage, %-26s admitted %s/s of %s/s demand (%.3f× limit), p99 %.0f µs, max %.0f µs, %d Redis calls",
-				o.name()+":", num(float64(int64(u.AdmittedPerS))), num(float64(int64(u.DemandPerS))), u.OverLimit,
+			ratio := "" // one key's limit says nothing of the admissions of many
+			if r.Keys == 1 {
+				ratio = fmt.Sprintf(" (%.3f× limit)", u.OverLimit)
+			}
+			fmt.Fprintf(&b, "  during outage, %-26s admitted %s/s of %s/s demand%s, p99 %.0f µs, max %.0f µs, %d Redis calls",
+				o.name()+":", num(float64(int64(u.AdmittedPerS))), num(float64(int64(u.DemandPerS))), ratio,
 				u.P99DecisionUS, u.MaxDecisionUS, u.CallsDuring)
 			if u.BreakerOpenS >= 0 && r.BreakerTransitions > 0 {
 				fmt.Fprintf(&b, ", first breaker open after %.0f ms, last closed %.2f s after", 1000*u.BreakerOpenS, u.BreakerClosedS)
