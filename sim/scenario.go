@@ -88,7 +88,9 @@ type Change struct {
 
 // Scenario fixes everything about one simulated run but the strategy. Rate, Burst and
 // Policy are required; other zero fields take the defaults of the issue: 200 servers,
-// 10 s, RTT 0.5 ms ± 0.1 ms, 8 µs per script call.
+// 10 s, RTT 0.5 ms ± 0.1 ms, 8 µs per script call. In JSON (a file for
+// `go test ./sim -args -scenario FILE`), its keys are the field names and durations
+// are strings: see UnmarshalJSON.
 type Scenario struct {
 	// Name identifies the scenario in tables, reports and plot files.
 	Name string

@@ -12,10 +12,11 @@ import (
 )
 
 var (
-	reportFile = flag.String("report", "", "write one JSON object per (scenario, strategy) to this file")
-	plotsDir   = flag.String("plots", "", "write the report to DIR/report.jsonl and log the command that draws its SVG plots into DIR")
-	seedFlag   = flag.Uint64("seed", 1, "seed of every scenario")
-	onlyFlag   = flag.String("only", "", "run only these scenarios (comma-separated names)")
+	reportFile   = flag.String("report", "", "write one JSON object per (scenario, strategy) to this file")
+	plotsDir     = flag.String("plots", "", "write the report to DIR/report.jsonl and log the command that draws its SVG plots into DIR")
+	seedFlag     = flag.Uint64("seed", 1, "seed of every built-in scenario")
+	onlyFlag     = flag.String("only", "", "run only these built-in scenarios (comma-separated names)")
+	scenarioFile = flag.String("scenario", "", "run only the scenario in this JSON file (sim.Scenario's field names) under every strategy, instead of the built-ins")
 )
 
 // selected filters the suites by -only.
@@ -70,34 +71,33 @@ func runSuites(t *testing.T, ss []suite) [][]outcome {
 
 // TestFleet runs the scenarios at 200 servers (20 under -short), prints a table
 // per scenario, checks the claims of the Show section, and writes the report (for
-// -plots, into the plots directory) when asked.
+// -plots, into the plots directory) when asked. With -scenario FILE it runs the file's
+// scenario instead, as written (-short, -seed and -only do not apply), under every
+// strategy, and checks no claim: the claims are about the built-ins.
 func TestFleet(t *testing.T) {
-	sc := fullScale()
-	if testing.Short() {
-		sc = shortScale()
-	}
-	ss := selected(suites(sc, *seedFlag))
-	start := time.Now()
-	all := runSuites(t, ss)
-	t.Logf("%d runs in %v of wall time", countRuns(ss), time.Since(start).Round(time.Millisecond))
-
-	byName := map[string][]outcome{}
-	for i, s := range ss {
-		byName[s.name] = all[i]
-		for _, o := range all[i] {
-			if o.err != nil {
-				t.Fatalf("%s / %s: %v", s.name, o.name(), o.err)
-			}
+	var ss []suite
+	builtin := *scenarioFile == ""
+	if builtin {
+		sc := fullScale()
+		if testing.Short() {
+			sc = shortScale()
 		}
+		ss = selected(suites(sc, *seedFlag))
+	} else {
+		if *onlyFlag != "" {
+			t.Fatal("-only selects built-in scenarios; -scenario runs the file's scenario alone")
+		}
+		sc, err := readScenario(*scenarioFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, note := userSuite(sc)
+		if note != "" {
+			t.Log(note)
+		}
+		ss = []suite{s}
 	}
-	for i, s := range ss {
-		t.Run(s.name, func(t *testing.T) {
-			t.Log("\n" + table(s.name, all[i]))
-			if check := checks[s.name]; check != nil {
-				check(t, all[i])
-			}
-		})
-	}
+	all := runFleet(t, ss, builtin)
 	if *reportFile != "" {
 		if err := writeReport(*reportFile, ss, all); err != nil {
 			t.Fatal(err)
@@ -110,6 +110,30 @@ func TestFleet(t *testing.T) {
 		}
 		t.Logf("plots: draw them from the report with\n\t%s", cmd)
 	}
+}
+
+// runFleet runs the suites, fails t on a run's error, and logs a table per suite; with
+// checked, it also checks the built-in suites' claims.
+func runFleet(t *testing.T, ss []suite, checked bool) [][]outcome {
+	start := time.Now()
+	all := runSuites(t, ss)
+	t.Logf("%d runs in %v of wall time", countRuns(ss), time.Since(start).Round(time.Millisecond))
+	for i, s := range ss {
+		for _, o := range all[i] {
+			if o.err != nil {
+				t.Fatalf("%s / %s: %v", s.name, o.name(), o.err)
+			}
+		}
+	}
+	for i, s := range ss {
+		t.Run(s.name, func(t *testing.T) {
+			t.Log("\n" + table(s.name, all[i]))
+			if check := checks[s.name]; checked && check != nil {
+				check(t, all[i])
+			}
+		})
+	}
+	return all
 }
 
 // writePlotReport writes the report into dir as report.jsonl and returns the command,
