@@ -21,6 +21,10 @@
 // answers).
 //
 // `go test ./sim -v` prints a table per scenario; `-args -report FILE` writes one JSON
-// object per scenario and strategy; `-args -plots DIR` writes SVG plots. See
-// docs/simulation.md for the results and what they mean.
+// object per scenario and strategy; `-args -plots DIR` writes that report into DIR and
+// logs the command that draws its SVG plots there with the nested module sim/plot (a
+// module of its own, so that the plotting library stays out of this module's graph).
+// `-args -scenario FILE` runs, instead of the built-in scenarios, one read from a JSON
+// file (see Scenario.UnmarshalJSON) under every strategy: a model of the user's own fleet.
+// See docs/simulation.md for the results and what they mean.
 package sim

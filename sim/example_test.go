@@ -10,7 +10,7 @@ import (
 // the naive read-modify-write lets it through six times over, the seed script holds it to
 // burst + rate·T. (Hybrid runs need the *testing.T of a test: see TestFleet.)
 func ExampleRun() {
-	sc := sim.Scenario{Name: "abusive", Servers: 200, Rate: 100, Burst: 100, Demand: 10000}
+	sc := sim.Scenario{Name: "abusive", Servers: 200, Rate: 100, Burst: 100, Demand: 10000, Policy: sim.FailLocal}
 	naive, err := sim.Run(nil, sc, sim.Naive)
 	if err != nil {
 		panic(err)

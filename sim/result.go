@@ -19,6 +19,8 @@ type Result struct {
 	DemandPerS float64 `json:"demand_per_s"`
 	Keys       int     `json:"keys"`
 	DurationS  float64 `json:"duration_s"`
+	// BinS is the width of each Timeline bin, seconds.
+	BinS float64 `json:"bin_s"`
 
 	Requests int64 `json:"requests"`
 	// Admitted counts admissions decided within the run's window [0, T]: what the protected
@@ -85,7 +87,7 @@ type OutageResult struct {
 	Requests      int64   `json:"requests"`
 	AdmittedPerS  float64 `json:"admitted_per_s"`
 	DemandPerS    float64 `json:"demand_per_s"`
-	OverLimit     float64 `json:"admitted_over_limit"`
+	OverLimit     float64 `json:"admitted_over_limit"` // AdmittedPerS over one key's limit
 	P50DecisionUS float64 `json:"p50_decision_us"`
 	P99DecisionUS float64 `json:"p99_decision_us"`
 	MaxDecisionUS float64 `json:"max_decision_us"`
@@ -206,7 +208,7 @@ func (r *recorder) result(st Strategy) Result {
 	T := sc.Duration.Seconds()
 	res := Result{
 		Scenario: sc.Name, Strategy: string(st), Servers: sc.Servers,
-		LimitPerS: sc.Rate, Burst: sc.Burst, DemandPerS: sc.Demand, Keys: sc.Keys, DurationS: T,
+		LimitPerS: sc.Rate, Burst: sc.Burst, DemandPerS: sc.Demand, Keys: sc.Keys, DurationS: T, BinS: binWidth.Seconds(),
 		Requests: r.requests, Admitted: r.admitted, AdmittedLate: r.late,
 		Bound: sc.bound(), Floor: 0.9 * sc.Rate * T,
 		Sources: map[string]int64{},

@@ -17,7 +17,7 @@ func same(a, b Result) bool {
 // identical, so every figure of the tables can be reproduced from its seed.
 func TestRunIsDeterministic(t *testing.T) {
 	sc := Scenario{Name: "det", Servers: 20, Duration: time.Second, Rate: 2000, Burst: 200, Demand: 3000,
-		Keys: 10, Balancer: Skewed, Outage: Window{Start: 300 * time.Millisecond, End: 500 * time.Millisecond},
+		Keys: 10, Balancer: Skewed, Policy: FailLocal, Outage: Window{Start: 300 * time.Millisecond, End: 500 * time.Millisecond},
 		Churn: []Change{{At: 600 * time.Millisecond, Servers: 15}, {At: 800 * time.Millisecond, Servers: 25}}}
 	for _, st := range []Strategy{Naive, Script, ScriptCallerClock, Hybrid, LocalOnly} {
 		a, err := Run(t, sc, st)
@@ -47,7 +47,7 @@ func TestRunIsDeterministic(t *testing.T) {
 // once with the real scripts on miniredis and once on the Go model. Every figure must be
 // identical, which is what licenses GoModel for the large many-keys scenario.
 func TestModelRunsMatchMiniredis(t *testing.T) {
-	base := Scenario{Servers: 20, Duration: 2 * time.Second, Rate: 2000, Burst: 200, Demand: 3000}
+	base := Scenario{Servers: 20, Duration: 2 * time.Second, Rate: 2000, Burst: 200, Demand: 3000, Policy: FailLocal}
 	many := base
 	many.Name, many.Keys, many.Rate, many.Burst, many.Demand = "many", 100, 20, 20, 2000
 	outage := base
@@ -77,7 +77,7 @@ func TestModelRunsMatchMiniredis(t *testing.T) {
 }
 
 func TestScenarioValidation(t *testing.T) {
-	ok := Scenario{Name: "v", Rate: 10, Burst: 10, Demand: 10}
+	ok := Scenario{Name: "v", Rate: 10, Burst: 10, Demand: 10, Policy: FailClosed}
 	cases := []struct {
 		name string
 		edit func(*Scenario)
@@ -89,6 +89,7 @@ func TestScenarioValidation(t *testing.T) {
 		{"jitter over rtt", func(s *Scenario) { s.RTT, s.Jitter = time.Millisecond, 2*time.Millisecond }},
 		{"zipf s 1", func(s *Scenario) { s.Keys, s.ZipfS = 10, 1 }},
 		{"unknown policy", func(s *Scenario) { s.Policy = "maybe" }},
+		{"no policy", func(s *Scenario) { s.Policy = "" }},
 		{"fast server outside", func(s *Scenario) { s.FastBy, s.FastServer = time.Second, 500 }},
 		{"empty fleet", func(s *Scenario) { s.Churn = []Change{{At: time.Second, Servers: 0}} }},
 	}
@@ -114,7 +115,7 @@ func nan() float64 { var z float64; return z / z }
 // admits both requests; the seed script, one.
 func TestNaiveRacesAsTheArticleTrace(t *testing.T) {
 	sc := Scenario{Name: "trace", Servers: 2, Duration: 100 * time.Microsecond, Jitter: -1,
-		Rate: 0.001, Burst: 1, Demand: 20000} // two requests within 0.1 ms: both read first
+		Rate: 0.001, Burst: 1, Demand: 20000, Policy: FailLocal} // two requests within 0.1 ms: both read first
 	want := map[Strategy]int64{Naive: 2, Script: 1}
 	for st, n := range want {
 		r, err := Run(t, sc, st)

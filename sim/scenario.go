@@ -86,8 +86,11 @@ type Change struct {
 	Servers int
 }
 
-// Scenario fixes everything about one simulated run but the strategy. Zero fields take the
-// defaults of the issue: 200 servers, 10 s, RTT 0.5 ms ± 0.1 ms, 8 µs per script call.
+// Scenario fixes everything about one simulated run but the strategy. Rate, Burst and
+// Policy are required; other zero fields take the defaults of the issue: 200 servers,
+// 10 s, RTT 0.5 ms ± 0.1 ms, 8 µs per script call. In JSON (a file for
+// `go test ./sim -args -scenario FILE`), its keys are the field names and durations
+// are strings: see UnmarshalJSON.
 type Scenario struct {
 	// Name identifies the scenario in tables, reports and plot files.
 	Name string
@@ -124,7 +127,8 @@ type Scenario struct {
 
 	// Outage makes Redis a black hole (no answers) during the window.
 	Outage Window
-	// Policy is the hybrid strategy's failure policy. default: FailLocal
+	// Policy is the hybrid strategy's failure policy. Required, as for a hybrid.Limit:
+	// there is no default.
 	Policy Policy
 	// Deadline is the hybrid strategy's per-call deadline. default: 10ms
 	Deadline time.Duration
@@ -189,9 +193,6 @@ func (sc Scenario) withDefaults() (Scenario, error) {
 	if sc.Balancer == "" {
 		sc.Balancer = Uniform
 	}
-	if sc.Policy == "" {
-		sc.Policy = FailLocal
-	}
 	if sc.Deadline == 0 {
 		sc.Deadline = 10 * time.Millisecond
 	}
@@ -224,8 +225,11 @@ func (sc Scenario) withDefaults() (Scenario, error) {
 		return bad("cost %d must be in [1, burst]", sc.Cost)
 	case sc.Balancer != Uniform && sc.Balancer != Skewed && sc.Balancer != Sticky:
 		return bad("unknown balancer %q", sc.Balancer)
+	case sc.Policy == "":
+		return bad("no failure policy: choose what the hybrid strategy does when Redis does not answer, Policy %q, %q or %q",
+			FailOpen, FailClosed, FailLocal)
 	case sc.Policy != FailOpen && sc.Policy != FailClosed && sc.Policy != FailLocal:
-		return bad("unknown policy %q", sc.Policy)
+		return bad("unknown policy %q: want %q, %q or %q", sc.Policy, FailOpen, FailClosed, FailLocal)
 	case sc.FastBy != 0 && (sc.FastServer < 0 || sc.FastServer >= sc.Servers):
 		return bad("fast server %d is not in the fleet", sc.FastServer)
 	}

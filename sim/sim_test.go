@@ -5,16 +5,18 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 )
 
 var (
-	reportFile = flag.String("report", "", "write one JSON object per (scenario, strategy) to this file")
-	plotsDir   = flag.String("plots", "", "write SVG plots of the scenarios to this directory")
-	seedFlag   = flag.Uint64("seed", 1, "seed of every scenario")
-	onlyFlag   = flag.String("only", "", "run only these scenarios (comma-separated names)")
+	reportFile   = flag.String("report", "", "write one JSON object per (scenario, strategy) to this file")
+	plotsDir     = flag.String("plots", "", "write the report to DIR/report.jsonl and log the command that draws its SVG plots into DIR")
+	seedFlag     = flag.Uint64("seed", 1, "seed of every built-in scenario")
+	onlyFlag     = flag.String("only", "", "run only these built-in scenarios (comma-separated names)")
+	scenarioFile = flag.String("scenario", "", "run only the scenario in this JSON file (sim.Scenario's field names) under every strategy, instead of the built-ins")
 )
 
 // selected filters the suites by -only.
@@ -68,21 +70,55 @@ func runSuites(t *testing.T, ss []suite) [][]outcome {
 }
 
 // TestFleet runs the issue's scenarios at 200 servers (20 under -short), prints a table
-// per scenario, checks the claims of the issue's Show section, and writes the report and
-// plots when asked.
+// per scenario, checks the claims of the issue's Show section, and writes the report (for
+// -plots, into the plots directory) when asked. With -scenario FILE it runs the file's
+// scenario instead, as written (-short, -seed and -only do not apply), under every
+// strategy, and checks no claim: the claims are about the built-ins.
 func TestFleet(t *testing.T) {
-	sc := fullScale()
-	if testing.Short() {
-		sc = shortScale()
+	var ss []suite
+	builtin := *scenarioFile == ""
+	if builtin {
+		sc := fullScale()
+		if testing.Short() {
+			sc = shortScale()
+		}
+		ss = selected(suites(sc, *seedFlag))
+	} else {
+		if *onlyFlag != "" {
+			t.Fatal("-only selects built-in scenarios; -scenario runs the file's scenario alone")
+		}
+		sc, err := readScenario(*scenarioFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, note := userSuite(sc)
+		if note != "" {
+			t.Log(note)
+		}
+		ss = []suite{s}
 	}
-	ss := selected(suites(sc, *seedFlag))
+	all := runFleet(t, ss, builtin)
+	if *reportFile != "" {
+		if err := writeReport(*reportFile, ss, all); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if *plotsDir != "" {
+		cmd, err := writePlotReport(*plotsDir, ss, all)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("plots: draw them from the report with\n\t%s", cmd)
+	}
+}
+
+// runFleet runs the suites, fails t on a run's error, and logs a table per suite; with
+// checked, it also checks the built-in suites' claims.
+func runFleet(t *testing.T, ss []suite, checked bool) [][]outcome {
 	start := time.Now()
 	all := runSuites(t, ss)
 	t.Logf("%d runs in %v of wall time", countRuns(ss), time.Since(start).Round(time.Millisecond))
-
-	byName := map[string][]outcome{}
 	for i, s := range ss {
-		byName[s.name] = all[i]
 		for _, o := range all[i] {
 			if o.err != nil {
 				t.Fatalf("%s / %s: %v", s.name, o.name(), o.err)
@@ -92,21 +128,42 @@ func TestFleet(t *testing.T) {
 	for i, s := range ss {
 		t.Run(s.name, func(t *testing.T) {
 			t.Log("\n" + table(s.name, all[i]))
-			if check := checks[s.name]; check != nil {
+			if check := checks[s.name]; checked && check != nil {
 				check(t, all[i])
 			}
 		})
 	}
-	if *reportFile != "" {
-		if err := writeReport(*reportFile, ss, all); err != nil {
-			t.Fatal(err)
-		}
+	return all
+}
+
+// writePlotReport writes the report into dir as report.jsonl and returns the command,
+// to run from anywhere, that draws the plots from it into dir: the renderer is the
+// nested module sim/plot, which keeps the plotting library out of the root module.
+func writePlotReport(dir string, ss []suite, all [][]outcome) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
 	}
-	if *plotsDir != "" {
-		if err := writePlots(*plotsDir, ss, all); err != nil {
-			t.Fatal(err)
-		}
+	if err := os.MkdirAll(abs, 0o755); err != nil {
+		return "", err
 	}
+	report := filepath.Join(abs, "report.jsonl")
+	if err := writeReport(report, ss, all); err != nil {
+		return "", err
+	}
+	module, err := filepath.Abs("plot") // tests run in the package's directory, sim/
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("go -C %s run . -report %s -out %s", shellQuote(module), shellQuote(report), shellQuote(abs)), nil
+}
+
+// shellQuote quotes s for a POSIX shell when it holds anything but plain path characters.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-+:,@") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 func countRuns(ss []suite) int {
@@ -199,8 +256,12 @@ func table(name string, runs []outcome) string {
 	for _, o := range runs {
 		if r := o.res; r.Outage != nil {
 			u := r.Outage
-			fmt.Fprintf(&b, "  during outage, %-26s admitted %s/s of %s/s demand (%.3f× limit), p99 %.0f µs, max %.0f µs, %d Redis calls",
-				o.name()+":", num(float64(int64(u.AdmittedPerS))), num(float64(int64(u.DemandPerS))), u.OverLimit,
+			ratio := "" // one key's limit says nothing of the admissions of many
+			if r.Keys == 1 {
+				ratio = fmt.Sprintf(" (%.3f× limit)", u.OverLimit)
+			}
+			fmt.Fprintf(&b, "  during outage, %-26s admitted %s/s of %s/s demand%s, p99 %.0f µs, max %.0f µs, %d Redis calls",
+				o.name()+":", num(float64(int64(u.AdmittedPerS))), num(float64(int64(u.DemandPerS))), ratio,
 				u.P99DecisionUS, u.MaxDecisionUS, u.CallsDuring)
 			if u.BreakerOpenS >= 0 && r.BreakerTransitions > 0 {
 				fmt.Fprintf(&b, ", first breaker open after %.0f ms, last closed %.2f s after", 1000*u.BreakerOpenS, u.BreakerClosedS)

@@ -43,18 +43,20 @@ func suites(s scale, seed uint64) []suite {
 	at := func(frac float64) time.Duration { return time.Duration(float64(T) * frac) }
 	f := s.factor
 	n := func(x float64) int { return max(int(x*f), 1) }
+	// Scenarios without an outage fall back to FailLocal, the conservative policy;
+	// redis-outage runs each policy.
 	hot := Scenario{Name: "hot-key", Servers: s.servers, Duration: T, Seed: seed,
-		Rate: 100000 * f, Burst: n(10000), Demand: 150000 * f}
+		Rate: 100000 * f, Burst: n(10000), Demand: 150000 * f, Policy: FailLocal}
 	abusive := Scenario{Name: "abusive-client", Servers: s.servers, Duration: T, Seed: seed,
-		Rate: 100, Burst: 100, Demand: 10000}
+		Rate: 100, Burst: 100, Demand: 10000, Policy: FailLocal}
 	many := Scenario{Name: "many-keys", Servers: s.servers, Duration: T, Seed: seed,
-		Rate: 50, Burst: 50, Demand: 20000 * f, Keys: 1000, ZipfS: 1.1, GoModel: true}
+		Rate: 50, Burst: 50, Demand: 20000 * f, Keys: 1000, ZipfS: 1.1, GoModel: true, Policy: FailLocal}
 	skewed := hot
 	skewed.Name, skewed.Balancer = "skewed-lb", Skewed
 	sticky := abusive
 	sticky.Name, sticky.Balancer = "sticky-client", Sticky
 	bursty := Scenario{Name: "bursty", Servers: s.servers, Duration: T, Seed: seed,
-		Rate: 10000 * f, Burst: n(1000), Demand: 8000 * f, Pattern: Bursty}
+		Rate: 10000 * f, Burst: n(1000), Demand: 8000 * f, Pattern: Bursty, Policy: FailLocal}
 	outage := hot
 	outage.Name, outage.Outage = "redis-outage", Window{Start: at(0.3), End: at(0.6)}
 	skew := abusive
