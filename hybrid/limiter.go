@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -21,7 +22,7 @@ var (
 	// ErrInvalidConfig is wrapped by every error New returns for a configuration it
 	// cannot honour; the error also wraps global.ErrInvalidLimit for a bad rate, burst
 	// or name, and breaker.ErrNoPolicy for a limit without a failure policy.
-	ErrInvalidConfig = engine.ErrInvalidConfig
+	ErrInvalidConfig = errors.New("hybrid: invalid configuration")
 	// ErrUnknownLimit is returned by Allow and AllowN for a limit name the Limiter was
 	// not configured with.
 	ErrUnknownLimit = errors.New("hybrid: unknown limit")
@@ -33,7 +34,7 @@ var (
 
 // InfDuration is the RetryAfter of a request that can never be allowed, such as one
 // asking for more tokens than the limit's burst.
-const InfDuration = engine.InfDuration
+const InfDuration = time.Duration(math.MaxInt64)
 
 // Limit is one named fleet-wide limit: a token bucket of Burst tokens refilled at Rate
 // per second, held in Redis and shared by every server, one bucket per key (client,
@@ -114,17 +115,17 @@ type Source uint8
 // Decision sources.
 const (
 	// SourcePreCheck: the per-server pre-check denied the request; Redis was not asked.
-	SourcePreCheck = Source(engine.SourcePreCheck)
+	SourcePreCheck Source = iota + 1
 	// SourceLease: decided from tokens this server already held (or denied while the key
 	// is paced after contention); Redis was not asked.
-	SourceLease = Source(engine.SourceLease)
+	SourceLease
 	// SourceGlobal: decided after waiting for a refill from the global bucket.
-	SourceGlobal = Source(engine.SourceGlobal)
+	SourceGlobal
 	// SourceFallback: Redis did not answer; the limit's failure policy decided.
-	SourceFallback = Source(engine.SourceFallback)
+	SourceFallback
 )
 
-var sourceNames = [engine.NumSources]string{
+var sourceNames = [...]string{
 	SourcePreCheck: "pre-check", SourceLease: "lease", SourceGlobal: "global", SourceFallback: "fallback",
 }
 
@@ -142,35 +143,35 @@ type Reason uint8
 // Decision reasons.
 const (
 	// ReasonNone is the zero Reason.
-	ReasonNone = Reason(engine.ReasonNone)
+	ReasonNone Reason = iota
 	// ReasonLease: served from tokens this server held.
-	ReasonLease = Reason(engine.ReasonLease)
+	ReasonLease
 	// ReasonRefill: no tokens on hand; a refill is in flight.
-	ReasonRefill = Reason(engine.ReasonRefill)
+	ReasonRefill
 	// ReasonPaced: no tokens on hand and the key is paced after contention on the global
 	// bucket; this server does not ask again before RetryAfter.
-	ReasonPaced = Reason(engine.ReasonPaced)
+	ReasonPaced
 	// ReasonExceedsBurst: the request costs more than the limit's burst and can never pass.
-	ReasonExceedsBurst = Reason(engine.ReasonExceedsBurst)
+	ReasonExceedsBurst
 	// ReasonInvalidCost: the request's cost is negative.
-	ReasonInvalidCost = Reason(engine.ReasonInvalidCost)
+	ReasonInvalidCost
 	// ReasonPreCheck: the per-server pre-check bucket of the key is empty.
-	ReasonPreCheck = Reason(engine.ReasonPreCheck)
+	ReasonPreCheck
 	// ReasonGranted: a refill answered and the request was served from it.
-	ReasonGranted = Reason(engine.ReasonGranted)
+	ReasonGranted
 	// ReasonBreakerOpen: the breaker is open; no Redis call was made.
-	ReasonBreakerOpen = Reason(engine.ReasonBreakerOpen)
+	ReasonBreakerOpen
 	// ReasonTimeout: Redis did not answer within the limit's MaxWait.
-	ReasonTimeout = Reason(engine.ReasonTimeout)
+	ReasonTimeout
 	// ReasonUnavailable: the Redis call failed (connection, Redis error, overload).
-	ReasonUnavailable = Reason(engine.ReasonUnavailable)
+	ReasonUnavailable
 	// ReasonCanceled: the caller's context ended while waiting for Redis.
-	ReasonCanceled = Reason(engine.ReasonCanceled)
+	ReasonCanceled
 	// ReasonClosed: the Limiter is closed.
-	ReasonClosed = Reason(engine.ReasonClosed)
+	ReasonClosed
 )
 
-var reasonNames = [engine.NumReasons]string{
+var reasonNames = [...]string{
 	ReasonNone: "none", ReasonLease: "lease", ReasonRefill: "refill in flight",
 	ReasonPaced: "paced after contention", ReasonExceedsBurst: "cost exceeds burst",
 	ReasonInvalidCost: "invalid cost", ReasonPreCheck: "pre-check bucket empty",
@@ -180,7 +181,7 @@ var reasonNames = [engine.NumReasons]string{
 
 // String returns the reason in a few words.
 func (r Reason) String() string {
-	if int(r) < len(reasonNames) && (r == ReasonNone || reasonNames[r] != "") {
+	if int(r) < len(reasonNames) && reasonNames[r] != "" {
 		return reasonNames[r]
 	}
 	return fmt.Sprintf("Reason(%d)", uint8(r))
@@ -274,7 +275,7 @@ func New(store *global.Store, cfg Config) (*Limiter, error) {
 		Notify:            l.poke,
 	})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	l.eng = eng
 	l.wg.Add(1)

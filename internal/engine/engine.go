@@ -15,10 +15,6 @@ import (
 	"github.com/fleetlimit/fleetlimit/local"
 )
 
-// ErrInvalidConfig is wrapped by every error New returns for a configuration it cannot
-// honour (with global.ErrInvalidLimit or breaker.ErrNoPolicy where those say more).
-var ErrInvalidConfig = errors.New("hybrid: invalid configuration")
-
 // Defaults of LimitConfig and Config.
 const (
 	// DefaultMaxWait is how long a request waits for a refill when MaxWait is zero.
@@ -147,24 +143,25 @@ type refund struct {
 	n   int
 }
 
-// New returns an Engine for cfg, or an error wrapping ErrInvalidConfig that says what
-// is wrong with it.
+// New returns an Engine for cfg, or an error that says what is wrong with it (wrapping
+// global.ErrInvalidLimit or breaker.ErrNoPolicy where those say more). The driver wraps
+// it in its own configuration error.
 func New(cfg Config) (*Engine, error) {
 	if len(cfg.Limits) == 0 {
-		return nil, fmt.Errorf("%w: no limits", ErrInvalidConfig)
+		return nil, errors.New("no limits")
 	}
 	if cfg.Servers < 1 {
-		return nil, fmt.Errorf("%w: FleetSize %d: say how many servers share the limits (with Fleet set, the first guess)", ErrInvalidConfig, cfg.Servers)
+		return nil, fmt.Errorf("FleetSize %d: say how many servers share the limits (with Fleet set, the first guess)", cfg.Servers)
 	}
 	if cfg.HeartbeatInterval < 0 {
-		return nil, fmt.Errorf("%w: HeartbeatInterval %v is negative", ErrInvalidConfig, cfg.HeartbeatInterval)
+		return nil, fmt.Errorf("HeartbeatInterval %v is negative", cfg.HeartbeatInterval)
 	}
 	if cfg.NextSeq == nil {
-		return nil, fmt.Errorf("%w: no NextSeq", ErrInvalidConfig)
+		return nil, errors.New("no NextSeq")
 	}
 	if cfg.Fleet != "" {
 		if _, err := global.NewLimit(cfg.Fleet, 1, 1); err != nil { // a fleet name follows the limit-name rules
-			return nil, fmt.Errorf("%w: fleet name: %w", ErrInvalidConfig, err)
+			return nil, fmt.Errorf("fleet name: %w", err)
 		}
 	}
 	e := &Engine{
@@ -180,7 +177,7 @@ func New(cfg Config) (*Engine, error) {
 	e.tickEvery = time.Hour
 	for i, lc := range cfg.Limits {
 		if e.Limit(lc.Name) != nil {
-			return nil, fmt.Errorf("%w: limit %q configured twice", ErrInvalidConfig, lc.Name)
+			return nil, fmt.Errorf("limit %q configured twice", lc.Name)
 		}
 		lm, err := e.newLimit(lc, cfg.Servers, cfg.Shards, cfg.Seed+uint64(i)*0x9e3779b97f4a7c15)
 		if err != nil {
@@ -202,25 +199,24 @@ func New(cfg Config) (*Engine, error) {
 func (e *Engine) newLimit(c LimitConfig, servers, shards int, seed uint64) (*Limit, error) {
 	glim, err := global.NewLimit(c.Name, c.Rate, c.Burst)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return nil, err
 	}
 	if err := c.Policy.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: limit %q: %w", ErrInvalidConfig, c.Name, err)
+		return nil, fmt.Errorf("limit %q: %w", c.Name, err)
 	}
 	switch {
 	case c.PreRate < 0 || math.IsNaN(c.PreRate) || math.IsInf(c.PreRate, 0):
-		return nil, fmt.Errorf("%w: limit %q: PreRate %v", ErrInvalidConfig, c.Name, c.PreRate)
+		return nil, fmt.Errorf("limit %q: PreRate %v", c.Name, c.PreRate)
 	case c.PreBurst < 0:
-		return nil, fmt.Errorf("%w: limit %q: PreBurst %d", ErrInvalidConfig, c.Name, c.PreBurst)
+		return nil, fmt.Errorf("limit %q: PreBurst %d", c.Name, c.PreBurst)
 	case c.MaxWait < 0:
-		return nil, fmt.Errorf("%w: limit %q: MaxWait %v", ErrInvalidConfig, c.Name, c.MaxWait)
+		return nil, fmt.Errorf("limit %q: MaxWait %v", c.Name, c.MaxWait)
 	case c.MaxCost < 0 || c.MaxCost > c.Burst:
-		return nil, fmt.Errorf("%w: limit %q: MaxCost %d must be between 1 and Burst %d", ErrInvalidConfig, c.Name, c.MaxCost, c.Burst)
+		return nil, fmt.Errorf("limit %q: MaxCost %d must be between 1 and Burst %d", c.Name, c.MaxCost, c.Burst)
 	case c.PreRate > c.Rate || c.PreBurst > c.Burst:
-		return nil, fmt.Errorf("%w: limit %q: the pre-check (%v/s, burst %d) must be tighter than the limit (%v/s, burst %d)",
-			ErrInvalidConfig, c.Name, c.PreRate, c.PreBurst, c.Rate, c.Burst)
+		return nil, fmt.Errorf("limit %q: the pre-check (%v/s, burst %d) must be tighter than the limit (%v/s, burst %d)", c.Name, c.PreRate, c.PreBurst, c.Rate, c.Burst)
 	case c.MaxKeys < 0:
-		return nil, fmt.Errorf("%w: limit %q: MaxKeys %d", ErrInvalidConfig, c.Name, c.MaxKeys)
+		return nil, fmt.Errorf("limit %q: MaxKeys %d", c.Name, c.MaxKeys)
 	}
 	c.MaxWait = cmpOr(c.MaxWait, DefaultMaxWait)
 	c.MaxCost = max(c.MaxCost, 1)
@@ -231,7 +227,7 @@ func (e *Engine) newLimit(c LimitConfig, servers, shards int, seed uint64) (*Lim
 		RefillInterval: c.RefillInterval, Lifetime: c.Lifetime, LowWatermark: c.LowWatermark,
 	}.Normalize()
 	if err != nil {
-		return nil, fmt.Errorf("%w: limit %q: %w", ErrInvalidConfig, c.Name, err)
+		return nil, fmt.Errorf("limit %q: %w", c.Name, err)
 	}
 	lm := &Limit{
 		e: e, cfg: c, glim: glim, seed: seed,
@@ -250,7 +246,7 @@ func (e *Engine) newLimit(c LimitConfig, servers, shards int, seed uint64) (*Lim
 		OnEvict:     func(key string, en *entry, _ local.EvictReason) { lm.evicted(key, en) },
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%w: limit %q: %w", ErrInvalidConfig, c.Name, err)
+		return nil, fmt.Errorf("limit %q: %w", c.Name, err)
 	}
 	// FailLocal: a per-key local limit of this server's share of the fleet limit (rate /
 	// servers, burst max(ceil(burst / servers), MaxCost)), resized when the count moves.
@@ -258,7 +254,7 @@ func (e *Engine) newLimit(c LimitConfig, servers, shards int, seed uint64) (*Lim
 		Rate: c.Rate, Burst: c.Burst, Servers: servers, MaxCost: c.MaxCost, MaxKeys: c.MaxKeys,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%w: limit %q: %w", ErrInvalidConfig, c.Name, err)
+		return nil, fmt.Errorf("limit %q: %w", c.Name, err)
 	}
 	return lm, nil
 }

