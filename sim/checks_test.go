@@ -99,7 +99,7 @@ func checkOutage(t *testing.T, runs []outcome) {
 			t.Fatalf("%s: no outage measured", o.name())
 		}
 		sc, _ := o.sc.withDefaults()
-		atMost(t, o.name()+": slowest decision during the outage (µs)", u.MaxDecisionUS, float64(sc.Deadline/time.Microsecond))
+		atMost(t, o.name()+": slowest decision during the outage (µs)", u.MaxDecisionUS, float64(sc.MaxWait/time.Microsecond))
 		if u.CallsDuring == 0 {
 			t.Errorf("%s: no Redis calls during the outage: the breaker was never tried", o.name())
 		}

@@ -86,7 +86,9 @@ func engineConfig(sc *Scenario, id int) engine.Config {
 	return engine.Config{
 		Limits: []engine.LimitConfig{{
 			Name: limitName, Rate: sc.Rate, Burst: sc.Burst, Policy: policyOf(sc.Policy),
-			MaxWait: sc.Deadline, MaxCost: sc.Cost, MaxKeys: max(sc.Keys, 1024),
+			PreRate: sc.PreRate, PreBurst: sc.PreBurst, MaxWait: sc.MaxWait, MaxCost: sc.Cost,
+			RefillInterval: sc.RefillInterval, Lifetime: sc.Lifetime, LowWatermark: sc.LowWatermark,
+			MaxKeys: sc.MaxKeys,
 		}},
 		Servers: sc.Servers,
 		Seed:    mix(sc.Seed, uint64(id)),
@@ -97,7 +99,7 @@ func engineConfig(sc *Scenario, id int) engine.Config {
 func (h *hybridStrat) join(s *server) error {
 	sc := h.f.sc
 	id := s.id
-	brk, err := breaker.New(breaker.Settings{Name: s.name, Timeout: sc.Deadline, OnStateChange: h.onChange(h.b, id)})
+	brk, err := breaker.New(sc.Breaker.settings(s.name, h.onChange(h.b, id)))
 	if err != nil {
 		return fmt.Errorf("sim: %w", err)
 	}

@@ -107,8 +107,7 @@ func (l *limiterStrat) join(s *server) error {
 	if err != nil {
 		return err
 	}
-	brk, err := breaker.New(breaker.Settings{Name: s.name, Timeout: sc.Deadline,
-		OnStateChange: l.log.onChange(l.b, s.id)})
+	brk, err := breaker.New(sc.Breaker.settings(s.name, l.log.onChange(l.b, s.id)))
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/internal/engine"
 )
 
 // Strategy is a way of enforcing one fleet-wide limit from every server of a fleet.
@@ -130,8 +133,17 @@ type Scenario struct {
 	// Policy is the hybrid strategy's failure policy. Required, as for a hybrid.Limit:
 	// there is no default.
 	Policy Policy
-	// Deadline is the hybrid strategy's per-call deadline. default: 10ms
-	Deadline time.Duration
+	// MaxWait, PreRate, PreBurst, RefillInterval, Lifetime, LowWatermark and MaxKeys are
+	// the hybrid.Limit fields of the same names, with the same defaults (MaxWait 10ms).
+	MaxWait        time.Duration
+	PreRate        float64
+	PreBurst       int
+	RefillInterval time.Duration
+	Lifetime       time.Duration
+	LowWatermark   float64
+	MaxKeys        int
+	// Breaker configures each server's breaker.Breaker, as breaker.Settings does.
+	Breaker BreakerSettings
 
 	// FastServer, when FastBy is non-zero, is the index of a server whose clock runs FastBy
 	// ahead of everyone else's.
@@ -150,6 +162,26 @@ type Scenario struct {
 	// Seed makes the run reproducible: the same scenario, strategy and seed give the same
 	// result. default: 1
 	Seed uint64
+}
+
+// BreakerSettings are the breaker.Settings a scenario can set; zero fields take the
+// breaker package's defaults (Timeout 10ms, FailureThreshold 5, OpenTimeout 1s,
+// HalfOpenProbes 1, MaxInFlight 64, MinCountedTimeout Timeout/2).
+type BreakerSettings struct {
+	Timeout           time.Duration
+	MinCountedTimeout time.Duration
+	MaxInFlight       int
+	FailureThreshold  int
+	OpenTimeout       time.Duration
+	HalfOpenProbes    int
+}
+
+// settings returns s as breaker.Settings for server name, its state changes told to
+// onChange.
+func (s BreakerSettings) settings(name string, onChange func(from, to breaker.State)) breaker.Settings {
+	return breaker.Settings{Name: name, Timeout: s.Timeout, MinCountedTimeout: s.MinCountedTimeout,
+		MaxInFlight: s.MaxInFlight, FailureThreshold: s.FailureThreshold, OpenTimeout: s.OpenTimeout,
+		HalfOpenProbes: s.HalfOpenProbes, OnStateChange: onChange}
 }
 
 // ErrInvalidScenario is wrapped by every error Run returns for a scenario it cannot run.
@@ -193,8 +225,11 @@ func (sc Scenario) withDefaults() (Scenario, error) {
 	if sc.Balancer == "" {
 		sc.Balancer = Uniform
 	}
-	if sc.Deadline == 0 {
-		sc.Deadline = 10 * time.Millisecond
+	if sc.MaxWait == 0 {
+		sc.MaxWait = engine.DefaultMaxWait
+	}
+	if sc.Breaker.Timeout == 0 {
+		sc.Breaker.Timeout = breaker.DefaultTimeout
 	}
 	if sc.Seed == 0 {
 		sc.Seed = 1
@@ -205,7 +240,7 @@ func (sc Scenario) withDefaults() (Scenario, error) {
 	switch {
 	case sc.Servers < 1:
 		return bad("servers %d < 1", sc.Servers)
-	case sc.Duration < 0 || sc.RTT < 0 || sc.ScriptTime < 0 || sc.CommandTime < 0 || sc.Deadline < 0:
+	case sc.Duration < 0 || sc.RTT < 0 || sc.ScriptTime < 0 || sc.CommandTime < 0:
 		return bad("negative duration")
 	case sc.Jitter > sc.RTT:
 		return bad("jitter %v exceeds the round trip %v", sc.Jitter, sc.RTT)
@@ -237,6 +272,15 @@ func (sc Scenario) withDefaults() (Scenario, error) {
 		if c.Servers < 1 || c.At < 0 {
 			return bad("churn %+v: a fleet keeps at least one server", c)
 		}
+	}
+	// The hybrid strategy's limit and breaker are checked by the library's own rules.
+	cfg := engineConfig(&sc, 0)
+	cfg.NextSeq = func() uint64 { return 0 }
+	if _, err := engine.New(cfg); err != nil {
+		return bad("%v", err)
+	}
+	if _, err := breaker.New(sc.Breaker.settings("", nil)); err != nil {
+		return bad("%v", err)
 	}
 	return sc, nil
 }

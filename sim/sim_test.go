@@ -209,7 +209,7 @@ func header(name string, o outcome) string {
 	fmt.Fprintf(&b, ", %s, RTT %v±%v, Redis %v per script call, T %v",
 		lb, sc.RTT, sc.Jitter, sc.ScriptTime, sc.Duration)
 	if w := sc.Outage; w.End > w.Start {
-		fmt.Fprintf(&b, ", Redis down %v-%v, call deadline %v", w.Start, w.End, sc.Deadline)
+		fmt.Fprintf(&b, ", Redis down %v-%v, call deadline %v, max wait %v", w.Start, w.End, sc.Breaker.Timeout, sc.MaxWait)
 	}
 	for _, c := range sc.Churn {
 		fmt.Fprintf(&b, ", %d servers at %v", c.Servers, c.At)
