@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+
+	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
 // Run simulates sc under strategy st and returns what it measured. It is deterministic:
@@ -44,7 +46,7 @@ func simulate(sc Scenario, st Strategy, inBubble bool) (Result, error) {
 	f.rec = newRecorder(&sc)
 	f.keys = make([]string, sc.Keys)
 	for k := range f.keys {
-		f.keys[k] = fmt.Sprintf("fl:{%s:k%d}", sc.Name, k)
+		f.keys[k] = wire.BucketKey("fl:", sc.Name, fmt.Sprintf("k%d", k))
 	}
 	if sc.Keys > 1 {
 		f.zipf = rand.NewZipf(f.rng, sc.ZipfS, 1, uint64(sc.Keys-1))
