@@ -1,8 +1,10 @@
-// Package tokenbucket is the token-bucket arithmetic every tier of fleetlimit shares: which
+// Package tokenbucket is the token-bucket arithmetic the tiers of fleetlimit share: which
 // (rate, burst) pairs are valid, how long a number of tokens takes to refill, and how long
-// a bucket lives after its last use. The Redis scripts (package lua), the Redis tier
-// (global), the in-process tier (local), the hybrid limiter and the simulator all follow
-// these rules, so each is written once, here.
+// a bucket lives after its last use. The Redis tier (global.Limit.Validate, its
+// Retry-After and wait conversions), the in-process tier (local.NewLimiter and its idle
+// timeout) and the Go model of the scripts (internal/luamodel) take these rules from here;
+// the Redis scripts (package lua) compute WaitMillis and TTLMillis in Lua, in the same
+// order of operations.
 //
 // Every function is pure and never panics. Durations saturate: a time too long for a
 // time.Duration, or one computed from a NaN, an infinity or a rate that never refills, is
