@@ -2,11 +2,11 @@ package breaker
 
 import (
 	"fmt"
-	"math"
 	"time"
 
 	"golang.org/x/time/rate"
 
+	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
 	"github.com/fleetlimit/fleetlimit/local"
 )
 
@@ -119,9 +119,12 @@ func (p Policy) Validate() error {
 		if p.rate == 0 && p.burst == 0 {
 			return nil
 		}
-		if math.IsNaN(float64(p.rate)) || p.rate <= 0 || p.burst < 1 {
-			return fmt.Errorf("%w: FailLocalLimit(%v, %d): need a positive rate and a burst of at least 1",
-				ErrInvalidConfig, float64(p.rate), p.burst)
+		err := tokenbucket.CheckBurst(p.burst) // rate.Inf admits everything, as in package local
+		if p.rate != rate.Inf {
+			err = tokenbucket.Check(float64(p.rate), p.burst)
+		}
+		if err != nil {
+			return fmt.Errorf("%w: FailLocalLimit(%v, %d): %w", ErrInvalidConfig, float64(p.rate), p.burst, err)
 		}
 		return nil
 	case KindNone:

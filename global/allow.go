@@ -2,10 +2,10 @@ package global
 
 import (
 	"context"
-	"math"
-	"strconv"
 	"time"
 
+	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
+	"github.com/fleetlimit/fleetlimit/internal/wire"
 	"github.com/fleetlimit/fleetlimit/lua"
 )
 
@@ -39,44 +39,29 @@ func (s *Store) AllowN(ctx context.Context, lim Limit, key string, n int) (Resul
 	if s.retrying {
 		return Result{}, errRetrying
 	}
-	reply, err := lua.Bucket.Run(ctx, s.c, []string{bucketKey(s.prefix, lim.Name, key)}, lim.Burst, lim.Rate, n).Slice()
+	reply, err := lua.Bucket.Run(ctx, s.c, []string{wire.BucketKey(s.prefix, lim.Name, key)}, lim.Burst, lim.Rate, n).Result()
 	if err != nil {
 		return Result{}, wrap("allow", err)
 	}
 	return parseResult(reply, lim, n)
 }
 
-// parseResult decodes lua.Bucket's reply for a request of cost n.
-func parseResult(reply []any, lim Limit, n int) (Result, error) {
-	if len(reply) != 2 {
-		return Result{}, unexpected("allow", "want 2 values")
-	}
-	allowed, ok1 := reply[0].(int64)
-	left, ok2 := reply[1].(string)
-	if !ok1 || !ok2 {
-		return Result{}, unexpected("allow", "want {integer, string}")
-	}
-	tokens, err := strconv.ParseFloat(left, 64)
+// parseResult decodes lua.Bucket's reply for a request of cost n. Its times are rounded
+// up to the millisecond, as the scripts' clock counts.
+func parseResult(reply any, lim Limit, n int) (Result, error) {
+	b, err := wire.ParseBucket(reply)
 	if err != nil {
-		return Result{}, unexpected("allow", "tokens not a number")
+		return Result{}, unexpected("allow", err.Error())
 	}
-	r := Result{Allowed: allowed == 1, Remaining: tokens, ResetAfter: tokensTime(float64(lim.Burst)-tokens, lim.Rate)}
+	r := Result{Allowed: b.Allowed, Remaining: b.Tokens, ResetAfter: tokensTime(float64(lim.Burst)-b.Tokens, lim.Rate)}
 	if !r.Allowed {
-		r.RetryAfter = tokensTime(float64(n)-tokens, lim.Rate)
+		r.RetryAfter = tokensTime(float64(n)-b.Tokens, lim.Rate)
 	}
 	return r, nil
 }
 
-// tokensTime is how long refilling need tokens takes at rate, rounded up to the
-// millisecond (the scripts' clock), 0 when none are needed, and capped at the longest
-// time.Duration.
+// tokensTime is how long refilling need tokens takes at rate, in whole milliseconds
+// rounded up: 0 when none are needed, tokenbucket.InfDuration when it does not fit a Duration.
 func tokensTime(need, rate float64) time.Duration {
-	if !(need > 0) {
-		return 0
-	}
-	ms := math.Ceil(need / rate * 1000)
-	if ms >= float64(math.MaxInt64/int64(time.Millisecond)) {
-		return time.Duration(math.MaxInt64)
-	}
-	return time.Duration(ms) * time.Millisecond
+	return tokenbucket.FromMillis(tokenbucket.WaitMillis(need, rate))
 }

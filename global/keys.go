@@ -1,10 +1,6 @@
 package global
 
-import (
-	"crypto/sha256"
-	"encoding/hex"
-	"strings"
-)
+import "github.com/fleetlimit/fleetlimit/internal/wire"
 
 // DefaultPrefix starts every key the Store writes, unless the Prefix option changes it.
 const DefaultPrefix = "fl:"
@@ -12,7 +8,7 @@ const DefaultPrefix = "fl:"
 // MaxKeyLen is the longest user key stored verbatim, in bytes. Longer keys, and keys
 // containing '{' or '}', are replaced by a SHA-256 digest (32 hex digits), so a bucket
 // key stays short whatever the caller passes and cannot break its hash tag.
-const MaxKeyLen = 64
+const MaxKeyLen = wire.MaxKeyLen
 
 // Key returns the Redis key of the bucket for limit name (a valid Limit.Name) and user
 // key, for inspecting a bucket with redis-cli:
@@ -25,25 +21,5 @@ const MaxKeyLen = 64
 // needs lives in one slot. Names contain neither ':' nor '#', so the byte after the name
 // tells the two forms apart and no two (name, key) pairs share a key.
 func (s *Store) Key(name, key string) string {
-	return bucketKey(s.prefix, name, key)
-}
-
-func bucketKey(prefix, name, key string) string {
-	if len(key) <= MaxKeyLen && !strings.ContainsAny(key, "{}") {
-		return prefix + "{" + name + ":" + key + "}"
-	}
-	sum := sha256.Sum256([]byte(key))
-	var b [MaxKeyLen + MaxNameLen + 40]byte
-	out := append(b[:0], prefix...)
-	out = append(out, '{')
-	out = append(out, name...)
-	out = append(out, '#')
-	out = hex.AppendEncode(out, sum[:16])
-	out = append(out, '}')
-	return string(out)
-}
-
-// fleetKey is the sorted set of one fleet's live servers.
-func fleetKey(prefix, fleet string) string {
-	return prefix + "fleet:{" + fleet + "}"
+	return wire.BucketKey(s.prefix, name, key)
 }

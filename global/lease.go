@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
-	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
+	"github.com/fleetlimit/fleetlimit/internal/wire"
 	"github.com/fleetlimit/fleetlimit/lua"
 )
 
@@ -42,9 +42,9 @@ func (s *Store) Take(ctx context.Context, lim Limit, key string, want, min int) 
 	if err := checkTake(lim, want, min); err != nil {
 		return Grant{}, err
 	}
-	keys := []string{bucketKey(s.prefix, lim.Name, key)}
+	keys := []string{wire.BucketKey(s.prefix, lim.Name, key)}
 	for attempt := 1; ; attempt++ {
-		reply, err := lua.Take.Run(ctx, s.c, keys, lim.Burst, lim.Rate, want, min, s.serverID, s.nextSeq()).Slice()
+		reply, err := lua.Take.Run(ctx, s.c, keys, lim.Burst, lim.Rate, want, min, s.serverID, s.nextSeq()).Result()
 		if err != nil {
 			return Grant{}, wrap("take", err)
 		}
@@ -80,28 +80,17 @@ func checkTake(lim Limit, want, min int) error {
 
 // parseGrant decodes lua.Take's reply and its replay flag (lua.Fresh, lua.Replayed or
 // lua.Stale).
-func parseGrant(reply []any) (Grant, int64, error) {
-	if len(reply) != 5 {
-		return Grant{}, 0, unexpected("take", "want 5 values")
-	}
-	granted, ok1 := reply[0].(int64)
-	left, ok2 := reply[1].(string)
-	wait, ok3 := reply[2].(int64)
-	now, ok4 := reply[3].(int64)
-	flag, ok5 := reply[4].(int64)
-	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 {
-		return Grant{}, 0, unexpected("take", "want {integer, string, integer, integer, integer}")
-	}
-	tokens, err := strconv.ParseFloat(left, 64)
+func parseGrant(reply any) (Grant, int, error) {
+	r, err := wire.ParseTake(reply)
 	if err != nil {
-		return Grant{}, 0, unexpected("take", "tokens not a number")
+		return Grant{}, 0, unexpected("take", err.Error())
 	}
 	return Grant{
-		Granted:   int(granted),
-		Remaining: tokens,
-		Wait:      waitFor(wait),
-		Now:       time.UnixMilli(now),
-	}, flag, nil
+		Granted:   r.Granted,
+		Remaining: r.Tokens,
+		Wait:      tokenbucket.FromMillis(float64(r.WaitMS)),
+		Now:       time.UnixMilli(r.NowMS),
+	}, r.Flag, nil
 }
 
 // Refund puts n unused tokens back into the bucket of lim and key, capped at its
@@ -118,13 +107,13 @@ func (s *Store) refundOne(ctx context.Context, r RefundRequest) RefundResult {
 	if err := checkRefund(r.Limit, r.N); err != nil || r.N == 0 {
 		return RefundResult{Err: err}
 	}
-	keys := []string{bucketKey(s.prefix, r.Limit.Name, r.Key)}
+	keys := []string{wire.BucketKey(s.prefix, r.Limit.Name, r.Key)}
 	for attempt := 1; ; attempt++ {
 		seq := r.Seq
 		if seq == 0 {
 			seq = s.nextSeq()
 		}
-		reply, err := lua.Refund.Run(ctx, s.c, keys, r.Limit.Burst, r.Limit.Rate, r.N, s.serverID, seq).Slice()
+		reply, err := lua.Refund.Run(ctx, s.c, keys, r.Limit.Burst, r.Limit.Rate, r.N, s.serverID, seq).Result()
 		if err != nil {
 			return RefundResult{Seq: seq, Err: wrap("refund", err)}
 		}
@@ -149,20 +138,12 @@ func checkRefund(lim Limit, n int) error {
 }
 
 // parseRefund decodes lua.Refund's reply: the tokens after, and the replay flag.
-func parseRefund(reply []any) (float64, int64, error) {
-	if len(reply) != 2 {
-		return 0, 0, unexpected("refund", "want 2 values")
-	}
-	left, ok1 := reply[0].(string)
-	flag, ok2 := reply[1].(int64)
-	if !ok1 || !ok2 {
-		return 0, 0, unexpected("refund", "want {string, integer}")
-	}
-	tokens, err := strconv.ParseFloat(left, 64)
+func parseRefund(reply any) (float64, int, error) {
+	r, err := wire.ParseRefund(reply)
 	if err != nil {
-		return 0, 0, unexpected("refund", "tokens not a number")
+		return 0, 0, unexpected("refund", err.Error())
 	}
-	return tokens, flag, nil
+	return r.Tokens, r.Flag, nil
 }
 
 // Reset deletes the bucket of lim and key: the next call finds it full.
@@ -176,7 +157,7 @@ func (s *Store) Reset(ctx context.Context, lim Limit, key string) error {
 	if !ok {
 		return fmt.Errorf("%w: the client has no DEL", ErrInvalidConfig)
 	}
-	return wrap("reset", d.Del(ctx, bucketKey(s.prefix, lim.Name, key)).Err())
+	return wrap("reset", d.Del(ctx, wire.BucketKey(s.prefix, lim.Name, key)).Err())
 }
 
 // TakeRequest is one item of a TakeBatch.
@@ -226,7 +207,7 @@ func (s *Store) TakeBatch(ctx context.Context, reqs []TakeRequest, out []TakeRes
 			continue
 		}
 		items[i] = batchItem{
-			keys: []string{bucketKey(s.prefix, r.Limit.Name, r.Key)},
+			keys: []string{wire.BucketKey(s.prefix, r.Limit.Name, r.Key)},
 			args: []any{r.Limit.Burst, r.Limit.Rate, r.Want, r.Min, s.serverID, s.nextSeq()},
 		}
 	}
@@ -238,7 +219,7 @@ func (s *Store) TakeBatch(ctx context.Context, reqs []TakeRequest, out []TakeRes
 		if it.cmd == nil {
 			continue
 		}
-		reply, err := it.cmd.Slice()
+		reply, err := it.cmd.Result()
 		if err != nil {
 			out[i] = TakeResult{Err: wrap("take", err)}
 			continue
@@ -355,7 +336,7 @@ func (s *Store) RefundBatch(ctx context.Context, reqs []RefundRequest, out []Ref
 		}
 		out[i].Seq = seq
 		items[i] = batchItem{
-			keys: []string{bucketKey(s.prefix, r.Limit.Name, r.Key)},
+			keys: []string{wire.BucketKey(s.prefix, r.Limit.Name, r.Key)},
 			args: []any{r.Limit.Burst, r.Limit.Rate, r.N, s.serverID, seq},
 		}
 	}
@@ -367,7 +348,7 @@ func (s *Store) RefundBatch(ctx context.Context, reqs []RefundRequest, out []Ref
 		if it.cmd == nil {
 			continue
 		}
-		reply, err := it.cmd.Slice()
+		reply, err := it.cmd.Result()
 		if err != nil {
 			out[i].Err = wrap("refund", err)
 			continue
@@ -420,19 +401,13 @@ func (s *Store) Heartbeat(ctx context.Context, fleet, serverID string, ttl time.
 	if ttl < time.Millisecond {
 		return 0, fmt.Errorf("%w: heartbeat ttl %v is shorter than 1ms", ErrInvalidLimit, ttl)
 	}
-	n, err := lua.Heartbeat.Run(ctx, s.c, []string{fleetKey(s.prefix, fleet)}, serverID, ttl.Milliseconds()).Int64()
+	reply, err := lua.Heartbeat.Run(ctx, s.c, []string{wire.FleetKey(s.prefix, fleet)}, serverID, ttl.Milliseconds()).Result()
 	if err != nil {
 		return 0, wrap("heartbeat", err)
 	}
-	return int(n), nil
-}
-
-// waitFor converts the take script's wait in milliseconds to a Duration. A wait too long
-// for a Duration (a very slow rate: Redis turns a Lua number past 2^63 into garbage, seen
-// as negative) is the longest Duration: for a caller, never.
-func waitFor(ms int64) time.Duration {
-	if ms < 0 || ms > math.MaxInt64/int64(time.Millisecond) {
-		return time.Duration(math.MaxInt64)
+	n, err := wire.ParseHeartbeat(reply)
+	if err != nil {
+		return 0, unexpected("heartbeat", err.Error())
 	}
-	return time.Duration(ms) * time.Millisecond
+	return n, nil
 }

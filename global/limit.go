@@ -2,19 +2,12 @@ package global
 
 import (
 	"fmt"
-	"math"
-	"strconv"
-	"time"
+
+	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
 )
 
 // MaxNameLen is the longest limit or fleet name accepted, in bytes.
 const MaxNameLen = 64
-
-// maxExact is the largest integer a Redis Lua number (a float64) holds exactly.
-const maxExact = 1 << 53
-
-// maxTTLms is the longest bucket TTL, in milliseconds, that a time.Duration holds.
-const maxTTLms = float64(math.MaxInt64 / int64(time.Millisecond))
 
 // A Limit is one fleet-wide token bucket: Burst tokens at most, refilled at Rate tokens
 // per second. Name identifies it in Redis keys, so every server that uses the limit must
@@ -29,8 +22,8 @@ type Limit struct {
 	Name string
 	// Rate is the refill rate in tokens per second: finite and > 0.
 	Rate float64
-	// Burst is the bucket's capacity: at least 1. It is also the largest cost one
-	// request may have.
+	// Burst is the bucket's capacity: at least 1 and at most 2^53 (the largest count a
+	// Redis Lua number holds exactly). It is also the largest cost one request may have.
 	Burst int
 }
 
@@ -46,22 +39,11 @@ func (l Limit) Validate() error {
 	if err := validName("limit name", l.Name); err != nil {
 		return err
 	}
-	switch {
-	case math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0):
-		return l.invalid("rate " + strconv.FormatFloat(l.Rate, 'g', -1, 64) + " is not a finite number")
-	case l.Rate <= 0:
-		return l.invalid("rate " + strconv.FormatFloat(l.Rate, 'g', -1, 64) + " must be > 0 tokens per second")
-	case l.Burst < 1:
-		return l.invalid("burst " + strconv.Itoa(l.Burst) + " must be at least 1")
-	case l.Burst > maxExact:
-		return l.invalid("burst " + strconv.Itoa(l.Burst) + " exceeds 2^53, the largest count Redis Lua numbers hold exactly")
-	}
-	// The scripts set PEXPIRE ceil(burst/rate*1000)+1000 ms; keep it an exact integer,
-	// and a time.Duration: every wait the scripts report is at most the time to refill
-	// the bucket, and a refill longer than 292 years would wrap (miniredis's TTLs too).
-	if ttl := math.Ceil(float64(l.Burst)/l.Rate*1000) + 1000; !(ttl < maxExact && ttl < maxTTLms) {
-		return l.invalid("burst/rate (" + strconv.FormatFloat(float64(l.Burst)/l.Rate, 'g', 4, 64) +
-			" s to refill) is too long for a Redis TTL (at most about 292 years)")
+	// The scripts keep token counts in Lua numbers (float64) and set PEXPIRE to the
+	// TTL: tokenbucket.Check holds the burst to 2^53 and the TTL to a time.Duration, so every
+	// wait the scripts report fits in one.
+	if err := tokenbucket.Check(l.Rate, l.Burst); err != nil {
+		return fmt.Errorf("%w: limit %q: %w", ErrInvalidLimit, l.Name, err)
 	}
 	return nil
 }
@@ -80,11 +62,7 @@ func (l Limit) CheckCost(n int) error {
 // takes to refill completely, plus one second (the source article's rule). A bucket that
 // has refilled is the same as no bucket.
 func (l Limit) TTL() (ms int64) {
-	return int64(math.Ceil(float64(l.Burst)/l.Rate*1000)) + 1000
-}
-
-func (l Limit) invalid(what string) error {
-	return fmt.Errorf("%w: limit %q: %s", ErrInvalidLimit, l.Name, what)
+	return int64(tokenbucket.TTLMillis(float64(l.Burst), l.Rate))
 }
 
 // validName checks a limit or fleet name.

@@ -27,9 +27,9 @@ func TestLimitValidation(t *testing.T) {
 		{"burst 0", global.Limit{Name: "a", Rate: 1, Burst: 0}, "burst 0 must be at least 1"},
 		{"burst negative", global.Limit{Name: "a", Rate: 1, Burst: -5}, "burst -5 must be at least 1"},
 		{"burst beyond 2^53", global.Limit{Name: "a", Rate: 1e9, Burst: 1<<53 + 1}, "exceeds 2^53"},
-		{"refill too slow for a TTL", global.Limit{Name: "a", Rate: 1e-300, Burst: 100}, "too long for a Redis TTL"},
+		{"refill too slow for a TTL", global.Limit{Name: "a", Rate: 1e-300, Burst: 100}, "too long for a bucket TTL"},
 		// 1e13 ms to refill: an exact Lua integer, but past a time.Duration (waits wrapped).
-		{"refill longer than a Duration", global.Limit{Name: "a", Rate: 1e-10, Burst: 1}, "too long for a Redis TTL"},
+		{"refill longer than a Duration", global.Limit{Name: "a", Rate: 1e-10, Burst: 1}, "too long for a bucket TTL"},
 		{"name with brace", global.Limit{Name: "a{b", Rate: 1, Burst: 1}, "not allowed"},
 		{"name with close brace", global.Limit{Name: "a}b", Rate: 1, Burst: 1}, "not allowed"},
 		{"name with colon", global.Limit{Name: "a:b", Rate: 1, Burst: 1}, "not allowed"},

@@ -2,23 +2,27 @@ package local
 
 import (
 	"fmt"
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
 )
 
 // Config configures a Limiter. Rate and Burst are required.
 type Config struct {
-	// Rate is the refill rate in tokens per second of every key's bucket.
-	// It must be positive; rate.Inf admits everything.
+	// Rate is the refill rate in tokens per second of every key's bucket:
+	// a finite number > 0, slow enough that an empty bucket fills within
+	// about 292 years (a time.Duration). rate.Inf admits everything.
 	Rate rate.Limit
 
 	// Burst is the size of every key's bucket: the most one key can spend
 	// at once. It must be at least 1 (x/time/rate treats a burst of 0 as
-	// "deny everything", which as a configuration is a silent fail-closed).
+	// "deny everything", which as a configuration is a silent fail-closed)
+	// and at most 2^53 (x/time/rate counts tokens in a float64: past 2^53,
+	// taking one token from a full bucket leaves it full).
 	Burst int
 
 	// MaxKeys caps the number of keys held; 0 means DefaultMaxKeys.
@@ -108,24 +112,20 @@ func NewLimiter(cfg Config) (*Limiter, error) {
 	return l, nil
 }
 
+// newLimitConfig checks r and burst by the rule every tier shares (tokenbucket.Check), with
+// this package's own extension: rate.Inf, a bucket that admits everything, needs only a
+// valid burst.
 func newLimitConfig(r rate.Limit, burst int) (*limitConfig, error) {
-	switch {
-	case math.IsNaN(float64(r)):
-		return nil, fmt.Errorf("%w: rate is NaN", ErrInvalidConfig)
-	case r <= 0:
-		return nil, fmt.Errorf("%w: rate %v is not positive", ErrInvalidConfig, float64(r))
-	case burst < 1:
-		return nil, fmt.Errorf("%w: burst %d is less than 1 (a bucket of 0 denies everything)", ErrInvalidConfig, burst)
-	}
-	fill := time.Second
-	if r != rate.Inf {
-		ms := math.Ceil(float64(burst) / float64(r) * 1000)
-		if ms > float64(math.MaxInt64/int64(time.Millisecond))-1000 {
-			return nil, fmt.Errorf("%w: rate %v is too small for burst %d: filling the bucket would take %.3g s",
-				ErrInvalidConfig, float64(r), burst, ms/1000)
+	if r == rate.Inf {
+		if err := tokenbucket.CheckBurst(burst); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
-		fill = time.Duration(ms)*time.Millisecond + time.Second
+		return &limitConfig{r: r, burst: burst, fill: time.Second}, nil
 	}
+	if err := tokenbucket.Check(float64(r), burst); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	fill := tokenbucket.FromMillis(tokenbucket.TTLMillis(float64(burst), float64(r)))
 	return &limitConfig{r: r, burst: burst, fill: fill}, nil
 }
 

@@ -13,7 +13,7 @@ import (
 	mserver "github.com/alicebob/miniredis/v2/server"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fleetlimit/fleetlimit/lua"
+	"github.com/fleetlimit/fleetlimit/internal/luamodel"
 )
 
 // directEval runs commands straight into an embedded miniredis's dispatcher, on the calling
@@ -48,7 +48,7 @@ func (d *directEval) do(args []string) (any, error) {
 	return readRESP(r)
 }
 
-func (d *directEval) eval(s *redis.Script, keys []string, args ...any) ([]any, error) {
+func (d *directEval) eval(s *redis.Script, keys []string, args ...any) (any, error) {
 	d.args = append(d.args[:0], "EVALSHA", s.Hash(), strconv.Itoa(len(keys)))
 	d.args = append(d.args, keys...)
 	for _, a := range args {
@@ -56,19 +56,16 @@ func (d *directEval) eval(s *redis.Script, keys []string, args ...any) ([]any, e
 	}
 	v, err := d.do(d.args)
 	if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-		if _, err = d.do([]string{"SCRIPT", "LOAD", scriptSource(s)}); err != nil {
+		src, ok := luamodel.Source(s)
+		if !ok {
+			return nil, fmt.Errorf("sim: no source for script %s", s.Hash())
+		}
+		if _, err = d.do([]string{"SCRIPT", "LOAD", src}); err != nil {
 			return nil, err
 		}
 		v, err = d.do(d.args)
 	}
-	if err != nil {
-		return nil, err
-	}
-	a, ok := v.([]any)
-	if !ok {
-		return nil, fmt.Errorf("sim: script replied %T %v, want an array", v, v)
-	}
-	return a, nil
+	return v, err
 }
 
 // formatArg formats an argument as go-redis's appendArg does.
@@ -130,19 +127,4 @@ func readRESP(r *bufio.Reader) (any, error) {
 		return out, nil
 	}
 	return nil, fmt.Errorf("sim: unknown reply %q", line)
-}
-
-// scriptSource is the Lua text of one of the scripts the simulator runs.
-func scriptSource(s *redis.Script) string {
-	switch s {
-	case lua.Bucket:
-		return lua.BucketSource
-	case lua.Take:
-		return lua.TakeSource
-	case lua.Refund:
-		return lua.RefundSource
-	case callerClock:
-		return callerClockSource
-	}
-	panic("sim: unknown script") // only the scripts above are ever passed
 }

@@ -16,9 +16,9 @@
 // events here. The breaker reads time.Now, so hybrid runs happen inside a testing/synctest
 // bubble whose clock the event loop keeps on the virtual one. LocalOnly uses
 // local.FallbackLimit. The per-request strategies (Naive, Script, ScriptCallerClock) make a
-// Redis call per request, 1.5 M per run; they run on a Go model of the scripts that
-// TestModelMatchesScripts holds to the Lua (on miniredis and on a real Redis when one
-// answers).
+// Redis call per request, 1.5 M per run; they run on the Go model of the scripts
+// (internal/luamodel), which its differential test and fuzz hold to the Lua (on miniredis
+// and on a real Redis when one answers).
 //
 // `go test ./sim -v` prints a table per scenario; `-args -report FILE` writes one JSON
 // object per scenario and strategy; `-args -plots DIR` writes that report into DIR and

@@ -87,10 +87,6 @@ func (f *fleet) keyName(k int) string { return f.keys[k] }
 // bucketKeyOf is the Redis key of client key k's bucket.
 func (f *fleet) bucketKeyOf(k int) string { return f.bkeys[k] }
 
-// bucketKey is the Redis key of the bucket of client key key, as global.Store names it
-// (prefix "fl:", limit limitName).
-func (f *fleet) bucketKey(key string) string { return "fl:{" + limitName + ":" + key + "}" }
-
 // fail records the first error of the run; Run returns it.
 func (f *fleet) fail(err error) {
 	if f.err == nil && err != nil {
@@ -195,8 +191,8 @@ type redisSim struct {
 	f         *fleet
 	busyUntil time.Duration
 	busy      time.Duration // service time spent before the end of the run's duration
-	calls     int64         // commands (a script call is one)
-	trips     int64         // round trips (a pipeline is one)
+	calls     int64         // commands sent before the end of the run's duration (a script call is one)
+	trips     int64         // round trips sent before the end (a pipeline is one)
 	callsOut  int64         // commands sent during the outage window
 }
 
@@ -214,9 +210,11 @@ func (r *redisSim) oneWay() time.Duration {
 // when Redis starts them, with Redis's clock; reply runs on the caller when the answer is
 // back. Neither runs if Redis is down when the commands arrive.
 func (r *redisSim) roundTrip(cmds int, cost time.Duration, exec func(redisNow time.Time), reply func()) {
-	r.calls += int64(cmds)
-	r.trips++
 	sc := r.f.sc
+	if r.f.e.now <= sc.Duration {
+		r.calls += int64(cmds)
+		r.trips++
+	}
 	if sc.Outage.Contains(r.f.e.now) {
 		r.callsOut += int64(cmds)
 	}

@@ -9,10 +9,17 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/internal/engine"
+	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
+	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
-// limitName names the simulated limit in the engine and in bucket keys.
-const limitName = "sim"
+// limitName names the simulated limit, and fleetName the fleet, in the engine and in
+// Redis keys; keyPrefix is global.Store's default prefix.
+const (
+	limitName = "sim"
+	fleetName = "sim"
+	keyPrefix = "fl:"
+)
 
 // hybridStrat runs, on every simulated server, the engine hybrid.Limiter runs (package
 // internal/engine: pre-check, leases, refills and the requests waiting for them, refunds,
@@ -90,10 +97,20 @@ func engineConfig(sc *Scenario, id int) engine.Config {
 			RefillInterval: sc.RefillInterval, Lifetime: sc.Lifetime, LowWatermark: sc.LowWatermark,
 			MaxKeys: sc.MaxKeys,
 		}},
-		Servers: sc.Servers,
-		Seed:    mix(sc.Seed, uint64(id)),
-		Shards:  1,
+		Servers:           sc.Servers,
+		HeartbeatInterval: sc.Heartbeat,
+		Fleet:             fleetOf(sc),
+		Seed:              mix(sc.Seed, uint64(id)),
+		Shards:            1,
 	}
+}
+
+// fleetOf is the fleet name of sc's servers: with heartbeats they count each other in Redis.
+func fleetOf(sc *Scenario) string {
+	if sc.Heartbeat > 0 {
+		return fleetName
+	}
+	return ""
 }
 
 func (h *hybridStrat) join(s *server) error {
@@ -233,13 +250,16 @@ func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next fun
 	h.b.call(hs.brk, func(answered func()) {
 		f.redis.roundTrip(n, time.Duration(n)*sc.ScriptTime, func(at time.Time) {
 			for i, r := range t.Takes {
-				g := h.s.Take(at, f.bucketKey(r.Key), float64(r.Limit.Burst), r.Limit.Rate, r.Want, r.Min, s.name, h.seq(hs))
+				g := h.s.Take(at, wire.BucketKey(keyPrefix, r.Limit.Name, r.Key), float64(r.Limit.Burst), r.Limit.Rate, r.Want, r.Min, s.name, h.seq(hs))
 				t.TakeResults[i].Granted, t.TakeResults[i].Remaining = g.Granted, g.Tokens
-				t.TakeResults[i].Wait = time.Duration(g.WaitMS) * time.Millisecond
+				t.TakeResults[i].Wait = tokenbucket.FromMillis(float64(g.WaitMS))
 			}
 			for i, r := range t.Refunds {
-				left, _ := h.s.Refund(at, f.bucketKey(r.Key), float64(r.Limit.Burst), r.Limit.Rate, r.N, s.name, r.Seq)
-				t.RefundResults[i].Remaining, t.RefundResults[i].Seq = left, r.Seq
+				g := h.s.Refund(at, wire.BucketKey(keyPrefix, r.Limit.Name, r.Key), float64(r.Limit.Burst), r.Limit.Rate, r.N, s.name, r.Seq)
+				t.RefundResults[i].Remaining, t.RefundResults[i].Seq = g.Tokens, r.Seq
+			}
+			if t.Kind == engine.HeartbeatTrip {
+				t.Live = h.s.Heartbeat(at, wire.FleetKey(keyPrefix, t.Fleet), s.name, t.TTL.Milliseconds())
 			}
 		}, answered)
 	}, func(err error) {

@@ -44,7 +44,6 @@ type limiterStrat struct {
 	busyUntil              time.Duration
 	calls, trips, callsOut int64
 	busy                   time.Duration
-	over                   bool // the run is over: Redis is no longer measured
 	decided                []decidedReq
 }
 
@@ -73,8 +72,8 @@ func newLimiterStrat(t *testing.T, f *fleet, b *bubble) strategyImpl {
 		}
 	}
 	c.Close()
-	// The run ends at Duration + 1 minute: just before, its last decisions are taken and
-	// Redis stops being measured; then the Limiters close (the simulator's servers do not).
+	// The run ends at Duration + 1 minute: just before, its last decisions are taken; then
+	// the Limiters close (the simulator's servers do not).
 	f.e.at(f.sc.Duration+time.Minute-time.Millisecond, l.end)
 	return l
 }
@@ -113,11 +112,13 @@ func (l *limiterStrat) join(s *server) error {
 	}
 	cfg := engineConfig(sc, s.id)
 	lim, err := hybrid.New(store, hybrid.Config{
-		Limits:    []hybrid.Limit{hybrid.Limit(cfg.Limits[0])},
-		FleetSize: cfg.Servers,
-		Seed:      cfg.Seed,
-		Breaker:   brk,
-		Clock:     serverClock{s, l},
+		Limits:            []hybrid.Limit{hybrid.Limit(cfg.Limits[0])},
+		FleetSize:         cfg.Servers,
+		Fleet:             cfg.Fleet,
+		HeartbeatInterval: cfg.HeartbeatInterval,
+		Seed:              cfg.Seed,
+		Breaker:           brk,
+		Clock:             serverClock{s, l},
 	})
 	if err != nil {
 		return err
@@ -162,13 +163,12 @@ func (l *limiterStrat) leave(s *server) {
 	synctest.Wait()
 }
 
-// end is the last instant of the run: every decision is in, Redis is measured, and the
-// Limiters close.
+// end is the last instant of the run: every decision is in, Redis has been measured (as
+// the simulator does, calls sent within the run's duration), and the Limiters close.
 func (l *limiterStrat) end() {
 	l.b.sync()
 	l.record()
 	l.mu.Lock()
-	l.over = true
 	r := &l.f.redis
 	r.calls, r.trips, r.callsOut, r.busy = l.calls, l.trips, l.callsOut, l.busy
 	l.mu.Unlock()
@@ -189,7 +189,7 @@ func (l *limiterStrat) roundTrip(ctx context.Context, n int, run func(context.Co
 	oneWay := sc.RTT / 2
 	cost := time.Duration(n) * sc.ScriptTime
 	l.mu.Lock()
-	if !l.over {
+	if l.since() <= sc.Duration {
 		l.calls += int64(n)
 		l.trips++
 		if sc.Outage.Contains(l.since()) {
@@ -206,7 +206,7 @@ func (l *limiterStrat) roundTrip(ctx context.Context, n int, run func(context.Co
 	l.mu.Lock()
 	start := max(arrive, l.busyUntil)
 	l.busyUntil = start + cost
-	if start < sc.Duration && !l.over {
+	if start < sc.Duration {
 		l.busy += min(cost, sc.Duration-start)
 	}
 	end := l.busyUntil
@@ -280,9 +280,10 @@ func TestSimTracksLimiter(t *testing.T) {
 		{Name: "outage fail-local", Servers: 10, Duration: 3 * time.Second, Rate: 2000, Burst: 200, Demand: 3000, Outage: outage, Policy: FailLocal},
 		{Name: "outage fail-closed", Servers: 10, Duration: 3 * time.Second, Rate: 2000, Burst: 200, Demand: 3000, Outage: outage, Policy: FailClosed},
 		{Name: "outage fail-open", Servers: 10, Duration: 3 * time.Second, Rate: 2000, Burst: 200, Demand: 3000, Outage: outage, Policy: FailOpen},
-		// Servers leave (their Limiters close and refund) and join.
-		{Name: "churn", Servers: 10, Duration: 2 * time.Second, Rate: 2000, Burst: 200, Demand: 3000, Policy: FailLocal,
-			Churn: []Change{{At: 700 * time.Millisecond, Servers: 6}, {At: 1400 * time.Millisecond, Servers: 12}}},
+		// Servers leave (their Limiters close and refund) and join, and count each other
+		// with heartbeats.
+		{Name: "churn", Servers: 10, Duration: 3 * time.Second, Rate: 2000, Burst: 200, Demand: 3000, Policy: FailLocal,
+			Churn: []Change{{At: 700 * time.Millisecond, Servers: 6}, {At: 1400 * time.Millisecond, Servers: 12}}, Heartbeat: 300 * time.Millisecond},
 	}
 	for _, sc := range cases {
 		sc.Jitter = -1 // no draws from the run's random stream for the network

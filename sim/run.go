@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+
+	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
 // Run simulates sc under strategy st and returns what it measured. It is deterministic:
@@ -49,7 +51,7 @@ func simulate(sc Scenario, st Strategy, inBubble bool, custom func(f *fleet, b *
 	f.bkeys = make([]string, sc.Keys)
 	for k := range f.keys {
 		f.keys[k] = "k" + strconv.Itoa(k)
-		f.bkeys[k] = f.bucketKey(f.keys[k])
+		f.bkeys[k] = wire.BucketKey(keyPrefix, limitName, f.keys[k])
 	}
 	if sc.Keys > 1 {
 		f.zipf = rand.NewZipf(f.rng, sc.ZipfS, 1, uint64(sc.Keys-1))

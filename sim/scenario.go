@@ -8,6 +8,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/internal/engine"
+	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
 )
 
 // Strategy is a way of enforcing one fleet-wide limit from every server of a fleet.
@@ -152,6 +153,11 @@ type Scenario struct {
 
 	// Churn resizes the fleet during the run.
 	Churn []Change
+	// Heartbeat, when set, makes the hybrid strategy's servers count each other in Redis,
+	// as a hybrid.Config with Fleet set does: each makes a heartbeat call every Heartbeat
+	// (a Redis call, counted as one) and divides the limit by the live count it answers.
+	// Zero: every server divides by Servers throughout, as with FleetSize alone.
+	Heartbeat time.Duration
 
 	// GoModel runs the hybrid strategy's scripts on the simulator's Go model of them instead
 	// of on miniredis: much faster with many keys (miniredis ages every key's TTL on every
@@ -244,10 +250,8 @@ func (sc Scenario) withDefaults() (Scenario, error) {
 		return bad("negative duration")
 	case sc.Jitter > sc.RTT:
 		return bad("jitter %v exceeds the round trip %v", sc.Jitter, sc.RTT)
-	case !(sc.Rate > 0) || math.IsInf(sc.Rate, 0):
-		return bad("rate %v must be positive and finite", sc.Rate)
-	case sc.Burst < 1:
-		return bad("burst %d < 1", sc.Burst)
+	case tokenbucket.Check(sc.Rate, sc.Burst) != nil:
+		return bad("%v", tokenbucket.Check(sc.Rate, sc.Burst))
 	case !(sc.Demand >= 0) || math.IsInf(sc.Demand, 0):
 		return bad("demand %v must be a finite number >= 0", sc.Demand)
 	case sc.Pattern != Steady && sc.Pattern != Bursty:

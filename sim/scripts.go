@@ -2,60 +2,34 @@ package sim
 
 import (
 	"context"
-	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fleetlimit/fleetlimit/lua"
+	"github.com/fleetlimit/fleetlimit/internal/luamodel"
+	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
-// callerClockSource is lua.Bucket as it would read if it trusted the caller's clock, the
-// mistake the source article warns about: now comes from ARGV[4] (the calling server's
-// milliseconds) instead of Redis TIME, and ts = now as in the article. It is derived from
-// lua.BucketSource so that nothing else differs; the clock-skew scenario runs it beside the
-// real script.
-var callerClockSource = mustCallerClock(lua.BucketSource)
+// scripts is the interface the simulator's Redis runs scripts through: the real Lua on a
+// Redis ([luaScripts], miniredis with its clock set to the virtual instant) or the Go model
+// of them (luamodel.Model), which luamodel's differential tests hold to the Lua. now is
+// the virtual instant the command executes at.
+type scripts = luamodel.Scripts
 
-var callerClock = redis.NewScript(callerClockSource)
+// takeReply is lua.Take's answer.
+type takeReply = wire.TakeReply
 
-func mustCallerClock(src string) string {
-	edits := []struct{ old, new string }{
-		{"local t   = redis.call('TIME')", "local t   = nil"},
-		{"local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)", "local now = tonumber(ARGV[4])"},
-		{"math.max(ts, now))", "now)"},
-	}
-	for _, e := range edits {
-		if strings.Count(src, e.old) != 1 {
-			panic(fmt.Sprintf("sim: lua.BucketSource changed; cannot derive the caller-clock variant (%q)", e.old))
-		}
-		src = strings.Replace(src, e.old, e.new, 1)
-	}
-	return src
-}
+var _ scripts = (*luaScripts)(nil)
 
-// scripts is the interface the simulator's Redis runs bucket scripts through: the real Lua
-// on a Redis ([luaScripts], miniredis with its clock set to the virtual instant) or the Go
-// model ([model]). now is the virtual instant the command executes at.
-type scripts interface {
-	Bucket(now time.Time, key string, capacity, rate, cost float64) (allowed int, tokens float64)
-	BucketCallerClock(now time.Time, key string, capacity, rate, cost, callerMillis float64) (allowed int, tokens float64)
-	Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq uint64) takeReply
-	Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq uint64) (float64, int)
-}
-
-var (
-	_ scripts = (*model)(nil)
-	_ scripts = (*luaScripts)(nil)
-)
+// newModel returns an empty Go model of the scripts.
+func newModel() *luamodel.Model { return luamodel.New() }
 
 // evaler runs a script on some Redis: through go-redis (a real Redis, or miniredis over a
-// connection) or straight into an embedded miniredis's command dispatcher.
+// connection) or straight into an embedded miniredis's command dispatcher. It returns the
+// reply as go-redis's Cmd.Result does: arrays as []any, integers as int64, strings.
 type evaler interface {
-	eval(s *redis.Script, keys []string, args ...any) ([]any, error)
+	eval(s *redis.Script, keys []string, args ...any) (any, error)
 }
 
 // clientEval runs scripts through go-redis (Script.Run: EVALSHA, then EVAL on NOSCRIPT).
@@ -64,111 +38,45 @@ type clientEval struct {
 	c   redis.Scripter
 }
 
-func (e clientEval) eval(s *redis.Script, keys []string, args ...any) ([]any, error) {
-	return s.Run(e.ctx, e.c, keys, args...).Slice()
+func (e clientEval) eval(s *redis.Script, keys []string, args ...any) (any, error) {
+	return s.Run(e.ctx, e.c, keys, args...).Result()
 }
 
-// luaScripts runs package lua's scripts on a Redis. With mini set, the server's clock
-// (TIME and key TTLs) is set to now before each call; a real Redis runs on its own clock
-// and now is ignored.
+// luaScripts runs package lua's scripts on a Redis through ev (luamodel.Lua does the
+// calling and decoding). With mini set, the server's clock (TIME and key TTLs) is set to
+// now before each call; a real Redis runs on its own clock and now is ignored.
 type luaScripts struct {
 	ev   evaler
 	mini *miniredis.Miniredis
 	err  error // first error seen; the simulator reports it and fails the run
 }
 
-func (r *luaScripts) setTime(now time.Time) {
-	if r.mini != nil {
-		r.mini.SetTime(now)
-	}
+func (r *luaScripts) lua() *luamodel.Lua {
+	return &luamodel.Lua{Eval: r.ev.eval, Mini: r.mini, OnError: r.fail}
 }
 
 func (r *luaScripts) fail(err error) {
-	if r.err == nil && err != nil {
+	if r.err == nil {
 		r.err = err
 	}
 }
 
-func (r *luaScripts) Bucket(now time.Time, key string, capacity, rate, cost float64) (int, float64) {
-	r.setTime(now)
-	a, t, err := parseBucket(r.ev.eval(lua.Bucket, []string{key}, capacity, rate, cost))
-	r.fail(err)
-	return a, t
+func (r *luaScripts) Bucket(now time.Time, key string, capacity, rate, cost float64) wire.BucketReply {
+	return r.lua().Bucket(now, key, capacity, rate, cost)
 }
 
-func (r *luaScripts) BucketCallerClock(now time.Time, key string, capacity, rate, cost, callerMillis float64) (int, float64) {
-	r.setTime(now)
-	a, t, err := parseBucket(r.ev.eval(callerClock, []string{key}, capacity, rate, cost, callerMillis))
-	r.fail(err)
-	return a, t
+func (r *luaScripts) BucketCallerClock(now time.Time, key string, capacity, rate, cost, callerMillis float64) wire.BucketReply {
+	return r.lua().BucketCallerClock(now, key, capacity, rate, cost, callerMillis)
 }
 
 func (r *luaScripts) Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq uint64) takeReply {
-	r.setTime(now)
-	tr, err := parseTake(r.ev.eval(lua.Take, []string{key}, capacity, rate, want, minimum, server, seq))
-	r.fail(err)
-	return tr
+	return r.lua().Take(now, key, capacity, rate, want, minimum, server, seq)
 }
 
-func (r *luaScripts) Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq uint64) (float64, int) {
-	r.setTime(now)
-	t, f, err := parseRefund(r.ev.eval(lua.Refund, []string{key}, capacity, rate, amount, server, seq))
-	r.fail(err)
-	return t, f
+func (r *luaScripts) Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq uint64) wire.RefundReply {
+	return r.lua().Refund(now, key, capacity, rate, amount, server, seq)
 }
 
-func parseBucket(v []any, err error) (int, float64, error) {
-	if err != nil {
-		return 0, 0, fmt.Errorf("sim: bucket script: %w", err)
-	}
-	if len(v) != 2 {
-		return 0, 0, fmt.Errorf("sim: bucket script returned %d values, want 2", len(v))
-	}
-	a, ok := v[0].(int64)
-	t, err := parseFloat(v[1])
-	if !ok || err != nil {
-		return 0, 0, fmt.Errorf("sim: bucket script returned %v", v)
-	}
-	return int(a), t, nil
-}
-
-func parseTake(v []any, err error) (takeReply, error) {
-	if err != nil {
-		return takeReply{}, fmt.Errorf("sim: take script: %w", err)
-	}
-	if len(v) != 5 {
-		return takeReply{}, fmt.Errorf("sim: take script returned %d values, want 5", len(v))
-	}
-	g, ok1 := v[0].(int64)
-	t, err := parseFloat(v[1])
-	w, ok2 := v[2].(int64)
-	n, ok3 := v[3].(int64)
-	f, ok4 := v[4].(int64)
-	if !ok1 || !ok2 || !ok3 || !ok4 || err != nil {
-		return takeReply{}, fmt.Errorf("sim: take script returned %v", v)
-	}
-	return takeReply{Granted: int(g), Tokens: t, WaitMS: w, NowMS: n, Flag: int(f)}, nil
-}
-
-func parseRefund(v []any, err error) (float64, int, error) {
-	if err != nil {
-		return 0, 0, fmt.Errorf("sim: refund script: %w", err)
-	}
-	if len(v) != 2 {
-		return 0, 0, fmt.Errorf("sim: refund script returned %d values, want 2", len(v))
-	}
-	t, err := parseFloat(v[0])
-	f, ok := v[1].(int64)
-	if !ok || err != nil {
-		return 0, 0, fmt.Errorf("sim: refund script returned %v", v)
-	}
-	return t, int(f), nil
-}
-
-func parseFloat(v any) (float64, error) {
-	s, ok := v.(string)
-	if !ok {
-		return 0, fmt.Errorf("sim: %T %v is not a string", v, v)
-	}
-	return strconv.ParseFloat(s, 64)
+func (r *luaScripts) Heartbeat(now time.Time, key, server string, ttlMS int64) int {
+	return r.lua().Heartbeat(now, key, server, ttlMS)
 }

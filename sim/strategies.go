@@ -7,6 +7,9 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/fleetlimit/fleetlimit/internal/luamodel"
+	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
+	"github.com/fleetlimit/fleetlimit/internal/wire"
 	"github.com/fleetlimit/fleetlimit/local"
 )
 
@@ -15,7 +18,7 @@ import (
 // and the write, so every server that read the same state admits against it.
 type naive struct {
 	f *fleet
-	m *model
+	m *luamodel.Model
 }
 
 func (n *naive) join(*server) error { return nil }
@@ -30,7 +33,7 @@ func (n *naive) handle(s *server, q *request) {
 	f.redis.roundTrip(1, sc.CommandTime, func(at time.Time) {
 		tokens, ts, okT, okTS = n.m.HMGet(at, key)
 	}, func() {
-		now := luaMillis(s.clock(f.e.now))
+		now := luamodel.NowMillis(s.clock(f.e.now))
 		if !okT {
 			tokens = capacity
 		}
@@ -44,7 +47,7 @@ func (n *naive) handle(s *server, q *request) {
 		}
 		t := tokens
 		f.redis.roundTrip(2, 2*sc.CommandTime, func(at time.Time) {
-			n.m.HSetExpire(at, key, t, now, bucketTTL(capacity, r))
+			n.m.HSetExpire(at, key, t, now, tokenbucket.TTLMillis(capacity, r))
 		}, func() {
 			f.decide(q, allowed, srcNaive)
 		})
@@ -65,16 +68,16 @@ func (p *perRequest) leave(*server)      {}
 func (p *perRequest) handle(s *server, q *request) {
 	f, sc := p.f, p.f.sc
 	key := f.bucketKeyOf(q.key)
-	sent := luaMillis(s.clock(f.e.now)) // the caller's clock, read when it sends
-	var allowed int
+	sent := luamodel.NowMillis(s.clock(f.e.now)) // the caller's clock, read when it sends
+	var r wire.BucketReply
 	f.redis.roundTrip(1, sc.ScriptTime, func(at time.Time) {
 		if p.callerClock {
-			allowed, _ = p.s.BucketCallerClock(at, key, float64(sc.Burst), sc.Rate, float64(q.n), sent)
+			r = p.s.BucketCallerClock(at, key, float64(sc.Burst), sc.Rate, float64(q.n), sent)
 			return
 		}
-		allowed, _ = p.s.Bucket(at, key, float64(sc.Burst), sc.Rate, float64(q.n))
+		r = p.s.Bucket(at, key, float64(sc.Burst), sc.Rate, float64(q.n))
 	}, func() {
-		f.decide(q, allowed == 1, srcScript)
+		f.decide(q, r.Allowed, srcScript)
 	})
 }
 

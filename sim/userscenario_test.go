@@ -147,7 +147,7 @@ func TestScenarioFileRejects(t *testing.T) {
 		{"bad churn instant", `{"Rate": 10, "Burst": 10, "Policy": "fail-open", "Churn": [{"At": "1s", "Servers": 5}, {"At": "-", "Servers": 5}]}`, `Churn[1].At: "-" is not a duration`},
 		{"missing policy", `{"Rate": 10, "Burst": 10}`, `no failure policy: choose`},
 		{"unknown policy", `{"Rate": 10, "Burst": 10, "Policy": "fail-maybe"}`, `unknown policy "fail-maybe"`},
-		{"invalid", `{"Rate": 10, "Burst": 0, "Policy": "fail-open"}`, `burst 0 < 1`},
+		{"invalid", `{"Rate": 10, "Burst": 0, "Policy": "fail-open"}`, `burst 0 must be at least 1`},
 		{"not JSON", `{"Rate": 10,`, `unexpected end of JSON input`},
 	}
 	for _, c := range cases {

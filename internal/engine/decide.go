@@ -9,6 +9,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
 )
 
 // Flight is one refill on its way to Redis and back, and the requests waiting for it.
@@ -156,7 +157,7 @@ func (lm *Limit) decide(o *outcome, en *entry, t time.Time, key string, n int, w
 func (lm *Limit) preDenied(en *entry, t time.Time, n int) Decision {
 	d := Decision{Source: SourcePreCheck, Reason: ReasonPreCheck, RetryAfter: InfDuration}
 	if n <= lm.preBurst {
-		d.RetryAfter = durationFor(float64(n)-en.pre.TokensAt(t), float64(lm.preRate))
+		d.RetryAfter = tokenbucket.Duration(float64(n)-en.pre.TokensAt(t), float64(lm.preRate))
 	}
 	return d
 }
@@ -223,7 +224,7 @@ func (e *Engine) fallback(now time.Time, lm *Limit, key string, n int, why Reaso
 		if !ok { // FailClosed: this server's share of the refill
 			r = rate.Limit(lm.glim.Rate / float64(servers))
 		}
-		d.RetryAfter = durationFor(float64(n), float64(r))
+		d.RetryAfter = tokenbucket.Duration(float64(n), float64(r))
 	}
 	if d.Allowed && n > 0 {
 		lm.keys.Update(now, key, func(en *entry, t time.Time) {

@@ -1,13 +1,14 @@
 package engine
 
 import (
-	"math"
 	"time"
+
+	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
 )
 
 // InfDuration is the retry-after of a request that can never be allowed, such as one
 // asking for more tokens than the limit's burst.
-const InfDuration = time.Duration(math.MaxInt64)
+const InfDuration = tokenbucket.InfDuration
 
 // Source says which tier made a decision. The values are those of hybrid.Source, which
 // names them for users.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
 	"github.com/fleetlimit/fleetlimit/local"
 )
 
@@ -237,7 +238,7 @@ func (e *Engine) newLimit(c LimitConfig, servers, shards int, seed uint64) (*Lim
 	// Idle keys go after twice the lease lifetime, and not before their pre-check bucket
 	// would be full again (a dropped bucket comes back full), the fill time capped at a
 	// day; their leases are refunded.
-	fill := min(durationFor(float64(c.PreBurst), c.PreRate), 24*time.Hour)
+	fill := min(tokenbucket.Duration(float64(c.PreBurst), c.PreRate), 24*time.Hour)
 	lm.keys, err = local.NewStore(local.StoreConfig[entry]{
 		MaxKeys:     c.MaxKeys,
 		IdleTimeout: max(2*lc.Lifetime, fill+time.Second),
@@ -333,14 +334,4 @@ func hashKey(key string) uint64 {
 		h *= 1099511628211
 	}
 	return h
-}
-
-// durationFor is the time n tokens take at r per second (InfDuration if never, or if it
-// would not fit in a Duration).
-func durationFor(n, r float64) time.Duration {
-	secs := n / r
-	if !(secs < 9e9) {
-		return InfDuration
-	}
-	return time.Duration(secs * float64(time.Second))
 }

@@ -7,48 +7,42 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/fleetlimit/fleetlimit/internal/luamodel"
+	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
 )
 
 // This file is a small deterministic model of a fleet in virtual time: many servers, each
-// with a Lease for one key, sharing one Go token bucket that answers takes like the lease
-// take script (want if available, else all whole tokens if at least min, else 0 and the
-// wait for min), over a network with latency. It checks the accuracy bound, the floor and
+// with a Lease for one key, sharing one global bucket (the Go model of the take and refund
+// scripts), over a network with latency. It checks the accuracy bound, the floor and
 // the Redis-call savings of the lease rules without Redis; sim/ does the same with the
 // real scripts.
 
-// modelBucket is the global bucket: capacity, rate, continuous refill.
-type modelBucket struct {
-	capacity, rate, tokens float64
-	ts                     time.Time
+// bucket is the global bucket of a fleet model: lua.Take and lua.Refund on the Go model
+// of the scripts (internal/luamodel, held to the Lua by its differential tests), on one key.
+type bucket struct {
+	m              *luamodel.Model
+	capacity, rate float64
+	seq            uint64
 }
 
-func (b *modelBucket) refill(now time.Time) {
-	if now.After(b.ts) {
-		b.tokens = math.Min(b.capacity, b.tokens+now.Sub(b.ts).Seconds()*b.rate)
-		b.ts = now
-	}
+const bucketKey = "fl:{model:k}"
+
+func newBucket(capacity int, rate float64) *bucket {
+	return &bucket{m: luamodel.New(), capacity: float64(capacity), rate: rate}
 }
 
-func (b *modelBucket) take(now time.Time, want, minimum int) Grant {
-	b.refill(now)
-	g := 0
-	switch {
-	case b.tokens >= float64(want):
-		g = want
-	case math.Floor(b.tokens) >= float64(minimum):
-		g = int(math.Floor(b.tokens))
-	}
-	b.tokens -= float64(g)
-	var wait time.Duration
-	if g == 0 {
-		wait = time.Duration((float64(minimum) - b.tokens) / b.rate * float64(time.Second))
-	}
-	return Grant{Granted: g, Remaining: b.tokens, Wait: wait}
+func (b *bucket) take(now time.Time, want, minimum int) Grant {
+	b.seq++
+	r := b.m.Take(now, bucketKey, b.capacity, b.rate, want, minimum, "s", b.seq)
+	return Grant{Granted: r.Granted, Remaining: r.Tokens, Wait: tokenbucket.FromMillis(float64(r.WaitMS))}
 }
 
-func (b *modelBucket) refund(now time.Time, n int) {
-	b.refill(now)
-	b.tokens = math.Min(b.capacity, b.tokens+float64(n))
+func (b *bucket) refund(now time.Time, n int) {
+	if n > 0 {
+		b.seq++
+		b.m.Refund(now, bucketKey, b.capacity, b.rate, n, "s", b.seq)
+	}
 }
 
 type evKind uint8
@@ -128,7 +122,7 @@ func (m fleetModel) run() modelResult {
 	}
 	start := t0
 	end := start.Add(m.duration)
-	bucket := modelBucket{capacity: float64(m.burst), rate: m.rate, tokens: float64(m.burst), ts: start}
+	bucket := newBucket(m.burst, m.rate)
 	type waiter struct{ deadline time.Time }
 	leases := make([]Lease, m.servers)
 	waiting := make([][]waiter, m.servers)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
 )
 
 // Lease defaults, applied by [LeaseConfig.Normalize] to zero fields.
@@ -463,11 +465,7 @@ func (l *Lease) round(c *LeaseConfig, want int) float64 {
 // round of batches (batch × servers − what it still holds): about batch × servers / rate
 // when contention has emptied it. It is never less than one token's time.
 func (l *Lease) fairShare(c *LeaseConfig, lack float64) time.Duration {
-	secs := max(lack, 1) / c.Rate
-	if !(secs < maxPace.Seconds()) { // also catches NaN and Inf
-		return maxPace
-	}
-	return time.Duration(secs * float64(time.Second))
+	return min(tokenbucket.Duration(max(lack, 1), c.Rate), maxPace)
 }
 
 // jitter returns d scaled by a factor uniform in [0.5, 1.5).

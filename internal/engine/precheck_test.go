@@ -10,10 +10,12 @@ import (
 
 // TestPreCheckNeverDeniesWhatTheBucketWouldAllow drives the production decision path
 // (Limit.decide: the pre-check and the lease under one key lock) for one server whose
-// pre-check is the default, the limit's own rate and burst, against an in-memory global
-// bucket that answers refills at once, over random demand, costs, pauses, lease expiries
-// and evictions. "The global bucket alone" is the source article's script per request:
-// a bucket of the same rate and burst that spends exactly the requests admitted. The
+// pre-check is the default, the limit's own rate and burst, against a global bucket (the
+// Go model of the take and refund scripts) that answers refills at once, over random
+// demand, costs, pauses, lease expiries and evictions. "The global bucket alone" is what
+// the source article's script per request would hold: a token bucket of the same rate and
+// burst that spends exactly the requests admitted (an x/time/rate Limiter, whose
+// reservations may take it below zero). The
 // pre-check must never deny a request that bucket would allow, so its tokens must never
 // fall below that bucket's: a pre-check that spent on requests the lease then denied or
 // made wait, or that started a new key less than full, would fail here.
@@ -41,13 +43,14 @@ func TestPreCheckNeverDeniesWhatTheBucketWouldAllow(t *testing.T) {
 		var en entry
 		now := t0
 		lm.initEntry(&en, "k", now)
-		g := modelBucket{capacity: float64(burst), rate: rateLimit, tokens: float64(burst), ts: now}
-		alone := g // the global bucket alone: spends what is admitted
+		g := newBucket(burst, rateLimit)
+		alone := rate.NewLimiter(rate.Limit(rateLimit), burst) // the bucket alone: spends what is admitted
+		alone.SetLimitAt(now, rate.Limit(rateLimit))
 		maxCost := 1 + r.IntN(min(burst, 5))
 		admitted, preDenied := 0, 0
 		for step := range 3000 {
 			now = now.Add(time.Duration(r.ExpFloat64() * float64(time.Second) / (rateLimit * 3)))
-			if r.IntN(200) == 0 && alone.tokensAt(now) == float64(burst) {
+			if r.IntN(200) == 0 && alone.TokensAt(now) == float64(burst) {
 				// Evicted once idle (the store's idle timeout outlasts a refill of the
 				// pre-check): the lease is refunded, the key starts afresh and full.
 				g.refund(now, en.lease.Drain())
@@ -69,7 +72,7 @@ func TestPreCheckNeverDeniesWhatTheBucketWouldAllow(t *testing.T) {
 				}
 				if d.Source == SourcePreCheck {
 					preDenied++
-					if have := alone.tokensAt(now); have >= float64(n)-eps {
+					if have := alone.TokensAt(now); have >= float64(n)-eps {
 						t.Fatalf("seed %d step %d: the pre-check denied a cost of %d that the bucket alone (%.3f) would allow",
 							seed, step, n, have)
 					}
@@ -82,14 +85,13 @@ func TestPreCheckNeverDeniesWhatTheBucketWouldAllow(t *testing.T) {
 				}
 				if st.Action == Allow {
 					admitted++
-					alone.refill(now)
-					alone.tokens -= float64(n)
+					alone.ReserveN(now, n)
 				}
 				if st.Action != Wait {
 					break
 				}
 			}
-			if p, a := en.pre.TokensAt(now), alone.tokensAt(now); p < a-eps {
+			if p, a := en.pre.TokensAt(now), alone.TokensAt(now); p < a-eps {
 				t.Fatalf("seed %d step %d: the pre-check holds %.4f, the bucket alone %.4f", seed, step, p, a)
 			}
 		}
@@ -97,12 +99,6 @@ func TestPreCheckNeverDeniesWhatTheBucketWouldAllow(t *testing.T) {
 			t.Logf("seed 0: rate %v burst %d: %d admitted, %d denied by the pre-check", rateLimit, burst, admitted, preDenied)
 		}
 	}
-}
-
-// tokensAt is the bucket's level at now.
-func (b *modelBucket) tokensAt(now time.Time) float64 {
-	b.refill(now)
-	return b.tokens
 }
 
 // TestPreCheckStartsFull: a key new to a server starts with its whole pre-check burst,

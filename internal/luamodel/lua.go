@@ -1,0 +1,117 @@
+package luamodel
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/internal/wire"
+	"github.com/fleetlimit/fleetlimit/lua"
+)
+
+// Scripts is what the model and the real scripts both answer, call for call: a Model, or
+// the Lua of package lua on a Redis (Lua). now is the instant the command runs at.
+type Scripts interface {
+	// Bucket runs lua.Bucket.
+	Bucket(now time.Time, key string, capacity, rate, cost float64) wire.BucketReply
+	// BucketCallerClock runs CallerClockSource.
+	BucketCallerClock(now time.Time, key string, capacity, rate, cost, callerMillis float64) wire.BucketReply
+	// Take runs lua.Take.
+	Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq uint64) wire.TakeReply
+	// Refund runs lua.Refund.
+	Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq uint64) wire.RefundReply
+	// Heartbeat runs lua.Heartbeat.
+	Heartbeat(now time.Time, key, server string, ttlMS int64) int
+}
+
+var (
+	_ Scripts = (*Model)(nil)
+	_ Scripts = (*Lua)(nil)
+)
+
+// callerClockScript runs CallerClockSource.
+var callerClockScript = redis.NewScript(CallerClockSource)
+
+// Lua runs the real scripts of package lua on a Redis, with the Model's methods: it passes
+// each script its arguments in the order the script reads them and decodes the reply with
+// package wire. A caller can then put either behind Scripts: the simulator runs both, the
+// differential tests compare them.
+type Lua struct {
+	// Eval runs one script on the Redis and returns its reply as go-redis's Cmd.Result
+	// gives it (arrays as []any, integers as int64): Script.Run through a client, or
+	// anything that answers the same.
+	Eval func(s *redis.Script, keys []string, args ...any) (any, error)
+	// Mini, when not nil, is the miniredis that Eval reaches: its clock (TIME and, with
+	// ClockTTL, key TTLs) is set to each call's now. A real Redis runs on its own clock,
+	// and now is ignored.
+	Mini *miniredis.Miniredis
+	// OnError is called with every error a call meets (a Redis error, or a reply that
+	// does not decode); that call answers the zero value. Nil panics instead.
+	OnError func(error)
+}
+
+// call sends script on key at now and decodes its reply with parse.
+func call[T any](l *Lua, now time.Time, script *redis.Script, parse func(any) (T, error), key string, args ...any) T {
+	if l.Mini != nil {
+		l.Mini.SetTime(now)
+	}
+	var out T
+	v, err := l.Eval(script, []string{key}, args...)
+	if err == nil {
+		out, err = parse(v)
+	}
+	if err != nil {
+		err = fmt.Errorf("luamodel: script on %s: %w", key, err)
+		if l.OnError == nil {
+			panic(err)
+		}
+		l.OnError(err)
+	}
+	return out
+}
+
+// Bucket runs lua.Bucket.
+func (l *Lua) Bucket(now time.Time, key string, capacity, rate, cost float64) wire.BucketReply {
+	return call(l, now, lua.Bucket, wire.ParseBucket, key, capacity, rate, cost)
+}
+
+// BucketCallerClock runs CallerClockSource.
+func (l *Lua) BucketCallerClock(now time.Time, key string, capacity, rate, cost, callerMillis float64) wire.BucketReply {
+	return call(l, now, callerClockScript, wire.ParseBucket, key, capacity, rate, cost, callerMillis)
+}
+
+// Take runs lua.Take.
+func (l *Lua) Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq uint64) wire.TakeReply {
+	return call(l, now, lua.Take, wire.ParseTake, key, capacity, rate, want, minimum, server, seq)
+}
+
+// Refund runs lua.Refund.
+func (l *Lua) Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq uint64) wire.RefundReply {
+	return call(l, now, lua.Refund, wire.ParseRefund, key, capacity, rate, amount, server, seq)
+}
+
+// Heartbeat runs lua.Heartbeat.
+func (l *Lua) Heartbeat(now time.Time, key, server string, ttlMS int64) int {
+	return call(l, now, lua.Heartbeat, wire.ParseHeartbeat, key, server, ttlMS)
+}
+
+// Source returns the Lua text of a script that Lua runs (lua.Bucket, lua.Take,
+// lua.Refund, lua.Heartbeat, or the caller-clock variant), for an Eval that loads scripts
+// itself; ok is false for any other script.
+func Source(s *redis.Script) (src string, ok bool) {
+	switch s {
+	case lua.Bucket:
+		return lua.BucketSource, true
+	case lua.Take:
+		return lua.TakeSource, true
+	case lua.Refund:
+		return lua.RefundSource, true
+	case lua.Heartbeat:
+		return lua.HeartbeatSource, true
+	case callerClockScript:
+		return CallerClockSource, true
+	}
+	return "", false
+}

@@ -1,0 +1,194 @@
+// Package wire is what fleetlimit puts on the wire to Redis and reads back: the Redis keys
+// of buckets and fleets, and the decoding of the scripts' replies (package lua) into plain
+// structs. The Redis tier (global) and the simulator both use it, so a key or a reply is
+// read one way only.
+//
+// The key format is a compatibility promise: servers of two versions of the library share
+// a bucket only if they build the same key bytes for it (global's TestWireFormat pins
+// them). The decoders check the reply's shape and parse its numbers; their errors are
+// plain and say what is wrong, for the caller to wrap and classify.
+package wire
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// MaxKeyLen is the longest user key that BucketKey stores verbatim, in bytes.
+const MaxKeyLen = 64
+
+// digestLen is how many bytes of a long key's SHA-256 go into its bucket key.
+const digestLen = 16
+
+// BucketKey returns the Redis key of the bucket of limit name and user key, under prefix:
+//
+//	<prefix>{<name>:<key>}                       key of at most MaxKeyLen bytes without '{' or '}'
+//	<prefix>{<name>#<sha256(key)[:16] in hex>}   any other key
+//
+// The braces are the Redis Cluster hash tag: it covers the whole bucket (limit and key),
+// so the buckets of one limit spread over every master, while everything one bucket needs
+// lives in one slot. A long key cannot make the Redis key long, and a key with a brace
+// cannot move the tag. Provided name contains neither ':' nor '#' (global.Limit's names
+// do not), the byte after the name tells the two forms apart, and no two (name, key)
+// pairs share a Redis key.
+func BucketKey(prefix, name, key string) string {
+	var b strings.Builder
+	if len(key) <= MaxKeyLen && !strings.ContainsAny(key, "{}") {
+		b.Grow(len(prefix) + len(name) + len(key) + 3)
+		b.WriteString(prefix)
+		b.WriteByte('{')
+		b.WriteString(name)
+		b.WriteByte(':')
+		b.WriteString(key)
+		b.WriteByte('}')
+		return b.String()
+	}
+	sum := sha256.Sum256([]byte(key))
+	var digest [2 * digestLen]byte
+	hex.Encode(digest[:], sum[:digestLen])
+	b.Grow(len(prefix) + len(name) + len(digest) + 3)
+	b.WriteString(prefix)
+	b.WriteByte('{')
+	b.WriteString(name)
+	b.WriteByte('#')
+	b.Write(digest[:])
+	b.WriteByte('}')
+	return b.String()
+}
+
+// FleetKey returns the Redis key of the sorted set of one fleet's live servers
+// (lua.Heartbeat): <prefix>fleet:{<fleet>}.
+func FleetKey(prefix, fleet string) string {
+	return prefix + "fleet:{" + fleet + "}"
+}
+
+// BucketReply is lua.Bucket's answer: {allowed (1 or 0), tostring(tokens)}.
+type BucketReply struct {
+	// Allowed reports whether the cost was spent.
+	Allowed bool
+	// Tokens is what the bucket holds after the decision.
+	Tokens float64
+}
+
+// TakeReply is lua.Take's answer: {granted, tostring(tokens), wait ms, now ms, flag}.
+type TakeReply struct {
+	// Granted is the number of tokens taken: want, fewer (at least min), or 0.
+	Granted int
+	// Tokens is what the bucket holds after the take.
+	Tokens float64
+	// WaitMS is 0 when tokens were granted, else the milliseconds until min tokens are
+	// there. A value past 2^63 comes back from Redis as garbage, possibly negative:
+	// convert it with tokenbucket.FromMillis, which reads that as never.
+	WaitMS int64
+	// NowMS is Redis's clock (TIME) at the decision, in milliseconds since 1970.
+	NowMS int64
+	// Flag is lua.Fresh, lua.Replayed or lua.Stale.
+	Flag int
+}
+
+// RefundReply is lua.Refund's answer: {tostring(tokens), flag}.
+type RefundReply struct {
+	// Tokens is what the bucket holds after the refund.
+	Tokens float64
+	// Flag is lua.Fresh, lua.Replayed or lua.Stale.
+	Flag int
+}
+
+// ParseBucket decodes lua.Bucket's reply, as go-redis or RESP gives it ([]any of int64
+// and string).
+func ParseBucket(reply any) (BucketReply, error) {
+	v, err := array(reply, 2, "{integer, string}")
+	if err != nil {
+		return BucketReply{}, err
+	}
+	allowed, ok := v[0].(int64)
+	tokens, err := number(v[1])
+	if !ok || err != nil {
+		return BucketReply{}, shape("{integer, string}", err)
+	}
+	return BucketReply{Allowed: allowed == 1, Tokens: tokens}, nil
+}
+
+// ParseTake decodes lua.Take's reply.
+func ParseTake(reply any) (TakeReply, error) {
+	const want = "{integer, string, integer, integer, integer}"
+	v, err := array(reply, 5, want)
+	if err != nil {
+		return TakeReply{}, err
+	}
+	granted, ok1 := v[0].(int64)
+	tokens, err := number(v[1])
+	wait, ok2 := v[2].(int64)
+	now, ok3 := v[3].(int64)
+	flag, ok4 := v[4].(int64)
+	if !ok1 || !ok2 || !ok3 || !ok4 || err != nil {
+		return TakeReply{}, shape(want, err)
+	}
+	return TakeReply{Granted: int(granted), Tokens: tokens, WaitMS: wait, NowMS: now, Flag: int(flag)}, nil
+}
+
+// ParseRefund decodes lua.Refund's reply.
+func ParseRefund(reply any) (RefundReply, error) {
+	v, err := array(reply, 2, "{string, integer}")
+	if err != nil {
+		return RefundReply{}, err
+	}
+	tokens, err := number(v[0])
+	flag, ok := v[1].(int64)
+	if !ok || err != nil {
+		return RefundReply{}, shape("{string, integer}", err)
+	}
+	return RefundReply{Tokens: tokens, Flag: int(flag)}, nil
+}
+
+// ParseHeartbeat decodes lua.Heartbeat's reply: the number of live servers, at least 1
+// (the caller is one).
+func ParseHeartbeat(reply any) (int, error) {
+	n, ok := reply.(int64)
+	if !ok {
+		return 0, fmt.Errorf("want an integer, got %T", reply)
+	}
+	if n < 1 {
+		return 0, fmt.Errorf("%d live servers, want at least 1", n)
+	}
+	return int(n), nil
+}
+
+// array checks that reply is an array of n values.
+func array(reply any, n int, want string) ([]any, error) {
+	v, ok := reply.([]any)
+	if !ok {
+		return nil, fmt.Errorf("want %s, got %T", want, reply)
+	}
+	if len(v) != n {
+		return nil, fmt.Errorf("want %d values, got %d", n, len(v))
+	}
+	return v, nil
+}
+
+// shape reports values of the wrong type, or a token count that is not a number.
+func shape(want string, err error) error {
+	if err != nil {
+		return err
+	}
+	return errors.New("want " + want)
+}
+
+// number parses a number the scripts return as a string (tostring). Real Redis and
+// miniredis format it differently (%.14g, Go's shortest form), so only the parsed value
+// means anything.
+func number(v any) (float64, error) {
+	s, ok := v.(string)
+	if !ok {
+		return 0, fmt.Errorf("tokens: want a string, got %T", v)
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return 0, fmt.Errorf("tokens %.20q not a number", s)
+	}
+	return f, nil
+}

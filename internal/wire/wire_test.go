@@ -1,0 +1,139 @@
+package wire
+
+import (
+	"math"
+	"strings"
+	"testing"
+)
+
+func TestBucketKey(t *testing.T) {
+	tests := []struct {
+		prefix, name, key, want string
+	}{
+		{"fl:", "api", "alice", "fl:{api:alice}"},
+		{"", "api", "", "{api:}"},
+		{"fl:", "api", strings.Repeat("k", MaxKeyLen), "fl:{api:" + strings.Repeat("k", MaxKeyLen) + "}"},
+		{"fl:", "api", strings.Repeat("k", MaxKeyLen+1), "fl:{api#f39cdc2584758c99cf81c1f41d2572f5}"},
+		{"x:", "api", "a}b", "x:{api#538c54fe17b56e2f2b4753732e0de804}"},
+	}
+	for _, tt := range tests {
+		if got := BucketKey(tt.prefix, tt.name, tt.key); got != tt.want {
+			t.Errorf("BucketKey(%q, %q, %q) = %q, want %q", tt.prefix, tt.name, tt.key, got, tt.want)
+		}
+	}
+	if got := FleetKey("fl:", "web"); got != "fl:fleet:{web}" {
+		t.Errorf("FleetKey = %q", got)
+	}
+}
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		name    string
+		parse   func(any) (any, error)
+		reply   any
+		want    any
+		wantErr string // substring; "" means decoded
+	}{
+		{"bucket allowed", bucket, []any{int64(1), "99"}, BucketReply{Allowed: true, Tokens: 99}, ""},
+		{"bucket denied", bucket, []any{int64(0), "0.5"}, BucketReply{Tokens: 0.5}, ""},
+		{"bucket %.14g", bucket, []any{int64(0), "9.007199254741e+15"}, BucketReply{Tokens: 9.007199254741e+15}, ""},
+		{"bucket short", bucket, []any{int64(1)}, nil, "want 2 values, got 1"},
+		{"bucket not an array", bucket, int64(1), nil, "want {integer, string}, got int64"},
+		{"bucket types", bucket, []any{"1", "99"}, nil, "want {integer, string}"},
+		{"bucket tokens", bucket, []any{int64(1), "x"}, nil, `tokens "x" not a number`},
+		{"take", take, []any{int64(5), "95", int64(0), int64(1700000000000), int64(0)},
+			TakeReply{Granted: 5, Tokens: 95, NowMS: 1700000000000}, ""},
+		{"take replayed", take, []any{int64(0), "0.25", int64(75), int64(1), int64(1)},
+			TakeReply{Tokens: 0.25, WaitMS: 75, NowMS: 1, Flag: 1}, ""},
+		{"take overflowed wait", take, []any{int64(0), "0", math.MinInt64 + int64(0), int64(1), int64(0)},
+			TakeReply{WaitMS: math.MinInt64, NowMS: 1}, ""},
+		{"take long", take, []any{int64(5), "95", int64(0), int64(1), int64(0), int64(0)}, nil, "want 5 values, got 6"},
+		{"take types", take, []any{int64(5), "95", "0", int64(1), int64(0)}, nil, "want {integer, string, integer, integer, integer}"},
+		{"take tokens", take, []any{int64(5), int64(95), int64(0), int64(1), int64(0)}, nil, "tokens: want a string, got int64"},
+		{"refund", refund, []any{"100", int64(2)}, RefundReply{Tokens: 100, Flag: 2}, ""},
+		{"refund nil", refund, nil, nil, "got <nil>"},
+		{"refund types", refund, []any{"100", "2"}, nil, "want {string, integer}"},
+		{"heartbeat", heartbeat, int64(3), 3, ""},
+		{"heartbeat zero", heartbeat, int64(0), nil, "0 live servers"},
+		{"heartbeat string", heartbeat, "3", nil, "want an integer, got string"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := tt.parse(tt.reply)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error %v, want one containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || got != tt.want {
+				t.Fatalf("got %+v, %v; want %+v", got, err, tt.want)
+			}
+		})
+	}
+}
+
+var (
+	bucket    = erase(ParseBucket)
+	take      = erase(ParseTake)
+	refund    = erase(ParseRefund)
+	heartbeat = erase(ParseHeartbeat)
+)
+
+// erase gives the decoders one type for the tables: the decoded value, or nil and the error.
+func erase[T any](parse func(any) (T, error)) func(any) (any, error) {
+	return func(v any) (any, error) {
+		r, err := parse(v)
+		if err != nil {
+			return nil, err
+		}
+		return r, nil
+	}
+}
+
+// replyFrom builds a reply of odd shapes from fuzz bytes: each byte picks the type of one
+// element (integer, string, number string, nil, nested list, float), so the decoders meet
+// every shape a broken or foreign server could send.
+func replyFrom(shape []byte, i int64, s string) []any {
+	out := make([]any, 0, len(shape))
+	for _, b := range shape {
+		switch b % 6 {
+		case 0:
+			out = append(out, i)
+		case 1:
+			out = append(out, s)
+		case 2:
+			out = append(out, "1e308")
+		case 3:
+			out = append(out, nil)
+		case 4:
+			out = append(out, []any{i, s})
+		case 5:
+			out = append(out, float64(i))
+		}
+	}
+	return out
+}
+
+// FuzzParse: the decoders never panic, and either decode or say why not. A reply comes
+// from outside the process: a broken, foreign or newer server may send anything.
+func FuzzParse(f *testing.F) {
+	f.Add([]byte{0, 1}, int64(1), "99")
+	f.Add([]byte{0, 1, 0, 0, 0}, int64(5), "-0.5")
+	f.Add([]byte{1, 0}, int64(-1), "nan")
+	f.Add([]byte{0, 2, 0, 0, 0}, int64(1)<<62, "")
+	f.Add([]byte{}, int64(0), "")
+	f.Fuzz(func(t *testing.T, shape []byte, i int64, s string) {
+		if len(shape) > 8 {
+			return
+		}
+		reply := replyFrom(shape, i, s)
+		for _, parse := range []func(any) (any, error){bucket, take, refund, heartbeat} {
+			for _, r := range []any{reply, i, s, nil} {
+				if got, err := parse(r); (err == nil) == (got == nil) {
+					t.Fatalf("reply %#v: %v, %v", r, got, err)
+				}
+			}
+		}
+	})
+}
