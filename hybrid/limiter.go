@@ -405,11 +405,15 @@ func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (Decisio
 	case l.closed.Load():
 		return Decision{Reason: ReasonClosed}, ErrClosed
 	}
-	d, w := l.eng.Decide(l.clock.Now(), lm, key, n)
-	if w != nil {
+	var d engine.Decision
+	if w := l.eng.Decide(l.clock.Now(), lm, key, n, &d); w != nil {
 		return l.wait(ctx, w)
 	}
-	return result(d)
+	if d.Reason == engine.ReasonClosed {
+		return Decision{Reason: ReasonClosed}, ErrClosed
+	}
+	return Decision{Allowed: d.Allowed, Remaining: d.Remaining, RetryAfter: d.RetryAfter,
+		Source: Source(d.Source), Reason: Reason(d.Reason), Servers: d.Servers}, nil
 }
 
 // result is d as AllowN returns it.

@@ -323,8 +323,8 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 // TestExpiryFollowsEachLimitsLifetime: a grant of a limit with a short lease lifetime is
-// refunded when it ends, even behind an earlier grant of a limit with a long one (the
-// expiry queue used to be in arrival order and stopped at the first grant not due).
+// refunded when it ends, even behind an earlier grant of a limit with a long one (an
+// expiry queue in arrival order would stop at the first grant not due).
 func TestExpiryFollowsEachLimitsLifetime(t *testing.T) {
 	_, c := redistest.Mini(t)
 	var now atomic.Int64

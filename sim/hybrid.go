@@ -154,8 +154,8 @@ func mix(xs ...uint64) uint64 {
 func (h *hybridStrat) handle(s *server, q *request) {
 	hs := s.state.(*hybridServer)
 	f := h.f
-	d, w := hs.eng.Decide(s.clock(f.e.now), hs.lim, f.keyName(q.key), q.n)
-	if w == nil {
+	var d engine.Decision
+	if w := hs.eng.Decide(s.clock(f.e.now), hs.lim, f.keyName(q.key), q.n, &d); w == nil {
 		h.record(q, d)
 	} else {
 		hs.waiting[w] = q

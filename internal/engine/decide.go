@@ -66,18 +66,19 @@ type outcome struct {
 	slot uint8   // the key's counter shard
 }
 
-// Decide decides a request of cost n for key under lm at now. On the common path (the
-// lease holds enough unexpired tokens) it is one pass under the key's store lock, with no
-// allocation. When the request must wait for a refill it returns a Waiter (the Decision
-// is then only provisional): the driver waits for Waiter.Done, or calls GiveUp once the
-// limit's MaxWait has passed or its caller gave up. A negative n is denied
-// (ReasonInvalidCost); after Stop and Finish requests are denied with ReasonClosed.
-func (e *Engine) Decide(now time.Time, lm *Limit, key string, n int) (Decision, *Waiter) {
+// Decide decides a request of cost n for key under lm at now, writing the decision to d.
+// On the common path (the lease holds enough unexpired tokens) it is one pass under the
+// key's store lock, with no allocation. When the request must wait for a refill it
+// returns a Waiter (and d is only provisional): the driver waits for Waiter.Done, or
+// calls GiveUp once the limit's MaxWait has passed or its caller gave up. A negative n is
+// denied (ReasonInvalidCost); after Drain requests are denied with ReasonClosed.
+func (e *Engine) Decide(now time.Time, lm *Limit, key string, n int, d *Decision) *Waiter {
 	var o outcome
 	if !lm.keys.Update(now, key, func(en *entry, t time.Time) {
 		lm.decide(&o, en, t, key, n, nil)
 	}) {
-		return Decision{Reason: ReasonClosed, Servers: e.Servers()}, nil
+		*d = Decision{Reason: ReasonClosed, Servers: e.Servers()}
+		return nil
 	}
 	o.d.Servers = e.Servers()
 	if o.st.Refund > 0 {
@@ -85,13 +86,15 @@ func (e *Engine) Decide(now time.Time, lm *Limit, key string, n int) (Decision, 
 	}
 	if o.f != nil && e.send(now, o.f, o.w) && o.w != nil {
 		// The refill failed at once (breaker open, stopped): the policy decided o.w.
-		return o.w.d, nil
+		*d = o.w.d
+		return nil
 	}
+	*d = o.d
 	if o.w != nil {
-		return o.d, o.w
+		return o.w
 	}
 	e.stats.count(o.slot, o.d.Source)
-	return o.d, nil
+	return nil
 }
 
 // decide runs the pre-check and the lease for one request under the key's lock; w is
@@ -105,7 +108,6 @@ func (e *Engine) Decide(now time.Time, lm *Limit, key string, n int) (Decision, 
 func (lm *Limit) decide(o *outcome, en *entry, t time.Time, key string, n int, w *Waiter) {
 	c := lm.lease.Load()
 	o.slot = en.slot
-	first := w == nil
 	if en.lease.CanServe(c, t, n) {
 		if !en.pre.AllowN(t, n) {
 			o.d = lm.preDenied(en, t, n)
@@ -117,7 +119,7 @@ func (lm *Limit) decide(o *outcome, en *entry, t time.Time, key string, n int, w
 			o.d = lm.preDenied(en, t, n)
 			return
 		}
-		if first {
+		if w == nil {
 			en.lease.acquire(c, t, n, &o.st)
 		} else {
 			o.st = en.lease.Recheck(c, t, n)
@@ -127,30 +129,37 @@ func (lm *Limit) decide(o *outcome, en *entry, t time.Time, key string, n int, w
 		}
 	}
 	st := &o.st
+	o.d = Decision{Allowed: st.Action == Allow, Remaining: st.Remaining, RetryAfter: st.RetryAfter, Source: SourceLease, Reason: st.Reason}
 	if st.Refill.Want > 0 {
 		o.f = &Flight{lim: lm, key: key, seq: st.Refill.Seq, want: st.Refill.Want, min: st.Refill.Min}
 		en.flight = o.f
 	}
-	if st.Action == Wait && en.flight != nil {
-		if w == nil {
-			w = &Waiter{lim: lm, key: key, n: n, ch: make(chan struct{})}
-		}
-		en.flight.waiters = append(en.flight.waiters, w)
-		o.w = w
-	}
-	o.d = Decision{Allowed: st.Action == Allow, Remaining: st.Remaining, RetryAfter: st.RetryAfter, Source: SourceLease, Reason: st.Reason}
 	switch {
-	case st.Action == Wait && en.flight == nil:
-		// The lease waits for a refill its entry no longer holds; it cannot happen,
-		// but a request must not wait for nothing: the policy decides it.
-		en.lease.Failed(en.lease.seq)
-		o.d = Decision{Source: SourceFallback, Reason: ReasonUnavailable}
-	case !first && st.Action != Wait:
+	case st.Action == Wait:
+		lm.join(o, en, key, n, w)
+	case w != nil: // decided after waiting for a refill
 		o.d.Source = SourceGlobal
 		if o.d.Allowed {
 			o.d.Reason = ReasonGranted
 		}
 	}
+}
+
+// join makes the request wait for the key's refill in flight, as waiter w (a new one if
+// nil); it requires that the key's lock is held.
+func (lm *Limit) join(o *outcome, en *entry, key string, n int, w *Waiter) {
+	if en.flight == nil {
+		// The lease waits for a refill its entry no longer holds; it cannot happen,
+		// but a request must not wait for nothing: the policy decides it.
+		en.lease.Failed(en.lease.seq)
+		o.d = Decision{Source: SourceFallback, Reason: ReasonUnavailable}
+		return
+	}
+	if w == nil {
+		w = &Waiter{lim: lm, key: key, n: n, ch: make(chan struct{})}
+	}
+	en.flight.waiters = append(en.flight.waiters, w)
+	o.w = w
 }
 
 // preDenied is the decision of an empty pre-check bucket.

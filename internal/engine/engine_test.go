@@ -33,6 +33,13 @@ func testEngine(t *testing.T, mod func(*Config)) (*Engine, *Limit) {
 	return e, e.Limit("api")
 }
 
+// decide is Decide returning the decision.
+func decide(e *Engine, now time.Time, lm *Limit, key string, n int) (Decision, *Waiter) {
+	var d Decision
+	w := e.Decide(now, lm, key, n, &d)
+	return d, w
+}
+
 // answerAll answers every take of t in full and every refund as done.
 func answerAll(t *Trip) {
 	for i, r := range t.Takes {
@@ -44,11 +51,11 @@ func answerAll(t *Trip) {
 func TestRequestsWaitForOneRefillAndAreDecidedInOrder(t *testing.T) {
 	var decided []*Waiter
 	e, lm := testEngine(t, func(c *Config) { c.Decided = func(w *Waiter) { decided = append(decided, w) } })
-	d, w1 := e.Decide(t0, lm, "k", 1)
+	d, w1 := decide(e, t0, lm, "k", 1)
 	if w1 == nil || d.Reason != ReasonRefill {
 		t.Fatalf("first request: %+v, %v; want a waiter for its refill", d, w1)
 	}
-	_, w2 := e.Decide(t0, lm, "k", 1)
+	_, w2 := decide(e, t0, lm, "k", 1)
 	if w2 == nil {
 		t.Fatal("second request did not wait for the refill in flight")
 	}
@@ -105,7 +112,7 @@ func TestGiveUpBeforeTheAnswer(t *testing.T) {
 		t.Run(tc.why.name(), func(t *testing.T) {
 			called := 0
 			e, lm := testEngine(t, func(c *Config) { c.Decided = func(*Waiter) { called++ } })
-			_, w := e.Decide(t0, lm, "k", 1)
+			_, w := decide(e, t0, lm, "k", 1)
 			d := e.GiveUp(t0.Add(10*ms), w, tc.why)
 			if d.Allowed != tc.allowed || d.Source != tc.source || d.Reason != tc.why {
 				t.Fatalf("GiveUp = %+v", d)
@@ -120,7 +127,7 @@ func TestGiveUpBeforeTheAnswer(t *testing.T) {
 				t.Fatalf("decision changed to %+v", got)
 			}
 			// The late grant still fills the lease: the next request is served from it.
-			if d, w := e.Decide(t0.Add(12*ms), lm, "k", 1); w != nil || !d.Allowed || d.Source != SourceLease {
+			if d, w := decide(e, t0.Add(12*ms), lm, "k", 1); w != nil || !d.Allowed || d.Source != SourceLease {
 				t.Fatalf("after a late grant: %+v, %v", d, w)
 			}
 		})
@@ -132,7 +139,7 @@ func (r Reason) name() string { return fmt.Sprintf("reason%d", r) }
 func TestBreakerOpenFailsAtOnce(t *testing.T) {
 	open := true
 	e, lm := testEngine(t, func(c *Config) { c.BreakerOpen = func() bool { return open } })
-	d, w := e.Decide(t0, lm, "k", 1)
+	d, w := decide(e, t0, lm, "k", 1)
 	if w != nil || d.Allowed || d.Source != SourceFallback || d.Reason != ReasonBreakerOpen {
 		t.Fatalf("with the breaker open: %+v, %v; want the policy at once", d, w)
 	}
@@ -146,7 +153,7 @@ func TestBreakerOpenFailsAtOnce(t *testing.T) {
 
 func TestFailedRefillSendsWaitersToThePolicy(t *testing.T) {
 	e, lm := testEngine(t, func(c *Config) { c.Limits[0].Policy = breaker.FailOpen })
-	_, w := e.Decide(t0, lm, "k", 1)
+	_, w := decide(e, t0, lm, "k", 1)
 	trip := e.Next()
 	trip.Err = fmt.Errorf("deadline: %w", breaker.ErrTimeout)
 	e.Done(t0.Add(10*ms), trip)
@@ -158,7 +165,7 @@ func TestFailedRefillSendsWaitersToThePolicy(t *testing.T) {
 func TestTripsBatchAndRefillsGoFirst(t *testing.T) {
 	e, lm := testEngine(t, nil)
 	for i := range MaxBatch + 10 {
-		e.Decide(t0, lm, fmt.Sprint("k", i), 1)
+		decide(e, t0, lm, fmt.Sprint("k", i), 1)
 	}
 	e.queueRefund(lm, "a", 3)
 	e.queueRefund(lm, "b", 1)
@@ -225,12 +232,12 @@ func TestSlowRefundTripIsSentAgainInHalves(t *testing.T) {
 
 func TestShutdown(t *testing.T) {
 	e, lm := testEngine(t, nil)
-	_, w := e.Decide(t0, lm, "k", 1) // its refill is pending, never sent
+	_, w := decide(e, t0, lm, "k", 1) // its refill is pending, never sent
 	e.Stop(t0)
 	if d := w.Decision(); d.Reason != ReasonClosed || d.Allowed {
 		t.Fatalf("a request waiting at Stop: %+v", d)
 	}
-	if d, w := e.Decide(t0, lm, "j", 1); w != nil || d.Reason != ReasonClosed {
+	if d, w := decide(e, t0, lm, "j", 1); w != nil || d.Reason != ReasonClosed {
 		t.Fatalf("a request after Stop: %+v, %v", d, w)
 	}
 	// A key that holds tokens: they are refunded at Drain.
