@@ -17,8 +17,9 @@ import (
 // the same scenario (including Seed) and strategy give the same Result, but for WallMS.
 //
 // The per-request strategies (Naive, Script, ScriptCallerClock) run on the Go model of the
-// scripts, which TestModelMatchesScripts holds to the Lua; Hybrid runs the real scripts of
-// package lua on an embedded miniredis whose clock follows the virtual one.
+// scripts (internal/luamodel), which its differential tests hold to the Lua; Hybrid runs
+// the engine hybrid.Limiter runs, one per server, and the real scripts of package lua on
+// an embedded miniredis whose clock follows the virtual one (or on the model: GoModel).
 //
 // Hybrid runs inside a testing/synctest bubble of t: the breaker package's breakers and
 // deadlines read time.Now, and in the bubble that clock is kept on the virtual one. The

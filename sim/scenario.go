@@ -91,7 +91,7 @@ type Change struct {
 }
 
 // Scenario fixes everything about one simulated run but the strategy. Rate, Burst and
-// Policy are required; other zero fields take the defaults of the issue: 200 servers,
+// Policy are required; other zero fields take the defaults of a built-in scenario: 200 servers,
 // 10 s, RTT 0.5 ms ± 0.1 ms, 8 µs per script call. In JSON (a file for
 // `go test ./sim -args -scenario FILE`), its keys are the field names and durations
 // are strings: see UnmarshalJSON.
@@ -161,7 +161,7 @@ type Scenario struct {
 
 	// GoModel runs the hybrid strategy's scripts on the simulator's Go model of them instead
 	// of on miniredis: much faster with many keys (miniredis ages every key's TTL on every
-	// command), and held to the same answers by TestModelMatchesScripts and
+	// command), and held to the same answers by internal/luamodel's differential tests and
 	// TestModelRunsMatchMiniredis. The per-request strategies always run on the model.
 	GoModel bool
 
