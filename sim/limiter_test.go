@@ -268,6 +268,7 @@ func comparable(r Result) Result {
 // every figure must be identical: admissions, Redis calls and round trips, the source of
 // every decision, latencies, the timeline, the breakers, the outage.
 func TestSimTracksLimiter(t *testing.T) {
+	t.Parallel() // beside the other long tests of the package: two cores stay busy
 	outage := Window{Start: time.Second, End: 2 * time.Second}
 	cases := []Scenario{
 		{Name: "hot", Servers: 10, Duration: 2 * time.Second, Rate: 2000, Burst: 200, Demand: 3000, Policy: FailLocal},
@@ -288,6 +289,7 @@ func TestSimTracksLimiter(t *testing.T) {
 	for _, sc := range cases {
 		sc.Jitter = -1 // no draws from the run's random stream for the network
 		t.Run(sc.Name, func(t *testing.T) {
+			t.Parallel()
 			sim, err := Run(t, sc, Hybrid)
 			if err != nil {
 				t.Fatal(err)

@@ -16,6 +16,7 @@ func same(a, b Result) bool {
 // TestRunIsDeterministic runs each strategy twice on a small fleet: the results must be
 // identical, so every figure of the tables can be reproduced from its seed.
 func TestRunIsDeterministic(t *testing.T) {
+	t.Parallel() // beside the other long tests of the package: two cores stay busy
 	sc := Scenario{Name: "det", Servers: 20, Duration: time.Second, Rate: 2000, Burst: 200, Demand: 3000,
 		Keys: 10, Balancer: Skewed, Policy: FailLocal, Outage: Window{Start: 300 * time.Millisecond, End: 500 * time.Millisecond},
 		Churn: []Change{{At: 600 * time.Millisecond, Servers: 15}, {At: 800 * time.Millisecond, Servers: 25}}}
@@ -47,6 +48,7 @@ func TestRunIsDeterministic(t *testing.T) {
 // once with the real scripts on miniredis and once on the Go model. Every figure must be
 // identical, which is what licenses GoModel for the large many-keys scenario.
 func TestModelRunsMatchMiniredis(t *testing.T) {
+	t.Parallel() // beside the other long tests of the package: two cores stay busy
 	base := Scenario{Servers: 20, Duration: 2 * time.Second, Rate: 2000, Burst: 200, Demand: 3000, Policy: FailLocal}
 	many := base
 	many.Name, many.Keys, many.Rate, many.Burst, many.Demand = "many", 100, 20, 20, 2000

@@ -75,6 +75,7 @@ func runSuites(t *testing.T, ss []suite) [][]outcome {
 // scenario instead, as written (-short, -seed and -only do not apply), under every
 // strategy, and checks no claim: the claims are about the built-ins.
 func TestFleet(t *testing.T) {
+	t.Parallel() // beside the other long tests of the package: two cores stay busy
 	var ss []suite
 	builtin := *scenarioFile == ""
 	if builtin {

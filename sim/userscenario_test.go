@@ -73,6 +73,7 @@ func shrink(sc Scenario) Scenario {
 // TestExampleScenario runs the shipped example file as -scenario does, shrunk, and
 // checks what the report says of it: one row per strategy, named after the scenario.
 func TestExampleScenario(t *testing.T) {
+	t.Parallel() // beside the other long tests of the package: two cores stay busy
 	sc, err := readScenario("testdata/example.json")
 	if err != nil {
 		t.Fatal(err)

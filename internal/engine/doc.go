@@ -37,9 +37,13 @@
 //   - the counters are atomics, and a limit's lease configuration is an atomic pointer
 //     replaced whole when the live server count changes.
 //
-// Lock order: Waiter.mu, then a key's shard lock or Engine.mu. Driver callbacks (Notify,
-// Decided) run with no lock of the engine held, except that Notify may run under a
-// Waiter's mutex: it must not call the engine.
+// Lock order: Waiter.mu, then a key's shard lock or Engine.mu. Decide, GiveUp and Tick may
+// be called from any goroutine; Next, Done and Stop belong to the driver's loop, one
+// goroutine at a time. Only that loop holds two Waiters' mutexes at once (a request it
+// rechecks starts a refill that fails at once, and the other requests that joined that
+// refill are decided too), so no two goroutines can take them in opposite orders. Driver
+// callbacks (Notify, Decided) run with no lock of the engine held, except that Notify may
+// run under a Waiter's mutex: it must not call the engine.
 //
 // Given the same inputs in the same order an Engine gives the same outputs: nothing in
 // it depends on map order or the scheduler. A driver that makes the same calls at the
