@@ -39,7 +39,8 @@ const InfDuration = time.Duration(math.MaxInt64)
 // Limit is one named fleet-wide limit: a token bucket of Burst tokens refilled at Rate
 // per second, held in Redis and shared by every server, one bucket per key (client,
 // tenant, IP, ...). Zero fields take the defaults their comments name; Name, Rate, Burst
-// and Policy are required.
+// and Policy are required, so the zero Limit is invalid (New says why). New validates
+// every field: a Limit it accepts never fails at request time.
 type Limit struct {
 	// Name identifies the limit in calls and in Redis keys: 1 to 64 printable ASCII bytes
 	// without space, '{', '}', ':' or '#'. Every server gives a limit the same Name, Rate
@@ -83,7 +84,9 @@ type Limit struct {
 	MaxKeys int
 }
 
-// Config configures a Limiter.
+// Config configures a Limiter. FleetSize and at least one Limit are required; the other
+// zero fields take the defaults their comments name. New copies what it needs: changing a
+// Config after New changes nothing.
 type Config struct {
 	// Limits are the named limits; at least one, names unique.
 	Limits []Limit
@@ -187,7 +190,9 @@ func (r Reason) String() string {
 	return fmt.Sprintf("Reason(%d)", uint8(r))
 }
 
-// Decision is the answer to one request.
+// Decision is the answer to one request: a plain value, safe to keep and share. The zero
+// Decision denies, with no source or reason (what AllowN returns with an error that
+// happened before any tier was asked).
 type Decision struct {
 	// Allowed reports whether the request may proceed.
 	Allowed bool

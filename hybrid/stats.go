@@ -2,7 +2,8 @@ package hybrid
 
 import "github.com/fleetlimit/fleetlimit/breaker"
 
-// Stats are a Limiter's counters since New, for metrics.
+// Stats are a Limiter's counters since New, for metrics: a snapshot, each counter read
+// atomically but not all at one instant.
 type Stats struct {
 	// Decisions by the tier that made them.
 	PreCheck, Lease, Global, Fallback int64
