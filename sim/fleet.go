@@ -5,8 +5,6 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"time"
-
-	"github.com/fleetlimit/fleetlimit/local"
 )
 
 // epoch is virtual instant 0 on every clock of the simulation (servers and Redis).
@@ -46,8 +44,7 @@ type server struct {
 	name  string
 	skew  time.Duration // how far its clock runs ahead of true (virtual) time
 	alive bool
-	local *local.Limiter // local-only share
-	state any            // the strategy's per-server state
+	state any // the strategy's per-server state
 }
 
 // clock is the server's reading of its own clock at virtual instant t.

@@ -5,8 +5,6 @@ import (
 	"math"
 	"time"
 
-	"golang.org/x/time/rate"
-
 	"github.com/fleetlimit/fleetlimit/internal/luamodel"
 	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
 	"github.com/fleetlimit/fleetlimit/internal/wire"
@@ -87,25 +85,20 @@ type localOnly struct {
 	f *fleet
 }
 
-func newLocalLimiter(sc *Scenario, r rate.Limit, burst int) (*local.Limiter, error) {
-	l, err := local.NewLimiter(local.Config{Rate: r, Burst: burst, MaxKeys: max(sc.Keys, 1024)})
-	if err != nil {
-		return nil, fmt.Errorf("sim: local limiter: %w", err)
-	}
-	return l, nil
-}
-
 func (l *localOnly) join(s *server) error {
 	sc := l.f.sc
 	r, b := local.FallbackLimit(sc.Rate, sc.Burst, sc.Servers, sc.Cost)
-	lim, err := newLocalLimiter(sc, r, b)
-	s.local = lim
-	return err
+	lim, err := local.NewLimiter(local.Config{Rate: r, Burst: b, MaxKeys: max(sc.Keys, 1024)})
+	if err != nil {
+		return fmt.Errorf("sim: local limiter: %w", err)
+	}
+	s.state = lim
+	return nil
 }
 
-func (l *localOnly) leave(s *server) { s.local.Close() }
+func (l *localOnly) leave(s *server) { s.state.(*local.Limiter).Close() }
 
 func (l *localOnly) handle(s *server, q *request) {
 	f := l.f
-	f.decide(q, s.local.AllowN(s.clock(f.e.now), f.keyName(q.key), q.n), srcLocal)
+	f.decide(q, s.state.(*local.Limiter).AllowN(s.clock(f.e.now), f.keyName(q.key), q.n), srcLocal)
 }
