@@ -215,6 +215,9 @@ func header(name string, o outcome) string {
 	for _, c := range sc.Churn {
 		fmt.Fprintf(&b, ", %d servers at %v", c.Servers, c.At)
 	}
+	if sc.Heartbeat > 0 {
+		fmt.Fprintf(&b, ", heartbeats every %v", sc.Heartbeat)
+	}
 	fmt.Fprintf(&b, "\nbound burst+rate·T = %s per key, floor 90%% of rate·T = %s\n",
 		num(sc.bound()), num(0.9*sc.Rate*sc.Duration.Seconds()))
 	return b.String()
