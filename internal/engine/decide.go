@@ -262,7 +262,7 @@ func reasonFor(err error) Reason {
 }
 
 // errClosed fails the refills of a stopped engine.
-var errClosed = errors.New("hybrid: limiter closed")
+var errClosed = errors.New("engine stopped")
 
 // decideFailed decides w, whose refill failed with err: by the limit's policy, or
 // closed. It reports whether w was still waiting. self is a waiter the caller holds

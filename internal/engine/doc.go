@@ -16,8 +16,9 @@
 // waited, set on its Waiter) and the I/O it wants: Next returns one Trip at a time —
 // refills (up to MaxBatch per pipelined round trip), refunds summed per key, a heartbeat —
 // which the driver carries out and hands back to Done. The scheduling of that I/O is the
-// engine's: one round trip out at a time, refills first, a refund trip answered too late
-// sent again in halves with the same sequence numbers.
+// engine's: one round trip out at a time, refills first but never two trips of them in a
+// row while a heartbeat or refunds wait, a refund trip answered too late sent again in
+// halves with the same sequence numbers.
 //
 // The Lease type is the pure per-key lease rule inside it (batch size, prefetch, pacing,
 // expiry), with no locks at all.
@@ -42,8 +43,9 @@
 // goroutine at a time. Only that loop holds two Waiters' mutexes at once (a request it
 // rechecks starts a refill that fails at once, and the other requests that joined that
 // refill are decided too), so no two goroutines can take them in opposite orders. Driver
-// callbacks (Notify, Decided) run with no lock of the engine held, except that Notify may
-// run under a Waiter's mutex: it must not call the engine.
+// callbacks (Notify, Decided) run with neither Engine.mu nor a key's lock held, but
+// possibly under a Waiter's mutex: they must not call the engine (Decided may read the
+// Waiter it is given, whose mutex is never the one held).
 //
 // Given the same inputs in the same order an Engine gives the same outputs: nothing in
 // it depends on map order or the scheduler. A driver that makes the same calls at the

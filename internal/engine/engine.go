@@ -68,12 +68,15 @@ type Config struct {
 	// while it is fails at once, and its requests go to their policy without waiting.
 	// nil: never open.
 	BreakerOpen func() bool
-	// Notify is called, with no lock held, whenever I/O is queued, so that the driver
-	// calls Next. nil: the driver polls.
+	// Notify is called whenever I/O is queued, so that the driver calls Next. nil: the
+	// driver polls. It runs with neither Engine's lock nor a key's held, but possibly
+	// under the mutex of a Waiter being decided: it must not call the engine.
 	Notify func()
-	// Decided is called, with no lock held, for every waiting request the engine
-	// decides by itself (a refill answered or failed, Stop); never for one decided
-	// by GiveUp, which returns its decision. nil: the driver watches Waiter.Done.
+	// Decided is called for every waiting request w the engine decides by itself (a
+	// refill answered or failed, Stop); never for one decided by GiveUp, which returns
+	// its decision. nil: the driver watches Waiter.Done. As Notify, it may run under
+	// the mutex of another Waiter (one whose recheck started the refill that decided
+	// w): it may read w, and must not call the engine.
 	Decided func(w *Waiter)
 }
 
@@ -106,6 +109,7 @@ type Engine struct {
 	refundTrips [][]global.RefundRequest // refunds summed and numbered, one trip each
 	expiries    expiries                 // grants by the end of their lifetime
 	busy        bool                     // a trip is out
+	lastTake    bool                     // the last trip was a TakeTrip
 	stopped     bool                     // Stop was called: refills fail at once
 	finished    bool                     // Finish was called: refunds are counted lost
 	ticked      bool                     // Tick has run once

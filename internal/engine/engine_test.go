@@ -162,7 +162,7 @@ func TestFailedRefillSendsWaitersToThePolicy(t *testing.T) {
 	}
 }
 
-func TestTripsBatchAndRefillsGoFirst(t *testing.T) {
+func TestTripsBatchAndTakeTurns(t *testing.T) {
 	e, lm := testEngine(t, nil)
 	for i := range MaxBatch + 10 {
 		decide(e, t0, lm, fmt.Sprint("k", i), 1)
@@ -181,7 +181,8 @@ func TestTripsBatchAndRefillsGoFirst(t *testing.T) {
 		answerAll(trip)
 		e.Done(t0.Add(ms), trip)
 	}
-	want := []string{fmt.Sprintf("%d×%d", TakeTrip, MaxBatch), fmt.Sprintf("%d×10", TakeTrip), fmt.Sprintf("%d×2", RefundTrip)}
+	// The refills go first, but the refunds do not wait for the second batch of them.
+	want := []string{fmt.Sprintf("%d×%d", TakeTrip, MaxBatch), fmt.Sprintf("%d×2", RefundTrip), fmt.Sprintf("%d×10", TakeTrip)}
 	if fmt.Sprint(kinds) != fmt.Sprint(want) {
 		t.Fatalf("trips %v, want %v", kinds, want)
 	}
@@ -296,6 +297,45 @@ func TestHeartbeatDividesTheLimits(t *testing.T) {
 	e.Tick(beat.Add(time.Second))
 	if trip := e.Next(); trip == nil || trip.Kind != HeartbeatTrip {
 		t.Fatalf("no heartbeat a second later: %+v", trip)
+	}
+}
+
+// TestSteadyRefillsDoNotStarveTheRest runs a server whose every round trip takes a
+// millisecond while a new key asks for a refill every millisecond, so that a refill is
+// always waiting: its heartbeats, and the refunds of the leases that keys hot for a while
+// leave behind, must still go out.
+func TestSteadyRefillsDoNotStarveTheRest(t *testing.T) {
+	e, lm := testEngine(t, func(c *Config) {
+		c.Fleet = "api-servers"
+		c.Limits[0].Rate = 1e6
+		c.Limits[0].Burst = 1e6
+		c.Limits[0].LowWatermark = 0 // prefetch: a grant leaves tokens to expire
+	})
+	var out *Trip
+	kinds := map[TripKind]int{}
+	const steps = 10_000 // 10s
+	for i := range steps {
+		now := t0.Add(time.Duration(i) * ms)
+		decide(e, now, lm, fmt.Sprint("new", i), 1)
+		decide(e, now, lm, fmt.Sprint("hot", i/200), 1) // hot for 200ms, then left with tokens
+		e.Tick(now)
+		if out != nil {
+			answerAll(out)
+			e.Done(now, out)
+		}
+		if out = e.Next(); out != nil {
+			kinds[out.Kind]++
+		}
+	}
+	s := e.Stats()
+	if kinds[HeartbeatTrip] < 9 {
+		t.Errorf("%d heartbeats in 10s, want one a second (trips %v)", kinds[HeartbeatTrip], kinds)
+	}
+	if kinds[RefundTrip] == 0 || s.Refunded == 0 {
+		t.Errorf("no refunds went out (trips %v, stats %+v)", kinds, s)
+	}
+	if kinds[TakeTrip] < steps/2-1 {
+		t.Errorf("%d take trips, want at least every other trip (trips %v)", kinds[TakeTrip], kinds)
 	}
 }
 

@@ -58,25 +58,30 @@ type Trip struct {
 func (t *Trip) Lost() (int, error) { return t.lost, t.firstErr }
 
 // Next returns the next round trip to make, or nil when one is out already or nothing
-// is due: refills first (they have requests waiting), then refunds, then a heartbeat.
+// is due. Refills go first, as they have requests waiting, but never twice in a row
+// while other work is due: after a TakeTrip, a due heartbeat and then queued refunds
+// go next, so that a server under a steady stream of refills still announces itself
+// and gives back what it does not use.
 func (e *Engine) Next() *Trip {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.busy {
 		return nil
 	}
+	other := e.beatDue || len(e.refundTrips) > 0 || len(e.refunds) > 0
 	var t *Trip
 	switch {
-	case len(e.pending) > 0:
+	case len(e.pending) > 0 && !(e.lastTake && other):
 		t = e.takeTrip()
-	case len(e.refundTrips) > 0 || len(e.refunds) > 0:
-		t = e.refundTrip()
 	case e.beatDue:
 		e.beatDue = false
 		t = &Trip{Kind: HeartbeatTrip, Fleet: e.fleet, TTL: 3 * e.beat}
+	case len(e.refundTrips) > 0 || len(e.refunds) > 0:
+		t = e.refundTrip()
 	default:
 		return nil
 	}
+	e.lastTake = t.Kind == TakeTrip
 	e.busy = true
 	return t
 }
@@ -326,8 +331,9 @@ func (e *Engine) Tick(now time.Time) {
 		}
 		e.nextExpiry = now.Add(e.tickEvery)
 	}
+	beat := false
 	if e.fleet != "" && !e.stopped && !now.Before(e.nextBeat) {
-		e.beatDue = true
+		e.beatDue, beat = true, true
 		e.nextBeat = now.Add(e.beat)
 	}
 	e.mu.Unlock()
@@ -340,7 +346,7 @@ func (e *Engine) Tick(now time.Time) {
 			e.queueRefund(x.lim, x.key, n)
 		}
 	}
-	if due != nil || e.beatDue {
+	if due != nil || beat {
 		e.wake()
 	}
 }
