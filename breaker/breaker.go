@@ -196,6 +196,7 @@ type stateEvent struct{ from, to State }
 type counters struct {
 	calls, successes, failures, timeouts, excluded, rejected, overloaded, abandoned atomic.Int64
 	maxInFlight                                                                     atomic.Int64
+	transitions                                                                     [3]atomic.Int64 // by the state entered
 }
 
 // Markers passed to gobreaker's done callback: Do classifies the outcome
@@ -256,6 +257,7 @@ func New(st Settings) (*Breaker, error) {
 		IsExcluded:   func(err error) bool { return err == errExcluded },
 		// gobreaker calls this with its mutex held: only queue the event.
 		OnStateChange: func(_ string, from, to gobreaker.State) {
+			b.stats.transitions[fromGobreaker(to)].Add(1)
 			b.evMu.Lock()
 			b.events = append(b.events, stateEvent{fromGobreaker(from), fromGobreaker(to)})
 			b.evPending.Store(int32(len(b.events)))
@@ -521,6 +523,9 @@ type Stats struct {
 	Abandoned   int64 // calls still running when Do returned
 	InFlight    int64 // store calls running now, abandoned ones included
 	MaxInFlight int64 // the most store calls that ran at once
+	// Opened, HalfOpened and Closed count the state changes into each state. A change
+	// is counted when it happens, before OnStateChange hears of it.
+	Opened, HalfOpened, Closed int64
 }
 
 // Stats returns the breaker's counters.
@@ -536,5 +541,8 @@ func (b *Breaker) Stats() Stats {
 		Abandoned:   b.stats.abandoned.Load(),
 		InFlight:    b.inFlight.Load(),
 		MaxInFlight: b.stats.maxInFlight.Load(),
+		Opened:      b.stats.transitions[StateOpen].Load(),
+		HalfOpened:  b.stats.transitions[StateHalfOpen].Load(),
+		Closed:      b.stats.transitions[StateClosed].Load(),
 	}
 }

@@ -478,6 +478,15 @@ func TestBreakerConcurrent(t *testing.T) {
 			}
 			prev = to
 		}
+		// The transition counters agree with the changes OnStateChange heard of.
+		var into [3]int64
+		for _, c := range ch.list() {
+			_, to, _ := strings.Cut(c, "->")
+			into[map[string]State{"closed": StateClosed, "half-open": StateHalfOpen, "open": StateOpen}[to]]++
+		}
+		if st.Opened != into[StateOpen] || st.HalfOpened != into[StateHalfOpen] || st.Closed != into[StateClosed] || st.Opened == 0 {
+			t.Errorf("transitions opened %d, half-opened %d, closed %d; OnStateChange heard %v", st.Opened, st.HalfOpened, st.Closed, into)
+		}
 		t.Logf("%d state changes; stats %+v", len(ch.list()), st)
 	})
 }

@@ -114,5 +114,5 @@ func ExampleNew() {
 	_, err := global.New(rdb)
 	fmt.Println(err)
 	// Output:
-	// global: invalid configuration: the client retries a timed-out command (Options.MaxRetries = 3), so one AllowN could be charged up to 4 times; set Options.MaxRetries to -1 (global.Configure / ConfigureCluster / ConfigureUniversal do), or pass global.RetryingClient() to use only the idempotent lease calls (Take, Refund, TakeBatch)
+	// global: invalid configuration: the client retries a timed-out command (Options.MaxRetries = 3). To share it with a hybrid.Limiter, pass global.RetryingClient(): the Limiter's calls recognise a replay and stay exact (Store.AllowN, which cannot, is then refused). Or set Options.MaxRetries to -1 (global.Configure / ConfigureCluster / ConfigureUniversal do), so that every call, AllowN included, runs at most once
 }

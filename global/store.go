@@ -125,10 +125,11 @@ func New(client redis.Scripter, opts ...Option) (*Store, error) {
 		s.serverID = hex.EncodeToString(b[:])
 	}
 	if n, what := retries(client); n > 0 && !s.retrying {
-		return nil, fmt.Errorf("%w: the client retries a timed-out command (%s = %d), so one AllowN could be "+
-			"charged up to %d times; set %s to -1 (global.Configure / ConfigureCluster / ConfigureUniversal do), "+
-			"or pass global.RetryingClient() to use only the idempotent lease calls (Take, Refund, TakeBatch)",
-			ErrInvalidConfig, what, n, n+1, what)
+		return nil, fmt.Errorf("%w: the client retries a timed-out command (%s = %d). To share it with a "+
+			"hybrid.Limiter, pass global.RetryingClient(): the Limiter's calls recognise a replay and stay exact "+
+			"(Store.AllowN, which cannot, is then refused). Or set %s to -1 (global.Configure / ConfigureCluster / "+
+			"ConfigureUniversal do), so that every call, AllowN included, runs at most once",
+			ErrInvalidConfig, what, n, what)
 	}
 	// Sequence numbers must grow across restarts of a process that keeps its ServerID,
 	// and stay below 2^53 (Lua numbers): microseconds since 1970 do both until 2255.

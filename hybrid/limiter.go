@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/internal/engine"
+	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
 )
 
 // Errors of the Limiter. Being denied is not an error, and neither is a Redis failure:
@@ -110,6 +112,21 @@ type Config struct {
 	// New builds when Breaker is nil. nil means breaker.SystemClock. Tests pass their
 	// own, for instance one that embeds SystemClock and freezes Now.
 	Clock breaker.Clock
+	// Logger, if set, hears of the rare events an operator needs: the breaker opening
+	// and closing, leased tokens whose refund was lost, the live fleet size changing,
+	// and Redis refusing the scripts (an error that waiting will not cure). Never a line
+	// per request; a kind of event that repeats is logged at most once per LogInterval.
+	// nil: silent.
+	Logger *slog.Logger
+	// LogInterval is the shortest time between two lines of one kind of repeated event
+	// (lost refunds, refused scripts); the next line says how many were not logged.
+	// default: 10s
+	LogInterval time.Duration
+	// OnDecision, if set, is called with every decision AllowN, Allow, WaitN and Wait
+	// make, on the caller's goroutine, before they return; key is the request's key.
+	// It runs on the hot path: keep it short and non-blocking. The Limiter's counters
+	// (Stats) need no callback. nil: no call.
+	OnDecision func(key string, d Decision)
 }
 
 // Source says which tier made a decision.
@@ -193,11 +210,18 @@ func (r Reason) String() string {
 // Decision is the answer to one request: a plain value, safe to keep and share. The zero
 // Decision denies, with no source or reason (what AllowN returns with an error that
 // happened before any tier was asked).
+//
+// Besides the answer it describes the limit, so that a handler can write rate-limit
+// headers without its own copy of the configuration: the limit's Name, its Quota and
+// Window (the bucket holds Quota tokens and refills them all in Window), and how long
+// until the key's bucket is full again (Reset). Package httplimit maps these onto the
+// standard HTTP headers.
 type Decision struct {
 	// Allowed reports whether the request may proceed.
 	Allowed bool
 	// Remaining is the best known count of tokens left for the key, fleet-wide: tokens
-	// this server holds plus what the bucket reported at its last grant.
+	// this server holds plus what the bucket reported at its last grant. Other servers
+	// spend from the same bucket, so it is an estimate; 0 when the fallback decided.
 	Remaining int
 	// RetryAfter, when the request is denied, is when it may pass (InfDuration: never).
 	RetryAfter time.Duration
@@ -206,12 +230,32 @@ type Decision struct {
 	Reason Reason
 	// Servers is the live server count the limit was divided by.
 	Servers int
+	// Limit is the name of the limit asked.
+	Limit string
+	// Quota is the limit's Burst: the most tokens the key's bucket holds.
+	Quota int
+	// Window is the time the bucket takes to refill from empty to Quota at the limit's
+	// Rate (Burst / Rate): Quota per Window is the limit's long-run rate.
+	Window time.Duration
+	// Reset is how long until the key's bucket is full again, from Remaining at the
+	// limit's Rate: 0 when Remaining is Quota, Window when the fallback decided (the
+	// bucket's level is not known then).
+	Reset time.Duration
 }
 
-// decision is d as the user sees it.
-func decision(d engine.Decision) Decision {
-	return Decision{Allowed: d.Allowed, Remaining: d.Remaining, RetryAfter: d.RetryAfter,
-		Source: Source(d.Source), Reason: Reason(d.Reason), Servers: d.Servers}
+// decision is d, for the limit lm, as the user sees it.
+func decision(lm *engine.Limit, d *engine.Decision) Decision {
+	out := Decision{Allowed: d.Allowed, Remaining: d.Remaining, RetryAfter: d.RetryAfter,
+		Source: Source(d.Source), Reason: Reason(d.Reason), Servers: d.Servers,
+		Limit: lm.Name(), Quota: lm.Burst()}
+	r := lm.Rate()
+	out.Window = tokenbucket.Duration(float64(out.Quota), r)
+	missing := out.Quota - out.Remaining
+	if out.Source == SourceFallback {
+		missing = out.Quota
+	}
+	out.Reset = tokenbucket.Duration(float64(missing), r)
+	return out
 }
 
 // Limiter is the two-tier limiter users call: for each request, a per-server pre-check,
@@ -231,6 +275,9 @@ type Limiter struct {
 	brk   *breaker.Breaker
 	clock breaker.Clock
 
+	onDecision func(key string, d Decision)
+	events     *events // nil without a Logger
+
 	closed atomic.Bool
 	wake   chan struct{} // buffered 1: the engine has I/O queued
 	stop   chan struct{} // closed by Close
@@ -244,12 +291,16 @@ func New(store *global.Store, cfg Config) (*Limiter, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
 	}
+	if cfg.LogInterval < 0 {
+		return nil, fmt.Errorf("%w: LogInterval %v is negative", ErrInvalidConfig, cfg.LogInterval)
+	}
 	l := &Limiter{
-		store: store,
-		brk:   cfg.Breaker,
-		clock: cfg.Clock,
-		wake:  make(chan struct{}, 1),
-		stop:  make(chan struct{}),
+		store:      store,
+		brk:        cfg.Breaker,
+		clock:      cfg.Clock,
+		onDecision: cfg.OnDecision,
+		wake:       make(chan struct{}, 1),
+		stop:       make(chan struct{}),
 	}
 	if l.clock == nil {
 		l.clock = breaker.SystemClock{}
@@ -283,6 +334,9 @@ func New(store *global.Store, cfg Config) (*Limiter, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	l.eng = eng
+	if cfg.Logger != nil {
+		l.events = newEvents(cfg.Logger, cmp.Or(cfg.LogInterval, defaultLogInterval), l.brk, cfg.Fleet, eng.Servers())
+	}
 	l.wg.Add(1)
 	go l.run()
 	return l, nil
@@ -312,7 +366,13 @@ func (l *Limiter) run() {
 		if t := l.eng.Next(); t != nil {
 			l.do(context.Background(), t)
 			l.eng.Done(l.clock.Now(), t)
+			if l.events != nil {
+				l.events.trip(l.clock.Now(), t, l.eng.Servers())
+			}
 			continue
+		}
+		if l.events != nil {
+			l.events.breaker()
 		}
 		stop := l.clock.AfterFunc(max(l.eng.NextTick().Sub(now), time.Millisecond), l.poke)
 		select {
@@ -404,54 +464,57 @@ func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (Decisio
 	lm := l.eng.Limit(limit)
 	switch {
 	case lm == nil:
-		return Decision{RetryAfter: InfDuration}, ErrUnknownLimit
+		return Decision{RetryAfter: InfDuration, Limit: limit}, ErrUnknownLimit
 	case n < 0:
-		return Decision{Reason: ReasonInvalidCost, RetryAfter: InfDuration}, ErrInvalidCost
+		d := engine.Decision{Reason: engine.ReasonInvalidCost, RetryAfter: InfDuration}
+		return decision(lm, &d), ErrInvalidCost
 	case l.closed.Load():
-		return Decision{Reason: ReasonClosed}, ErrClosed
+		return Decision{Reason: ReasonClosed, Limit: limit}, ErrClosed
 	}
 	var d engine.Decision
 	if w := l.eng.Decide(l.clock.Now(), lm, key, n, &d); w != nil {
-		return l.wait(ctx, w)
+		return l.wait(ctx, lm, key, w)
 	}
-	if d.Reason == engine.ReasonClosed {
-		return Decision{Reason: ReasonClosed}, ErrClosed
-	}
-	return Decision{Allowed: d.Allowed, Remaining: d.Remaining, RetryAfter: d.RetryAfter,
-		Source: Source(d.Source), Reason: Reason(d.Reason), Servers: d.Servers}, nil
+	return l.result(lm, key, &d, nil)
 }
 
-// result is d as AllowN returns it.
-func result(d engine.Decision) (Decision, error) {
+// result is d, for key under lm, as AllowN returns it with err; it tells OnDecision.
+func (l *Limiter) result(lm *engine.Limit, key string, d *engine.Decision, err error) (Decision, error) {
 	if d.Reason == engine.ReasonClosed {
-		return Decision{Reason: ReasonClosed}, ErrClosed
+		return Decision{Reason: ReasonClosed, Limit: lm.Name()}, ErrClosed
 	}
-	return decision(d), nil
+	out := decision(lm, d)
+	if l.onDecision != nil {
+		l.onDecision(key, out)
+	}
+	return out, err
 }
 
 // wait waits for the decision of a request that waits for a refill: the engine's,
 // or the policy's once the limit's MaxWait has passed, or none once ctx ends.
-func (l *Limiter) wait(ctx context.Context, w *engine.Waiter) (Decision, error) {
+func (l *Limiter) wait(ctx context.Context, lm *engine.Limit, key string, w *engine.Waiter) (Decision, error) {
 	select {
 	case <-w.Done(): // decided already
-		return result(w.Decision())
+		d := w.Decision()
+		return l.result(lm, key, &d, nil)
 	default:
 	}
 	expired := make(chan struct{})
-	stop := l.clock.AfterFunc(w.Limit().Config().MaxWait, func() { close(expired) })
+	stop := l.clock.AfterFunc(lm.Config().MaxWait, func() { close(expired) })
 	defer stop()
+	var d engine.Decision
 	select {
 	case <-w.Done():
-		return result(w.Decision())
+		d = w.Decision()
 	case <-expired:
-		return result(l.eng.GiveUp(l.clock.Now(), w, engine.ReasonTimeout))
+		d = l.eng.GiveUp(l.clock.Now(), w, engine.ReasonTimeout)
 	case <-ctx.Done():
-		d := l.eng.GiveUp(l.clock.Now(), w, engine.ReasonCanceled)
-		if d.Reason != engine.ReasonCanceled { // decided just before
-			return result(d)
+		d = l.eng.GiveUp(l.clock.Now(), w, engine.ReasonCanceled)
+		if d.Reason == engine.ReasonCanceled { // not decided just before
+			return l.result(lm, key, &d, ctx.Err())
 		}
-		return decision(d), ctx.Err()
 	}
+	return l.result(lm, key, &d, nil)
 }
 
 // errNotSent explains refunds queued while Close was sending the last ones.

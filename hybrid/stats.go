@@ -1,11 +1,16 @@
 package hybrid
 
-import "github.com/fleetlimit/fleetlimit/breaker"
+import (
+	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/internal/engine"
+)
 
 // Stats are a Limiter's counters since New, for metrics: a snapshot, each counter read
-// atomically but not all at one instant.
+// atomically but not all at one instant. Package-level totals come first; Limits has
+// them per limit. docs/metrics.md names the metrics the adapters export from them.
 type Stats struct {
-	// Decisions by the tier that made them.
+	// Decisions by the tier that made them, over every limit. Fallback does not count
+	// the requests whose caller gave up while they waited for Redis; Canceled does.
 	PreCheck, Lease, Global, Fallback int64
 	// Canceled counts requests whose context ended while they waited for Redis.
 	Canceled int64
@@ -21,20 +26,94 @@ type Stats struct {
 	Heartbeats int64
 	// Servers is the live server count the limits are divided by.
 	Servers int
-	// Breaker is the breaker's state.
-	Breaker breaker.State
+	// Breaker is the breaker's state (its String method names it), BreakerStats its
+	// counters, state changes included. A breaker shared by several Limiters counts
+	// the calls of all of them.
+	Breaker      breaker.State
+	BreakerStats breaker.Stats
+	// Limits are the counters of each limit, in the order of Config.Limits.
+	Limits []LimitStats
+}
+
+// LimitStats are one limit's counters on this server since New.
+type LimitStats struct {
+	// Name, Rate and Burst are the limit's.
+	Name  string
+	Rate  float64
+	Burst int
+	// Decisions counts the decisions made for the limit, one entry per combination of
+	// outcome, source and reason that occurred, in a fixed order (denied before
+	// allowed, then by source and reason).
+	Decisions []DecisionCount
+	// Takes is the refills sent to Redis for the limit; RefillErrors those that failed.
+	Takes, RefillErrors int64
+	// Granted is the tokens taken from the limit's global buckets; Refunded those given
+	// back; RefundsLost those whose refund failed (they stay spent).
+	Granted, Refunded, RefundsLost int64
+	// Held is the leased tokens this server holds for the limit, over every key: taken
+	// from Redis and not yet spent, given back or lost.
+	Held int64
+}
+
+// DecisionCount is how many decisions had one outcome, source and reason.
+type DecisionCount struct {
+	Allowed bool
+	Source  Source
+	Reason  Reason
+	Count   int64
+}
+
+// Allowed returns the limit's admitted requests; Denied its denied ones.
+func (s LimitStats) Allowed() int64 { return s.sum(true) }
+
+// Denied returns the limit's denied requests, canceled ones included.
+func (s LimitStats) Denied() int64 { return s.sum(false) }
+
+func (s LimitStats) sum(allowed bool) int64 {
+	var n int64
+	for _, d := range s.Decisions {
+		if d.Allowed == allowed {
+			n += d.Count
+		}
+	}
+	return n
 }
 
 // Stats returns the Limiter's counters.
 func (l *Limiter) Stats() Stats {
 	s := l.eng.Stats()
-	return Stats{
+	out := Stats{
 		PreCheck: s.PreCheck, Lease: s.Lease, Global: s.Global, Fallback: s.Fallback,
 		Canceled: s.Canceled,
 		Takes:    s.Takes, RoundTrips: s.RoundTrips, RefillErrors: s.RefillErrors,
 		Granted: s.Granted, Refunded: s.Refunded, RefundsLost: s.RefundsLost, RefundCalls: s.RefundCalls,
-		Heartbeats: s.Heartbeats,
-		Servers:    s.Servers,
-		Breaker:    l.brk.State(),
+		Heartbeats:   s.Heartbeats,
+		Servers:      s.Servers,
+		Breaker:      l.brk.State(),
+		BreakerStats: l.brk.Stats(),
 	}
+	for _, lm := range l.eng.Limits() {
+		out.Limits = append(out.Limits, limitStats(lm))
+	}
+	return out
+}
+
+// limitStats are lm's counters as the user sees them.
+func limitStats(lm *engine.Limit) LimitStats {
+	s := lm.Stats()
+	out := LimitStats{
+		Name: lm.Name(), Rate: lm.Rate(), Burst: lm.Burst(),
+		Takes: s.Takes, RefillErrors: s.RefillErrors,
+		Granted: s.Granted, Refunded: s.Refunded, RefundsLost: s.RefundsLost, Held: s.Held,
+	}
+	for a := range s.Decisions {
+		for src := range s.Decisions[a] {
+			for r, n := range s.Decisions[a][src] {
+				if n > 0 {
+					out.Decisions = append(out.Decisions, DecisionCount{Allowed: a == 1, Source: Source(src), Reason: Reason(r), Count: n})
+				}
+			}
+		}
+	}
+	return out
 }

@@ -93,7 +93,7 @@ func (e *Engine) Decide(now time.Time, lm *Limit, key string, n int, d *Decision
 	if o.w != nil {
 		return o.w
 	}
-	e.stats.count(o.slot, o.d.Source)
+	lm.stats.count(o.slot, d, n)
 	return nil
 }
 
@@ -115,7 +115,9 @@ func (lm *Limit) decide(o *outcome, en *entry, t time.Time, key string, n int, w
 		}
 		en.lease.acquire(c, t, n, &o.st)
 	} else {
-		if n > 0 && en.pre.TokensAt(t) < float64(n) {
+		// A cost above the burst can never pass: the lease says so, whatever the
+		// pre-check holds.
+		if n > 0 && n <= c.Burst && en.pre.TokensAt(t) < float64(n) {
 			o.d = lm.preDenied(en, t, n)
 			return
 		}
@@ -181,8 +183,8 @@ func (e *Engine) GiveUp(now time.Time, w *Waiter, why Reason) Decision {
 		return w.d
 	}
 	if why == ReasonCanceled {
-		e.stats.canceled.Add(1)
 		w.set(Decision{Source: SourceFallback, Reason: ReasonCanceled, Servers: e.Servers()})
+		w.lim.stats.count(uint8(hashKey(w.key)%counterShards), &w.d, w.n)
 		return w.d
 	}
 	w.set(e.fallback(now, w.lim, w.key, w.n, why))
@@ -215,7 +217,7 @@ func (e *Engine) recheck(now time.Time, w *Waiter) bool {
 	if o.w != nil {
 		return false // waits for the next refill
 	}
-	e.stats.count(o.slot, o.d.Source)
+	lm.stats.count(o.slot, &o.d, w.n)
 	w.set(o.d)
 	return true
 }
@@ -244,7 +246,7 @@ func (e *Engine) fallback(now time.Time, lm *Limit, key string, n int, why Reaso
 			}
 		})
 	}
-	e.stats.count(slot, d.Source)
+	lm.stats.count(slot, &d, n)
 	return d
 }
 

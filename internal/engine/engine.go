@@ -131,6 +131,7 @@ type Limit struct {
 	preRate  rate.Limit
 	preBurst int
 	seed     uint64
+	stats    limitCounters
 }
 
 // entry is what one server holds for one (limit, key). It lives in the limit's bounded
@@ -287,6 +288,16 @@ func (e *Engine) Limit(name string) *Limit {
 
 // Config returns the limit's configuration with its defaults filled in.
 func (lm *Limit) Config() LimitConfig { return lm.cfg }
+
+// Name returns the limit's name; Rate and Burst its fleet-wide refill rate and capacity.
+// Unlike Config they copy nothing, for the hot path.
+func (lm *Limit) Name() string  { return lm.cfg.Name }
+func (lm *Limit) Rate() float64 { return lm.cfg.Rate }
+func (lm *Limit) Burst() int    { return lm.cfg.Burst }
+
+// Limits returns the engine's limits, in the order of its Config; the slice is the
+// engine's own, not to be modified.
+func (e *Engine) Limits() []*Limit { return e.limits }
 
 // Servers returns the live server count the limits are divided by.
 func (e *Engine) Servers() int { return int(e.servers.Load()) }

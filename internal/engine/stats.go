@@ -2,10 +2,10 @@ package engine
 
 import "sync/atomic"
 
-// Stats are an engine's counters since New: hybrid.Stats documents them (all but its
-// Breaker field, which is the driver's).
+// Stats are an engine's counters since New, summed over its limits: hybrid.Stats
+// documents them (all but its Breaker fields, which are the driver's).
 type Stats struct {
-	PreCheck, Lease, Global, Fallback           int64 // decisions by source
+	PreCheck, Lease, Global, Fallback           int64 // decisions by source, Canceled not included
 	Canceled                                    int64
 	Takes, RoundTrips, RefillErrors             int64
 	Granted, Refunded, RefundsLost, RefundCalls int64
@@ -13,46 +13,125 @@ type Stats struct {
 	Servers                                     int
 }
 
+// LimitStats are one limit's counters on this server since New.
+type LimitStats struct {
+	// Decisions counts decisions by [allowed][source][reason]; allowed is 1 for an
+	// admitted request. A request its caller gave up on counts as denied by
+	// SourceFallback with ReasonCanceled.
+	Decisions [2][NumSources][NumReasons]int64
+	// Takes counts refills sent, RefillErrors those that failed.
+	Takes, RefillErrors int64
+	// Granted is the tokens leased from the global bucket, Refunded those given back,
+	// RefundsLost those whose refund failed (they stay spent).
+	Granted, Refunded, RefundsLost int64
+	// Held is the leased tokens not yet spent, given back or lost: what this server may
+	// still admit without asking Redis (including tokens queued for a refund).
+	Held int64
+}
+
 // counterShards spreads the per-decision counters over cache lines by key, so that
 // goroutines deciding for different keys do not write one line.
 const counterShards = 16
 
+// counters are the engine-wide counters; per-limit ones are in limitCounters.
 type counters struct {
-	decisions                                   [counterShards]decisionCounters
-	canceled                                    atomic.Int64
-	takes, roundTrips, refillErrors             atomic.Int64
-	granted, refunded, refundsLost, refundCalls atomic.Int64
-	heartbeats                                  atomic.Int64
+	roundTrips, refundCalls atomic.Int64
+	heartbeats              atomic.Int64
 }
 
+// limitCounters are one limit's counters.
+type limitCounters struct {
+	decisions                      [counterShards]decisionCounters
+	takes, refillErrors            atomic.Int64
+	granted, refunded, refundsLost atomic.Int64
+}
+
+// decisionCounters are one shard of a limit's decision counters. extra is the tokens
+// spent from leases beyond one per admitted lease decision, so that a request of cost 1
+// (the common case) costs one atomic add.
 type decisionCounters struct {
-	bySource [NumSources]atomic.Int64
-	_        [64 - 8*NumSources%64]byte
+	n     [2][NumSources][NumReasons]atomic.Int64
+	extra atomic.Int64
+	_     [64 - 8*(2*int(NumSources)*int(NumReasons)+1)%64]byte
 }
 
-func (c *counters) count(slot uint8, s Source) {
-	if s < NumSources {
-		c.decisions[slot%counterShards].bySource[s].Add(1)
+// count counts a decision d of cost n for a key of counter shard slot.
+func (c *limitCounters) count(slot uint8, d *Decision, n int) {
+	if d.Source >= NumSources || d.Reason >= NumReasons {
+		return
+	}
+	a := 0
+	if d.Allowed {
+		a = 1
+	}
+	sh := &c.decisions[slot%counterShards]
+	sh.n[a][d.Source][d.Reason].Add(1)
+	if n != 1 && d.Allowed && spends(d.Reason) {
+		sh.extra.Add(int64(n - 1))
 	}
 }
 
-func (c *counters) decided(s Source) int64 {
-	var n int64
+// spends reports whether an admitted decision of reason r spent leased tokens.
+func spends(r Reason) bool { return r == ReasonLease || r == ReasonGranted }
+
+// Stats returns the limit's counters on this server.
+func (lm *Limit) Stats() LimitStats {
+	c := &lm.stats
+	var s LimitStats
+	spent := int64(0)
 	for i := range c.decisions {
-		n += c.decisions[i].bySource[s].Load()
+		sh := &c.decisions[i]
+		for a := range sh.n {
+			for src := range sh.n[a] {
+				for r := range sh.n[a][src] {
+					v := sh.n[a][src][r].Load()
+					s.Decisions[a][src][r] += v
+					if a == 1 && spends(Reason(r)) {
+						spent += v
+					}
+				}
+			}
+		}
+		spent += sh.extra.Load()
 	}
-	return n
+	s.Takes, s.RefillErrors = c.takes.Load(), c.refillErrors.Load()
+	s.Granted, s.Refunded, s.RefundsLost = c.granted.Load(), c.refunded.Load(), c.refundsLost.Load()
+	s.Held = max(s.Granted-spent-s.Refunded-s.RefundsLost, 0)
+	return s
 }
 
-// Stats returns the engine's counters.
+// Stats returns the engine's counters, summed over its limits.
 func (e *Engine) Stats() Stats {
-	c := &e.stats
-	return Stats{
-		PreCheck: c.decided(SourcePreCheck), Lease: c.decided(SourceLease), Global: c.decided(SourceGlobal), Fallback: c.decided(SourceFallback),
-		Canceled: c.canceled.Load(),
-		Takes:    c.takes.Load(), RoundTrips: c.roundTrips.Load(), RefillErrors: c.refillErrors.Load(),
-		Granted: c.granted.Load(), Refunded: c.refunded.Load(), RefundsLost: c.refundsLost.Load(), RefundCalls: c.refundCalls.Load(),
-		Heartbeats: c.heartbeats.Load(),
+	s := Stats{
+		RoundTrips: e.stats.roundTrips.Load(), RefundCalls: e.stats.refundCalls.Load(),
+		Heartbeats: e.stats.heartbeats.Load(),
 		Servers:    e.Servers(),
 	}
+	for _, lm := range e.limits {
+		ls := lm.Stats()
+		for a := range ls.Decisions {
+			for src := range ls.Decisions[a] {
+				for r, v := range ls.Decisions[a][src] {
+					switch {
+					case Reason(r) == ReasonCanceled:
+						s.Canceled += v
+					case Source(src) == SourcePreCheck:
+						s.PreCheck += v
+					case Source(src) == SourceLease:
+						s.Lease += v
+					case Source(src) == SourceGlobal:
+						s.Global += v
+					case Source(src) == SourceFallback:
+						s.Fallback += v
+					}
+				}
+			}
+		}
+		s.Takes += ls.Takes
+		s.RefillErrors += ls.RefillErrors
+		s.Granted += ls.Granted
+		s.Refunded += ls.Refunded
+		s.RefundsLost += ls.RefundsLost
+	}
+	return s
 }

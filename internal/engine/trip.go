@@ -149,9 +149,9 @@ func (e *Engine) refundTrip() *Trip {
 func (e *Engine) Done(now time.Time, t *Trip) {
 	switch t.Kind {
 	case TakeTrip:
-		e.stats.takes.Add(int64(len(t.flights)))
 		e.stats.roundTrips.Add(1)
 		for i, f := range t.flights {
+			f.lim.stats.takes.Add(1)
 			if !t.Answered {
 				e.answer(now, f, Grant{}, t.Err, nil)
 				continue
@@ -182,23 +182,28 @@ func (e *Engine) refunded(t *Trip) {
 		e.mu.Unlock()
 		return
 	}
-	refunded := 0
 	for i, r := range t.Refunds {
 		err := t.Err
 		if t.Answered {
 			err = t.RefundResults[i].Err
 		}
+		lc := e.counters(r.Limit.Name)
 		if err == nil {
-			refunded += r.N
+			lc.refunded.Add(int64(r.N))
 			continue
 		}
+		lc.refundsLost.Add(int64(r.N))
 		t.lost += r.N
 		if t.firstErr == nil {
 			t.firstErr = err
 		}
 	}
-	e.stats.refunded.Add(int64(refunded))
-	e.stats.refundsLost.Add(int64(t.lost))
+}
+
+// counters returns the counters of the limit named name. Every refund names a limit of
+// this engine.
+func (e *Engine) counters(name string) *limitCounters {
+	return &e.Limit(name).stats
 }
 
 // send queues refill f, or fails it at once when the breaker is open or the engine is
@@ -254,9 +259,9 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 		}
 	}
 	if err == nil {
-		e.stats.granted.Add(int64(g.Granted))
+		lm.stats.granted.Add(int64(g.Granted))
 	} else {
-		e.stats.refillErrors.Add(1)
+		lm.stats.refillErrors.Add(1)
 	}
 	if back > 0 {
 		e.queueRefund(lm, f.key, back)
@@ -293,7 +298,7 @@ func (e *Engine) queueRefund(lm *Limit, key string, n int) {
 		// Finish has counted the last refunds: a request that raced it found expired
 		// tokens. Nothing will send them; say so.
 		e.mu.Unlock()
-		e.stats.refundsLost.Add(int64(n))
+		lm.stats.refundsLost.Add(int64(n))
 		return
 	}
 	e.refunds = append(e.refunds, refund{lim: lm, key: key, n: n})
@@ -401,15 +406,16 @@ func (e *Engine) Finish() (lost int) {
 	e.finished = true
 	for _, r := range e.refunds {
 		lost += r.n
+		r.lim.stats.refundsLost.Add(int64(r.n))
 	}
 	for _, trip := range e.refundTrips {
 		for _, r := range trip {
 			lost += r.N
+			e.counters(r.Limit.Name).refundsLost.Add(int64(r.N))
 		}
 	}
 	e.refunds, e.refundTrips = nil, nil
 	e.mu.Unlock()
-	e.stats.refundsLost.Add(int64(lost))
 	return lost
 }
 

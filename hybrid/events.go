@@ -1,0 +1,125 @@
+package hybrid
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/internal/engine"
+)
+
+// defaultLogInterval is Config.LogInterval's default.
+const defaultLogInterval = 10 * time.Second
+
+// events turns what the Limiter's background goroutine sees into log lines: breaker
+// state changes, lost refunds, fleet size changes and scripts Redis refuses. Only that
+// goroutine uses it.
+type events struct {
+	log      *slog.Logger
+	every    time.Duration
+	brk      *breaker.Breaker
+	fleet    string
+	state    breaker.State
+	bstats   breaker.Stats
+	servers  int
+	lost     throttle
+	refused  throttle
+	ctx      context.Context
+	lostToks int // tokens lost since the last lost-refunds line
+}
+
+// throttle lets one line of a kind through per interval and counts the others.
+type throttle struct {
+	last       time.Time
+	suppressed int
+}
+
+// allow reports whether a line may be logged at now; if so, skipped is how many were
+// not since the last one.
+func (t *throttle) allow(now time.Time, every time.Duration) (skipped int, ok bool) {
+	if !t.last.IsZero() && now.Sub(t.last) < every {
+		t.suppressed++
+		return 0, false
+	}
+	skipped, t.suppressed, t.last = t.suppressed, 0, now
+	return skipped, true
+}
+
+func newEvents(log *slog.Logger, every time.Duration, brk *breaker.Breaker, fleet string, servers int) *events {
+	return &events{
+		log: log, every: every, brk: brk, fleet: fleet, servers: servers,
+		state: brk.State(), bstats: brk.Stats(), ctx: context.Background(),
+	}
+}
+
+// breaker logs the breaker's state changes since the last look: one line per look, with
+// how many times it opened meanwhile, so that a flapping breaker is seen as such.
+func (ev *events) breaker() {
+	state, st := ev.brk.State(), ev.brk.Stats()
+	opened := st.Opened - ev.bstats.Opened
+	changes := opened + st.HalfOpened - ev.bstats.HalfOpened + st.Closed - ev.bstats.Closed
+	if changes == 0 && state == ev.state {
+		return
+	}
+	level := slog.LevelInfo
+	if state == breaker.StateOpen {
+		level = slog.LevelWarn
+	}
+	ev.log.LogAttrs(ev.ctx, level, "fleetlimit: Redis breaker "+state.String(),
+		slog.String("from", ev.state.String()),
+		slog.String("to", state.String()), slog.Int64("opened", opened), slog.Int64("changes", changes),
+		slog.Int64("failures", st.Failures-ev.bstats.Failures), slog.Int64("rejected", st.Rejected-ev.bstats.Rejected))
+	ev.state, ev.bstats = state, st
+}
+
+// trip logs what trip t, just done, says: lost refunds, a refused script, a new fleet
+// size (servers is the live count after it); then the breaker's changes.
+func (ev *events) trip(now time.Time, t *engine.Trip, servers int) {
+	switch t.Kind {
+	case engine.RefundTrip:
+		if n, err := t.Lost(); n > 0 {
+			ev.lostToks += n
+			if skipped, ok := ev.lost.allow(now, ev.every); ok {
+				ev.log.LogAttrs(ev.ctx, slog.LevelWarn, "fleetlimit: leased tokens not refunded; they stay spent",
+					slog.Int("tokens", ev.lostToks), slog.Int("lines_skipped", skipped), slog.Any("error", err))
+				ev.lostToks = 0
+			}
+		}
+		ev.refusedBy(now, t.Err)
+		if t.Answered {
+			for _, r := range t.RefundResults {
+				ev.refusedBy(now, r.Err)
+			}
+		}
+	case engine.TakeTrip:
+		ev.refusedBy(now, t.Err)
+		if t.Answered {
+			for _, r := range t.TakeResults {
+				ev.refusedBy(now, r.Err)
+			}
+		}
+	case engine.HeartbeatTrip:
+		ev.refusedBy(now, t.Err)
+		if servers != ev.servers {
+			ev.log.LogAttrs(ev.ctx, slog.LevelInfo, "fleetlimit: live fleet size changed",
+				slog.String("fleet", ev.fleet), slog.Int("from", ev.servers), slog.Int("to", servers))
+			ev.servers = servers
+		}
+	}
+	ev.breaker()
+}
+
+// refusedBy logs err if it says Redis refuses the scripts: an error that waiting will
+// not cure (global.ErrRedis: a script error, WRONGTYPE, ACL, an unreadable reply).
+func (ev *events) refusedBy(now time.Time, err error) {
+	if err == nil || !errors.Is(err, global.ErrRedis) {
+		return
+	}
+	if skipped, ok := ev.refused.allow(now, ev.every); ok {
+		ev.log.LogAttrs(ev.ctx, slog.LevelError, "fleetlimit: Redis refused a script; the limit's policy decides meanwhile",
+			slog.Int("lines_skipped", skipped), slog.Any("error", err))
+	}
+}

@@ -1,0 +1,286 @@
+package hybrid_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/redistest"
+)
+
+// tally counts decisions as OnDecision hears of them, per limit.
+type tally struct {
+	mu sync.Mutex
+	n  map[string]map[hybrid.DecisionCount]int64 // Count left 0 in the key
+}
+
+func (c *tally) record(_ string, d hybrid.Decision) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[string]map[hybrid.DecisionCount]int64{}
+	}
+	if c.n[d.Limit] == nil {
+		c.n[d.Limit] = map[hybrid.DecisionCount]int64{}
+	}
+	c.n[d.Limit][hybrid.DecisionCount{Allowed: d.Allowed, Source: d.Source, Reason: d.Reason}]++
+}
+
+// TestLimitStatsAgreeWithDecisions: every decision a caller got is counted once, under
+// its limit, outcome, source and reason, through leases, pre-check denials, an outage
+// under each policy and back; and the leased tokens a limit holds are what Redis misses.
+func TestLimitStatsAgreeWithDecisions(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		s := newStore(t, tg.Client)
+		var now time.Time = time.Now()
+		var mu sync.Mutex
+		clock := clockAt(func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
+		var seen tally
+		l, err := hybrid.New(s, hybrid.Config{
+			FleetSize:  2,
+			Clock:      clock,
+			Breaker:    slowBreaker(t),
+			OnDecision: seen.record,
+			Limits: []hybrid.Limit{
+				{Name: "api", Rate: 0.001, Burst: 100, Policy: breaker.FailOpen, MaxWait: time.Second},
+				{Name: "tight", Rate: 0.001, Burst: 10, PreBurst: 3, PreRate: 0.001, Policy: breaker.FailClosed, MaxWait: time.Second},
+			},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		allowedAPI := 0
+		for i := range 40 {
+			d, err := l.Allow(ctx, "api", "k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Limit != "api" || d.Quota != 100 || d.Window != 100000*time.Second {
+				t.Fatalf("decision %d %+v: want limit api, quota 100, window 100000s", i, d)
+			}
+			if d.Allowed {
+				allowedAPI++
+			}
+		}
+		for range 8 {
+			if _, err := l.AllowN(ctx, "tight", "k", 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := l.AllowN(ctx, "tight", "k", 11); err != nil { // above the burst
+			t.Fatal(err)
+		}
+
+		st := l.Stats()
+		api := st.Limits[0]
+		if api.Name != "api" || api.Rate != 0.001 || api.Burst != 100 {
+			t.Fatalf("limit stats %+v", api)
+		}
+		// The bucket started full; nothing refilled (0.001/s, frozen clock). What Redis
+		// lost is what this server admitted plus what it holds.
+		if api.Held != api.Granted-int64(allowedAPI) || api.Held <= 0 || api.Allowed() != int64(allowedAPI) {
+			t.Fatalf("api: held %d, granted %d, admitted %d (counted %d)", api.Held, api.Granted, allowedAPI, api.Allowed())
+		}
+		if g, err := s.Take(ctx, mustLimit(t, "api", 0.001, 100), "k", 100, 1); err != nil || g.Granted != 100-int(api.Granted) {
+			t.Fatalf("Redis still holds %d (%v), want %d", g.Granted, err, 100-api.Granted)
+		}
+
+		// An outage: fail-open admits, fail-closed denies, both counted as fallback.
+		if tg.Mini == nil {
+			t.Log("outage part runs on miniredis only")
+		} else {
+			tg.Mini.SetError("ERR injected outage")
+			for _, k := range []string{"a", "b", "c"} {
+				if _, err := l.Allow(ctx, "api", k); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := l.Allow(ctx, "tight", k); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tg.Mini.SetError("")
+		}
+
+		// Close refunds what the leases hold.
+		if err := l.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		st = l.Stats()
+		for _, ls := range st.Limits {
+			got := map[hybrid.DecisionCount]int64{}
+			for _, d := range ls.Decisions {
+				c := d
+				c.Count = 0
+				got[c] = d.Count
+			}
+			seen.mu.Lock()
+			want := seen.n[ls.Name]
+			seen.mu.Unlock()
+			if len(got) != len(want) {
+				t.Errorf("%s: counted %v, OnDecision heard %v", ls.Name, got, want)
+			}
+			for k, n := range want {
+				if got[k] != n {
+					t.Errorf("%s: %v counted %d times, OnDecision heard it %d times", ls.Name, k, got[k], n)
+				}
+			}
+			if ls.Held != 0 || ls.Refunded+ls.RefundsLost+ls.Allowed()-fallbackAllowed(ls) != ls.Granted {
+				t.Errorf("%s after Close: %+v; want nothing held, every granted token spent or refunded", ls.Name, ls)
+			}
+		}
+		tight := st.Limits[1]
+		for _, want := range []hybrid.DecisionCount{
+			{Allowed: false, Source: hybrid.SourcePreCheck, Reason: hybrid.ReasonPreCheck},
+			{Allowed: false, Source: hybrid.SourceLease, Reason: hybrid.ReasonExceedsBurst},
+		} {
+			if count(tight, want) == 0 {
+				t.Errorf("tight: no %v in %+v", want, tight.Decisions)
+			}
+		}
+		if tg.Mini != nil {
+			if n := count(st.Limits[0], hybrid.DecisionCount{Allowed: true, Source: hybrid.SourceFallback, Reason: hybrid.ReasonUnavailable}); n != 3 {
+				t.Errorf("api: %d admitted by fail-open, want 3: %+v", n, st.Limits[0].Decisions)
+			}
+			if n := count(tight, hybrid.DecisionCount{Allowed: false, Source: hybrid.SourceFallback, Reason: hybrid.ReasonUnavailable}); n != 3 {
+				t.Errorf("tight: %d denied by fail-closed, want 3: %+v", n, tight.Decisions)
+			}
+		}
+		if st.Lease+st.Global+st.PreCheck+st.Fallback+st.Canceled != st.Limits[0].Allowed()+st.Limits[0].Denied()+tight.Allowed()+tight.Denied() {
+			t.Errorf("totals %+v do not add up to the limits' decisions", st)
+		}
+	})
+}
+
+func count(ls hybrid.LimitStats, k hybrid.DecisionCount) int64 {
+	for _, d := range ls.Decisions {
+		if d.Allowed == k.Allowed && d.Source == k.Source && d.Reason == k.Reason {
+			return d.Count
+		}
+	}
+	return 0
+}
+
+// fallbackAllowed counts the admissions that spent no leased token.
+func fallbackAllowed(ls hybrid.LimitStats) int64 {
+	var n int64
+	for _, d := range ls.Decisions {
+		if d.Allowed && d.Source == hybrid.SourceFallback {
+			n += d.Count
+		}
+	}
+	return n
+}
+
+func mustLimit(t *testing.T, name string, rate float64, burst int) global.Limit {
+	t.Helper()
+	lim, err := global.NewLimit(name, rate, burst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lim
+}
+
+// syncBuffer is a bytes.Buffer safe for the Limiter's goroutine and the test's.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+// lines returns the log records written so far, decoded.
+func (b *syncBuffer) lines(t *testing.T) []map[string]any {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(b.b.String()), "\n") {
+		if l == "" {
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("log line %q: %v", l, err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+func (b *syncBuffer) has(t *testing.T, msg string) bool {
+	for _, m := range b.lines(t) {
+		if strings.Contains(m["msg"].(string), msg) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestLoggerHearsTheRareEvents: the breaker opening and closing, a script Redis refuses
+// and a fleet size change each give a log line; requests give none.
+func TestLoggerHearsTheRareEvents(t *testing.T) {
+	m, c := redistest.Mini(t)
+	s := newStore(t, c)
+	var logs syncBuffer
+	brk, err := breaker.New(breaker.Settings{Timeout: 2 * time.Second, FailureThreshold: 1, OpenTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLimiter(t, s, hybrid.Config{
+		FleetSize: 3,
+		Fleet:     "logfleet",
+		Breaker:   brk,
+		Logger:    slog.New(slog.NewJSONHandler(&logs, nil)),
+		Limits:    []hybrid.Limit{{Name: "api", Rate: 1000, Burst: 1000, Policy: breaker.FailOpen, MaxWait: time.Second}},
+	})
+	ctx := context.Background()
+	for range 100 {
+		if _, err := l.Allow(ctx, "api", "k"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the fleet size line (3 configured, 1 live)", func() bool { return logs.has(t, "live fleet size changed") })
+
+	m.Close() // connections refused: the breaker counts those
+	waitFor(t, "the breaker to open", func() bool {
+		_, _ = l.Allow(ctx, "api", "cold-"+time.Now().String())
+		return logs.has(t, "Redis breaker open")
+	})
+	if err := m.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the breaker to close", func() bool {
+		_, _ = l.Allow(ctx, "api", "cold-"+time.Now().String())
+		return logs.has(t, "Redis breaker closed")
+	})
+
+	// A bucket key that is not a hash: Redis answers WRONGTYPE, which waiting will
+	// not cure.
+	m.Set(s.Key("api", "wrongtype"), "x")
+	waitFor(t, "the refused-script line", func() bool {
+		_, _ = l.Allow(ctx, "api", "wrongtype")
+		return logs.has(t, "Redis refused a script")
+	})
+	lines := logs.lines(t)
+	if len(lines) > 12 {
+		t.Errorf("%d log lines for a few events: %v", len(lines), lines)
+	}
+	for _, m := range lines {
+		if m["msg"] == "fleetlimit: Redis breaker open" && m["level"] != "WARN" {
+			t.Errorf("breaker open logged at %v", m["level"])
+		}
+	}
+	t.Logf("%d lines: %v", len(lines), lines)
+}
