@@ -99,7 +99,7 @@ func measure(ctx context.Context, out, redisBin string, d time.Duration, repeats
 				for _, rv := range rvs {
 					r, err := runOne(ctx, ctl, renv, rv, sc, g, d, rep)
 					if err != nil {
-						return fmt.Errorf("%s, %s, %d goroutines: %w", rv.Name, sc.Name, g, err)
+						return fmt.Errorf("%s, %s, %s: %w", rv.Name, sc.Name, goroutines(g), err)
 					}
 					runs = append(runs, r)
 					fmt.Fprintf(logw, "[%3d/%d] %s\n", len(runs), total, logLine(r))

@@ -86,11 +86,7 @@ func writePlot(w io.Writer, rvs []rival, runs []Run) error {
 			b.Color = s.color
 			b.LineStyle.Width = 0
 			pn.p.Add(b)
-			plural := ""
-			if s.goroutines > 1 {
-				plural = "s"
-			}
-			pn.p.Legend.Add(fmt.Sprintf("%s, %d goroutine%s", s.scenario, s.goroutines, plural), b)
+			pn.p.Legend.Add(s.scenario+", "+goroutines(s.goroutines), b)
 		}
 		pn.p.Y.Scale = plot.LogScale{}
 		pn.p.Y.Tick.Marker = plot.LogTicks{Prec: -1}

@@ -311,18 +311,18 @@ func writeMarkdown(w io.Writer, env Env, rvs []rival, runs []Run, plotFile strin
 	for _, r := range rs {
 		switch {
 		case !math.IsNaN(r.AdmBound) && r.AdmBound > 1:
-			p("- %s, %s, %d goroutines: admitted %s × the bound in its worst repeat.\n", r.Rival, r.Scenario, r.Goroutines, num(r.AdmBound, 3))
+			p("- %s, %s, %s: admitted %s × the bound in its worst repeat.\n", r.Rival, r.Scenario, goroutines(r.Goroutines), num(r.AdmBound, 3))
 			notes++
 		case !math.IsNaN(r.AdmBound) && r.AdmBound < 0.9:
-			p("- %s, %s, %d goroutines: admitted only %s × the bound in its worst repeat.\n", r.Rival, r.Scenario, r.Goroutines, num(r.AdmBound, 3))
+			p("- %s, %s, %s: admitted only %s × the bound in its worst repeat.\n", r.Rival, r.Scenario, goroutines(r.Goroutines), num(r.AdmBound, 3))
 			notes++
 		}
 		if r.FailShare > 0 {
-			p("- %s, %s, %d goroutines: %s of the calls failed or fell back (worst repeat)%s.\n", r.Rival, r.Scenario, r.Goroutines, percent(r.FailShare), ifSet("; first error: `"+r.FirstError+"`", r.FirstError))
+			p("- %s, %s, %s: %s of the calls failed or fell back (worst repeat)%s.\n", r.Rival, r.Scenario, goroutines(r.Goroutines), percent(r.FailShare), ifSet("; first error: `"+r.FirstError+"`", r.FirstError))
 			notes++
 		}
 		if math.IsNaN(r.AdmBound) && r.AdmReq < 0.999 && bounded[r.Rival] {
-			p("- %s, %s, %d goroutines: admitted %s of the requests, all within their limits.\n", r.Rival, r.Scenario, r.Goroutines, num(r.AdmReq, 4))
+			p("- %s, %s, %s: admitted %s of the requests, all within their limits.\n", r.Rival, r.Scenario, goroutines(r.Goroutines), num(r.AdmReq, 4))
 			notes++
 		}
 	}
@@ -334,6 +334,14 @@ func writeMarkdown(w io.Writer, env Env, rvs []rival, runs []Run, plotFile strin
 
 // titles are the section titles of the scenarios, in their order.
 var titles = []string{"Hot key", "10,000 Zipf keys"}
+
+// goroutines says "1 goroutine" or "n goroutines".
+func goroutines(n int) string {
+	if n == 1 {
+		return "1 goroutine"
+	}
+	return fmt.Sprintf("%d goroutines", n)
+}
 
 func ifSet(s, cond string) string {
 	if cond == "" {
