@@ -314,7 +314,7 @@ func writeMarkdown(w io.Writer, env Env, rvs []rival, runs []Run, plotFile strin
 			p("- %s, %s, %s: admitted %s × the bound in its worst repeat.\n", r.Rival, r.Scenario, goroutines(r.Goroutines), num(r.AdmBound, 3))
 			notes++
 		case !math.IsNaN(r.AdmBound) && r.AdmBound < 0.9:
-			p("- %s, %s, %s: admitted only %s × the bound in its worst repeat.\n", r.Rival, r.Scenario, goroutines(r.Goroutines), num(r.AdmBound, 3))
+			p("- %s, %s, %s: admitted at most %s × the bound in any repeat.\n", r.Rival, r.Scenario, goroutines(r.Goroutines), num(r.AdmBound, 3))
 			notes++
 		}
 		if r.FailShare > 0 {
