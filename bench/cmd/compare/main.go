@@ -1,0 +1,177 @@
+// Command compare measures fleetlimit against other Redis rate limiters and writes the
+// report: docs/benchmarks.md, with its raw output, log and plot in docs/benchmarks/.
+//
+//	cd bench && go run ./cmd/compare -out ../docs
+//
+// It starts a private redis-server (from PATH, or -redis-server) on a spare loopback
+// port, with no persistence and its files in a temporary directory, and stops it when it
+// ends, on an error or a signal too. It never talks to a Redis it did not start.
+//
+// Every limiter runs every scenario (a hot key far over its limit; 10,000 Zipf keys
+// within theirs) with 1 and with 32 goroutines, for -duration each, -repeats times,
+// the rows interleaved; Redis is flushed and its statistics reset before each. The report
+// gives per row the medians of decisions per second, allocations per decision, p50 and
+// p99 latency, Redis commands, round trips and Redis CPU per decision, and admitted
+// against the limit's bound.
+//
+// With -render it only rewrites the report and the plot from <out>/benchmarks/raw.jsonl.
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// goroutineCounts are the client goroutine counts every scenario runs with.
+var goroutineCounts = []int{1, 32}
+
+func main() {
+	out := flag.String("out", "../docs", "the directory benchmarks.md is written to (raw output, log and plot go to its benchmarks/)")
+	duration := flag.Duration("duration", 2*time.Second, "how long each row runs")
+	repeats := flag.Int("repeats", 3, "how many times each row runs; the report gives medians")
+	redisBin := flag.String("redis-server", "redis-server", "the redis-server binary to start")
+	render := flag.Bool("render", false, "measure nothing: rewrite the report and plot from <out>/benchmarks/raw.jsonl")
+	flag.Parse()
+	if flag.NArg() > 0 || *repeats < 1 || *duration <= 0 {
+		flag.Usage()
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	if *render {
+		err = rerender(*out)
+	} else {
+		err = measure(ctx, *out, *redisBin, *duration, *repeats, os.Args[1:])
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "compare:", err)
+		stop()
+		os.Exit(1)
+	}
+}
+
+// paths are the files of a report under out.
+func paths(out string) (md, raw, log, png string) {
+	dir := filepath.Join(out, "benchmarks")
+	return filepath.Join(out, "benchmarks.md"), filepath.Join(dir, "raw.jsonl"), filepath.Join(dir, "log.txt"), filepath.Join(dir, "compare.png")
+}
+
+// measure runs every row against a private Redis and writes the report.
+func measure(ctx context.Context, out, redisBin string, d time.Duration, repeats int, args []string) error {
+	mdPath, rawPath, logPath, pngPath := paths(out)
+	if err := os.MkdirAll(filepath.Dir(rawPath), 0o755); err != nil {
+		return fmt.Errorf("output directory: %w", err)
+	}
+	srv, err := startRedis(ctx, redisBin)
+	if err != nil {
+		return err
+	}
+	defer srv.stop()
+	var logBuf bytes.Buffer
+	logw := io.MultiWriter(os.Stdout, &logBuf)
+
+	env := environment(ctx, redisBin, srv.Version, args)
+	env.DurationS, env.Repeats = d.Seconds(), repeats
+	fmt.Fprintf(logw, "compare: %s; private redis-server at %s\n", env, srv.Addr)
+
+	ctl := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer func() { _ = ctl.Close() }()
+	renv := &redisEnv{addr: srv.Addr}
+	rvs := rivals()
+	var runs []Run
+	total := repeats * len(scenarios) * len(goroutineCounts) * len(rvs)
+	for rep := 1; rep <= repeats; rep++ {
+		for _, sc := range scenarios {
+			for _, g := range goroutineCounts {
+				for _, rv := range rvs {
+					r, err := runOne(ctx, ctl, renv, rv, sc, g, d, rep)
+					if err != nil {
+						return fmt.Errorf("%s, %s, %s: %w", rv.Name, sc.Name, goroutines(g), err)
+					}
+					runs = append(runs, r)
+					fmt.Fprintf(logw, "[%3d/%d] %s\n", len(runs), total, logLine(r))
+				}
+			}
+		}
+	}
+	if err := writeFile(rawPath, func(w io.Writer) error { return writeRaw(w, env, runs) }); err != nil {
+		return err
+	}
+	if err := os.WriteFile(logPath, logBuf.Bytes(), 0o644); err != nil {
+		return fmt.Errorf("write log: %w", err)
+	}
+	if err := report(mdPath, pngPath, env, runs); err != nil {
+		return err
+	}
+	fmt.Println("wrote", mdPath, rawPath, logPath, pngPath)
+	return nil
+}
+
+// rerender rewrites the report and plot from the raw output under out.
+func rerender(out string) error {
+	mdPath, rawPath, _, pngPath := paths(out)
+	f, err := os.Open(rawPath)
+	if err != nil {
+		return fmt.Errorf("raw output: %w", err)
+	}
+	defer func() { _ = f.Close() }()
+	env, runs, err := readRaw(f)
+	if err != nil {
+		return err
+	}
+	if err := report(mdPath, pngPath, env, runs); err != nil {
+		return err
+	}
+	fmt.Println("wrote", mdPath, pngPath)
+	return nil
+}
+
+// report writes the markdown page and the plot.
+func report(mdPath, pngPath string, env Env, runs []Run) error {
+	rvs := rivals()
+	if len(runs) == 0 {
+		return errors.New("no runs to report")
+	}
+	if err := writeFile(pngPath, func(w io.Writer) error { return writePlot(w, rvs, runs) }); err != nil {
+		return err
+	}
+	rel, err := filepath.Rel(filepath.Dir(mdPath), pngPath)
+	if err != nil {
+		return fmt.Errorf("plot path: %w", err)
+	}
+	return writeFile(mdPath, func(w io.Writer) error {
+		return writeMarkdown(w, env, rvs, runs, filepath.ToSlash(rel))
+	})
+}
+
+// logLine is one run in the log.
+func logLine(r Run) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-22s %-8s g=%-2d rep=%d: %9.0f dec/s admitted %d denied %d", r.Rival, r.Scenario, r.Goroutines, r.Repeat,
+		float64(r.Decisions())/r.ElapsedS, r.Admitted, r.Denied)
+	if r.Keys == 1 {
+		fmt.Fprintf(&b, " (bound %.0f)", r.Bound())
+	}
+	fmt.Fprintf(&b, " p50 %.1fµs p99 %.1fµs, %d Redis calls, %d round trips, Redis CPU %.3fs",
+		float64(r.P50Ns)/1e3, float64(r.P99Ns)/1e3, r.RedisCalls, r.RoundTrips, r.RedisCPUS)
+	if r.Failed+r.FellBack > 0 {
+		fmt.Fprintf(&b, ", failed %d, fell back %d", r.Failed, r.FellBack)
+	}
+	if r.FirstError != "" {
+		fmt.Fprintf(&b, " (first error: %s)", r.FirstError)
+	}
+	return b.String()
+}
