@@ -287,6 +287,12 @@ type Limiter struct {
 // New returns a Limiter for the limits in cfg over store, or an error wrapping
 // ErrInvalidConfig that says what is wrong. It starts the Limiter's background
 // goroutine; call Close to stop it.
+//
+// The store may share the application's go-redis client even if that client retries
+// timed-out commands (go-redis's default): the Limiter's calls recognise a replay and
+// stay exact. global.New refuses such a client unless given global.RetryingClient(),
+// so build the store with global.New(rdb, global.RetryingClient()). A client of its own,
+// configured by global.Configure, also bounds how long a dead Redis holds a call.
 func New(store *global.Store, cfg Config) (*Limiter, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)

@@ -1,0 +1,257 @@
+package httplimit_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/httplimit"
+	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/redistest"
+)
+
+// newLimiter builds a Limiter of one server over c, closed when the test ends.
+func newLimiter(t testing.TB, tg redistest.Target, limits ...hybrid.Limit) *hybrid.Limiter {
+	t.Helper()
+	store, err := global.New(tg.Client, global.Prefix(fmt.Sprintf("httplimit%d:", time.Now().UnixNano())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	brk, err := breaker.New(breaker.Settings{Timeout: 2 * time.Second}) // room for -race
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := hybrid.New(store, hybrid.Config{FleetSize: 1, Breaker: brk, Limits: limits})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	return l
+}
+
+// response is what a client saw of one answer, its headers parsed.
+type response struct {
+	status     int
+	retryAfter int64 // -1: absent
+	policy     sfItem
+	rl         *sfItem
+}
+
+// check parses and checks the rate-limit headers of resp: present, well formed, within
+// sane bounds. It returns what it parsed.
+func check(t *testing.T, resp *http.Response, q, w int64) (response, error) {
+	out := response{status: resp.StatusCode, retryAfter: -1}
+	if v := resp.Header.Get("Retry-After"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 1 || n > 3600 {
+			return out, fmt.Errorf("Retry-After %q", v)
+		}
+		out.retryAfter = n
+	}
+	pol, err := parseSFList(resp.Header.Get("RateLimit-Policy"))
+	if err != nil || len(pol) != 1 {
+		return out, fmt.Errorf("RateLimit-Policy %q: %v", resp.Header.Get("RateLimit-Policy"), err)
+	}
+	out.policy = pol[0]
+	if pol[0].Name != "api" || pol[0].Params["q"] != q || pol[0].Params["w"] != w {
+		return out, fmt.Errorf("RateLimit-Policy %+v, want api q=%d w=%d", pol[0], q, w)
+	}
+	if v := resp.Header.Get("RateLimit"); v != "" {
+		rl, err := parseSFList(v)
+		if err != nil || len(rl) != 1 || rl[0].Name != "api" {
+			return out, fmt.Errorf("RateLimit %q: %v", v, err)
+		}
+		r, tt := rl[0].Params["r"], rl[0].Params["t"]
+		if r < 0 || r > q || tt < 0 || tt > 3600 {
+			return out, fmt.Errorf("RateLimit %q out of bounds (q=%d)", v, q)
+		}
+		if resp.StatusCode == http.StatusTooManyRequests && (r != 0 && tt == 0) {
+			return out, fmt.Errorf("429 with RateLimit %q says a token is there now", v)
+		}
+		out.rl = &rl[0]
+	}
+	switch resp.StatusCode {
+	case http.StatusOK:
+		if out.retryAfter >= 0 || out.rl == nil {
+			return out, fmt.Errorf("200 with Retry-After %d, RateLimit %v", out.retryAfter, out.rl)
+		}
+	case http.StatusTooManyRequests:
+		if out.retryAfter < 0 {
+			return out, fmt.Errorf("429 without Retry-After")
+		}
+		if out.rl != nil && out.rl.Params["t"] != out.retryAfter {
+			return out, fmt.Errorf("429: RateLimit t=%d, Retry-After %d", out.rl.Params["t"], out.retryAfter)
+		}
+	}
+	for _, h := range []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"} {
+		if v := resp.Header.Get(h); v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 0 || n > 3600 && h != "X-RateLimit-Limit" || n > q && h != "X-RateLimit-Reset" {
+				return out, fmt.Errorf("%s %q", h, v)
+			}
+		}
+	}
+	return out, nil
+}
+
+// TestMiddlewareEndToEnd runs a real net/http server with the middleware over Redis,
+// driven by http.Clients that honour Retry-After: each client has its own API key, and
+// after waiting the Retry-After of a 429 its next request must pass. Admissions per key
+// stay within burst + rate·T, every answer's headers parse and stay sane, and a request
+// costing more than the burst gets 400 without Retry-After.
+func TestMiddlewareEndToEnd(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		const rate, burst = 20, 10
+		const q, w = 20, 1 // the policy a 20/s burst 10 bucket states
+		lim := newLimiter(t, tg, hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Policy: breaker.FailClosed, MaxWait: time.Second})
+		mw, err := httplimit.New(httplimit.Config{
+			Limiter: lim,
+			Limit:   "api",
+			Key:     httplimit.Header("X-API-Key"),
+			Cost: func(r *http.Request) int {
+				if c := r.Header.Get("X-Cost"); c != "" {
+					n, _ := strconv.Atoi(c)
+					return n
+				}
+				return 1
+			},
+			Headers: httplimit.HeadersStandard | httplimit.HeadersX,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var seen sync.Map // key -> the Decision the handler found in its context
+		srv := httptest.NewServer(mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			d, ok := httplimit.FromContext(r.Context())
+			if !ok || !d.Allowed || d.Limit != "api" {
+				http.Error(w, "no decision in context", http.StatusInternalServerError)
+				return
+			}
+			seen.Store(r.Header.Get("X-API-Key"), d)
+			io.WriteString(w, "ok")
+		})))
+		defer srv.Close()
+
+		run := 2500 * time.Millisecond
+		if testing.Short() {
+			run = 1500 * time.Millisecond
+		}
+		const clients = 4
+		type result struct {
+			admitted, denied, retriesFailed int
+			errs                            []error
+		}
+		results := make([]result, clients)
+		start := time.Now()
+		var wg sync.WaitGroup
+		for i := range clients {
+			wg.Go(func() {
+				res := &results[i]
+				client := &http.Client{Timeout: 5 * time.Second}
+				retrying := false
+				for time.Since(start) < run {
+					req, _ := http.NewRequest(http.MethodGet, srv.URL, nil)
+					req.Header.Set("X-API-Key", fmt.Sprintf("client-%d", i))
+					resp, err := client.Do(req)
+					if err != nil {
+						res.errs = append(res.errs, err)
+						return
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					got, err := check(t, resp, q, w)
+					if err != nil {
+						res.errs = append(res.errs, err)
+						continue
+					}
+					switch got.status {
+					case http.StatusOK:
+						res.admitted++
+						retrying = false
+					case http.StatusTooManyRequests:
+						res.denied++
+						if retrying {
+							res.retriesFailed++
+						}
+						// Honour Retry-After: the next request is a retry that must pass.
+						time.Sleep(time.Duration(got.retryAfter) * time.Second)
+						retrying = true
+					default:
+						res.errs = append(res.errs, fmt.Errorf("status %d", got.status))
+					}
+				}
+			})
+		}
+		wg.Wait()
+		elapsed := time.Since(start)
+		bound := burst + int(rate*elapsed.Seconds())
+		for i, res := range results {
+			if len(res.errs) > 0 {
+				t.Errorf("client %d: %d bad answers, first: %v", i, len(res.errs), res.errs[0])
+			}
+			if res.admitted > bound {
+				t.Errorf("client %d: admitted %d in %v, bound %d", i, res.admitted, elapsed, bound)
+			}
+			if res.denied == 0 || res.admitted < burst {
+				t.Errorf("client %d: admitted %d, denied %d: the test did not reach the limit", i, res.admitted, res.denied)
+			}
+			if res.retriesFailed > 0 {
+				t.Errorf("client %d: %d retries after honouring Retry-After were denied again", i, res.retriesFailed)
+			}
+			if _, ok := seen.Load(fmt.Sprintf("client-%d", i)); !ok {
+				t.Errorf("client %d: the handler never saw a decision", i)
+			}
+			t.Logf("client %d: admitted %d, denied %d in %v (bound %d)", i, res.admitted, res.denied, elapsed.Round(time.Millisecond), bound)
+		}
+
+		// A cost above the burst can never pass: 400, no Retry-After.
+		req, _ := http.NewRequest(http.MethodGet, srv.URL, nil)
+		req.Header.Set("X-API-Key", "big")
+		req.Header.Set("X-Cost", strconv.Itoa(burst+1))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || resp.Header.Get("Retry-After") != "" {
+			t.Errorf("cost above burst: status %d, Retry-After %q; want 400 and none", resp.StatusCode, resp.Header.Get("Retry-After"))
+		}
+		// No key: 400 from the default error handler, and the limiter is not asked.
+		resp, err = http.Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || resp.Header.Get("RateLimit-Policy") != "" {
+			t.Errorf("no key: status %d, RateLimit-Policy %q", resp.StatusCode, resp.Header.Get("RateLimit-Policy"))
+		}
+	})
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	_, c := redistest.Mini(t)
+	lim := newLimiter(t, redistest.Target{Client: c}, hybrid.Limit{Name: "api", Rate: 1, Burst: 1, Policy: breaker.FailOpen})
+	key := httplimit.Header("X-API-Key")
+	for _, tc := range []struct {
+		name string
+		cfg  httplimit.Config
+	}{
+		{"no limiter", httplimit.Config{Limit: "api", Key: key}},
+		{"no key", httplimit.Config{Limiter: lim, Limit: "api"}},
+		{"unknown limit", httplimit.Config{Limiter: lim, Limit: "apj", Key: key}},
+		{"none and more", httplimit.Config{Limiter: lim, Limit: "api", Key: key, Headers: httplimit.HeadersNone | httplimit.HeadersX}},
+		{"epoch without x", httplimit.Config{Limiter: lim, Limit: "api", Key: key, Headers: httplimit.HeadersXResetEpoch}},
+	} {
+		if _, err := httplimit.New(tc.cfg); err == nil {
+			t.Errorf("%s: New accepted %+v", tc.name, tc.cfg)
+		}
+	}
+}

@@ -1,0 +1,183 @@
+package httplimit
+
+import (
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/hybrid"
+)
+
+// Headers selects the rate-limit headers a Middleware writes. Combine with |.
+type Headers uint8
+
+const (
+	// HeadersStandard writes RateLimit-Policy and RateLimit, the structured fields of
+	// draft-ietf-httpapi-ratelimit-headers-11.
+	HeadersStandard Headers = 1 << iota
+	// HeadersX writes X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset,
+	// which most clients still read.
+	HeadersX
+	// HeadersXResetEpoch, with HeadersX, writes X-RateLimit-Reset as a Unix time in
+	// seconds instead of seconds from now.
+	HeadersXResetEpoch
+	// HeadersNone writes no rate-limit header; Retry-After is still written on a 429.
+	HeadersNone Headers = 1 << 7
+)
+
+// Policy is a limit as the RateLimit-Policy field states it: Quota units per Window
+// seconds, both whole numbers.
+type Policy struct {
+	Name   string
+	Quota  int64
+	Window int64
+}
+
+// PolicyOf returns the policy of d's limit. A token bucket of burst b refilled at r per
+// second has no fixed window; the policy states its long-run rate over the shortest
+// whole number of seconds in which the empty bucket refills: Window = ⌈b / r⌉ (at least
+// 1) and Quota = ⌊r · Window⌋, which is at least b. For 100/s with burst 200 that is
+// q=200, w=2; for 1,000/s with burst 10, q=1000, w=1; for 3/s with burst 10, q=12, w=4.
+func PolicyOf(d hybrid.Decision) Policy {
+	p := Policy{Name: d.Limit, Quota: int64(d.Quota), Window: 1}
+	if d.Window <= 0 || d.Quota <= 0 {
+		return p
+	}
+	w := math.Ceil(d.Window.Seconds())
+	if w < 1 {
+		w = 1
+	}
+	rate := float64(d.Quota) / d.Window.Seconds()
+	p.Window = int64(w)
+	p.Quota = max(int64(math.Floor(rate*w+1e-9)), int64(d.Quota))
+	return p
+}
+
+// seconds returns d in whole seconds, rounded up: the value of Retry-After and of a
+// field's t. A positive d below one second is 1, so that a client never retries
+// before the token is there.
+func seconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// RetryAfter returns the Retry-After value of a denial, in whole seconds rounded up, and
+// false when d says the request can never pass (RetryAfter is hybrid.InfDuration) or
+// was allowed: no Retry-After is right then.
+func RetryAfter(d hybrid.Decision) (int64, bool) {
+	if d.Allowed || d.RetryAfter >= hybrid.InfDuration || d.RetryAfter < 0 {
+		return 0, false
+	}
+	return max(seconds(d.RetryAfter), 1), true
+}
+
+// Reset returns the seconds the RateLimit field's t and X-RateLimit-Reset carry: for a
+// denial, until the request may pass (its RetryAfter); for an admission, until the key's
+// bucket is full again (Decision.Reset). Rounded up; ok is false when there is no finite
+// answer.
+func Reset(d hybrid.Decision) (int64, bool) {
+	if !d.Allowed {
+		return RetryAfter(d)
+	}
+	if d.Reset >= hybrid.InfDuration || d.Reset < 0 {
+		return 0, false
+	}
+	return seconds(d.Reset), true
+}
+
+// WriteHeaders writes the rate-limit headers of d that set selects into h, and
+// Retry-After when d is a denial that can pass later; now is only read for
+// HeadersXResetEpoch. A handler of its own (a custom 429 page, a gRPC gateway) calls it
+// to answer as the Middleware does.
+//
+// What the fields say, for a token bucket whose level is known only approximately
+// (docs/http.md):
+//   - RateLimit-Policy: "name";q=<quota>;w=<window>, from PolicyOf.
+//   - RateLimit: "name";r=<remaining>;t=<seconds>: r is Decision.Remaining (tokens on
+//     hand plus what Redis reported at the last grant: other servers spend from the same
+//     bucket, so it is an estimate), capped at q; t is Reset(d).
+//   - When the failure policy decided (Redis did not answer), the bucket's level is not
+//     known: RateLimit and X-RateLimit-Remaining/Reset are left out, the policy and
+//     Retry-After are written.
+func WriteHeaders(h http.Header, d hybrid.Decision, set Headers, now time.Time) {
+	// Every value goes into one buffer, then one string and one []string backing array
+	// hold them all: two allocations however many headers are written.
+	var (
+		buf   [256]byte
+		b     = buf[:0]
+		names [6]string
+		ends  [6]int
+		n     int
+	)
+	add := func(name string) {
+		names[n], ends[n] = name, len(b)
+		n++
+	}
+	if ra, ok := RetryAfter(d); ok {
+		b = strconv.AppendInt(b, ra, 10)
+		add("Retry-After")
+	}
+	if set&HeadersNone == 0 && d.Limit != "" {
+		p := PolicyOf(d)
+		known := d.Source != hybrid.SourceFallback
+		remaining := min(max(int64(d.Remaining), 0), p.Quota)
+		reset, resetOK := Reset(d)
+		if set&HeadersStandard != 0 {
+			b = appendName(b, p.Name)
+			b = append(b, ";q="...)
+			b = strconv.AppendInt(b, p.Quota, 10)
+			b = append(b, ";w="...)
+			b = strconv.AppendInt(b, p.Window, 10)
+			add("Ratelimit-Policy")
+			if known && resetOK {
+				b = appendName(b, p.Name)
+				b = append(b, ";r="...)
+				b = strconv.AppendInt(b, remaining, 10)
+				b = append(b, ";t="...)
+				b = strconv.AppendInt(b, reset, 10)
+				add("Ratelimit")
+			}
+		}
+		if set&HeadersX != 0 {
+			b = strconv.AppendInt(b, p.Quota, 10)
+			add("X-Ratelimit-Limit")
+			if known && resetOK {
+				b = strconv.AppendInt(b, remaining, 10)
+				add("X-Ratelimit-Remaining")
+				if set&HeadersXResetEpoch != 0 {
+					reset += now.Unix()
+				}
+				b = strconv.AppendInt(b, reset, 10)
+				add("X-Ratelimit-Reset")
+			}
+		}
+	}
+	if n == 0 {
+		return
+	}
+	all := string(b)
+	vals := make([]string, n)
+	from := 0
+	for i := range n {
+		vals[i] = all[from:ends[i]]
+		from = ends[i]
+		h[names[i]] = vals[i : i+1 : i+1]
+	}
+}
+
+// appendName appends name as a structured-field string (RFC 9651): quoted, with '"' and
+// '\' escaped. Limit names are printable ASCII, so nothing else needs escaping.
+func appendName(b []byte, name string) []byte {
+	b = append(b, '"')
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if c == '"' || c == '\\' {
+			b = append(b, '\\')
+		}
+		b = append(b, c)
+	}
+	return append(b, '"')
+}

@@ -1,0 +1,144 @@
+package httplimit_test
+
+import (
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/httplimit"
+	"github.com/fleetlimit/fleetlimit/hybrid"
+)
+
+// limitDecision is a decision of a limit of rate r per second and burst b, as hybrid
+// fills in its description.
+func limitDecision(name string, r float64, b int) hybrid.Decision {
+	return hybrid.Decision{Limit: name, Quota: b, Window: time.Duration(float64(b) / r * float64(time.Second))}
+}
+
+func TestPolicyOf(t *testing.T) {
+	for _, tc := range []struct {
+		rate          float64
+		burst         int
+		quota, window int64
+	}{
+		{100, 200, 200, 2},
+		{1000, 10, 1000, 1},
+		{3, 10, 12, 4},
+		{0.5, 1, 1, 2},
+		{1.0 / 60, 8, 8, 480},
+		{1e6, 1e6, 1e6, 1},
+		{7, 7, 7, 1},
+	} {
+		p := httplimit.PolicyOf(limitDecision("api", tc.rate, tc.burst))
+		if p.Quota != tc.quota || p.Window != tc.window || p.Name != "api" {
+			t.Errorf("rate %v burst %d: policy %+v, want q=%d w=%d", tc.rate, tc.burst, p, tc.quota, tc.window)
+		}
+		// The stated policy never claims more than the limit's rate, nor less than
+		// its burst.
+		if float64(p.Quota) > tc.rate*float64(p.Window)+1e-6 || p.Quota < int64(tc.burst) {
+			t.Errorf("rate %v burst %d: q=%d w=%d states another rate", tc.rate, tc.burst, p.Quota, p.Window)
+		}
+	}
+}
+
+func TestRetryAfterAndReset(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		d          hybrid.Decision
+		retry      int64
+		retryOK    bool
+		reset      int64
+		resetOK    bool
+		wantHeader bool
+	}{
+		{"allowed", hybrid.Decision{Allowed: true, Reset: 1500 * time.Millisecond}, 0, false, 2, true, false},
+		{"allowed, full", hybrid.Decision{Allowed: true}, 0, false, 0, true, false},
+		{"denied 10ms", hybrid.Decision{RetryAfter: 10 * time.Millisecond}, 1, true, 1, true, true},
+		{"denied 1s", hybrid.Decision{RetryAfter: time.Second}, 1, true, 1, true, true},
+		{"denied 1.001s", hybrid.Decision{RetryAfter: 1001 * time.Millisecond}, 2, true, 2, true, true},
+		{"denied 0", hybrid.Decision{}, 1, true, 1, true, true},
+		{"never", hybrid.Decision{RetryAfter: hybrid.InfDuration}, 0, false, 0, false, false},
+		{"allowed, reset unknown", hybrid.Decision{Allowed: true, Reset: hybrid.InfDuration}, 0, false, 0, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, ok := httplimit.RetryAfter(tc.d)
+			if r != tc.retry || ok != tc.retryOK {
+				t.Errorf("RetryAfter = %d, %v; want %d, %v", r, ok, tc.retry, tc.retryOK)
+			}
+			r, ok = httplimit.Reset(tc.d)
+			if r != tc.reset || ok != tc.resetOK {
+				t.Errorf("Reset = %d, %v; want %d, %v", r, ok, tc.reset, tc.resetOK)
+			}
+			h := http.Header{}
+			httplimit.WriteHeaders(h, tc.d, httplimit.HeadersStandard, time.Now())
+			if got := h.Get("Retry-After") != ""; got != tc.wantHeader {
+				t.Errorf("Retry-After %q, want one: %v", h.Get("Retry-After"), tc.wantHeader)
+			}
+		})
+	}
+}
+
+func TestWriteHeaders(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	base := limitDecision(`we"ird\name`, 100, 200)
+	allowed := base
+	allowed.Allowed, allowed.Remaining, allowed.Reset, allowed.Source = true, 150, 500*time.Millisecond, hybrid.SourceLease
+	denied := base
+	denied.RetryAfter, denied.Reset, denied.Source = 30*time.Millisecond, 2*time.Second, hybrid.SourceLease
+	fallback := base
+	fallback.RetryAfter, fallback.Source, fallback.Reset = 2500*time.Millisecond, hybrid.SourceFallback, base.Window
+	over := allowed
+	over.Remaining = 900 // tokens on hand plus a stale report can exceed the quota
+	for _, tc := range []struct {
+		name string
+		d    hybrid.Decision
+		set  httplimit.Headers
+		want map[string]string // header: value; "" means absent
+		r, t int64             // RateLimit's parameters, when present
+	}{
+		{"allowed", allowed, httplimit.HeadersStandard, map[string]string{"Retry-After": "", "X-Ratelimit-Limit": ""}, 150, 1},
+		{"denied", denied, httplimit.HeadersStandard, map[string]string{"Retry-After": "1"}, 0, 1},
+		{"fallback", fallback, httplimit.HeadersStandard | httplimit.HeadersX, map[string]string{"Retry-After": "3", "Ratelimit": "", "X-Ratelimit-Limit": "200", "X-Ratelimit-Remaining": ""}, -1, -1},
+		{"x", allowed, httplimit.HeadersX, map[string]string{"Ratelimit-Policy": "", "X-Ratelimit-Limit": "200", "X-Ratelimit-Remaining": "150", "X-Ratelimit-Reset": "1"}, -1, -1},
+		{"x epoch", denied, httplimit.HeadersX | httplimit.HeadersXResetEpoch, map[string]string{"X-Ratelimit-Reset": strconv.FormatInt(now.Unix()+1, 10), "X-Ratelimit-Remaining": "0"}, -1, -1},
+		{"none", denied, httplimit.HeadersNone, map[string]string{"Retry-After": "1", "Ratelimit-Policy": "", "Ratelimit": ""}, -1, -1},
+		{"remaining capped", over, httplimit.HeadersStandard, nil, 200, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := http.Header{}
+			httplimit.WriteHeaders(h, tc.d, tc.set, now)
+			for k, v := range tc.want {
+				if got := h.Get(k); got != v {
+					t.Errorf("%s = %q, want %q", k, got, v)
+				}
+			}
+			if tc.set&httplimit.HeadersStandard == 0 {
+				return
+			}
+			pol, err := parseSFList(h.Get("RateLimit-Policy"))
+			if err != nil || len(pol) != 1 || pol[0].Name != tc.d.Limit || pol[0].Params["q"] != 200 || pol[0].Params["w"] != 2 {
+				t.Fatalf("RateLimit-Policy %q: %+v, %v", h.Get("RateLimit-Policy"), pol, err)
+			}
+			if tc.r < 0 {
+				return
+			}
+			rl, err := parseSFList(h.Get("RateLimit"))
+			if err != nil || len(rl) != 1 || rl[0].Name != tc.d.Limit || rl[0].Params["r"] != tc.r || rl[0].Params["t"] != tc.t {
+				t.Fatalf("RateLimit %q: %+v, %v; want r=%d t=%d", h.Get("RateLimit"), rl, err, tc.r, tc.t)
+			}
+		})
+	}
+}
+
+// BenchmarkWriteHeaders is the cost of the standard fields on one response.
+func BenchmarkWriteHeaders(b *testing.B) {
+	d := limitDecision("api", 100, 200)
+	d.Allowed, d.Remaining, d.Reset = true, 120, 800*time.Millisecond
+	h := http.Header{}
+	now := time.Now()
+	b.ReportAllocs()
+	for b.Loop() {
+		httplimit.WriteHeaders(h, d, httplimit.HeadersStandard, now)
+	}
+}

@@ -1,0 +1,207 @@
+package httplimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/hybrid"
+)
+
+// Errors of New and of the key functions.
+var (
+	// ErrInvalidConfig is wrapped by every error New returns.
+	ErrInvalidConfig = errors.New("httplimit: invalid configuration")
+	// ErrNoKey is wrapped by the error of a KeyFunc that found no key in the request
+	// (a missing header, an unparsable address).
+	ErrNoKey = errors.New("httplimit: no key in request")
+)
+
+// KeyFunc returns the key a request is limited by: an API key, a client IP, a user id.
+// An error (wrapping ErrNoKey, say) sends the request to Config.OnError, not to the
+// limiter.
+type KeyFunc func(r *http.Request) (string, error)
+
+// Config configures a Middleware. Limiter, Limit and Key are required.
+type Config struct {
+	// Limiter decides; Limit names the limit of its Config the requests count against.
+	Limiter *hybrid.Limiter
+	Limit   string
+	// Key returns the request's key: Header, ClientIP, or a function of your own (a
+	// user id from the request's context).
+	Key KeyFunc
+	// Cost returns the request's cost in tokens (at least 0). nil: every request costs 1.
+	Cost func(r *http.Request) int
+	// Headers selects the rate-limit headers written on every response, admitted or
+	// not. 0: HeadersStandard.
+	Headers Headers
+	// Deny answers a denied request; FromContext gives it the Decision. The headers
+	// and Retry-After are written before it runs. nil: DefaultDeny.
+	Deny http.Handler
+	// OnError answers a request whose key could not be found (err wraps ErrNoKey or is
+	// the KeyFunc's), whose Cost was negative, or that the Limiter refused
+	// (hybrid.ErrClosed, or the request's context ended while waiting for Redis).
+	// nil: DefaultOnError.
+	OnError func(w http.ResponseWriter, r *http.Request, err error)
+	// Now is the clock X-RateLimit-Reset reads with HeadersXResetEpoch. nil: time.Now.
+	Now func() time.Time
+}
+
+// Middleware limits the requests of an http.Handler. Build it with New; use Wrap, whose
+// signature is the func(http.Handler) http.Handler that chi's Use, gorilla/mux's Use
+// and hand-written chains take. A Middleware is safe for concurrent use.
+type Middleware struct {
+	lim     *hybrid.Limiter
+	limit   string
+	key     KeyFunc
+	cost    func(r *http.Request) int
+	headers Headers
+	deny    http.Handler
+	onError func(w http.ResponseWriter, r *http.Request, err error)
+	now     func() time.Time
+}
+
+// New returns a Middleware for cfg, or an error wrapping ErrInvalidConfig. The limit
+// must be one of the Limiter's: a typo fails here, not on the first request.
+func New(cfg Config) (*Middleware, error) {
+	switch {
+	case cfg.Limiter == nil:
+		return nil, fmt.Errorf("%w: no Limiter", ErrInvalidConfig)
+	case cfg.Key == nil:
+		return nil, fmt.Errorf("%w: no Key function", ErrInvalidConfig)
+	case cfg.Headers&HeadersNone != 0 && cfg.Headers != HeadersNone:
+		return nil, fmt.Errorf("%w: HeadersNone combined with other headers", ErrInvalidConfig)
+	case cfg.Headers&HeadersXResetEpoch != 0 && cfg.Headers&HeadersX == 0:
+		return nil, fmt.Errorf("%w: HeadersXResetEpoch without HeadersX", ErrInvalidConfig)
+	}
+	if !hasLimit(cfg.Limiter, cfg.Limit) {
+		return nil, fmt.Errorf("%w: the Limiter has no limit %q", ErrInvalidConfig, cfg.Limit)
+	}
+	m := &Middleware{
+		lim: cfg.Limiter, limit: cfg.Limit, key: cfg.Key, cost: cfg.Cost,
+		headers: cfg.Headers, deny: cfg.Deny, onError: cfg.OnError, now: cfg.Now,
+	}
+	if m.headers == 0 {
+		m.headers = HeadersStandard
+	}
+	if m.deny == nil {
+		m.deny = http.HandlerFunc(DefaultDeny)
+	}
+	if m.onError == nil {
+		m.onError = DefaultOnError
+	}
+	if m.now == nil {
+		m.now = time.Now
+	}
+	return m, nil
+}
+
+// hasLimit reports whether l has a limit named name.
+func hasLimit(l *hybrid.Limiter, name string) bool {
+	for _, ls := range l.Stats().Limits {
+		if ls.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// Wrap returns next limited: each request is decided by the Limiter before next sees
+// it. An admitted request reaches next with the rate-limit headers set and its Decision
+// in its context (FromContext); a denied one goes to Config.Deny instead.
+func (m *Middleware) Wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key, err := m.key(r)
+		if err != nil {
+			m.onError(w, r, err)
+			return
+		}
+		n := 1
+		if m.cost != nil {
+			if n = m.cost(r); n < 0 {
+				m.onError(w, r, fmt.Errorf("%w: cost %d", hybrid.ErrInvalidCost, n))
+				return
+			}
+		}
+		d, err := m.lim.AllowN(r.Context(), m.limit, key, n)
+		if err != nil {
+			m.onError(w, r, err)
+			return
+		}
+		var now time.Time
+		if m.headers&HeadersXResetEpoch != 0 {
+			now = m.now()
+		}
+		WriteHeaders(w.Header(), d, m.headers, now)
+		r = r.WithContext(&decisionCtx{Context: r.Context(), d: d})
+		if d.Allowed {
+			next.ServeHTTP(w, r)
+			return
+		}
+		m.deny.ServeHTTP(w, r)
+	})
+}
+
+type decisionKey struct{}
+
+// decisionCtx carries a request's Decision: one allocation, where context.WithValue
+// would make two (the context and the boxed Decision).
+type decisionCtx struct {
+	context.Context
+	d hybrid.Decision
+}
+
+// Value returns a *hybrid.Decision for decisionKey, else the parent's value.
+func (c *decisionCtx) Value(key any) any {
+	if key == (decisionKey{}) {
+		return &c.d
+	}
+	return c.Context.Value(key)
+}
+
+// FromContext returns the Decision the Middleware made for the request whose context
+// ctx is (or derives from), for logging, custom responses and handlers further down the
+// chain.
+func FromContext(ctx context.Context) (hybrid.Decision, bool) {
+	if d, ok := ctx.Value(decisionKey{}).(*hybrid.Decision); ok {
+		return *d, true
+	}
+	return hybrid.Decision{}, false
+}
+
+// DefaultDeny answers a denied request: 429 Too Many Requests with a short text body;
+// or, when the request can never pass (its cost is above the limit's burst, RetryAfter
+// hybrid.InfDuration), 400 Bad Request: retrying cannot help, and a client that treats
+// 429 as "wait and retry" would wait forever.
+func DefaultDeny(w http.ResponseWriter, r *http.Request) {
+	d, _ := FromContext(r.Context())
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	if _, ok := RetryAfter(d); !ok {
+		w.WriteHeader(http.StatusBadRequest)
+		fmt.Fprintf(w, "request cost exceeds what limit %q can ever admit (burst %d); it can never pass\n", d.Limit, d.Quota)
+		return
+	}
+	w.WriteHeader(http.StatusTooManyRequests)
+	ra, _ := RetryAfter(d)
+	fmt.Fprintf(w, "rate limit %q exceeded; retry after %s s\n", d.Limit, strconv.FormatInt(ra, 10))
+}
+
+// DefaultOnError answers a request the Middleware could not decide: 400 Bad Request when
+// the key function failed, 500 for a negative cost (the Cost function's bug), 503
+// Service Unavailable when the Limiter is closed or the request's context ended.
+func DefaultOnError(w http.ResponseWriter, r *http.Request, err error) {
+	status := http.StatusServiceUnavailable
+	msg := "rate limiter unavailable"
+	switch {
+	case errors.Is(err, hybrid.ErrInvalidCost):
+		status, msg = http.StatusInternalServerError, "invalid request cost"
+	case errors.Is(err, hybrid.ErrClosed), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+	default: // the key function's
+		status, msg = http.StatusBadRequest, err.Error()
+	}
+	http.Error(w, msg, status)
+}
