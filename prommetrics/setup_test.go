@@ -2,6 +2,7 @@ package prommetrics_test
 
 import (
 	"context"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +14,17 @@ import (
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/hybrid"
 )
+
+// TestMain silences go-redis, which logs every failed dial: the tests stop miniredis
+// on purpose.
+func TestMain(m *testing.M) {
+	redis.SetLogger(quiet{})
+	os.Exit(m.Run())
+}
+
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
 
 // frozen is the system clock stopped at one instant: no bucket refills and no lease
 // expires while a test runs, so the decisions it makes are the ones it expects.
