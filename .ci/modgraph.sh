@@ -3,8 +3,9 @@
 # imports fleetlimit's hybrid and global packages (a replace directive points at this
 # checkout), runs go mod tidy and go list -m all, prints the list, and fails if fleetlimit
 # brings in more than MAX_MODULES modules (default 20: the list less the consumer and
-# fleetlimit themselves) or any plotting, font, PDF or image module: those belong to the
-# nested module sim/plot.
+# fleetlimit themselves), any plotting, font, PDF or image module (those belong to the
+# nested module sim/plot) or any Prometheus or OpenTelemetry module (those belong to the
+# nested modules prommetrics and otelmetrics).
 # Needs the Go module proxy (or a module cache holding the dependencies).
 # Run from anywhere: bash .ci/modgraph.sh
 set -euo pipefail
@@ -57,6 +58,11 @@ fi
 banned='gonum|plot|font|latex|pdf|freetype|golang\.org/x/image|svgo|sbinet|/gg( |$)'
 if bad=$(grep -Ei "$banned" <<<"$modules"); then
 	echo "modgraph: plotting, font, PDF or image modules in a service's module graph:" >&2
+	echo "$bad" >&2
+	status=1
+fi
+if bad=$(grep -Ei 'prometheus|opentelemetry' <<<"$modules"); then
+	echo "modgraph: Prometheus or OpenTelemetry modules in a service's module graph:" >&2
 	echo "$bad" >&2
 	status=1
 fi
