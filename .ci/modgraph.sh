@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The module graph a service sees: builds a throwaway consumer module in a temp dir that
-# imports fleetlimit's hybrid and global packages (a replace directive points at this
+# imports fleetlimit's hybrid, global and httplimit packages (a replace directive points at this
 # checkout), runs go mod tidy and go list -m all, prints the list, and fails if fleetlimit
 # brings in more than MAX_MODULES modules (default 20: the list less the consumer and
 # fleetlimit themselves), any plotting, font, PDF or image module (those belong to the
@@ -30,12 +30,14 @@ package main
 
 import (
 	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/httplimit"
 	"github.com/fleetlimit/fleetlimit/hybrid"
 )
 
 func main() {
 	_ = hybrid.New
 	_ = global.New
+	_ = httplimit.New
 }
 GO
 
@@ -48,7 +50,7 @@ go build ./...
 go list -m all
 modules=$(go list -m -f '{{if not .Main}}{{.Path}} {{.Version}}{{end}}' all | grep -v '^github.com/fleetlimit/fleetlimit ' | grep .)
 count=$(wc -l <<<"$modules")
-echo "modgraph: fleetlimit brings $count modules into a service that imports hybrid and global (at most $max)"
+echo "modgraph: fleetlimit brings $count modules into a service that imports hybrid, global and httplimit (at most $max)"
 status=0
 if ((count > max)); then
 	echo "modgraph: $count modules, more than $max" >&2
