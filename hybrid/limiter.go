@@ -15,7 +15,6 @@ import (
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/internal/engine"
-	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
 )
 
 // Errors of the Limiter. Being denied is not an error, and neither is a Redis failure:
@@ -247,14 +246,12 @@ type Decision struct {
 func decision(lm *engine.Limit, d *engine.Decision) Decision {
 	out := Decision{Allowed: d.Allowed, Remaining: d.Remaining, RetryAfter: d.RetryAfter,
 		Source: Source(d.Source), Reason: Reason(d.Reason), Servers: d.Servers,
-		Limit: lm.Name(), Quota: lm.Burst()}
-	r := lm.Rate()
-	out.Window = tokenbucket.Duration(float64(out.Quota), r)
-	missing := out.Quota - out.Remaining
+		Limit: lm.Name(), Quota: lm.Burst(), Window: lm.Window()}
 	if out.Source == SourceFallback {
-		missing = out.Quota
+		out.Reset = out.Window
+	} else {
+		out.Reset = lm.RefillTime(out.Quota - out.Remaining)
 	}
-	out.Reset = tokenbucket.Duration(float64(missing), r)
 	return out
 }
 

@@ -132,6 +132,8 @@ type Limit struct {
 	preBurst int
 	seed     uint64
 	stats    limitCounters
+	window   time.Duration // Burst / Rate
+	perToken float64       // nanoseconds to refill one token at Rate
 }
 
 // entry is what one server holds for one (limit, key). It lives in the limit's bounded
@@ -238,6 +240,7 @@ func (e *Engine) newLimit(c LimitConfig, servers, shards int, seed uint64) (*Lim
 	lm := &Limit{
 		e: e, cfg: c, glim: glim, seed: seed,
 		preRate: rate.Limit(c.PreRate), preBurst: c.PreBurst,
+		window: tokenbucket.Duration(float64(c.Burst), c.Rate), perToken: float64(time.Second) / c.Rate,
 	}
 	lm.lease.Store(&lc)
 	// Idle keys go after twice the lease lifetime, and not before their pre-check bucket
@@ -288,6 +291,21 @@ func (e *Engine) Limit(name string) *Limit {
 
 // Config returns the limit's configuration with its defaults filled in.
 func (lm *Limit) Config() LimitConfig { return lm.cfg }
+
+// Window returns the time the limit's bucket takes to refill from empty (Burst / Rate).
+func (lm *Limit) Window() time.Duration { return lm.window }
+
+// RefillTime returns the time the limit's bucket takes to refill n tokens at Rate: 0 for
+// n <= 0, InfDuration when that does not fit a time.Duration.
+func (lm *Limit) RefillTime(n int) time.Duration {
+	if n <= 0 {
+		return 0
+	}
+	if ns := float64(n) * lm.perToken; ns < float64(InfDuration) {
+		return time.Duration(ns)
+	}
+	return InfDuration
+}
 
 // Name returns the limit's name; Rate and Burst its fleet-wide refill rate and capacity.
 // Unlike Config they copy nothing, for the hot path.
