@@ -218,15 +218,15 @@ func (r Reason) String() string {
 type Decision struct {
 	// Allowed reports whether the request may proceed.
 	Allowed bool
+	// Source is the tier that decided; Reason says why.
+	Source Source
+	Reason Reason
 	// Remaining is the best known count of tokens left for the key, fleet-wide: tokens
 	// this server holds plus what the bucket reported at its last grant. Other servers
 	// spend from the same bucket, so it is an estimate; 0 when the fallback decided.
 	Remaining int
 	// RetryAfter, when the request is denied, is when it may pass (InfDuration: never).
 	RetryAfter time.Duration
-	// Source is the tier that decided; Reason says why.
-	Source Source
-	Reason Reason
 	// Servers is the live server count the limit was divided by.
 	Servers int
 	// Limit is the name of the limit asked.
@@ -244,7 +244,14 @@ type Decision struct {
 
 // decision is d, for the limit lm, as the user sees it.
 func decision(lm *engine.Limit, d *engine.Decision) Decision {
-	out := Decision{Allowed: d.Allowed, Remaining: d.Remaining, RetryAfter: d.RetryAfter,
+	var out Decision
+	out.set(lm, d)
+	return out
+}
+
+// set makes out d, for the limit lm, as the user sees it; in place, for the hot path.
+func (out *Decision) set(lm *engine.Limit, d *engine.Decision) {
+	*out = Decision{Allowed: d.Allowed, Remaining: d.Remaining, RetryAfter: d.RetryAfter,
 		Source: Source(d.Source), Reason: Reason(d.Reason), Servers: d.Servers,
 		Limit: lm.Name(), Quota: lm.Burst(), Window: lm.Window()}
 	if out.Source == SourceFallback {
@@ -252,7 +259,6 @@ func decision(lm *engine.Limit, d *engine.Decision) Decision {
 	} else {
 		out.Reset = lm.RefillTime(out.Quota - out.Remaining)
 	}
-	return out
 }
 
 // Limiter is the two-tier limiter users call: for each request, a per-server pre-check,
@@ -478,7 +484,15 @@ func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (Decisio
 	if w := l.eng.Decide(l.clock.Now(), lm, key, n, &d); w != nil {
 		return l.wait(ctx, lm, key, w)
 	}
-	return l.result(lm, key, &d, nil)
+	if d.Reason == engine.ReasonClosed {
+		return Decision{Reason: ReasonClosed, Limit: limit}, ErrClosed
+	}
+	var out Decision
+	out.set(lm, &d)
+	if l.onDecision != nil {
+		l.onDecision(key, out)
+	}
+	return out, nil
 }
 
 // result is d, for key under lm, as AllowN returns it with err; it tells OnDecision.
@@ -486,7 +500,8 @@ func (l *Limiter) result(lm *engine.Limit, key string, d *engine.Decision, err e
 	if d.Reason == engine.ReasonClosed {
 		return Decision{Reason: ReasonClosed, Limit: lm.Name()}, ErrClosed
 	}
-	out := decision(lm, d)
+	var out Decision
+	out.set(lm, d)
 	if l.onDecision != nil {
 		l.onDecision(key, out)
 	}

@@ -57,17 +57,18 @@ type decisionCounters struct {
 
 // count counts a decision d of cost n for a key of counter shard slot.
 func (c *limitCounters) count(slot uint8, d *Decision, n int) {
-	if d.Source >= NumSources || d.Reason >= NumReasons {
+	sh := &c.decisions[slot%counterShards]
+	if d.Allowed {
+		if d.Source < NumSources && d.Reason < NumReasons {
+			sh.n[1][d.Source][d.Reason].Add(1)
+		}
+		if n != 1 && spends(d.Reason) {
+			sh.extra.Add(int64(n - 1))
+		}
 		return
 	}
-	a := 0
-	if d.Allowed {
-		a = 1
-	}
-	sh := &c.decisions[slot%counterShards]
-	sh.n[a][d.Source][d.Reason].Add(1)
-	if n != 1 && d.Allowed && spends(d.Reason) {
-		sh.extra.Add(int64(n - 1))
+	if d.Source < NumSources && d.Reason < NumReasons {
+		sh.n[0][d.Source][d.Reason].Add(1)
 	}
 }
 
