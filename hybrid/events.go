@@ -14,6 +14,9 @@ import (
 // defaultLogInterval is Config.LogInterval's default.
 const defaultLogInterval = 10 * time.Second
 
+// evictionCheckTimeout bounds the start-up check of Redis's eviction policy.
+const evictionCheckTimeout = 2 * time.Second
+
 // events turns what the Limiter's background goroutine sees into log lines: breaker
 // state changes, lost refunds, fleet size changes and scripts Redis refuses. Only that
 // goroutine uses it.
@@ -121,5 +124,20 @@ func (ev *events) refusedBy(now time.Time, err error) {
 	if skipped, ok := ev.refused.allow(now, ev.every); ok {
 		ev.log.LogAttrs(ev.ctx, slog.LevelError, "fleetlimit: Redis refused a script; the limit's policy decides meanwhile",
 			slog.Int("lines_skipped", skipped), slog.Any("error", err))
+	}
+}
+
+// eviction logs the start-up check of Redis's eviction policy: an error when Redis may
+// evict the buckets, a line at INFO when it could not tell (CONFIG refused, as managed
+// services often do). It only uses the logger, which is safe from any goroutine.
+func (ev *events) eviction(err error) {
+	switch {
+	case err == nil:
+	case errors.Is(err, global.ErrEvicting):
+		ev.log.LogAttrs(ev.ctx, slog.LevelError, "fleetlimit: Redis may evict the rate-limit buckets; the limits will not hold",
+			slog.Any("error", err))
+	default:
+		ev.log.LogAttrs(ev.ctx, slog.LevelInfo, "fleetlimit: could not check Redis's eviction policy; make sure maxmemory-policy is noeviction",
+			slog.Any("error", err))
 	}
 }

@@ -113,9 +113,10 @@ type Config struct {
 	Clock breaker.Clock
 	// Logger, if set, hears of the rare events an operator needs: the breaker opening
 	// and closing, leased tokens whose refund was lost, the live fleet size changing,
-	// and Redis refusing the scripts (an error that waiting will not cure). Never a line
-	// per request; a kind of event that repeats is logged at most once per LogInterval.
-	// nil: silent.
+	// Redis refusing the scripts (an error that waiting will not cure), and, once at
+	// start, a Redis that may evict the buckets (global.Store.CheckEviction). Never a
+	// line per request; a kind of event that repeats is logged at most once per
+	// LogInterval. nil: silent.
 	Logger *slog.Logger
 	// LogInterval is the shortest time between two lines of one kind of repeated event
 	// (lost refunds, refused scripts); the next line says how many were not logged.
@@ -278,8 +279,9 @@ type Limiter struct {
 	brk   *breaker.Breaker
 	clock breaker.Clock
 
-	onDecision func(key string, d Decision)
-	events     *events // nil without a Logger
+	onDecision  func(key string, d Decision)
+	events      *events            // nil without a Logger
+	cancelCheck context.CancelFunc // ends the start-up eviction check; nil without a Logger
 
 	closed atomic.Bool
 	wake   chan struct{} // buffered 1: the engine has I/O queued
@@ -345,6 +347,15 @@ func New(store *global.Store, cfg Config) (*Limiter, error) {
 	l.eng = eng
 	if cfg.Logger != nil {
 		l.events = newEvents(cfg.Logger, cmp.Or(cfg.LogInterval, defaultLogInterval), l.brk, cfg.Fleet, eng.Servers())
+		// Once, at start: a Redis that may evict the buckets breaks every policy silently.
+		ctx, cancel := context.WithTimeout(context.Background(), evictionCheckTimeout)
+		l.cancelCheck = cancel
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			defer cancel()
+			l.events.eviction(l.store.CheckEviction(ctx))
+		}()
 	}
 	l.wg.Add(1)
 	go l.run()
@@ -547,6 +558,9 @@ func (l *Limiter) Close(ctx context.Context) error {
 		return nil
 	}
 	close(l.stop)
+	if l.cancelCheck != nil {
+		l.cancelCheck()
+	}
 	l.wg.Wait() // the engine is stopped, and its last round trip answered
 	l.eng.Drain()
 	lost := 0

@@ -273,6 +273,9 @@ func TestLoggerHearsTheRareEvents(t *testing.T) {
 		_, _ = l.Allow(ctx, "api", "wrongtype")
 		return logs.has(t, "Redis refused a script")
 	})
+	if !logs.has(t, "could not check Redis's eviction policy") {
+		t.Error("miniredis has no CONFIG: no line says the eviction policy could not be checked")
+	}
 	lines := logs.lines(t)
 	if len(lines) > 12 {
 		t.Errorf("%d log lines for a few events: %v", len(lines), lines)
@@ -283,4 +286,32 @@ func TestLoggerHearsTheRareEvents(t *testing.T) {
 		}
 	}
 	t.Logf("%d lines: %v", len(lines), lines)
+}
+
+// TestLoggerWarnsOfEviction: a Redis whose memory limit would evict keys (buckets have
+// TTLs, so volatile-* policies count) is reported at start with the fix.
+func TestLoggerWarnsOfEviction(t *testing.T) {
+	srv := redistest.StartServer(t)
+	c := srv.Client()
+	ctx := context.Background()
+	if err := c.ConfigSet(ctx, "maxmemory", "100mb").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ConfigSet(ctx, "maxmemory-policy", "volatile-lru").Err(); err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	newLimiter(t, newStore(t, c), hybrid.Config{
+		FleetSize: 1,
+		Logger:    slog.New(slog.NewJSONHandler(&logs, nil)),
+		Limits:    []hybrid.Limit{{Name: "api", Rate: 10, Burst: 10, Policy: breaker.FailClosed}},
+	})
+	waitFor(t, "the eviction line", func() bool { return logs.has(t, "Redis may evict the rate-limit buckets") })
+	for _, m := range logs.lines(t) {
+		if strings.Contains(m["msg"].(string), "may evict") {
+			if m["level"] != "ERROR" || !strings.Contains(m["error"].(string), "noeviction") {
+				t.Errorf("eviction line %v: want ERROR naming the fix", m)
+			}
+		}
+	}
 }

@@ -1,0 +1,92 @@
+package global_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/internal/redistest"
+)
+
+// TestCheckEviction: a Redis that may evict keys (a maxmemory limit with any policy but
+// noeviction, volatile-* included: the buckets have TTLs) is reported with the fix; one
+// that cannot, or has no limit, passes; one without CONFIG (miniredis) is an error that
+// is not ErrEvicting, so the caller knows it could not check.
+func TestCheckEviction(t *testing.T) {
+	srv := redistest.StartServer(t)
+	c := srv.Client()
+	s, err := global.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, tc := range []struct {
+		maxmemory, policy string
+		evicting          bool
+	}{
+		{"0", "allkeys-lru", false},
+		{"0", "noeviction", false},
+		{"100mb", "noeviction", false},
+		{"100mb", "allkeys-lru", true},
+		{"100mb", "allkeys-lfu", true},
+		{"100mb", "volatile-ttl", true},
+		{"100mb", "volatile-lru", true},
+	} {
+		if err := c.ConfigSet(ctx, "maxmemory", tc.maxmemory).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.ConfigSet(ctx, "maxmemory-policy", tc.policy).Err(); err != nil {
+			t.Fatal(err)
+		}
+		err := s.CheckEviction(ctx)
+		if got := errors.Is(err, global.ErrEvicting); got != tc.evicting || (!tc.evicting && err != nil) {
+			t.Errorf("maxmemory %s, %s: CheckEviction = %v; want evicting %v", tc.maxmemory, tc.policy, err, tc.evicting)
+		}
+	}
+
+	_, mc := redistest.Mini(t)
+	ms, err := global.New(mc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ms.CheckEviction(ctx); err == nil || errors.Is(err, global.ErrEvicting) || !errors.Is(err, global.ErrRedis) {
+		t.Errorf("miniredis (no CONFIG): CheckEviction = %v; want an ErrRedis that is not ErrEvicting", err)
+	}
+}
+
+func TestCheckEvictionCluster(t *testing.T) {
+	c := redistest.Cluster(t)
+	s, err := global.New(c, global.RetryingClient())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	// The CI cluster is started without a memory limit.
+	if err := s.CheckEviction(ctx); err != nil {
+		t.Fatalf("CheckEviction on the cluster = %v", err)
+	}
+	// One master that may evict is enough to be reported, by its address.
+	var one *redis.Client
+	_ = c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		if one == nil {
+			one = m
+		}
+		return nil
+	})
+	if err := one.ConfigSet(ctx, "maxmemory", "1gb").Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { one.ConfigSet(context.Background(), "maxmemory", "0") })
+	if err := one.ConfigSet(ctx, "maxmemory-policy", "volatile-lru").Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { one.ConfigSet(context.Background(), "maxmemory-policy", "noeviction") })
+	err = s.CheckEviction(ctx)
+	if !errors.Is(err, global.ErrEvicting) || !strings.Contains(err.Error(), one.Options().Addr) {
+		t.Fatalf("one master evicting: CheckEviction = %v; want ErrEvicting naming %s", err, one.Options().Addr)
+	}
+}
