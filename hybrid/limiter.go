@@ -413,7 +413,7 @@ func (l *Limiter) do(ctx context.Context, t *engine.Trip) {
 			var g global.Grant
 			t.Err = l.brk.Do(ctx, func(ctx context.Context) error {
 				var err error
-				g, err = l.store.Take(ctx, r.Limit, r.Key, r.Want, r.Min)
+				g, err = l.store.TakeID(ctx, r.Limit, r.ID, r.Want, r.Min)
 				return err
 			})
 			if t.Err == nil {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -514,5 +515,48 @@ func TestConcurrentCloseWaitsForRefunds(t *testing.T) {
 				t.Errorf("granted %d − refunded %d != 30 admitted", st.Granted, st.Refunded)
 			}
 		})
+	}
+}
+
+// TestLongKeysKeepTheirBuckets: the Limiter holds a long key by its digest, and still
+// spends from the Redis bucket the key always had (global.Store.Key, pinned by
+// global's TestWireFormat), so servers of two versions share it; keys that differ only
+// in their last byte of a megabyte do not share one.
+func TestLongKeysKeepTheirBuckets(t *testing.T) {
+	const burst = 5
+	m, c := redistest.Mini(t)
+	st := newStore(t, c)
+	l := newLimiter(t, st, hybrid.Config{
+		FleetSize: 1,
+		Limits:    []hybrid.Limit{{Name: "api", Rate: 0.001, Burst: burst, Policy: breaker.FailClosed, MaxWait: time.Second}},
+	})
+	huge := strings.Repeat("x", 1<<20)
+	ctx := context.Background()
+	for _, tc := range []struct{ name, key string }{
+		{"short", "alice"},
+		{"64 bytes", strings.Repeat("k", global.MaxKeyLen)},
+		{"65 bytes", strings.Repeat("k", global.MaxKeyLen+1)},
+		{"brace", "a{b}"},
+		{"like an ID", "{" + strings.Repeat("0", 32)},
+		{"1 MB, a", huge + "a"},
+		{"1 MB, b", huge + "b"},
+	} {
+		admitted := 0
+		for range burst + 1 {
+			key := strings.Clone(tc.key) // the same key in a new string each time
+			d, err := l.Allow(ctx, "api", key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Allowed {
+				admitted++
+			}
+		}
+		if admitted != burst {
+			t.Errorf("%s: %d of %d admitted, want the burst %d: keys share a bucket, or one key has two", tc.name, admitted, burst+1, burst)
+		}
+		if !m.Exists(st.Key("api", tc.key)) {
+			t.Errorf("%s: no bucket at %s: the key's Redis key moved (keys %v)", tc.name, st.Key("api", tc.key), m.Keys())
+		}
 	}
 }
