@@ -1,8 +1,10 @@
 package global_test
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"strings"
 	"testing"
 
@@ -98,6 +100,9 @@ func FuzzKey(f *testing.F) {
 	f.Fuzz(func(t *testing.T, key string) {
 		k := s.Key("lim", key)
 		checkKeyShape(t, k, "lim")
+		if id := global.IDOf(key); len(id) > global.MaxKeyLen || (id != global.KeyID(key)) != (k != "fl:{lim:"+key+"}") {
+			t.Fatalf("IDOf(%q) = %q for bucket %q", key, id, k)
+		}
 		if s.Key("lim", key) != k {
 			t.Fatal("Key is not deterministic")
 		}
@@ -105,4 +110,34 @@ func FuzzKey(f *testing.F) {
 			t.Fatalf("keys %q and %q share bucket %q", key, key+"x", k)
 		}
 	})
+}
+
+// TestTakeID: a take named by a key's ID spends from the key's own bucket, whatever the
+// key's length; an ID that IDOf cannot return is refused before any call.
+func TestTakeID(t *testing.T) {
+	s := keyStore(t)
+	ctx := context.Background()
+	lim := global.Limit{Name: "api", Rate: 0.001, Burst: 10}
+	long := strings.Repeat("k", 1<<20)
+	for _, key := range []string{"", "alice", "a{b}", long} {
+		if _, err := s.Take(ctx, lim, key, 3, 1); err != nil {
+			t.Fatal(err)
+		}
+		g, err := s.TakeID(ctx, lim, global.IDOf(key), 10, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.Granted != 7 {
+			t.Errorf("key %.20q: TakeID after a take of 3 granted %d, want the 7 left in the key's bucket", key, g.Granted)
+		}
+		out := make([]global.TakeResult, 1)
+		if err := s.TakeBatch(ctx, []global.TakeRequest{{Limit: lim, ID: global.IDOf(key), Want: 1, Min: 1}}, out); err != nil || out[0].Granted != 0 {
+			t.Errorf("key %.20q: TakeBatch by ID on the empty bucket: %+v %v, want 0 granted", key, out[0], err)
+		}
+	}
+	for _, bad := range []global.KeyID{"{", "{abc", global.KeyID(long)} {
+		if _, err := s.TakeID(ctx, lim, bad, 1, 1); !errors.Is(err, global.ErrInvalidLimit) {
+			t.Errorf("TakeID(%.20q): %v, want ErrInvalidLimit", bad, err)
+		}
+	}
 }

@@ -42,7 +42,25 @@ func (s *Store) Take(ctx context.Context, lim Limit, key string, want, min int) 
 	if err := checkTake(lim, want, min); err != nil {
 		return Grant{}, err
 	}
-	keys := []string{wire.BucketKey(s.prefix, lim.Name, key)}
+	return s.take(ctx, lim, wire.BucketKey(s.prefix, lim.Name, key), want, min)
+}
+
+// TakeID is Take for the key whose KeyID is id; an id that is not a KeyID is an error
+// wrapping ErrInvalidLimit.
+func (s *Store) TakeID(ctx context.Context, lim Limit, id KeyID, want, min int) (Grant, error) {
+	if err := checkTake(lim, want, min); err != nil {
+		return Grant{}, err
+	}
+	bkey, err := s.bucket(lim.Name, id)
+	if err != nil {
+		return Grant{}, err
+	}
+	return s.take(ctx, lim, bkey, want, min)
+}
+
+// take is Take on the bucket at Redis key bkey, for a checked take.
+func (s *Store) take(ctx context.Context, lim Limit, bkey string, want, min int) (Grant, error) {
+	keys := []string{bkey}
 	for attempt := 1; ; attempt++ {
 		reply, err := lua.Take.Run(ctx, s.c, keys, lim.Burst, lim.Rate, want, min, s.serverID, s.nextSeq()).Result()
 		if err != nil {
@@ -107,7 +125,11 @@ func (s *Store) refundOne(ctx context.Context, r RefundRequest) RefundResult {
 	if err := checkRefund(r.Limit, r.N); err != nil || r.N == 0 {
 		return RefundResult{Err: err}
 	}
-	keys := []string{wire.BucketKey(s.prefix, r.Limit.Name, r.Key)}
+	bkey, err := s.requestBucket(r.Limit.Name, r.Key, r.ID)
+	if err != nil {
+		return RefundResult{Err: err}
+	}
+	keys := []string{bkey}
 	for attempt := 1; ; attempt++ {
 		seq := r.Seq
 		if seq == 0 {
@@ -162,8 +184,11 @@ func (s *Store) Reset(ctx context.Context, lim Limit, key string) error {
 
 // TakeRequest is one item of a TakeBatch.
 type TakeRequest struct {
-	Limit     Limit
-	Key       string
+	Limit Limit
+	Key   string
+	// ID, if not empty, names the bucket instead of Key: IDOf(key), for a caller that
+	// keeps keys in memory as their IDs.
+	ID        KeyID
 	Want, Min int
 }
 
@@ -192,26 +217,27 @@ func (s *Store) TakeBatch(ctx context.Context, reqs []TakeRequest, out []TakeRes
 		return fmt.Errorf("%w: TakeBatch: out has %d slots for %d requests", ErrInvalidConfig, len(out), len(reqs))
 	}
 	out = out[:len(reqs)]
-	if s.pipe == nil {
-		for i, r := range reqs {
-			g, err := s.Take(ctx, r.Limit, r.Key, r.Want, r.Min)
-			out[i] = TakeResult{Grant: g, Err: err}
-		}
-		return firstErr(out, TakeResult.err)
-	}
-
 	items := make([]batchItem, len(reqs))
 	for i, r := range reqs {
-		if err := checkTake(r.Limit, r.Want, r.Min); err != nil {
+		bkey, err := s.requestBucket(r.Limit.Name, r.Key, r.ID)
+		if err == nil {
+			err = checkTake(r.Limit, r.Want, r.Min)
+		}
+		if err != nil {
 			out[i] = TakeResult{Err: err}
 			continue
 		}
+		if s.pipe == nil {
+			g, err := s.take(ctx, r.Limit, bkey, r.Want, r.Min)
+			out[i] = TakeResult{Grant: g, Err: err}
+			continue
+		}
 		items[i] = batchItem{
-			keys: []string{wire.BucketKey(s.prefix, r.Limit.Name, r.Key)},
+			keys: []string{bkey},
 			args: []any{r.Limit.Burst, r.Limit.Rate, r.Want, r.Min, s.serverID, s.nextSeq()},
 		}
 	}
-	if !s.runBatch(ctx, lua.Take, items) {
+	if s.pipe == nil || !s.runBatch(ctx, lua.Take, items) {
 		return firstErr(out, TakeResult.err)
 	}
 	for i := range items {
@@ -229,7 +255,7 @@ func (s *Store) TakeBatch(ctx context.Context, reqs []TakeRequest, out []TakeRes
 			// Overtaken by a concurrent take of the same bucket (see maxStale): it
 			// spent nothing; take again on its own.
 			r := reqs[i]
-			g, err = s.Take(ctx, r.Limit, r.Key, r.Want, r.Min)
+			g, err = s.take(ctx, r.Limit, it.keys[0], r.Want, r.Min)
 		}
 		out[i] = TakeResult{Grant: g, Err: err}
 	}
@@ -280,7 +306,9 @@ func (s *Store) runBatch(ctx context.Context, script *redis.Script, items []batc
 type RefundRequest struct {
 	Limit Limit
 	Key   string
-	N     int
+	// ID, if not empty, names the bucket instead of Key, as in TakeRequest.
+	ID KeyID
+	N  int
 	// Seq is 0 for a new refund: RefundBatch gives it a fresh sequence number and
 	// reports it in RefundResult.Seq. To send again a refund whose answer was lost (a
 	// timeout), set Seq to that number: where the first attempt ran, Redis answers it
@@ -330,13 +358,18 @@ func (s *Store) RefundBatch(ctx context.Context, reqs []RefundRequest, out []Ref
 			out[i].Err = err
 			continue
 		}
+		bkey, err := s.requestBucket(r.Limit.Name, r.Key, r.ID)
+		if err != nil {
+			out[i].Err = err
+			continue
+		}
 		seq := r.Seq
 		if seq == 0 {
 			seq = s.nextSeq()
 		}
 		out[i].Seq = seq
 		items[i] = batchItem{
-			keys: []string{wire.BucketKey(s.prefix, r.Limit.Name, r.Key)},
+			keys: []string{bkey},
 			args: []any{r.Limit.Burst, r.Limit.Rate, r.N, s.serverID, seq},
 		}
 	}

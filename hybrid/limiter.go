@@ -283,10 +283,12 @@ type Limiter struct {
 	events      *events            // nil without a Logger
 	cancelCheck context.CancelFunc // ends the start-up eviction check; nil without a Logger
 
-	closed atomic.Bool
-	wake   chan struct{} // buffered 1: the engine has I/O queued
-	stop   chan struct{} // closed by Close
-	wg     sync.WaitGroup
+	closed    atomic.Bool
+	wake      chan struct{} // buffered 1: the engine has I/O queued
+	stop      chan struct{} // closed by Close
+	wg        sync.WaitGroup
+	closeDone chan struct{} // closed once the first Close has sent its refunds
+	closeErr  error         // that Close's result; read after closeDone
 }
 
 // New returns a Limiter for the limits in cfg over store, or an error wrapping
@@ -312,6 +314,7 @@ func New(store *global.Store, cfg Config) (*Limiter, error) {
 		onDecision: cfg.OnDecision,
 		wake:       make(chan struct{}, 1),
 		stop:       make(chan struct{}),
+		closeDone:  make(chan struct{}),
 	}
 	if l.clock == nil {
 		l.clock = breaker.SystemClock{}
@@ -424,7 +427,7 @@ func (l *Limiter) do(ctx context.Context, t *engine.Trip) {
 			var g global.Grant
 			t.Err = l.brk.Do(ctx, func(ctx context.Context) error {
 				var err error
-				g, err = l.store.Take(ctx, r.Limit, r.Key, r.Want, r.Min)
+				g, err = l.store.TakeID(ctx, r.Limit, r.ID, r.Want, r.Min)
 				return err
 			})
 			if t.Err == nil {
@@ -551,12 +554,34 @@ var errNotSent = errors.New("queued after Close sent its last refunds")
 
 // Close stops the background goroutine, fails the refills not yet sent, and gives every
 // unused leased token back to its bucket (in as few calls as it can, bounded by ctx).
-// Calls after Close return ErrClosed. Close is idempotent; the error reports tokens that
-// could not be refunded.
+// Calls after Close return ErrClosed. The error reports tokens that could not be
+// refunded.
+//
+// Close may be called more than once, also concurrently: the first call does the work,
+// bounded by its own ctx, and every call returns only once that work is done, with the
+// same result. A call whose ctx ends first returns at once with an error wrapping
+// ctx.Err(); the refunds go on under the first call's ctx.
 func (l *Limiter) Close(ctx context.Context) error {
 	if l.closed.Swap(true) {
-		return nil
+		select {
+		case <-l.closeDone:
+			return l.closeErr
+		default:
+		}
+		select {
+		case <-l.closeDone:
+			return l.closeErr
+		case <-ctx.Done():
+			return fmt.Errorf("hybrid: Close still refunding in another call: %w", ctx.Err())
+		}
 	}
+	l.closeErr = l.close(ctx)
+	close(l.closeDone)
+	return l.closeErr
+}
+
+// close is the work of the first Close.
+func (l *Limiter) close(ctx context.Context) error {
 	close(l.stop)
 	if l.cancelCheck != nil {
 		l.cancelCheck()

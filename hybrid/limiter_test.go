@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/hybrid"
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
+	"github.com/fleetlimit/fleetlimit/lua"
 )
 
 // prefix returns a short key prefix unique to this run (the shared Redis is never flushed).
@@ -397,4 +399,164 @@ func (c clockAt) Now() time.Time { return c() }
 
 func (clockAt) AfterFunc(d time.Duration, f func()) func() bool {
 	return breaker.SystemClock{}.AfterFunc(d, f)
+}
+
+// heldRefunds is a go-redis hook that holds the first refund pipeline until release is
+// closed, then lets it run or, with fail set, answers every command in it with fail.
+type heldRefunds struct {
+	refundSource string
+	fail         error
+	entered      chan struct{}
+	release      chan struct{}
+	once         sync.Once
+}
+
+func (h *heldRefunds) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *heldRefunds) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *heldRefunds) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) == 0 || cmds[0].Name() != "evalsha" || cmds[0].Args()[1] != h.refundSource {
+			return next(ctx, cmds)
+		}
+		first := false
+		h.once.Do(func() { first = true; close(h.entered) })
+		if first {
+			<-h.release
+		}
+		if h.fail != nil {
+			for _, c := range cmds {
+				c.SetErr(h.fail)
+			}
+			return h.fail
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestConcurrentCloseWaitsForRefunds: a second Close while the first is still sending
+// the refunds returns only once they are done, with the first call's result (a shutdown
+// path that exits on whichever returns first must not lose them); a Close whose own ctx
+// has ended returns at once with its ctx's error; a Close after the work returns the
+// same result again.
+func TestConcurrentCloseWaitsForRefunds(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		fail error
+	}{
+		{"refunds succeed", nil},
+		{"refunds fail", errors.New("ERR refund refused by the test")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, c := redistest.Mini(t)
+			l := newLimiter(t, newStore(t, c), hybrid.Config{
+				FleetSize: 1,
+				Limits:    []hybrid.Limit{{Name: "api", Rate: 0.01, Burst: 100, Policy: breaker.FailClosed, MaxWait: time.Second}},
+			})
+			ctx := context.Background()
+			for range 30 { // demand grows the batch: the lease ends up holding tokens
+				if d, _ := l.Allow(ctx, "api", "k"); !d.Allowed {
+					t.Fatalf("denied: %+v", d)
+				}
+			}
+			if st := l.Stats(); st.Granted <= 30 {
+				t.Fatalf("the lease holds no spare tokens (granted %d): nothing to refund", st.Granted)
+			}
+			hook := &heldRefunds{refundSource: lua.Refund.Hash(), fail: tc.fail,
+				entered: make(chan struct{}), release: make(chan struct{})}
+			c.AddHook(hook)
+
+			type result struct {
+				err      error
+				refunded int64 // Stats().Refunded when Close returned
+			}
+			closeIn := func(ctx context.Context) <-chan result {
+				ch := make(chan result, 1)
+				go func() {
+					err := l.Close(ctx)
+					ch <- result{err, l.Stats().Refunded}
+				}()
+				return ch
+			}
+			first := closeIn(ctx)
+			<-hook.entered // the first Close is sending the refunds, held by the hook
+			second := closeIn(ctx)
+			canceled, cancel := context.WithCancel(ctx)
+			cancel()
+			if r := <-closeIn(canceled); !errors.Is(r.err, context.Canceled) {
+				t.Errorf("Close with an ended ctx during the refunds: %v, want context.Canceled", r.err)
+			}
+			// The second call must still be waiting. Not a wait for an event: one that
+			// never happens can only be given time to.
+			select {
+			case r := <-second:
+				t.Fatalf("second Close returned (%v, %d refunded) while the refunds were held", r.err, r.refunded)
+			case <-time.After(50 * time.Millisecond):
+			}
+			close(hook.release)
+			a, b := <-first, <-second
+			again := l.Close(ctx)
+			st := l.Stats()
+			t.Logf("first %v; second %v; again %v; stats %+v", a.err, b.err, again, st)
+			if (a.err == nil) != (tc.fail == nil) {
+				t.Fatalf("first Close: %v, want an error: %v", a.err, tc.fail != nil)
+			}
+			for _, r := range []struct {
+				name string
+				err  error
+			}{{"second", b.err}, {"later", again}} {
+				if r.err != a.err {
+					t.Errorf("%s Close: %v, want the first's result %v", r.name, r.err, a.err)
+				}
+			}
+			if b.refunded != st.Refunded {
+				t.Errorf("second Close returned with %d refunded, %d once the refunds were done", b.refunded, st.Refunded)
+			}
+			if tc.fail == nil && st.Granted-st.Refunded != 30 {
+				t.Errorf("granted %d − refunded %d != 30 admitted", st.Granted, st.Refunded)
+			}
+		})
+	}
+}
+
+// TestLongKeysKeepTheirBuckets: the Limiter holds a long key by its digest, and still
+// spends from the Redis bucket the key always had (global.Store.Key, pinned by
+// global's TestWireFormat), so servers of two versions share it; keys that differ only
+// in their last byte of a megabyte do not share one.
+func TestLongKeysKeepTheirBuckets(t *testing.T) {
+	const burst = 5
+	m, c := redistest.Mini(t)
+	st := newStore(t, c)
+	l := newLimiter(t, st, hybrid.Config{
+		FleetSize: 1,
+		Limits:    []hybrid.Limit{{Name: "api", Rate: 0.001, Burst: burst, Policy: breaker.FailClosed, MaxWait: time.Second}},
+	})
+	huge := strings.Repeat("x", 1<<20)
+	ctx := context.Background()
+	for _, tc := range []struct{ name, key string }{
+		{"short", "alice"},
+		{"64 bytes", strings.Repeat("k", global.MaxKeyLen)},
+		{"65 bytes", strings.Repeat("k", global.MaxKeyLen+1)},
+		{"brace", "a{b}"},
+		{"like an ID", "{" + strings.Repeat("0", 32)},
+		{"1 MB, a", huge + "a"},
+		{"1 MB, b", huge + "b"},
+	} {
+		admitted := 0
+		for range burst + 1 {
+			key := strings.Clone(tc.key) // the same key in a new string each time
+			d, err := l.Allow(ctx, "api", key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Allowed {
+				admitted++
+			}
+		}
+		if admitted != burst {
+			t.Errorf("%s: %d of %d admitted, want the burst %d: keys share a bucket, or one key has two", tc.name, admitted, burst+1, burst)
+		}
+		if !m.Exists(st.Key("api", tc.key)) {
+			t.Errorf("%s: no bucket at %s: the key's Redis key moved (keys %v)", tc.name, st.Key("api", tc.key), m.Keys())
+		}
+	}
 }

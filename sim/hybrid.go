@@ -250,12 +250,12 @@ func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next fun
 	h.b.call(hs.brk, func(answered func()) {
 		f.redis.roundTrip(n, time.Duration(n)*sc.ScriptTime, func(at time.Time) {
 			for i, r := range t.Takes {
-				g := h.s.Take(at, wire.BucketKey(keyPrefix, r.Limit.Name, r.Key), float64(r.Limit.Burst), r.Limit.Rate, r.Want, r.Min, s.name, h.seq(hs))
+				g := h.s.Take(at, wire.BucketKeyOfID(keyPrefix, r.Limit.Name, string(r.ID)), float64(r.Limit.Burst), r.Limit.Rate, r.Want, r.Min, s.name, h.seq(hs))
 				t.TakeResults[i].Granted, t.TakeResults[i].Remaining = g.Granted, g.Tokens
 				t.TakeResults[i].Wait = tokenbucket.FromMillis(float64(g.WaitMS))
 			}
 			for i, r := range t.Refunds {
-				g := h.s.Refund(at, wire.BucketKey(keyPrefix, r.Limit.Name, r.Key), float64(r.Limit.Burst), r.Limit.Rate, r.N, s.name, r.Seq)
+				g := h.s.Refund(at, wire.BucketKeyOfID(keyPrefix, r.Limit.Name, string(r.ID)), float64(r.Limit.Burst), r.Limit.Rate, r.N, s.name, r.Seq)
 				t.RefundResults[i].Remaining, t.RefundResults[i].Seq = g.Tokens, r.Seq
 			}
 			if t.Kind == engine.HeartbeatTrip {

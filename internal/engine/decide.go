@@ -10,12 +10,13 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
+	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
 // Flight is one refill on its way to Redis and back, and the requests waiting for it.
 type Flight struct {
 	lim       *Limit
-	key       string
+	key       string // the key's ID
 	seq       uint64
 	want, min int
 	// waiters, in the order they came. Appended under the key's store lock while the
@@ -28,7 +29,7 @@ type Flight struct {
 // answered or fails, or when the driver gives up on it (GiveUp); Done is closed then.
 type Waiter struct {
 	lim *Limit
-	key string
+	key string // the key's ID
 	n   int
 	ch  chan struct{} // closed once decided
 
@@ -64,6 +65,7 @@ type outcome struct {
 	f    *Flight // a refill decide started, to send
 	w    *Waiter // the request's waiter, when it must wait
 	slot uint8   // the key's counter shard
+	key  string  // the key's ID, as its entry holds it
 }
 
 // Decide decides a request of cost n for key under lm at now, writing the decision to d.
@@ -72,17 +74,22 @@ type outcome struct {
 // returns a Waiter (and d is only provisional): the driver waits for Waiter.Done, or
 // calls GiveUp once the limit's MaxWait has passed or its caller gave up. A negative n is
 // denied (ReasonInvalidCost); after Drain requests are denied with ReasonClosed.
+//
+// The engine keeps key as its ID (wire.KeyID): a key longer than wire.MaxKeyLen, or with
+// a brace, is held as the digest its Redis key carries, so a server holds a bounded
+// number of bytes per key whatever the keys' length. Such a key costs a SHA-256 and an
+// allocation per decision.
 func (e *Engine) Decide(now time.Time, lm *Limit, key string, n int, d *Decision) *Waiter {
 	var o outcome
-	if !lm.keys.Update(now, key, func(en *entry, t time.Time) {
-		lm.decide(&o, en, t, key, n, nil)
+	if !lm.keys.Update(now, wire.KeyID(key), func(en *entry, t time.Time) {
+		lm.decide(&o, en, t, n, nil)
 	}) {
 		*d = Decision{Reason: ReasonClosed, Servers: e.Servers()}
 		return nil
 	}
 	o.d.Servers = e.Servers()
 	if o.st.Refund > 0 {
-		e.queueRefund(lm, key, o.st.Refund)
+		e.queueRefund(lm, o.key, o.st.Refund)
 	}
 	if o.f != nil && e.send(now, o.f, o.w) && o.w != nil {
 		// The refill failed at once (breaker open, stopped): the policy decided o.w.
@@ -105,9 +112,9 @@ func (e *Engine) Decide(now time.Time, lm *Limit, key string, n int, d *Decision
 // denies or makes wait costs the pre-check nothing: for one server the default
 // pre-check (the fleet's own rate and burst) then never denies what the global bucket
 // alone would allow.
-func (lm *Limit) decide(o *outcome, en *entry, t time.Time, key string, n int, w *Waiter) {
+func (lm *Limit) decide(o *outcome, en *entry, t time.Time, n int, w *Waiter) {
 	c := lm.lease.Load()
-	o.slot = en.slot
+	o.slot, o.key = en.slot, en.key
 	if en.lease.CanServe(c, t, n) {
 		if !en.pre.AllowN(t, n) {
 			o.d = lm.preDenied(en, t, n)
@@ -133,12 +140,12 @@ func (lm *Limit) decide(o *outcome, en *entry, t time.Time, key string, n int, w
 	st := &o.st
 	o.d = Decision{Allowed: st.Action == Allow, Remaining: st.Remaining, RetryAfter: st.RetryAfter, Source: SourceLease, Reason: st.Reason}
 	if st.Refill.Want > 0 {
-		o.f = &Flight{lim: lm, key: key, seq: st.Refill.Seq, want: st.Refill.Want, min: st.Refill.Min}
+		o.f = &Flight{lim: lm, key: en.key, seq: st.Refill.Seq, want: st.Refill.Want, min: st.Refill.Min}
 		en.flight = o.f
 	}
 	switch {
 	case st.Action == Wait:
-		lm.join(o, en, key, n, w)
+		lm.join(o, en, n, w)
 	case w != nil: // decided after waiting for a refill
 		o.d.Source = SourceGlobal
 		if o.d.Allowed {
@@ -149,7 +156,7 @@ func (lm *Limit) decide(o *outcome, en *entry, t time.Time, key string, n int, w
 
 // join makes the request wait for the key's refill in flight, as waiter w (a new one if
 // nil); it requires that the key's lock is held.
-func (lm *Limit) join(o *outcome, en *entry, key string, n int, w *Waiter) {
+func (lm *Limit) join(o *outcome, en *entry, n int, w *Waiter) {
 	if en.flight == nil {
 		// The lease waits for a refill its entry no longer holds; it cannot happen,
 		// but a request must not wait for nothing: the policy decides it.
@@ -158,7 +165,7 @@ func (lm *Limit) join(o *outcome, en *entry, key string, n int, w *Waiter) {
 		return
 	}
 	if w == nil {
-		w = &Waiter{lim: lm, key: key, n: n, ch: make(chan struct{})}
+		w = &Waiter{lim: lm, key: en.key, n: n, ch: make(chan struct{})}
 	}
 	en.flight.waiters = append(en.flight.waiters, w)
 	o.w = w
@@ -202,7 +209,7 @@ func (e *Engine) recheck(now time.Time, w *Waiter) bool {
 	lm := w.lim
 	var o outcome
 	if !lm.keys.Update(now, w.key, func(en *entry, t time.Time) {
-		lm.decide(&o, en, t, w.key, w.n, w)
+		lm.decide(&o, en, t, w.n, w)
 	}) {
 		w.set(Decision{Reason: ReasonClosed, Servers: e.Servers()})
 		return true
@@ -222,9 +229,9 @@ func (e *Engine) recheck(now time.Time, w *Waiter) bool {
 	return true
 }
 
-// fallback decides a request by the limit's failure policy, after the pre-check and the
-// lease could not (Redis did not answer, or the breaker is open). A request the policy
-// admits still spends its pre-check tokens.
+// fallback decides a request for the key of ID key by the limit's failure policy, after
+// the pre-check and the lease could not (Redis did not answer, or the breaker is open).
+// A request the policy admits still spends its pre-check tokens.
 func (e *Engine) fallback(now time.Time, lm *Limit, key string, n int, why Reason) Decision {
 	servers := e.Servers()
 	d := Decision{Source: SourceFallback, Reason: why, Servers: servers}

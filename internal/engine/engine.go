@@ -143,11 +143,14 @@ type entry struct {
 	lease  Lease
 	flight *Flight // the refill in flight, nil if none
 	slot   uint8   // which shard of the counters the key counts in
+	// key is the key's ID (wire.KeyID), the store's own copy: flights, waiters, refunds
+	// and expiries hold it, never the caller's string, which may pin a larger buffer.
+	key string
 }
 
 type refund struct {
 	lim *Limit
-	key string
+	key string // the key's ID
 	n   int
 }
 
@@ -348,6 +351,7 @@ func (lm *Limit) initEntry(en *entry, key string, now time.Time) {
 	en.lease = NewLease(lm.seed ^ h)
 	en.flight = nil
 	en.slot = uint8(h % counterShards)
+	en.key = key
 }
 
 // evicted is the key store's eviction callback: the key's lease is refunded, and the

@@ -194,9 +194,9 @@ func TestSlowRefundTripIsSentAgainInHalves(t *testing.T) {
 		e.queueRefund(lm, fmt.Sprint("k", i), 1)
 	}
 	trip := e.Next()
-	seqs := map[string]uint64{}
+	seqs := map[global.KeyID]uint64{}
 	for _, r := range trip.Refunds {
-		seqs[r.Key] = r.Seq
+		seqs[r.ID] = r.Seq
 	}
 	trip.Err = fmt.Errorf("late: %w", breaker.ErrTimeout)
 	e.Done(t0, trip)
@@ -204,8 +204,8 @@ func TestSlowRefundTripIsSentAgainInHalves(t *testing.T) {
 	for trip := e.Next(); trip != nil; trip = e.Next() {
 		sizes = append(sizes, len(trip.Refunds))
 		for _, r := range trip.Refunds {
-			if r.Seq != seqs[r.Key] {
-				t.Errorf("%s re-sent with seq %d, want %d", r.Key, r.Seq, seqs[r.Key])
+			if r.Seq != seqs[r.ID] {
+				t.Errorf("%s re-sent with seq %d, want %d", r.ID, r.Seq, seqs[r.ID])
 			}
 		}
 		if len(trip.Refunds) > 1 {

@@ -63,7 +63,7 @@ func TestPreCheckNeverDeniesWhatTheBucketWouldAllow(t *testing.T) {
 					t.Fatalf("seed %d step %d: no decision after 10 refills", seed, step)
 				}
 				var o outcome
-				lm.decide(&o, &en, now, "k", n, w)
+				lm.decide(&o, &en, now, n, w)
 				d, st, f := o.d, o.st, o.f
 				w = o.w
 				g.refund(now, st.Refund)

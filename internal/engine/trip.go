@@ -98,7 +98,7 @@ func (e *Engine) takeTrip() *Trip {
 	t := &Trip{Kind: TakeTrip, flights: batch,
 		Takes: make([]global.TakeRequest, len(batch)), TakeResults: make([]global.TakeResult, len(batch))}
 	for i, f := range batch {
-		t.Takes[i] = global.TakeRequest{Limit: f.lim.glim, Key: f.key, Want: f.want, Min: f.min}
+		t.Takes[i] = global.TakeRequest{Limit: f.lim.glim, ID: global.KeyID(f.key), Want: f.want, Min: f.min}
 	}
 	return t
 }
@@ -121,7 +121,7 @@ func (e *Engine) refundTrip() *Trip {
 			if !ok {
 				i = len(reqs)
 				at[k] = i
-				reqs = append(reqs, global.RefundRequest{Limit: r.lim.glim, Key: r.key, Seq: e.nextSeq()})
+				reqs = append(reqs, global.RefundRequest{Limit: r.lim.glim, ID: global.KeyID(r.key), Seq: e.nextSeq()})
 				burst = append(burst, r.lim.glim.Burst)
 			}
 			reqs[i].N += r.n
@@ -422,7 +422,7 @@ func (e *Engine) Finish() (lost int) {
 // expiry is a grant whose lifetime ends at at.
 type expiry struct {
 	lim *Limit
-	key string
+	key string // the key's ID
 	at  time.Time
 }
 

@@ -36,26 +36,63 @@ const digestLen = 16
 // do not), the byte after the name tells the two forms apart, and no two (name, key)
 // pairs share a Redis key.
 func BucketKey(prefix, name, key string) string {
-	var b strings.Builder
-	if len(key) <= MaxKeyLen && !strings.ContainsAny(key, "{}") {
-		b.Grow(len(prefix) + len(name) + len(key) + 3)
-		b.WriteString(prefix)
-		b.WriteByte('{')
-		b.WriteString(name)
-		b.WriteByte(':')
-		b.WriteString(key)
-		b.WriteByte('}')
-		return b.String()
+	return BucketKeyOfID(prefix, name, KeyID(key))
+}
+
+// KeyID returns how a server holds user key in memory: the key itself when BucketKey
+// stores it verbatim, else '{' and the digest BucketKey puts in the Redis key (IDLen
+// bytes). No verbatim key holds a '{', so two keys share an ID exactly when they share a
+// Redis key; an ID is at most MaxKeyLen bytes whatever the key's length. A verbatim key
+// is returned as it is (no copy, no allocation).
+func KeyID(key string) string {
+	if verbatim(key) {
+		return key
 	}
 	sum := sha256.Sum256([]byte(key))
-	var digest [2 * digestLen]byte
-	hex.Encode(digest[:], sum[:digestLen])
-	b.Grow(len(prefix) + len(name) + len(digest) + 3)
+	var id [IDLen]byte
+	id[0] = '{'
+	hex.Encode(id[1:], sum[:digestLen])
+	return string(id[:])
+}
+
+// IDLen is the length of the ID of a key that is not stored verbatim: '{' and a digest
+// of 2 × 16 hex digits.
+const IDLen = 1 + 2*digestLen
+
+// verbatim reports whether BucketKey stores key as it is.
+func verbatim(key string) bool {
+	return len(key) <= MaxKeyLen && !strings.ContainsAny(key, "{}")
+}
+
+// ValidID reports whether id is a KeyID of some key.
+func ValidID(id string) bool {
+	if verbatim(id) {
+		return true
+	}
+	if len(id) != IDLen || id[0] != '{' {
+		return false
+	}
+	for _, c := range []byte(id[1:]) {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// BucketKeyOfID returns BucketKey(prefix, name, key) given KeyID(key), a valid ID.
+func BucketKeyOfID(prefix, name, id string) string {
+	sep, rest := byte(':'), id
+	if !verbatim(id) {
+		sep, rest = '#', id[1:]
+	}
+	var b strings.Builder
+	b.Grow(len(prefix) + len(name) + len(rest) + 3)
 	b.WriteString(prefix)
 	b.WriteByte('{')
 	b.WriteString(name)
-	b.WriteByte('#')
-	b.Write(digest[:])
+	b.WriteByte(sep)
+	b.WriteString(rest)
 	b.WriteByte('}')
 	return b.String()
 }

@@ -26,6 +26,48 @@ func TestBucketKey(t *testing.T) {
 	}
 }
 
+// TestKeyID: a key's ID is the key itself when the Redis key carries it verbatim, else
+// '{' and the Redis key's digest; it is short whatever the key, a valid ID, and gives
+// back the very Redis key of the key.
+func TestKeyID(t *testing.T) {
+	long := strings.Repeat("k", MaxKeyLen+1)
+	huge := strings.Repeat("x", 1<<20)
+	for _, tt := range []struct {
+		key, want string
+	}{
+		{"", ""},
+		{"alice", "alice"},
+		{"#f39cdc2584758c99cf81c1f41d2572f5", "#f39cdc2584758c99cf81c1f41d2572f5"},
+		{strings.Repeat("k", MaxKeyLen), strings.Repeat("k", MaxKeyLen)},
+		{long, "{f39cdc2584758c99cf81c1f41d2572f5"},
+		{"a}b", "{538c54fe17b56e2f2b4753732e0de804"},
+		{"{f39cdc2584758c99cf81c1f41d2572f5", "{" + KeyID("{f39cdc2584758c99cf81c1f41d2572f5")[1:]},
+		{huge + "a", KeyID(huge + "a")},
+	} {
+		id := KeyID(tt.key)
+		if id != tt.want {
+			t.Errorf("KeyID(%.40q) = %q, want %q", tt.key, id, tt.want)
+		}
+		if len(id) > MaxKeyLen || !ValidID(id) {
+			t.Errorf("KeyID(%.40q) = %q: not a valid short ID", tt.key, id)
+		}
+		if got, want := BucketKeyOfID("fl:", "api", id), BucketKey("fl:", "api", tt.key); got != want {
+			t.Errorf("BucketKeyOfID(KeyID(%.40q)) = %q, want BucketKey's %q", tt.key, got, want)
+		}
+	}
+	if KeyID(huge+"a") == KeyID(huge+"b") {
+		t.Error("two long keys that differ in their last byte share an ID")
+	}
+	if KeyID("{f39cdc2584758c99cf81c1f41d2572f5") == KeyID(long) {
+		t.Error("a key that looks like an ID shares the ID of the key it names")
+	}
+	for _, bad := range []string{"{", "{f39c", "{F39CDC2584758C99CF81C1F41D2572F5", "{f39cdc2584758c99cf81c1f41d2572f5}", long} {
+		if ValidID(bad) {
+			t.Errorf("ValidID(%q) = true", bad)
+		}
+	}
+}
+
 func TestParse(t *testing.T) {
 	tests := []struct {
 		name    string
