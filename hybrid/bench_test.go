@@ -194,3 +194,30 @@ func reportCalls(b *testing.B, l *hybrid.Limiter, before hybrid.Stats) {
 }
 
 func decisions(s hybrid.Stats) int64 { return s.PreCheck + s.Lease + s.Global + s.Fallback }
+
+// BenchmarkAllowMulti is one all-or-nothing call of three items (per key, per tenant,
+// global), each served from its lease: compare with BareRateAllow in the same run.
+func BenchmarkAllowMulti(b *testing.B) {
+	_, c := redistest.Mini(b)
+	big := func(name string) hybrid.Limit {
+		return hybrid.Limit{Name: name, Rate: 1e12, Burst: 1 << 40, Policy: breaker.FailOpen,
+			RefillInterval: time.Hour, Lifetime: 5 * time.Hour, LowWatermark: -1, MaxWait: time.Second}
+	}
+	l := newLimiter(b, newStore(b, c), hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{big("key"), big("tenant"), big("global")}})
+	ctx := context.Background()
+	items := []hybrid.Item{{Limit: "key", Key: "k1", Cost: 1}, {Limit: "tenant", Key: "t1", Cost: 1}, {Limit: "global", Key: "all", Cost: 1}}
+	for range 3 {
+		if d, _ := l.AllowMulti(ctx, items); !d.Allowed {
+			b.Fatal("denied")
+		}
+	}
+	runtime.GC()
+	before := l.Stats()
+	b.ReportAllocs()
+	for b.Loop() {
+		if d, _ := l.AllowMulti(ctx, items); !d.Allowed {
+			b.Fatal("denied")
+		}
+	}
+	reportCalls(b, l, before)
+}

@@ -123,7 +123,8 @@ type Config struct {
 	// default: 10s
 	LogInterval time.Duration
 	// OnDecision, if set, is called with every decision AllowN, Allow, WaitN and Wait
-	// make, on the caller's goroutine, before they return; key is the request's key.
+	// make, and once per AllowMulti call with its MultiDecision.Decision, on the
+	// caller's goroutine, before they return; key is the request's key (the item's).
 	// It runs on the hot path: keep it short and non-blocking. The Limiter's counters
 	// (Stats) need no callback. nil: no call.
 	OnDecision func(key string, d Decision)
@@ -189,6 +190,9 @@ const (
 	ReasonCanceled
 	// ReasonClosed: the Limiter is closed.
 	ReasonClosed
+	// ReasonOtherItem: this item could pass, but another item of the same AllowMulti
+	// call was denied, so nothing was spent.
+	ReasonOtherItem
 )
 
 var reasonNames = [...]string{
@@ -197,6 +201,7 @@ var reasonNames = [...]string{
 	ReasonInvalidCost: "invalid cost", ReasonPreCheck: "pre-check bucket empty",
 	ReasonGranted: "refill granted", ReasonBreakerOpen: "breaker open", ReasonTimeout: "redis timeout",
 	ReasonUnavailable: "redis unavailable", ReasonCanceled: "caller canceled", ReasonClosed: "limiter closed",
+	ReasonOtherItem: "another item denied",
 }
 
 // String returns the reason in a few words.
@@ -484,6 +489,11 @@ func (l *Limiter) Allow(ctx context.Context, limit, key string) (Decision, error
 // Redis failure is not an error: the limit's policy decides, and the Decision says so.
 // Cost 0 is allowed and spends nothing.
 func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (Decision, error) {
+	return l.allowN(ctx, limit, key, n, l.onDecision)
+}
+
+// allowN is AllowN telling hook (nil: nobody) of the decision.
+func (l *Limiter) allowN(ctx context.Context, limit, key string, n int, hook func(string, Decision)) (Decision, error) {
 	lm := l.eng.Limit(limit)
 	switch {
 	case lm == nil:
@@ -496,39 +506,39 @@ func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (Decisio
 	}
 	var d engine.Decision
 	if w := l.eng.Decide(l.clock.Now(), lm, key, n, &d); w != nil {
-		return l.wait(ctx, lm, key, w)
+		return l.wait(ctx, lm, key, w, hook)
 	}
 	if d.Reason == engine.ReasonClosed {
 		return Decision{Reason: ReasonClosed, Limit: limit}, ErrClosed
 	}
 	var out Decision
 	out.set(lm, &d)
-	if l.onDecision != nil {
-		l.onDecision(key, out)
+	if hook != nil {
+		hook(key, out)
 	}
 	return out, nil
 }
 
-// result is d, for key under lm, as AllowN returns it with err; it tells OnDecision.
-func (l *Limiter) result(lm *engine.Limit, key string, d *engine.Decision, err error) (Decision, error) {
+// result is d, for key under lm, as AllowN returns it with err; it tells hook.
+func (l *Limiter) result(lm *engine.Limit, key string, d *engine.Decision, err error, hook func(string, Decision)) (Decision, error) {
 	if d.Reason == engine.ReasonClosed {
 		return Decision{Reason: ReasonClosed, Limit: lm.Name()}, ErrClosed
 	}
 	var out Decision
 	out.set(lm, d)
-	if l.onDecision != nil {
-		l.onDecision(key, out)
+	if hook != nil {
+		hook(key, out)
 	}
 	return out, err
 }
 
 // wait waits for the decision of a request that waits for a refill: the engine's,
 // or the policy's once the limit's MaxWait has passed, or none once ctx ends.
-func (l *Limiter) wait(ctx context.Context, lm *engine.Limit, key string, w *engine.Waiter) (Decision, error) {
+func (l *Limiter) wait(ctx context.Context, lm *engine.Limit, key string, w *engine.Waiter, hook func(string, Decision)) (Decision, error) {
 	select {
 	case <-w.Done(): // decided already
 		d := w.Decision()
-		return l.result(lm, key, &d, nil)
+		return l.result(lm, key, &d, nil, hook)
 	default:
 	}
 	expired := make(chan struct{})
@@ -543,10 +553,10 @@ func (l *Limiter) wait(ctx context.Context, lm *engine.Limit, key string, w *eng
 	case <-ctx.Done():
 		d = l.eng.GiveUp(l.clock.Now(), w, engine.ReasonCanceled)
 		if d.Reason == engine.ReasonCanceled { // not decided just before
-			return l.result(lm, key, &d, ctx.Err())
+			return l.result(lm, key, &d, ctx.Err(), hook)
 		}
 	}
-	return l.result(lm, key, &d, nil)
+	return l.result(lm, key, &d, nil, hook)
 }
 
 // errNotSent explains refunds queued while Close was sending the last ones.

@@ -276,6 +276,19 @@ func (l *Lease) acquire(c *LeaseConfig, now time.Time, n int, st *Step) {
 	l.decide(c, t, n, st)
 }
 
+// unspend gives back n tokens of a request the lease allowed at or before now and its
+// caller did not use (another item of an all-or-nothing request was denied): they join
+// the tokens on hand, under their expiry. It reports false, changing nothing, when that
+// expiry has passed: the caller refunds them instead, as the lease would have.
+func (l *Lease) unspend(now time.Time, n int) bool {
+	if now.UnixNano()-l.base >= l.expires {
+		return false
+	}
+	l.tokens += n
+	l.consumed -= int64(n)
+	return true
+}
+
 // Recheck answers again a request that waited for a refill; unlike [Lease.Acquire] it does
 // not count the request's demand a second time.
 func (l *Lease) Recheck(c *LeaseConfig, now time.Time, n int) Step {

@@ -1,0 +1,126 @@
+package hybrid
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/internal/engine"
+)
+
+// Item is one (limit, key, cost) of an AllowMulti call: a request counted against a
+// per-API-key limit, a per-tenant limit and a global one is three items.
+type Item struct {
+	Limit string
+	Key   string
+	// Cost is the item's tokens, at least 0; the zero Item costs nothing and is denied
+	// only for an unknown limit.
+	Cost int
+}
+
+// MultiDecision is the answer to an AllowMulti call: a plain value.
+type MultiDecision struct {
+	// Allowed reports whether every item was admitted, and so the request.
+	Allowed bool
+	// Denied is the index of the item that denied the request, -1 when it was allowed.
+	Denied int
+	// Decision is the denying item's decision; when the request was allowed, that of
+	// the item with the fewest tokens remaining (the one a rate-limit header should
+	// report).
+	Decision Decision
+	// RetryAfter, when denied, is the longest RetryAfter among the items known to deny:
+	// the request cannot pass before then (InfDuration: never).
+	RetryAfter time.Duration
+}
+
+// AllowMulti decides a request that counts against several items at once, all or
+// nothing: it is admitted only if every item admits it, and a denial spends nothing
+// anywhere. Items that would certainly deny (a cost above the burst, an empty
+// pre-check) are looked at first, without spending; then each item is decided in turn
+// as AllowN decides it (from its lease, or after a refill), and if one denies, the
+// tokens the items before it took go back at once: to their lease, or to Redis as a
+// refund when the lease no longer holds them; their pre-check gets them back too. A
+// refill one of them made stays in its lease for later requests. Tokens a failure
+// policy admitted during an outage stay spent in the policy's local limiter.
+//
+// The common case, every item served from its lease, makes no Redis call and no
+// allocation; items is only read. No lock is held across the items, so concurrent
+// calls with overlapping items cannot deadlock; one may be denied because another
+// holds tokens it later gives back (the same as two AllowN calls racing for the last
+// token). Errors are AllowN's, for the first item that has one (nothing is spent then);
+// an empty items is ErrInvalidCost.
+func (l *Limiter) AllowMulti(ctx context.Context, items []Item) (MultiDecision, error) {
+	if len(items) == 0 {
+		return MultiDecision{Denied: -1, RetryAfter: InfDuration}, fmt.Errorf("%w: no items", ErrInvalidCost)
+	}
+	if l.closed.Load() {
+		return MultiDecision{Denied: 0, Decision: Decision{Reason: ReasonClosed}}, ErrClosed
+	}
+	// Look before spending: an item that would certainly deny denies the request.
+	now := l.clock.Now()
+	out := MultiDecision{Denied: -1}
+	for i, it := range items {
+		lm := l.eng.Limit(it.Limit)
+		switch {
+		case lm == nil:
+			return MultiDecision{Denied: i, RetryAfter: InfDuration, Decision: Decision{RetryAfter: InfDuration, Limit: it.Limit}}, ErrUnknownLimit
+		case it.Cost < 0:
+			d := engine.Decision{Reason: engine.ReasonInvalidCost, RetryAfter: InfDuration}
+			return MultiDecision{Denied: i, RetryAfter: InfDuration, Decision: decision(lm, &d)}, ErrInvalidCost
+		}
+		if d, denied := l.eng.Look(now, lm, it.Key, it.Cost); denied {
+			l.eng.CountDenied(lm, it.Key, d, it.Cost)
+			if out.Denied < 0 {
+				out.Denied = i
+				out.Decision.set(lm, &d)
+			}
+			out.RetryAfter = max(out.RetryAfter, d.RetryAfter)
+		}
+	}
+	if out.Denied >= 0 {
+		if l.onDecision != nil {
+			l.onDecision(items[out.Denied].Key, out.Decision)
+		}
+		return out, nil
+	}
+	// Spend, item by item; give back on the first denial.
+	var small [8]spent
+	taken := small[:0]
+	fewest := 0 // the item with the fewest tokens remaining
+	if len(items) > len(small) {
+		taken = make([]spent, 0, len(items))
+	}
+	for i, it := range items {
+		d, err := l.allowN(ctx, it.Limit, it.Key, it.Cost, nil)
+		if err == nil && d.Allowed {
+			taken = append(taken, spent{d.Source, d.Reason})
+			if i == 0 || d.Remaining < out.Decision.Remaining {
+				out.Decision, fewest = d, i
+			}
+			continue
+		}
+		now := l.clock.Now()
+		for j := len(taken) - 1; j >= 0; j-- {
+			it := items[j]
+			l.eng.Return(now, l.eng.Limit(it.Limit), it.Key, it.Cost,
+				engine.Decision{Allowed: true, Source: engine.Source(taken[j].source), Reason: engine.Reason(taken[j].reason)})
+		}
+		out = MultiDecision{Denied: i, Decision: d, RetryAfter: d.RetryAfter}
+		if l.onDecision != nil {
+			l.onDecision(it.Key, d)
+		}
+		return out, err
+	}
+	out.Allowed = true
+	if l.onDecision != nil {
+		l.onDecision(items[fewest].Key, out.Decision)
+	}
+	return out, nil
+}
+
+// spent is the tier that admitted one item of an AllowMulti call, so that the engine
+// can give its tokens back to where they came from.
+type spent struct {
+	source Source
+	reason Reason
+}
