@@ -255,3 +255,46 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestMiddlewareAlso: a per-key limit and a per-tenant limit, all or nothing. The
+// tenant's limit denies the fourth request of its keys, the 429 names it, and the
+// per-key buckets are not charged for the denied requests.
+func TestMiddlewareAlso(t *testing.T) {
+	_, c := redistest.Mini(t)
+	lim := newLimiter(t, redistest.Target{Client: c},
+		hybrid.Limit{Name: "api", Rate: 1e-3, Burst: 5, Policy: breaker.FailClosed, MaxWait: time.Second},
+		hybrid.Limit{Name: "tenant", Rate: 1e-3, Burst: 3, Policy: breaker.FailClosed, MaxWait: time.Second})
+	mw, err := httplimit.New(httplimit.Config{
+		Limiter: lim, Limit: "api", Key: httplimit.Header("X-API-Key"),
+		Also: []httplimit.Also{{Limit: "tenant", Key: httplimit.Header("X-Tenant")}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	codes := ""
+	var last *httptest.ResponseRecorder
+	for i := range 6 {
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.Header.Set("X-API-Key", fmt.Sprintf("k%d", i%2))
+		req.Header.Set("X-Tenant", "acme")
+		last = httptest.NewRecorder()
+		h.ServeHTTP(last, req)
+		codes += strconv.Itoa(last.Code) + " "
+	}
+	if codes != "200 200 200 429 429 429 " {
+		t.Fatalf("statuses %s, want three admitted by the tenant's burst of 3", codes)
+	}
+	pol, err := parseSFList(last.Header().Get("RateLimit-Policy"))
+	if err != nil || pol[0].Name != "tenant" || last.Header().Get("Retry-After") == "" {
+		t.Fatalf("429 headers %v: want the tenant's policy and a Retry-After", last.Header())
+	}
+	st := lim.Stats()
+	if st.Limits[0].Name != "api" || st.Limits[0].Allowed() != 3 {
+		t.Fatalf("per-key limit admitted %d, want 3: the denied requests must not spend it", st.Limits[0].Allowed())
+	}
+	if _, err := httplimit.New(httplimit.Config{Limiter: lim, Limit: "api", Key: httplimit.Header("X"),
+		Also: []httplimit.Also{{Limit: "nope", Key: httplimit.Header("Y")}}}); err == nil {
+		t.Fatal("New accepted an unknown limit in Also")
+	}
+}

@@ -33,6 +33,13 @@ type Config struct {
 	// Key returns the request's key: Header, ClientIP, or a function of your own (a
 	// user id from the request's context).
 	Key KeyFunc
+	// Also are more limits the request counts against, all or nothing with Limit
+	// (hybrid.Limiter.AllowMulti): a per-tenant or a global limit beside the per-key
+	// one. Each has its own key; the cost is the request's. A request denied by any is
+	// denied and spends nothing on the others. The headers describe the limit that
+	// decided: the one that denied, or, when admitted, the one with the fewest tokens
+	// left. At most 7.
+	Also []Also
 	// Cost returns the request's cost in tokens (at least 0). nil: every request costs 1.
 	Cost func(r *http.Request) int
 	// Headers selects the rate-limit headers written on every response, admitted or
@@ -50,6 +57,16 @@ type Config struct {
 	Now func() time.Time
 }
 
+// Also is one more limit of Config.Also: a limit of the Limiter and the key the request
+// is counted under for it.
+type Also struct {
+	Limit string
+	Key   KeyFunc
+}
+
+// maxAlso bounds Config.Also, so that a request's items fit an array on the stack.
+const maxAlso = 7
+
 // Middleware limits the requests of an http.Handler. Build it with New; use Wrap, whose
 // signature is the func(http.Handler) http.Handler that chi's Use, gorilla/mux's Use
 // and hand-written chains take. A Middleware is safe for concurrent use.
@@ -57,6 +74,7 @@ type Middleware struct {
 	lim     *hybrid.Limiter
 	limit   string
 	key     KeyFunc
+	also    []Also
 	cost    func(r *http.Request) int
 	headers Headers
 	deny    http.Handler
@@ -80,8 +98,20 @@ func New(cfg Config) (*Middleware, error) {
 	if !hasLimit(cfg.Limiter, cfg.Limit) {
 		return nil, fmt.Errorf("%w: the Limiter has no limit %q", ErrInvalidConfig, cfg.Limit)
 	}
+	if len(cfg.Also) > maxAlso {
+		return nil, fmt.Errorf("%w: %d limits in Also, at most %d", ErrInvalidConfig, len(cfg.Also), maxAlso)
+	}
+	for _, a := range cfg.Also {
+		switch {
+		case !hasLimit(cfg.Limiter, a.Limit):
+			return nil, fmt.Errorf("%w: the Limiter has no limit %q (in Also)", ErrInvalidConfig, a.Limit)
+		case a.Key == nil:
+			return nil, fmt.Errorf("%w: no Key function for limit %q (in Also)", ErrInvalidConfig, a.Limit)
+		}
+	}
 	m := &Middleware{
 		lim: cfg.Limiter, limit: cfg.Limit, key: cfg.Key, cost: cfg.Cost,
+		also:    append([]Also(nil), cfg.Also...),
 		headers: cfg.Headers, deny: cfg.Deny, onError: cfg.OnError, now: cfg.Now,
 	}
 	if m.headers == 0 {
@@ -126,7 +156,7 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 				return
 			}
 		}
-		d, err := m.lim.AllowN(r.Context(), m.limit, key, n)
+		d, err := m.decide(r, key, n)
 		if err != nil {
 			m.onError(w, r, err)
 			return
@@ -143,6 +173,29 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 		}
 		m.deny.ServeHTTP(w, r)
 	})
+}
+
+// decide decides the request r of cost n, whose key under m.limit is key: with AllowN,
+// or, with Also limits, all or nothing with AllowMulti.
+func (m *Middleware) decide(r *http.Request, key string, n int) (hybrid.Decision, error) {
+	if len(m.also) == 0 {
+		return m.lim.AllowN(r.Context(), m.limit, key, n)
+	}
+	var buf [maxAlso + 1]hybrid.Item
+	items := append(buf[:0], hybrid.Item{Limit: m.limit, Key: key, Cost: n})
+	for _, a := range m.also {
+		k, err := a.Key(r)
+		if err != nil {
+			return hybrid.Decision{}, err
+		}
+		items = append(items, hybrid.Item{Limit: a.Limit, Key: k, Cost: n})
+	}
+	md, err := m.lim.AllowMulti(r.Context(), items)
+	d := md.Decision
+	if !md.Allowed && md.RetryAfter > d.RetryAfter {
+		d.RetryAfter = md.RetryAfter // the request cannot pass before every item can
+	}
+	return d, err
 }
 
 type decisionKey struct{}
