@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -70,8 +71,11 @@ func TestCheckEvictionCluster(t *testing.T) {
 		t.Fatalf("CheckEviction on the cluster = %v", err)
 	}
 	// One master that may evict is enough to be reported, by its address.
+	var mu sync.Mutex // ForEachMaster calls fn on every master at once
 	var one *redis.Client
 	_ = c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		mu.Lock()
+		defer mu.Unlock()
 		if one == nil {
 			one = m
 		}
