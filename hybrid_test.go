@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 	"go.uber.org/goleak"
 
 	"github.com/fleetlimit/fleetlimit/breaker"
@@ -637,5 +638,110 @@ func checkLevels(t *testing.T, st *global.Store, name string, keys, want int) {
 		if g.Granted != want {
 			t.Fatalf("bucket of key %d holds %d after Close, want %d: leases refunded twice or not at all", k, g.Granted, want)
 		}
+	}
+}
+
+// TestRecoveryAfterLongOutage: a Limiter on a client built with global.Configure admits
+// again within the breaker's open time plus 200 ms of Redis coming back after an outage
+// in which the client's pool failed PoolSize dials. go-redis then answers every new
+// connection with its last dial error, without dialling, until a background dial it
+// retries once a second succeeds; a breaker probe in between fails at once, and recovery
+// takes up to another open time.
+//
+// The pool is small (4) so that the few calls before the breaker opens fail that many
+// dials; with the default (10 per CPU) a longer outage does the same. The open time is
+// 600 ms, out of step with go-redis's 1 s: the pool's background dials start with the
+// failures that open the breaker (~0 s) and retry at 1 s and 2 s; the breaker probes at
+// 0.6, 1.2, 1.8, 2.4 s. Redis comes back just after the probe at 1.2 s fails, so the
+// probe at 1.8 s comes 200 ms before the pool dials again.
+func TestRecoveryAfterLongOutage(t *testing.T) {
+	const (
+		open   = 600 * time.Millisecond
+		target = open + 200*time.Millisecond
+		// slack for scheduling on a loaded machine: the request loop's 1 ms sleep, the
+		// probe's round trips (a dial, EVALSHA answered NOSCRIPT, EVAL).
+		slack = 50 * time.Millisecond
+	)
+	srv := redistest.StartServer(t)
+	o := &redis.Options{Addr: srv.Addr, PoolSize: 4,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}}
+	global.Configure(o)
+	c := redis.NewClient(o)
+	t.Cleanup(func() { _ = c.Close() })
+	st, err := global.New(c, global.Prefix(randomPrefix()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reopened := make(chan struct{}, 16) // a probe failed: half-open -> open
+	brk, err := breaker.New(breaker.Settings{Timeout: 200 * time.Millisecond, OpenTimeout: open,
+		OnStateChange: func(from, to breaker.State) {
+			if from == breaker.StateHalfOpen && to == breaker.StateOpen {
+				reopened <- struct{}{}
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := hybrid.New(st, hybrid.Config{FleetSize: 1, Breaker: brk,
+		Limits: []hybrid.Limit{{Name: "api", Rate: 100_000, Burst: 10_000, Policy: breaker.FailClosed,
+			MaxWait: 100 * time.Millisecond, Lifetime: 100 * time.Millisecond}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+
+	// One caller, a request a millisecond, each on a key of its own: every request
+	// needs Redis. admitted receives the instant of a decision Redis answered.
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	admitted := make(chan time.Time, 1)
+	go func() {
+		for i := 0; ctx.Err() == nil; i++ {
+			d, _ := l.Allow(ctx, "api", fmt.Sprint("k", i))
+			if d.Allowed && d.Source != hybrid.SourceFallback {
+				select {
+				case admitted <- time.Now():
+				default:
+				}
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	next := func(after time.Time) (time.Time, bool) {
+		deadline := time.After(10 * time.Second)
+		for {
+			select {
+			case at := <-admitted:
+				if at.After(after) {
+					return at, true
+				}
+			case <-deadline:
+				return time.Time{}, false
+			}
+		}
+	}
+	if _, ok := next(time.Now()); !ok {
+		t.Fatal("no request admitted before the outage")
+	}
+	killed := time.Now()
+	srv.Kill()
+	for range 2 { // two probes fail: 1.2 s of outage, requests coming all along
+		select {
+		case <-reopened:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the breaker did not probe twice; stats %+v", brk.Stats())
+		}
+	}
+	srv.Restart()
+	back := time.Now()
+	at, ok := next(back)
+	if !ok {
+		t.Fatalf("nothing admitted within 10 s of Redis coming back; stats %+v", l.Stats())
+	}
+	took := at.Sub(back)
+	t.Logf("outage %v; admitting again %v after Redis came back (target %v + %v slack); breaker %+v",
+		back.Sub(killed), took, target, slack, brk.Stats())
+	if took > target+slack {
+		t.Errorf("recovery took %v, want at most the open time + 200 ms = %v (+ %v slack)", took, target, slack)
 	}
 }

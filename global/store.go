@@ -178,11 +178,24 @@ var errRetrying = &opError{op: "allow", class: ErrInvalidConfig, err: errors.New
 //	WriteTimeout  100ms
 //	PoolTimeout   100ms   waiting for a connection is bounded too
 //	MaxActiveConns = PoolSize (10 per CPU when unset): dials are bounded in an outage
+//	Dialer        wraps the one set (or go-redis's own, with DialTimeout and TLSConfig
+//	              as they are when it dials) so that a failed dial never makes the pool
+//	              fail the next ones without dialling
+//
+// go-redis's pool, once PoolSize dials have failed, answers every new connection with
+// the last dial error, without dialling, until a background dial it retries once a
+// second succeeds; behind the limiter's breaker that costs up to a second of recovery
+// after an outage, as the breaker's first probe fails without trying. With the wrapped
+// Dialer a failed dial hands the pool a connection that fails its handshake with the
+// dial's error instead: the caller sees the same error, the pool counts no dial failure,
+// and the breaker (a probe per OpenTimeout) bounds how often a dead Redis is dialled.
+// Set Dialer before Configure, not after, to keep this.
 //
 // ContextTimeoutEnabled is left as it is: with it, a deadline closes the connection
 // (a reconnect per timeout under load); without it, ReadTimeout bounds the call and
 // the breaker returns to the caller at its own deadline.
 func Configure(o *redis.Options) {
+	o.Dialer = keepDialing(o.Dialer, &o.DialTimeout, &o.TLSConfig)
 	recommend(&o.MaxRetries, &o.DialerRetries, &o.MaxActiveConns, o.PoolSize,
 		&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.PoolTimeout)
 }
@@ -193,6 +206,7 @@ func Configure(o *redis.Options) {
 // you would rather follow MOVED, keep MaxRedirects and use RetryingClient (leases only).
 func ConfigureCluster(o *redis.ClusterOptions) {
 	o.MaxRedirects = -1
+	o.Dialer = keepDialing(o.Dialer, &o.DialTimeout, &o.TLSConfig)
 	recommend(&o.MaxRetries, &o.DialerRetries, &o.MaxActiveConns, o.PoolSize,
 		&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.PoolTimeout)
 }
@@ -200,6 +214,7 @@ func ConfigureCluster(o *redis.ClusterOptions) {
 // ConfigureUniversal is Configure for the options of redis.NewUniversalClient.
 func ConfigureUniversal(o *redis.UniversalOptions) {
 	o.MaxRedirects = -1
+	o.Dialer = keepDialing(o.Dialer, &o.DialTimeout, &o.TLSConfig)
 	recommend(&o.MaxRetries, &o.DialerRetries, &o.MaxActiveConns, o.PoolSize,
 		&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.PoolTimeout)
 }

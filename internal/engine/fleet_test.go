@@ -5,6 +5,7 @@ import (
 	"container/heap"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -102,7 +103,16 @@ type modelResult struct {
 	requests, admitted, timeouts int
 	takes, refunds               int     // Redis calls
 	admits                       []int64 // admission instants, ns since start
+	takeAt                       []int64 // instants the bucket ran a take, ns since start
+	denials                      []denial
 	samples                      []sample
+}
+
+// denial is a request denied by its server's lease: at, ns since start; the retry-after
+// it carried.
+type denial struct {
+	at    int64
+	retry time.Duration
 }
 
 type sample struct {
@@ -175,9 +185,12 @@ func (m fleetModel) run() modelResult {
 				admit(now)
 			case Wait:
 				waiting[s] = append(waiting[s], waiter{deadline: now.Add(m.deadline)})
+			case Deny:
+				res.denials = append(res.denials, denial{now.Sub(start).Nanoseconds(), st.RetryAfter})
 			}
 		case evTake:
 			res.takes++
+			res.takeAt = append(res.takeAt, now.Sub(start).Nanoseconds())
 			g := bucket.take(now, e.refill.Want, e.refill.Min)
 			out += g.Granted
 			push(event{at: now.Add(lat()), kind: evGrant, server: e.server, refill: e.refill, grant: g})
@@ -341,5 +354,58 @@ func TestFleetModelPacing(t *testing.T) {
 		if paced.callsPerRequest()*3 > unpaced.callsPerRequest() {
 			t.Errorf("pacing saved less than 3x: %.4f vs %.4f calls per request", paced.callsPerRequest(), unpaced.callsPerRequest())
 		}
+	}
+}
+
+// TestOneServerPacesByTheRefillInterval: one server far over its limit (100/s, burst
+// 200, demand 100 × the limit). Pacing waits for a whole round, and one server's round is
+// the whole burst: 2 s of refill. The server must instead ask about once a refill
+// interval and admit what refilled since: after the first burst, the median Retry-After
+// is at most 2 × RefillInterval, no gap between admissions is longer, and the server
+// asks the bucket at most 1 / RefillInterval times a second.
+func TestOneServerPacesByTheRefillInterval(t *testing.T) {
+	m := fleetModel{servers: 1, rate: 100, burst: 200, demand: 10_000, duration: 5 * time.Second,
+		oneWay: 250 * time.Microsecond, deadline: 10 * ms, seed: 8}
+	res := m.run()
+	bound := 2 * DefaultRefillInterval
+	// The first burst ends at the first denial.
+	if len(res.denials) == 0 {
+		t.Fatal("no request was denied: demand is not over the limit")
+	}
+	after := res.denials[0].at
+	retries := make([]time.Duration, 0, len(res.denials))
+	for _, d := range res.denials {
+		retries = append(retries, d.retry)
+	}
+	slices.Sort(retries)
+	median, p90 := retries[len(retries)/2], retries[len(retries)*9/10]
+	var gap int64
+	for i := 1; i < len(res.admits); i++ {
+		if res.admits[i] > after {
+			gap = max(gap, res.admits[i]-max(res.admits[i-1], after))
+		}
+	}
+	takes := 0
+	for _, at := range res.takeAt {
+		if at > after {
+			takes++
+		}
+	}
+	window := time.Duration(m.duration.Nanoseconds() - after)
+	perSecond := float64(takes) / window.Seconds()
+	steady := res.admittedBetween(time.Duration(after), m.duration)
+	t.Logf("first burst over at %v; then Retry-After p50 %v p90 %v, longest gap between admissions %v, %.1f takes/s, admitted %d (%.1f%% of rate·T); %d requests, calls/request %.5f",
+		time.Duration(after), median, p90, time.Duration(gap), perSecond, steady, 100*float64(steady)/(m.rate*window.Seconds()), res.requests, res.callsPerRequest())
+	if median > bound {
+		t.Errorf("median Retry-After %v, want at most %v", median, bound)
+	}
+	if time.Duration(gap) > bound {
+		t.Errorf("a gap of %v between admissions, want at most %v", time.Duration(gap), bound)
+	}
+	if limit := 1 / DefaultRefillInterval.Seconds(); perSecond > limit {
+		t.Errorf("%.2f takes a second, want at most %.0f", perSecond, limit)
+	}
+	if share := float64(steady) / (m.rate * window.Seconds()); share < 0.9 {
+		t.Errorf("admitted %.3f of rate·T after the first burst, want at least 0.9", share)
 	}
 }

@@ -413,7 +413,7 @@ func (l *Lease) Granted(c *LeaseConfig, now time.Time, seq uint64, g Grant) (ref
 	case granted == 0 || granted < l.want:
 		// Contention shown: the bucket could not give this server its batch. Wait until
 		// it could refill a whole round.
-		l.pacedUntil = t + int64(l.jitter(l.fairShare(c, full-max(g.Remaining, 0))))
+		l.pacedUntil = t + int64(l.capped(c, g, l.jitter(l.fairShare(c, full-max(g.Remaining, 0)))))
 	case g.Remaining < l.round(c, l.want):
 		// Granted in full, but the bucket is left below a round: contention is likely.
 		// Wait until it could hold a round again, a round being at most the bucket (a
@@ -425,7 +425,7 @@ func (l *Lease) Granted(c *LeaseConfig, now time.Time, seq uint64, g Grant) (ref
 		if full := l.fairShare(c, float64(c.Burst)-g.Remaining); d > full {
 			d = full - (d - full)
 		}
-		l.pacedUntil = t + int64(d)
+		l.pacedUntil = t + int64(l.capped(c, g, d))
 	}
 	return 0
 }
@@ -472,6 +472,23 @@ func (l *Lease) giveBack() int {
 // and would pace every server after every grant, even for keys well within their limit.
 func (l *Lease) round(c *LeaseConfig, want int) float64 {
 	return min(float64(want)*float64(c.servers()), float64(c.Burst))
+}
+
+// capped bounds a pacing wait d after answer g. Waiting for a whole round is what keeps
+// many servers from asking together, but a round may be the whole burst (always, for one
+// server): 2 s of refill for a burst of 200 at 100/s, during which the server admits
+// nothing and then finds a bucket it could have drawn from all along. So a server waits
+// at most one refill interval, about what a batch should last, and at least as long as
+// the bucket needs to refill one token for every server (asking sooner cannot find one
+// for each) and as long as it needs to hold the refill's min (g.Wait, after a grant of
+// 0). A wait above that bound is drawn again in [bound, 1.5 × bound), so the servers so
+// capped still do not wake together, and never made longer.
+func (l *Lease) capped(c *LeaseConfig, g Grant, d time.Duration) time.Duration {
+	bound := max(c.RefillInterval, l.fairShare(c, float64(c.servers())), min(max(g.Wait, 0), maxPace))
+	if d <= bound {
+		return d
+	}
+	return min(d, time.Duration(float64(bound)*(1+0.5*uniform(&l.rng))))
 }
 
 // fairShare is the time the fleet's bucket needs to refill the tokens it lacks for one
