@@ -101,3 +101,56 @@ func Example() {
 	// tenant-7 allowed=true  source=fallback reason=redis unavailable
 	// tenant-7 allowed=false source=fallback reason=redis unavailable
 }
+
+// A request that counts against a per-key limit and a per-tenant limit at once: the
+// tenant's limit denies the third request, and the key's token is not spent for it.
+func ExampleLimiter_AllowMulti() {
+	m := miniredis.NewMiniRedis()
+	if err := m.Start(); err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	opts := &redis.Options{Addr: m.Addr()}
+	global.Configure(opts)
+	rdb := redis.NewClient(opts)
+	defer rdb.Close()
+	store, err := global.New(rdb)
+	if err != nil {
+		panic(err)
+	}
+	brk, err := breaker.New(breaker.Settings{Timeout: time.Second}) // production: 5-20ms
+	if err != nil {
+		panic(err)
+	}
+	lim, err := hybrid.New(store, hybrid.Config{
+		FleetSize: 1,
+		Breaker:   brk,
+		Clock:     frozen{at: time.Now()},
+		Limits: []hybrid.Limit{
+			{Name: "per-key", Rate: 1, Burst: 5, Policy: breaker.FailClosed, MaxWait: time.Second},
+			{Name: "per-tenant", Rate: 1, Burst: 2, Policy: breaker.FailClosed, MaxWait: time.Second},
+		},
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer lim.Close(context.Background())
+
+	items := []hybrid.Item{{Limit: "per-key", Key: "key-1", Cost: 1}, {Limit: "per-tenant", Key: "acme", Cost: 1}}
+	for range 3 {
+		d, err := lim.AllowMulti(context.Background(), items)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("allowed=%v denied-by=%d limit=%s retry-after=%v\n", d.Allowed, d.Denied, d.Decision.Limit, d.RetryAfter)
+	}
+	for _, ls := range lim.Stats().Limits {
+		fmt.Printf("%s admitted %d\n", ls.Name, ls.Allowed())
+	}
+	// Output:
+	// allowed=true denied-by=-1 limit=per-tenant retry-after=0s
+	// allowed=true denied-by=-1 limit=per-tenant retry-after=0s
+	// allowed=false denied-by=1 limit=per-tenant retry-after=1s
+	// per-key admitted 2
+	// per-tenant admitted 2
+}
