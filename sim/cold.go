@@ -125,6 +125,7 @@ func (r *recorder) coldResult() *ColdResult {
 		c.UnderLimitWaited = wait / req
 	}
 	c.HotWorst, c.HotWorstW = r.worstWindow(r.admAt[0])
+
 	if len(r.admAt) > 1 {
 		c.AbuseWorst, c.AbuseWorstW = r.worstWindow(r.admAt[1])
 		c.AbuseOverBound = float64(r.keyAdm[r.sc.Keys-1]) / r.sc.bound()
@@ -416,9 +417,9 @@ func (a *asyncStrat) join(s *server) error {
 	sweeps := 0
 	tick = func() {
 		now := a.f.e.now
-		if sweeps++; sweeps%int(max(time.Second/iv, 1)) == 0 { // forget keys idle for 1 s
+		if sweeps++; sweeps%int(max(time.Second/iv, 1)) == 0 { // forget keys idle for asyncKeep
 			for k, st := range hs.keys {
-				if now-st.last > time.Second && !st.dirty && !st.out {
+				if now-st.last > asyncKeep && !st.dirty && !st.out {
 					if st.pre && st.credit > 0 {
 						a.mark(hs, k, st) // refund the reserved credit first
 						continue
@@ -437,6 +438,11 @@ func (a *asyncStrat) join(s *server) error {
 }
 
 func (a *asyncStrat) leave(*server) {}
+
+// asyncKeep is how long a server keeps an idle key's state, and with it the key's last
+// credit: a key it has forgotten gets one request on trust, so a key over its limit
+// whose requests reach each server less often than this would be admitted on trust.
+var asyncKeep = 10 * time.Second
 
 func (a *asyncStrat) mark(hs *asyncServer, k int, st *asyncKey) {
 	if !st.dirty {
