@@ -171,13 +171,18 @@ func (f *fleet) arrive(i int64) {
 	if f.zipf != nil {
 		k = int(f.zipf.Uint64())
 	}
+	f.send(k)
+	f.next(i + 1)
+}
+
+// send is a request for key k reaching the load balancer.
+func (f *fleet) send(k int) {
 	q := &request{key: k, n: f.sc.Cost, arrive: f.e.now}
 	f.rec.arrive(q)
 	if b := f.rec.bin(f.e.now); b != nil {
 		b.servers = len(f.live)
 	}
 	f.strat.handle(f.pick(), q)
-	f.next(i + 1)
 }
 
 // redisSim is the one Redis of the fleet and the network to it. It runs one command at a

@@ -33,6 +33,9 @@ type hybridStrat struct {
 	s scripts
 	b *bubble
 	breakerLog
+	// multiKey charges each round trip as one multi-key script call (coldOpts' per-call
+	// and per-key costs) instead of one script per take: the hybrid-multikey experiment.
+	multiKey bool
 }
 
 // breakerLog records the breaker state changes of every server, for the report.
@@ -248,7 +251,11 @@ func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next fun
 	f, sc := h.f, h.f.sc
 	n := max(len(t.Takes), len(t.Refunds), 1)
 	h.b.call(hs.brk, func(answered func()) {
-		f.redis.roundTrip(n, time.Duration(n)*sc.ScriptTime, func(at time.Time) {
+		cost := time.Duration(n) * sc.ScriptTime
+		if h.multiKey && t.Kind != engine.HeartbeatTrip {
+			cost = sc.cold.callTime + time.Duration(n)*sc.cold.keyTime
+		}
+		f.redis.roundTrip(n, cost, func(at time.Time) {
 			for i, r := range t.Takes {
 				g := h.s.Take(at, wire.BucketKeyOfID(keyPrefix, r.Limit.Name, string(r.ID)), float64(r.Limit.Burst), r.Limit.Rate, r.Want, r.Min, s.name, h.seq(hs))
 				t.TakeResults[i].Granted, t.TakeResults[i].Remaining = g.Granted, g.Tokens

@@ -50,6 +50,9 @@ type Result struct {
 	AdmittedOverFair    float64 `json:"admitted_over_fair"`
 	HottestKeyOverBound float64 `json:"hottest_key_over_bound"`
 
+	// Cold is set only by the experimental cold-key runs (coldOpts): their extra measures.
+	Cold *ColdResult `json:"cold,omitempty"`
+
 	RedisCalls                int64            `json:"redis_calls"`
 	RedisRoundTrips           int64            `json:"redis_round_trips"`
 	RedisCallsPerRequest      float64          `json:"redis_calls_per_request"`
@@ -115,6 +118,8 @@ type recorder struct {
 	requests, admitted, late int64
 	last                     time.Duration
 	keyReq, keyAdm           []int64
+	keyWait                  []int64           // decisions that waited (latency > 0), by key; cold runs only
+	admAt                    [][]time.Duration // admission instants of the tracked keys; cold runs only
 	outReq, outAdm           int64
 	outSources               [nSources][2]int64 // [source][allowed]
 }
@@ -126,13 +131,18 @@ type binAcc struct {
 
 func newRecorder(sc *Scenario) *recorder {
 	n := int(sc.Duration/binWidth) + 1
-	return &recorder{
+	r := &recorder{
 		sc:     sc,
 		bins:   make([]binAcc, n),
 		lat:    make([]time.Duration, 0, int(sc.Demand*sc.Duration.Seconds())+16),
 		keyReq: make([]int64, sc.Keys),
 		keyAdm: make([]int64, sc.Keys),
 	}
+	if sc.cold.on {
+		r.keyWait = make([]int64, sc.Keys)
+		r.admAt = make([][]time.Duration, len(sc.cold.tracked()))
+	}
+	return r
 }
 
 func (r *recorder) bin(t time.Duration) *binAcc {
@@ -160,6 +170,9 @@ func (r *recorder) decide(q *request, now time.Duration, allowed bool, src sourc
 	r.last = max(r.last, now)
 	lat := now - q.arrive
 	r.lat = append(r.lat, lat)
+	if r.keyWait != nil {
+		r.coldDecide(q, now, lat, allowed)
+	}
 	inOutage := r.sc.Outage.Contains(q.arrive)
 	if inOutage {
 		r.outLat = append(r.outLat, lat)
@@ -239,6 +252,9 @@ func (r *recorder) result(st Strategy) Result {
 	}
 	if fair > 0 {
 		res.AdmittedOverFair = float64(r.admitted) / fair
+	}
+	if r.keyWait != nil {
+		res.Cold = r.coldResult()
 	}
 	if sc.Keys == 1 {
 		res.AdmittedOverLimit = res.AdmittedPerS / sc.Rate

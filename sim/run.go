@@ -26,7 +26,7 @@ import (
 // other strategies do not use t, which may then be nil.
 func Run(t *testing.T, sc Scenario, st Strategy) (res Result, err error) {
 	start := time.Now()
-	if st != Hybrid {
+	if st != Hybrid && st != HybridMultiKey {
 		res, err = simulate(sc, st, false, nil)
 	} else {
 		synctest.Test(t, func(*testing.T) {
@@ -54,8 +54,8 @@ func simulate(sc Scenario, st Strategy, inBubble bool, custom func(f *fleet, b *
 		f.keys[k] = "k" + strconv.Itoa(k)
 		f.bkeys[k] = wire.BucketKey(keyPrefix, limitName, f.keys[k])
 	}
-	if sc.Keys > 1 {
-		f.zipf = rand.NewZipf(f.rng, sc.ZipfS, 1, uint64(sc.Keys-1))
+	if zk := sc.Keys - sc.cold.abuseKeys(); zk > 1 {
+		f.zipf = rand.NewZipf(f.rng, sc.ZipfS, 1, uint64(zk-1))
 	}
 	switch st {
 	case Naive:
@@ -64,7 +64,11 @@ func simulate(sc Scenario, st Strategy, inBubble bool, custom func(f *fleet, b *
 		f.strat = &perRequest{f: f, s: newModel(), callerClock: st == ScriptCallerClock}
 	case LocalOnly:
 		f.strat = &localOnly{f: f}
-	case Hybrid:
+	case HybridAsync:
+		f.strat = newAsync(f)
+	case HybridShares:
+		f.strat = newShares(f)
+	case Hybrid, HybridMultiKey:
 		if !inBubble {
 			return Result{}, fmt.Errorf("%w: the hybrid strategy runs in a synctest bubble", ErrInvalidScenario)
 		}
@@ -85,6 +89,9 @@ func simulate(sc Scenario, st Strategy, inBubble bool, custom func(f *fleet, b *
 			s = lua
 		}
 		f.strat = newHybrid(f, s, b)
+		if st == HybridMultiKey {
+			f.strat.(*hybridStrat).multiKey = true
+		}
 	default:
 		return Result{}, fmt.Errorf("%w: unknown strategy %q", ErrInvalidScenario, st)
 	}
@@ -93,6 +100,7 @@ func simulate(sc Scenario, st Strategy, inBubble bool, custom func(f *fleet, b *
 		f.e.at(c.At, func() { f.resize(c.Servers) })
 	}
 	f.next(0)
+	f.startAbuse()
 	f.e.runUntil(sc.Duration)
 	// Requests that arrived before the end are still decided (a saturated Redis may hold
 	// them for a while); their admissions count as late.

@@ -168,6 +168,10 @@ type Scenario struct {
 	// Seed makes the run reproducible: the same scenario, strategy and seed give the same
 	// result. default: 1
 	Seed uint64
+
+	// cold holds the options of the experimental cold-key comparison (cold_test.go); the
+	// zero value changes nothing.
+	cold coldOpts
 }
 
 // BreakerSettings are the breaker.Settings a scenario can set; zero fields take the

@@ -1,0 +1,163 @@
+package sim
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"regexp"
+	"strconv"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/lua"
+)
+
+var redisCostAddr = flag.String("rediscost", "", "measure the Redis cost of the take script and of a multi-key take on the redis-server at this address (TestRedisCost)")
+
+// multiTakeSource is the experimental multi-key script whose cost the cold-key strategies
+// model: for each KEYS[i], the bucket update of take.lua (HMGET tokens, ts and the server's
+// record; refill; take or charge; HSET of the three fields; PEXPIRE). ARGV: capacity,
+// rate, server id, then one amount per key. It answers one (granted, tokens) pair per key.
+const multiTakeSource = `
+local capacity, rate = tonumber(ARGV[1]), tonumber(ARGV[2])
+local field = 't:' .. ARGV[3]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = math.ceil(capacity / rate * 1000) + 1000
+local out = {}
+for i = 1, #KEYS do
+  local want = tonumber(ARGV[3 + i])
+  local s = redis.call('HMGET', KEYS[i], 'tokens', 'ts', field)
+  local tokens = tonumber(s[1]) or capacity
+  local ts = tonumber(s[2]) or now
+  tokens = math.min(capacity, tokens + math.max(0, now - ts) / 1000 * rate)
+  local g = 0
+  if tokens >= want then g = want; tokens = tokens - want end
+  redis.call('HSET', KEYS[i], 'tokens', tokens, 'ts', math.max(ts, now), field, g .. ' ' .. now)
+  redis.call('PEXPIRE', KEYS[i], ttl)
+  out[2 * i - 1] = g
+  out[2 * i] = tostring(tokens)
+end
+return out
+`
+
+// leanChargeSource is the leanest per-key update an asynchronous charge needs: the bucket
+// as one string "tokens ts" (GET, refill, charge, SET PX). ARGV: capacity, rate, then one
+// amount per key; it answers the tokens left per key.
+const leanChargeSource = `
+local capacity, rate = tonumber(ARGV[1]), tonumber(ARGV[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = math.ceil(capacity / rate * 1000) + 1000
+local out = {}
+for i = 1, #KEYS do
+  local v = redis.call('GET', KEYS[i])
+  local tokens, ts = capacity, now
+  if v then
+    local a, b = string.match(v, '^(%S+) (%S+)$')
+    tokens, ts = tonumber(a), tonumber(b)
+  end
+  tokens = math.min(capacity, tokens + math.max(0, now - ts) / 1000 * rate) - tonumber(ARGV[2 + i])
+  redis.call('SET', KEYS[i], tokens .. ' ' .. math.max(ts, now), 'PX', ttl)
+  out[i] = tostring(tokens)
+end
+return out
+`
+
+var usecPerCall = regexp.MustCompile(`cmdstat_evalsha:calls=(\d+),usec=(\d+),usec_per_call=([0-9.]+)`)
+
+// TestRedisCost measures, on a real redis-server, what one script call costs Redis: the
+// lease take script (lua.Take, one key per call) and the multi-key take above with N keys
+// per call, from INFO commandstats (Redis's own time executing EVALSHA, network excluded).
+// The per-call and per-key figures of the cold-key scenarios (coldCost) come from it:
+//
+//	redis-server --port 6391 --save '' --daemonize yes
+//	go test ./sim -run TestRedisCost -v -args -rediscost localhost:6391
+func TestRedisCost(t *testing.T) {
+	if *redisCostAddr == "" {
+		t.Skip("needs -rediscost ADDR of a redis-server to measure")
+	}
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: *redisCostAddr})
+	defer c.Close()
+	if err := c.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	stat := func() (calls, usec float64) {
+		s, err := c.Info(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := usecPerCall.FindStringSubmatch(s)
+		if m == nil {
+			return 0, 0
+		}
+		calls, _ = strconv.ParseFloat(m[1], 64)
+		usec, _ = strconv.ParseFloat(m[2], 64)
+		return calls, usec
+	}
+	const keys = 100000
+	key := func(i int) string { return "fl:{sim}:k" + strconv.Itoa(i%keys) }
+	measure := func(name string, calls int, run func(i int, p redis.Pipeliner)) float64 {
+		c.ConfigResetStat(ctx)
+		for i := 0; i < calls; i += 64 { // 64 calls per pipelined round trip
+			p := c.Pipeline()
+			for j := i; j < min(i+64, calls); j++ {
+				run(j, p)
+			}
+			if _, err := p.Exec(ctx); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+		}
+		n, us := stat()
+		return us / n
+	}
+	take := lua.Take
+	_ = take.Load(ctx, c)
+	perTake := measure("take", 50000, func(i int, p redis.Pipeliner) {
+		take.EvalSha(ctx, p, []string{key(i * 7919)}, 50, 50, 1, 1, "srv"+strconv.Itoa(i%200), i+1)
+	})
+	t.Logf("lua.Take, one key per call: %.2f µs per call", perTake)
+	multi := redis.NewScript(multiTakeSource)
+	_ = multi.Load(ctx, c)
+	var xs, ys []float64
+	for _, n := range []int{1, 4, 16, 64, 256} {
+		calls := max(200000/n, 2000)
+		per := measure(fmt.Sprintf("multi %d", n), calls, func(i int, p redis.Pipeliner) {
+			ks := make([]string, n)
+			args := []any{50, 50, "srv" + strconv.Itoa(i%200)}
+			for j := range ks {
+				ks[j] = key((i*n + j) * 7919)
+				args = append(args, 1)
+			}
+			multi.EvalSha(ctx, p, ks, args...)
+		})
+		xs, ys = append(xs, float64(n)), append(ys, per)
+		t.Logf("multi-key take, %3d keys per call: %7.2f µs per call, %5.2f µs per key", n, per, per/float64(n))
+	}
+	// least squares: per call = a + b·N
+	var sx, sy, sxx, sxy float64
+	for i := range xs {
+		sx, sy, sxx, sxy = sx+xs[i], sy+ys[i], sxx+xs[i]*xs[i], sxy+xs[i]*ys[i]
+	}
+	k := float64(len(xs))
+	b := (k*sxy - sx*sy) / (k*sxx - sx*sx)
+	a := (sy - b*sx) / k
+	t.Logf("fit: %.2f µs per call + %.2f µs per key", a, b)
+	lean := redis.NewScript(leanChargeSource)
+	_ = lean.Load(ctx, c)
+	for _, n := range []int{1, 16, 256} {
+		calls := max(200000/n, 2000)
+		per := measure(fmt.Sprintf("lean %d", n), calls, func(i int, p redis.Pipeliner) {
+			ks := make([]string, n)
+			args := []any{50, 50}
+			for j := range ks {
+				ks[j] = "lean:" + key((i*n+j)*7919)
+				args = append(args, 1)
+			}
+			lean.EvalSha(ctx, p, ks, args...)
+		})
+		t.Logf("lean multi-key charge, %3d keys per call: %7.2f µs per call, %5.2f µs per key", n, per, per/float64(n))
+	}
+}
