@@ -24,6 +24,10 @@ type Grant struct {
 	Wait time.Duration
 	// Now is Redis's clock (TIME) at the decision, to the millisecond.
 	Now time.Time
+	// First reports that the bucket held no record of this Store's takes (lua.First): it
+	// is new, it expired (nobody took or refunded for its TTL), or it was lost (evicted,
+	// flushed, deleted). A Store that took from it within the TTL knows it was lost.
+	First bool
 }
 
 // Take takes up to want tokens, and at least min, from the fleet-wide bucket of lim and
@@ -96,19 +100,24 @@ func checkTake(lim Limit, want, min int) error {
 	return nil
 }
 
-// parseGrant decodes lua.Take's reply and its replay flag (lua.Fresh, lua.Replayed or
-// lua.Stale).
+// parseGrant decodes lua.Take's reply and its replay flag (lua.Fresh, lua.Replayed,
+// lua.Stale or lua.First; First comes back as lua.Fresh with Grant.First set).
 func parseGrant(reply any) (Grant, int, error) {
 	r, err := wire.ParseTake(reply)
 	if err != nil {
 		return Grant{}, 0, unexpected("take", err.Error())
+	}
+	flag := r.Flag
+	if flag == lua.First {
+		flag = lua.Fresh
 	}
 	return Grant{
 		Granted:   r.Granted,
 		Remaining: r.Tokens,
 		Wait:      tokenbucket.FromMillis(float64(r.WaitMS)),
 		Now:       time.UnixMilli(r.NowMS),
-	}, r.Flag, nil
+		First:     r.Flag == lua.First,
+	}, flag, nil
 }
 
 // Refund puts n unused tokens back into the bucket of lim and key, capped at its

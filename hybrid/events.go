@@ -30,6 +30,9 @@ type events struct {
 	servers  int
 	lost     throttle
 	refused  throttle
+	gone     throttle        // lost buckets
+	limits   []*engine.Limit // to read their lost-bucket counters
+	goneSeen int64           // lost buckets counted when last logged
 	ctx      context.Context
 	lostToks int // tokens lost since the last lost-refunds line
 }
@@ -51,9 +54,9 @@ func (t *throttle) allow(now time.Time, every time.Duration) (skipped int, ok bo
 	return skipped, true
 }
 
-func newEvents(log *slog.Logger, every time.Duration, brk *breaker.Breaker, fleet string, servers int) *events {
+func newEvents(log *slog.Logger, every time.Duration, brk *breaker.Breaker, fleet string, servers int, limits []*engine.Limit) *events {
 	return &events{
-		log: log, every: every, brk: brk, fleet: fleet, servers: servers,
+		log: log, every: every, brk: brk, fleet: fleet, servers: servers, limits: limits,
 		state: brk.State(), bstats: brk.Stats(), ctx: context.Background(),
 	}
 }
@@ -98,6 +101,7 @@ func (ev *events) trip(now time.Time, t *engine.Trip, servers int) {
 			}
 		}
 	case engine.TakeTrip:
+		ev.lostBuckets(now)
 		ev.refusedBy(now, t.Err)
 		if t.Answered {
 			for _, r := range t.TakeResults {
@@ -139,5 +143,26 @@ func (ev *events) eviction(err error) {
 	default:
 		ev.log.LogAttrs(ev.ctx, slog.LevelInfo, "fleetlimit: could not check Redis's eviction policy; make sure maxmemory-policy is noeviction",
 			slog.Any("error", err))
+	}
+}
+
+// lostBuckets logs buckets found lost in Redis since the last line: each is a burst the
+// fleet may admit beyond its limit.
+func (ev *events) lostBuckets(now time.Time) {
+	var n int64
+	var names []string
+	for _, lm := range ev.limits {
+		if c := lm.LostBuckets(); c > 0 {
+			n += c
+			names = append(names, lm.Name())
+		}
+	}
+	if n == ev.goneSeen {
+		return
+	}
+	if skipped, ok := ev.gone.allow(now, ev.every); ok {
+		ev.log.LogAttrs(ev.ctx, slog.LevelError, "fleetlimit: Redis lost rate-limit buckets (evicted, flushed or deleted); they came back full",
+			slog.Int64("buckets", n-ev.goneSeen), slog.Any("limits", names), slog.Int("lines_skipped", skipped))
+		ev.goneSeen = n
 	}
 }

@@ -354,7 +354,7 @@ func New(store *global.Store, cfg Config) (*Limiter, error) {
 	}
 	l.eng = eng
 	if cfg.Logger != nil {
-		l.events = newEvents(cfg.Logger, cmp.Or(cfg.LogInterval, defaultLogInterval), l.brk, cfg.Fleet, eng.Servers())
+		l.events = newEvents(cfg.Logger, cmp.Or(cfg.LogInterval, defaultLogInterval), l.brk, cfg.Fleet, eng.Servers(), eng.Limits())
 		// Once, at start: a Redis that may evict the buckets breaks every policy silently.
 		ctx, cancel := context.WithTimeout(context.Background(), evictionCheckTimeout)
 		l.cancelCheck = cancel

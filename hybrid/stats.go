@@ -53,6 +53,12 @@ type LimitStats struct {
 	// Held is the leased tokens this server holds for the limit, over every key: taken
 	// from Redis and not yet spent, given back or lost.
 	Held int64
+	// LostBuckets counts the limit's buckets found lost in Redis: a refill answered that
+	// the bucket held no record of this server, which had taken from it within the
+	// bucket's lifetime. Redis evicted, flushed or deleted it, and it came back full, so
+	// the fleet may admit up to a burst more than the limit: see docs/operations.md
+	// (maxmemory-policy).
+	LostBuckets int64
 }
 
 // DecisionCount is how many decisions had one outcome, source and reason.
@@ -105,6 +111,7 @@ func limitStats(lm *engine.Limit) LimitStats {
 		Name: lm.Name(), Rate: lm.Rate(), Burst: lm.Burst(),
 		Takes: s.Takes, RefillErrors: s.RefillErrors,
 		Granted: s.Granted, Refunded: s.Refunded, RefundsLost: s.RefundsLost, Held: s.Held,
+		LostBuckets: s.LostBuckets,
 	}
 	for a := range s.Decisions {
 		for src := range s.Decisions[a] {

@@ -315,3 +315,47 @@ func TestLoggerWarnsOfEviction(t *testing.T) {
 		}
 	}
 }
+
+// TestLostBucketIsDetected: a bucket deleted from Redis while this server takes from it
+// (as eviction or FLUSHALL would) is counted and logged when the next refill finds no
+// record of this server; a bucket merely taken from again is not.
+func TestLostBucketIsDetected(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		s := newStore(t, tg.Client)
+		var logs syncBuffer
+		now := time.Now()
+		var mu sync.Mutex
+		l := newLimiter(t, s, hybrid.Config{
+			FleetSize: 1,
+			Clock:     clockAt(func() time.Time { mu.Lock(); defer mu.Unlock(); return now }),
+			Logger:    slog.New(slog.NewJSONHandler(&logs, nil)),
+			// Batches of one token (a tiny refill interval): every request refills.
+			Limits: []hybrid.Limit{{Name: "api", Rate: 1, Burst: 100, Policy: breaker.FailClosed,
+				MaxWait: time.Second, RefillInterval: time.Nanosecond, LowWatermark: -1}},
+		})
+		ctx := context.Background()
+		allow := func() {
+			t.Helper()
+			if d, err := l.Allow(ctx, "api", "k"); err != nil || !d.Allowed {
+				t.Fatalf("Allow = %+v, %v", d, err)
+			}
+		}
+		for range 3 {
+			allow()
+		}
+		st := l.Stats().Limits[0]
+		if st.Takes < 2 || st.LostBuckets != 0 {
+			t.Fatalf("before the loss: %d takes, %d lost buckets; want at least 2 takes and none lost", st.Takes, st.LostBuckets)
+		}
+		if err := tg.Client.Del(ctx, s.Key("api", "k")).Err(); err != nil {
+			t.Fatal(err)
+		}
+		for range 3 {
+			allow()
+		}
+		if got := l.Stats().Limits[0].LostBuckets; got != 1 {
+			t.Fatalf("after the bucket was deleted: %d lost buckets, want 1", got)
+		}
+		waitFor(t, "the lost-bucket line", func() bool { return logs.has(t, "Redis lost rate-limit buckets") })
+	})
+}

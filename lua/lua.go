@@ -94,6 +94,10 @@ const (
 	// Stale means a newer seq of the same server had already run on this bucket; the
 	// call spent or refunded nothing.
 	Stale = 2
+	// First (Take only) means the call was executed now, and the bucket held no record of
+	// this server's takes: the bucket is new, expired, or was lost (evicted, flushed,
+	// deleted). A server that took from it moments ago knows which.
+	First = 3
 )
 
 // Ready scripts. Run sends EVALSHA and falls back to EVAL on NOSCRIPT. Inside a pipeline

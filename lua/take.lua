@@ -10,7 +10,8 @@
 --   [2] tokens left after the take (tostring)
 --   [3] wait ms (integer): 0 when granted, else how long until `min` tokens are there
 --   [4] Redis TIME of the decision, ms (integer)
---   [5] 0 = fresh, 1 = replay of the recorded answer, 2 = stale seq (nothing spent)
+--   [5] 0 = fresh, 1 = replay of the recorded answer, 2 = stale seq (nothing spent),
+--       3 = fresh, and the bucket held no record of this server (new, expired or lost)
 --
 -- Idempotent per (server id, seq): the answer is recorded in the field 't:<server id>'
 -- as '<seq> <granted> <tokens> <wait> <now>'. A replayed call (same seq, e.g. a client
@@ -93,4 +94,6 @@ local left = tostring(tokens)
 redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', math.max(ts, now),
   field, ARGV[6] .. ' ' .. granted .. ' ' .. left .. ' ' .. wait .. ' ' .. now)
 redis.call('PEXPIRE', KEYS[1], math.ceil(capacity / rate * 1000) + 1000)
-return { granted, left, wait, now, 0 }
+local flag = 0
+if not rec then flag = 3 end
+return { granted, left, wait, now, flag }

@@ -170,6 +170,7 @@ func agree(t *testing.T, l *hybrid.Limiter, seen *tally, rd *sdkmetric.ManualRea
 		"fleetlimit_tokens_granted":     func(s hybrid.LimitStats) int64 { return s.Granted },
 		"fleetlimit_tokens_refunded":    func(s hybrid.LimitStats) int64 { return s.Refunded },
 		"fleetlimit_tokens_refund_lost": func(s hybrid.LimitStats) int64 { return s.RefundsLost },
+		"fleetlimit_buckets_lost":       func(s hybrid.LimitStats) int64 { return s.LostBuckets },
 		"fleetlimit_lease_tokens_held":  func(s hybrid.LimitStats) int64 { return s.Held },
 	}
 	for name, field := range perLimit {

@@ -163,6 +163,7 @@ func agree(t *testing.T, l *hybrid.Limiter, seen *tally, reg *prometheus.Registr
 		"fleetlimit_tokens_granted_total":     func(s hybrid.LimitStats) int64 { return s.Granted },
 		"fleetlimit_tokens_refunded_total":    func(s hybrid.LimitStats) int64 { return s.Refunded },
 		"fleetlimit_tokens_refund_lost_total": func(s hybrid.LimitStats) int64 { return s.RefundsLost },
+		"fleetlimit_buckets_lost_total":       func(s hybrid.LimitStats) int64 { return s.LostBuckets },
 		"fleetlimit_lease_tokens_held":        func(s hybrid.LimitStats) int64 { return s.Held },
 	}
 	for name, field := range perLimit {

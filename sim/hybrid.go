@@ -11,6 +11,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/internal/engine"
 	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
 	"github.com/fleetlimit/fleetlimit/internal/wire"
+	"github.com/fleetlimit/fleetlimit/lua"
 )
 
 // limitName names the simulated limit, and fleetName the fleet, in the engine and in
@@ -260,6 +261,7 @@ func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next fun
 				g := h.s.Take(at, wire.BucketKeyOfID(keyPrefix, r.Limit.Name, string(r.ID)), float64(r.Limit.Burst), r.Limit.Rate, r.Want, r.Min, s.name, h.seq(hs))
 				t.TakeResults[i].Granted, t.TakeResults[i].Remaining = g.Granted, g.Tokens
 				t.TakeResults[i].Wait = tokenbucket.FromMillis(float64(g.WaitMS))
+				t.TakeResults[i].First = g.Flag == lua.First
 			}
 			for i, r := range t.Refunds {
 				g := h.s.Refund(at, wire.BucketKeyOfID(keyPrefix, r.Limit.Name, string(r.ID)), float64(r.Limit.Burst), r.Limit.Rate, r.N, s.name, r.Seq)

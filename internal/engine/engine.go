@@ -134,6 +134,10 @@ type Limit struct {
 	stats    limitCounters
 	window   time.Duration // Burst / Rate
 	perToken float64       // nanoseconds to refill one token at Rate
+	// lostWindow is how long a bucket surely keeps this server's take record after its
+	// last take: its TTL (at least Burst / Rate from any take), and at most the 120 s
+	// after which a crowded bucket may drop old records (lua.Take).
+	lostWindow time.Duration
 }
 
 // entry is what one server holds for one (limit, key). It lives in the limit's bounded
@@ -245,6 +249,7 @@ func (e *Engine) newLimit(c LimitConfig, servers, shards int, seed uint64) (*Lim
 		preRate: rate.Limit(c.PreRate), preBurst: c.PreBurst,
 		window: tokenbucket.Duration(float64(c.Burst), c.Rate), perToken: float64(time.Second) / c.Rate,
 	}
+	lm.lostWindow = min(lm.window, 120*time.Second)
 	lm.lease.Store(&lc)
 	// Idle keys go after twice the lease lifetime, and not before their pre-check bucket
 	// would be full again (a dropped bucket comes back full), the fill time capped at a

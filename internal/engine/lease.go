@@ -167,6 +167,8 @@ type Grant struct {
 	Remaining float64
 	// Wait is, when Granted is 0, how long until Min tokens are available.
 	Wait time.Duration
+	// First reports that the bucket held no record of this server's takes (lua.First).
+	First bool
 }
 
 // LeaseStats are the lifetime totals of a lease. Granted == Consumed + Refunded + OnHand.
@@ -210,6 +212,8 @@ type Lease struct {
 	granted  int64
 	refunded int64
 	refills  int64
+	answered int64 // offset of the last answered take, if took
+	took     bool
 }
 
 // NewLease returns an empty lease whose pacing jitter is drawn from seed. Give every
@@ -274,6 +278,15 @@ func (l *Lease) acquire(c *LeaseConfig, now time.Time, n int, st *Step) {
 		l.cur += int64(n)
 	}
 	l.decide(c, t, n, st)
+}
+
+// answeredWithin records that a take of this lease was answered at now, and reports
+// whether the one before was answered less than d earlier.
+func (l *Lease) answeredWithin(now time.Time, d time.Duration) bool {
+	t := l.at(now)
+	recent := l.took && t-l.answered < int64(d)
+	l.answered, l.took = t, true
+	return recent
 }
 
 // unspend gives back n tokens of a request the lease allowed at or before now and its

@@ -27,6 +27,9 @@ type LimitStats struct {
 	// Held is the leased tokens not yet spent, given back or lost: what this server may
 	// still admit without asking Redis (including tokens queued for a refund).
 	Held int64
+	// LostBuckets counts buckets found lost: a take answered that the bucket held no
+	// record of this server, which had taken from it within the record's lifetime.
+	LostBuckets int64
 }
 
 // counterShards spreads the per-decision counters over cache lines by key, so that
@@ -44,6 +47,7 @@ type limitCounters struct {
 	decisions                      [counterShards]decisionCounters
 	takes, refillErrors            atomic.Int64
 	granted, refunded, refundsLost atomic.Int64
+	lostBuckets                    atomic.Int64
 }
 
 // decisionCounters are one shard of a limit's decision counters. extra is the tokens
@@ -75,6 +79,9 @@ func (c *limitCounters) count(slot uint8, d *Decision, n int) {
 // spends reports whether an admitted decision of reason r spent leased tokens.
 func spends(r Reason) bool { return r == ReasonLease || r == ReasonGranted }
 
+// LostBuckets returns LimitStats.LostBuckets without reading the other counters.
+func (lm *Limit) LostBuckets() int64 { return lm.stats.lostBuckets.Load() }
+
 // Stats returns the limit's counters on this server.
 func (lm *Limit) Stats() LimitStats {
 	c := &lm.stats
@@ -98,6 +105,7 @@ func (lm *Limit) Stats() LimitStats {
 	s.Takes, s.RefillErrors = c.takes.Load(), c.refillErrors.Load()
 	s.Granted, s.Refunded, s.RefundsLost = c.granted.Load(), c.refunded.Load(), c.refundsLost.Load()
 	s.Held = max(s.Granted-spent-s.Refunded-s.RefundsLost, 0)
+	s.LostBuckets = c.lostBuckets.Load()
 	return s
 }
 

@@ -157,7 +157,7 @@ func (e *Engine) Done(now time.Time, t *Trip) {
 				continue
 			}
 			r := t.TakeResults[i]
-			e.answer(now, f, Grant{Granted: r.Granted, Remaining: r.Remaining, Wait: r.Wait}, r.Err, nil)
+			e.answer(now, f, Grant{Granted: r.Granted, Remaining: r.Remaining, Wait: r.Wait, First: r.First}, r.Err, nil)
 		}
 	case RefundTrip:
 		e.refunded(t)
@@ -247,6 +247,12 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 		if err != nil {
 			en.lease.Failed(f.seq)
 			return
+		}
+		// A bucket with no record of this server, which took from it within the time its
+		// records surely live: the bucket was lost (evicted, flushed, deleted) and came
+		// back full.
+		if en.lease.answeredWithin(later(now, last), lm.lostWindow) && g.First {
+			lm.stats.lostBuckets.Add(1)
 		}
 		back = en.lease.Granted(lm.lease.Load(), later(now, last), f.seq, g)
 	})

@@ -286,7 +286,11 @@ func (m *Model) Take(now time.Time, key string, capacity, rate float64, want, mi
 	left := luaNum(tokens)
 	m.store(key, capacity, rate, left, luaNum(math.Max(ts, ms)), field,
 		strconv.FormatUint(seq, 10)+" "+luaNum(granted)+" "+left+" "+luaNum(wait)+" "+luaNum(ms))
-	return wire.TakeReply{Granted: int(granted), Tokens: tokens, WaitMS: int64(wait), NowMS: int64(ms)}
+	flag := 0
+	if !found {
+		flag = 3 // lua.First
+	}
+	return wire.TakeReply{Granted: int(granted), Tokens: tokens, WaitMS: int64(wait), NowMS: int64(ms), Flag: flag}
 }
 
 // Refund runs lua.Refund: amount tokens back, capped at capacity, idempotent per (server,

@@ -123,7 +123,7 @@ type TakeReply struct {
 	WaitMS int64
 	// NowMS is Redis's clock (TIME) at the decision, in milliseconds since 1970.
 	NowMS int64
-	// Flag is lua.Fresh, lua.Replayed or lua.Stale.
+	// Flag is lua.Fresh, lua.Replayed, lua.Stale or lua.First.
 	Flag int
 }
 
