@@ -241,6 +241,18 @@ func (l *latencies) summary() (p50, p99, worst time.Duration, n int) {
 	return s[len(s)/2], s[len(s)*99/100], s[len(s)-1], len(s)
 }
 
+// quantile returns the q-quantile of the latencies (0 when there are none).
+func (l *latencies) quantile(q float64) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.d) == 0 {
+		return 0
+	}
+	s := slices.Clone(l.d)
+	slices.Sort(s)
+	return s[min(int(q*float64(len(s))), len(s)-1)]
+}
+
 // phase counts what the limits did in one phase of the outage test.
 type phase struct {
 	name      string

@@ -1,0 +1,224 @@
+package fleetlimit_test
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/redistest"
+)
+
+var fullFaults = flag.Bool("faults", false, "run the whole fault matrix, every fault under every policy, with longer phases (docs/operations.md)")
+
+// fault is one thing Redis does to its clients, done by a client of the test's own.
+type fault struct {
+	name string
+	// loses reports that the fault loses buckets: they come back full, so the fleet
+	// may admit one more burst per key, and the loss must be detected.
+	loses  bool
+	inject func(t *testing.T, srv *redistest.Server, admin *redis.Client)
+}
+
+var faults = []fault{
+	{name: "script-flush", inject: func(t *testing.T, _ *redistest.Server, admin *redis.Client) {
+		if err := admin.ScriptFlush(context.Background()).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}},
+	{name: "client-kill", inject: func(t *testing.T, _ *redistest.Server, admin *redis.Client) {
+		// Every normal connection, the limiters' and this one's: go-redis dials again.
+		_ = admin.Do(context.Background(), "CLIENT", "KILL", "TYPE", "normal").Err()
+	}},
+	{name: "flushall", loses: true, inject: func(t *testing.T, _ *redistest.Server, admin *redis.Client) {
+		if err := admin.FlushAll(context.Background()).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}},
+	{name: "stall-300ms", inject: func(t *testing.T, srv *redistest.Server, _ *redis.Client) {
+		srv.Stop() // SIGSTOP: connections stay open, nothing answers
+		time.Sleep(300 * time.Millisecond)
+		srv.Cont()
+	}},
+	{name: "kill-restart", loses: true, inject: func(t *testing.T, srv *redistest.Server, _ *redis.Client) {
+		srv.Kill()
+		time.Sleep(300 * time.Millisecond)
+		srv.Restart() // empty data, empty script cache
+	}},
+}
+
+var faultPolicies = []struct {
+	name   string
+	policy breaker.Policy
+}{
+	{"fail-closed", breaker.FailClosed},
+	{"fail-local", breaker.FailLocal()},
+	{"fail-open", breaker.FailOpen},
+}
+
+// TestFaultMatrix runs 4 limiters (4 servers) on a redis-server of the test's own, with
+// a hot key far over its limit and 100 cold keys within theirs, through a healthy
+// phase, a fault, and a phase after it, for each fault under each failure policy (with
+// -faults; otherwise each fault under one policy, with shorter phases). Each cell
+// asserts: no error from the Limiter; decisions within the limit's 10 ms wait plus a
+// stated scheduling slack at the 99.9th percentile; the hot key's admissions within the
+// policy's bound over the whole run (fail-closed: 2·burst + rate·T, plus one burst if the
+// fault lost the bucket; fail-local and fail-open: what the servers' own buckets allow);
+// the fault's lost buckets detected; the fallback no longer deciding by the end; and no
+// goroutine left once the limiters are closed.
+func TestFaultMatrix(t *testing.T) {
+	healthy, after := 400*time.Millisecond, 900*time.Millisecond
+	if *fullFaults {
+		healthy, after = time.Second, 2*time.Second
+	}
+	for i, f := range faults {
+		for j, p := range faultPolicies {
+			if !*fullFaults && j != i%len(faultPolicies) {
+				continue
+			}
+			t.Run(f.name+"/"+p.name, func(t *testing.T) {
+				runFaultCell(t, f, p.policy, healthy, after)
+			})
+		}
+	}
+}
+
+func runFaultCell(t *testing.T, f fault, policy breaker.Policy, healthy, after time.Duration) {
+	const (
+		servers    = 4
+		rate       = 400.0
+		burst      = 40
+		coldKeys   = 100
+		maxWait    = 10 * time.Millisecond
+		slack      = 90 * time.Millisecond // scheduling on a shared 2-core machine, -race
+		quietAfter = 300 * time.Millisecond
+	)
+	ignore := goleak.IgnoreCurrent()
+	srv := redistest.StartServer(t)
+	admin := redis.NewClient(redistest.Options(srv.Addr))
+	prefix := randomPrefix()
+	var fleet []*server
+	for range servers {
+		fleet = append(fleet, newServer(t, srv.Addr, prefix, nil, breaker.Settings{OpenTimeout: 200 * time.Millisecond}, hybrid.Config{
+			FleetSize: servers,
+			Limits: []hybrid.Limit{
+				{Name: "hot", Rate: rate, Burst: burst, Policy: policy, MaxWait: maxWait},
+				{Name: "cold", Rate: 20, Burst: 20, Policy: policy, MaxWait: maxWait},
+			},
+		}))
+	}
+
+	var (
+		errs      atomic.Int64
+		firstErr  atomic.Value
+		hotAdmit  atomic.Int64
+		lat       latencies
+		stopAt    atomic.Int64 // UnixNano at which the load stops
+		quietFrom atomic.Int64 // UnixNano from which fallback decisions are counted as late
+		late      atomic.Int64 // fallback decisions after quietFrom
+		lateOf    atomic.Int64 // decisions after quietFrom
+	)
+	decide := func(l *hybrid.Limiter, limit, key string) {
+		t0 := time.Now()
+		d, err := l.Allow(context.Background(), limit, key)
+		lat.add(time.Since(t0))
+		if err != nil {
+			if errs.Add(1) == 1 {
+				firstErr.Store(err)
+			}
+			return
+		}
+		if limit == "hot" && d.Allowed {
+			hotAdmit.Add(1)
+		}
+		if q := quietFrom.Load(); q != 0 && t0.UnixNano() >= q {
+			lateOf.Add(1)
+			if d.Source == hybrid.SourceFallback {
+				late.Add(1)
+			}
+		}
+	}
+	start := time.Now()
+	stopAt.Store(start.Add(time.Hour).UnixNano())
+	var wg sync.WaitGroup
+	for i, s := range fleet {
+		for range 2 { // two callers on the hot key per server
+			wg.Go(func() {
+				for time.Now().UnixNano() < stopAt.Load() {
+					decide(s.limiter, "hot", "hot-client")
+					time.Sleep(200 * time.Microsecond)
+				}
+			})
+		}
+		wg.Go(func() { // one caller cycling through the cold keys, well within their limits
+			for n := i; time.Now().UnixNano() < stopAt.Load(); n++ {
+				decide(s.limiter, "cold", fmt.Sprint("client-", n%coldKeys))
+				time.Sleep(time.Millisecond)
+			}
+		})
+	}
+
+	time.Sleep(healthy)
+	f.inject(t, srv, admin)
+	faultEnd := time.Now()
+	quietFrom.Store(faultEnd.Add(after - quietAfter).UnixNano())
+	time.Sleep(after)
+	stopAt.Store(0)
+	wg.Wait()
+	elapsed := time.Since(start)
+
+	if n := errs.Load(); n > 0 {
+		t.Errorf("%d errors from the Limiter, the first: %v", n, firstErr.Load())
+	}
+	p999 := lat.quantile(0.999)
+	if p999 > maxWait+slack {
+		t.Errorf("decision latency p99.9 %v, want at most the limit's wait %v plus %v of scheduling", p999, maxWait, slack)
+	}
+	var lost int64
+	for _, s := range fleet {
+		for _, ls := range s.limiter.Stats().Limits {
+			lost += ls.LostBuckets
+		}
+	}
+	admitted := hotAdmit.Load()
+	switch policy.Kind() {
+	case breaker.KindClosed:
+		bound := 2*burst + rate*elapsed.Seconds()
+		if f.loses {
+			bound += burst // the bucket came back full once
+		}
+		if float64(admitted) > bound {
+			t.Errorf("hot key: %d admitted in %v, bound %.0f", admitted, elapsed.Round(time.Millisecond), bound)
+		}
+	default:
+		// Each server's own pre-check (the fleet's rate and burst) caps what the fallback
+		// can add: at most servers × (burst + rate·T) in all.
+		if bound := servers * (burst + rate*elapsed.Seconds()); float64(admitted) > bound {
+			t.Errorf("hot key: %d admitted in %v, more than %d servers' pre-checks allow (%.0f)", admitted, elapsed.Round(time.Millisecond), servers, bound)
+		}
+	}
+	if f.name == "flushall" && lost == 0 {
+		t.Errorf("FLUSHALL lost every bucket, but no server counted a lost bucket")
+	}
+	if n, of := late.Load(), lateOf.Load(); of == 0 || float64(n) > 0.05*float64(of) {
+		t.Errorf("%d of %d decisions in the last %v were still the fallback's: not recovered", n, of, quietAfter)
+	}
+	t.Logf("%v: hot key admitted %d (%.2f× rate·T), p99.9 %v, lost buckets %d, late fallback %d of %d",
+		elapsed.Round(time.Millisecond), admitted, float64(admitted)/(rate*elapsed.Seconds()), p999, lost, late.Load(), lateOf.Load())
+
+	for _, s := range fleet {
+		_ = s.limiter.Close(context.Background())
+		_ = s.client.Close()
+	}
+	_ = admin.Close()
+	srv.Kill() // its process's waiter is the test's own goroutine
+	goleak.VerifyNone(t, ignore)
+}
