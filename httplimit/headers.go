@@ -37,10 +37,11 @@ type Policy struct {
 // PolicyOf returns the policy of d's limit. A token bucket of burst b refilled at r per
 // second has no fixed window; the policy states its long-run rate over the shortest
 // whole number of seconds in which the empty bucket refills: Window = ⌈b / r⌉ (at least
-// 1) and Quota = ⌊r · Window⌋, which is at least b. For 100/s with burst 200 that is
+// 1) and Quota = ⌊r · Window⌋, which is at least b. Both are capped at 15 digits, the
+// largest structured-field integer. For 100/s with burst 200 that is
 // q=200, w=2; for 1,000/s with burst 10, q=1000, w=1; for 3/s with burst 10, q=12, w=4.
 func PolicyOf(d hybrid.Decision) Policy {
-	p := Policy{Name: d.Limit, Quota: int64(d.Quota), Window: 1}
+	p := Policy{Name: d.Limit, Quota: min(int64(d.Quota), maxSFInteger), Window: 1}
 	if d.Window <= 0 || d.Quota <= 0 {
 		return p
 	}
@@ -49,10 +50,13 @@ func PolicyOf(d hybrid.Decision) Policy {
 		w = 1
 	}
 	rate := float64(d.Quota) / d.Window.Seconds()
-	p.Window = int64(w)
-	p.Quota = max(int64(math.Floor(rate*w+1e-9)), int64(d.Quota))
+	p.Window = min(int64(w), maxSFInteger)
+	p.Quota = min(max(int64(math.Floor(rate*w+1e-9)), int64(d.Quota)), maxSFInteger)
 	return p
 }
+
+// maxSFInteger is the largest structured-field integer (15 digits, RFC 9651).
+const maxSFInteger = 999_999_999_999_999
 
 // seconds returns d in whole seconds, rounded up: the value of Retry-After and of a
 // field's t. A positive d below one second is 1, so that a client never retries

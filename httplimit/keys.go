@@ -29,7 +29,8 @@ func Header(name string) KeyFunc {
 // entries to its left are whatever the client sent and cannot be trusted. If every
 // entry is trusted, the leftmost one is used.
 //
-// IPv4-mapped IPv6 addresses are keyed as IPv4. An IPv6 client is keyed by its whole
+// An entry may carry a port ("203.0.113.7:4711", "[2001:db8::1]:443"), as some proxies
+// write it; the port is dropped. IPv4-mapped IPv6 addresses are keyed as IPv4. An IPv6 client is keyed by its whole
 // address; one that rotates addresses within its /64 needs a KeyFunc of your own that
 // masks it (netip.Addr.Prefix). An unparsable address fails with ErrNoKey.
 func ClientIP(trusted ...netip.Prefix) KeyFunc {
@@ -61,7 +62,7 @@ func ClientIP(trusted ...netip.Prefix) KeyFunc {
 				} else {
 					line, hop = "", line
 				}
-				a, err := netip.ParseAddr(strings.TrimSpace(hop))
+				a, err := parseHop(strings.TrimSpace(hop))
 				if err != nil {
 					return "", fmt.Errorf("%w: X-Forwarded-For entry %q: %v", ErrNoKey, hop, err)
 				}
@@ -73,6 +74,19 @@ func ClientIP(trusted ...netip.Prefix) KeyFunc {
 		}
 		return client.String(), nil
 	}
+}
+
+// parseHop parses an X-Forwarded-For entry: an IP, or an IP with a port ("ip:port",
+// "[ipv6]:port"), which some proxies write.
+func parseHop(s string) (netip.Addr, error) {
+	a, err := netip.ParseAddr(s)
+	if err == nil {
+		return a, nil
+	}
+	if ap, perr := netip.ParseAddrPort(s); perr == nil {
+		return ap.Addr(), nil
+	}
+	return netip.Addr{}, err
 }
 
 // parseRemoteAddr parses RemoteAddr, "ip:port" or a bare IP.

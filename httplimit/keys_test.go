@@ -33,6 +33,8 @@ func TestClientIP(t *testing.T) {
 		{"ipv6 cdn", []netip.Prefix{cdn}, "[2001:db8:cd::5]:443", []string{"2001:db8:1::abcd"}, "2001:db8:1::abcd"},
 		{"mapped ipv4", nil, "[::ffff:192.0.2.1]:80", nil, "192.0.2.1"},
 		{"garbage entry", []netip.Prefix{lb}, "10.1.2.3:80", []string{"not-an-ip"}, ""},
+		{"entry with a port", []netip.Prefix{lb}, "10.1.2.3:80", []string{"203.0.113.7:4711"}, "203.0.113.7"},
+		{"ipv6 entry with a port", []netip.Prefix{lb}, "10.1.2.3:80", []string{"[2001:db8::1]:443"}, "2001:db8::1"},
 		{"garbage remote", nil, "pipe", nil, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -235,7 +235,7 @@ func DefaultDeny(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	if _, ok := RetryAfter(d); !ok {
 		w.WriteHeader(http.StatusBadRequest)
-		fmt.Fprintf(w, "request cost exceeds what limit %q can ever admit (burst %d); it can never pass\n", d.Limit, d.Quota)
+		fmt.Fprintf(w, "request cost exceeds what limit %q can ever admit; it can never pass\n", d.Limit)
 		return
 	}
 	w.WriteHeader(http.StatusTooManyRequests)

@@ -136,7 +136,7 @@ func (ev *events) refusedBy(now time.Time, err error) {
 // services often do). It only uses the logger, which is safe from any goroutine.
 func (ev *events) eviction(err error) {
 	switch {
-	case err == nil:
+	case err == nil, errors.Is(err, context.Canceled): // Close came first: nothing to say
 	case errors.Is(err, global.ErrEvicting):
 		ev.log.LogAttrs(ev.ctx, slog.LevelError, "fleetlimit: Redis may evict the rate-limit buckets; the limits will not hold",
 			slog.Any("error", err))

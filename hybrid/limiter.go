@@ -190,9 +190,6 @@ const (
 	ReasonCanceled
 	// ReasonClosed: the Limiter is closed.
 	ReasonClosed
-	// ReasonOtherItem: this item could pass, but another item of the same AllowMulti
-	// call was denied, so nothing was spent.
-	ReasonOtherItem
 )
 
 var reasonNames = [...]string{
@@ -201,7 +198,6 @@ var reasonNames = [...]string{
 	ReasonInvalidCost: "invalid cost", ReasonPreCheck: "pre-check bucket empty",
 	ReasonGranted: "refill granted", ReasonBreakerOpen: "breaker open", ReasonTimeout: "redis timeout",
 	ReasonUnavailable: "redis unavailable", ReasonCanceled: "caller canceled", ReasonClosed: "limiter closed",
-	ReasonOtherItem: "another item denied",
 }
 
 // String returns the reason in a few words.

@@ -49,6 +49,12 @@ type MultiDecision struct {
 // holds tokens it later gives back (the same as two AllowN calls racing for the last
 // token). Errors are AllowN's, for the first item that has one (nothing is spent then);
 // an empty items is ErrInvalidCost.
+//
+// The counters (Stats) count each item decided: an item the first pass denies counts
+// as denied, the items it was not compared with are not counted, and an item whose
+// tokens went back counts as admitted and in LimitStats.GivenBack. A call racing Close
+// may give tokens back after Close has sent its refunds: they are then counted in
+// RefundsLost, not in Close's error.
 func (l *Limiter) AllowMulti(ctx context.Context, items []Item) (MultiDecision, error) {
 	if len(items) == 0 {
 		return MultiDecision{Denied: -1, RetryAfter: InfDuration}, fmt.Errorf("%w: no items", ErrInvalidCost)
@@ -56,9 +62,7 @@ func (l *Limiter) AllowMulti(ctx context.Context, items []Item) (MultiDecision, 
 	if l.closed.Load() {
 		return MultiDecision{Denied: 0, Decision: Decision{Reason: ReasonClosed}}, ErrClosed
 	}
-	// Look before spending: an item that would certainly deny denies the request.
-	now := l.clock.Now()
-	out := MultiDecision{Denied: -1}
+	// Every item must be valid before anything is looked at or counted.
 	for i, it := range items {
 		lm := l.eng.Limit(it.Limit)
 		switch {
@@ -68,14 +72,34 @@ func (l *Limiter) AllowMulti(ctx context.Context, items []Item) (MultiDecision, 
 			d := engine.Decision{Reason: engine.ReasonInvalidCost, RetryAfter: InfDuration}
 			return MultiDecision{Denied: i, RetryAfter: InfDuration, Decision: decision(lm, &d)}, ErrInvalidCost
 		}
-		if d, denied := l.eng.Look(now, lm, it.Key, it.Cost); denied {
-			l.eng.CountDenied(lm, it.Key, d, it.Cost)
-			if out.Denied < 0 {
-				out.Denied = i
-				out.Decision.set(lm, &d)
+	}
+	// Look before spending: an item that would certainly deny denies the request. Items
+	// on the same (limit, key) are looked at with their costs summed, since they spend
+	// from one bucket; a request that can never pass reports that item.
+	now := l.clock.Now()
+	out := MultiDecision{Denied: -1}
+	for i, it := range items {
+		cost, repeat := it.Cost, false
+		for j, other := range items {
+			if j != i && other.Limit == it.Limit && other.Key == it.Key {
+				cost += other.Cost
+				repeat = repeat || j < i
 			}
-			out.RetryAfter = max(out.RetryAfter, d.RetryAfter)
 		}
+		if repeat {
+			continue // looked at with its first occurrence
+		}
+		lm := l.eng.Limit(it.Limit)
+		d, denied := l.eng.Look(now, lm, it.Key, cost)
+		if !denied {
+			continue
+		}
+		l.eng.CountDenied(lm, it.Key, d, it.Cost)
+		if out.Denied < 0 || (d.RetryAfter >= InfDuration && out.Decision.RetryAfter < InfDuration) {
+			out.Denied = i
+			out.Decision.set(lm, &d)
+		}
+		out.RetryAfter = max(out.RetryAfter, d.RetryAfter)
 	}
 	if out.Denied >= 0 {
 		if l.onDecision != nil {

@@ -59,6 +59,10 @@ type LimitStats struct {
 	// the fleet may admit up to a burst more than the limit: see docs/operations.md
 	// (maxmemory-policy).
 	LostBuckets int64
+	// GivenBack counts admitted items of AllowMulti calls whose tokens went back because
+	// another item was denied. Decisions counts them as admitted (the counters only
+	// grow): Allowed() - GivenBack is what the limit let through.
+	GivenBack int64
 }
 
 // DecisionCount is how many decisions had one outcome, source and reason.
@@ -111,7 +115,7 @@ func limitStats(lm *engine.Limit) LimitStats {
 		Name: lm.Name(), Rate: lm.Rate(), Burst: lm.Burst(),
 		Takes: s.Takes, RefillErrors: s.RefillErrors,
 		Granted: s.Granted, Refunded: s.Refunded, RefundsLost: s.RefundsLost, Held: s.Held,
-		LostBuckets: s.LostBuckets,
+		LostBuckets: s.LostBuckets, GivenBack: s.GivenBack,
 	}
 	for a := range s.Decisions {
 		for src := range s.Decisions[a] {

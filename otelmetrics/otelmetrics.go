@@ -83,6 +83,8 @@ func Register(l *hybrid.Limiter, m metric.Meter, opts ...Option) (metric.Registr
 		"Leased tokens given back.")
 	refundLost := counter("fleetlimit_tokens_refund_lost", "{token}",
 		"Leased tokens whose refund failed: they stay spent, the fleet admits less.")
+	givenBack := counter("fleetlimit_decisions_given_back", "{decision}",
+		"Admitted items of all-or-nothing requests whose tokens went back because another item was denied; they stay counted in fleetlimit_decisions.")
 	bucketsLost := counter("fleetlimit_buckets_lost", "{bucket}",
 		"Buckets found lost in Redis (evicted, flushed, deleted) while this server took from them: each came back full.")
 	held, err := m.Int64ObservableUpDownCounter("fleetlimit_lease_tokens_held", metric.WithUnit("{token}"),
@@ -134,6 +136,7 @@ func Register(l *hybrid.Limiter, m metric.Meter, opts ...Option) (metric.Registr
 			o.ObserveInt64(refunded, ls.Refunded, byLimit)
 			o.ObserveInt64(refundLost, ls.RefundsLost, byLimit)
 			o.ObserveInt64(bucketsLost, ls.LostBuckets, byLimit)
+			o.ObserveInt64(givenBack, ls.GivenBack, byLimit)
 			o.ObserveInt64(held, ls.Held, byLimit)
 		}
 		o.ObserveInt64(roundTrips, s.RoundTrips, total)
@@ -157,6 +160,6 @@ func Register(l *hybrid.Limiter, m metric.Meter, opts ...Option) (metric.Registr
 		o.ObserveInt64(breakerCalls, b.Overloaded, overloaded)
 		o.ObserveInt64(breakerCalls, b.Excluded, excluded)
 		return nil
-	}, decisions, refills, refillErrors, granted, refunded, refundLost, bucketsLost, held,
+	}, decisions, refills, refillErrors, granted, refunded, refundLost, bucketsLost, givenBack, held,
 		roundTrips, refundCalls, heartbeats, servers, breakerState, breakerTransitions, breakerCalls)
 }

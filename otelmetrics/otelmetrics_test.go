@@ -165,13 +165,14 @@ func agree(t *testing.T, l *hybrid.Limiter, seen *tally, rd *sdkmetric.ManualRea
 	}
 
 	perLimit := map[string]func(hybrid.LimitStats) int64{
-		"fleetlimit_refills":            func(s hybrid.LimitStats) int64 { return s.Takes },
-		"fleetlimit_refill_errors":      func(s hybrid.LimitStats) int64 { return s.RefillErrors },
-		"fleetlimit_tokens_granted":     func(s hybrid.LimitStats) int64 { return s.Granted },
-		"fleetlimit_tokens_refunded":    func(s hybrid.LimitStats) int64 { return s.Refunded },
-		"fleetlimit_tokens_refund_lost": func(s hybrid.LimitStats) int64 { return s.RefundsLost },
-		"fleetlimit_buckets_lost":       func(s hybrid.LimitStats) int64 { return s.LostBuckets },
-		"fleetlimit_lease_tokens_held":  func(s hybrid.LimitStats) int64 { return s.Held },
+		"fleetlimit_refills":              func(s hybrid.LimitStats) int64 { return s.Takes },
+		"fleetlimit_refill_errors":        func(s hybrid.LimitStats) int64 { return s.RefillErrors },
+		"fleetlimit_tokens_granted":       func(s hybrid.LimitStats) int64 { return s.Granted },
+		"fleetlimit_tokens_refunded":      func(s hybrid.LimitStats) int64 { return s.Refunded },
+		"fleetlimit_tokens_refund_lost":   func(s hybrid.LimitStats) int64 { return s.RefundsLost },
+		"fleetlimit_buckets_lost":         func(s hybrid.LimitStats) int64 { return s.LostBuckets },
+		"fleetlimit_decisions_given_back": func(s hybrid.LimitStats) int64 { return s.GivenBack },
+		"fleetlimit_lease_tokens_held":    func(s hybrid.LimitStats) int64 { return s.Held },
 	}
 	for name, field := range perLimit {
 		got := series(t, ms, name, "limit")

@@ -50,9 +50,9 @@ type Collector struct {
 	l           *hybrid.Limiter
 	constLabels prometheus.Labels
 
-	decisions, refills, refillErrors, granted, refunded, refundLost, bucketsLost, held *prometheus.Desc
-	roundTrips, refundCalls, heartbeats, servers                                       *prometheus.Desc
-	breakerState, breakerTransitions, breakerCalls                                     *prometheus.Desc
+	decisions, refills, refillErrors, granted, refunded, refundLost, bucketsLost, givenBack, held *prometheus.Desc
+	roundTrips, refundCalls, heartbeats, servers                                                  *prometheus.Desc
+	breakerState, breakerTransitions, breakerCalls                                                *prometheus.Desc
 }
 
 // New returns a Collector that reports l's counters at each scrape.
@@ -77,6 +77,8 @@ func New(l *hybrid.Limiter, opts ...Option) *Collector {
 		"Leased tokens given back.", "limit")
 	c.refundLost = desc("fleetlimit_tokens_refund_lost_total",
 		"Leased tokens whose refund failed: they stay spent, the fleet admits less.", "limit")
+	c.givenBack = desc("fleetlimit_decisions_given_back_total",
+		"Admitted items of all-or-nothing requests whose tokens went back because another item was denied; they stay counted in fleetlimit_decisions_total.", "limit")
 	c.bucketsLost = desc("fleetlimit_buckets_lost_total",
 		"Buckets found lost in Redis (evicted, flushed, deleted) while this server took from them: each came back full.", "limit")
 	c.held = desc("fleetlimit_lease_tokens_held",
@@ -102,7 +104,7 @@ func New(l *hybrid.Limiter, opts ...Option) *Collector {
 // Describe sends the descriptions of every metric the Collector exports.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
-		c.decisions, c.refills, c.refillErrors, c.granted, c.refunded, c.refundLost, c.bucketsLost, c.held,
+		c.decisions, c.refills, c.refillErrors, c.granted, c.refunded, c.refundLost, c.bucketsLost, c.givenBack, c.held,
 		c.roundTrips, c.refundCalls, c.heartbeats, c.servers,
 		c.breakerState, c.breakerTransitions, c.breakerCalls,
 	} {
@@ -129,6 +131,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.refunded, ls.Refunded, ls.Name)
 		counter(c.refundLost, ls.RefundsLost, ls.Name)
 		counter(c.bucketsLost, ls.LostBuckets, ls.Name)
+		counter(c.givenBack, ls.GivenBack, ls.Name)
 		gauge(c.held, ls.Held, ls.Name)
 	}
 	counter(c.roundTrips, s.RoundTrips)

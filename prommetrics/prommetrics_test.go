@@ -158,13 +158,14 @@ func agree(t *testing.T, l *hybrid.Limiter, seen *tally, reg *prometheus.Registr
 
 	// Per limit: every counter of LimitStats, decisions included.
 	perLimit := map[string]func(hybrid.LimitStats) int64{
-		"fleetlimit_refills_total":            func(s hybrid.LimitStats) int64 { return s.Takes },
-		"fleetlimit_refill_errors_total":      func(s hybrid.LimitStats) int64 { return s.RefillErrors },
-		"fleetlimit_tokens_granted_total":     func(s hybrid.LimitStats) int64 { return s.Granted },
-		"fleetlimit_tokens_refunded_total":    func(s hybrid.LimitStats) int64 { return s.Refunded },
-		"fleetlimit_tokens_refund_lost_total": func(s hybrid.LimitStats) int64 { return s.RefundsLost },
-		"fleetlimit_buckets_lost_total":       func(s hybrid.LimitStats) int64 { return s.LostBuckets },
-		"fleetlimit_lease_tokens_held":        func(s hybrid.LimitStats) int64 { return s.Held },
+		"fleetlimit_refills_total":              func(s hybrid.LimitStats) int64 { return s.Takes },
+		"fleetlimit_refill_errors_total":        func(s hybrid.LimitStats) int64 { return s.RefillErrors },
+		"fleetlimit_tokens_granted_total":       func(s hybrid.LimitStats) int64 { return s.Granted },
+		"fleetlimit_tokens_refunded_total":      func(s hybrid.LimitStats) int64 { return s.Refunded },
+		"fleetlimit_tokens_refund_lost_total":   func(s hybrid.LimitStats) int64 { return s.RefundsLost },
+		"fleetlimit_buckets_lost_total":         func(s hybrid.LimitStats) int64 { return s.LostBuckets },
+		"fleetlimit_decisions_given_back_total": func(s hybrid.LimitStats) int64 { return s.GivenBack },
+		"fleetlimit_lease_tokens_held":          func(s hybrid.LimitStats) int64 { return s.Held },
 	}
 	for name, field := range perLimit {
 		got := series(t, fams, name, "limit")

@@ -157,6 +157,7 @@ var spec = []metric{
 	{"fleetlimit_tokens_refunded_total", "counter", []string{"limit"}},
 	{"fleetlimit_tokens_refund_lost_total", "counter", []string{"limit"}},
 	{"fleetlimit_buckets_lost_total", "counter", []string{"limit"}},
+	{"fleetlimit_decisions_given_back_total", "counter", []string{"limit"}},
 	{"fleetlimit_lease_tokens_held", "gauge", []string{"limit"}},
 	{"fleetlimit_round_trips_total", "counter", nil},
 	{"fleetlimit_refund_calls_total", "counter", nil},

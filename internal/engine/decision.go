@@ -43,7 +43,6 @@ const (
 	ReasonUnavailable                // the Redis call failed
 	ReasonCanceled                   // the caller's context ended while it waited
 	ReasonClosed                     // the engine is stopped
-	ReasonOtherItem                  // another item of an all-or-nothing request was denied
 	NumReasons                       // one past the last reason
 )
 

@@ -362,3 +362,37 @@ func TestNewRejects(t *testing.T) {
 		}
 	}
 }
+
+// TestHeldReturnsToZeroAfterAClampedRefund: refunds of one key summed above the burst
+// are sent capped (Redis caps the bucket anyway); what is above counts as given back, so
+// that a server holding no key holds no tokens.
+func TestHeldReturnsToZeroAfterAClampedRefund(t *testing.T) {
+	e, lm := testEngine(t, nil) // burst 100, one server
+	now := t0
+	if _, w := decide(e, now, lm, "k", 1); w == nil {
+		t.Fatal("no waiter")
+	}
+	lm.keys.Remove("k") // evicted while its refill is still queued
+	if _, w := decide(e, now, lm, "k", 1); w == nil {
+		t.Fatal("no waiter")
+	}
+	tr := e.Next()
+	if tr == nil || tr.Kind != TakeTrip || len(tr.Takes) != 2 {
+		t.Fatalf("trip %+v, want two takes", tr)
+	}
+	for i := range tr.Takes {
+		tr.TakeResults[i].Granted, tr.TakeResults[i].Remaining = 60, 0
+	}
+	tr.Answered = true
+	e.Done(now, tr)
+	lm.keys.Remove("k")
+	rt := e.Next()
+	if rt == nil || rt.Kind != RefundTrip || len(rt.Refunds) != 1 || rt.Refunds[0].N != 100 {
+		t.Fatalf("trip %+v, want one refund capped at the burst", rt)
+	}
+	rt.Answered = true
+	e.Done(now.Add(time.Millisecond), rt)
+	if st := lm.Stats(); st.Held != 0 || st.Refunded+st.RefundsLost != st.Granted-2 {
+		t.Fatalf("granted %d, refunded %d, lost %d, held %d; want nothing held with no key", st.Granted, st.Refunded, st.RefundsLost, st.Held)
+	}
+}

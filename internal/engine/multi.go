@@ -30,11 +30,11 @@ func (e *Engine) Look(now time.Time, lm *Limit, key string, n int) (Decision, bo
 }
 
 // Return undoes a decision d that admitted a request of cost n for key under lm: the
-// tokens go back where they came from, and the counters count it as denied
-// (ReasonOtherItem) instead. Leased tokens go back to the key's lease, or to Redis as a
-// refund when the key is no longer held; the pre-check gets its n tokens back. Tokens a
-// fallback admitted stay spent in the policy's local limiter, which is conservative.
-// A decision that did not admit is left alone.
+// tokens go back where they came from, and LimitStats.GivenBack counts it (the decision
+// stays counted as it was made: the counters only grow). Leased tokens go back to the
+// key's lease, or to Redis as a refund when the key is no longer held; the pre-check
+// gets its n tokens back. Tokens a fallback admitted stay spent in the policy's local
+// limiter, which is conservative. A decision that did not admit is left alone.
 func (e *Engine) Return(now time.Time, lm *Limit, key string, n int, d Decision) {
 	if !d.Allowed || d.Source >= NumSources || d.Reason >= NumReasons {
 		return
@@ -43,25 +43,24 @@ func (e *Engine) Return(now time.Time, lm *Limit, key string, n int, d Decision)
 	fromLease := spends(d.Reason)
 	slot := uint8(hashKey(id) % counterShards)
 	back := false // the lease took its tokens back
-	lm.keys.Peek(id, func(en *entry, _ time.Time) {
+	lm.keys.Peek(id, func(en *entry, last time.Time) {
 		slot = en.slot
 		if n <= 0 {
 			return
 		}
+		t := later(now, last) // never before the entry's last use: the pre-check's clock must not go back
 		// A negative cost gives tokens back: x/time/rate adds them, and caps the level
 		// at the burst at its next use (TestPreCheckTakesTokensBack pins this).
-		en.pre.AllowN(now, -n)
-		back = fromLease && en.lease.unspend(now, n)
+		en.pre.AllowN(t, -n)
+		back = fromLease && en.lease.unspend(t, n)
 	})
 	if fromLease && n > 0 && !back {
 		e.queueRefund(lm, id, n) // the key is gone, or its tokens expired
 	}
-	sh := &lm.stats.decisions[slot%counterShards]
-	sh.n[1][d.Source][d.Reason].Add(-1)
-	if fromLease && n != 1 {
-		sh.extra.Add(int64(1 - n))
+	if fromLease && n > 0 {
+		lm.stats.decisions[slot%counterShards].returned.Add(int64(n))
 	}
-	sh.n[0][d.Source][ReasonOtherItem].Add(1)
+	lm.stats.givenBack.Add(1)
 }
 
 // CountDenied counts a denial d of a request of cost n for key under lm that the driver

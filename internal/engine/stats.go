@@ -30,6 +30,9 @@ type LimitStats struct {
 	// LostBuckets counts buckets found lost: a take answered that the bucket held no
 	// record of this server, which had taken from it within the record's lifetime.
 	LostBuckets int64
+	// GivenBack counts admitted decisions undone by Engine.Return (another item of an
+	// all-or-nothing request was denied). They stay counted in Decisions as admitted.
+	GivenBack int64
 }
 
 // counterShards spreads the per-decision counters over cache lines by key, so that
@@ -48,15 +51,17 @@ type limitCounters struct {
 	takes, refillErrors            atomic.Int64
 	granted, refunded, refundsLost atomic.Int64
 	lostBuckets                    atomic.Int64
+	givenBack                      atomic.Int64
 }
 
 // decisionCounters are one shard of a limit's decision counters. extra is the tokens
 // spent from leases beyond one per admitted lease decision, so that a request of cost 1
 // (the common case) costs one atomic add.
 type decisionCounters struct {
-	n     [2][NumSources][NumReasons]atomic.Int64
-	extra atomic.Int64
-	_     [64 - 8*(2*int(NumSources)*int(NumReasons)+1)%64]byte
+	n        [2][NumSources][NumReasons]atomic.Int64
+	extra    atomic.Int64
+	returned atomic.Int64 // leased tokens of admitted decisions given back (Engine.Return)
+	_        [64 - 8*(2*int(NumSources)*int(NumReasons)+2)%64]byte
 }
 
 // count counts a decision d of cost n for a key of counter shard slot.
@@ -100,12 +105,13 @@ func (lm *Limit) Stats() LimitStats {
 				}
 			}
 		}
-		spent += sh.extra.Load()
+		spent += sh.extra.Load() - sh.returned.Load()
 	}
 	s.Takes, s.RefillErrors = c.takes.Load(), c.refillErrors.Load()
 	s.Granted, s.Refunded, s.RefundsLost = c.granted.Load(), c.refunded.Load(), c.refundsLost.Load()
 	s.Held = max(s.Granted-spent-s.Refunded-s.RefundsLost, 0)
 	s.LostBuckets = c.lostBuckets.Load()
+	s.GivenBack = c.givenBack.Load()
 	return s
 }
 

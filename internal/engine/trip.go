@@ -114,7 +114,7 @@ func (e *Engine) refundTrip() *Trip {
 		}
 		at := make(map[bucketKey]int, len(e.refunds)) // index in reqs
 		reqs := make([]global.RefundRequest, 0, len(e.refunds))
-		burst := make([]int, 0, len(e.refunds))
+		lims := make([]*Limit, 0, len(e.refunds))
 		for _, r := range e.refunds {
 			k := bucketKey{r.lim, r.key}
 			i, ok := at[k]
@@ -122,13 +122,18 @@ func (e *Engine) refundTrip() *Trip {
 				i = len(reqs)
 				at[k] = i
 				reqs = append(reqs, global.RefundRequest{Limit: r.lim.glim, ID: global.KeyID(r.key), Seq: e.nextSeq()})
-				burst = append(burst, r.lim.glim.Burst)
+				lims = append(lims, r.lim)
 			}
 			reqs[i].N += r.n
 		}
 		e.refunds = nil
 		for i := range reqs {
-			reqs[i].N = min(reqs[i].N, burst[i])
+			if over := reqs[i].N - lims[i].glim.Burst; over > 0 {
+				// Redis caps a bucket at its burst: what is above it needs no trip, and
+				// counts as given back, so that Held returns to 0.
+				lims[i].stats.refunded.Add(int64(over))
+				reqs[i].N = lims[i].glim.Burst
+			}
 		}
 		for lo := 0; lo < len(reqs); lo += MaxBatch {
 			hi := min(lo+MaxBatch, len(reqs))
