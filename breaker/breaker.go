@@ -107,6 +107,12 @@ type Settings struct {
 	// only if it was given at least this long. A caller's context deadline
 	// that leaves the call less is the caller's own choice, and its expiry
 	// counts as neither success nor failure. default: Timeout/2
+	//
+	// A timeout seen late also counts as neither: when Do wakes at the
+	// deadline more than the call's budget after it (at twice the budget or
+	// later), the process was not scheduled for that long (a CPU-starved
+	// client, a long GC pause), and the missed deadline says nothing about
+	// the store. Stats.Starved counts these.
 	MinCountedTimeout time.Duration
 
 	// MaxInFlight bounds the store calls running at once, including calls
@@ -195,6 +201,7 @@ type stateEvent struct{ from, to State }
 
 type counters struct {
 	calls, successes, failures, timeouts, excluded, rejected, overloaded, abandoned atomic.Int64
+	starved                                                                         atomic.Int64
 	maxInFlight                                                                     atomic.Int64
 	transitions                                                                     [3]atomic.Int64 // by the state entered
 }
@@ -394,7 +401,7 @@ func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) er
 	if !answered {
 		if state.CompareAndSwap(running, abandoned) {
 			b.stats.abandoned.Add(1)
-			return b.finish(done, ctx, cctx, cctx.Err(), budget)
+			return b.finish(done, ctx, cctx, cctx.Err(), budget, b.clock.Now().Sub(start))
 		}
 		o = <-res // it finished: its send came before its state change
 	}
@@ -402,7 +409,7 @@ func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) er
 		b.report(done, errFailure)
 		panic(o.panicVal)
 	}
-	return b.finish(done, ctx, cctx, o.err, budget)
+	return b.finish(done, ctx, cctx, o.err, budget, b.clock.Now().Sub(start))
 }
 
 func call(ctx context.Context, fn func(context.Context) error) (o outcome) {
@@ -416,7 +423,9 @@ func call(ctx context.Context, fn func(context.Context) error) (o outcome) {
 
 // finish classifies the outcome of a call, reports it to gobreaker and
 // returns the error for the caller.
-func (b *Breaker) finish(done func(error), ctx, cctx context.Context, err error, budget time.Duration) error {
+// finish settles a call given budget that returned err (or was abandoned with it) after
+// took.
+func (b *Breaker) finish(done func(error), ctx, cctx context.Context, err error, budget, took time.Duration) error {
 	switch {
 	case err == nil:
 		b.stats.successes.Add(1)
@@ -434,10 +443,17 @@ func (b *Breaker) finish(done func(error), ctx, cctx context.Context, err error,
 	case cctx.Err() != nil && isTimeout(err):
 		// The deadline passed: the store did not answer in time.
 		b.stats.timeouts.Add(1)
-		if budget >= b.minCounted {
+		switch {
+		case took >= 2*budget:
+			// Woken a whole budget late: this process was not running, and
+			// the store may well have answered in time.
+			b.stats.starved.Add(1)
+			b.stats.excluded.Add(1)
+			b.report(done, errExcluded)
+		case budget >= b.minCounted:
 			b.stats.failures.Add(1)
 			b.report(done, errFailure)
-		} else {
+		default:
 			b.stats.excluded.Add(1)
 			b.report(done, errExcluded)
 		}
@@ -517,7 +533,8 @@ type Stats struct {
 	Successes   int64 // calls that returned nil or an answer that is not a failure
 	Failures    int64 // store failures counted towards opening, timeouts included
 	Timeouts    int64 // calls Do returned from at the deadline, counted or not
-	Excluded    int64 // calls the caller cancelled, or gave too short a deadline
+	Excluded    int64 // calls the caller cancelled, or gave too short a deadline, or Starved
+	Starved     int64 // timeouts Do saw a whole budget late (the process was not running): not counted
 	Rejected    int64 // calls refused with ErrOpen
 	Overloaded  int64 // calls refused with ErrOverloaded
 	Abandoned   int64 // calls still running when Do returned
@@ -536,6 +553,7 @@ func (b *Breaker) Stats() Stats {
 		Failures:    b.stats.failures.Load(),
 		Timeouts:    b.stats.timeouts.Load(),
 		Excluded:    b.stats.excluded.Load(),
+		Starved:     b.stats.starved.Load(),
 		Rejected:    b.stats.rejected.Load(),
 		Overloaded:  b.stats.overloaded.Load(),
 		Abandoned:   b.stats.abandoned.Load(),
