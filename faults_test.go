@@ -4,6 +4,8 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,25 +29,29 @@ type fault struct {
 	// loses reports that the fault loses buckets: they come back full, so the fleet
 	// may admit one more burst per key, and the loss must be detected.
 	loses  bool
-	inject func(t *testing.T, srv *redistest.Server, admin *redis.Client)
+	inject func(t *testing.T, env faultEnv)
 }
 
 var faults = []fault{
-	{name: "script-flush", inject: func(t *testing.T, _ *redistest.Server, admin *redis.Client) {
+	{name: "script-flush", inject: func(t *testing.T, env faultEnv) {
+		admin := env.admin
 		if err := admin.ScriptFlush(context.Background()).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}},
-	{name: "client-kill", inject: func(t *testing.T, _ *redistest.Server, admin *redis.Client) {
+	{name: "client-kill", inject: func(t *testing.T, env faultEnv) {
+		admin := env.admin
 		// Every normal connection, the limiters' and this one's: go-redis dials again.
 		_ = admin.Do(context.Background(), "CLIENT", "KILL", "TYPE", "normal").Err()
 	}},
-	{name: "flushall", loses: true, inject: func(t *testing.T, _ *redistest.Server, admin *redis.Client) {
+	{name: "flushall", loses: true, inject: func(t *testing.T, env faultEnv) {
+		admin := env.admin
 		if err := admin.FlushAll(context.Background()).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}},
-	{name: "evict", loses: true, inject: func(t *testing.T, _ *redistest.Server, admin *redis.Client) {
+	{name: "evict", loses: true, inject: func(t *testing.T, env faultEnv) {
+		admin := env.admin
 		// A memory limit just above what Redis holds, with a policy that evicts any
 		// key, and 4 MB of other data: the buckets go, and no write fails.
 		ctx := context.Background()
@@ -77,16 +83,32 @@ var faults = []fault{
 			t.Fatal(err)
 		}
 	}},
-	{name: "stall-300ms", inject: func(t *testing.T, srv *redistest.Server, _ *redis.Client) {
+	{name: "partition-half-600ms", inject: func(t *testing.T, env faultEnv) {
+		// Half the servers lose Redis (their packets go nowhere); the others do not.
+		env.cut.set(true)
+		time.Sleep(600 * time.Millisecond)
+		env.cut.set(false)
+	}},
+	{name: "stall-300ms", inject: func(t *testing.T, env faultEnv) {
+		srv := env.srv
 		srv.Stop() // SIGSTOP: connections stay open, nothing answers
 		time.Sleep(300 * time.Millisecond)
 		srv.Cont()
 	}},
-	{name: "kill-restart", loses: true, inject: func(t *testing.T, srv *redistest.Server, _ *redis.Client) {
+	{name: "kill-restart", loses: true, inject: func(t *testing.T, env faultEnv) {
+		srv := env.srv
 		srv.Kill()
 		time.Sleep(300 * time.Millisecond)
 		srv.Restart() // empty data, empty script cache
 	}},
+}
+
+// faultEnv is what a fault acts on: the test's redis-server, a client of its own, and
+// the link of the servers behind the test's proxy (the first half of the fleet).
+type faultEnv struct {
+	srv   *redistest.Server
+	admin *redis.Client
+	cut   *proxy
 }
 
 var faultPolicies = []struct {
@@ -98,8 +120,9 @@ var faultPolicies = []struct {
 	{"fail-open", breaker.FailOpen},
 }
 
-// TestFaultMatrix runs 4 limiters (4 servers) on a redis-server of the test's own, with
-// a hot key far over its limit and 100 cold keys within theirs, through a healthy
+// TestFaultMatrix runs 4 limiters (4 servers; the first two reach Redis through a TCP
+// proxy the test can cut) on a redis-server of the test's own, with a hot key far over
+// its limit and 100 cold keys within theirs, through a healthy
 // phase, a fault, and a phase after it, for each fault under each failure policy (with
 // -faults; otherwise each fault under one policy, with shorter phases). Each cell
 // asserts: no error from the Limiter; decisions within the limit's 10 ms wait plus a
@@ -138,10 +161,15 @@ func runFaultCell(t *testing.T, f fault, policy breaker.Policy, healthy, after t
 	ignore := goleak.IgnoreCurrent()
 	srv := redistest.StartServer(t)
 	admin := redis.NewClient(redistest.Options(srv.Addr))
+	cut := newProxy(t, srv.Addr)
 	prefix := randomPrefix()
 	var fleet []*server
-	for range servers {
-		fleet = append(fleet, newServer(t, srv.Addr, prefix, nil, breaker.Settings{OpenTimeout: 200 * time.Millisecond}, hybrid.Config{
+	for i := range servers {
+		addr := srv.Addr
+		if i < servers/2 {
+			addr = cut.addr
+		}
+		fleet = append(fleet, newServer(t, addr, prefix, nil, breaker.Settings{OpenTimeout: 200 * time.Millisecond}, hybrid.Config{
 			FleetSize: servers,
 			Limits: []hybrid.Limit{
 				{Name: "hot", Rate: rate, Burst: burst, Policy: policy, MaxWait: maxWait},
@@ -201,7 +229,7 @@ func runFaultCell(t *testing.T, f fault, policy breaker.Policy, healthy, after t
 	}
 
 	time.Sleep(healthy)
-	f.inject(t, srv, admin)
+	f.inject(t, faultEnv{srv: srv, admin: admin, cut: cut})
 	faultEnd := time.Now()
 	quietFrom.Store(faultEnd.Add(after - quietAfter).UnixNano())
 	time.Sleep(after)
@@ -258,6 +286,90 @@ func runFaultCell(t *testing.T, f fault, policy breaker.Policy, healthy, after t
 		_ = s.client.Close()
 	}
 	_ = admin.Close()
+	cut.close()
 	srv.Kill() // its process's waiter is the test's own goroutine
 	goleak.VerifyNone(t, ignore)
+}
+
+// proxy forwards TCP connections to a Redis; while cut, it forwards nothing in either
+// direction and holds new connections without answering: a partition, as a client sees
+// one (its calls time out), not a refused connection.
+type proxy struct {
+	addr string
+	ln   net.Listener
+	mu   sync.Mutex
+	down bool
+	heal chan struct{} // closed when the cut ends
+	wg   sync.WaitGroup
+	conn []net.Conn
+}
+
+func newProxy(t *testing.T, target string) *proxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{addr: ln.Addr().String(), ln: ln, heal: make(chan struct{})}
+	close(p.heal)
+	p.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.wg.Go(func() { p.serve(c, target) })
+		}
+	})
+	return p
+}
+
+// set cuts the link (true) or heals it (false). A cut closes every connection it
+// carries: their calls see nothing more, as across a partition.
+func (p *proxy) set(down bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if down == p.down {
+		return
+	}
+	p.down = down
+	if down {
+		p.heal = make(chan struct{})
+		for _, c := range p.conn {
+			_ = c.(interface{ SetDeadline(time.Time) error }).SetDeadline(time.Now()) // stop forwarding now
+		}
+		return
+	}
+	close(p.heal)
+}
+
+func (p *proxy) serve(c net.Conn, target string) {
+	defer c.Close()
+	p.mu.Lock()
+	heal := p.heal
+	p.conn = append(p.conn, c)
+	p.mu.Unlock()
+	<-heal // a connection made during a cut hangs until it ends
+	up, err := net.Dial("tcp", target)
+	if err != nil {
+		return
+	}
+	defer up.Close()
+	p.mu.Lock()
+	p.conn = append(p.conn, up)
+	p.mu.Unlock()
+	done := make(chan struct{}, 2)
+	go func() { _, _ = io.Copy(up, c); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(c, up); done <- struct{}{} }()
+	<-done
+}
+
+func (p *proxy) close() {
+	_ = p.ln.Close()
+	p.set(false)
+	p.mu.Lock()
+	for _, c := range p.conn {
+		_ = c.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
 }
