@@ -252,6 +252,9 @@ func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next fun
 	f, sc := h.f, h.f.sc
 	n := max(len(t.Takes), len(t.Refunds), 1)
 	h.b.call(hs.brk, func(answered func()) {
+		if sc.cutOff(s.id, f.e.now) {
+			return // the call goes nowhere: the breaker's deadline ends it
+		}
 		cost := time.Duration(n) * sc.ScriptTime
 		if h.multiKey && t.Kind != engine.HeartbeatTrip {
 			cost = sc.cold.callTime + time.Duration(n)*sc.cold.keyTime
@@ -337,11 +340,13 @@ func (h *breakerLog) report(sc *Scenario, res *Result) {
 		}
 		res.Timeline[i].BreakersOpen = notClosed
 	}
-	o := res.Outage
+	o, w := res.Outage, sc.Outage
+	if o == nil {
+		o, w = res.Partition, sc.Partition
+	}
 	if o == nil {
 		return
 	}
-	w := sc.Outage
 	o.BreakerOpenS, o.BreakerClosedS = -1, -1
 	for _, tr := range h.transitions {
 		if tr.to == breaker.StateOpen && tr.at >= w.Start && o.BreakerOpenS < 0 {

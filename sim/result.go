@@ -64,6 +64,7 @@ type Result struct {
 	Sources                   map[string]int64 `json:"sources"`
 	Timeline                  []Bin            `json:"timeline"`
 	Outage                    *OutageResult    `json:"outage,omitempty"`
+	Partition                 *OutageResult    `json:"partition,omitempty"` // the partition window, measured as an outage is
 	FastServer                string           `json:"fast_server,omitempty"`
 	BreakerTransitions        int              `json:"breaker_transitions"`
 	Events                    uint64           `json:"events"`
@@ -159,7 +160,7 @@ func (r *recorder) arrive(q *request) {
 	if b := r.bin(q.arrive); b != nil {
 		b.demand++
 	}
-	if r.sc.Outage.Contains(q.arrive) {
+	if r.sc.measured().Contains(q.arrive) {
 		r.outReq++
 	}
 }
@@ -173,7 +174,7 @@ func (r *recorder) decide(q *request, now time.Duration, allowed bool, src sourc
 	if r.keyWait != nil {
 		r.coldDecide(q, now, lat, allowed)
 	}
-	inOutage := r.sc.Outage.Contains(q.arrive)
+	inOutage := r.sc.measured().Contains(q.arrive)
 	if inOutage {
 		r.outLat = append(r.outLat, lat)
 		a := 0
@@ -273,10 +274,10 @@ func (r *recorder) result(st Strategy) Result {
 		}
 		res.Timeline = append(res.Timeline, bin)
 	}
-	if w := sc.Outage; w.End > w.Start {
+	if w := sc.measured(); w.End > w.Start {
 		slices.Sort(r.outLat)
 		d := (w.End - w.Start).Seconds()
-		res.Outage = &OutageResult{
+		u := &OutageResult{
 			StartS: w.Start.Seconds(), EndS: w.End.Seconds(), Requests: r.outReq,
 			AdmittedPerS: float64(r.outAdm) / d, DemandPerS: float64(r.outReq) / d,
 			P50DecisionUS: percentile(r.outLat, 0.5), P99DecisionUS: percentile(r.outLat, 0.99),
@@ -285,11 +286,16 @@ func (r *recorder) result(st Strategy) Result {
 		for src, n := range r.outSources {
 			for a, sign := range []string{"-", "+"} {
 				if n[a] > 0 {
-					res.Outage.Sources[source(src).String()+sign] = n[a]
+					u.Sources[source(src).String()+sign] = n[a]
 				}
 			}
 		}
-		res.Outage.OverLimit = res.Outage.AdmittedPerS / sc.Rate
+		u.OverLimit = u.AdmittedPerS / sc.Rate
+		if w == sc.Outage {
+			res.Outage = u
+		} else {
+			res.Partition = u
+		}
 	}
 	return res
 }

@@ -83,6 +83,19 @@ type Window struct {
 // Contains reports whether t is in [Start, End).
 func (w Window) Contains(t time.Duration) bool { return t >= w.Start && t < w.End }
 
+// measured returns the window a Result measures apart: the outage, else the partition.
+func (sc *Scenario) measured() Window {
+	if sc.Outage.End > sc.Outage.Start {
+		return sc.Outage
+	}
+	return sc.Partition
+}
+
+// cutOff reports whether server id is cut off from Redis at virtual instant t.
+func (sc *Scenario) cutOff(id int, t time.Duration) bool {
+	return id < sc.PartitionServers && sc.Partition.Contains(t)
+}
+
 // Change resizes the fleet at a virtual instant: servers leave (the last ones, closing
 // gracefully) or join (fresh, with empty state).
 type Change struct {
@@ -131,6 +144,12 @@ type Scenario struct {
 
 	// Outage makes Redis a black hole (no answers) during the window.
 	Outage Window
+	// Partition cuts the first PartitionServers servers off Redis during its window
+	// (their calls go nowhere; the other servers' go through): a partial partition. The
+	// hybrid strategy sees it; the per-request strategies do not. It is measured as an
+	// outage is, in Result.Partition.
+	Partition        Window
+	PartitionServers int
 	// Policy is the hybrid strategy's failure policy. Required, as for a hybrid.Limit:
 	// there is no default.
 	Policy Policy
@@ -275,6 +294,13 @@ func (sc Scenario) withDefaults() (Scenario, error) {
 		return bad("unknown policy %q: want %q, %q or %q", sc.Policy, FailOpen, FailClosed, FailLocal)
 	case sc.FastBy != 0 && (sc.FastServer < 0 || sc.FastServer >= sc.Servers):
 		return bad("fast server %d is not in the fleet", sc.FastServer)
+	case sc.PartitionServers < 0 || sc.PartitionServers > sc.Servers:
+		return bad("partition of %d servers in a fleet of %d", sc.PartitionServers, sc.Servers)
+	case (sc.PartitionServers > 0) != (sc.Partition.End > sc.Partition.Start):
+		return bad("a partition needs both PartitionServers and a window (%d servers, %v-%v)",
+			sc.PartitionServers, sc.Partition.Start, sc.Partition.End)
+	case sc.Partition.End > sc.Partition.Start && sc.Outage.End > sc.Outage.Start:
+		return bad("an outage and a partition in one run: measure one at a time")
 	}
 	for _, c := range sc.Churn {
 		if c.Servers < 1 || c.At < 0 {

@@ -212,6 +212,9 @@ func header(name string, o outcome) string {
 	if w := sc.Outage; w.End > w.Start {
 		fmt.Fprintf(&b, ", Redis down %v-%v, call deadline %v, max wait %v", w.Start, w.End, sc.Breaker.Timeout, sc.MaxWait)
 	}
+	if w := sc.Partition; w.End > w.Start {
+		fmt.Fprintf(&b, ", %d servers cut off from Redis %v-%v, call deadline %v, max wait %v", sc.PartitionServers, w.Start, w.End, sc.Breaker.Timeout, sc.MaxWait)
+	}
 	for _, c := range sc.Churn {
 		fmt.Fprintf(&b, ", %d servers at %v", c.Servers, c.At)
 	}
@@ -258,14 +261,18 @@ func table(name string, runs []outcome) string {
 		}
 	}
 	for _, o := range runs {
-		if r := o.res; r.Outage != nil {
-			u := r.Outage
+		r := o.res
+		u, during := r.Outage, "outage"
+		if u == nil {
+			u, during = r.Partition, "partition"
+		}
+		if u != nil {
 			ratio := "" // one key's limit says nothing of the admissions of many
 			if r.Keys == 1 {
 				ratio = fmt.Sprintf(" (%.3f× limit)", u.OverLimit)
 			}
-			fmt.Fprintf(&b, "  during outage, %-26s admitted %s/s of %s/s demand%s, p99 %.0f µs, max %.0f µs, %d Redis calls",
-				o.name()+":", num(float64(int64(u.AdmittedPerS))), num(float64(int64(u.DemandPerS))), ratio,
+			fmt.Fprintf(&b, "  during %s, %-26s admitted %s/s of %s/s demand%s, p99 %.0f µs, max %.0f µs, %d Redis calls",
+				during, o.name()+":", num(float64(int64(u.AdmittedPerS))), num(float64(int64(u.DemandPerS))), ratio,
 				u.P99DecisionUS, u.MaxDecisionUS, u.CallsDuring)
 			if u.BreakerOpenS >= 0 && r.BreakerTransitions > 0 {
 				fmt.Fprintf(&b, ", first breaker open after %.0f ms, last closed %.2f s after", 1000*u.BreakerOpenS, u.BreakerClosedS)

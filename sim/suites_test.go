@@ -59,6 +59,8 @@ func suites(s scale, seed uint64) []suite {
 		Rate: 10000 * f, Burst: n(1000), Demand: 8000 * f, Pattern: Bursty, Policy: FailLocal}
 	outage := hot
 	outage.Name, outage.Outage = "redis-outage", Window{Start: at(0.3), End: at(0.6)}
+	partition := hot
+	partition.Name, partition.Partition, partition.PartitionServers = "redis-partition", Window{Start: at(0.3), End: at(0.6)}, s.servers/2
 	skew := abusive
 	skew.Name = "clock-skew"
 	fast := skew
@@ -73,6 +75,11 @@ func suites(s scale, seed uint64) []suite {
 		sc.Policy = p
 		return run{label: "hybrid " + string(p), sc: sc, st: Hybrid}
 	}
+	cut := func(p Policy) run {
+		sc := partition
+		sc.Policy = p
+		return run{label: "hybrid " + string(p), sc: sc, st: Hybrid}
+	}
 	return []suite{
 		{"hot-key", []run{{sc: hot, st: Naive}, {sc: hot, st: Script}, {sc: hot, st: Hybrid}, {sc: hot, st: LocalOnly}}},
 		{"abusive-client", []run{{sc: abusive, st: Naive}, {sc: abusive, st: Script}, {sc: abusive, st: Hybrid}, {sc: abusive, st: LocalOnly}}},
@@ -81,6 +88,7 @@ func suites(s scale, seed uint64) []suite {
 		{"sticky-client", []run{{sc: sticky, st: Script}, {sc: sticky, st: Hybrid}, {sc: sticky, st: LocalOnly}}},
 		{"bursty", []run{{sc: bursty, st: Script}, {sc: bursty, st: Hybrid}, {sc: bursty, st: LocalOnly}}},
 		{"redis-outage", []run{policy(FailOpen), policy(FailClosed), policy(FailLocal), {sc: outage, st: LocalOnly}}},
+		{"redis-partition", []run{cut(FailOpen), cut(FailClosed), cut(FailLocal)}},
 		{"clock-skew", []run{
 			{label: "script (TIME)", sc: skew, st: Script},
 			{label: "script (TIME), srv0 +2s", sc: fast, st: Script},
