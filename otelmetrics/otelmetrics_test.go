@@ -16,16 +16,17 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/hybrid/hybridtest"
 	"github.com/fleetlimit/fleetlimit/otelmetrics"
 )
 
-// instrument is the OpenTelemetry name of a metric of the spec: counters lose the
+// instrument is the OpenTelemetry name of a metric of hybridtest.Metrics: counters lose the
 // "_total" that OpenTelemetry's Prometheus exporter adds back.
-func instrument(m metric) string {
-	if m.typ == "counter" {
-		return strings.TrimSuffix(m.name, "_total")
+func instrument(m hybridtest.Metric) string {
+	if m.Type == "counter" {
+		return strings.TrimSuffix(m.Name, "_total")
 	}
-	return m.name
+	return m.Name
 }
 
 // collect reads every metric the reader has, by instrument name.
@@ -98,7 +99,7 @@ func register(t *testing.T, l *hybrid.Limiter, opts ...otelmetrics.Option) *sdkm
 // refills, pre-check denials, a cost above the burst, Redis errors under both failure
 // policies, an open breaker, and a Close that could not refund.
 func TestCollectAgreesWithStats(t *testing.T) {
-	l, seen := busyLimiter(t)
+	l, seen := hybridtest.Busy(t)
 	rd := register(t, l, otelmetrics.WithAttributes(attribute.String("limiter", "api")))
 	st := agree(t, l, seen, rd)
 	if api := st.Limits[0]; api.Granted == 0 || api.Held == 0 || api.RefillErrors == 0 {
@@ -115,7 +116,7 @@ func TestCollectAgreesWithStats(t *testing.T) {
 
 // agree collects from rd, which observes l, and checks that every instrument is what
 // l.Stats says and, for decisions, what OnDecision heard. It returns the Stats.
-func agree(t *testing.T, l *hybrid.Limiter, seen *tally, rd *sdkmetric.ManualReader) hybrid.Stats {
+func agree(t *testing.T, l *hybrid.Limiter, seen *hybridtest.Tally, rd *sdkmetric.ManualReader) hybrid.Stats {
 	t.Helper()
 	// The Limiter is idle, so its counters hold still; a collection between two equal
 	// snapshots saw them.
@@ -132,17 +133,8 @@ func agree(t *testing.T, l *hybrid.Limiter, seen *tally, rd *sdkmetric.ManualRea
 		}
 	}
 
-	heard := seen.counts()
-	for _, k := range []outcome{
-		{"api", true, hybrid.SourceGlobal, hybrid.ReasonGranted},
-		{"api", true, hybrid.SourceLease, hybrid.ReasonLease},
-		{"tight", false, hybrid.SourcePreCheck, hybrid.ReasonPreCheck},
-		{"tight", false, hybrid.SourceLease, hybrid.ReasonExceedsBurst},
-		{"api", true, hybrid.SourceFallback, hybrid.ReasonUnavailable},
-		{"tight", false, hybrid.SourceFallback, hybrid.ReasonUnavailable},
-		{"api", true, hybrid.SourceFallback, hybrid.ReasonBreakerOpen},
-		{"tight", false, hybrid.SourceFallback, hybrid.ReasonBreakerOpen},
-	} {
+	heard := seen.Counts()
+	for _, k := range hybridtest.BusyOutcomes {
 		if heard[k] == 0 {
 			t.Errorf("the test made no decision %+v; OnDecision heard %v", k, heard)
 		}
@@ -150,7 +142,7 @@ func agree(t *testing.T, l *hybrid.Limiter, seen *tally, rd *sdkmetric.ManualRea
 	decisions := series(t, ms, "fleetlimit_decisions", "limit", "allowed", "source", "reason")
 	want := map[string]float64{}
 	for k, n := range heard {
-		want[strings.Join([]string{k.limit, strconv.FormatBool(k.allowed), k.source.String(), k.reason.String()}, "/")] = float64(n)
+		want[strings.Join([]string{k.Limit, strconv.FormatBool(k.Allowed), k.Source.String(), k.Reason.String()}, "/")] = float64(n)
 	}
 	if !reflect.DeepEqual(decisions, want) {
 		t.Errorf("fleetlimit_decisions:\n collected %v\n     heard %v", decisions, want)
@@ -222,17 +214,17 @@ func agree(t *testing.T, l *hybrid.Limiter, seen *tally, rd *sdkmetric.ManualRea
 // tokens held as a non-monotonic sum and the other gauges as gauges; every data point
 // has its attributes and the constant ones; every instrument has a description.
 func TestCollectHasTheSpec(t *testing.T) {
-	l, _ := busyLimiter(t)
+	l, _ := hybridtest.Busy(t)
 	rd := register(t, l, otelmetrics.WithAttributes(attribute.String("limiter", "api"), attribute.String("region", "eu")))
 	ms := collect(t, rd)
-	if len(ms) != len(spec) {
+	if len(ms) != len(hybridtest.Metrics) {
 		var names []string
 		for n := range ms {
 			names = append(names, n)
 		}
-		t.Errorf("collected %d instruments %v, the spec has %d", len(ms), names, len(spec))
+		t.Errorf("collected %d instruments %v, the hybridtest.Metrics has %d", len(ms), names, len(hybridtest.Metrics))
 	}
-	for _, sp := range spec {
+	for _, sp := range hybridtest.Metrics {
 		name := instrument(sp)
 		m, ok := ms[name]
 		if !ok {
@@ -241,13 +233,13 @@ func TestCollectHasTheSpec(t *testing.T) {
 		}
 		switch d := m.Data.(type) {
 		case metricdata.Sum[int64]:
-			monotonic := sp.typ == "counter"
-			if sp.typ == "gauge" && sp.name != "fleetlimit_lease_tokens_held" || d.IsMonotonic != monotonic || d.Temporality != metricdata.CumulativeTemporality {
-				t.Errorf("%s: a sum (monotonic %v, %v), want a %s", name, d.IsMonotonic, d.Temporality, sp.typ)
+			monotonic := sp.Type == "counter"
+			if sp.Type == "gauge" && sp.Name != "fleetlimit_lease_tokens_held" || d.IsMonotonic != monotonic || d.Temporality != metricdata.CumulativeTemporality {
+				t.Errorf("%s: a sum (monotonic %v, %v), want a %s", name, d.IsMonotonic, d.Temporality, sp.Type)
 			}
 		case metricdata.Gauge[int64]:
-			if sp.typ != "gauge" || sp.name == "fleetlimit_lease_tokens_held" {
-				t.Errorf("%s: a gauge, want a %s", name, sp.typ)
+			if sp.Type != "gauge" || sp.Name == "fleetlimit_lease_tokens_held" {
+				t.Errorf("%s: a gauge, want a %s", name, sp.Type)
 			}
 		default:
 			t.Errorf("%s: %T", name, m.Data)
@@ -259,7 +251,7 @@ func TestCollectHasTheSpec(t *testing.T) {
 		if len(points) == 0 {
 			t.Errorf("%s: no data point", name)
 		}
-		want := append([]string{"limiter", "region"}, sp.labels...)
+		want := append([]string{"limiter", "region"}, sp.Labels...)
 		slices.Sort(want)
 		for _, p := range points {
 			var got []string
@@ -278,7 +270,7 @@ func TestCollectHasTheSpec(t *testing.T) {
 
 // TestUnregister: after Unregister the Limiter is no longer observed.
 func TestUnregister(t *testing.T) {
-	l, _ := busyLimiter(t)
+	l, _ := hybridtest.Busy(t)
 	rd := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(rd))
 	defer mp.Shutdown(context.Background())
@@ -297,7 +289,7 @@ func TestUnregister(t *testing.T) {
 	}
 }
 
-// TestSpecIsTheDocs: the spec these tests check is the table of docs/metrics.md. The
+// TestSpecIsTheDocs: the hybridtest.Metrics these tests check is the table of docs/metrics.md. The
 // file is outside this module, so the test is skipped where it is missing (a module
 // cache).
 func TestSpecIsTheDocs(t *testing.T) {
@@ -310,19 +302,19 @@ func TestSpecIsTheDocs(t *testing.T) {
 	}
 	values := regexp.MustCompile(`\([^)]*\)`)
 	names := regexp.MustCompile("`([a-z_]+)`")
-	var doc []metric
+	var doc []hybridtest.Metric
 	for _, line := range strings.Split(string(text), "\n") {
 		if !strings.HasPrefix(line, "| `fleetlimit_") {
 			continue
 		}
 		cols := strings.Split(line, "|")
-		m := metric{name: strings.Trim(strings.TrimSpace(cols[1]), "`"), typ: strings.TrimSpace(cols[2])}
+		m := hybridtest.Metric{Name: strings.Trim(strings.TrimSpace(cols[1]), "`"), Type: strings.TrimSpace(cols[2])}
 		for _, n := range names.FindAllStringSubmatch(values.ReplaceAllString(cols[3], ""), -1) {
-			m.labels = append(m.labels, n[1])
+			m.Labels = append(m.Labels, n[1])
 		}
 		doc = append(doc, m)
 	}
-	if !reflect.DeepEqual(doc, spec) {
-		t.Errorf("docs/metrics.md has\n %v\nthe tests check\n %v", doc, spec)
+	if !reflect.DeepEqual(doc, hybridtest.Metrics) {
+		t.Errorf("docs/metrics.md has\n %v\nthe tests check\n %v", doc, hybridtest.Metrics)
 	}
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/hybrid/hybridtest"
 	"github.com/fleetlimit/fleetlimit/prommetrics"
 )
 
@@ -89,7 +90,7 @@ func series(t *testing.T, fams map[string]*dto.MetricFamily, name string, keys .
 // leases, refills, pre-check denials, a cost above the burst, Redis errors under both
 // failure policies and an open breaker.
 func TestScrapeAgreesWithStats(t *testing.T) {
-	l, seen := busyLimiter(t)
+	l, seen := hybridtest.Busy(t)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(prommetrics.New(l, prommetrics.ConstLabels{"limiter": "api"}))
 	st := agree(t, l, seen, reg)
@@ -109,7 +110,7 @@ func TestScrapeAgreesWithStats(t *testing.T) {
 
 // agree scrapes reg, which holds a Collector of l, and checks that every metric is what
 // l.Stats says and, for decisions, what OnDecision heard. It returns the Stats.
-func agree(t *testing.T, l *hybrid.Limiter, seen *tally, reg *prometheus.Registry) hybrid.Stats {
+func agree(t *testing.T, l *hybrid.Limiter, seen *hybridtest.Tally, reg *prometheus.Registry) hybrid.Stats {
 	t.Helper()
 	// The Limiter is idle, so its counters hold still; a scrape between two equal
 	// snapshots saw them.
@@ -127,17 +128,8 @@ func agree(t *testing.T, l *hybrid.Limiter, seen *tally, reg *prometheus.Registr
 	}
 
 	// Every decision the callers got is in the scrape once, under its labels.
-	heard := seen.counts()
-	for _, k := range []outcome{
-		{"api", true, hybrid.SourceGlobal, hybrid.ReasonGranted},
-		{"api", true, hybrid.SourceLease, hybrid.ReasonLease},
-		{"tight", false, hybrid.SourcePreCheck, hybrid.ReasonPreCheck},
-		{"tight", false, hybrid.SourceLease, hybrid.ReasonExceedsBurst},
-		{"api", true, hybrid.SourceFallback, hybrid.ReasonUnavailable},
-		{"tight", false, hybrid.SourceFallback, hybrid.ReasonUnavailable},
-		{"api", true, hybrid.SourceFallback, hybrid.ReasonBreakerOpen},
-		{"tight", false, hybrid.SourceFallback, hybrid.ReasonBreakerOpen},
-	} {
+	heard := seen.Counts()
+	for _, k := range hybridtest.BusyOutcomes {
 		if heard[k] == 0 {
 			t.Errorf("the test made no decision %+v; OnDecision heard %v", k, heard)
 		}
@@ -146,7 +138,7 @@ func agree(t *testing.T, l *hybrid.Limiter, seen *tally, reg *prometheus.Registr
 	want := map[string]float64{}
 	var total int64
 	for k, n := range heard {
-		want[strings.Join([]string{k.limit, strconv.FormatBool(k.allowed), k.source.String(), k.reason.String()}, "/")] = float64(n)
+		want[strings.Join([]string{k.Limit, strconv.FormatBool(k.Allowed), k.Source.String(), k.Reason.String()}, "/")] = float64(n)
 		total += n
 	}
 	if !reflect.DeepEqual(decisions, want) {
@@ -229,33 +221,33 @@ func agree(t *testing.T, l *hybrid.Limiter, seen *tally, reg *prometheus.Registr
 // TestScrapeHasTheSpec: a scrape has exactly the metrics of docs/metrics.md, each with
 // its type, its labels and the constant ones, and a help text.
 func TestScrapeHasTheSpec(t *testing.T) {
-	l, _ := busyLimiter(t)
+	l, _ := hybridtest.Busy(t)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(prommetrics.New(l, prommetrics.ConstLabels{"limiter": "api", "region": "eu"}))
 	fams := scrape(t, reg)
-	if len(fams) != len(spec) {
+	if len(fams) != len(hybridtest.Metrics) {
 		var names []string
 		for n := range fams {
 			names = append(names, n)
 		}
-		t.Errorf("scraped %d metrics %v, the spec has %d", len(fams), names, len(spec))
+		t.Errorf("scraped %d metrics %v, the hybridtest.Metrics has %d", len(fams), names, len(hybridtest.Metrics))
 	}
-	for _, m := range spec {
-		f := fams[m.name]
+	for _, m := range hybridtest.Metrics {
+		f := fams[m.Name]
 		if f == nil {
-			t.Errorf("%s: not scraped", m.name)
+			t.Errorf("%s: not scraped", m.Name)
 			continue
 		}
-		if got := strings.ToLower(f.GetType().String()); got != m.typ {
-			t.Errorf("%s: a %s, want a %s", m.name, got, m.typ)
+		if got := strings.ToLower(f.GetType().String()); got != m.Type {
+			t.Errorf("%s: a %s, want a %s", m.Name, got, m.Type)
 		}
 		if f.GetHelp() == "" {
-			t.Errorf("%s: no help text", m.name)
+			t.Errorf("%s: no help text", m.Name)
 		}
 		if len(f.GetMetric()) == 0 {
-			t.Errorf("%s: no sample", m.name)
+			t.Errorf("%s: no sample", m.Name)
 		}
-		want := append([]string{"limiter", "region"}, m.labels...)
+		want := append([]string{"limiter", "region"}, m.Labels...)
 		slices.Sort(want)
 		for _, s := range f.GetMetric() {
 			ls := labels(s)
@@ -265,7 +257,7 @@ func TestScrapeHasTheSpec(t *testing.T) {
 			}
 			slices.Sort(got)
 			if !slices.Equal(got, want) || ls["limiter"] != "api" || ls["region"] != "eu" {
-				t.Errorf("%s: labels %v, want the names %v with limiter=api, region=eu", m.name, ls, want)
+				t.Errorf("%s: labels %v, want the names %v with limiter=api, region=eu", m.Name, ls, want)
 			}
 		}
 	}
@@ -274,8 +266,8 @@ func TestScrapeHasTheSpec(t *testing.T) {
 // TestTwoLimitersOneRegistry: Collectors told apart by a constant label register side
 // by side.
 func TestTwoLimitersOneRegistry(t *testing.T) {
-	a, _ := busyLimiter(t)
-	b, _ := busyLimiter(t)
+	a, _ := hybridtest.Busy(t)
+	b, _ := hybridtest.Busy(t)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(prommetrics.New(a, prommetrics.ConstLabels{"limiter": "a"}))
 	reg.MustRegister(prommetrics.New(b, prommetrics.ConstLabels{"limiter": "b"}))
@@ -289,7 +281,7 @@ func TestTwoLimitersOneRegistry(t *testing.T) {
 	}
 }
 
-// TestSpecIsTheDocs: the spec these tests check is the table of docs/metrics.md. The
+// TestSpecIsTheDocs: the hybridtest.Metrics these tests check is the table of docs/metrics.md. The
 // file is outside this module, so the test is skipped where it is missing (a module
 // cache).
 func TestSpecIsTheDocs(t *testing.T) {
@@ -302,19 +294,19 @@ func TestSpecIsTheDocs(t *testing.T) {
 	}
 	values := regexp.MustCompile(`\([^)]*\)`)
 	names := regexp.MustCompile("`([a-z_]+)`")
-	var doc []metric
+	var doc []hybridtest.Metric
 	for _, line := range strings.Split(string(text), "\n") {
 		if !strings.HasPrefix(line, "| `fleetlimit_") {
 			continue
 		}
 		cols := strings.Split(line, "|")
-		m := metric{name: strings.Trim(strings.TrimSpace(cols[1]), "`"), typ: strings.TrimSpace(cols[2])}
+		m := hybridtest.Metric{Name: strings.Trim(strings.TrimSpace(cols[1]), "`"), Type: strings.TrimSpace(cols[2])}
 		for _, n := range names.FindAllStringSubmatch(values.ReplaceAllString(cols[3], ""), -1) {
-			m.labels = append(m.labels, n[1])
+			m.Labels = append(m.Labels, n[1])
 		}
 		doc = append(doc, m)
 	}
-	if !reflect.DeepEqual(doc, spec) {
-		t.Errorf("docs/metrics.md has\n %v\nthe tests check\n %v", doc, spec)
+	if !reflect.DeepEqual(doc, hybridtest.Metrics) {
+		t.Errorf("docs/metrics.md has\n %v\nthe tests check\n %v", doc, hybridtest.Metrics)
 	}
 }

@@ -1,0 +1,179 @@
+// Package hybridtest helps test code that reads a hybrid.Limiter: metrics exporters,
+// dashboards, handlers. Busy returns a Limiter over an embedded miniredis that has made
+// decisions of every tier and reason; Tally counts decisions through Config.OnDecision;
+// Metrics is the list of metrics docs/metrics.md specifies, which the adapters in
+// github.com/fleetlimit/fleetlimit/prommetrics and .../otelmetrics export.
+package hybridtest
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/hybrid"
+)
+
+// frozen is the system clock stopped at one instant: no bucket refills and no lease
+// expires while a test runs, so the decisions it makes are the ones it expects.
+type frozen struct {
+	breaker.SystemClock
+	at time.Time
+}
+
+func (c frozen) Now() time.Time { return c.at }
+
+// Outcome is a decision's labels: its limit, outcome, source and reason.
+type Outcome struct {
+	Limit   string
+	Allowed bool
+	Source  hybrid.Source
+	Reason  hybrid.Reason
+}
+
+// Tally counts the decisions Config.OnDecision hears of. The zero Tally is ready to use.
+type Tally struct {
+	mu sync.Mutex
+	n  map[Outcome]int64
+}
+
+// Record is a Config.OnDecision that counts d.
+func (c *Tally) Record(_ string, d hybrid.Decision) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[Outcome]int64{}
+	}
+	c.n[Outcome{d.Limit, d.Allowed, d.Source, d.Reason}]++
+}
+
+// Counts returns the decisions counted so far.
+func (c *Tally) Counts() map[Outcome]int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[Outcome]int64, len(c.n))
+	for k, v := range c.n {
+		out[k] = v
+	}
+	return out
+}
+
+// Busy returns a Limiter over an embedded miniredis that has made decisions of every tier:
+// a refill from the global bucket, leases, pre-check denials, a cost above the burst,
+// Redis refusing commands under a fail-open and a fail-closed policy, then Redis down
+// until the breaker opens and decides alone. The breaker stays open (for an hour) and
+// the Limiter's clock is frozen, so its counters change no more once it returns. It
+// also returns what OnDecision heard.
+func Busy(t testing.TB) (*hybrid.Limiter, *Tally) {
+	t.Helper()
+	m := miniredis.NewMiniRedis()
+	if err := m.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	opts := &redis.Options{Addr: m.Addr()}
+	global.Configure(opts)
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { _ = rdb.Close() })
+	store, err := global.New(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	brk, err := breaker.New(breaker.Settings{Timeout: 2 * time.Second, FailureThreshold: 1, OpenTimeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := &Tally{}
+	l, err := hybrid.New(store, hybrid.Config{
+		FleetSize:  2,
+		Breaker:    brk,
+		Clock:      frozen{at: time.Now()},
+		OnDecision: seen.Record,
+		Limits: []hybrid.Limit{
+			{Name: "api", Rate: 0.001, Burst: 100, Policy: breaker.FailOpen, MaxWait: time.Second},
+			{Name: "tight", Rate: 0.001, Burst: 10, PreBurst: 3, PreRate: 0.001, Policy: breaker.FailClosed, MaxWait: time.Second},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+
+	ctx := context.Background()
+	allow := func(limit, key string, n int) {
+		t.Helper()
+		if _, err := l.AllowN(ctx, limit, key, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 40 {
+		allow("api", "k", 1)
+	}
+	for range 8 {
+		allow("tight", "k", 1)
+	}
+	allow("tight", "k", 11) // above the burst: denied without asking Redis
+
+	m.SetError("ERR injected outage") // Redis answers every command with an error
+	for _, k := range []string{"a", "b", "c"} {
+		allow("api", k, 1)
+		allow("tight", k, 1)
+	}
+	m.SetError("")
+
+	m.Close() // Redis is gone: the first refill fails and opens the breaker
+	for _, k := range []string{"d", "e", "f"} {
+		allow("api", k, 1)
+		allow("tight", k, 1)
+	}
+	if got := l.Stats().Breaker; got != breaker.StateOpen {
+		t.Fatalf("breaker %v after Redis went away, want open", got)
+	}
+	return l, seen
+}
+
+// BusyOutcomes are the kinds of decision Busy's Limiter has made, each at least once: a
+// refill granted, leases, a pre-check denial, a cost above the burst, Redis refusing
+// commands under fail-open and fail-closed, and the breaker open under both.
+var BusyOutcomes = []Outcome{
+	{Limit: "api", Allowed: true, Source: hybrid.SourceGlobal, Reason: hybrid.ReasonGranted},
+	{Limit: "api", Allowed: true, Source: hybrid.SourceLease, Reason: hybrid.ReasonLease},
+	{Limit: "tight", Allowed: false, Source: hybrid.SourcePreCheck, Reason: hybrid.ReasonPreCheck},
+	{Limit: "tight", Allowed: false, Source: hybrid.SourceLease, Reason: hybrid.ReasonExceedsBurst},
+	{Limit: "api", Allowed: true, Source: hybrid.SourceFallback, Reason: hybrid.ReasonUnavailable},
+	{Limit: "tight", Allowed: false, Source: hybrid.SourceFallback, Reason: hybrid.ReasonUnavailable},
+	{Limit: "api", Allowed: true, Source: hybrid.SourceFallback, Reason: hybrid.ReasonBreakerOpen},
+	{Limit: "tight", Allowed: false, Source: hybrid.SourceFallback, Reason: hybrid.ReasonBreakerOpen},
+}
+
+// Metric is one row of docs/metrics.md: a Prometheus name, its type ("counter" or
+// "gauge") and its labels.
+type Metric struct {
+	Name, Type string
+	Labels     []string
+}
+
+// Metrics is the table of docs/metrics.md: what every metrics adapter exports.
+var Metrics = []Metric{
+	{"fleetlimit_decisions_total", "counter", []string{"limit", "allowed", "source", "reason"}},
+	{"fleetlimit_refills_total", "counter", []string{"limit"}},
+	{"fleetlimit_refill_errors_total", "counter", []string{"limit"}},
+	{"fleetlimit_tokens_granted_total", "counter", []string{"limit"}},
+	{"fleetlimit_tokens_refunded_total", "counter", []string{"limit"}},
+	{"fleetlimit_tokens_refund_lost_total", "counter", []string{"limit"}},
+	{"fleetlimit_buckets_lost_total", "counter", []string{"limit"}},
+	{"fleetlimit_decisions_given_back_total", "counter", []string{"limit"}},
+	{"fleetlimit_lease_tokens_held", "gauge", []string{"limit"}},
+	{"fleetlimit_round_trips_total", "counter", nil},
+	{"fleetlimit_refund_calls_total", "counter", nil},
+	{"fleetlimit_heartbeats_total", "counter", nil},
+	{"fleetlimit_servers", "gauge", nil},
+	{"fleetlimit_breaker_state", "gauge", []string{"state"}},
+	{"fleetlimit_breaker_transitions_total", "counter", []string{"to"}},
+	{"fleetlimit_breaker_calls_total", "counter", []string{"result"}},
+}
