@@ -150,17 +150,19 @@ func (ev *events) eviction(err error) {
 // fleet may admit beyond its limit.
 func (ev *events) lostBuckets(now time.Time) {
 	var n int64
-	var names []string
 	for _, lm := range ev.limits {
-		if c := lm.LostBuckets(); c > 0 {
-			n += c
-			names = append(names, lm.Name())
-		}
+		n += lm.LostBuckets()
 	}
 	if n == ev.goneSeen {
 		return
 	}
 	if skipped, ok := ev.gone.allow(now, ev.every); ok {
+		var names []string
+		for _, lm := range ev.limits {
+			if lm.LostBuckets() > 0 {
+				names = append(names, lm.Name())
+			}
+		}
 		ev.log.LogAttrs(ev.ctx, slog.LevelError, "fleetlimit: Redis lost rate-limit buckets (evicted, flushed or deleted); they came back full",
 			slog.Int64("buckets", n-ev.goneSeen), slog.Any("limits", names), slog.Int("lines_skipped", skipped))
 		ev.goneSeen = n

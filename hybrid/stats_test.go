@@ -13,26 +13,9 @@ import (
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/hybrid/hybridtest"
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
 )
-
-// tally counts decisions as OnDecision hears of them, per limit.
-type tally struct {
-	mu sync.Mutex
-	n  map[string]map[hybrid.DecisionCount]int64 // Count left 0 in the key
-}
-
-func (c *tally) record(_ string, d hybrid.Decision) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.n == nil {
-		c.n = map[string]map[hybrid.DecisionCount]int64{}
-	}
-	if c.n[d.Limit] == nil {
-		c.n[d.Limit] = map[hybrid.DecisionCount]int64{}
-	}
-	c.n[d.Limit][hybrid.DecisionCount{Allowed: d.Allowed, Source: d.Source, Reason: d.Reason}]++
-}
 
 // TestLimitStatsAgreeWithDecisions: every decision a caller got is counted once, under
 // its limit, outcome, source and reason, through leases, pre-check denials, an outage
@@ -43,12 +26,12 @@ func TestLimitStatsAgreeWithDecisions(t *testing.T) {
 		var now time.Time = time.Now()
 		var mu sync.Mutex
 		clock := clockAt(func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
-		var seen tally
+		var seen hybridtest.Tally
 		l, err := hybrid.New(s, hybrid.Config{
 			FleetSize:  2,
 			Clock:      clock,
 			Breaker:    slowBreaker(t),
-			OnDecision: seen.record,
+			OnDecision: seen.Record,
 			Limits: []hybrid.Limit{
 				{Name: "api", Rate: 0.001, Burst: 100, Policy: breaker.FailOpen, MaxWait: time.Second},
 				{Name: "tight", Rate: 0.001, Burst: 10, PreBurst: 3, PreRate: 0.001, Policy: breaker.FailClosed, MaxWait: time.Second},
@@ -116,15 +99,16 @@ func TestLimitStatsAgreeWithDecisions(t *testing.T) {
 		}
 		st = l.Stats()
 		for _, ls := range st.Limits {
-			got := map[hybrid.DecisionCount]int64{}
+			got := map[hybridtest.Outcome]int64{}
 			for _, d := range ls.Decisions {
-				c := d
-				c.Count = 0
-				got[c] = d.Count
+				got[hybridtest.Outcome{Limit: ls.Name, Allowed: d.Allowed, Source: d.Source, Reason: d.Reason}] = d.Count
 			}
-			seen.mu.Lock()
-			want := seen.n[ls.Name]
-			seen.mu.Unlock()
+			want := map[hybridtest.Outcome]int64{}
+			for k, n := range seen.Counts() {
+				if k.Limit == ls.Name {
+					want[k] = n
+				}
+			}
 			if len(got) != len(want) {
 				t.Errorf("%s: counted %v, OnDecision heard %v", ls.Name, got, want)
 			}

@@ -2,9 +2,7 @@ package otelmetrics_test
 
 import (
 	"context"
-	"os"
 	"reflect"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -286,35 +284,5 @@ func TestUnregister(t *testing.T) {
 	}
 	if n := len(dataPoints(collect(t, rd)["fleetlimit_servers"])); n != 0 {
 		t.Errorf("%d data points of fleetlimit_servers after Unregister", n)
-	}
-}
-
-// TestSpecIsTheDocs: the hybridtest.Metrics these tests check is the table of docs/metrics.md. The
-// file is outside this module, so the test is skipped where it is missing (a module
-// cache).
-func TestSpecIsTheDocs(t *testing.T) {
-	text, err := os.ReadFile("../docs/metrics.md")
-	if os.IsNotExist(err) {
-		t.Skip("no ../docs/metrics.md")
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	values := regexp.MustCompile(`\([^)]*\)`)
-	names := regexp.MustCompile("`([a-z_]+)`")
-	var doc []hybridtest.Metric
-	for _, line := range strings.Split(string(text), "\n") {
-		if !strings.HasPrefix(line, "| `fleetlimit_") {
-			continue
-		}
-		cols := strings.Split(line, "|")
-		m := hybridtest.Metric{Name: strings.Trim(strings.TrimSpace(cols[1]), "`"), Type: strings.TrimSpace(cols[2])}
-		for _, n := range names.FindAllStringSubmatch(values.ReplaceAllString(cols[3], ""), -1) {
-			m.Labels = append(m.Labels, n[1])
-		}
-		doc = append(doc, m)
-	}
-	if !reflect.DeepEqual(doc, hybridtest.Metrics) {
-		t.Errorf("docs/metrics.md has\n %v\nthe tests check\n %v", doc, hybridtest.Metrics)
 	}
 }

@@ -4,9 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"reflect"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -278,35 +276,5 @@ func TestTwoLimitersOneRegistry(t *testing.T) {
 	}
 	if err := reg.Register(prommetrics.New(a, prommetrics.ConstLabels{"limiter": "a"})); err == nil {
 		t.Error("a second Collector with the same constant labels registered")
-	}
-}
-
-// TestSpecIsTheDocs: the hybridtest.Metrics these tests check is the table of docs/metrics.md. The
-// file is outside this module, so the test is skipped where it is missing (a module
-// cache).
-func TestSpecIsTheDocs(t *testing.T) {
-	text, err := os.ReadFile("../docs/metrics.md")
-	if os.IsNotExist(err) {
-		t.Skip("no ../docs/metrics.md")
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	values := regexp.MustCompile(`\([^)]*\)`)
-	names := regexp.MustCompile("`([a-z_]+)`")
-	var doc []hybridtest.Metric
-	for _, line := range strings.Split(string(text), "\n") {
-		if !strings.HasPrefix(line, "| `fleetlimit_") {
-			continue
-		}
-		cols := strings.Split(line, "|")
-		m := hybridtest.Metric{Name: strings.Trim(strings.TrimSpace(cols[1]), "`"), Type: strings.TrimSpace(cols[2])}
-		for _, n := range names.FindAllStringSubmatch(values.ReplaceAllString(cols[3], ""), -1) {
-			m.Labels = append(m.Labels, n[1])
-		}
-		doc = append(doc, m)
-	}
-	if !reflect.DeepEqual(doc, hybridtest.Metrics) {
-		t.Errorf("docs/metrics.md has\n %v\nthe tests check\n %v", doc, hybridtest.Metrics)
 	}
 }
