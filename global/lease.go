@@ -28,6 +28,10 @@ type Grant struct {
 	// is new, it expired (nobody took or refunded for its TTL), or it was lost (evicted,
 	// flushed, deleted). A Store that took from it within the TTL knows it was lost.
 	First bool
+	// Version is the Limit.Version whose Rate and Burst the bucket runs on: the
+	// caller's, or a higher one another server set (the take was then decided on that
+	// one's Rate and Burst).
+	Version uint64
 }
 
 // Take takes up to want tokens, and at least min, from the fleet-wide bucket of lim and
@@ -66,7 +70,7 @@ func (s *Store) TakeID(ctx context.Context, lim Limit, id KeyID, want, min int) 
 func (s *Store) take(ctx context.Context, lim Limit, bkey string, want, min int) (Grant, error) {
 	keys := []string{bkey}
 	for attempt := 1; ; attempt++ {
-		reply, err := lua.Take.Run(ctx, s.c, keys, lim.Burst, lim.Rate, want, min, s.serverID, s.nextSeq()).Result()
+		reply, err := lua.Take.Run(ctx, s.c, keys, lim.Burst, lim.Rate, want, min, s.serverID, s.nextSeq(), lim.Version).Result()
 		if err != nil {
 			return Grant{}, wrap("take", err)
 		}
@@ -117,6 +121,7 @@ func parseGrant(reply any) (Grant, int, error) {
 		Wait:      tokenbucket.FromMillis(float64(r.WaitMS)),
 		Now:       time.UnixMilli(r.NowMS),
 		First:     r.Flag == lua.First,
+		Version:   r.Version,
 	}, flag, nil
 }
 
@@ -144,7 +149,7 @@ func (s *Store) refundOne(ctx context.Context, r RefundRequest) RefundResult {
 		if seq == 0 {
 			seq = s.nextSeq()
 		}
-		reply, err := lua.Refund.Run(ctx, s.c, keys, r.Limit.Burst, r.Limit.Rate, r.N, s.serverID, seq).Result()
+		reply, err := lua.Refund.Run(ctx, s.c, keys, r.Limit.Burst, r.Limit.Rate, r.N, s.serverID, seq, r.Limit.Version).Result()
 		if err != nil {
 			return RefundResult{Seq: seq, Err: wrap("refund", err)}
 		}
@@ -243,7 +248,7 @@ func (s *Store) TakeBatch(ctx context.Context, reqs []TakeRequest, out []TakeRes
 		}
 		items[i] = batchItem{
 			keys: []string{bkey},
-			args: []any{r.Limit.Burst, r.Limit.Rate, r.Want, r.Min, s.serverID, s.nextSeq()},
+			args: []any{r.Limit.Burst, r.Limit.Rate, r.Want, r.Min, s.serverID, s.nextSeq(), r.Limit.Version},
 		}
 	}
 	if s.pipe == nil || !s.runBatch(ctx, lua.Take, items) {
@@ -379,7 +384,7 @@ func (s *Store) RefundBatch(ctx context.Context, reqs []RefundRequest, out []Ref
 		out[i].Seq = seq
 		items[i] = batchItem{
 			keys: []string{bkey},
-			args: []any{r.Limit.Burst, r.Limit.Rate, r.N, s.serverID, seq},
+			args: []any{r.Limit.Burst, r.Limit.Rate, r.N, s.serverID, seq, r.Limit.Version},
 		}
 	}
 	if !s.runBatch(ctx, lua.Refund, items) {

@@ -25,7 +25,19 @@ type Limit struct {
 	// Burst is the bucket's capacity: at least 1 and at most 2^53 (the largest count a
 	// Redis Lua number holds exactly). It is also the largest cost one request may have.
 	Burst int
+	// Version orders changes of Rate and Burst across the fleet: a bucket keeps the Rate
+	// and Burst of the highest Version that took from or refunded to it, and answers a
+	// caller with a lower Version on those (Grant.Version says which is in force). A
+	// higher Version, or the same Version with another Rate or Burst, re-shapes the
+	// bucket on Redis's clock: it refills on the old Rate up to that instant, then holds
+	// at most the new Burst, so a change never adds tokens. Give each change a higher
+	// Version (a config revision, or its Unix time); 0 is fine for a limit that never
+	// changes. At most 2^53 - 1.
+	Version uint64
 }
+
+// MaxVersion is the largest Limit.Version: the scripts hold it in a Lua number.
+const MaxVersion = 1<<53 - 1
 
 // NewLimit returns a validated Limit, or an error wrapping ErrInvalidLimit that says
 // what is wrong.
@@ -44,6 +56,9 @@ func (l Limit) Validate() error {
 	// wait the scripts report fits in one.
 	if err := tokenbucket.Check(l.Rate, l.Burst); err != nil {
 		return fmt.Errorf("%w: limit %q: %w", ErrInvalidLimit, l.Name, err)
+	}
+	if l.Version > MaxVersion {
+		return fmt.Errorf("%w: limit %q: version %d above %d", ErrInvalidLimit, l.Name, l.Version, uint64(MaxVersion))
 	}
 	return nil
 }

@@ -100,8 +100,8 @@ func TestTTLRule(t *testing.T) {
 			args []any
 		}{
 			{"bucket", lua.Bucket, []any{7, 3, 1}},
-			{"take", lua.Take, []any{7, 3, 2, 1, "s1", 1}},
-			{"refund", lua.Refund, []any{7, 3, 1, "s1", 1}},
+			{"take", lua.Take, []any{7, 3, 2, 1, "s1", 1, 0}},
+			{"refund", lua.Refund, []any{7, 3, 1, "s1", 1, 0}},
 		}
 		for _, tc := range cases {
 			key := redistest.Unique(t) + tc.name
@@ -141,10 +141,10 @@ func TestClockNeverBackwards(t *testing.T) {
 	}
 	// Take and refund follow the same rule.
 	m.SetTime(t0.Add(-time.Minute))
-	if got := run(t, c, lua.Take, key, 100, 1, 5, 1, "s", 1); got[0] != int64(5) || num(t, got[1]) != 93 {
+	if got := run(t, c, lua.Take, key, 100, 1, 5, 1, "s", 1, 0); got[0] != int64(5) || num(t, got[1]) != 93 {
 		t.Fatalf("take with clock back: %v, want 5 granted, 93 left", got)
 	}
-	if got := run(t, c, lua.Refund, key, 100, 1, 2, "s", 2); num(t, got[0]) != 95 {
+	if got := run(t, c, lua.Refund, key, 100, 1, 2, "s", 2, 0); num(t, got[0]) != 95 {
 		t.Fatalf("refund with clock back: %v, want 95", got)
 	}
 	if ts := hget(t, c, key, "ts"); ts != float64(t0.Add(time.Second).UnixMilli()) {
@@ -165,8 +165,8 @@ func TestFutureTimestampReal(t *testing.T) {
 			left float64
 		}{
 			{"bucket", lua.Bucket, []any{100, 10, 1}, 49},
-			{"take", lua.Take, []any{100, 10, 3, 1, "s", 1}, 47},
-			{"refund", lua.Refund, []any{100, 10, 3, "s", 1}, 53},
+			{"take", lua.Take, []any{100, 10, 3, 1, "s", 1, 0}, 47},
+			{"refund", lua.Refund, []any{100, 10, 3, "s", 1, 0}, 53},
 		} {
 			key := redistest.Unique(t) + tc.name
 			future := redisNowMS(t, tg.Client) + 60_000
@@ -249,9 +249,9 @@ func TestTake(t *testing.T) {
 			{3, 3, 0, 0, math.Ceil(3 / rate * 1000)},
 		}
 		for i, s := range steps {
-			got := run(t, tg.Client, lua.Take, key, 10, rate, s.want, s.min, "srv", i+1)
-			if len(got) != 5 {
-				t.Fatalf("step %d: %v, want 5 elements", i, got)
+			got := run(t, tg.Client, lua.Take, key, 10, rate, s.want, s.min, "srv", i+1, 0)
+			if len(got) != 6 {
+				t.Fatalf("step %d: %v, want 6 elements", i, got)
 			}
 			flag := int64(lua.Fresh)
 			if i == 0 {
@@ -291,7 +291,7 @@ func TestTakeWaitAndPartial(t *testing.T) {
 	}
 	for i, s := range steps {
 		m.SetTime(t0.Add(s.at))
-		got := run(t, c, lua.Take, key, 10, 2, s.want, s.min, "srv", i+1)
+		got := run(t, c, lua.Take, key, 10, 2, s.want, s.min, "srv", i+1, 0)
 		if got[0] != s.granted || !near(num(t, got[1]), s.left, 1e-9) || got[2] != s.waitMS ||
 			got[3] != t0.Add(s.at).UnixMilli() {
 			t.Fatalf("step %d at %v: take(want %d, min %d) = %v, want {%d, %v, %d, %d}",
@@ -304,20 +304,20 @@ func TestRefundCap(t *testing.T) {
 	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
 		const rate = 1e-6
 		key := redistest.Unique(t)
-		if got := run(t, tg.Client, lua.Take, key, 10, rate, 6, 6, "srv", 1); got[0] != int64(6) {
+		if got := run(t, tg.Client, lua.Take, key, 10, rate, 6, 6, "srv", 1, 0); got[0] != int64(6) {
 			t.Fatalf("take: %v", got)
 		}
-		if got := run(t, tg.Client, lua.Refund, key, 10, rate, 3, "srv", 2); !near(num(t, got[0]), 7, 1e-3) || got[1] != int64(lua.Fresh) {
+		if got := run(t, tg.Client, lua.Refund, key, 10, rate, 3, "srv", 2, 0); !near(num(t, got[0]), 7, 1e-3) || got[1] != int64(lua.Fresh) {
 			t.Fatalf("refund 3: %v, want 7", got)
 		}
-		if got := run(t, tg.Client, lua.Refund, key, 10, rate, 8, "srv", 3); num(t, got[0]) != 10 {
+		if got := run(t, tg.Client, lua.Refund, key, 10, rate, 8, "srv", 3, 0); num(t, got[0]) != 10 {
 			t.Fatalf("refund 8: %v, want capped at 10", got)
 		}
 		if tok := hget(t, tg.Client, key, "tokens"); tok != 10 {
 			t.Fatalf("stored tokens = %v, want 10", tok)
 		}
 		// A refund to a bucket that does not exist (expired: it was full) stays at capacity.
-		if got := run(t, tg.Client, lua.Refund, key+"-none", 10, rate, 4, "srv", 4); num(t, got[0]) != 10 {
+		if got := run(t, tg.Client, lua.Refund, key+"-none", 10, rate, 4, "srv", 4, 0); num(t, got[0]) != 10 {
 			t.Fatalf("refund to a missing bucket: %v, want 10", got)
 		}
 	})
@@ -330,12 +330,12 @@ func TestReplay(t *testing.T) {
 	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
 		const rate = 1e-6
 		key := redistest.Unique(t)
-		first := run(t, tg.Client, lua.Take, key, 100, rate, 30, 1, "a", 7)
+		first := run(t, tg.Client, lua.Take, key, 100, rate, 30, 1, "a", 7, 0)
 		if first[0] != int64(30) || first[4] != int64(lua.First) {
 			t.Fatalf("first take: %v, want 30 granted, flag 3 (no record of this server yet)", first)
 		}
 		for i := 0; i < 3; i++ {
-			again := run(t, tg.Client, lua.Take, key, 100, rate, 30, 1, "a", 7)
+			again := run(t, tg.Client, lua.Take, key, 100, rate, 30, 1, "a", 7, 0)
 			if again[0] != first[0] || again[1] != first[1] || again[2] != first[2] ||
 				again[3] != first[3] || again[4] != int64(lua.Replayed) {
 				t.Fatalf("replay %d: %v, want the recorded %v with flag 1", i, again, first)
@@ -344,29 +344,29 @@ func TestReplay(t *testing.T) {
 		if tok := hget(t, tg.Client, key, "tokens"); !near(tok, 70, 1e-3) {
 			t.Fatalf("tokens after replays = %v, want 70 (spent once)", tok)
 		}
-		stale := run(t, tg.Client, lua.Take, key, 100, rate, 30, 1, "a", 6)
+		stale := run(t, tg.Client, lua.Take, key, 100, rate, 30, 1, "a", 6, 0)
 		if stale[0] != int64(0) || stale[4] != int64(lua.Stale) {
 			t.Fatalf("stale take: %v, want 0 granted, flag 2", stale)
 		}
 		// Another server with the same seq is a different caller.
-		if other := run(t, tg.Client, lua.Take, key, 100, rate, 20, 1, "b", 7); other[0] != int64(20) || other[4] != int64(lua.First) {
+		if other := run(t, tg.Client, lua.Take, key, 100, rate, 20, 1, "b", 7, 0); other[0] != int64(20) || other[4] != int64(lua.First) {
 			t.Fatalf("server b: %v", other)
 		}
 		// Refunds keep their own record: a refund with seq 8 does not make take seq 7 stale.
-		r := run(t, tg.Client, lua.Refund, key, 100, rate, 10, "a", 8)
+		r := run(t, tg.Client, lua.Refund, key, 100, rate, 10, "a", 8, 0)
 		if !near(num(t, r[0]), 60, 1e-3) || r[1] != int64(lua.Fresh) {
 			t.Fatalf("refund: %v, want 60", r)
 		}
-		if again := run(t, tg.Client, lua.Take, key, 100, rate, 30, 1, "a", 7); again[4] != int64(lua.Replayed) || again[0] != int64(30) {
+		if again := run(t, tg.Client, lua.Take, key, 100, rate, 30, 1, "a", 7, 0); again[4] != int64(lua.Replayed) || again[0] != int64(30) {
 			t.Fatalf("take replay after a refund: %v", again)
 		}
 		for i := 0; i < 3; i++ {
-			again := run(t, tg.Client, lua.Refund, key, 100, rate, 10, "a", 8)
+			again := run(t, tg.Client, lua.Refund, key, 100, rate, 10, "a", 8, 0)
 			if again[0] != r[0] || again[1] != int64(lua.Replayed) {
 				t.Fatalf("refund replay %d: %v, want %v with flag 1", i, again, r)
 			}
 		}
-		if stale := run(t, tg.Client, lua.Refund, key, 100, rate, 10, "a", 5); stale[1] != int64(lua.Stale) {
+		if stale := run(t, tg.Client, lua.Refund, key, 100, rate, 10, "a", 5, 0); stale[1] != int64(lua.Stale) {
 			t.Fatalf("stale refund: %v", stale)
 		}
 		if tok := hget(t, tg.Client, key, "tokens"); !near(tok, 60, 1e-3) {
@@ -387,20 +387,20 @@ func TestRecordsPruned(t *testing.T) {
 	m.SetTime(t0)
 	key := "pruned"
 	for i := 0; i < 300; i++ {
-		run(t, c, lua.Take, key, 1000, 1000, 1, 1, "old"+strconv.Itoa(i), 1)
+		run(t, c, lua.Take, key, 1000, 1000, 1, 1, "old"+strconv.Itoa(i), 1, 0)
 	}
 	m.SetTime(t0.Add(100 * time.Second))
-	run(t, c, lua.Refund, key, 1000, 1000, 1, "recent", 1)
+	run(t, c, lua.Refund, key, 1000, 1000, 1, "recent", 1, 0)
 	m.SetTime(t0.Add(3 * time.Minute))
-	run(t, c, lua.Take, key, 1000, 1000, 1, 1, "new", 1)
+	run(t, c, lua.Take, key, 1000, 1000, 1, 1, "new", 1, 0)
 	n, err := c.HLen(ctx, key).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	// tokens, ts, the recent refund record (80 s old) and the new record survive.
-	if n != 4 {
+	// tokens, ts, p, the recent refund record (80 s old) and the new record survive.
+	if n != 5 {
 		fields, _ := c.HKeys(ctx, key).Result()
-		t.Fatalf("HLEN = %d, want 4; fields %v", n, fields)
+		t.Fatalf("HLEN = %d, want 5; fields %v", n, fields)
 	}
 	if ok, _ := c.HExists(ctx, key, "r:recent").Result(); !ok {
 		t.Fatal("the recent record was pruned")
@@ -415,32 +415,40 @@ func TestInvalidArguments(t *testing.T) {
 			s    *redis.Script
 			args []any
 		}{
-			{"take rate 0", lua.Take, []any{10, 0, 1, 1, "s", 1}},
-			{"take rate inf", lua.Take, []any{10, "inf", 1, 1, "s", 1}},
-			{"take capacity 0", lua.Take, []any{0, 1, 1, 1, "s", 1}},
-			{"take min > want", lua.Take, []any{10, 1, 1, 2, "s", 1}},
-			{"take want 0", lua.Take, []any{10, 1, 0, 0, "s", 1}},
-			{"take seq missing", lua.Take, []any{10, 1, 1, 1, "s", "x"}},
-			{"refund rate -1", lua.Refund, []any{10, -1, 1, "s", 1}},
-			{"refund amount -1", lua.Refund, []any{10, 1, -1, "s", 1}},
+			{"take rate 0", lua.Take, []any{10, 0, 1, 1, "s", 1, 0}},
+			{"take rate inf", lua.Take, []any{10, "inf", 1, 1, "s", 1, 0}},
+			{"take capacity 0", lua.Take, []any{0, 1, 1, 1, "s", 1, 0}},
+			{"take min > want", lua.Take, []any{10, 1, 1, 2, "s", 1, 0}},
+			{"take want 0", lua.Take, []any{10, 1, 0, 0, "s", 1, 0}},
+			{"take seq missing", lua.Take, []any{10, 1, 1, 1, "s", "x", 0}},
+			{"refund rate -1", lua.Refund, []any{10, -1, 1, "s", 1, 0}},
+			{"refund amount -1", lua.Refund, []any{10, 1, -1, "s", 1, 0}},
 			{"heartbeat ttl 0", lua.Heartbeat, []any{"s", 0}},
 			// NaN passes every "x < bound" test; Lua's tonumber reads "nan" on real Redis.
-			{"take capacity nan", lua.Take, []any{"nan", 1, 1, 1, "s", 1}},
-			{"take want nan", lua.Take, []any{10, 1, "nan", 1, "s", 1}},
-			{"take min nan", lua.Take, []any{10, 1, 1, "nan", "s", 1}},
-			{"take seq nan", lua.Take, []any{10, 1, 1, 1, "s", "nan"}},
-			{"take capacity inf", lua.Take, []any{"inf", 1, 1, 1, "s", 1}},
-			{"refund capacity nan", lua.Refund, []any{"nan", 1, 1, "s", 1}},
-			{"refund amount nan", lua.Refund, []any{10, 1, "nan", "s", 1}},
-			{"refund amount inf", lua.Refund, []any{10, 1, "inf", "s", 1}},
+			{"take capacity nan", lua.Take, []any{"nan", 1, 1, 1, "s", 1, 0}},
+			{"take want nan", lua.Take, []any{10, 1, "nan", 1, "s", 1, 0}},
+			{"take min nan", lua.Take, []any{10, 1, 1, "nan", "s", 1, 0}},
+			{"take seq nan", lua.Take, []any{10, 1, 1, 1, "s", "nan", 0}},
+			{"take capacity inf", lua.Take, []any{"inf", 1, 1, 1, "s", 1, 0}},
+			{"refund capacity nan", lua.Refund, []any{"nan", 1, 1, "s", 1, 0}},
+			{"refund amount nan", lua.Refund, []any{10, 1, "nan", "s", 1, 0}},
+			{"refund amount inf", lua.Refund, []any{10, 1, "inf", "s", 1, 0}},
 			{"heartbeat ttl nan", lua.Heartbeat, []any{"s", "nan"}},
 			// A fractional want would spend 1.5 tokens and answer 1 (integer reply).
-			{"take want 1.5", lua.Take, []any{10, 1, 1.5, 1, "s", 1}},
-			{"take min 0.5", lua.Take, []any{10, 1, 2, 0.5, "s", 1}},
+			{"take want 1.5", lua.Take, []any{10, 1, 1.5, 1, "s", 1, 0}},
+			{"take min 0.5", lua.Take, []any{10, 1, 2, 0.5, "s", 1, 0}},
 			// The TTL would not be an integer PEXPIRE accepts: the HSET would stay,
 			// without expiry, and the call would fail after writing.
-			{"take ttl too long", lua.Take, []any{100000, 1e-15, 1, 1, "s", 1}},
-			{"refund ttl too long", lua.Refund, []any{100000, 1e-15, 1, "s", 1}},
+			{"take ttl too long", lua.Take, []any{100000, 1e-15, 1, 1, "s", 1, 0}},
+			{"refund ttl too long", lua.Refund, []any{100000, 1e-15, 1, "s", 1, 0}},
+			// The version is an exact integer a Lua number holds, and must be there.
+			{"take version missing", lua.Take, []any{10, 1, 1, 1, "s", 1}},
+			{"take version -1", lua.Take, []any{10, 1, 1, 1, "s", 1, -1}},
+			{"take version 1.5", lua.Take, []any{10, 1, 1, 1, "s", 1, 1.5}},
+			{"take version 2^53", lua.Take, []any{10, 1, 1, 1, "s", 1, "9007199254740992"}},
+			{"take version nan", lua.Take, []any{10, 1, 1, 1, "s", 1, "nan"}},
+			{"refund version missing", lua.Refund, []any{10, 1, 1, "s", 1}},
+			{"refund version inf", lua.Refund, []any{10, 1, 1, "s", 1, "inf"}},
 		} {
 			err := tc.s.Run(context.Background(), tg.Client, []string{key}, tc.args...).Err()
 			if err == nil {
@@ -519,8 +527,8 @@ func TestExponentForms(t *testing.T) {
 			want func(got []any) bool
 		}{
 			{"bucket", lua.Bucket, []any{"1e+01", "1e-09", 1}, func(g []any) bool { return g[0] == int64(0) && num(t, g[1]) < 1e-3 }},
-			{"take", lua.Take, []any{10, "1e-9", 1, 1, "s", 1}, func(g []any) bool { return g[0] == int64(0) && num(t, g[1]) < 1e-3 }},
-			{"refund", lua.Refund, []any{10, "1e-9", 2, "s", 1}, func(g []any) bool { return near(num(t, g[0]), 2, 1e-3) }},
+			{"take", lua.Take, []any{10, "1e-9", 1, 1, "s", 1, 0}, func(g []any) bool { return g[0] == int64(0) && num(t, g[1]) < 1e-3 }},
+			{"refund", lua.Refund, []any{10, "1e-9", 2, "s", 1, 0}, func(g []any) bool { return near(num(t, g[0]), 2, 1e-3) }},
 		} {
 			key := redistest.Unique(t) + tc.name
 			if err := tg.Client.HSet(ctx, key, "tokens", "1e-06", "ts", redisNowMS(t, tg.Client)).Err(); err != nil {

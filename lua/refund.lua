@@ -1,12 +1,19 @@
 -- fleetlimit lease refund: put unused tokens back, capped at capacity.
 --
--- KEYS[1] = bucket key (the same hash as bucket.lua: fields tokens, ts)
+-- KEYS[1] = bucket key (the same hash as take.lua: fields tokens, ts, p)
 -- ARGV[1] = capacity, ARGV[2] = refill per second, ARGV[3] = amount,
--- ARGV[4] = server id, ARGV[5] = seq (a decimal integer, increasing per server id)
+-- ARGV[4] = server id, ARGV[5] = seq (a decimal integer, increasing per server id),
+-- ARGV[6] = version of capacity and rate
+--
+-- A refund gives tokens back and never re-shapes a bucket: it runs on the parameters
+-- the bucket holds (field p, see take.lua), whatever their version, and on the caller's
+-- only for a bucket without them. A server that has not heard of a change, or refunds
+-- the tokens of a key that moved tier, cannot undo it.
 --
 -- Returns:
 --   [1] tokens in the bucket afterwards (tostring)
 --   [2] 0 = fresh, 1 = replay of the recorded answer, 2 = stale seq (nothing refunded)
+--   [3] the version of the parameters in force (integer)
 --
 -- Idempotent per (server id, seq), like take.lua: the answer is recorded in the field
 -- 'r:<server id>' as '<seq> <tokens> <now>'; a replay returns it and refunds nothing.
@@ -19,10 +26,12 @@ local capacity = num(ARGV[1])
 local rate     = num(ARGV[2])
 local amount   = num(ARGV[3])
 local seq      = num(ARGV[5])
+local version  = num(ARGV[6])
 -- Every test is written so that NaN fails it (see take.lua).
-if not (capacity and rate and amount and seq) or not (capacity >= 1 and capacity < math.huge)
+if not (capacity and rate and amount and seq and version) or not (capacity >= 1 and capacity < math.huge)
     or not (rate > 0 and rate < math.huge) or not (amount >= 0 and amount < math.huge)
-    or seq ~= seq or not (math.ceil(capacity / rate * 1000) + 1000 < 2^53) then
+    or seq ~= seq or not (version >= 0 and version < 2^53) or version ~= math.floor(version)
+    or not (math.ceil(capacity / rate * 1000) + 1000 < 2^53) then
   return redis.error_reply('ERR fleetlimit refund: invalid arguments')
 end
 local field = 'r:' .. ARGV[4]
@@ -30,7 +39,12 @@ local field = 'r:' .. ARGV[4]
 local t   = redis.call('TIME')
 local now = num(t[1]) * 1000 + math.floor(num(t[2]) / 1000)
 
-local state  = redis.call('HMGET', KEYS[1], 'tokens', 'ts', field)
+local state  = redis.call('HMGET', KEYS[1], 'tokens', 'ts', field, 'p')
+local pv, pc, pr = string.match(state[4] or '', '^(%S+) (%S+) (%S+) %S+$')
+pv, pc, pr = num(pv), num(pc), num(pr)
+if pv and pc and pr and pc >= 1 and pr > 0 then
+  capacity, rate, version = pc, pr, pv
+end
 local tokens = num(state[1]) or capacity
 local ts     = num(state[2]) or now
 tokens = math.min(capacity, tokens + math.max(0, now - ts) / 1000 * rate)
@@ -40,17 +54,17 @@ if rec then
   local rseq, rtok = string.match(rec, '^(%S+) (%S+) (%S+)$')
   rseq = num(rseq)
   if rseq == seq then
-    return { rtok, 1 }
+    return { rtok, 1, version }
   end
   if rseq and rseq > seq then
-    return { tostring(tokens), 2 }
+    return { tostring(tokens), 2, version }
   end
 else
   if redis.call('HLEN', KEYS[1]) > 256 then
     local all = redis.call('HGETALL', KEYS[1])
     for i = 1, #all, 2 do
       local f = all[i]
-      if f ~= 'tokens' and f ~= 'ts' then
+      if f ~= 'tokens' and f ~= 'ts' and f ~= 'p' then
         local when = num(string.match(all[i + 1], '(%S+)$'))
         if not when or now - when > 120000 then
           redis.call('HDEL', KEYS[1], f)
@@ -63,6 +77,7 @@ end
 tokens = math.min(capacity, tokens + amount)
 local left = tostring(tokens)
 redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', math.max(ts, now),
-  field, ARGV[5] .. ' ' .. left .. ' ' .. now)
+  field, ARGV[5] .. ' ' .. left .. ' ' .. now,
+  'p', string.format('%d %.17g %.17g %d', version, capacity, rate, now))
 redis.call('PEXPIRE', KEYS[1], math.ceil(capacity / rate * 1000) + 1000)
-return { left, 0 }
+return { left, 0, version }

@@ -1,8 +1,17 @@
 -- fleetlimit lease take: atomically take up to `want` tokens, at least `min`.
 --
--- KEYS[1] = bucket key (the same hash as bucket.lua: fields tokens, ts)
+-- KEYS[1] = bucket key (the same hash as bucket.lua: fields tokens, ts; and p, below)
 -- ARGV[1] = capacity, ARGV[2] = refill per second, ARGV[3] = want, ARGV[4] = min,
--- ARGV[5] = server id, ARGV[6] = seq (a decimal integer, increasing per server id)
+-- ARGV[5] = server id, ARGV[6] = seq (a decimal integer, increasing per server id),
+-- ARGV[7] = version of capacity and rate (an integer, 0 <= version < 2^53)
+--
+-- The parameters in force are the highest version's: the field p holds
+-- '<version> <capacity> <rate> <now>'. A caller with a lower version is answered on the
+-- bucket's parameters; one with a higher version, or the same version and other
+-- parameters, re-shapes the bucket: it refills on the old parameters up to now, then
+-- holds at most the new capacity. A bucket without p (new, or written by a release
+-- before versions) takes the caller's. p ends with the time it was written, so that the
+-- records' pruning keeps it while the bucket is in use.
 --
 -- Grants g = want if tokens >= want, else floor(tokens) if that is >= min, else 0.
 -- Returns:
@@ -12,6 +21,7 @@
 --   [4] Redis TIME of the decision, ms (integer)
 --   [5] 0 = fresh, 1 = replay of the recorded answer, 2 = stale seq (nothing spent),
 --       3 = fresh, and the bucket held no record of this server (new, expired or lost)
+--   [6] the version of the parameters in force (integer)
 --
 -- Idempotent per (server id, seq): the answer is recorded in the field 't:<server id>'
 -- as '<seq> <granted> <tokens> <wait> <now>'. A replayed call (same seq, e.g. a client
@@ -29,13 +39,15 @@ local rate     = num(ARGV[2])
 local want     = num(ARGV[3])
 local min      = num(ARGV[4])
 local seq      = num(ARGV[6])
+local version  = num(ARGV[7])
 -- Every test is written so that NaN fails it (Lua's tonumber reads 'nan' and 'inf'); want
 -- and min are whole numbers; the TTL must stay an exact integer (< 2^53 ms) that PEXPIRE
 -- accepts, as global.Limit.Validate requires.
-if not (capacity and rate and want and min and seq) or not (capacity >= 1 and capacity < math.huge)
+if not (capacity and rate and want and min and seq and version) or not (capacity >= 1 and capacity < math.huge)
     or not (rate > 0 and rate < math.huge) or not (want >= 1 and want < math.huge)
     or not (min >= 0 and min <= want) or want ~= math.floor(want) or min ~= math.floor(min)
-    or seq ~= seq or not (math.ceil(capacity / rate * 1000) + 1000 < 2^53) then
+    or seq ~= seq or not (version >= 0 and version < 2^53) or version ~= math.floor(version)
+    or not (math.ceil(capacity / rate * 1000) + 1000 < 2^53) then
   return redis.error_reply('ERR fleetlimit take: invalid arguments')
 end
 local field = 't:' .. ARGV[5]
@@ -43,10 +55,18 @@ local field = 't:' .. ARGV[5]
 local t   = redis.call('TIME')
 local now = num(t[1]) * 1000 + math.floor(num(t[2]) / 1000)
 
-local state  = redis.call('HMGET', KEYS[1], 'tokens', 'ts', field)
-local tokens = num(state[1]) or capacity
+local state  = redis.call('HMGET', KEYS[1], 'tokens', 'ts', field, 'p')
+-- refill on the parameters the bucket held until now, then take the ones in force
+local held_cap, held_rate = capacity, rate
+local pv, pc, pr = string.match(state[4] or '', '^(%S+) (%S+) (%S+) %S+$')
+pv, pc, pr = num(pv), num(pc), num(pr)
+if pv and pc and pr and pc >= 1 and pr > 0 then
+  held_cap, held_rate = pc, pr
+  if pv > version then capacity, rate, version = pc, pr, pv end
+end
+local tokens = num(state[1]) or held_cap
 local ts     = num(state[2]) or now
-tokens = math.min(capacity, tokens + math.max(0, now - ts) / 1000 * rate)
+tokens = math.min(capacity, held_cap, tokens + math.max(0, now - ts) / 1000 * held_rate)
 
 -- ms until `min` tokens are there, 0 if they are
 local function wait_for(tokens)
@@ -59,10 +79,10 @@ if rec then
   local rseq, rg, rtok, rwait, rnow = string.match(rec, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
   rseq = num(rseq)
   if rseq == seq then
-    return { num(rg), rtok, num(rwait), num(rnow), 1 }
+    return { num(rg), rtok, num(rwait), num(rnow), 1, version }
   end
   if rseq and rseq > seq then
-    return { 0, tostring(tokens), wait_for(tokens), now, 2 }
+    return { 0, tostring(tokens), wait_for(tokens), now, 2, version }
   end
 else
   -- first record of this server in this bucket: keep the hash bounded
@@ -70,7 +90,7 @@ else
     local all = redis.call('HGETALL', KEYS[1])
     for i = 1, #all, 2 do
       local f = all[i]
-      if f ~= 'tokens' and f ~= 'ts' then
+      if f ~= 'tokens' and f ~= 'ts' and f ~= 'p' then
         local when = num(string.match(all[i + 1], '(%S+)$'))
         if not when or now - when > 120000 then
           redis.call('HDEL', KEYS[1], f)
@@ -92,8 +112,9 @@ if granted == 0 then wait = wait_for(tokens) end
 
 local left = tostring(tokens)
 redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', math.max(ts, now),
-  field, ARGV[6] .. ' ' .. granted .. ' ' .. left .. ' ' .. wait .. ' ' .. now)
+  field, ARGV[6] .. ' ' .. granted .. ' ' .. left .. ' ' .. wait .. ' ' .. now,
+  'p', string.format('%d %.17g %.17g %d', version, capacity, rate, now))
 redis.call('PEXPIRE', KEYS[1], math.ceil(capacity / rate * 1000) + 1000)
 local flag = 0
 if not rec then flag = 3 end
-return { granted, left, wait, now, flag }
+return { granted, left, wait, now, flag, version }

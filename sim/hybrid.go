@@ -261,13 +261,14 @@ func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next fun
 		}
 		f.redis.roundTrip(n, cost, func(at time.Time) {
 			for i, r := range t.Takes {
-				g := h.s.Take(at, wire.BucketKeyOfID(keyPrefix, r.Limit.Name, string(r.ID)), float64(r.Limit.Burst), r.Limit.Rate, r.Want, r.Min, s.name, h.seq(hs))
+				g := h.s.Take(at, wire.BucketKeyOfID(keyPrefix, r.Limit.Name, string(r.ID)), float64(r.Limit.Burst), r.Limit.Rate, r.Want, r.Min, s.name, h.seq(hs), r.Limit.Version)
 				t.TakeResults[i].Granted, t.TakeResults[i].Remaining = g.Granted, g.Tokens
 				t.TakeResults[i].Wait = tokenbucket.FromMillis(float64(g.WaitMS))
 				t.TakeResults[i].First = g.Flag == lua.First
+				t.TakeResults[i].Version = g.Version
 			}
 			for i, r := range t.Refunds {
-				g := h.s.Refund(at, wire.BucketKeyOfID(keyPrefix, r.Limit.Name, string(r.ID)), float64(r.Limit.Burst), r.Limit.Rate, r.N, s.name, r.Seq)
+				g := h.s.Refund(at, wire.BucketKeyOfID(keyPrefix, r.Limit.Name, string(r.ID)), float64(r.Limit.Burst), r.Limit.Rate, r.N, s.name, r.Seq, r.Limit.Version)
 				t.RefundResults[i].Remaining, t.RefundResults[i].Seq = g.Tokens, r.Seq
 			}
 			if t.Kind == engine.HeartbeatTrip {

@@ -69,12 +69,12 @@ func (r *luaScripts) BucketCallerClock(now time.Time, key string, capacity, rate
 	return r.lua().BucketCallerClock(now, key, capacity, rate, cost, callerMillis)
 }
 
-func (r *luaScripts) Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq uint64) takeReply {
-	return r.lua().Take(now, key, capacity, rate, want, minimum, server, seq)
+func (r *luaScripts) Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq, version uint64) takeReply {
+	return r.lua().Take(now, key, capacity, rate, want, minimum, server, seq, version)
 }
 
-func (r *luaScripts) Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq uint64) wire.RefundReply {
-	return r.lua().Refund(now, key, capacity, rate, amount, server, seq)
+func (r *luaScripts) Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq, version uint64) wire.RefundReply {
+	return r.lua().Refund(now, key, capacity, rate, amount, server, seq, version)
 }
 
 func (r *luaScripts) Heartbeat(now time.Time, key, server string, ttlMS int64) int {

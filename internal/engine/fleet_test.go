@@ -35,14 +35,14 @@ func newBucket(capacity int, rate float64) *bucket {
 
 func (b *bucket) take(now time.Time, want, minimum int) Grant {
 	b.seq++
-	r := b.m.Take(now, bucketKey, b.capacity, b.rate, want, minimum, "s", b.seq)
+	r := b.m.Take(now, bucketKey, b.capacity, b.rate, want, minimum, "s", b.seq, 0)
 	return Grant{Granted: r.Granted, Remaining: r.Tokens, Wait: tokenbucket.FromMillis(float64(r.WaitMS))}
 }
 
 func (b *bucket) refund(now time.Time, n int) {
 	if n > 0 {
 		b.seq++
-		b.m.Refund(now, bucketKey, b.capacity, b.rate, n, "s", b.seq)
+		b.m.Refund(now, bucketKey, b.capacity, b.rate, n, "s", b.seq, 0)
 	}
 }
 

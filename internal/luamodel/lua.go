@@ -19,9 +19,9 @@ type Scripts interface {
 	// BucketCallerClock runs CallerClockSource.
 	BucketCallerClock(now time.Time, key string, capacity, rate, cost, callerMillis float64) wire.BucketReply
 	// Take runs lua.Take.
-	Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq uint64) wire.TakeReply
+	Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq, version uint64) wire.TakeReply
 	// Refund runs lua.Refund.
-	Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq uint64) wire.RefundReply
+	Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq, version uint64) wire.RefundReply
 	// Heartbeat runs lua.Heartbeat.
 	Heartbeat(now time.Time, key, server string, ttlMS int64) int
 }
@@ -83,13 +83,13 @@ func (l *Lua) BucketCallerClock(now time.Time, key string, capacity, rate, cost,
 }
 
 // Take runs lua.Take.
-func (l *Lua) Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq uint64) wire.TakeReply {
-	return call(l, now, lua.Take, wire.ParseTake, key, capacity, rate, want, minimum, server, seq)
+func (l *Lua) Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq, version uint64) wire.TakeReply {
+	return call(l, now, lua.Take, wire.ParseTake, key, capacity, rate, want, minimum, server, seq, version)
 }
 
 // Refund runs lua.Refund.
-func (l *Lua) Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq uint64) wire.RefundReply {
-	return call(l, now, lua.Refund, wire.ParseRefund, key, capacity, rate, amount, server, seq)
+func (l *Lua) Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq, version uint64) wire.RefundReply {
+	return call(l, now, lua.Refund, wire.ParseRefund, key, capacity, rate, amount, server, seq, version)
 }
 
 // Heartbeat runs lua.Heartbeat.

@@ -158,15 +158,67 @@ func (e *entry) field(f string) (string, bool) {
 
 // refill is the shared first half of every bucket script: read tokens and ts, refill.
 func (e *entry) refill(capacity, rate, now float64) (tokens, ts float64) {
+	tokens, ts = e.refillHeld(capacity, capacity, rate, now)
+	return tokens, ts
+}
+
+// refillHeld is refill on the parameters the bucket held until now (heldCap, heldRate),
+// capped at the capacity in force from now on, as take.lua and refund.lua do.
+func (e *entry) refillHeld(capacity, heldCap, heldRate, now float64) (tokens, ts float64) {
 	tokens, ok := tonumber(e.field("tokens"))
 	if !ok {
-		tokens = capacity
+		tokens = heldCap
 	}
 	if ts, ok = tonumber(e.field("ts")); !ok {
 		ts = now
 	}
-	tokens = math.Min(capacity, tokens+math.Max(0, now-ts)/1000*rate)
+	tokens = math.Min(math.Min(capacity, heldCap), tokens+math.Max(0, now-ts)/1000*heldRate)
 	return tokens, ts
+}
+
+// Params are a bucket's parameters: capacity, rate and the version that orders them.
+type Params struct {
+	Capacity, Rate float64
+	Version        uint64
+}
+
+// held reads the field p of take.lua and refund.lua: the parameters the bucket holds, and
+// whether it holds any.
+func (e *entry) held() (Params, bool) {
+	v, ok := e.field("p")
+	if !ok {
+		return Params{}, false
+	}
+	p := strings.Fields(v)
+	if len(p) != 4 {
+		return Params{}, false
+	}
+	pv, ok1 := tonumber(p[0], true)
+	pc, ok2 := tonumber(p[1], true)
+	pr, ok3 := tonumber(p[2], true)
+	if !ok1 || !ok2 || !ok3 || !(pc >= 1) || !(pr > 0) {
+		return Params{}, false
+	}
+	return Params{Capacity: pc, Rate: pr, Version: uint64(pv)}, true
+}
+
+// params is take.lua's choice: the parameters the bucket held (the caller's when it holds
+// none) and those in force from now on, the highest version's (the caller's on a tie).
+func (e *entry) params(caller Params) (held, force Params) {
+	held, ok := e.held()
+	if !ok {
+		return caller, caller
+	}
+	if held.Version > caller.Version {
+		return held, held
+	}
+	return held, caller
+}
+
+// paramsField is the value take.lua and refund.lua store in p: string.format('%d %.17g
+// %.17g %d', version, capacity, rate, now).
+func paramsField(p Params, now float64) string {
+	return fmt.Sprintf("%d %.17g %.17g %d", p.Version, p.Capacity, p.Rate, int64(now))
 }
 
 // store is the shared second half: HSET tokens and ts (and a record when field is not
@@ -216,7 +268,7 @@ func (e *entry) prune(now float64) {
 		return
 	}
 	for f, v := range e.fields {
-		if f == "tokens" || f == "ts" {
+		if f == "tokens" || f == "ts" || f == "p" {
 			continue
 		}
 		parts := strings.Fields(v)
@@ -249,28 +301,31 @@ func (e *entry) record(field string, n int, now float64) ([]float64, bool) {
 	return out, true
 }
 
-// open is the first half of take.lua and refund.lua: the scripts' now, the refilled
-// bucket, and the record of the caller's last call in field (n numbers), when there is one
-// (without one, the hash is pruned first).
-func (m *Model) open(now time.Time, key string, capacity, rate float64, field string, n int) (ms, tokens, ts float64, rec []float64, found bool) {
+// open is the first half of take.lua and refund.lua: the scripts' now, the parameters in
+// force, the refilled bucket, and the record of the caller's last call in field (n
+// numbers), when there is one (without one, the hash is pruned first).
+func (m *Model) open(now time.Time, key string, caller Params, field string, n int) (ms float64, p Params, tokens, ts float64, rec []float64, found bool) {
 	m.tick(now)
 	ms = NowMillis(now)
 	e := m.get(key)
-	tokens, ts = e.refill(capacity, rate, ms)
+	held, p := e.params(caller)
+	tokens, ts = e.refillHeld(p.Capacity, held.Capacity, held.Rate, ms)
 	rec, found = e.record(field, n, ms)
-	return ms, tokens, ts, rec, found
+	return ms, p, tokens, ts, rec, found
 }
 
-// Take runs lua.Take: up to want tokens, at least minimum, idempotent per (server, seq).
-func (m *Model) Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq uint64) wire.TakeReply {
+// Take runs lua.Take: up to want tokens, at least minimum, idempotent per (server, seq),
+// on the parameters of the highest version.
+func (m *Model) Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq, version uint64) wire.TakeReply {
 	field := "t:" + server
-	ms, tokens, ts, rec, found := m.open(now, key, capacity, rate, field, 5)
+	ms, p, tokens, ts, rec, found := m.open(now, key, Params{capacity, rate, version}, field, 5)
+	capacity, rate, version = p.Capacity, p.Rate, p.Version
 	switch {
 	case found && rec[0] == float64(seq):
-		return wire.TakeReply{Granted: int(rec[1]), Tokens: rec[2], WaitMS: int64(rec[3]), NowMS: int64(rec[4]), Flag: 1}
+		return wire.TakeReply{Granted: int(rec[1]), Tokens: rec[2], WaitMS: int64(rec[3]), NowMS: int64(rec[4]), Flag: 1, Version: version}
 	case found && rec[0] > float64(seq):
 		wait := tokenbucket.WaitMillis(float64(minimum)-tokens, rate)
-		return wire.TakeReply{Tokens: tokens, WaitMS: int64(wait), NowMS: int64(ms), Flag: 2}
+		return wire.TakeReply{Tokens: tokens, WaitMS: int64(wait), NowMS: int64(ms), Flag: 2, Version: version}
 	}
 	granted := 0.0
 	if tokens >= float64(want) {
@@ -286,29 +341,40 @@ func (m *Model) Take(now time.Time, key string, capacity, rate float64, want, mi
 	left := luaNum(tokens)
 	m.store(key, capacity, rate, left, luaNum(math.Max(ts, ms)), field,
 		strconv.FormatUint(seq, 10)+" "+luaNum(granted)+" "+left+" "+luaNum(wait)+" "+luaNum(ms))
+	m.get(key).fields["p"] = paramsField(p, ms)
 	flag := 0
 	if !found {
 		flag = 3 // lua.First
 	}
-	return wire.TakeReply{Granted: int(granted), Tokens: tokens, WaitMS: int64(wait), NowMS: int64(ms), Flag: flag}
+	return wire.TakeReply{Granted: int(granted), Tokens: tokens, WaitMS: int64(wait), NowMS: int64(ms), Flag: flag, Version: version}
 }
 
 // Refund runs lua.Refund: amount tokens back, capped at capacity, idempotent per (server,
-// seq).
-func (m *Model) Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq uint64) wire.RefundReply {
+// seq), on the parameters the bucket holds (the caller's if it holds none).
+func (m *Model) Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq, version uint64) wire.RefundReply {
 	field := "r:" + server
-	ms, tokens, ts, rec, found := m.open(now, key, capacity, rate, field, 3)
+	m.tick(now)
+	ms := NowMillis(now)
+	e := m.get(key)
+	p := Params{capacity, rate, version}
+	if held, ok := e.held(); ok {
+		p = held // a refund never re-shapes
+	}
+	capacity, rate = p.Capacity, p.Rate
+	tokens, ts := e.refill(capacity, rate, ms)
+	rec, found := e.record(field, 3, ms)
 	switch {
 	case found && rec[0] == float64(seq):
-		return wire.RefundReply{Tokens: rec[1], Flag: 1}
+		return wire.RefundReply{Tokens: rec[1], Flag: 1, Version: p.Version}
 	case found && rec[0] > float64(seq):
-		return wire.RefundReply{Tokens: tokens, Flag: 2}
+		return wire.RefundReply{Tokens: tokens, Flag: 2, Version: p.Version}
 	}
 	tokens = math.Min(capacity, tokens+float64(amount))
 	left := luaNum(tokens)
 	m.store(key, capacity, rate, left, luaNum(math.Max(ts, ms)), field,
 		strconv.FormatUint(seq, 10)+" "+left+" "+luaNum(ms))
-	return wire.RefundReply{Tokens: tokens}
+	m.get(key).fields["p"] = paramsField(p, ms)
+	return wire.RefundReply{Tokens: tokens, Version: p.Version}
 }
 
 // Heartbeat runs lua.Heartbeat on the fleet's sorted set key: server is live until now +
@@ -336,12 +402,15 @@ func (m *Model) Heartbeat(now time.Time, key, server string, ttlMS int64) int {
 	return live
 }
 
-// Tokens is what the bucket of key holds at now, for a limit of capacity and rate: what the
-// next script would find after its refill (capacity for a bucket that does not exist or
-// has expired). It changes nothing but the keyspace's clock.
+// Tokens is what the bucket of key holds at now, for a limit of capacity and rate at
+// version 0: what the next take or refund would find after its refill, on the parameters
+// the bucket holds if it holds any (capacity for a bucket that does not exist or has
+// expired). It changes nothing but the keyspace's clock.
 func (m *Model) Tokens(now time.Time, key string, capacity, rate float64) float64 {
 	m.tick(now)
-	tokens, _ := m.get(key).refill(capacity, rate, NowMillis(now))
+	e := m.get(key)
+	held, p := e.params(Params{Capacity: capacity, Rate: rate})
+	tokens, _ := e.refillHeld(p.Capacity, held.Capacity, held.Rate, NowMillis(now))
 	return tokens
 }
 

@@ -61,14 +61,15 @@ type mop struct {
 	n, min           int // cost / want / amount; min for take
 	server           string
 	seq              uint64
+	version          uint64 // of capacity and rate, for take and refund
 	ttlMS            int64         // heartbeat
 	dt               time.Duration // clock move before the op (negative: Redis clock steps back)
 	callerSkewMillis float64       // caller clock - Redis clock, for kind caller
 }
 
 func (o mop) String() string {
-	return fmt.Sprintf("%s(%s cap=%v rate=%v n=%d min=%d %s seq=%d ttl=%dms) after %v skew %vms",
-		o.kind, o.key, o.capacity, o.rate, o.n, o.min, o.server, o.seq, o.ttlMS, o.dt, o.callerSkewMillis)
+	return fmt.Sprintf("%s(%s cap=%v rate=%v v%d n=%d min=%d %s seq=%d ttl=%dms) after %v skew %vms",
+		o.kind, o.key, o.capacity, o.rate, o.version, o.n, o.min, o.server, o.seq, o.ttlMS, o.dt, o.callerSkewMillis)
 }
 
 // bucketKeys are the bucket hashes of a sequence; fleetKey is its fleet's sorted set.
@@ -88,10 +89,13 @@ var (
 // genOps draws a random operation sequence. onMini allows what only miniredis can do: a
 // clock that steps back or jumps far, and heartbeats shorter than a round trip.
 func genOps(e entropy, n int, onMini bool) []mop {
-	type params struct{ capacity, rate float64 }
+	type params struct {
+		capacity, rate float64
+		version        uint64
+	}
 	p := map[string]params{}
 	for _, k := range bucketKeys {
-		p[k] = params{capacities[e.IntN(len(capacities))], rates[e.IntN(len(rates))]}
+		p[k] = params{capacities[e.IntN(len(capacities))], rates[e.IntN(len(rates))], 0}
 	}
 	ttls := realTTLs
 	if onMini {
@@ -103,9 +107,16 @@ func genOps(e entropy, n int, onMini bool) []mop {
 	for range n {
 		o := mop{key: bucketKeys[e.IntN(len(bucketKeys))]}
 		pp := p[o.key]
-		if e.IntN(10) == 0 { // a caller that disagrees about the limit
-			pp = params{capacities[e.IntN(len(capacities))], rates[e.IntN(len(rates))]}
+		switch e.IntN(10) {
+		case 0: // a caller that disagrees about the limit, at the same version
+			pp = params{capacities[e.IntN(len(capacities))], rates[e.IntN(len(rates))], pp.version}
+		case 1: // a change of the limit, or a server that has not heard of one
+			pp = params{capacities[e.IntN(len(capacities))], rates[e.IntN(len(rates))], uint64(e.IntN(4))}
+			if e.IntN(2) == 0 {
+				p[o.key] = pp
+			}
 		}
+		o.version = pp.version
 		o.capacity, o.rate = pp.capacity, pp.rate
 		c := int(o.capacity)
 		switch e.IntN(8) {
@@ -171,9 +182,9 @@ func applyOp(s Scripts, now time.Time, prefix string, o mop) result {
 	case "caller":
 		return result{bucket: s.BucketCallerClock(now, key, o.capacity, o.rate, float64(o.n), NowMillis(now)+o.callerSkewMillis)}
 	case "take":
-		return result{take: s.Take(now, key, o.capacity, o.rate, o.n, o.min, o.server, o.seq)}
+		return result{take: s.Take(now, key, o.capacity, o.rate, o.n, o.min, o.server, o.seq, o.version)}
 	case "refund":
-		return result{refund: s.Refund(now, key, o.capacity, o.rate, o.n, o.server, o.seq)}
+		return result{refund: s.Refund(now, key, o.capacity, o.rate, o.n, o.server, o.seq, o.version)}
 	default:
 		return result{live: s.Heartbeat(now, key, o.server, o.ttlMS)}
 	}
@@ -193,6 +204,7 @@ func sameResult(x, y result, tol float64) bool {
 	return x.bucket.Allowed == y.bucket.Allowed && near(x.bucket.Tokens, y.bucket.Tokens, tol) &&
 		x.take.Granted == y.take.Granted && near(x.take.Tokens, y.take.Tokens, tol) &&
 		x.take.WaitMS == y.take.WaitMS && x.take.NowMS == y.take.NowMS && x.take.Flag == y.take.Flag &&
+		x.take.Version == y.take.Version && x.refund.Version == y.refund.Version &&
 		near(x.refund.Tokens, y.refund.Tokens, tol) && x.refund.Flag == y.refund.Flag &&
 		x.live == y.live
 }
@@ -403,7 +415,7 @@ func TestTokens(t *testing.T) {
 	if keys := m.Keys(t0); keys != nil {
 		t.Fatalf("Tokens created %v", keys)
 	}
-	m.Take(t0, "k", 100, 10, 60, 1, "s", 1)
+	m.Take(t0, "k", 100, 10, 60, 1, "s", 1, 0)
 	tests := []struct {
 		at   time.Duration
 		take int // taken at this instant after the read, to see that reads spent nothing
@@ -423,7 +435,7 @@ func TestTokens(t *testing.T) {
 			t.Errorf("read %d at %v: %v tokens, want %v", i, tt.at, got, tt.want)
 		}
 		if tt.take > 0 {
-			m.Take(at, "k", 100, 10, tt.take, tt.take, "s", uint64(i+2))
+			m.Take(at, "k", 100, 10, tt.take, tt.take, "s", uint64(i+2), 0)
 		}
 	}
 	if keys := m.Keys(t0.Add(time.Hour)); keys != nil {

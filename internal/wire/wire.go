@@ -111,7 +111,8 @@ type BucketReply struct {
 	Tokens float64
 }
 
-// TakeReply is lua.Take's answer: {granted, tostring(tokens), wait ms, now ms, flag}.
+// TakeReply is lua.Take's answer: {granted, tostring(tokens), wait ms, now ms, flag,
+// version}.
 type TakeReply struct {
 	// Granted is the number of tokens taken: want, fewer (at least min), or 0.
 	Granted int
@@ -125,14 +126,19 @@ type TakeReply struct {
 	NowMS int64
 	// Flag is lua.Fresh, lua.Replayed, lua.Stale or lua.First.
 	Flag int
+	// Version is the version of the bucket's parameters in force: the caller's, or a
+	// higher one another server set.
+	Version uint64
 }
 
-// RefundReply is lua.Refund's answer: {tostring(tokens), flag}.
+// RefundReply is lua.Refund's answer: {tostring(tokens), flag, version}.
 type RefundReply struct {
 	// Tokens is what the bucket holds after the refund.
 	Tokens float64
 	// Flag is lua.Fresh, lua.Replayed or lua.Stale.
 	Flag int
+	// Version is as TakeReply's.
+	Version uint64
 }
 
 // ParseBucket decodes lua.Bucket's reply, as go-redis or RESP gives it ([]any of int64
@@ -152,8 +158,8 @@ func ParseBucket(reply any) (BucketReply, error) {
 
 // ParseTake decodes lua.Take's reply.
 func ParseTake(reply any) (TakeReply, error) {
-	const want = "{integer, string, integer, integer, integer}"
-	v, err := array(reply, 5, want)
+	const want = "{integer, string, integer, integer, integer, integer}"
+	v, err := array(reply, 6, want)
 	if err != nil {
 		return TakeReply{}, err
 	}
@@ -162,24 +168,27 @@ func ParseTake(reply any) (TakeReply, error) {
 	wait, ok2 := v[2].(int64)
 	now, ok3 := v[3].(int64)
 	flag, ok4 := v[4].(int64)
-	if !ok1 || !ok2 || !ok3 || !ok4 || err != nil {
+	version, ok5 := v[5].(int64)
+	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || version < 0 || err != nil {
 		return TakeReply{}, shape(want, err)
 	}
-	return TakeReply{Granted: int(granted), Tokens: tokens, WaitMS: wait, NowMS: now, Flag: int(flag)}, nil
+	return TakeReply{Granted: int(granted), Tokens: tokens, WaitMS: wait, NowMS: now, Flag: int(flag), Version: uint64(version)}, nil
 }
 
 // ParseRefund decodes lua.Refund's reply.
 func ParseRefund(reply any) (RefundReply, error) {
-	v, err := array(reply, 2, "{string, integer}")
+	const want = "{string, integer, integer}"
+	v, err := array(reply, 3, want)
 	if err != nil {
 		return RefundReply{}, err
 	}
 	tokens, err := number(v[0])
-	flag, ok := v[1].(int64)
-	if !ok || err != nil {
-		return RefundReply{}, shape("{string, integer}", err)
+	flag, ok1 := v[1].(int64)
+	version, ok2 := v[2].(int64)
+	if !ok1 || !ok2 || version < 0 || err != nil {
+		return RefundReply{}, shape(want, err)
 	}
-	return RefundReply{Tokens: tokens, Flag: int(flag)}, nil
+	return RefundReply{Tokens: tokens, Flag: int(flag), Version: uint64(version)}, nil
 }
 
 // ParseHeartbeat decodes lua.Heartbeat's reply: the number of live servers, at least 1
