@@ -17,6 +17,13 @@
 //   - PEXPIRE ceil(capacity/rate*1000)+1000 ms after every call, so a bucket disappears
 //     once it would be full again and memory tracks active clients.
 //
+// Take and Refund also keep the parameters in force in the field p, '<version> <capacity>
+// <rate> <now ms>', so that servers which learn of a change at different instants agree:
+// the highest version's capacity and rate are in force. A take with a lower version is
+// answered on them; one with a higher version, or the same version and other parameters,
+// re-shapes the bucket: refilled on the old rate up to now, then capped at the new
+// capacity, so a change never adds tokens. A refund never re-shapes. Bucket ignores p.
+//
 // Take and Refund are idempotent per (server id, seq): each records its last answer per
 // server in the bucket hash (fields "t:<server id>" and "r:<server id>"), and a replayed
 // call — a client library retrying a timed-out EVALSHA — gets the recorded answer back
@@ -50,13 +57,15 @@ var BucketSource string
 // TakeSource is the lease take script:
 //
 //	KEYS[1] bucket key; ARGV[1] capacity, ARGV[2] refill per second, ARGV[3] want,
-//	ARGV[4] min, ARGV[5] server id, ARGV[6] seq
-//	returns {granted, tostring(tokens left), wait ms, Redis now ms, replay flag}
+//	ARGV[4] min, ARGV[5] server id, ARGV[6] seq, ARGV[7] version
+//	returns {granted, tostring(tokens left), wait ms, Redis now ms, replay flag, version}
 //
 // It grants want if the bucket holds want tokens, else the whole tokens it holds if that
 // is at least min, else 0; wait is 0 when granted, else the milliseconds until min tokens
 // are there. The replay flag is 0 for a fresh answer, 1 for a replayed (same seq) call
-// answered from the record, 2 for a stale seq (nothing spent, 0 granted).
+// answered from the record, 2 for a stale seq (nothing spent, 0 granted), 3 (First) for a
+// fresh answer from a bucket that held no record of this server. version is the version
+// of the parameters the call was decided on.
 //
 //go:embed take.lua
 var TakeSource string
@@ -64,11 +73,12 @@ var TakeSource string
 // RefundSource is the lease refund script:
 //
 //	KEYS[1] bucket key; ARGV[1] capacity, ARGV[2] refill per second, ARGV[3] amount,
-//	ARGV[4] server id, ARGV[5] seq
-//	returns {tostring(tokens after), replay flag}
+//	ARGV[4] server id, ARGV[5] seq, ARGV[6] version
+//	returns {tostring(tokens after), replay flag, version}
 //
-// It refills the bucket, adds amount and caps the result at capacity. The replay flag is
-// as for TakeSource.
+// It refills the bucket, adds amount and caps the result at capacity, on the parameters
+// the bucket holds (the caller's only for a bucket without p). The replay flag is as for
+// TakeSource.
 //
 //go:embed refund.lua
 var RefundSource string
