@@ -61,7 +61,7 @@ type mop struct {
 	n, min           int // cost / want / amount; min for take
 	server           string
 	seq              uint64
-	version          uint64 // of capacity and rate, for take and refund
+	version          uint64        // of capacity and rate, for take and refund
 	ttlMS            int64         // heartbeat
 	dt               time.Duration // clock move before the op (negative: Redis clock steps back)
 	callerSkewMillis float64       // caller clock - Redis clock, for kind caller
