@@ -30,9 +30,9 @@ type events struct {
 	servers  int
 	lost     throttle
 	refused  throttle
-	gone     throttle        // lost buckets
-	limits   []*engine.Limit // to read their lost-bucket counters
-	goneSeen int64           // lost buckets counted when last logged
+	gone     throttle               // lost buckets
+	limits   func() []*engine.Limit // to read their lost-bucket counters
+	goneSeen int64                  // lost buckets counted when last logged
 	ctx      context.Context
 	lostToks int // tokens lost since the last lost-refunds line
 }
@@ -54,7 +54,7 @@ func (t *throttle) allow(now time.Time, every time.Duration) (skipped int, ok bo
 	return skipped, true
 }
 
-func newEvents(log *slog.Logger, every time.Duration, brk *breaker.Breaker, fleet string, servers int, limits []*engine.Limit) *events {
+func newEvents(log *slog.Logger, every time.Duration, brk *breaker.Breaker, fleet string, servers int, limits func() []*engine.Limit) *events {
 	return &events{
 		log: log, every: every, brk: brk, fleet: fleet, servers: servers, limits: limits,
 		state: brk.State(), bstats: brk.Stats(), ctx: context.Background(),
@@ -150,7 +150,7 @@ func (ev *events) eviction(err error) {
 // fleet may admit beyond its limit.
 func (ev *events) lostBuckets(now time.Time) {
 	var n int64
-	for _, lm := range ev.limits {
+	for _, lm := range ev.limits() {
 		n += lm.LostBuckets()
 	}
 	if n == ev.goneSeen {
@@ -158,7 +158,7 @@ func (ev *events) lostBuckets(now time.Time) {
 	}
 	if skipped, ok := ev.gone.allow(now, ev.every); ok {
 		var names []string
-		for _, lm := range ev.limits {
+		for _, lm := range ev.limits() {
 			if lm.LostBuckets() > 0 {
 				names = append(names, lm.Name())
 			}

@@ -31,6 +31,9 @@ var (
 	ErrInvalidCost = errors.New("hybrid: invalid cost")
 	// ErrClosed is returned by Allow and AllowN once Close has been called.
 	ErrClosed = errors.New("hybrid: limiter closed")
+	// ErrUnknownTier is returned by AllowTier (and AllowMulti) for a tier the limit does
+	// not have.
+	ErrUnknownTier = errors.New("hybrid: unknown tier")
 )
 
 // InfDuration is the RetryAfter of a request that can never be allowed, such as one
@@ -83,6 +86,55 @@ type Limit struct {
 	// MaxKeys caps the keys held for this limit on this server (least recently used go
 	// first; their leased tokens are refunded). default: 100,000
 	MaxKeys int
+	// Version orders changes of Rate and Burst (the limit's or a tier's) across the
+	// fleet: a key's bucket in Redis runs on the Rate and Burst of the highest Version
+	// any server took from it with, so servers that learn of a change at different
+	// instants agree as soon as one of them has the new one. Give every such change a
+	// higher Version (a config revision, or its Unix time); SetLimit refuses one without.
+	// 0 is fine for a limit that never changes. At most 2^53 - 1. (docs/limits.md)
+	Version uint64
+	// Tiers are other rates and bursts for some keys of this limit, chosen per request
+	// (AllowTier, Item.Tier): a paid plan, a customer's exception. A key keeps one
+	// bucket in Redis whatever its tier: a request under another tier than the key's
+	// last re-shapes it (docs/limits.md says how). Names unique and not empty; the
+	// other fields of the Limit apply to every tier.
+	Tiers []Tier
+}
+
+// Tier is a named rate and burst of a Limit, for the keys a caller decides under it.
+// Zero PreRate and PreBurst mean the tier's own Rate and Burst, as for a Limit.
+type Tier struct {
+	Name     string
+	Rate     float64
+	Burst    int
+	PreRate  float64
+	PreBurst int
+}
+
+// engineLimit is l as the engine runs it: the same fields.
+func engineLimit(l Limit) engine.LimitConfig {
+	c := engine.LimitConfig{
+		Name: l.Name, Rate: l.Rate, Burst: l.Burst, Policy: l.Policy, PreRate: l.PreRate, PreBurst: l.PreBurst,
+		MaxWait: l.MaxWait, MaxCost: l.MaxCost, RefillInterval: l.RefillInterval, Lifetime: l.Lifetime,
+		LowWatermark: l.LowWatermark, MaxKeys: l.MaxKeys, Version: l.Version,
+	}
+	for _, t := range l.Tiers {
+		c.Tiers = append(c.Tiers, engine.TierConfig(t))
+	}
+	return c
+}
+
+// limitOf is c as the user configures it.
+func limitOf(c engine.LimitConfig) Limit {
+	l := Limit{
+		Name: c.Name, Rate: c.Rate, Burst: c.Burst, Policy: c.Policy, PreRate: c.PreRate, PreBurst: c.PreBurst,
+		MaxWait: c.MaxWait, MaxCost: c.MaxCost, RefillInterval: c.RefillInterval, Lifetime: c.Lifetime,
+		LowWatermark: c.LowWatermark, MaxKeys: c.MaxKeys, Version: c.Version,
+	}
+	for _, t := range c.Tiers {
+		l.Tiers = append(l.Tiers, Tier(t))
+	}
+	return l
 }
 
 // Config configures a Limiter. FleetSize and at least one Limit are required; the other
@@ -231,9 +283,11 @@ type Decision struct {
 	RetryAfter time.Duration
 	// Servers is the live server count the limit was divided by.
 	Servers int
-	// Limit is the name of the limit asked.
+	// Limit is the name of the limit asked; Tier the tier ("" for the limit's own
+	// rate and burst).
 	Limit string
-	// Quota is the limit's Burst: the most tokens the key's bucket holds.
+	Tier  string
+	// Quota is the limit's (the tier's) Burst: the most tokens the key's bucket holds.
 	Quota int
 	// Window is the time the bucket takes to refill from empty to Quota at the limit's
 	// Rate (Burst / Rate): Quota per Window is the limit's long-run rate.
@@ -245,21 +299,23 @@ type Decision struct {
 }
 
 // decision is d, for the limit lm, as the user sees it.
-func decision(lm *engine.Limit, d *engine.Decision) Decision {
+func decision(lm *engine.Limit, tier string, d *engine.Decision) Decision {
 	var out Decision
-	out.set(lm, d)
+	out.set(lm, tier, d)
 	return out
 }
 
-// set makes out d, for the limit lm, as the user sees it; in place, for the hot path.
-func (out *Decision) set(lm *engine.Limit, d *engine.Decision) {
+// set makes out d, for tier of the limit lm, as the user sees it; in place, for the hot
+// path.
+func (out *Decision) set(lm *engine.Limit, tier string, d *engine.Decision) {
+	sh := lm.Shape(tier)
 	*out = Decision{Allowed: d.Allowed, Remaining: d.Remaining, RetryAfter: d.RetryAfter,
 		Source: Source(d.Source), Reason: Reason(d.Reason), Servers: d.Servers,
-		Limit: lm.Name(), Quota: lm.Burst(), Window: lm.Window()}
+		Limit: lm.Name(), Tier: sh.Tier(), Quota: sh.Burst(), Window: sh.Window()}
 	if out.Source == SourceFallback {
 		out.Reset = out.Window
 	} else {
-		out.Reset = lm.RefillTime(out.Quota - out.Remaining)
+		out.Reset = sh.RefillTime(out.Quota - out.Remaining)
 	}
 }
 
@@ -333,7 +389,7 @@ func New(store *global.Store, cfg Config) (*Limiter, error) {
 	}
 	limits := make([]engine.LimitConfig, len(cfg.Limits))
 	for i, c := range cfg.Limits {
-		limits[i] = engine.LimitConfig(c) // the same fields: the engine validates them
+		limits[i] = engineLimit(c) // the engine validates them
 	}
 	eng, err := engine.New(engine.Config{
 		Limits:            limits,
@@ -350,7 +406,7 @@ func New(store *global.Store, cfg Config) (*Limiter, error) {
 	}
 	l.eng = eng
 	if cfg.Logger != nil {
-		l.events = newEvents(cfg.Logger, cmp.Or(cfg.LogInterval, defaultLogInterval), l.brk, cfg.Fleet, eng.Servers(), eng.Limits())
+		l.events = newEvents(cfg.Logger, cmp.Or(cfg.LogInterval, defaultLogInterval), l.brk, cfg.Fleet, eng.Servers(), eng.Limits)
 		// Once, at start: a Redis that may evict the buckets breaks every policy silently.
 		ctx, cancel := context.WithTimeout(context.Background(), evictionCheckTimeout)
 		l.cancelCheck = cancel
@@ -485,43 +541,56 @@ func (l *Limiter) Allow(ctx context.Context, limit, key string) (Decision, error
 // Redis failure is not an error: the limit's policy decides, and the Decision says so.
 // Cost 0 is allowed and spends nothing.
 func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (Decision, error) {
-	return l.allowN(ctx, limit, key, n, l.onDecision)
+	return l.allowN(ctx, limit, "", key, n, l.onDecision)
 }
 
-// allowN is AllowN telling hook (nil: nobody) of the decision.
-func (l *Limiter) allowN(ctx context.Context, limit, key string, n int, hook func(string, Decision)) (Decision, error) {
+// AllowTier is AllowN for a key of the named tier of the limit (Limit.Tiers; "" is the
+// limit's own rate and burst): the key's bucket holds the tier's Burst and refills at
+// its Rate. A key decided under another tier than before is re-shaped first: this
+// server gives back the tokens it leased for the key, its pre-check takes the tier's
+// rate and burst, and its bucket in Redis takes them at the next refill, on Redis's
+// clock and never adding tokens (docs/limits.md). ErrUnknownTier for a tier the limit
+// does not have.
+func (l *Limiter) AllowTier(ctx context.Context, limit, tier, key string, n int) (Decision, error) {
+	return l.allowN(ctx, limit, tier, key, n, l.onDecision)
+}
+
+// allowN is AllowTier telling hook (nil: nobody) of the decision.
+func (l *Limiter) allowN(ctx context.Context, limit, tier, key string, n int, hook func(string, Decision)) (Decision, error) {
 	lm := l.eng.Limit(limit)
 	switch {
 	case lm == nil:
-		return Decision{RetryAfter: InfDuration, Limit: limit}, ErrUnknownLimit
+		return Decision{RetryAfter: InfDuration, Limit: limit, Tier: tier}, ErrUnknownLimit
+	case tier != "" && !lm.HasTier(tier):
+		return Decision{RetryAfter: InfDuration, Limit: limit, Tier: tier}, ErrUnknownTier
 	case n < 0:
 		d := engine.Decision{Reason: engine.ReasonInvalidCost, RetryAfter: InfDuration}
-		return decision(lm, &d), ErrInvalidCost
+		return decision(lm, tier, &d), ErrInvalidCost
 	case l.closed.Load():
-		return Decision{Reason: ReasonClosed, Limit: limit}, ErrClosed
+		return Decision{Reason: ReasonClosed, Limit: limit, Tier: tier}, ErrClosed
 	}
 	var d engine.Decision
-	if w := l.eng.Decide(l.clock.Now(), lm, key, n, &d); w != nil {
-		return l.wait(ctx, lm, key, w, hook)
+	if w := l.eng.Decide(l.clock.Now(), lm, tier, key, n, &d); w != nil {
+		return l.wait(ctx, lm, tier, key, w, hook)
 	}
 	if d.Reason == engine.ReasonClosed {
-		return Decision{Reason: ReasonClosed, Limit: limit}, ErrClosed
+		return Decision{Reason: ReasonClosed, Limit: limit, Tier: tier}, ErrClosed
 	}
 	var out Decision
-	out.set(lm, &d)
+	out.set(lm, tier, &d)
 	if hook != nil {
 		hook(key, out)
 	}
 	return out, nil
 }
 
-// result is d, for key under lm, as AllowN returns it with err; it tells hook.
-func (l *Limiter) result(lm *engine.Limit, key string, d *engine.Decision, err error, hook func(string, Decision)) (Decision, error) {
+// result is d, for key under tier of lm, as AllowN returns it with err; it tells hook.
+func (l *Limiter) result(lm *engine.Limit, tier, key string, d *engine.Decision, err error, hook func(string, Decision)) (Decision, error) {
 	if d.Reason == engine.ReasonClosed {
-		return Decision{Reason: ReasonClosed, Limit: lm.Name()}, ErrClosed
+		return Decision{Reason: ReasonClosed, Limit: lm.Name(), Tier: tier}, ErrClosed
 	}
 	var out Decision
-	out.set(lm, d)
+	out.set(lm, tier, d)
 	if hook != nil {
 		hook(key, out)
 	}
@@ -530,11 +599,11 @@ func (l *Limiter) result(lm *engine.Limit, key string, d *engine.Decision, err e
 
 // wait waits for the decision of a request that waits for a refill: the engine's,
 // or the policy's once the limit's MaxWait has passed, or none once ctx ends.
-func (l *Limiter) wait(ctx context.Context, lm *engine.Limit, key string, w *engine.Waiter, hook func(string, Decision)) (Decision, error) {
+func (l *Limiter) wait(ctx context.Context, lm *engine.Limit, tier, key string, w *engine.Waiter, hook func(string, Decision)) (Decision, error) {
 	select {
 	case <-w.Done(): // decided already
 		d := w.Decision()
-		return l.result(lm, key, &d, nil, hook)
+		return l.result(lm, tier, key, &d, nil, hook)
 	default:
 	}
 	expired := make(chan struct{})
@@ -549,10 +618,10 @@ func (l *Limiter) wait(ctx context.Context, lm *engine.Limit, key string, w *eng
 	case <-ctx.Done():
 		d = l.eng.GiveUp(l.clock.Now(), w, engine.ReasonCanceled)
 		if d.Reason == engine.ReasonCanceled { // not decided just before
-			return l.result(lm, key, &d, ctx.Err(), hook)
+			return l.result(lm, tier, key, &d, ctx.Err(), hook)
 		}
 	}
-	return l.result(lm, key, &d, nil, hook)
+	return l.result(lm, tier, key, &d, nil, hook)
 }
 
 // errNotSent explains refunds queued while Close was sending the last ones.

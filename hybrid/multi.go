@@ -12,7 +12,10 @@ import (
 // per-API-key limit, a per-tenant limit and a global one is three items.
 type Item struct {
 	Limit string
-	Key   string
+	// Tier is the key's tier of the limit ("" for the limit's own rate and burst), as
+	// for AllowTier.
+	Tier string
+	Key  string
 	// Cost is the item's tokens, at least 0; the zero Item costs nothing and is denied
 	// only for an unknown limit.
 	Cost int
@@ -67,10 +70,12 @@ func (l *Limiter) AllowMulti(ctx context.Context, items []Item) (MultiDecision, 
 		lm := l.eng.Limit(it.Limit)
 		switch {
 		case lm == nil:
-			return MultiDecision{Denied: i, RetryAfter: InfDuration, Decision: Decision{RetryAfter: InfDuration, Limit: it.Limit}}, ErrUnknownLimit
+			return MultiDecision{Denied: i, RetryAfter: InfDuration, Decision: Decision{RetryAfter: InfDuration, Limit: it.Limit, Tier: it.Tier}}, ErrUnknownLimit
+		case it.Tier != "" && !lm.HasTier(it.Tier):
+			return MultiDecision{Denied: i, RetryAfter: InfDuration, Decision: Decision{RetryAfter: InfDuration, Limit: it.Limit, Tier: it.Tier}}, ErrUnknownTier
 		case it.Cost < 0:
 			d := engine.Decision{Reason: engine.ReasonInvalidCost, RetryAfter: InfDuration}
-			return MultiDecision{Denied: i, RetryAfter: InfDuration, Decision: decision(lm, &d)}, ErrInvalidCost
+			return MultiDecision{Denied: i, RetryAfter: InfDuration, Decision: decision(lm, it.Tier, &d)}, ErrInvalidCost
 		}
 	}
 	// Look before spending: an item that would certainly deny denies the request. Items
@@ -90,14 +95,14 @@ func (l *Limiter) AllowMulti(ctx context.Context, items []Item) (MultiDecision, 
 			continue // looked at with its first occurrence
 		}
 		lm := l.eng.Limit(it.Limit)
-		d, denied := l.eng.Look(now, lm, it.Key, cost)
+		d, denied := l.eng.Look(now, lm, it.Tier, it.Key, cost)
 		if !denied {
 			continue
 		}
 		l.eng.CountDenied(lm, it.Key, d, it.Cost)
 		if out.Denied < 0 || (d.RetryAfter >= InfDuration && out.Decision.RetryAfter < InfDuration) {
 			out.Denied = i
-			out.Decision.set(lm, &d)
+			out.Decision.set(lm, it.Tier, &d)
 		}
 		out.RetryAfter = max(out.RetryAfter, d.RetryAfter)
 	}
@@ -115,7 +120,7 @@ func (l *Limiter) AllowMulti(ctx context.Context, items []Item) (MultiDecision, 
 		taken = make([]spent, 0, len(items))
 	}
 	for i, it := range items {
-		d, err := l.allowN(ctx, it.Limit, it.Key, it.Cost, nil)
+		d, err := l.allowN(ctx, it.Limit, it.Tier, it.Key, it.Cost, nil)
 		if err == nil && d.Allowed {
 			taken = append(taken, spent{d.Source, d.Reason})
 			if i == 0 || d.Remaining < out.Decision.Remaining {

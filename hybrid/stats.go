@@ -63,6 +63,10 @@ type LimitStats struct {
 	// another item was denied. Decisions counts them as admitted (the counters only
 	// grow): Allowed() - GivenBack is what the limit let through.
 	GivenBack int64
+	// Reshaped counts keys this server re-shaped with another rate or burst: decided
+	// under another tier than before, or after SetLimit changed them. Their leased
+	// tokens were given back.
+	Reshaped int64
 }
 
 // DecisionCount is how many decisions had one outcome, source and reason.
@@ -115,7 +119,7 @@ func limitStats(lm *engine.Limit) LimitStats {
 		Name: lm.Name(), Rate: lm.Rate(), Burst: lm.Burst(),
 		Takes: s.Takes, RefillErrors: s.RefillErrors,
 		Granted: s.Granted, Refunded: s.Refunded, RefundsLost: s.RefundsLost, Held: s.Held,
-		LostBuckets: s.LostBuckets, GivenBack: s.GivenBack,
+		LostBuckets: s.LostBuckets, GivenBack: s.GivenBack, Reshaped: s.Reshaped,
 	}
 	for a := range s.Decisions {
 		for src := range s.Decisions[a] {

@@ -22,7 +22,8 @@
 // the highest version's capacity and rate are in force. A take with a lower version is
 // answered on them; one with a higher version, or the same version and other parameters,
 // re-shapes the bucket: refilled on the old rate up to now, then capped at the new
-// capacity, so a change never adds tokens. A refund never re-shapes. Bucket ignores p.
+// capacity, so a change never adds tokens. A refund never re-shapes, and gives back
+// nothing of tokens leased under other parameters than those in force. Bucket ignores p.
 //
 // Take and Refund are idempotent per (server id, seq): each records its last answer per
 // server in the bucket hash (fields "t:<server id>" and "r:<server id>"), and a replayed
@@ -77,7 +78,8 @@ var TakeSource string
 //	returns {tostring(tokens after), replay flag, version}
 //
 // It refills the bucket, adds amount and caps the result at capacity, on the parameters
-// the bucket holds (the caller's only for a bucket without p). The replay flag is as for
+// the bucket holds (the caller's only for a bucket without p); amount counts only when
+// those are the caller's (the tokens were leased under them). The replay flag is as for
 // TakeSource.
 //
 //go:embed refund.lua

@@ -6,9 +6,11 @@
 -- ARGV[6] = version of capacity and rate
 --
 -- A refund gives tokens back and never re-shapes a bucket: it runs on the parameters
--- the bucket holds (field p, see take.lua), whatever their version, and on the caller's
--- only for a bucket without them. A server that has not heard of a change, or refunds
--- the tokens of a key that moved tier, cannot undo it.
+-- the bucket holds (field p, see take.lua), and on the caller's only for a bucket
+-- without them. Tokens leased under other parameters than those in force (another
+-- version, or the same version and another capacity or rate: a key that moved tier) add
+-- nothing: the bucket was re-shaped since they left it, and giving them back could
+-- exceed its new capacity.
 --
 -- Returns:
 --   [1] tokens in the bucket afterwards (tostring)
@@ -43,6 +45,7 @@ local state  = redis.call('HMGET', KEYS[1], 'tokens', 'ts', field, 'p')
 local pv, pc, pr = string.match(state[4] or '', '^(%S+) (%S+) (%S+) %S+$')
 pv, pc, pr = num(pv), num(pc), num(pr)
 if pv and pc and pr and pc >= 1 and pr > 0 then
+  if pv ~= version or pc ~= capacity or pr ~= rate then amount = 0 end
   capacity, rate, version = pc, pr, pv
 end
 local tokens = num(state[1]) or capacity

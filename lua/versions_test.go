@@ -29,7 +29,8 @@ var (
 // TestVersions: the parameters of the highest version are in force; a change re-shapes
 // the bucket on Redis's clock (refill on the old rate up to now, then at most the new
 // capacity) and never adds tokens; a caller with a lower version is answered on the
-// bucket's parameters; a refund never re-shapes; the TTL follows the parameters in force.
+// bucket's parameters; a refund never re-shapes, and adds nothing of tokens leased
+// under other parameters; the TTL follows the parameters in force.
 func TestVersions(t *testing.T) {
 	m, c := redistest.Mini(t)
 	ctx := context.Background()
@@ -53,18 +54,20 @@ func TestVersions(t *testing.T) {
 		{time.Second, "take", 50, 100, 1, 1, 1, 49, 1, 1500 * time.Millisecond},
 		// A server still on v0 is answered on v1: 49 + 0.1 s × 100/s, capped at 50.
 		{1100 * time.Millisecond, "take", 100, 10, 10, 0, 10, 40, 1, 1500 * time.Millisecond},
-		// Its refund is capped at v1's 50, not its own 100.
-		{1100 * time.Millisecond, "refund", 100, 10, 30, 0, 0, 50, 1, 1500 * time.Millisecond},
+		// Its refund, of tokens leased under v0, adds nothing.
+		{1100 * time.Millisecond, "refund", 100, 10, 30, 0, 0, 40, 1, 1500 * time.Millisecond},
 		// v1 again with other parameters (200 at 100/s): the caller's are taken, and the
 		// bucket holds what it held; it fills on the new rate from here.
-		{1100 * time.Millisecond, "take", 200, 100, 5, 1, 5, 45, 1, 3 * time.Second},
-		{1600 * time.Millisecond, "take", 200, 100, 5, 1, 5, 90, 1, 3 * time.Second},
+		{1100 * time.Millisecond, "take", 200, 100, 5, 1, 5, 35, 1, 3 * time.Second},
+		{1600 * time.Millisecond, "take", 200, 100, 5, 1, 5, 80, 1, 3 * time.Second},
 		// v2 shrinks the bucket below what it holds: it holds the new capacity.
 		{1600 * time.Millisecond, "take", 20, 1, 1, 2, 1, 19, 2, 21 * time.Second},
 		// A lower version's refund cannot grow it back.
-		{1600 * time.Millisecond, "refund", 200, 100, 100, 1, 0, 20, 2, 21 * time.Second},
+		{1600 * time.Millisecond, "refund", 200, 100, 100, 1, 0, 19, 2, 21 * time.Second},
 		// Nor can a higher version's: a refund never re-shapes a bucket.
-		{1600 * time.Millisecond, "refund", 1000, 1000, 5, 9, 0, 20, 2, 21 * time.Second},
+		{1600 * time.Millisecond, "refund", 1000, 1000, 5, 9, 0, 19, 2, 21 * time.Second},
+		// A refund on the parameters in force counts, capped at the capacity.
+		{1600 * time.Millisecond, "refund", 20, 1, 5, 2, 0, 20, 2, 21 * time.Second},
 	}
 	key := "versions"
 	seq := 0

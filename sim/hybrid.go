@@ -159,7 +159,7 @@ func (h *hybridStrat) handle(s *server, q *request) {
 	hs := s.state.(*hybridServer)
 	f := h.f
 	var d engine.Decision
-	if w := hs.eng.Decide(s.clock(f.e.now), hs.lim, f.keyName(q.key), q.n, &d); w == nil {
+	if w := hs.eng.Decide(s.clock(f.e.now), hs.lim, "", f.keyName(q.key), q.n, &d); w == nil {
 		h.record(q, d)
 	} else {
 		hs.waiting[w] = q

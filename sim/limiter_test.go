@@ -112,7 +112,7 @@ func (l *limiterStrat) join(s *server) error {
 	}
 	cfg := engineConfig(sc, s.id)
 	lim, err := hybrid.New(store, hybrid.Config{
-		Limits:            []hybrid.Limit{hybrid.Limit(cfg.Limits[0])},
+		Limits:            []hybrid.Limit{hybridLimit(cfg.Limits[0])},
 		FleetSize:         cfg.Servers,
 		Fleet:             cfg.Fleet,
 		HeartbeatInterval: cfg.HeartbeatInterval,
@@ -324,4 +324,17 @@ func (c serverClock) Now() time.Time { return c.s.clock(c.l.since()) }
 
 func (serverClock) AfterFunc(d time.Duration, f func()) func() bool {
 	return breaker.SystemClock{}.AfterFunc(d, f)
+}
+
+// hybridLimit is c as a hybrid.Limit: the same fields.
+func hybridLimit(c engine.LimitConfig) hybrid.Limit {
+	l := hybrid.Limit{
+		Name: c.Name, Rate: c.Rate, Burst: c.Burst, Policy: c.Policy, PreRate: c.PreRate, PreBurst: c.PreBurst,
+		MaxWait: c.MaxWait, MaxCost: c.MaxCost, RefillInterval: c.RefillInterval, Lifetime: c.Lifetime,
+		LowWatermark: c.LowWatermark, MaxKeys: c.MaxKeys, Version: c.Version,
+	}
+	for _, t := range c.Tiers {
+		l.Tiers = append(l.Tiers, hybrid.Tier(t))
+	}
+	return l
 }

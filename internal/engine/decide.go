@@ -16,6 +16,7 @@ import (
 // Flight is one refill on its way to Redis and back, and the requests waiting for it.
 type Flight struct {
 	lim       *Limit
+	shape     *Shape // the key's shape when the refill started
 	key       string // the key's ID
 	seq       uint64
 	want, min int
@@ -28,10 +29,11 @@ type Flight struct {
 // Waiter is a request waiting for a refill. The engine decides it when the refill is
 // answered or fails, or when the driver gives up on it (GiveUp); Done is closed then.
 type Waiter struct {
-	lim *Limit
-	key string // the key's ID
-	n   int
-	ch  chan struct{} // closed once decided
+	lim  *Limit
+	tier string
+	key  string // the key's ID
+	n    int
+	ch   chan struct{} // closed once decided
 
 	mu sync.Mutex
 	// The fields below are guarded by mu, which is taken before the key's store lock.
@@ -60,15 +62,26 @@ func (w *Waiter) set(d Decision) {
 
 // outcome is what decide found, filled in under the key's lock.
 type outcome struct {
-	d    Decision
-	st   Step
-	f    *Flight // a refill decide started, to send
-	w    *Waiter // the request's waiter, when it must wait
-	slot uint8   // the key's counter shard
-	key  string  // the key's ID, as its entry holds it
+	d     Decision
+	st    Step
+	f     *Flight // a refill decide started, to send
+	w     *Waiter // the request's waiter, when it must wait
+	slot  uint8   // the key's counter shard
+	key   string  // the key's ID, as its entry holds it
+	shape *Shape  // the key's shape
 }
 
-// Decide decides a request of cost n for key under lm at now, writing the decision to d.
+// refund queues the tokens the lease gives back.
+func (o *outcome) refund(e *Engine, lm *Limit) {
+	if o.st.Refund > 0 {
+		e.queueRefund(lm, o.shape, o.key, o.st.Refund)
+	}
+}
+
+// Decide decides a request of cost n for key under tier of lm ("" for the limit's own
+// rate and burst; a tier the limit does not have is that one too) at now, writing the
+// decision to d. A key decided under another shape than its last (another tier, or a
+// configuration SetLimit replaced) is re-shaped first.
 // On the common path (the lease holds enough unexpired tokens) it is one pass under the
 // key's store lock, with no allocation. When the request must wait for a refill it
 // returns a Waiter (and d is only provisional): the driver waits for Waiter.Done, or
@@ -79,18 +92,16 @@ type outcome struct {
 // a brace, is held as the digest its Redis key carries, so a server holds a bounded
 // number of bytes per key whatever the keys' length. Such a key costs a SHA-256 and an
 // allocation per decision.
-func (e *Engine) Decide(now time.Time, lm *Limit, key string, n int, d *Decision) *Waiter {
+func (e *Engine) Decide(now time.Time, lm *Limit, tier, key string, n int, d *Decision) *Waiter {
 	var o outcome
 	if !lm.keys.Update(now, wire.KeyID(key), func(en *entry, t time.Time) {
-		lm.decide(&o, en, t, n, nil)
+		lm.decide(&o, en, t, tier, n, nil)
 	}) {
 		*d = Decision{Reason: ReasonClosed, Servers: e.Servers()}
 		return nil
 	}
 	o.d.Servers = e.Servers()
-	if o.st.Refund > 0 {
-		e.queueRefund(lm, o.key, o.st.Refund)
-	}
+	o.refund(e, lm)
 	if o.f != nil && e.send(now, o.f, o.w) && o.w != nil {
 		// The refill failed at once (breaker open, stopped): the policy decided o.w.
 		*d = o.w.d
@@ -112,9 +123,13 @@ func (e *Engine) Decide(now time.Time, lm *Limit, key string, n int, d *Decision
 // denies or makes wait costs the pre-check nothing: for one server the default
 // pre-check (the fleet's own rate and burst) then never denies what the global bucket
 // alone would allow.
-func (lm *Limit) decide(o *outcome, en *entry, t time.Time, n int, w *Waiter) {
-	c := lm.lease.Load()
-	o.slot, o.key = en.slot, en.key
+func (lm *Limit) decide(o *outcome, en *entry, t time.Time, tier string, n int, w *Waiter) {
+	sh := lm.cur.Load().of(tier)
+	if en.shape != sh {
+		lm.reshape(en, sh, t)
+	}
+	c := sh.lease.Load()
+	o.slot, o.key, o.shape = en.slot, en.key, sh
 	if en.lease.CanServe(c, t, n) {
 		if !en.pre.AllowN(t, n) {
 			o.d = lm.preDenied(en, t, n)
@@ -140,12 +155,12 @@ func (lm *Limit) decide(o *outcome, en *entry, t time.Time, n int, w *Waiter) {
 	st := &o.st
 	o.d = Decision{Allowed: st.Action == Allow, Remaining: st.Remaining, RetryAfter: st.RetryAfter, Source: SourceLease, Reason: st.Reason}
 	if st.Refill.Want > 0 {
-		o.f = &Flight{lim: lm, key: en.key, seq: st.Refill.Seq, want: st.Refill.Want, min: st.Refill.Min}
+		o.f = &Flight{lim: lm, shape: sh, key: en.key, seq: st.Refill.Seq, want: st.Refill.Want, min: st.Refill.Min}
 		en.flight = o.f
 	}
 	switch {
 	case st.Action == Wait:
-		lm.join(o, en, n, w)
+		lm.join(o, en, tier, n, w)
 	case w != nil: // decided after waiting for a refill
 		o.d.Source = SourceGlobal
 		if o.d.Allowed {
@@ -156,7 +171,7 @@ func (lm *Limit) decide(o *outcome, en *entry, t time.Time, n int, w *Waiter) {
 
 // join makes the request wait for the key's refill in flight, as waiter w (a new one if
 // nil); it requires that the key's lock is held.
-func (lm *Limit) join(o *outcome, en *entry, n int, w *Waiter) {
+func (lm *Limit) join(o *outcome, en *entry, tier string, n int, w *Waiter) {
 	if en.flight == nil {
 		// The lease waits for a refill its entry no longer holds; it cannot happen,
 		// but a request must not wait for nothing: the policy decides it.
@@ -165,17 +180,17 @@ func (lm *Limit) join(o *outcome, en *entry, n int, w *Waiter) {
 		return
 	}
 	if w == nil {
-		w = &Waiter{lim: lm, key: en.key, n: n, ch: make(chan struct{})}
+		w = &Waiter{lim: lm, tier: tier, key: en.key, n: n, ch: make(chan struct{})}
 	}
 	en.flight.waiters = append(en.flight.waiters, w)
 	o.w = w
 }
 
-// preDenied is the decision of an empty pre-check bucket.
+// preDenied is the decision of an empty pre-check bucket, for a key with a shape.
 func (lm *Limit) preDenied(en *entry, t time.Time, n int) Decision {
 	d := Decision{Source: SourcePreCheck, Reason: ReasonPreCheck, RetryAfter: InfDuration}
-	if n <= lm.preBurst {
-		d.RetryAfter = tokenbucket.Duration(float64(n)-en.pre.TokensAt(t), float64(lm.preRate))
+	if n <= en.shape.preBurst {
+		d.RetryAfter = tokenbucket.Duration(float64(n)-en.pre.TokensAt(t), float64(en.shape.preRate))
 	}
 	return d
 }
@@ -194,7 +209,7 @@ func (e *Engine) GiveUp(now time.Time, w *Waiter, why Reason) Decision {
 		w.lim.stats.count(uint8(hashKey(w.key)%counterShards), &w.d, w.n)
 		return w.d
 	}
-	w.set(e.fallback(now, w.lim, w.key, w.n, why))
+	w.set(e.fallback(now, w.lim, w.tier, w.key, w.n, why))
 	return w.d
 }
 
@@ -209,15 +224,13 @@ func (e *Engine) recheck(now time.Time, w *Waiter) bool {
 	lm := w.lim
 	var o outcome
 	if !lm.keys.Update(now, w.key, func(en *entry, t time.Time) {
-		lm.decide(&o, en, t, w.n, w)
+		lm.decide(&o, en, t, w.tier, w.n, w)
 	}) {
 		w.set(Decision{Reason: ReasonClosed, Servers: e.Servers()})
 		return true
 	}
 	o.d.Servers = e.Servers()
-	if o.st.Refund > 0 {
-		e.queueRefund(lm, w.key, o.st.Refund)
-	}
+	o.refund(e, lm)
 	if o.f != nil && e.send(now, o.f, w) && o.w != nil {
 		return true // failed at once: decided by the policy
 	}
@@ -229,24 +242,30 @@ func (e *Engine) recheck(now time.Time, w *Waiter) bool {
 	return true
 }
 
-// fallback decides a request for the key of ID key by the limit's failure policy, after
-// the pre-check and the lease could not (Redis did not answer, or the breaker is open).
-// A request the policy admits still spends its pre-check tokens.
-func (e *Engine) fallback(now time.Time, lm *Limit, key string, n int, why Reason) Decision {
+// fallback decides a request for the key of ID key under tier by the limit's failure
+// policy (the tier's current shape's), after the pre-check and the lease could not
+// (Redis did not answer, or the breaker is open). A request the policy admits still
+// spends its pre-check tokens.
+func (e *Engine) fallback(now time.Time, lm *Limit, tier, key string, n int, why Reason) Decision {
 	servers := e.Servers()
+	sh := lm.Shape(tier)
 	d := Decision{Source: SourceFallback, Reason: why, Servers: servers}
 	slot := uint8(hashKey(key) % counterShards)
-	d.Allowed = lm.fallback.AllowN(now, key, n)
+	d.Allowed = sh.fallback.AllowN(now, key, n)
 	if !d.Allowed {
-		r, _, ok := lm.cfg.Policy.LocalLimit(lm.cfg.Rate, lm.cfg.Burst, servers, lm.cfg.MaxCost)
+		c := &sh.cfg
+		r, _, ok := c.Policy.LocalLimit(c.Rate, c.Burst, servers, c.MaxCost)
 		if !ok { // FailClosed: this server's share of the refill
-			r = rate.Limit(lm.glim.Rate / float64(servers))
+			r = rate.Limit(c.Rate / float64(servers))
 		}
 		d.RetryAfter = tokenbucket.Duration(float64(n), float64(r))
 	}
 	if d.Allowed && n > 0 {
 		lm.keys.Update(now, key, func(en *entry, t time.Time) {
 			slot = en.slot
+			if en.shape != sh {
+				lm.reshape(en, sh, t)
+			}
 			if !en.pre.AllowN(t, n) {
 				d = lm.preDenied(en, t, n)
 				d.Servers = servers
@@ -289,6 +308,6 @@ func (e *Engine) decideFailed(now time.Time, w, self *Waiter, err error) bool {
 		w.set(Decision{Reason: ReasonClosed, Servers: e.Servers()})
 		return true
 	}
-	w.set(e.fallback(now, w.lim, w.key, w.n, why))
+	w.set(e.fallback(now, w.lim, w.tier, w.key, w.n, why))
 	return true
 }

@@ -3,7 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
-	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,7 +12,6 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
-	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
 	"github.com/fleetlimit/fleetlimit/local"
 )
 
@@ -43,6 +42,10 @@ type LimitConfig struct {
 	Lifetime       time.Duration
 	LowWatermark   float64
 	MaxKeys        int
+	// Version orders changes of the bucket's parameters across the fleet
+	// (global.Limit.Version); Tiers are the limit's other rates and bursts, per key.
+	Version uint64
+	Tiers   []TierConfig
 }
 
 // Config configures one server's Engine.
@@ -88,8 +91,14 @@ type Config struct {
 // the driver to carry out and hand back to Done. See the package documentation for the
 // concurrency model.
 type Engine struct {
-	limits []*Limit
-	byName map[string]*Limit // nil when there are few limits: a scan is faster
+	limits atomic.Pointer[limitTable]
+	// cfgMu orders the changes of configuration (SetLimit, AddLimit, RemoveLimit) and
+	// of the fleet size, which resizes every shape.
+	cfgMu     sync.Mutex
+	removedMu sync.Mutex
+	removed   []*Limit // removed limits, whose refunds may still be out
+	seed      uint64
+	shards    int
 
 	fleet     string
 	beat      time.Duration
@@ -122,22 +131,12 @@ type Engine struct {
 
 // Limit is the state of one limit on this server. Obtain it with Engine.Limit.
 type Limit struct {
-	e        *Engine
-	cfg      LimitConfig
-	glim     global.Limit
-	lease    atomic.Pointer[LeaseConfig]
-	keys     *local.Store[entry]
-	fallback *breaker.Fallback
-	preRate  rate.Limit
-	preBurst int
-	seed     uint64
-	stats    limitCounters
-	window   time.Duration // Burst / Rate
-	perToken float64       // nanoseconds to refill one token at Rate
-	// lostWindow is how long a bucket surely keeps this server's take record after its
-	// last take: its TTL (at least Burst / Rate from any take), and at most the 120 s
-	// after which a crowded bucket may drop old records (lua.Take).
-	lostWindow time.Duration
+	e     *Engine
+	name  string
+	cur   atomic.Pointer[shapes] // the current configuration, one shape per tier
+	keys  *local.Store[entry]
+	seed  uint64
+	stats limitCounters
 }
 
 // entry is what one server holds for one (limit, key). It lives in the limit's bounded
@@ -145,6 +144,7 @@ type Limit struct {
 type entry struct {
 	pre    rate.Limiter
 	lease  Lease
+	shape  *Shape  // the shape the key was last decided on; nil for a new key
 	flight *Flight // the refill in flight, nil if none
 	slot   uint8   // which shard of the counters the key counts in
 	// key is the key's ID (wire.KeyID), the store's own copy: flights, waiters, refunds
@@ -153,9 +153,10 @@ type entry struct {
 }
 
 type refund struct {
-	lim *Limit
-	key string // the key's ID
-	n   int
+	lim   *Limit
+	shape *Shape // the key's shape when its tokens were given back
+	key   string // the key's ID
+	n     int
 }
 
 // New returns an Engine for cfg, or an error that says what is wrong with it (wrapping
@@ -187,88 +188,39 @@ func New(cfg Config) (*Engine, error) {
 		notify:  cfg.Notify,
 		decided: cfg.Decided,
 		rng:     cfg.Seed ^ 0x5eed7ac4,
+		seed:    cfg.Seed,
+		shards:  cfg.Shards,
 	}
 	e.servers.Store(int64(cfg.Servers))
-	e.tickEvery = time.Hour
+	var list []*Limit
 	for i, lc := range cfg.Limits {
-		if e.Limit(lc.Name) != nil {
+		if slices.ContainsFunc(list, func(l *Limit) bool { return l.name == lc.Name }) {
 			return nil, fmt.Errorf("limit %q configured twice", lc.Name)
 		}
 		lm, err := e.newLimit(lc, cfg.Servers, cfg.Shards, cfg.Seed+uint64(i)*0x9e3779b97f4a7c15)
 		if err != nil {
 			return nil, err
 		}
-		e.limits = append(e.limits, lm)
-		e.tickEvery = min(e.tickEvery, lm.lease.Load().Lifetime/4)
+		list = append(list, lm)
 	}
-	e.tickEvery = max(e.tickEvery, time.Millisecond)
-	if len(e.limits) > 8 {
-		e.byName = make(map[string]*Limit, len(e.limits))
-		for _, lm := range e.limits {
-			e.byName[lm.cfg.Name] = lm
-		}
-	}
+	e.limits.Store(newLimitTable(list))
+	e.tickEvery = e.tickInterval()
 	return e, nil
 }
 
 func (e *Engine) newLimit(c LimitConfig, servers, shards int, seed uint64) (*Limit, error) {
-	glim, err := global.NewLimit(c.Name, c.Rate, c.Burst)
+	ss, c, err := buildShapes(c, servers)
 	if err != nil {
 		return nil, err
 	}
-	if err := c.Policy.Validate(); err != nil {
-		return nil, fmt.Errorf("limit %q: %w", c.Name, err)
-	}
-	switch {
-	case c.PreRate < 0 || math.IsNaN(c.PreRate) || math.IsInf(c.PreRate, 0):
-		return nil, fmt.Errorf("limit %q: PreRate %v", c.Name, c.PreRate)
-	case c.PreBurst < 0:
-		return nil, fmt.Errorf("limit %q: PreBurst %d", c.Name, c.PreBurst)
-	case c.MaxWait < 0:
-		return nil, fmt.Errorf("limit %q: MaxWait %v", c.Name, c.MaxWait)
-	case c.MaxCost < 0 || c.MaxCost > c.Burst:
-		return nil, fmt.Errorf("limit %q: MaxCost %d must be between 1 and Burst %d", c.Name, c.MaxCost, c.Burst)
-	case c.PreRate > c.Rate || c.PreBurst > c.Burst:
-		return nil, fmt.Errorf("limit %q: the pre-check (%v/s, burst %d) must be tighter than the limit (%v/s, burst %d)", c.Name, c.PreRate, c.PreBurst, c.Rate, c.Burst)
-	case c.MaxKeys < 0:
-		return nil, fmt.Errorf("limit %q: MaxKeys %d", c.Name, c.MaxKeys)
-	}
-	c.MaxWait = cmpOr(c.MaxWait, DefaultMaxWait)
-	c.MaxCost = max(c.MaxCost, 1)
-	c.PreRate = cmpOr(c.PreRate, c.Rate)
-	c.PreBurst = cmpOr(c.PreBurst, c.Burst)
-	lc, err := LeaseConfig{
-		Rate: c.Rate, Burst: c.Burst, Servers: servers,
-		RefillInterval: c.RefillInterval, Lifetime: c.Lifetime, LowWatermark: c.LowWatermark,
-	}.Normalize()
-	if err != nil {
-		return nil, fmt.Errorf("limit %q: %w", c.Name, err)
-	}
-	lm := &Limit{
-		e: e, cfg: c, glim: glim, seed: seed,
-		preRate: rate.Limit(c.PreRate), preBurst: c.PreBurst,
-		window: tokenbucket.Duration(float64(c.Burst), c.Rate), perToken: float64(time.Second) / c.Rate,
-	}
-	lm.lostWindow = min(lm.window, 120*time.Second)
-	lm.lease.Store(&lc)
-	// Idle keys go after twice the lease lifetime, and not before their pre-check bucket
-	// would be full again (a dropped bucket comes back full), the fill time capped at a
-	// day; their leases are refunded.
-	fill := min(tokenbucket.Duration(float64(c.PreBurst), c.PreRate), 24*time.Hour)
+	lm := &Limit{e: e, name: c.Name, seed: seed}
+	lm.cur.Store(ss)
 	lm.keys, err = local.NewStore(local.StoreConfig[entry]{
 		MaxKeys:     c.MaxKeys,
-		IdleTimeout: max(2*lc.Lifetime, fill+time.Second),
+		IdleTimeout: ss.idleTimeout(),
 		Shards:      shards,
 		Init:        lm.initEntry,
 		OnEvict:     func(key string, en *entry, _ local.EvictReason) { lm.evicted(key, en) },
-	})
-	if err != nil {
-		return nil, fmt.Errorf("limit %q: %w", c.Name, err)
-	}
-	// FailLocal: a per-key local limit of this server's share of the fleet limit (rate /
-	// servers, burst max(ceil(burst / servers), MaxCost)), resized when the count moves.
-	lm.fallback, err = breaker.NewFallback(c.Policy, breaker.FallbackConfig{
-		Rate: c.Rate, Burst: c.Burst, Servers: servers, MaxCost: c.MaxCost, MaxKeys: c.MaxKeys,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("limit %q: %w", c.Name, err)
@@ -286,73 +238,67 @@ func cmpOr[T comparable](v, def T) T {
 
 // Limit returns the named limit, or nil if the engine has none of that name.
 func (e *Engine) Limit(name string) *Limit {
-	if e.byName != nil {
-		return e.byName[name]
+	t := e.limits.Load()
+	if t.byName != nil {
+		return t.byName[name]
 	}
-	for _, lm := range e.limits {
-		if lm.cfg.Name == name {
+	for _, lm := range t.list {
+		if lm.name == name {
 			return lm
 		}
 	}
 	return nil
 }
 
-// Config returns the limit's configuration with its defaults filled in.
-func (lm *Limit) Config() LimitConfig { return lm.cfg }
+// Config returns the limit's current configuration with its defaults filled in.
+func (lm *Limit) Config() LimitConfig { return lm.cur.Load().base.cfg }
+
+// Shape returns the current shape of tier ("" for the limit's own rate and burst; a
+// tier the limit does not have is that one too).
+func (lm *Limit) Shape(tier string) *Shape { return lm.cur.Load().of(tier) }
+
+// HasTier reports whether the limit has tier now ("" always).
+func (lm *Limit) HasTier(tier string) bool { return tier == "" || lm.cur.Load().of(tier).tier == tier }
 
 // Window returns the time the limit's bucket takes to refill from empty (Burst / Rate).
-func (lm *Limit) Window() time.Duration { return lm.window }
+func (lm *Limit) Window() time.Duration { return lm.Shape("").window }
 
-// RefillTime returns the time the limit's bucket takes to refill n tokens at Rate: 0 for
-// n <= 0, InfDuration when that does not fit a time.Duration.
-func (lm *Limit) RefillTime(n int) time.Duration {
-	if n <= 0 {
-		return 0
-	}
-	if ns := float64(n) * lm.perToken; ns < float64(InfDuration) {
-		return time.Duration(ns)
-	}
-	return InfDuration
-}
+// RefillTime is Shape("").RefillTime.
+func (lm *Limit) RefillTime(n int) time.Duration { return lm.Shape("").RefillTime(n) }
 
-// Name returns the limit's name; Rate and Burst its fleet-wide refill rate and capacity.
-// Unlike Config they copy nothing, for the hot path.
-func (lm *Limit) Name() string  { return lm.cfg.Name }
-func (lm *Limit) Rate() float64 { return lm.cfg.Rate }
-func (lm *Limit) Burst() int    { return lm.cfg.Burst }
+// Name returns the limit's name; Rate and Burst its fleet-wide refill rate and capacity
+// (of the tier ""). Unlike Config they copy nothing, for the hot path.
+func (lm *Limit) Name() string  { return lm.name }
+func (lm *Limit) Rate() float64 { return lm.Shape("").cfg.Rate }
+func (lm *Limit) Burst() int    { return lm.Shape("").cfg.Burst }
 
-// Limits returns the engine's limits, in the order of its Config; the slice is the
-// engine's own, not to be modified.
-func (e *Engine) Limits() []*Limit { return e.limits }
+// Limits returns the engine's limits, in the order they were configured; the slice is
+// the engine's own, not to be modified.
+func (e *Engine) Limits() []*Limit { return e.limits.Load().list }
 
 // Servers returns the live server count the limits are divided by.
 func (e *Engine) Servers() int { return int(e.servers.Load()) }
 
 // setServers divides every limit among n live servers from now on.
 func (e *Engine) setServers(now time.Time, n int) {
+	e.cfgMu.Lock()
+	defer e.cfgMu.Unlock()
 	if int64(n) == e.servers.Swap(int64(n)) {
 		return
 	}
-	for _, lm := range e.limits {
-		c := *lm.lease.Load()
-		c.Servers = n
-		lm.lease.Store(&c)
-		_ = lm.fallback.SetServersAt(now, n) // valid: the limit was accepted at New
+	for _, lm := range e.limits.Load().list {
+		for _, s := range lm.cur.Load().all() {
+			s.setServers(now, n)
+		}
 	}
 }
 
-// initEntry makes the state of a key new to this server: a full pre-check bucket and an
-// empty lease. A zero rate.Limiter holds no tokens, and filling it by starting its history
-// one fill time in the past fails for slow rates (a burst of 5 at one a day needs five
-// days; slower ones overflow a time.Duration). Instead: burst set, then an infinite rate
-// for one nanosecond fills it (x/time/rate caps the tokens at the burst), then the real
-// rate from now on.
+// initEntry makes the state of a key new to this server: an empty lease, and no shape
+// yet (its first decision gives it one, with a full pre-check bucket: reshape).
 func (lm *Limit) initEntry(en *entry, key string, now time.Time) {
-	before := now.Add(-time.Nanosecond)
-	en.pre.SetBurstAt(before, lm.preBurst)
-	en.pre.SetLimitAt(before, rate.Inf)
-	en.pre.SetLimitAt(now, lm.preRate)
 	h := hashKey(key)
+	en.pre = rate.Limiter{}
+	en.shape = nil
 	en.lease = NewLease(lm.seed ^ h)
 	en.flight = nil
 	en.slot = uint8(h % counterShards)
@@ -364,7 +310,7 @@ func (lm *Limit) initEntry(en *entry, key string, now time.Time) {
 func (lm *Limit) evicted(key string, en *entry) {
 	en.flight = nil
 	if n := en.lease.Drain(); n > 0 {
-		lm.e.queueRefund(lm, key, n)
+		lm.e.queueRefund(lm, en.shape, key, n)
 	}
 }
 

@@ -36,7 +36,7 @@ func testEngine(t *testing.T, mod func(*Config)) (*Engine, *Limit) {
 // decide is Decide returning the decision.
 func decide(e *Engine, now time.Time, lm *Limit, key string, n int) (Decision, *Waiter) {
 	var d Decision
-	w := e.Decide(now, lm, key, n, &d)
+	w := e.Decide(now, lm, "", key, n, &d)
 	return d, w
 }
 
@@ -167,9 +167,9 @@ func TestTripsBatchAndTakeTurns(t *testing.T) {
 	for i := range MaxBatch + 10 {
 		decide(e, t0, lm, fmt.Sprint("k", i), 1)
 	}
-	e.queueRefund(lm, "a", 3)
-	e.queueRefund(lm, "b", 1)
-	e.queueRefund(lm, "a", 200) // summed with the first, capped at the burst
+	e.queueRefund(lm, nil, "a", 3)
+	e.queueRefund(lm, nil, "b", 1)
+	e.queueRefund(lm, nil, "a", 200) // summed with the first, capped at the burst
 	var kinds []string
 	for trip := e.Next(); trip != nil; trip = e.Next() {
 		kinds = append(kinds, fmt.Sprintf("%d×%d", trip.Kind, len(trip.Takes)+len(trip.Refunds)))
@@ -191,7 +191,7 @@ func TestTripsBatchAndTakeTurns(t *testing.T) {
 func TestSlowRefundTripIsSentAgainInHalves(t *testing.T) {
 	e, lm := testEngine(t, nil)
 	for i := range 5 {
-		e.queueRefund(lm, fmt.Sprint("k", i), 1)
+		e.queueRefund(lm, nil, fmt.Sprint("k", i), 1)
 	}
 	trip := e.Next()
 	seqs := map[global.KeyID]uint64{}
@@ -222,7 +222,7 @@ func TestSlowRefundTripIsSentAgainInHalves(t *testing.T) {
 		t.Fatalf("stats %+v", s)
 	}
 	// Any other failure drops the refunds: the tokens stay spent.
-	e.queueRefund(lm, "k", 2)
+	e.queueRefund(lm, nil, "k", 2)
 	trip = e.Next()
 	trip.Err = errors.New("refused")
 	e.Done(t0, trip)
@@ -255,7 +255,7 @@ func TestShutdown(t *testing.T) {
 	}
 	// A refund queued after Finish (a request that raced the shutdown) is counted lost,
 	// not left in a queue nobody sends.
-	e.queueRefund(lm, "late", 3)
+	e.queueRefund(lm, nil, "late", 3)
 	if s := e.Stats(); s.RefundsLost != 3 {
 		t.Fatalf("RefundsLost %d, want 3", s.RefundsLost)
 	}
@@ -284,7 +284,7 @@ func TestHeartbeatDividesTheLimits(t *testing.T) {
 	}
 	trip.Live, trip.Answered = 10, true
 	e.Done(beat, trip)
-	if e.Servers() != 10 || lm.lease.Load().Servers != 10 {
+	if e.Servers() != 10 || lm.Shape("").lease.Load().Servers != 10 {
 		t.Fatalf("servers %d after a heartbeat answering 10", e.Servers())
 	}
 	if got := e.NextTick().Sub(t0); got < DefaultLifetime/8 || got >= 3*DefaultLifetime/8 {

@@ -7,12 +7,14 @@ import (
 )
 
 // Look answers, without spending or changing anything, whether a request of cost n for
-// key under lm would be denied now by what this server knows for certain: a cost above
-// the limit's burst, or a pre-check bucket without n tokens. It returns that denial and
-// true, or false when the request may pass (from the lease, or after a refill). A caller
-// that decides several items all or nothing looks at every item before it spends on any.
-func (e *Engine) Look(now time.Time, lm *Limit, key string, n int) (Decision, bool) {
-	if n > lm.cfg.Burst {
+// key under tier of lm would be denied now by what this server knows for certain: a cost
+// above the tier's burst, or a pre-check bucket without n tokens (of a key that would
+// not be re-shaped). It returns that denial and true, or false when the request may pass
+// (from the lease, or after a refill). A caller that decides several items all or
+// nothing looks at every item before it spends on any.
+func (e *Engine) Look(now time.Time, lm *Limit, tier, key string, n int) (Decision, bool) {
+	sh := lm.Shape(tier)
+	if n > sh.cfg.Burst {
 		return Decision{Source: SourceLease, Reason: ReasonExceedsBurst, RetryAfter: InfDuration, Servers: e.Servers()}, true
 	}
 	if n <= 0 {
@@ -21,7 +23,7 @@ func (e *Engine) Look(now time.Time, lm *Limit, key string, n int) (Decision, bo
 	var d Decision
 	denied := false
 	lm.keys.Peek(wire.KeyID(key), func(en *entry, _ time.Time) {
-		if en.pre.TokensAt(now) < float64(n) {
+		if en.shape == sh && en.pre.TokensAt(now) < float64(n) {
 			d, denied = lm.preDenied(en, now, n), true
 		}
 	})
@@ -43,8 +45,12 @@ func (e *Engine) Return(now time.Time, lm *Limit, key string, n int, d Decision)
 	fromLease := spends(d.Reason)
 	slot := uint8(hashKey(id) % counterShards)
 	back := false // the lease took its tokens back
+	sh := lm.Shape("")
 	lm.keys.Peek(id, func(en *entry, last time.Time) {
 		slot = en.slot
+		if en.shape != nil {
+			sh = en.shape
+		}
 		if n <= 0 {
 			return
 		}
@@ -55,7 +61,7 @@ func (e *Engine) Return(now time.Time, lm *Limit, key string, n int, d Decision)
 		back = fromLease && en.lease.unspend(t, n)
 	})
 	if fromLease && n > 0 && !back {
-		e.queueRefund(lm, id, n) // the key is gone, or its tokens expired
+		e.queueRefund(lm, sh, id, n) // the key is gone, or its tokens expired
 	}
 	if fromLease && n > 0 {
 		lm.stats.decisions[slot%counterShards].returned.Add(int64(n))

@@ -38,8 +38,10 @@ func TestPreCheckNeverDeniesWhatTheBucketWouldAllow(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		lm := &Limit{preRate: rate.Limit(rateLimit), preBurst: burst, seed: uint64(seed)}
-		lm.lease.Store(&lc)
+		sh := &Shape{cfg: LimitConfig{Rate: rateLimit, Burst: burst}, preRate: rate.Limit(rateLimit), preBurst: burst}
+		sh.lease.Store(&lc)
+		lm := &Limit{seed: uint64(seed)}
+		lm.cur.Store(&shapes{base: sh})
 		var en entry
 		now := t0
 		lm.initEntry(&en, "k", now)
@@ -63,7 +65,7 @@ func TestPreCheckNeverDeniesWhatTheBucketWouldAllow(t *testing.T) {
 					t.Fatalf("seed %d step %d: no decision after 10 refills", seed, step)
 				}
 				var o outcome
-				lm.decide(&o, &en, now, n, w)
+				lm.decide(&o, &en, now, "", n, w)
 				d, st, f := o.d, o.st, o.f
 				w = o.w
 				g.refund(now, st.Refund)
@@ -108,9 +110,10 @@ func TestPreCheckStartsFull(t *testing.T) {
 		rate  float64
 		burst int
 	}{{1000, 1}, {1, 100}, {1.0 / 86400, 5}, {1e-11, 1 << 20}} {
-		lm := &Limit{preRate: rate.Limit(tc.rate), preBurst: tc.burst}
+		lm := &Limit{}
 		var en entry
 		lm.initEntry(&en, "k", t0)
+		lm.reshape(&en, &Shape{preRate: rate.Limit(tc.rate), preBurst: tc.burst}, t0)
 		if got := en.pre.TokensAt(t0); got != float64(tc.burst) {
 			t.Errorf("rate %v burst %d: a new key's pre-check holds %v, want %d", tc.rate, tc.burst, got, tc.burst)
 		}

@@ -33,6 +33,9 @@ type LimitStats struct {
 	// GivenBack counts admitted decisions undone by Engine.Return (another item of an
 	// all-or-nothing request was denied). They stay counted in Decisions as admitted.
 	GivenBack int64
+	// Reshaped counts keys re-shaped with other bucket parameters (another tier, or a
+	// configuration SetLimit replaced): their leased tokens were given back.
+	Reshaped int64
 }
 
 // counterShards spreads the per-decision counters over cache lines by key, so that
@@ -52,6 +55,7 @@ type limitCounters struct {
 	granted, refunded, refundsLost atomic.Int64
 	lostBuckets                    atomic.Int64
 	givenBack                      atomic.Int64
+	reshaped                       atomic.Int64
 }
 
 // decisionCounters are one shard of a limit's decision counters. extra is the tokens
@@ -110,6 +114,7 @@ func (lm *Limit) Stats() LimitStats {
 	s.Takes, s.RefillErrors = c.takes.Load(), c.refillErrors.Load()
 	s.Granted, s.Refunded, s.RefundsLost = c.granted.Load(), c.refunded.Load(), c.refundsLost.Load()
 	s.Held = max(s.Granted-spent-s.Refunded-s.RefundsLost, 0)
+	s.Reshaped = c.reshaped.Load()
 	s.LostBuckets = c.lostBuckets.Load()
 	s.GivenBack = c.givenBack.Load()
 	return s
@@ -122,7 +127,7 @@ func (e *Engine) Stats() Stats {
 		Heartbeats: e.stats.heartbeats.Load(),
 		Servers:    e.Servers(),
 	}
-	for _, lm := range e.limits {
+	for _, lm := range e.Limits() {
 		ls := lm.Stats()
 		for a := range ls.Decisions {
 			for src := range ls.Decisions[a] {

@@ -3,6 +3,7 @@ package engine
 import (
 	"container/heap"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/breaker"
@@ -98,7 +99,7 @@ func (e *Engine) takeTrip() *Trip {
 	t := &Trip{Kind: TakeTrip, flights: batch,
 		Takes: make([]global.TakeRequest, len(batch)), TakeResults: make([]global.TakeResult, len(batch))}
 	for i, f := range batch {
-		t.Takes[i] = global.TakeRequest{Limit: f.lim.glim, ID: global.KeyID(f.key), Want: f.want, Min: f.min}
+		t.Takes[i] = global.TakeRequest{Limit: f.shape.glim, ID: global.KeyID(f.key), Want: f.want, Min: f.min}
 	}
 	return t
 }
@@ -121,18 +122,19 @@ func (e *Engine) refundTrip() *Trip {
 			if !ok {
 				i = len(reqs)
 				at[k] = i
-				reqs = append(reqs, global.RefundRequest{Limit: r.lim.glim, ID: global.KeyID(r.key), Seq: e.nextSeq()})
+				reqs = append(reqs, global.RefundRequest{ID: global.KeyID(r.key), Seq: e.nextSeq()})
 				lims = append(lims, r.lim)
 			}
+			reqs[i].Limit = r.shape.glim // the key's latest shape
 			reqs[i].N += r.n
 		}
 		e.refunds = nil
 		for i := range reqs {
-			if over := reqs[i].N - lims[i].glim.Burst; over > 0 {
+			if over := reqs[i].N - reqs[i].Limit.Burst; over > 0 {
 				// Redis caps a bucket at its burst: what is above it needs no trip, and
 				// counts as given back, so that Held returns to 0.
 				lims[i].stats.refunded.Add(int64(over))
-				reqs[i].N = lims[i].glim.Burst
+				reqs[i].N = reqs[i].Limit.Burst
 			}
 		}
 		for lo := 0; lo < len(reqs); lo += MaxBatch {
@@ -206,9 +208,19 @@ func (e *Engine) refunded(t *Trip) {
 }
 
 // counters returns the counters of the limit named name. Every refund names a limit of
-// this engine.
+// this engine, or one it removed.
 func (e *Engine) counters(name string) *limitCounters {
-	return &e.Limit(name).stats
+	if lm := e.Limit(name); lm != nil {
+		return &lm.stats
+	}
+	e.removedMu.Lock()
+	defer e.removedMu.Unlock()
+	for _, lm := range slices.Backward(e.removed) {
+		if lm.name == name {
+			return &lm.stats
+		}
+	}
+	return &limitCounters{} // not reached
 }
 
 // send queues refill f, or fails it at once when the breaker is open or the engine is
@@ -241,6 +253,7 @@ func (e *Engine) send(now time.Time, f *Flight, self *Waiter) bool {
 func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Waiter) {
 	lm := f.lim
 	back, found := 0, false
+	lifetime := f.shape.lease.Load().Lifetime
 	var ws []*Waiter
 	lm.keys.Peek(f.key, func(en *entry, last time.Time) {
 		if en.flight != f {
@@ -256,10 +269,13 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 		// A bucket with no record of this server, which took from it within the time its
 		// records surely live: the bucket was lost (evicted, flushed, deleted) and came
 		// back full.
-		if en.lease.answeredWithin(later(now, last), lm.lostWindow) && g.First {
+		sh := en.shape
+		if en.lease.answeredWithin(later(now, last), sh.lostWindow) && g.First {
 			lm.stats.lostBuckets.Add(1)
 		}
-		back = en.lease.Granted(lm.lease.Load(), later(now, last), f.seq, g)
+		lc := sh.lease.Load()
+		lifetime = lc.Lifetime
+		back = en.lease.Granted(lc, later(now, last), f.seq, g)
 	})
 	if !found {
 		// The key was evicted (or the store closed) while f was out: no request can join
@@ -275,11 +291,11 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 		lm.stats.refillErrors.Add(1)
 	}
 	if back > 0 {
-		e.queueRefund(lm, f.key, back)
+		e.queueRefund(lm, f.shape, f.key, back)
 	}
 	if err == nil && g.Granted > back {
 		e.mu.Lock()
-		heap.Push(&e.expiries, expiry{lim: lm, key: f.key, at: now.Add(lm.lease.Load().Lifetime)})
+		heap.Push(&e.expiries, expiry{lim: lm, key: f.key, at: now.Add(lifetime)})
 		e.mu.Unlock()
 	}
 	for _, w := range ws {
@@ -302,8 +318,12 @@ func later(a, b time.Time) time.Time {
 	return a
 }
 
-// queueRefund queues n tokens of (lm, key) to be given back to the bucket.
-func (e *Engine) queueRefund(lm *Limit, key string, n int) {
+// queueRefund queues n tokens of (lm, key) to be given back to the bucket, for a key of
+// shape sh (nil: the limit's own).
+func (e *Engine) queueRefund(lm *Limit, sh *Shape, key string, n int) {
+	if sh == nil {
+		sh = lm.Shape("")
+	}
 	e.mu.Lock()
 	if e.finished {
 		// Finish has counted the last refunds: a request that raced it found expired
@@ -312,7 +332,7 @@ func (e *Engine) queueRefund(lm *Limit, key string, n int) {
 		lm.stats.refundsLost.Add(int64(n))
 		return
 	}
-	e.refunds = append(e.refunds, refund{lim: lm, key: key, n: n})
+	e.refunds = append(e.refunds, refund{lim: lm, shape: sh, key: key, n: n})
 	e.mu.Unlock()
 	e.wake()
 }
@@ -355,11 +375,14 @@ func (e *Engine) Tick(now time.Time) {
 	e.mu.Unlock()
 	for _, x := range due {
 		n := 0
+		var sh *Shape
 		x.lim.keys.Peek(x.key, func(en *entry, last time.Time) {
-			n = en.lease.Expire(x.lim.lease.Load(), later(now, last))
+			if sh = en.shape; sh != nil {
+				n = en.lease.Expire(sh.lease.Load(), later(now, last))
+			}
 		})
 		if n > 0 {
-			e.queueRefund(x.lim, x.key, n)
+			e.queueRefund(x.lim, sh, x.key, n)
 		}
 	}
 	if due != nil || beat {
@@ -401,9 +424,11 @@ func (e *Engine) Stop(now time.Time) {
 // fallbacks; requests are then denied with ReasonClosed. Call it after Stop, once no
 // Trip is out.
 func (e *Engine) Drain() {
-	for _, lm := range e.limits {
+	for _, lm := range e.Limits() {
 		lm.keys.Close() // drains every lease through evicted
-		lm.fallback.Close()
+		for _, s := range lm.cur.Load().all() {
+			s.fallback.Close()
+		}
 	}
 	e.mu.Lock()
 	e.expiries = nil

@@ -350,7 +350,8 @@ func (m *Model) Take(now time.Time, key string, capacity, rate float64, want, mi
 }
 
 // Refund runs lua.Refund: amount tokens back, capped at capacity, idempotent per (server,
-// seq), on the parameters the bucket holds (the caller's if it holds none).
+// seq), on the parameters the bucket holds (the caller's if it holds none); nothing back
+// when those are not the caller's.
 func (m *Model) Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq, version uint64) wire.RefundReply {
 	field := "r:" + server
 	m.tick(now)
@@ -358,6 +359,9 @@ func (m *Model) Refund(now time.Time, key string, capacity, rate float64, amount
 	e := m.get(key)
 	p := Params{capacity, rate, version}
 	if held, ok := e.held(); ok {
+		if held != p {
+			amount = 0 // leased under other parameters
+		}
 		p = held // a refund never re-shapes
 	}
 	capacity, rate = p.Capacity, p.Rate

@@ -1,0 +1,101 @@
+package hybrid
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Limits returns the Limiter's limits as they are now, defaults filled in, in the order
+// they were added: what a configuration reload compares with.
+func (l *Limiter) Limits() []Limit {
+	var out []Limit
+	for _, lm := range l.eng.Limits() {
+		out = append(out, limitOf(lm.Config()))
+	}
+	return out
+}
+
+// SetLimit changes the limit named lim.Name while the Limiter runs: its Rate, Burst,
+// Tiers, pre-check, Policy, MaxWait and lease tuning. MaxKeys cannot change (remove the
+// limit and add it again). Nothing is dropped: requests being decided finish on the old
+// configuration, later ones run on the new. Each key moves to it on its next request
+// on this server; where its Rate, Burst or pre-check changed, that server gives back the
+// tokens it leased for the key first, and the key's bucket in Redis takes the new Rate
+// and Burst at its next refill, on Redis's clock, without gaining tokens.
+//
+// A change of Rate or Burst (the limit's or a tier's, or a tier added or removed) needs
+// a higher Version than the current one: the servers of a fleet learn of a change at
+// different instants, and each bucket keeps the highest Version it has seen, so a
+// server still on the old configuration is answered on the new one by Redis
+// (docs/limits.md states the bound that holds meanwhile). A lower Version is refused.
+// The error wraps ErrInvalidConfig.
+func (l *Limiter) SetLimit(lim Limit) error {
+	if err := l.eng.SetLimit(l.clock.Now(), engineLimit(lim)); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return nil
+}
+
+// AddLimit adds a limit to the running Limiter. Its name must be new. The error wraps
+// ErrInvalidConfig.
+func (l *Limiter) AddLimit(lim Limit) error {
+	if l.closed.Load() {
+		return ErrClosed
+	}
+	if err := l.eng.AddLimit(engineLimit(lim)); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return nil
+}
+
+// RemoveLimit removes the named limit from the running Limiter: calls for it return
+// ErrUnknownLimit from now on (a request deciding at that instant may be denied with
+// ReasonClosed), the tokens this server leased for its keys are refunded, and its
+// counters leave Stats. The error wraps ErrUnknownLimit for a name the Limiter does not
+// have.
+func (l *Limiter) RemoveLimit(name string) error {
+	if l.eng.Limit(name) == nil {
+		return fmt.Errorf("%w: %q", ErrUnknownLimit, name)
+	}
+	if err := l.eng.RemoveLimit(name); err != nil {
+		return fmt.Errorf("%w: %w", ErrUnknownLimit, err)
+	}
+	return nil
+}
+
+// Reconfigure makes the Limiter's limits those of limits, as a reloaded configuration
+// file gives them: limits it lacks are added, limits not in limits are removed, and the
+// others changed with SetLimit's rules. Every limit is checked first, and nothing is
+// changed if one is refused; the error wraps ErrInvalidConfig and names it.
+func (l *Limiter) Reconfigure(limits []Limit) error {
+	if len(limits) == 0 {
+		return fmt.Errorf("%w: no limits", ErrInvalidConfig)
+	}
+	for i, lim := range limits {
+		if slices.ContainsFunc(limits[:i], func(o Limit) bool { return o.Name == lim.Name }) {
+			return fmt.Errorf("%w: limit %q configured twice", ErrInvalidConfig, lim.Name)
+		}
+		if err := l.eng.CheckLimit(engineLimit(lim)); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+	}
+	for _, lm := range l.eng.Limits() {
+		if !slices.ContainsFunc(limits, func(o Limit) bool { return o.Name == lm.Name() }) {
+			if err := l.RemoveLimit(lm.Name()); err != nil {
+				return err
+			}
+		}
+	}
+	for _, lim := range limits {
+		var err error
+		if l.eng.Limit(lim.Name) == nil {
+			err = l.AddLimit(lim)
+		} else {
+			err = l.SetLimit(lim)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
