@@ -63,6 +63,7 @@ var checks = map[string]func(t *testing.T, runs []outcome){
 	},
 	"redis-outage":    checkOutage,
 	"redis-partition": checkPartition,
+	"limit-change":    checkLimitChange,
 	"clock-skew": func(t *testing.T, runs []outcome) {
 		script, scriptFast := pick(t, runs, "script (TIME)"), pick(t, runs, "script (TIME), srv0 +2s")
 		caller, callerFast := pick(t, runs, "caller clock"), pick(t, runs, "caller clock, srv0 +2s")
@@ -157,6 +158,28 @@ func checkPartition(t *testing.T, runs []outcome) {
 			atMost(t, "fail-local: admitted / limit during the partition", u.OverLimit, 1.6)
 		}
 		t.Logf("%s during the partition: %.4f× the limit", o.name(), u.OverLimit)
+	}
+}
+
+// checkLimitChange: a limit halved or doubled while the change reaches the servers over
+// half the run. The hottest key stays within 2·max(B_old, B_new) + max(r_old, r_new)·W
+// over every window that overlaps the convergence, within 2·B_new + r_new·W after it,
+// and runs at the new rate from a second after the first server has the change: the
+// bucket keeps the highest Version's rate (ChangeResult).
+func checkLimitChange(t *testing.T, runs []outcome) {
+	for _, o := range runs {
+		if len(o.res.LimitChanges) != 1 {
+			t.Fatalf("%s: %d limit changes measured, want 1", o.name(), len(o.res.LimitChanges))
+		}
+		c := o.res.LimitChanges[0]
+		atMost(t, o.name()+": admissions over the bound while servers disagree", c.DuringOverBound, 1)
+		atMost(t, o.name()+": admissions over the bound once they agree", c.AfterOverBound, 1)
+		atLeast(t, o.name()+": admitted / new rate while servers disagree", c.DuringPerS/c.NewRate, 0.9)
+		atMost(t, o.name()+": admitted / new rate while servers disagree", c.DuringPerS/c.NewRate, 1.1)
+		atLeast(t, o.name()+": admitted / new rate once they agree", c.AfterPerS/c.NewRate, 0.9)
+		atMost(t, o.name()+": admitted / new rate once they agree", c.AfterPerS/c.NewRate, 1.1)
+		t.Logf("%s: %v/s burst %d -> %v/s burst %d over %.1f s: worst window %.3f of the bound while servers disagree (%s), %.3f after (%s); %.0f/s while they disagree, %.0f/s after",
+			o.name(), c.OldRate, c.OldBurst, c.NewRate, c.NewBurst, c.SpreadS, c.DuringOverBound, c.DuringW, c.AfterOverBound, c.AfterW, c.DuringPerS, c.AfterPerS)
 	}
 }
 

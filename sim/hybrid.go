@@ -138,6 +138,7 @@ func (h *hybridStrat) join(s *server) error {
 	}
 	hs.lim = hs.eng.Limit(limitName)
 	s.state = hs
+	h.scheduleChanges(s, hs)
 	h.run(s, hs)
 	return nil
 }

@@ -65,6 +65,7 @@ type Result struct {
 	Timeline                  []Bin            `json:"timeline"`
 	Outage                    *OutageResult    `json:"outage,omitempty"`
 	Partition                 *OutageResult    `json:"partition,omitempty"` // the partition window, measured as an outage is
+	LimitChanges              []ChangeResult   `json:"limit_changes,omitempty"`
 	FastServer                string           `json:"fast_server,omitempty"`
 	BreakerTransitions        int              `json:"breaker_transitions"`
 	Events                    uint64           `json:"events"`
@@ -121,6 +122,7 @@ type recorder struct {
 	keyReq, keyAdm           []int64
 	keyWait                  []int64           // decisions that waited (latency > 0), by key; cold runs only
 	admAt                    [][]time.Duration // admission instants of the tracked keys; cold runs only
+	hotAt                    []time.Duration   // admission instants of key 0, in runs with LimitChanges
 	outReq, outAdm           int64
 	outSources               [nSources][2]int64 // [source][allowed]
 }
@@ -199,6 +201,9 @@ func (r *recorder) decide(q *request, now time.Duration, allowed bool, src sourc
 	}
 	r.admitted++
 	r.keyAdm[q.key]++
+	if q.key == 0 && len(r.sc.LimitChanges) > 0 {
+		r.hotAt = append(r.hotAt, now)
+	}
 	if b != nil {
 		b.admitted++
 	}
@@ -257,6 +262,7 @@ func (r *recorder) result(st Strategy) Result {
 	if r.keyWait != nil {
 		res.Cold = r.coldResult()
 	}
+	res.LimitChanges = r.changeResults()
 	if sc.Keys == 1 {
 		res.AdmittedOverLimit = res.AdmittedPerS / sc.Rate
 	} else {

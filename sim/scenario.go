@@ -172,6 +172,10 @@ type Scenario struct {
 
 	// Churn resizes the fleet during the run.
 	Churn []Change
+	// LimitChanges change the limit's Rate and Burst during the run, reaching the
+	// servers over a spread of time (hybrid strategies only); Result.LimitChanges
+	// measures the hottest key around each.
+	LimitChanges []LimitChange
 	// Heartbeat, when set, makes the hybrid strategy's servers count each other in Redis,
 	// as a hybrid.Config with Fleet set does: each makes a heartbeat call every Heartbeat
 	// (a Redis call, counted as one) and divides the limit by the live count it answers.
@@ -306,6 +310,9 @@ func (sc Scenario) withDefaults() (Scenario, error) {
 		if c.Servers < 1 || c.At < 0 {
 			return bad("churn %+v: a fleet keeps at least one server", c)
 		}
+	}
+	if err := sc.checkChanges(); err != nil {
+		return bad("%v", err)
 	}
 	// The hybrid strategy's limit and breaker are checked by the library's own rules.
 	cfg := engineConfig(&sc, 0)

@@ -69,6 +69,13 @@ func suites(s scale, seed uint64) []suite {
 	churn.Name = "churn"
 	churn.Churn = []Change{{At: at(0.3), Servers: s.servers * 3 / 4}, {At: at(0.6), Servers: s.servers * 5 / 4}}
 	churn.Heartbeat = time.Second // the servers count each other in Redis
+	// A config reload that halves (or doubles) the limit reaches the servers one after
+	// another over half the run, from a fifth of it on.
+	lower := Scenario{Name: "limit-change", Servers: s.servers, Duration: T, Seed: seed,
+		Rate: 2000 * f, Burst: n(2000), Demand: 8000 * f, Policy: FailLocal,
+		LimitChanges: []LimitChange{{At: at(0.2), Spread: at(0.5), Rate: 1000 * f, Burst: n(1000)}}}
+	raise := lower
+	raise.LimitChanges = []LimitChange{{At: at(0.2), Spread: at(0.5), Rate: 4000 * f, Burst: n(4000)}}
 
 	policy := func(p Policy) run {
 		sc := outage
@@ -98,5 +105,6 @@ func suites(s scale, seed uint64) []suite {
 			{label: "hybrid, srv0 +2s", sc: fast, st: Hybrid},
 		}},
 		{"churn", []run{{sc: churn, st: Script}, {sc: churn, st: Hybrid}, {sc: churn, st: LocalOnly}}},
+		{"limit-change", []run{{label: "halved", sc: lower, st: Hybrid}, {label: "doubled", sc: raise, st: Hybrid}}},
 	}
 }

@@ -1,0 +1,178 @@
+package sim
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/internal/engine"
+	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
+)
+
+// LimitChange changes the limit's Rate and Burst during a run, as
+// hybrid.Limiter.SetLimit with the next Version does, and lets the fleet learn of it
+// over Spread: server i of the Servers at the start applies it at At + Spread·i/Servers
+// (a config reload that reaches servers one after another); a server that joins later
+// applies it when it joins, if its instant At + Spread has passed. The first change is
+// Version 1, the next 2, and so on. Only the hybrid strategies see it.
+type LimitChange struct {
+	At     time.Duration
+	Spread time.Duration
+	Rate   float64
+	Burst  int
+}
+
+// ChangeResult is how the hottest key (key 0) fared around one LimitChange: its
+// admissions over sliding windows, against the bound each part of the run states.
+//
+// While servers disagree (windows that overlap [At, At+Spread]) the fleet admits at most
+// 2·max(B_old, B_new) + max(r_old, r_new)·W in a window of length W: the bucket never
+// holds more than the larger burst, and the tokens outside it (leases under either
+// configuration) are at most the larger burst too. Once every server has the change
+// (windows starting at At+Spread or later) it is the usual 2·B_new + r_new·W.
+type ChangeResult struct {
+	AtS      float64 `json:"at_s"`
+	SpreadS  float64 `json:"spread_s"`
+	OldRate  float64 `json:"old_rate"`
+	OldBurst int     `json:"old_burst"`
+	NewRate  float64 `json:"new_rate"`
+	NewBurst int     `json:"new_burst"`
+	// DuringOverBound is the largest count of admissions in a window that overlaps the
+	// convergence interval, over its bound; DuringW the window length that gave it.
+	DuringOverBound float64 `json:"during_over_bound"`
+	DuringW         string  `json:"during_window"`
+	// AfterOverBound is the same for the windows that start once every server has the
+	// change (and before the next change).
+	AfterOverBound float64 `json:"after_over_bound"`
+	AfterW         string  `json:"after_window"`
+	// DuringPerS is the key's admissions per second from At+settle to At+Spread, while
+	// most servers may not have the change yet: the bucket runs on the highest Version
+	// any server took with, so the fleet runs at the new rate from the first server on.
+	// AfterPerS is the same from At+Spread+settle to the end (or to the next change).
+	// settle, the time a lowered bucket takes to drain to its new level, is Spread/5,
+	// at most 1 s.
+	DuringPerS float64 `json:"during_per_s"`
+	AfterPerS  float64 `json:"after_per_s"`
+}
+
+// changeWindows are the window lengths the change is checked over.
+var changeWindows = []time.Duration{100 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second, 5 * time.Second}
+
+// checkChanges validates the scenario's limit changes.
+func (sc *Scenario) checkChanges() error {
+	prev := time.Duration(-1)
+	for i, c := range sc.LimitChanges {
+		switch {
+		case c.At < 0 || c.Spread < 0:
+			return fmt.Errorf("limit change %d: negative At or Spread", i)
+		case c.At <= prev:
+			return fmt.Errorf("limit change %d at %v: changes must be in order of At", i, c.At)
+		case tokenbucket.Check(c.Rate, c.Burst) != nil:
+			return fmt.Errorf("limit change %d: %v", i, tokenbucket.Check(c.Rate, c.Burst))
+		case c.Burst < sc.Cost:
+			return fmt.Errorf("limit change %d: burst %d below the cost %d", i, c.Burst, sc.Cost)
+		}
+		prev = c.At
+	}
+	return nil
+}
+
+// changeAt is the instant server id applies change c.
+func (sc *Scenario) changeAt(c LimitChange, id int) time.Duration {
+	if id >= sc.Servers {
+		return c.At + c.Spread
+	}
+	return c.At + time.Duration(float64(c.Spread)*float64(id)/float64(sc.Servers))
+}
+
+// changedLimit is the limit of sc after its i-th change.
+func changedLimit(sc *Scenario, i int) engine.LimitConfig {
+	c := engineConfig(sc, 0).Limits[0]
+	ch := sc.LimitChanges[i]
+	c.Rate, c.Burst, c.Version = ch.Rate, ch.Burst, uint64(i+1)
+	if c.PreRate > c.Rate || c.PreBurst > c.Burst {
+		c.PreRate, c.PreBurst = 0, 0 // a pre-check tighter than the old limit may not be under the new
+	}
+	return c
+}
+
+// scheduleChanges applies sc's limit changes to the hybrid server s as they fall due:
+// those whose instant has passed at once, the others as events.
+func (h *hybridStrat) scheduleChanges(s *server, hs *hybridServer) {
+	f := h.f
+	for i, c := range f.sc.LimitChanges {
+		cfg := changedLimit(f.sc, i)
+		apply := func() {
+			if !s.alive || hs.leaving {
+				return
+			}
+			if err := hs.eng.SetLimit(s.clock(f.e.now), cfg); err != nil {
+				f.fail(fmt.Errorf("sim: %s: %w", s.name, err))
+			}
+			h.wake(s, hs)
+		}
+		if at := f.sc.changeAt(c, s.id); at <= f.e.now {
+			apply()
+		} else {
+			f.e.at(at, apply)
+		}
+	}
+}
+
+// hotRate is key 0's admissions per second in [from, to); 0 for an empty interval.
+func (r *recorder) hotRate(from, to time.Duration) float64 {
+	if to <= from {
+		return 0
+	}
+	n := 0
+	for _, s := range r.hotAt {
+		if s >= from && s < to {
+			n++
+		}
+	}
+	return float64(n) / (to - from).Seconds()
+}
+
+// changeResults measures the hottest key around each limit change, from its admission
+// instants (in order).
+func (r *recorder) changeResults() []ChangeResult {
+	sc := r.sc
+	var out []ChangeResult
+	oldRate, oldBurst := sc.Rate, sc.Burst
+	for i, c := range sc.LimitChanges {
+		end := sc.Duration
+		if i+1 < len(sc.LimitChanges) {
+			end = sc.LimitChanges[i+1].At
+		}
+		cr := ChangeResult{AtS: c.At.Seconds(), SpreadS: c.Spread.Seconds(),
+			OldRate: oldRate, OldBurst: oldBurst, NewRate: c.Rate, NewBurst: c.Burst}
+		converged := c.At + c.Spread
+		for _, w := range changeWindows {
+			during := 2*float64(max(oldBurst, c.Burst)) + max(oldRate, c.Rate)*w.Seconds()
+			after := 2*float64(c.Burst) + c.Rate*w.Seconds()
+			at := r.hotAt
+			j := 0
+			for k, s := range at {
+				for j < len(at) && at[j] < s+w {
+					j++
+				}
+				n := float64(j - k)
+				switch {
+				case s+w > c.At && s <= converged:
+					if v := n / during; v > cr.DuringOverBound {
+						cr.DuringOverBound, cr.DuringW = v, w.String()
+					}
+				case s > converged && s+w <= end:
+					if v := n / after; v > cr.AfterOverBound {
+						cr.AfterOverBound, cr.AfterW = v, w.String()
+					}
+				}
+			}
+		}
+		settle := min(time.Second, c.Spread/5) // for the bucket to drain to the new level
+		cr.DuringPerS = r.hotRate(c.At+settle, converged)
+		cr.AfterPerS = r.hotRate(converged+settle, end)
+		out = append(out, cr)
+		oldRate, oldBurst = c.Rate, c.Burst
+	}
+	return out
+}
