@@ -597,31 +597,37 @@ func (l *Limiter) result(lm *engine.Limit, tier, key string, d *engine.Decision,
 	return out, err
 }
 
-// wait waits for the decision of a request that waits for a refill: the engine's,
-// or the policy's once the limit's MaxWait has passed, or none once ctx ends.
+// wait waits for the decision of a request that waits for a refill (await), and
+// returns it as AllowN does.
 func (l *Limiter) wait(ctx context.Context, lm *engine.Limit, tier, key string, w *engine.Waiter, hook func(string, Decision)) (Decision, error) {
+	d, err := l.await(ctx, w)
+	return l.result(lm, tier, key, &d, err, hook)
+}
+
+// await waits for the decision of a request that waits for a refill: the engine's, or
+// the policy's once the limit's MaxWait has passed, or a denial with ctx.Err() once ctx
+// ends.
+func (l *Limiter) await(ctx context.Context, w *engine.Waiter) (engine.Decision, error) {
 	select {
 	case <-w.Done(): // decided already
-		d := w.Decision()
-		return l.result(lm, tier, key, &d, nil, hook)
+		return w.Decision(), nil
 	default:
 	}
 	expired := make(chan struct{})
-	stop := l.clock.AfterFunc(lm.Config().MaxWait, func() { close(expired) })
+	stop := l.clock.AfterFunc(w.Limit().Config().MaxWait, func() { close(expired) })
 	defer stop()
-	var d engine.Decision
 	select {
 	case <-w.Done():
-		d = w.Decision()
+		return w.Decision(), nil
 	case <-expired:
-		d = l.eng.GiveUp(l.clock.Now(), w, engine.ReasonTimeout)
+		return l.eng.GiveUp(l.clock.Now(), w, engine.ReasonTimeout), nil
 	case <-ctx.Done():
-		d = l.eng.GiveUp(l.clock.Now(), w, engine.ReasonCanceled)
+		d := l.eng.GiveUp(l.clock.Now(), w, engine.ReasonCanceled)
 		if d.Reason == engine.ReasonCanceled { // not decided just before
-			return l.result(lm, tier, key, &d, ctx.Err(), hook)
+			return d, ctx.Err()
 		}
+		return d, nil
 	}
-	return l.result(lm, tier, key, &d, nil, hook)
 }
 
 // errNotSent explains refunds queued while Close was sending the last ones.

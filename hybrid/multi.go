@@ -1,6 +1,7 @@
 package hybrid
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -78,78 +79,26 @@ func (l *Limiter) AllowMulti(ctx context.Context, items []Item) (MultiDecision, 
 			return MultiDecision{Denied: i, RetryAfter: InfDuration, Decision: decision(lm, it.Tier, &d)}, ErrInvalidCost
 		}
 	}
-	// Look before spending: an item that would certainly deny denies the request. Items
-	// on the same (limit, key) are looked at with their costs summed, since they spend
-	// from one bucket; a request that can never pass reports that item.
-	now := l.clock.Now()
-	out := MultiDecision{Denied: -1}
-	for i, it := range items {
-		cost, repeat := it.Cost, false
-		for j, other := range items {
-			if j != i && other.Limit == it.Limit && other.Key == it.Key {
-				cost += other.Cost
-				repeat = repeat || j < i
-			}
-		}
-		if repeat {
-			continue // looked at with its first occurrence
-		}
-		lm := l.eng.Limit(it.Limit)
-		d, denied := l.eng.Look(now, lm, it.Tier, it.Key, cost)
-		if !denied {
-			continue
-		}
-		l.eng.CountDenied(lm, it.Key, d, it.Cost)
-		if out.Denied < 0 || (d.RetryAfter >= InfDuration && out.Decision.RetryAfter < InfDuration) {
-			out.Denied = i
-			out.Decision.set(lm, it.Tier, &d)
-		}
-		out.RetryAfter = max(out.RetryAfter, d.RetryAfter)
+	var m engine.Multi
+	for _, it := range items {
+		m.Add(engine.MultiItem{Limit: l.eng.Limit(it.Limit), Tier: it.Tier, Key: it.Key, N: it.Cost})
 	}
-	if out.Denied >= 0 {
-		if l.onDecision != nil {
-			l.onDecision(items[out.Denied].Key, out.Decision)
-		}
-		return out, nil
+	w, done := l.eng.StartMulti(l.clock.Now(), &m)
+	var err error
+	for !done {
+		d, werr := l.await(ctx, w)
+		err = cmp.Or(err, werr)
+		w, done = l.eng.ResumeMulti(l.clock.Now(), &m, d)
 	}
-	// Spend, item by item; give back on the first denial.
-	var small [8]spent
-	taken := small[:0]
-	fewest := 0 // the item with the fewest tokens remaining
-	if len(items) > len(small) {
-		taken = make([]spent, 0, len(items))
+	it := m.At(m.Item)
+	out := MultiDecision{Allowed: m.Allowed, Denied: m.Denied, RetryAfter: m.RetryAfter}
+	if m.Decision.Reason == engine.ReasonClosed {
+		out.Decision = Decision{Reason: ReasonClosed, Limit: it.Limit.Name(), Tier: it.Tier}
+		return out, ErrClosed
 	}
-	for i, it := range items {
-		d, err := l.allowN(ctx, it.Limit, it.Tier, it.Key, it.Cost, nil)
-		if err == nil && d.Allowed {
-			taken = append(taken, spent{d.Source, d.Reason})
-			if i == 0 || d.Remaining < out.Decision.Remaining {
-				out.Decision, fewest = d, i
-			}
-			continue
-		}
-		now := l.clock.Now()
-		for j := len(taken) - 1; j >= 0; j-- {
-			it := items[j]
-			l.eng.Return(now, l.eng.Limit(it.Limit), it.Key, it.Cost,
-				engine.Decision{Allowed: true, Source: engine.Source(taken[j].source), Reason: engine.Reason(taken[j].reason)})
-		}
-		out = MultiDecision{Denied: i, Decision: d, RetryAfter: d.RetryAfter}
-		if l.onDecision != nil {
-			l.onDecision(it.Key, d)
-		}
-		return out, err
-	}
-	out.Allowed = true
+	out.Decision.set(it.Limit, it.Tier, &m.Decision)
 	if l.onDecision != nil {
-		l.onDecision(items[fewest].Key, out.Decision)
+		l.onDecision(it.Key, out.Decision)
 	}
-	return out, nil
-}
-
-// spent is the tier that admitted one item of an AllowMulti call, so that the engine
-// can give its tokens back to where they came from.
-type spent struct {
-	source Source
-	reason Reason
+	return out, err
 }

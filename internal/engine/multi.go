@@ -74,3 +74,162 @@ func (e *Engine) Return(now time.Time, lm *Limit, key string, n int, d Decision)
 func (e *Engine) CountDenied(lm *Limit, key string, d Decision, n int) {
 	lm.stats.count(uint8(hashKey(wire.KeyID(key))%counterShards), &d, n)
 }
+
+// MultiItem is one (limit, tier, key, cost) of an all-or-nothing request.
+type MultiItem struct {
+	Limit *Limit
+	Tier  string
+	Key   string
+	N     int
+}
+
+// Multi is an all-or-nothing request over several items, as the engine decides it: the
+// request is admitted only if every item admits it, and a denial spends nothing anywhere.
+// The driver adds the items (Add) and calls Engine.StartMulti, then, while it returns a Waiter
+// (an item waits for a refill), waits for it as for a single request (its Decision, or
+// GiveUp at the limit's MaxWait) and hands that decision to Engine.ResumeMulti. A Multi
+// is one request's state: not for concurrent use, and not reused before it is done.
+//
+// The rule: first every item is looked at without spending (Look; items on the same
+// limit, tier and key with their costs summed): one that would certainly deny denies the
+// request. Then the items are decided in order, as Decide decides them; at the first
+// denial the tokens of the items before it go back at once (Return). The common case,
+// every item served from its lease, makes no Redis call and, with at most 8 items, no
+// allocation. Each key is touched under its own lock, one at a time, and no lock is held
+// across items, so concurrent requests with overlapping items cannot deadlock.
+type Multi struct {
+	// The items, the first 8 held in the Multi itself: a Multi on the driver's stack
+	// stays there (a slice into it would not).
+	n         int
+	items     [8]MultiItem
+	moreItems []MultiItem
+
+	// Allowed reports whether every item admitted the request; Denied is the index of
+	// the item that denied it, -1 when admitted. Decision is the denying item's
+	// decision, or, when admitted, that of the item with the fewest tokens remaining;
+	// Item its index. RetryAfter, when denied, is the longest RetryAfter among the items
+	// known to deny (InfDuration: never).
+	Allowed    bool
+	Denied     int
+	Item       int
+	Decision   Decision
+	RetryAfter time.Duration
+
+	// The decisions of the items admitted so far, items 0 to next-1: the first 8 in
+	// small, the others in more (a slice into small would make every Multi escape).
+	next  int
+	small [8]Decision
+	more  []Decision
+}
+
+// Add adds an item to m, before StartMulti.
+func (m *Multi) Add(it MultiItem) {
+	if m.n < len(m.items) {
+		m.items[m.n] = it
+	} else {
+		m.moreItems = append(m.moreItems, it)
+	}
+	m.n++
+}
+
+// Len is the number of items; At returns item i.
+func (m *Multi) Len() int { return m.n }
+func (m *Multi) At(i int) MultiItem {
+	if i < len(m.items) {
+		return m.items[i]
+	}
+	return m.moreItems[i-len(m.items)]
+}
+
+// taken returns the decision of admitted item i.
+func (m *Multi) taken(i int) Decision {
+	if i < len(m.small) {
+		return m.small[i]
+	}
+	return m.more[i-len(m.small)]
+}
+
+// StartMulti decides m as far as it can at now: it returns (nil, true) once m is decided,
+// or the Waiter of the item that waits for a refill and false.
+func (e *Engine) StartMulti(now time.Time, m *Multi) (*Waiter, bool) {
+	m.Allowed, m.Denied, m.Item, m.Decision, m.RetryAfter = false, -1, 0, Decision{}, 0
+	m.next, m.more = 0, m.more[:0]
+	// Look before spending: an item that would certainly deny denies the request. Items
+	// on the same (limit, tier, key) are looked at with their costs summed, since they
+	// spend from one bucket; a request that can never pass reports that item.
+	for i := range m.n {
+		it := m.At(i)
+		cost, repeat := it.N, false
+		for j := range m.n {
+			if o := m.At(j); j != i && o.Limit == it.Limit && o.Tier == it.Tier && o.Key == it.Key {
+				cost += o.N
+				repeat = repeat || j < i
+			}
+		}
+		if repeat {
+			continue // looked at with its first occurrence
+		}
+		d, denied := e.Look(now, it.Limit, it.Tier, it.Key, cost)
+		if !denied {
+			continue
+		}
+		e.CountDenied(it.Limit, it.Key, d, it.N)
+		if m.Denied < 0 || (d.RetryAfter >= InfDuration && m.Decision.RetryAfter < InfDuration) {
+			m.Denied, m.Item, m.Decision = i, i, d
+		}
+		m.RetryAfter = max(m.RetryAfter, d.RetryAfter)
+	}
+	if m.Denied >= 0 {
+		return nil, true
+	}
+	return e.spend(now, m)
+}
+
+// ResumeMulti goes on with m after the item that waited was decided d (the Waiter's
+// decision, or GiveUp's), at now.
+func (e *Engine) ResumeMulti(now time.Time, m *Multi, d Decision) (*Waiter, bool) {
+	if e.took(now, m, d) {
+		return nil, true
+	}
+	return e.spend(now, m)
+}
+
+// spend decides m's items from m.next on, until one waits or m is decided.
+func (e *Engine) spend(now time.Time, m *Multi) (*Waiter, bool) {
+	for m.next < m.n {
+		it := m.At(m.next)
+		var d Decision
+		if w := e.Decide(now, it.Limit, it.Tier, it.Key, it.N, &d); w != nil {
+			return w, false
+		}
+		if e.took(now, m, d) {
+			return nil, true
+		}
+	}
+	m.Allowed = true
+	return nil, true
+}
+
+// took applies the decision d of item m.next and reports whether it decided m (a
+// denial, whose items before it give their tokens back).
+func (e *Engine) took(now time.Time, m *Multi, d Decision) bool {
+	i := m.next
+	if !d.Allowed {
+		for j := i - 1; j >= 0; j-- {
+			it := m.At(j)
+			e.Return(now, it.Limit, it.Key, it.N, m.taken(j))
+		}
+		m.Denied, m.Item, m.Decision, m.RetryAfter = i, i, d, d.RetryAfter
+		return true
+	}
+	if i < len(m.small) {
+		m.small[i] = d
+	} else {
+		m.more = append(m.more, d)
+	}
+	if i == 0 || d.Remaining < m.Decision.Remaining {
+		m.Item, m.Decision = i, d
+	}
+	m.next++
+	return false
+}
