@@ -64,6 +64,7 @@ var checks = map[string]func(t *testing.T, runs []outcome){
 	"redis-outage":    checkOutage,
 	"redis-partition": checkPartition,
 	"limit-change":    checkLimitChange,
+	"several-limits":  checkSeveral,
 	"clock-skew": func(t *testing.T, runs []outcome) {
 		script, scriptFast := pick(t, runs, "script (TIME)"), pick(t, runs, "script (TIME), srv0 +2s")
 		caller, callerFast := pick(t, runs, "caller clock"), pick(t, runs, "caller clock, srv0 +2s")
@@ -180,6 +181,29 @@ func checkLimitChange(t *testing.T, runs []outcome) {
 		atMost(t, o.name()+": admitted / new rate once they agree", c.AfterPerS/c.NewRate, 1.1)
 		t.Logf("%s: %v/s burst %d -> %v/s burst %d over %.1f s: worst window %.3f of the bound while servers disagree (%s), %.3f after (%s); %.0f/s while they disagree, %.0f/s after",
 			o.name(), c.OldRate, c.OldBurst, c.NewRate, c.NewBurst, c.SpreadS, c.DuringOverBound, c.DuringW, c.AfterOverBound, c.AfterW, c.DuringPerS, c.AfterPerS)
+	}
+}
+
+// checkSeveral: requests that count against a global limit, their tenant's and their
+// own key's, all or nothing. Every limit's busiest key stays within 2·burst + rate·T;
+// the global limit, which binds, admits at least 90% of its rate·T although most
+// requests it admits are then denied by another limit: a denial spends nothing, the
+// global tokens go back (GivenBack counts them).
+func checkSeveral(t *testing.T, runs []outcome) {
+	for _, o := range runs {
+		r := o.res
+		if len(r.Also) != 2 {
+			t.Fatalf("%s: %d other limits measured, want 2", o.name(), len(r.Also))
+		}
+		atMost(t, o.name()+": own key's admissions / (2·burst + rate·T)", r.HottestKeyOverBound*r.Bound, twoBurst(r))
+		for _, a := range r.Also {
+			atMost(t, o.name()+": "+a.Name+": busiest key / (2·burst + rate·T)", a.HottestKeyOver2Burst, 1)
+		}
+		g := r.Also[0]
+		atLeast(t, o.name()+": global admitted / rate·T", g.AdmittedOverLimit, 0.9)
+		atLeast(t, o.name()+": admitted items given back", float64(r.GivenBack), 1)
+		t.Logf("%s: global %.3f× its rate·T (%.3f of 2·burst + rate·T); tenants' busiest %.3f of theirs; own keys' busiest %.3f of burst + rate·T; %d admitted items given back",
+			o.name(), g.AdmittedOverLimit, g.HottestKeyOver2Burst, r.Also[1].HottestKeyOver2Burst, r.HottestKeyOverBound, r.GivenBack)
 	}
 }
 

@@ -37,6 +37,8 @@ type hybridStrat struct {
 	// multiKey charges each round trip as one multi-key script call (coldOpts' per-call
 	// and per-key costs) instead of one script per take: the hybrid-multikey experiment.
 	multiKey bool
+	// alsoKeys are the key names of the scenario's AlsoLimits, by limit and key.
+	alsoKeys [][]string
 }
 
 // breakerLog records the breaker state changes of every server, for the report.
@@ -70,9 +72,11 @@ type hybridServer struct {
 	lim     *engine.Limit
 	brk     *breaker.Breaker
 	waiting map[*engine.Waiter]*request
-	busy    bool   // a trip is out
-	poked   bool   // the engine queued I/O since the loop last looked
-	timer   uint64 // generation of the armed tick timer; 0: none
+	also    []*engine.Limit              // the scenario's AlsoLimits
+	multi   map[*engine.Waiter]*multiReq // requests of several limits, by the waiter of the item they wait for
+	busy    bool                         // a trip is out
+	poked   bool                         // the engine queued I/O since the loop last looked
+	timer   uint64                       // generation of the armed tick timer; 0: none
 	gen     uint64
 	leaving bool // Close was called: the loop stops after the trip out
 	seq     uint64
@@ -94,13 +98,14 @@ func policyOf(p Policy) breaker.Policy {
 
 // engineConfig is the engine configuration of server id of scenario sc.
 func engineConfig(sc *Scenario, id int) engine.Config {
+	own := engine.LimitConfig{
+		Name: limitName, Rate: sc.Rate, Burst: sc.Burst, Policy: policyOf(sc.Policy),
+		PreRate: sc.PreRate, PreBurst: sc.PreBurst, MaxWait: sc.MaxWait, MaxCost: sc.Cost,
+		RefillInterval: sc.RefillInterval, Lifetime: sc.Lifetime, LowWatermark: sc.LowWatermark,
+		MaxKeys: sc.MaxKeys,
+	}
 	return engine.Config{
-		Limits: []engine.LimitConfig{{
-			Name: limitName, Rate: sc.Rate, Burst: sc.Burst, Policy: policyOf(sc.Policy),
-			PreRate: sc.PreRate, PreBurst: sc.PreBurst, MaxWait: sc.MaxWait, MaxCost: sc.Cost,
-			RefillInterval: sc.RefillInterval, Lifetime: sc.Lifetime, LowWatermark: sc.LowWatermark,
-			MaxKeys: sc.MaxKeys,
-		}},
+		Limits:            append([]engine.LimitConfig{own}, alsoConfigs(sc, own)...),
 		Servers:           sc.Servers,
 		HeartbeatInterval: sc.Heartbeat,
 		Fleet:             fleetOf(sc),
@@ -124,7 +129,7 @@ func (h *hybridStrat) join(s *server) error {
 	if err != nil {
 		return fmt.Errorf("sim: %w", err)
 	}
-	hs := &hybridServer{brk: brk, waiting: make(map[*engine.Waiter]*request)}
+	hs := &hybridServer{brk: brk, waiting: make(map[*engine.Waiter]*request), multi: make(map[*engine.Waiter]*multiReq)}
 	cfg := engineConfig(sc, id)
 	cfg.NextSeq = func() uint64 { hs.seq++; return hs.seq }
 	cfg.BreakerOpen = func() bool {
@@ -137,6 +142,9 @@ func (h *hybridStrat) join(s *server) error {
 		return fmt.Errorf("sim: %w", err)
 	}
 	hs.lim = hs.eng.Limit(limitName)
+	for _, a := range sc.AlsoLimits {
+		hs.also = append(hs.also, hs.eng.Limit(a.Name))
+	}
 	s.state = hs
 	h.scheduleChanges(s, hs)
 	h.run(s, hs)
@@ -159,6 +167,11 @@ func mix(xs ...uint64) uint64 {
 func (h *hybridStrat) handle(s *server, q *request) {
 	hs := s.state.(*hybridServer)
 	f := h.f
+	if len(f.sc.AlsoLimits) > 0 {
+		h.handleMulti(s, hs, q)
+		h.wake(s, hs)
+		return
+	}
 	var d engine.Decision
 	if w := hs.eng.Decide(s.clock(f.e.now), hs.lim, "", f.keyName(q.key), q.n, &d); w == nil {
 		h.record(q, d)
@@ -176,6 +189,9 @@ func (h *hybridStrat) handle(s *server, q *request) {
 
 // decided records the decision the engine made for a waiting request.
 func (h *hybridStrat) decided(s *server, hs *hybridServer, w *engine.Waiter) {
+	if h.multiDecided(s, hs, w) {
+		return
+	}
 	if q, ok := hs.waiting[w]; ok {
 		delete(hs.waiting, w)
 		h.record(q, w.Decision())

@@ -66,10 +66,14 @@ type Result struct {
 	Outage                    *OutageResult    `json:"outage,omitempty"`
 	Partition                 *OutageResult    `json:"partition,omitempty"` // the partition window, measured as an outage is
 	LimitChanges              []ChangeResult   `json:"limit_changes,omitempty"`
-	FastServer                string           `json:"fast_server,omitempty"`
-	BreakerTransitions        int              `json:"breaker_transitions"`
-	Events                    uint64           `json:"events"`
-	WallMS                    float64          `json:"wall_ms"`
+	Also                      []AlsoResult     `json:"also,omitempty"`
+	// GivenBack counts the admitted items of requests of several limits whose tokens
+	// went back because another item denied (hybrid only).
+	GivenBack          int64   `json:"given_back,omitempty"`
+	FastServer         string  `json:"fast_server,omitempty"`
+	BreakerTransitions int     `json:"breaker_transitions"`
+	Events             uint64  `json:"events"`
+	WallMS             float64 `json:"wall_ms"`
 }
 
 // Bin is one slice of the timeline.
@@ -263,6 +267,7 @@ func (r *recorder) result(st Strategy) Result {
 		res.Cold = r.coldResult()
 	}
 	res.LimitChanges = r.changeResults()
+	res.Also = r.alsoResults()
 	if sc.Keys == 1 {
 		res.AdmittedOverLimit = res.AdmittedPerS / sc.Rate
 	} else {

@@ -176,6 +176,10 @@ type Scenario struct {
 	// servers over a spread of time (hybrid strategies only); Result.LimitChanges
 	// measures the hottest key around each.
 	LimitChanges []LimitChange
+	// AlsoLimits are other limits every request counts against, all or nothing
+	// (hybrid.Limiter.AllowMulti), before its own key's: per tenant, global (hybrid
+	// strategies only). Result.Also measures each.
+	AlsoLimits []AlsoLimit
 	// Heartbeat, when set, makes the hybrid strategy's servers count each other in Redis,
 	// as a hybrid.Config with Fleet set does: each makes a heartbeat call every Heartbeat
 	// (a Redis call, counted as one) and divides the limit by the live count it answers.
@@ -312,6 +316,9 @@ func (sc Scenario) withDefaults() (Scenario, error) {
 		}
 	}
 	if err := sc.checkChanges(); err != nil {
+		return bad("%v", err)
+	}
+	if err := sc.checkAlso(); err != nil {
 		return bad("%v", err)
 	}
 	// The hybrid strategy's limit and breaker are checked by the library's own rules.

@@ -74,6 +74,15 @@ func suites(s scale, seed uint64) []suite {
 	lower := Scenario{Name: "limit-change", Servers: s.servers, Duration: T, Seed: seed,
 		Rate: 2000 * f, Burst: n(2000), Demand: 8000 * f, Policy: FailLocal,
 		LimitChanges: []LimitChange{{At: at(0.2), Spread: at(0.5), Rate: 1000 * f, Burst: n(1000)}}}
+	// Every request of many-keys also counts against its tenant's limit (10 tenants) and
+	// a global one, all or nothing, items in that order: the global limit binds, and the
+	// requests that a tenant's or their own key's limit then denies give its tokens back.
+	several := many
+	several.Name = "several-limits"
+	several.AlsoLimits = []AlsoLimit{
+		{Name: "global", Rate: 5000 * f, Burst: n(5000), Keys: 1},
+		{Name: "tenant", Rate: 1000 * f, Burst: n(1000), Keys: 10},
+	}
 	raise := lower
 	raise.LimitChanges = []LimitChange{{At: at(0.2), Spread: at(0.5), Rate: 4000 * f, Burst: n(4000)}}
 
@@ -105,6 +114,7 @@ func suites(s scale, seed uint64) []suite {
 			{label: "hybrid, srv0 +2s", sc: fast, st: Hybrid},
 		}},
 		{"churn", []run{{sc: churn, st: Script}, {sc: churn, st: Hybrid}, {sc: churn, st: LocalOnly}}},
+		{"several-limits", []run{{sc: several, st: Hybrid}}},
 		{"limit-change", []run{{label: "halved", sc: lower, st: Hybrid}, {label: "doubled", sc: raise, st: Hybrid}}},
 	}
 }
