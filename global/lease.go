@@ -50,7 +50,7 @@ func (s *Store) Take(ctx context.Context, lim Limit, key string, want, min int) 
 	if err := checkTake(lim, want, min); err != nil {
 		return Grant{}, err
 	}
-	return s.take(ctx, lim, wire.BucketKey(s.prefix, lim.Name, key), want, min)
+	return s.take(ctx, lim, wire.BucketKey(s.prefix, lim.Name, key), want, min, 0)
 }
 
 // TakeID is Take for the key whose KeyID is id; an id that is not a KeyID is an error
@@ -63,14 +63,41 @@ func (s *Store) TakeID(ctx context.Context, lim Limit, id KeyID, want, min int) 
 	if err != nil {
 		return Grant{}, err
 	}
-	return s.take(ctx, lim, bkey, want, min)
+	return s.take(ctx, lim, bkey, want, min, 0)
+}
+
+// TakeOne is the take of one TakeRequest, its Floor included: a take with a floor grants
+// Want if the bucket holds Want - Floor tokens or more, and may leave it below zero
+// (down to -Floor); Grant.Wait is then how long until the bucket is back at zero, when
+// the tokens taken are the bucket's again to give. Refund gives them back. Errors are
+// Take's, and ErrInvalidLimit for a Floor outside [0, Burst].
+func (s *Store) TakeOne(ctx context.Context, r TakeRequest) (Grant, error) {
+	bkey, err := s.requestBucket(r.Limit.Name, r.Key, r.ID)
+	if err == nil {
+		err = checkTakeRequest(r)
+	}
+	if err != nil {
+		return Grant{}, err
+	}
+	return s.take(ctx, r.Limit, bkey, r.Want, r.Min, r.Floor)
+}
+
+// checkTakeRequest is checkTake with r's floor.
+func checkTakeRequest(r TakeRequest) error {
+	if err := checkTake(r.Limit, r.Want, r.Min); err != nil {
+		return err
+	}
+	if r.Floor < 0 || r.Floor > r.Limit.Burst {
+		return fmt.Errorf("%w: limit %q: floor %d must be between 0 and the burst %d", ErrInvalidLimit, r.Limit.Name, r.Floor, r.Limit.Burst)
+	}
+	return nil
 }
 
 // take is Take on the bucket at Redis key bkey, for a checked take.
-func (s *Store) take(ctx context.Context, lim Limit, bkey string, want, min int) (Grant, error) {
+func (s *Store) take(ctx context.Context, lim Limit, bkey string, want, min, floor int) (Grant, error) {
 	keys := []string{bkey}
 	for attempt := 1; ; attempt++ {
-		reply, err := lua.Take.Run(ctx, s.c, keys, lim.Burst, lim.Rate, want, min, s.serverID, s.nextSeq(), lim.Version).Result()
+		reply, err := lua.Take.Run(ctx, s.c, keys, lim.Burst, lim.Rate, want, min, s.serverID, s.nextSeq(), lim.Version, floor).Result()
 		if err != nil {
 			return Grant{}, wrap("take", err)
 		}
@@ -126,10 +153,16 @@ func parseGrant(reply any) (Grant, int, error) {
 }
 
 // Refund puts n unused tokens back into the bucket of lim and key, capped at its
-// capacity (lua.Refund). n == 0 does nothing; 0 <= n <= lim.Burst. Like Take it is
-// idempotent: a replayed refund adds nothing; one overtaken by a concurrent refund of
+// capacity (lua.Refund). n == 0 does nothing; -lim.Burst <= n <= lim.Burst. Like Take it
+// is idempotent: a replayed refund adds nothing; one overtaken by a concurrent refund of
 // the same bucket is sent again. Refunds do not loosen the fleet-wide
 // bound: a refunded token was taken and not used.
+//
+// A negative n is a debt: tokens admitted without the bucket (a failure policy's, while
+// Redis did not answer) charged to it. It is charged against the refill the bucket
+// accrued since its last use before its cap, so a bucket nobody used meanwhile pays it
+// from refill a full bucket would have lost, and only the rest takes the bucket below
+// zero, never below -Burst (lua.Refund).
 func (s *Store) Refund(ctx context.Context, lim Limit, key string, n int) error {
 	return s.refundOne(ctx, RefundRequest{Limit: lim, Key: key, N: n}).Err
 }
@@ -167,11 +200,12 @@ func checkRefund(lim Limit, n int) error {
 	if err := lim.Validate(); err != nil {
 		return err
 	}
-	if n == 0 {
-		return nil
+	if n < -lim.Burst || n > lim.Burst {
+		return fmt.Errorf("%w: limit %q: refund %d must be between -%d and the burst %d", ErrInvalidLimit, lim.Name, n, lim.Burst, lim.Burst)
 	}
-	return lim.CheckCost(n)
+	return nil
 }
+
 
 // parseRefund decodes lua.Refund's reply: the tokens after, and the replay flag.
 func parseRefund(reply any) (float64, int, error) {
@@ -204,6 +238,10 @@ type TakeRequest struct {
 	// keeps keys in memory as their IDs.
 	ID        KeyID
 	Want, Min int
+	// Floor, if not 0, lets the take leave the bucket below zero, down to -Floor (at most
+	// the burst): a claim on its future refill, as a reservation makes. Grant.Wait is
+	// then the time until the bucket is back at zero. See TakeOne.
+	Floor int
 }
 
 // TakeResult is the answer to one TakeRequest: a Grant, or an error (classified as for
@@ -235,20 +273,20 @@ func (s *Store) TakeBatch(ctx context.Context, reqs []TakeRequest, out []TakeRes
 	for i, r := range reqs {
 		bkey, err := s.requestBucket(r.Limit.Name, r.Key, r.ID)
 		if err == nil {
-			err = checkTake(r.Limit, r.Want, r.Min)
+			err = checkTakeRequest(r)
 		}
 		if err != nil {
 			out[i] = TakeResult{Err: err}
 			continue
 		}
 		if s.pipe == nil {
-			g, err := s.take(ctx, r.Limit, bkey, r.Want, r.Min)
+			g, err := s.take(ctx, r.Limit, bkey, r.Want, r.Min, r.Floor)
 			out[i] = TakeResult{Grant: g, Err: err}
 			continue
 		}
 		items[i] = batchItem{
 			keys: []string{bkey},
-			args: []any{r.Limit.Burst, r.Limit.Rate, r.Want, r.Min, s.serverID, s.nextSeq(), r.Limit.Version},
+			args: []any{r.Limit.Burst, r.Limit.Rate, r.Want, r.Min, s.serverID, s.nextSeq(), r.Limit.Version, r.Floor},
 		}
 	}
 	if s.pipe == nil || !s.runBatch(ctx, lua.Take, items) {
@@ -269,7 +307,7 @@ func (s *Store) TakeBatch(ctx context.Context, reqs []TakeRequest, out []TakeRes
 			// Overtaken by a concurrent take of the same bucket (see maxStale): it
 			// spent nothing; take again on its own.
 			r := reqs[i]
-			g, err = s.take(ctx, r.Limit, it.keys[0], r.Want, r.Min)
+			g, err = s.take(ctx, r.Limit, it.keys[0], r.Want, r.Min, r.Floor)
 		}
 		out[i] = TakeResult{Grant: g, Err: err}
 	}

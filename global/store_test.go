@@ -222,9 +222,15 @@ func TestTakeAndRefund(t *testing.T) {
 				t.Errorf("Take(%d, %d) = %v, want ErrInvalidLimit", bad.want, bad.min, err)
 			}
 		}
-		for _, n := range []int{-1, 11} {
+		for _, n := range []int{-11, 11} {
 			if err := s.Refund(ctx, lim, "k", n); !errors.Is(err, global.ErrInvalidLimit) {
 				t.Errorf("Refund(%d) = %v, want ErrInvalidLimit", n, err)
+			}
+		}
+		for _, floor := range []int{-1, 11} {
+			r := global.TakeRequest{Limit: lim, Key: "k", Want: 1, Min: 1, Floor: floor}
+			if _, err := s.TakeOne(ctx, r); !errors.Is(err, global.ErrInvalidLimit) {
+				t.Errorf("TakeOne(floor %d) = %v, want ErrInvalidLimit", floor, err)
 			}
 		}
 		if err := s.Reset(ctx, lim, "k"); err != nil {

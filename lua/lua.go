@@ -15,7 +15,8 @@
 //   - the stored ts never moves backwards (ts = max(ts, now)), so a Redis clock that
 //     steps back (a failover to a replica whose clock lags) cannot refill a period twice;
 //   - PEXPIRE ceil(capacity/rate*1000)+1000 ms after every call, so a bucket disappears
-//     once it would be full again and memory tracks active clients.
+//     once it would be full again and memory tracks active clients (Take and Refund:
+//     ceil((capacity-tokens)/rate*1000)+1000 for a bucket left below zero).
 //
 // Take and Refund also keep the parameters in force in the field p, '<version> <capacity>
 // <rate> <now ms>', so that servers which learn of a change at different instants agree:
@@ -58,12 +59,14 @@ var BucketSource string
 // TakeSource is the lease take script:
 //
 //	KEYS[1] bucket key; ARGV[1] capacity, ARGV[2] refill per second, ARGV[3] want,
-//	ARGV[4] min, ARGV[5] server id, ARGV[6] seq, ARGV[7] version
+//	ARGV[4] min, ARGV[5] server id, ARGV[6] seq, ARGV[7] version, ARGV[8] floor (optional)
 //	returns {granted, tostring(tokens left), wait ms, Redis now ms, replay flag, version}
 //
 // It grants want if the bucket holds want tokens, else the whole tokens it holds if that
 // is at least min, else 0; wait is 0 when granted, else the milliseconds until min tokens
-// are there. The replay flag is 0 for a fresh answer, 1 for a replayed (same seq) call
+// are there. With a floor F (0 to capacity) it counts F tokens more, leaving the bucket
+// down to -F (a reservation: a claim on its future refill), and a grant's wait is the
+// time until the bucket is back at zero. The replay flag is 0 for a fresh answer, 1 for a replayed (same seq) call
 // answered from the record, 2 for a stale seq (nothing spent, 0 granted), 3 (First) for a
 // fresh answer from a bucket that held no record of this server. version is the version
 // of the parameters the call was decided on.
@@ -79,8 +82,10 @@ var TakeSource string
 //
 // It refills the bucket, adds amount and caps the result at capacity, on the parameters
 // the bucket holds (the caller's only for a bucket without p); amount counts only when
-// those are the caller's (the tokens were leased under them). The replay flag is as for
-// TakeSource.
+// those are the caller's (the tokens were leased under them). A negative amount is a
+// debt (tokens a failure policy admitted without the bucket), charged against the refill
+// the bucket accrued since its last use before the cap, never below -capacity, ts left
+// where it was. The replay flag is as for TakeSource.
 //
 //go:embed refund.lua
 var RefundSource string

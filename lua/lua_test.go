@@ -422,7 +422,11 @@ func TestInvalidArguments(t *testing.T) {
 			{"take want 0", lua.Take, []any{10, 1, 0, 0, "s", 1, 0}},
 			{"take seq missing", lua.Take, []any{10, 1, 1, 1, "s", "x", 0}},
 			{"refund rate -1", lua.Refund, []any{10, -1, 1, "s", 1, 0}},
-			{"refund amount -1", lua.Refund, []any{10, 1, -1, "s", 1, 0}},
+			{"refund debt above the capacity", lua.Refund, []any{10, 1, -11, "s", 1, 0}},
+			{"take floor -1", lua.Take, []any{10, 1, 1, 1, "s", 1, 0, -1}},
+			{"take floor 1.5", lua.Take, []any{10, 1, 1, 1, "s", 1, 0, 1.5}},
+			{"take floor above the capacity", lua.Take, []any{10, 1, 1, 1, "s", 1, 0, 11}},
+			{"take floor nan", lua.Take, []any{10, 1, 1, 1, "s", 1, 0, "nan"}},
 			{"heartbeat ttl 0", lua.Heartbeat, []any{"s", 0}},
 			// NaN passes every "x < bound" test; Lua's tonumber reads "nan" on real Redis.
 			{"take capacity nan", lua.Take, []any{"nan", 1, 1, 1, "s", 1, 0}},

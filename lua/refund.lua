@@ -12,6 +12,15 @@
 -- nothing: the bucket was re-shaped since they left it, and giving them back could
 -- exceed its new capacity.
 --
+-- A negative amount is a debt: tokens admitted without the bucket (by a failure policy
+-- while Redis did not answer) charged to it afterwards. It is charged against the
+-- bucket's refill since its last use before the cap, which a bucket nobody used during
+-- an outage kept accruing: the refill a full outage would have lost to the cap pays
+-- for what the servers admitted meanwhile, and only admissions beyond it (a partial
+-- partition, where the connected servers kept the bucket drained) leave the bucket
+-- below zero, never below -capacity. ts stays where it was, so the charge does not
+-- forfeit that refill for the next caller.
+--
 -- Returns:
 --   [1] tokens in the bucket afterwards (tostring)
 --   [2] 0 = fresh, 1 = replay of the recorded answer, 2 = stale seq (nothing refunded)
@@ -31,9 +40,9 @@ local seq      = num(ARGV[5])
 local version  = num(ARGV[6])
 -- Every test is written so that NaN fails it (see take.lua).
 if not (capacity and rate and amount and seq and version) or not (capacity >= 1 and capacity < math.huge)
-    or not (rate > 0 and rate < math.huge) or not (amount >= 0 and amount < math.huge)
+    or not (rate > 0 and rate < math.huge) or not (amount >= -capacity and amount < math.huge)
     or seq ~= seq or not (version >= 0 and version < 2^53) or version ~= math.floor(version)
-    or not (math.ceil(capacity / rate * 1000) + 1000 < 2^53) then
+    or not (math.ceil(2 * capacity / rate * 1000) + 1000 < 2^53) then
   return redis.error_reply('ERR fleetlimit refund: invalid arguments')
 end
 local field = 'r:' .. ARGV[4]
@@ -45,12 +54,13 @@ local state  = redis.call('HMGET', KEYS[1], 'tokens', 'ts', field, 'p')
 local pv, pc, pr = string.match(state[4] or '', '^(%S+) (%S+) (%S+) %S+$')
 pv, pc, pr = num(pv), num(pc), num(pr)
 if pv and pc and pr and pc >= 1 and pr > 0 then
-  if pv ~= version or pc ~= capacity or pr ~= rate then amount = 0 end
+  if amount > 0 and (pv ~= version or pc ~= capacity or pr ~= rate) then amount = 0 end
   capacity, rate, version = pc, pr, pv
 end
-local tokens = num(state[1]) or capacity
+local stored = num(state[1]) or capacity
 local ts     = num(state[2]) or now
-tokens = math.min(capacity, tokens + math.max(0, now - ts) / 1000 * rate)
+local refill = math.max(0, now - ts) / 1000 * rate
+local tokens = math.min(capacity, stored + refill)
 
 local rec = state[3]
 if rec then
@@ -77,10 +87,20 @@ else
   end
 end
 
-tokens = math.min(capacity, tokens + amount)
+local new_ts = math.max(ts, now)
+if amount < 0 then
+  -- a debt: charged before the cap, against the refill since ts, which stays
+  stored = math.max(stored + amount, -capacity - refill)
+  tokens = math.min(capacity, stored + refill)
+  new_ts = ts
+else
+  tokens = math.min(capacity, tokens + amount)
+  stored = tokens
+end
 local left = tostring(tokens)
-redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', math.max(ts, now),
+redis.call('HSET', KEYS[1], 'tokens', stored, 'ts', new_ts,
   field, ARGV[5] .. ' ' .. left .. ' ' .. now,
   'p', string.format('%d %.17g %.17g %d', version, capacity, rate, now))
-redis.call('PEXPIRE', KEYS[1], math.ceil(capacity / rate * 1000) + 1000)
+-- the TTL: until the bucket is full again (a bucket below zero needs longer), plus 1 s
+redis.call('PEXPIRE', KEYS[1], math.ceil(math.max(capacity, capacity - tokens) / rate * 1000) + 1000)
 return { left, 0, version }

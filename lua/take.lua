@@ -4,6 +4,9 @@
 -- ARGV[1] = capacity, ARGV[2] = refill per second, ARGV[3] = want, ARGV[4] = min,
 -- ARGV[5] = server id, ARGV[6] = seq (a decimal integer, increasing per server id),
 -- ARGV[7] = version of capacity and rate (an integer, 0 <= version < 2^53)
+-- ARGV[8] = floor (optional, default 0; an integer, 0 <= floor <= capacity): how far
+--           below zero the take may leave the bucket, a claim on its future refill
+--           (a reservation)
 --
 -- The parameters in force are the highest version's: the field p holds
 -- '<version> <capacity> <rate> <now>'. A caller with a lower version is answered on the
@@ -13,11 +16,13 @@
 -- before versions) takes the caller's. p ends with the time it was written, so that the
 -- records' pruning keeps it while the bucket is in use.
 --
--- Grants g = want if tokens >= want, else floor(tokens) if that is >= min, else 0.
+-- Grants g = want if tokens + floor >= want, else floor(tokens + floor) if that is >= min,
+-- else 0. With floor 0 (every lease take) the bucket never goes below zero.
 -- Returns:
 --   [1] granted (integer)
 --   [2] tokens left after the take (tostring)
---   [3] wait ms (integer): 0 when granted, else how long until `min` tokens are there
+--   [3] wait ms (integer): when granted, how long until the bucket is back at zero (0
+--       unless the take left it below); else how long until it can grant `min`
 --   [4] Redis TIME of the decision, ms (integer)
 --   [5] 0 = fresh, 1 = replay of the recorded answer, 2 = stale seq (nothing spent),
 --       3 = fresh, and the bucket held no record of this server (new, expired or lost)
@@ -40,14 +45,16 @@ local want     = num(ARGV[3])
 local min      = num(ARGV[4])
 local seq      = num(ARGV[6])
 local version  = num(ARGV[7])
+local floor    = num(ARGV[8] or '0')
 -- Every test is written so that NaN fails it (Lua's tonumber reads 'nan' and 'inf'); want
 -- and min are whole numbers; the TTL must stay an exact integer (< 2^53 ms) that PEXPIRE
 -- accepts, as global.Limit.Validate requires.
-if not (capacity and rate and want and min and seq and version) or not (capacity >= 1 and capacity < math.huge)
+if not (capacity and rate and want and min and seq and version and floor) or not (capacity >= 1 and capacity < math.huge)
     or not (rate > 0 and rate < math.huge) or not (want >= 1 and want < math.huge)
     or not (min >= 0 and min <= want) or want ~= math.floor(want) or min ~= math.floor(min)
     or seq ~= seq or not (version >= 0 and version < 2^53) or version ~= math.floor(version)
-    or not (math.ceil(capacity / rate * 1000) + 1000 < 2^53) then
+    or not (floor >= 0 and floor <= capacity) or floor ~= math.floor(floor)
+    or not (math.ceil(2 * capacity / rate * 1000) + 1000 < 2^53) then
   return redis.error_reply('ERR fleetlimit take: invalid arguments')
 end
 local field = 't:' .. ARGV[5]
@@ -68,10 +75,10 @@ local tokens = num(state[1]) or held_cap
 local ts     = num(state[2]) or now
 tokens = math.min(capacity, held_cap, tokens + math.max(0, now - ts) / 1000 * held_rate)
 
--- ms until `min` tokens are there, 0 if they are
+-- ms until `min` tokens can be granted, 0 if they can
 local function wait_for(tokens)
-  if tokens >= min then return 0 end
-  return math.ceil((min - tokens) / rate * 1000)
+  if tokens + floor >= min then return 0 end
+  return math.ceil((min - floor - tokens) / rate * 1000)
 end
 
 local rec = state[3]
@@ -101,20 +108,25 @@ else
 end
 
 local granted = 0
-if tokens >= want then
+if tokens + floor >= want then
   granted = want
-elseif math.floor(tokens) >= min then
-  granted = math.floor(tokens)
+elseif math.floor(tokens + floor) >= min then
+  granted = math.floor(tokens + floor)
 end
 tokens = tokens - granted
 local wait = 0
-if granted == 0 then wait = wait_for(tokens) end
+if granted == 0 then
+  wait = wait_for(tokens)
+elseif tokens < 0 then
+  wait = math.ceil(-tokens / rate * 1000)
+end
 
 local left = tostring(tokens)
 redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', math.max(ts, now),
   field, ARGV[6] .. ' ' .. granted .. ' ' .. left .. ' ' .. wait .. ' ' .. now,
   'p', string.format('%d %.17g %.17g %d', version, capacity, rate, now))
-redis.call('PEXPIRE', KEYS[1], math.ceil(capacity / rate * 1000) + 1000)
+-- the TTL: until the bucket is full again (a bucket below zero needs longer), plus 1 s
+redis.call('PEXPIRE', KEYS[1], math.ceil(math.max(capacity, capacity - tokens) / rate * 1000) + 1000)
 local flag = 0
 if not rec then flag = 3 end
 return { granted, left, wait, now, flag, version }

@@ -278,7 +278,7 @@ func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next fun
 		}
 		f.redis.roundTrip(n, cost, func(at time.Time) {
 			for i, r := range t.Takes {
-				g := h.s.Take(at, wire.BucketKeyOfID(keyPrefix, r.Limit.Name, string(r.ID)), float64(r.Limit.Burst), r.Limit.Rate, r.Want, r.Min, s.name, h.seq(hs), r.Limit.Version)
+				g := h.s.Take(at, wire.BucketKeyOfID(keyPrefix, r.Limit.Name, string(r.ID)), float64(r.Limit.Burst), r.Limit.Rate, r.Want, r.Min, s.name, h.seq(hs), r.Limit.Version, r.Floor)
 				t.TakeResults[i].Granted, t.TakeResults[i].Remaining = g.Granted, g.Tokens
 				t.TakeResults[i].Wait = tokenbucket.FromMillis(float64(g.WaitMS))
 				t.TakeResults[i].First = g.Flag == lua.First

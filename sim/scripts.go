@@ -69,8 +69,8 @@ func (r *luaScripts) BucketCallerClock(now time.Time, key string, capacity, rate
 	return r.lua().BucketCallerClock(now, key, capacity, rate, cost, callerMillis)
 }
 
-func (r *luaScripts) Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq, version uint64) takeReply {
-	return r.lua().Take(now, key, capacity, rate, want, minimum, server, seq, version)
+func (r *luaScripts) Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq, version uint64, floor int) takeReply {
+	return r.lua().Take(now, key, capacity, rate, want, minimum, server, seq, version, floor)
 }
 
 func (r *luaScripts) Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq, version uint64) wire.RefundReply {

@@ -35,7 +35,7 @@ func newBucket(capacity int, rate float64) *bucket {
 
 func (b *bucket) take(now time.Time, want, minimum int) Grant {
 	b.seq++
-	r := b.m.Take(now, bucketKey, b.capacity, b.rate, want, minimum, "s", b.seq, 0)
+	r := b.m.Take(now, bucketKey, b.capacity, b.rate, want, minimum, "s", b.seq, 0, 0)
 	return Grant{Granted: r.Granted, Remaining: r.Tokens, Wait: tokenbucket.FromMillis(float64(r.WaitMS))}
 }
 

@@ -19,7 +19,7 @@ type Scripts interface {
 	// BucketCallerClock runs CallerClockSource.
 	BucketCallerClock(now time.Time, key string, capacity, rate, cost, callerMillis float64) wire.BucketReply
 	// Take runs lua.Take.
-	Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq, version uint64) wire.TakeReply
+	Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq, version uint64, floor int) wire.TakeReply
 	// Refund runs lua.Refund.
 	Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq, version uint64) wire.RefundReply
 	// Heartbeat runs lua.Heartbeat.
@@ -83,8 +83,8 @@ func (l *Lua) BucketCallerClock(now time.Time, key string, capacity, rate, cost,
 }
 
 // Take runs lua.Take.
-func (l *Lua) Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq, version uint64) wire.TakeReply {
-	return call(l, now, lua.Take, wire.ParseTake, key, capacity, rate, want, minimum, server, seq, version)
+func (l *Lua) Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq, version uint64, floor int) wire.TakeReply {
+	return call(l, now, lua.Take, wire.ParseTake, key, capacity, rate, want, minimum, server, seq, version, floor)
 }
 
 // Refund runs lua.Refund.

@@ -224,13 +224,19 @@ func paramsField(p Params, now float64) string {
 // store is the shared second half: HSET tokens and ts (and a record when field is not
 // empty), then PEXPIRE the bucket's TTL.
 func (m *Model) store(key string, capacity, rate float64, tokens, ts string, field, record string) {
+	m.storeTTL(key, tokenbucket.TTLMillis(capacity, rate), tokens, ts, field, record)
+}
+
+// storeTTL is store with the TTL given: take.lua and refund.lua keep a bucket below zero
+// until it is full again, ceil(max(capacity, capacity - tokens) / rate * 1000) + 1000.
+func (m *Model) storeTTL(key string, ttl float64, tokens, ts string, field, record string) {
 	e := m.hash(key)
 	e.fields["tokens"] = tokens
 	e.fields["ts"] = ts
 	if field != "" {
 		e.fields[field] = record
 	}
-	m.pexpire(key, tokenbucket.TTLMillis(capacity, rate))
+	m.pexpire(key, ttl)
 }
 
 // Bucket runs lua.Bucket: the source article's script with ts = max(ts, now).
@@ -315,8 +321,8 @@ func (m *Model) open(now time.Time, key string, caller Params, field string, n i
 }
 
 // Take runs lua.Take: up to want tokens, at least minimum, idempotent per (server, seq),
-// on the parameters of the highest version.
-func (m *Model) Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq, version uint64) wire.TakeReply {
+// on the parameters of the highest version, leaving the bucket no lower than -floor.
+func (m *Model) Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq, version uint64, floor int) wire.TakeReply {
 	field := "t:" + server
 	ms, p, tokens, ts, rec, found := m.open(now, key, Params{capacity, rate, version}, field, 5)
 	capacity, rate, version = p.Capacity, p.Rate, p.Version
@@ -324,22 +330,24 @@ func (m *Model) Take(now time.Time, key string, capacity, rate float64, want, mi
 	case found && rec[0] == float64(seq):
 		return wire.TakeReply{Granted: int(rec[1]), Tokens: rec[2], WaitMS: int64(rec[3]), NowMS: int64(rec[4]), Flag: 1, Version: version}
 	case found && rec[0] > float64(seq):
-		wait := tokenbucket.WaitMillis(float64(minimum)-tokens, rate)
+		wait := tokenbucket.WaitMillis(float64(minimum)-float64(floor)-tokens, rate)
 		return wire.TakeReply{Tokens: tokens, WaitMS: int64(wait), NowMS: int64(ms), Flag: 2, Version: version}
 	}
 	granted := 0.0
-	if tokens >= float64(want) {
+	if avail := tokens + float64(floor); avail >= float64(want) {
 		granted = float64(want)
-	} else if math.Floor(tokens) >= float64(minimum) {
-		granted = math.Floor(tokens)
+	} else if math.Floor(avail) >= float64(minimum) {
+		granted = math.Floor(avail)
 	}
 	tokens -= granted
 	wait := 0.0
 	if granted == 0 {
-		wait = tokenbucket.WaitMillis(float64(minimum)-tokens, rate)
+		wait = tokenbucket.WaitMillis(float64(minimum)-float64(floor)-tokens, rate)
+	} else if tokens < 0 {
+		wait = math.Ceil(-tokens / rate * 1000)
 	}
 	left := luaNum(tokens)
-	m.store(key, capacity, rate, left, luaNum(math.Max(ts, ms)), field,
+	m.storeTTL(key, tokenbucket.TTLMillis(math.Max(capacity, capacity-tokens), rate), left, luaNum(math.Max(ts, ms)), field,
 		strconv.FormatUint(seq, 10)+" "+luaNum(granted)+" "+left+" "+luaNum(wait)+" "+luaNum(ms))
 	m.get(key).fields["p"] = paramsField(p, ms)
 	flag := 0
@@ -351,7 +359,8 @@ func (m *Model) Take(now time.Time, key string, capacity, rate float64, want, mi
 
 // Refund runs lua.Refund: amount tokens back, capped at capacity, idempotent per (server,
 // seq), on the parameters the bucket holds (the caller's if it holds none); nothing back
-// when those are not the caller's.
+// when those are not the caller's. A negative amount is a debt, charged against the
+// refill since ts before the cap, never below -capacity, with ts left where it was.
 func (m *Model) Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq, version uint64) wire.RefundReply {
 	field := "r:" + server
 	m.tick(now)
@@ -359,13 +368,22 @@ func (m *Model) Refund(now time.Time, key string, capacity, rate float64, amount
 	e := m.get(key)
 	p := Params{capacity, rate, version}
 	if held, ok := e.held(); ok {
-		if held != p {
+		if held != p && amount > 0 {
 			amount = 0 // leased under other parameters
 		}
 		p = held // a refund never re-shapes
 	}
 	capacity, rate = p.Capacity, p.Rate
-	tokens, ts := e.refill(capacity, rate, ms)
+	stored, ok := tonumber(e.field("tokens"))
+	if !ok {
+		stored = capacity
+	}
+	ts, ok := tonumber(e.field("ts"))
+	if !ok {
+		ts = ms
+	}
+	refill := math.Max(0, ms-ts) / 1000 * rate
+	tokens := math.Min(capacity, stored+refill)
 	rec, found := e.record(field, 3, ms)
 	switch {
 	case found && rec[0] == float64(seq):
@@ -373,9 +391,17 @@ func (m *Model) Refund(now time.Time, key string, capacity, rate float64, amount
 	case found && rec[0] > float64(seq):
 		return wire.RefundReply{Tokens: tokens, Flag: 2, Version: p.Version}
 	}
-	tokens = math.Min(capacity, tokens+float64(amount))
+	newTS := math.Max(ts, ms)
+	if amount < 0 {
+		stored = math.Max(stored+float64(amount), -capacity-refill)
+		tokens = math.Min(capacity, stored+refill)
+		newTS = ts
+	} else {
+		tokens = math.Min(capacity, tokens+float64(amount))
+		stored = tokens
+	}
 	left := luaNum(tokens)
-	m.store(key, capacity, rate, left, luaNum(math.Max(ts, ms)), field,
+	m.storeTTL(key, tokenbucket.TTLMillis(math.Max(capacity, capacity-tokens), rate), luaNum(stored), luaNum(newTS), field,
 		strconv.FormatUint(seq, 10)+" "+left+" "+luaNum(ms))
 	m.get(key).fields["p"] = paramsField(p, ms)
 	return wire.RefundReply{Tokens: tokens, Version: p.Version}

@@ -62,14 +62,15 @@ type mop struct {
 	server           string
 	seq              uint64
 	version          uint64        // of capacity and rate, for take and refund
+	floor            int           // take
 	ttlMS            int64         // heartbeat
 	dt               time.Duration // clock move before the op (negative: Redis clock steps back)
 	callerSkewMillis float64       // caller clock - Redis clock, for kind caller
 }
 
 func (o mop) String() string {
-	return fmt.Sprintf("%s(%s cap=%v rate=%v v%d n=%d min=%d %s seq=%d ttl=%dms) after %v skew %vms",
-		o.kind, o.key, o.capacity, o.rate, o.version, o.n, o.min, o.server, o.seq, o.ttlMS, o.dt, o.callerSkewMillis)
+	return fmt.Sprintf("%s(%s cap=%v rate=%v v%d n=%d min=%d floor=%d %s seq=%d ttl=%dms) after %v skew %vms",
+		o.kind, o.key, o.capacity, o.rate, o.version, o.n, o.min, o.floor, o.server, o.seq, o.ttlMS, o.dt, o.callerSkewMillis)
 }
 
 // bucketKeys are the bucket hashes of a sequence; fleetKey is its fleet's sorted set.
@@ -128,8 +129,14 @@ func genOps(e entropy, n int, onMini bool) []mop {
 		case 3, 4:
 			o.kind, o.n = "take", 1+e.IntN(c+2)
 			o.min = e.IntN(o.n + 1)
+			if e.IntN(4) == 0 { // a reservation: may leave the bucket below zero
+				o.floor = e.IntN(c + 1)
+			}
 		case 5, 6:
 			o.kind, o.n = "refund", e.IntN(c+2)
+			if e.IntN(4) == 0 { // a debt
+				o.n = -e.IntN(c + 1)
+			}
 		default:
 			o = mop{kind: "heartbeat", key: fleetKey, ttlMS: ttls[e.IntN(len(ttls))]}
 		}
@@ -182,7 +189,7 @@ func applyOp(s Scripts, now time.Time, prefix string, o mop) result {
 	case "caller":
 		return result{bucket: s.BucketCallerClock(now, key, o.capacity, o.rate, float64(o.n), NowMillis(now)+o.callerSkewMillis)}
 	case "take":
-		return result{take: s.Take(now, key, o.capacity, o.rate, o.n, o.min, o.server, o.seq, o.version)}
+		return result{take: s.Take(now, key, o.capacity, o.rate, o.n, o.min, o.server, o.seq, o.version, o.floor)}
 	case "refund":
 		return result{refund: s.Refund(now, key, o.capacity, o.rate, o.n, o.server, o.seq, o.version)}
 	default:
@@ -415,7 +422,7 @@ func TestTokens(t *testing.T) {
 	if keys := m.Keys(t0); keys != nil {
 		t.Fatalf("Tokens created %v", keys)
 	}
-	m.Take(t0, "k", 100, 10, 60, 1, "s", 1, 0)
+	m.Take(t0, "k", 100, 10, 60, 1, "s", 1, 0, 0)
 	tests := []struct {
 		at   time.Duration
 		take int // taken at this instant after the read, to see that reads spent nothing
@@ -435,7 +442,7 @@ func TestTokens(t *testing.T) {
 			t.Errorf("read %d at %v: %v tokens, want %v", i, tt.at, got, tt.want)
 		}
 		if tt.take > 0 {
-			m.Take(at, "k", 100, 10, tt.take, tt.take, "s", uint64(i+2), 0)
+			m.Take(at, "k", 100, 10, tt.take, tt.take, "s", uint64(i+2), 0, 0)
 		}
 	}
 	if keys := m.Keys(t0.Add(time.Hour)); keys != nil {
