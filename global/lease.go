@@ -206,7 +206,6 @@ func checkRefund(lim Limit, n int) error {
 	return nil
 }
 
-
 // parseRefund decodes lua.Refund's reply: the tokens after, and the replay flag.
 func parseRefund(reply any) (float64, int, error) {
 	r, err := wire.ParseRefund(reply)

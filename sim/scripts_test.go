@@ -38,7 +38,7 @@ func TestLuaScriptsMatchModel(t *testing.T) {
 		{80 * time.Millisecond, true, func(s scripts, now time.Time) any { return s.Heartbeat(now, fleet, "s1", 1000) }},
 		{90 * time.Millisecond, false, func(s scripts, now time.Time) any { return s.Heartbeat(now, fleet, "s2", 100) }},
 		{500 * time.Millisecond, false, func(s scripts, now time.Time) any { return s.Heartbeat(now, fleet, "s1", 1000) }}, // s2 gone
-		{time.Hour, false, func(s scripts, now time.Time) any { return s.Take(now, a, 100, 10, 100, 1, "s1", 9, 0, 0) }},      // expired: full
+		{time.Hour, false, func(s scripts, now time.Time) any { return s.Take(now, a, 100, 10, 100, 1, "s1", 9, 0, 0) }},   // expired: full
 	}
 	ctx := context.Background()
 	mrD, cD := redistest.Mini(t)
