@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -32,6 +33,9 @@ type Grant struct {
 	// caller's, or a higher one another server set (the take was then decided on that
 	// one's Rate and Burst).
 	Version uint64
+	// Credit is the refill the bucket has lost to its cap, cumulative: the reference of
+	// a later debt (RefundRequest.Ref).
+	Credit float64
 }
 
 // Take takes up to want tokens, and at least min, from the fleet-wide bucket of lim and
@@ -149,11 +153,12 @@ func parseGrant(reply any) (Grant, int, error) {
 		Now:       time.UnixMilli(r.NowMS),
 		First:     r.Flag == lua.First,
 		Version:   r.Version,
+		Credit:    r.Credit,
 	}, flag, nil
 }
 
 // Refund puts n unused tokens back into the bucket of lim and key, capped at its
-// capacity (lua.Refund). n == 0 does nothing; -lim.Burst <= n <= lim.Burst. Like Take it
+// capacity (lua.Refund). n == 0 does nothing; -MaxDebt <= n <= lim.Burst. Like Take it
 // is idempotent: a replayed refund adds nothing; one overtaken by a concurrent refund of
 // the same bucket is sent again. Refunds do not loosen the fleet-wide
 // bound: a refunded token was taken and not used.
@@ -162,7 +167,7 @@ func parseGrant(reply any) (Grant, int, error) {
 // Redis did not answer) charged to it. It is charged against the refill the bucket
 // accrued since its last use before its cap, so a bucket nobody used meanwhile pays it
 // from refill a full bucket would have lost, and only the rest takes the bucket below
-// zero, never below -Burst (lua.Refund).
+// zero, never below -Burst (RefundRequest.Floor sets another floor for RefundBatch).
 func (s *Store) Refund(ctx context.Context, lim Limit, key string, n int) error {
 	return s.refundOne(ctx, RefundRequest{Limit: lim, Key: key, N: n}).Err
 }
@@ -182,7 +187,7 @@ func (s *Store) refundOne(ctx context.Context, r RefundRequest) RefundResult {
 		if seq == 0 {
 			seq = s.nextSeq()
 		}
-		reply, err := lua.Refund.Run(ctx, s.c, keys, r.Limit.Burst, r.Limit.Rate, r.N, s.serverID, seq, r.Limit.Version).Result()
+		reply, err := lua.Refund.Run(ctx, s.c, keys, r.refundArgs(s.serverID, seq)...).Result()
 		if err != nil {
 			return RefundResult{Seq: seq, Err: wrap("refund", err)}
 		}
@@ -196,12 +201,16 @@ func (s *Store) refundOne(ctx context.Context, r RefundRequest) RefundResult {
 	}
 }
 
+// MaxDebt is the largest debt one refund may charge, and the largest Floor: the scripts
+// hold counts in Lua numbers.
+const MaxDebt = 1<<53 - 1
+
 func checkRefund(lim Limit, n int) error {
 	if err := lim.Validate(); err != nil {
 		return err
 	}
-	if n < -lim.Burst || n > lim.Burst {
-		return fmt.Errorf("%w: limit %q: refund %d must be between -%d and the burst %d", ErrInvalidLimit, lim.Name, n, lim.Burst, lim.Burst)
+	if n < -MaxDebt || n > lim.Burst {
+		return fmt.Errorf("%w: limit %q: refund %d must be between -%d and the burst %d", ErrInvalidLimit, lim.Name, n, MaxDebt, lim.Burst)
 	}
 	return nil
 }
@@ -359,7 +368,16 @@ type RefundRequest struct {
 	Key   string
 	// ID, if not empty, names the bucket instead of Key, as in TakeRequest.
 	ID KeyID
-	N  int
+	// N is the tokens given back; a negative N is a debt (see Refund).
+	N int
+	// Floor is how far below zero a debt may take the bucket; 0 means the burst.
+	Floor int
+	// Ref, when HasRef is set, is a debt's reference: the Grant.Credit of the debtor's
+	// last take before the admissions it owes. The refill the bucket lost to its cap
+	// since then (it sat full, as during an outage of every server) is forgiven first
+	// (lua.Refund). Without one nothing is forgiven.
+	Ref    float64
+	HasRef bool
 	// Seq is 0 for a new refund: RefundBatch gives it a fresh sequence number and
 	// reports it in RefundResult.Seq. To send again a refund whose answer was lost (a
 	// timeout), set Seq to that number: where the first attempt ran, Redis answers it
@@ -367,6 +385,31 @@ type RefundRequest struct {
 	// not re-sent when Redis answers it stale (a later refund of the bucket from this
 	// Store already ran): that errs on the safe side.
 	Seq uint64
+}
+
+// refundArgs are lua.Refund's arguments for r from server id with sequence number seq.
+func (r RefundRequest) refundArgs(id string, seq uint64) []any {
+	args := []any{r.Limit.Burst, r.Limit.Rate, r.N, id, seq, r.Limit.Version, r.DebtFloor()}
+	if r.HasRef && r.N < 0 {
+		args = append(args, r.Ref)
+	}
+	return args
+}
+
+// Reference is the debt reference lua.Refund is given for r: Ref, or NaN for none.
+func (r RefundRequest) Reference() float64 {
+	if r.HasRef && r.N < 0 {
+		return r.Ref
+	}
+	return math.NaN()
+}
+
+// DebtFloor is the floor the refund script is given for r: Floor, or the burst.
+func (r RefundRequest) DebtFloor() int {
+	if r.Floor > 0 {
+		return r.Floor
+	}
+	return r.Limit.Burst
 }
 
 // RefundResult is the answer to one RefundRequest: the tokens in the bucket after the
@@ -421,7 +464,7 @@ func (s *Store) RefundBatch(ctx context.Context, reqs []RefundRequest, out []Ref
 		out[i].Seq = seq
 		items[i] = batchItem{
 			keys: []string{bkey},
-			args: []any{r.Limit.Burst, r.Limit.Rate, r.N, s.serverID, seq, r.Limit.Version},
+			args: r.refundArgs(s.serverID, seq),
 		}
 	}
 	if !s.runBatch(ctx, lua.Refund, items) {

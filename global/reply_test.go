@@ -24,7 +24,7 @@ func TestGrantWait(t *testing.T) {
 		{math.MinInt64, max},
 	}
 	for _, tt := range tests {
-		g, _, err := parseGrant([]any{int64(0), "0", tt.ms, int64(1), int64(0), int64(0)})
+		g, _, err := parseGrant([]any{int64(0), "0", tt.ms, int64(1), int64(0), int64(0), "0"})
 		if err != nil || g.Wait != tt.want {
 			t.Errorf("wait %d ms: Grant.Wait = %v, %v; want %v", tt.ms, g.Wait, err, tt.want)
 		}

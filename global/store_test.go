@@ -222,7 +222,7 @@ func TestTakeAndRefund(t *testing.T) {
 				t.Errorf("Take(%d, %d) = %v, want ErrInvalidLimit", bad.want, bad.min, err)
 			}
 		}
-		for _, n := range []int{-11, 11} {
+		for _, n := range []int{-global.MaxDebt - 1, 11} {
 			if err := s.Refund(ctx, lim, "k", n); !errors.Is(err, global.ErrInvalidLimit) {
 				t.Errorf("Refund(%d) = %v, want ErrInvalidLimit", n, err)
 			}

@@ -78,11 +78,11 @@ func TestWireFormat(t *testing.T) {
 				takeSeq = s.NextSeq() + 1
 				grant, err = s.Take(ctx, lim, "alice", 10, 1)
 				return err
-			}, 89, []string{"p", "t:srv-1"}},
+			}, 89, []string{"c", "p", "t:srv-1"}},
 			{"refund", func() error {
 				refundSeq = s.NextSeq() + 1
 				return s.Refund(ctx, lim, "alice", 5)
-			}, 94, []string{"p", "r:srv-1", "t:srv-1"}},
+			}, 94, []string{"c", "p", "r:srv-1", "t:srv-1"}},
 		}
 		for _, st := range steps {
 			if err := st.call(); err != nil {
@@ -116,6 +116,10 @@ func TestWireFormat(t *testing.T) {
 						number(t, rec[2]) != grant.Remaining || integer(t, rec[3]) != 0 ||
 						integer(t, rec[4]) != grant.Now.UnixMilli() {
 						t.Errorf("%s: %s = %q, want \"%d 10 %v 0 %d\"", st.name, f, h[f], takeSeq, grant.Remaining, grant.Now.UnixMilli())
+					}
+				case f == "c" && len(rec) == 2: // credit now
+					if number(t, rec[0]) != grant.Credit && st.name == "take" || integer(t, rec[1]) < grant.Now.UnixMilli() || integer(t, rec[1]) > now {
+						t.Errorf("%s: %s = %q, want \"%v <now ms>\"", st.name, f, h[f], grant.Credit)
 					}
 				case f == "p" && len(rec) == 4: // version capacity rate now
 					if integer(t, rec[0]) != int64(lim.Version) || integer(t, rec[1]) != int64(lim.Burst) ||

@@ -67,6 +67,12 @@ type LimitStats struct {
 	// under another tier than before, or after SetLimit changed them. Their leased
 	// tokens were given back.
 	Reshaped int64
+	// Owed is the tokens a FailLocal policy admitted without the bucket that this server
+	// has yet to charge to it (it does once Redis answers again); Charged those it
+	// charged, as debts; Forgiven those it never will (more than Burst + Rate·10 s for
+	// one key, more than 100,000 keys owing, or the Limiter closed first). Redis itself
+	// forgives a debt the refill the bucket lost meanwhile (docs/failure-policies.md).
+	Owed, Charged, Forgiven int64
 }
 
 // DecisionCount is how many decisions had one outcome, source and reason.
@@ -120,6 +126,7 @@ func limitStats(lm *engine.Limit) LimitStats {
 		Takes: s.Takes, RefillErrors: s.RefillErrors,
 		Granted: s.Granted, Refunded: s.Refunded, RefundsLost: s.RefundsLost, Held: s.Held,
 		LostBuckets: s.LostBuckets, GivenBack: s.GivenBack, Reshaped: s.Reshaped,
+		Owed: s.Owed, Charged: s.Charged, Forgiven: s.Forgiven,
 	}
 	for a := range s.Decisions {
 		for src := range s.Decisions[a] {

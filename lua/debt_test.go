@@ -41,33 +41,41 @@ func TestTakeFloor(t *testing.T) {
 	}
 }
 
-// TestRefundDebt: a negative refund charges the bucket against its refill since its last
-// use before the cap. A bucket idle through an outage has the refill to pay for what
-// the servers admitted meanwhile; one kept drained goes below zero, never below
-// -capacity; ts stays, so a second debt charges the same refill, not a new one.
+// TestRefundDebt: a negative refund charges the bucket, below zero if need be, never
+// below -floor. The refill the bucket lost to its cap since the debtor's reference (the
+// credit its take saw) is forgiven first: a bucket that sat full through an outage paid
+// for what the servers admitted meanwhile; one kept drained did not. Forgiven refill is
+// spent: it pays no second debt.
 func TestRefundDebt(t *testing.T) {
 	for _, tt := range []struct {
 		name  string
-		idle  time.Duration // between the last take and the debts
+		idle  time.Duration // between the take that drained the bucket and the debts
+		ref   bool          // the debts carry the take's credit as their reference
 		debts []int
 		left  []float64 // after each debt
 	}{
 		// Drained at t0, charged at once: below zero.
-		{"drained", 0, []int{-4, -4}, []float64{-4, -8}},
-		// Never below -capacity.
-		{"capped", 0, []int{-8, -8}, []float64{-8, -10}},
-		// Idle 30 s at 1/s: 30 tokens of refill, 10 kept by the cap; debts of 25 in all
-		// are paid by it, the next 10 take it to 5 - 10 = -5.
-		{"idle", 30 * time.Second, []int{-10, -10, -5, -10}, []float64{10, 10, 5, -5}},
+		{"drained", 0, true, []int{-4, -4}, []float64{-4, -8}},
+		// Never below -floor (the burst by default).
+		{"capped", 0, true, []int{-8, -8}, []float64{-8, -10}},
+		// Idle 30 s at 1/s: 30 tokens of refill, 10 kept by the cap, 20 lost; debts of 25
+		// in all are forgiven 20, the last 10 take the bucket to 5 - 10 = -5.
+		{"idle", 30 * time.Second, true, []int{-10, -10, -5, -10}, []float64{10, 10, 5, -5}},
+		// The same without a reference: nothing is forgiven.
+		{"idle, no reference", 30 * time.Second, false, []int{-10, -10}, []float64{0, -10}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			m, c := redistest.Mini(t)
 			m.SetTime(t0)
 			key := "debt"
-			run(t, c, lua.Take, key, 10, 1, 10, 10, "s", 1, 0) // drained
+			drained := run(t, c, lua.Take, key, 10, 1, 10, 10, "s", 1, 0)
 			m.SetTime(t0.Add(tt.idle))
 			for i, d := range tt.debts {
-				got := run(t, c, lua.Refund, key, 10, 1, d, "s", i+1, 0)
+				args := []any{10, 1, d, "s", i + 1, 0, 10}
+				if tt.ref {
+					args = append(args, drained[6])
+				}
+				got := run(t, c, lua.Refund, key, args...)
 				if num(t, got[0]) != tt.left[i] {
 					t.Fatalf("debt %d of %d: %v left, want %v", i, d, got[0], tt.left[i])
 				}

@@ -250,8 +250,8 @@ func TestTake(t *testing.T) {
 		}
 		for i, s := range steps {
 			got := run(t, tg.Client, lua.Take, key, 10, rate, s.want, s.min, "srv", i+1, 0)
-			if len(got) != 6 {
-				t.Fatalf("step %d: %v, want 6 elements", i, got)
+			if len(got) != 7 {
+				t.Fatalf("step %d: %v, want 7 elements", i, got)
 			}
 			flag := int64(lua.Fresh)
 			if i == 0 {
@@ -397,10 +397,10 @@ func TestRecordsPruned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// tokens, ts, p, the recent refund record (80 s old) and the new record survive.
-	if n != 5 {
+	// tokens, ts, p, c, the recent refund record (80 s old) and the new record survive.
+	if n != 6 {
 		fields, _ := c.HKeys(ctx, key).Result()
-		t.Fatalf("HLEN = %d, want 5; fields %v", n, fields)
+		t.Fatalf("HLEN = %d, want 6; fields %v", n, fields)
 	}
 	if ok, _ := c.HExists(ctx, key, "r:recent").Result(); !ok {
 		t.Fatal("the recent record was pruned")
@@ -422,7 +422,9 @@ func TestInvalidArguments(t *testing.T) {
 			{"take want 0", lua.Take, []any{10, 1, 0, 0, "s", 1, 0}},
 			{"take seq missing", lua.Take, []any{10, 1, 1, 1, "s", "x", 0}},
 			{"refund rate -1", lua.Refund, []any{10, -1, 1, "s", 1, 0}},
-			{"refund debt above the capacity", lua.Refund, []any{10, 1, -11, "s", 1, 0}},
+			{"refund debt floor -1", lua.Refund, []any{10, 1, -1, "s", 1, 0, -1}},
+			{"refund debt floor 1.5", lua.Refund, []any{10, 1, -1, "s", 1, 0, 1.5}},
+			{"refund debt -inf", lua.Refund, []any{10, 1, "-inf", "s", 1, 0}},
 			{"take floor -1", lua.Take, []any{10, 1, 1, 1, "s", 1, 0, -1}},
 			{"take floor 1.5", lua.Take, []any{10, 1, 1, 1, "s", 1, 0, 1.5}},
 			{"take floor above the capacity", lua.Take, []any{10, 1, 1, 1, "s", 1, 0, 11}},

@@ -4,6 +4,9 @@
 -- ARGV[1] = capacity, ARGV[2] = refill per second, ARGV[3] = amount,
 -- ARGV[4] = server id, ARGV[5] = seq (a decimal integer, increasing per server id),
 -- ARGV[6] = version of capacity and rate
+-- ARGV[7] = debt floor (optional, default capacity; an integer >= 0): how far below zero
+--           a debt may take the bucket
+-- ARGV[8] = for a debt (optional): the credit the debtor last saw (take.lua's reply)
 --
 -- A refund gives tokens back and never re-shapes a bucket: it runs on the parameters
 -- the bucket holds (field p, see take.lua), and on the caller's only for a bucket
@@ -13,13 +16,13 @@
 -- exceed its new capacity.
 --
 -- A negative amount is a debt: tokens admitted without the bucket (by a failure policy
--- while Redis did not answer) charged to it afterwards. It is charged against the
--- bucket's refill since its last use before the cap, which a bucket nobody used during
--- an outage kept accruing: the refill a full outage would have lost to the cap pays
--- for what the servers admitted meanwhile, and only admissions beyond it (a partial
--- partition, where the connected servers kept the bucket drained) leave the bucket
--- below zero, never below -capacity. ts stays where it was, so the charge does not
--- forfeit that refill for the next caller.
+-- while Redis did not answer) charged to it afterwards, leaving it below zero if need
+-- be, never below -floor. The refill the bucket lost to its cap meanwhile paid for them
+-- already: a bucket nobody used during an outage sat full while the servers admitted
+-- their local shares. So a debt is first forgiven what the bucket's credit (field c, see
+-- take.lua) grew since the debtor's reference, the credit it last saw (ARGV[8]), and the
+-- credit shrinks by what it forgives, so that no refill pays two debts. Without a
+-- reference nothing is forgiven.
 --
 -- Returns:
 --   [1] tokens in the bucket afterwards (tostring)
@@ -38,11 +41,13 @@ local rate     = num(ARGV[2])
 local amount   = num(ARGV[3])
 local seq      = num(ARGV[5])
 local version  = num(ARGV[6])
+local floor    = num(ARGV[7] or tostring(capacity))
 -- Every test is written so that NaN fails it (see take.lua).
-if not (capacity and rate and amount and seq and version) or not (capacity >= 1 and capacity < math.huge)
-    or not (rate > 0 and rate < math.huge) or not (amount >= -capacity and amount < math.huge)
+if not (capacity and rate and amount and seq and version and floor) or not (capacity >= 1 and capacity < math.huge)
+    or not (rate > 0 and rate < math.huge) or not (amount > -math.huge and amount < math.huge)
     or seq ~= seq or not (version >= 0 and version < 2^53) or version ~= math.floor(version)
-    or not (math.ceil(2 * capacity / rate * 1000) + 1000 < 2^53) then
+    or not (floor >= 0 and floor < 2^53) or floor ~= math.floor(floor)
+    or not (math.ceil((capacity + floor) / rate * 1000) + 1000 < 2^53) then
   return redis.error_reply('ERR fleetlimit refund: invalid arguments')
 end
 local field = 'r:' .. ARGV[4]
@@ -50,17 +55,21 @@ local field = 'r:' .. ARGV[4]
 local t   = redis.call('TIME')
 local now = num(t[1]) * 1000 + math.floor(num(t[2]) / 1000)
 
-local state  = redis.call('HMGET', KEYS[1], 'tokens', 'ts', field, 'p')
+local state  = redis.call('HMGET', KEYS[1], 'tokens', 'ts', field, 'p', 'c')
 local pv, pc, pr = string.match(state[4] or '', '^(%S+) (%S+) (%S+) %S+$')
 pv, pc, pr = num(pv), num(pc), num(pr)
 if pv and pc and pr and pc >= 1 and pr > 0 then
   if amount > 0 and (pv ~= version or pc ~= capacity or pr ~= rate) then amount = 0 end
   capacity, rate, version = pc, pr, pv
 end
-local stored = num(state[1]) or capacity
+local stored = num(state[1])
 local ts     = num(state[2]) or now
-local refill = math.max(0, now - ts) / 1000 * rate
-local tokens = math.min(capacity, stored + refill)
+local raw    = (stored or capacity) + math.max(0, now - ts) / 1000 * rate
+local tokens = math.min(capacity, raw)
+-- the refill lost to the cap, counted in c (see take.lua)
+local credit = num(string.match(state[5] or '', '^(%S+)'))
+if not stored or not credit then credit = now / 1000 * rate end
+if raw > capacity then credit = credit + (raw - capacity) end
 
 local rec = state[3]
 if rec then
@@ -77,7 +86,7 @@ else
     local all = redis.call('HGETALL', KEYS[1])
     for i = 1, #all, 2 do
       local f = all[i]
-      if f ~= 'tokens' and f ~= 'ts' and f ~= 'p' then
+      if f ~= 'tokens' and f ~= 'ts' and f ~= 'p' and f ~= 'c' then
         local when = num(string.match(all[i + 1], '(%S+)$'))
         if not when or now - when > 120000 then
           redis.call('HDEL', KEYS[1], f)
@@ -87,20 +96,22 @@ else
   end
 end
 
-local new_ts = math.max(ts, now)
 if amount < 0 then
-  -- a debt: charged before the cap, against the refill since ts, which stays
-  stored = math.max(stored + amount, -capacity - refill)
-  tokens = math.min(capacity, stored + refill)
-  new_ts = ts
+  -- a debt: first forgiven the credit grown since the debtor's reference
+  local ref = num(ARGV[8] or '')
+  if ref and credit > ref then
+    local forgiven = math.min(-amount, credit - ref)
+    amount, credit = amount + forgiven, credit - forgiven
+  end
+  tokens = math.max(tokens + amount, math.min(tokens, -floor))
 else
   tokens = math.min(capacity, tokens + amount)
-  stored = tokens
 end
 local left = tostring(tokens)
-redis.call('HSET', KEYS[1], 'tokens', stored, 'ts', new_ts,
+redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', math.max(ts, now),
   field, ARGV[5] .. ' ' .. left .. ' ' .. now,
-  'p', string.format('%d %.17g %.17g %d', version, capacity, rate, now))
+  'p', string.format('%d %.17g %.17g %d', version, capacity, rate, now),
+  'c', string.format('%.17g %d', credit, now))
 -- the TTL: until the bucket is full again (a bucket below zero needs longer), plus 1 s
 redis.call('PEXPIRE', KEYS[1], math.ceil(math.max(capacity, capacity - tokens) / rate * 1000) + 1000)
 return { left, 0, version }

@@ -27,6 +27,14 @@
 --   [5] 0 = fresh, 1 = replay of the recorded answer, 2 = stale seq (nothing spent),
 --       3 = fresh, and the bucket held no record of this server (new, expired or lost)
 --   [6] the version of the parameters in force (integer)
+--   [7] the credit after the call (%.17g, exact): the refill the bucket lost to its cap
+--
+-- Every take and refund counts, in the field c ('<credit> <now>'), the refill the bucket
+-- lost to its cap (it sat full): a cumulative credit. A bucket with no history (new,
+-- expired, or written by a release before it) starts at now·rate, more than any earlier
+-- life of the bucket could have counted, since it lost at most its rate. refund.lua
+-- forgives a debt what the credit grew since the debtor last saw it (see there). Take
+-- returns it.
 --
 -- Idempotent per (server id, seq): the answer is recorded in the field 't:<server id>'
 -- as '<seq> <granted> <tokens> <wait> <now>'. A replayed call (same seq, e.g. a client
@@ -62,7 +70,7 @@ local field = 't:' .. ARGV[5]
 local t   = redis.call('TIME')
 local now = num(t[1]) * 1000 + math.floor(num(t[2]) / 1000)
 
-local state  = redis.call('HMGET', KEYS[1], 'tokens', 'ts', field, 'p')
+local state  = redis.call('HMGET', KEYS[1], 'tokens', 'ts', field, 'p', 'c')
 -- refill on the parameters the bucket held until now, then take the ones in force
 local held_cap, held_rate = capacity, rate
 local pv, pc, pr = string.match(state[4] or '', '^(%S+) (%S+) (%S+) %S+$')
@@ -71,9 +79,15 @@ if pv and pc and pr and pc >= 1 and pr > 0 then
   held_cap, held_rate = pc, pr
   if pv > version then capacity, rate, version = pc, pr, pv end
 end
-local tokens = num(state[1]) or held_cap
+local stored = num(state[1])
 local ts     = num(state[2]) or now
-tokens = math.min(capacity, held_cap, tokens + math.max(0, now - ts) / 1000 * held_rate)
+local cap    = math.min(capacity, held_cap)
+local raw    = (stored or held_cap) + math.max(0, now - ts) / 1000 * held_rate
+local tokens = math.min(cap, raw)
+-- the refill lost to the cap, counted in c
+local credit = num(string.match(state[5] or '', '^(%S+)'))
+if not stored or not credit then credit = now / 1000 * rate end
+if raw > cap then credit = credit + (raw - cap) end
 
 -- ms until `min` tokens can be granted, 0 if they can
 local function wait_for(tokens)
@@ -86,10 +100,10 @@ if rec then
   local rseq, rg, rtok, rwait, rnow = string.match(rec, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
   rseq = num(rseq)
   if rseq == seq then
-    return { num(rg), rtok, num(rwait), num(rnow), 1, version }
+    return { num(rg), rtok, num(rwait), num(rnow), 1, version, string.format('%.17g', credit) }
   end
   if rseq and rseq > seq then
-    return { 0, tostring(tokens), wait_for(tokens), now, 2, version }
+    return { 0, tostring(tokens), wait_for(tokens), now, 2, version, string.format('%.17g', credit) }
   end
 else
   -- first record of this server in this bucket: keep the hash bounded
@@ -97,7 +111,7 @@ else
     local all = redis.call('HGETALL', KEYS[1])
     for i = 1, #all, 2 do
       local f = all[i]
-      if f ~= 'tokens' and f ~= 'ts' and f ~= 'p' then
+      if f ~= 'tokens' and f ~= 'ts' and f ~= 'p' and f ~= 'c' then
         local when = num(string.match(all[i + 1], '(%S+)$'))
         if not when or now - when > 120000 then
           redis.call('HDEL', KEYS[1], f)
@@ -124,9 +138,10 @@ end
 local left = tostring(tokens)
 redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', math.max(ts, now),
   field, ARGV[6] .. ' ' .. granted .. ' ' .. left .. ' ' .. wait .. ' ' .. now,
-  'p', string.format('%d %.17g %.17g %d', version, capacity, rate, now))
+  'p', string.format('%d %.17g %.17g %d', version, capacity, rate, now),
+  'c', string.format('%.17g %d', credit, now))
 -- the TTL: until the bucket is full again (a bucket below zero needs longer), plus 1 s
 redis.call('PEXPIRE', KEYS[1], math.ceil(math.max(capacity, capacity - tokens) / rate * 1000) + 1000)
 local flag = 0
 if not rec then flag = 3 end
-return { granted, left, wait, now, flag, version }
+return { granted, left, wait, now, flag, version, string.format('%.17g', credit) }

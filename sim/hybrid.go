@@ -282,10 +282,10 @@ func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next fun
 				t.TakeResults[i].Granted, t.TakeResults[i].Remaining = g.Granted, g.Tokens
 				t.TakeResults[i].Wait = tokenbucket.FromMillis(float64(g.WaitMS))
 				t.TakeResults[i].First = g.Flag == lua.First
-				t.TakeResults[i].Version = g.Version
+				t.TakeResults[i].Version, t.TakeResults[i].Credit = g.Version, g.Credit
 			}
 			for i, r := range t.Refunds {
-				g := h.s.Refund(at, wire.BucketKeyOfID(keyPrefix, r.Limit.Name, string(r.ID)), float64(r.Limit.Burst), r.Limit.Rate, r.N, s.name, r.Seq, r.Limit.Version)
+				g := h.s.Refund(at, wire.BucketKeyOfID(keyPrefix, r.Limit.Name, string(r.ID)), float64(r.Limit.Burst), r.Limit.Rate, r.N, s.name, r.Seq, r.Limit.Version, r.DebtFloor(), r.Reference())
 				t.RefundResults[i].Remaining, t.RefundResults[i].Seq = g.Tokens, r.Seq
 			}
 			if t.Kind == engine.HeartbeatTrip {

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/internal/engine"
@@ -116,6 +117,32 @@ func (h *hybridStrat) scheduleChanges(s *server, hs *hybridServer) {
 			f.e.at(at, apply)
 		}
 	}
+}
+
+// lateOverBound is the largest count of key 0's admissions in a window that ends at or
+// after from (and by the end of the run), over 2·burst + servers·ceil(burst/servers) +
+// rate·W, for windows W of 1 to 6 s; and that W.
+func (r *recorder) lateOverBound(from time.Duration) (float64, string) {
+	sc := r.sc
+	slack := 2*float64(sc.Burst) + float64(sc.Servers)*math.Ceil(float64(sc.Burst)/float64(sc.Servers))
+	worst, worstW := 0.0, ""
+	for w := time.Second; w <= 6*time.Second; w += time.Second {
+		bound := slack + sc.Rate*w.Seconds()
+		at := r.hotAt
+		j := 0
+		for k, s := range at {
+			for j < len(at) && at[j] < s+w {
+				j++
+			}
+			if end := s + w; end < from || end > sc.Duration {
+				continue
+			}
+			if v := float64(j-k) / bound; v > worst {
+				worst, worstW = v, w.String()
+			}
+		}
+	}
+	return worst, worstW
 }
 
 // hotRate is key 0's admissions per second in [from, to); 0 for an empty interval.

@@ -108,6 +108,14 @@ type OutageResult struct {
 	// Sources counts the decisions of requests that arrived during the outage, by source
 	// and outcome ("fallback+", "paced-", ...).
 	Sources map[string]int64 `json:"sources"`
+	// AfterPerS is key 0's admissions per second from 0.5 s to 2.5 s after the window:
+	// what the fleet admits once Redis answers again (a debt being repaid shows here).
+	AfterPerS float64 `json:"after_per_s"`
+	// LateOverBound is the largest count of key 0's admissions in a window ending 2.5 s
+	// or more after the outage or partition, over 2·burst + servers·ceil(burst/servers)
+	// + rate·W for a window of length W (1 to 6 s); LateW is the W that gave it.
+	LateOverBound float64 `json:"late_over_bound"`
+	LateW         string  `json:"late_window"`
 }
 
 // binWidth is the timeline's resolution.
@@ -205,7 +213,7 @@ func (r *recorder) decide(q *request, now time.Duration, allowed bool, src sourc
 	}
 	r.admitted++
 	r.keyAdm[q.key]++
-	if q.key == 0 && len(r.sc.LimitChanges) > 0 {
+	if q.key == 0 && (len(r.sc.LimitChanges) > 0 || r.sc.measured().End > 0) {
 		r.hotAt = append(r.hotAt, now)
 	}
 	if b != nil {
@@ -302,6 +310,8 @@ func (r *recorder) result(st Strategy) Result {
 			}
 		}
 		u.OverLimit = u.AdmittedPerS / sc.Rate
+		u.AfterPerS = r.hotRate(w.End+500*time.Millisecond, w.End+2500*time.Millisecond)
+		u.LateOverBound, u.LateW = r.lateOverBound(w.End + 2500*time.Millisecond)
 		if w == sc.Outage {
 			res.Outage = u
 		} else {

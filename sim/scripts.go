@@ -73,8 +73,8 @@ func (r *luaScripts) Take(now time.Time, key string, capacity, rate float64, wan
 	return r.lua().Take(now, key, capacity, rate, want, minimum, server, seq, version, floor)
 }
 
-func (r *luaScripts) Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq, version uint64) wire.RefundReply {
-	return r.lua().Refund(now, key, capacity, rate, amount, server, seq, version)
+func (r *luaScripts) Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq, version uint64, floor int, ref float64) wire.RefundReply {
+	return r.lua().Refund(now, key, capacity, rate, amount, server, seq, version, floor, ref)
 }
 
 func (r *luaScripts) Heartbeat(now time.Time, key, server string, ttlMS int64) int {

@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"maps"
+	"math"
 	"testing"
 	"time"
 
@@ -33,8 +34,8 @@ func TestLuaScriptsMatchModel(t *testing.T) {
 		{60 * time.Millisecond, false, func(s scripts, now time.Time) any { return s.Take(now, a, 100, 10, 40, 1, "s1", 7, 0, 0) }}, // replay
 		{61 * time.Millisecond, true, func(s scripts, now time.Time) any { return s.Take(now, a, 100, 10, 80, 80, "s2", 1, 0, 0) }},
 		{62 * time.Millisecond, false, func(s scripts, now time.Time) any { return s.Take(now, a, 100, 10, 5, 5, "s1", 6, 0, 0) }}, // stale
-		{70 * time.Millisecond, true, func(s scripts, now time.Time) any { return s.Refund(now, a, 100, 10, 30, "s1", 8, 0) }},
-		{70 * time.Millisecond, false, func(s scripts, now time.Time) any { return s.Refund(now, a, 100, 10, 30, "s1", 8, 0) }}, // replay
+		{70 * time.Millisecond, true, func(s scripts, now time.Time) any { return s.Refund(now, a, 100, 10, 30, "s1", 8, 0, 100, math.NaN()) }},
+		{70 * time.Millisecond, false, func(s scripts, now time.Time) any { return s.Refund(now, a, 100, 10, 30, "s1", 8, 0, 100, math.NaN()) }}, // replay
 		{80 * time.Millisecond, true, func(s scripts, now time.Time) any { return s.Heartbeat(now, fleet, "s1", 1000) }},
 		{90 * time.Millisecond, false, func(s scripts, now time.Time) any { return s.Heartbeat(now, fleet, "s2", 100) }},
 		{500 * time.Millisecond, false, func(s scripts, now time.Time) any { return s.Heartbeat(now, fleet, "s1", 1000) }}, // s2 gone

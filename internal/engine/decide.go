@@ -260,9 +260,11 @@ func (e *Engine) fallback(now time.Time, lm *Limit, tier, key string, n int, why
 		}
 		d.RetryAfter = tokenbucket.Duration(float64(n), float64(r))
 	}
+	ref, hasRef := 0.0, false
 	if d.Allowed && n > 0 {
 		lm.keys.Update(now, key, func(en *entry, t time.Time) {
 			slot = en.slot
+			ref, hasRef = en.credit, en.hasCredit
 			if en.shape != sh {
 				lm.reshape(en, sh, t)
 			}
@@ -271,6 +273,10 @@ func (e *Engine) fallback(now time.Time, lm *Limit, tier, key string, n int, why
 				d.Servers = servers
 			}
 		})
+		if d.Allowed && sh.chargesDebt() {
+			e.owe(lm, sh, key, n, ref, hasRef)
+			e.wake()
+		}
 	}
 	lm.stats.count(slot, &d, n)
 	return d

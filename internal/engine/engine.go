@@ -125,6 +125,9 @@ type Engine struct {
 	nextExpiry  time.Time
 	nextBeat    time.Time
 	beatDue     bool
+	debts       map[debtKey]*debt        // FailLocal's admissions, owed to the buckets
+	debtOrder   []debtKey                // debts' keys, in the order first owed
+	debtRetry   [][]global.RefundRequest // debt trips that timed out, to send again as they were
 
 	stats counters
 }
@@ -142,11 +145,15 @@ type Limit struct {
 // entry is what one server holds for one (limit, key). It lives in the limit's bounded
 // store and is only touched under that store's lock for the key.
 type entry struct {
-	pre    rate.Limiter
-	lease  Lease
-	shape  *Shape  // the shape the key was last decided on; nil for a new key
-	flight *Flight // the refill in flight, nil if none
-	slot   uint8   // which shard of the counters the key counts in
+	pre   rate.Limiter
+	lease Lease
+	shape *Shape // the shape the key was last decided on; nil for a new key
+	// credit is the bucket's credit (global.Grant.Credit) at the key's last grant on
+	// this server, if hasCredit: the reference of a debt its fallback runs up.
+	credit    float64
+	hasCredit bool
+	flight    *Flight // the refill in flight, nil if none
+	slot      uint8   // which shard of the counters the key counts in
 	// key is the key's ID (wire.KeyID), the store's own copy: flights, waiters, refunds
 	// and expiries hold it, never the caller's string, which may pin a larger buffer.
 	key string

@@ -42,7 +42,7 @@ func (b *bucket) take(now time.Time, want, minimum int) Grant {
 func (b *bucket) refund(now time.Time, n int) {
 	if n > 0 {
 		b.seq++
-		b.m.Refund(now, bucketKey, b.capacity, b.rate, n, "s", b.seq, 0)
+		b.m.Refund(now, bucketKey, b.capacity, b.rate, n, "s", b.seq, 0, int(b.capacity), math.NaN())
 	}
 }
 

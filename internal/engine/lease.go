@@ -169,6 +169,8 @@ type Grant struct {
 	Wait time.Duration
 	// First reports that the bucket held no record of this server's takes (lua.First).
 	First bool
+	// Credit is the refill the bucket lost to its cap, cumulative (global.Grant.Credit).
+	Credit float64
 }
 
 // LeaseStats are the lifetime totals of a lease. Granted == Consumed + Refunded + OnHand.

@@ -36,6 +36,10 @@ type LimitStats struct {
 	// Reshaped counts keys re-shaped with other bucket parameters (another tier, or a
 	// configuration SetLimit replaced): their leased tokens were given back.
 	Reshaped int64
+	// Owed is the tokens FailLocal admitted without the bucket and not yet charged to it;
+	// Charged those charged (as debts, once Redis answered again); Forgiven those that
+	// never will be (past the debt floor, too many keys, or the engine finished).
+	Owed, Charged, Forgiven int64
 }
 
 // counterShards spreads the per-decision counters over cache lines by key, so that
@@ -56,6 +60,7 @@ type limitCounters struct {
 	lostBuckets                    atomic.Int64
 	givenBack                      atomic.Int64
 	reshaped                       atomic.Int64
+	owed, charged, forgiven        atomic.Int64
 }
 
 // decisionCounters are one shard of a limit's decision counters. extra is the tokens
@@ -115,6 +120,7 @@ func (lm *Limit) Stats() LimitStats {
 	s.Granted, s.Refunded, s.RefundsLost = c.granted.Load(), c.refunded.Load(), c.refundsLost.Load()
 	s.Held = max(s.Granted-spent-s.Refunded-s.RefundsLost, 0)
 	s.Reshaped = c.reshaped.Load()
+	s.Owed, s.Charged, s.Forgiven = c.owed.Load(), c.charged.Load(), c.forgiven.Load()
 	s.LostBuckets = c.lostBuckets.Load()
 	s.GivenBack = c.givenBack.Load()
 	return s

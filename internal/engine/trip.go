@@ -50,6 +50,7 @@ type Trip struct {
 	Answered bool
 
 	flights  []*Flight // of a TakeTrip, by item
+	debts    bool      // a RefundTrip of debts (negative refunds)
 	lost     int       // tokens of a RefundTrip not refunded
 	firstErr error     // the first error of a RefundTrip's lost tokens
 }
@@ -69,7 +70,8 @@ func (e *Engine) Next() *Trip {
 	if e.busy {
 		return nil
 	}
-	other := e.beatDue || len(e.refundTrips) > 0 || len(e.refunds) > 0
+	debts := e.debtsDue()
+	other := e.beatDue || len(e.refundTrips) > 0 || len(e.refunds) > 0 || debts
 	var t *Trip
 	switch {
 	case len(e.pending) > 0 && !(e.lastTake && other):
@@ -79,6 +81,8 @@ func (e *Engine) Next() *Trip {
 		t = &Trip{Kind: HeartbeatTrip, Fleet: e.fleet, TTL: 3 * e.beat}
 	case len(e.refundTrips) > 0 || len(e.refunds) > 0:
 		t = e.refundTrip()
+	case debts:
+		t = e.debtTrip()
 	default:
 		return nil
 	}
@@ -164,10 +168,14 @@ func (e *Engine) Done(now time.Time, t *Trip) {
 				continue
 			}
 			r := t.TakeResults[i]
-			e.answer(now, f, Grant{Granted: r.Granted, Remaining: r.Remaining, Wait: r.Wait, First: r.First}, r.Err, nil)
+			e.answer(now, f, Grant{Granted: r.Granted, Remaining: r.Remaining, Wait: r.Wait, First: r.First, Credit: r.Credit}, r.Err, nil)
 		}
 	case RefundTrip:
-		e.refunded(t)
+		if t.debts {
+			e.charged(t)
+		} else {
+			e.refunded(t)
+		}
 	case HeartbeatTrip:
 		e.stats.heartbeats.Add(1)
 		if t.Err == nil && t.Live >= 1 {
@@ -210,17 +218,25 @@ func (e *Engine) refunded(t *Trip) {
 // counters returns the counters of the limit named name. Every refund names a limit of
 // this engine, or one it removed.
 func (e *Engine) counters(name string) *limitCounters {
-	if lm := e.Limit(name); lm != nil {
+	if lm := e.limitNamed(name); lm != nil {
 		return &lm.stats
+	}
+	return &limitCounters{} // not reached
+}
+
+// limitNamed is the limit named name, or the last removed one of that name; nil if none.
+func (e *Engine) limitNamed(name string) *Limit {
+	if lm := e.Limit(name); lm != nil {
+		return lm
 	}
 	e.removedMu.Lock()
 	defer e.removedMu.Unlock()
 	for _, lm := range slices.Backward(e.removed) {
 		if lm.name == name {
-			return &lm.stats
+			return lm
 		}
 	}
-	return &limitCounters{} // not reached
+	return nil
 }
 
 // send queues refill f, or fails it at once when the breaker is open or the engine is
@@ -275,6 +291,7 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 		}
 		lc := sh.lease.Load()
 		lifetime = lc.Lifetime
+		en.credit, en.hasCredit = g.Credit, true
 		back = en.lease.Granted(lc, later(now, last), f.seq, g)
 	})
 	if !found {
@@ -451,6 +468,7 @@ func (e *Engine) Finish() (lost int) {
 		}
 	}
 	e.refunds, e.refundTrips = nil, nil
+	e.forgiveDebts()
 	e.mu.Unlock()
 	return lost
 }

@@ -2,6 +2,7 @@ package luamodel
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -21,7 +22,8 @@ type Scripts interface {
 	// Take runs lua.Take.
 	Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq, version uint64, floor int) wire.TakeReply
 	// Refund runs lua.Refund.
-	Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq, version uint64) wire.RefundReply
+	// A NaN ref is none: the script gets no ARGV[8].
+	Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq, version uint64, floor int, ref float64) wire.RefundReply
 	// Heartbeat runs lua.Heartbeat.
 	Heartbeat(now time.Time, key, server string, ttlMS int64) int
 }
@@ -88,8 +90,11 @@ func (l *Lua) Take(now time.Time, key string, capacity, rate float64, want, mini
 }
 
 // Refund runs lua.Refund.
-func (l *Lua) Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq, version uint64) wire.RefundReply {
-	return call(l, now, lua.Refund, wire.ParseRefund, key, capacity, rate, amount, server, seq, version)
+func (l *Lua) Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq, version uint64, floor int, ref float64) wire.RefundReply {
+	if math.IsNaN(ref) {
+		return call(l, now, lua.Refund, wire.ParseRefund, key, capacity, rate, amount, server, seq, version, floor)
+	}
+	return call(l, now, lua.Refund, wire.ParseRefund, key, capacity, rate, amount, server, seq, version, floor, ref)
 }
 
 // Heartbeat runs lua.Heartbeat.

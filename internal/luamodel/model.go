@@ -176,6 +176,37 @@ func (e *entry) refillHeld(capacity, heldCap, heldRate, now float64) (tokens, ts
 	return tokens, ts
 }
 
+// credit is the field c of take.lua and refund.lua at now for a bucket held at heldCap and
+// heldRate until now, of capacity and rate from now on: the refill it lost to its cap,
+// cumulative, from now·rate for a bucket with no history.
+func (e *entry) credit(capacity, rate, heldCap, heldRate, now float64) float64 {
+	stored, okTokens := tonumber(e.field("tokens"))
+	c, okCredit := 0.0, false
+	if v, ok := e.field("c"); ok {
+		if f := strings.Fields(v); len(f) > 0 {
+			c, okCredit = tonumber(f[0], true)
+		}
+	}
+	if !okTokens || !okCredit {
+		c = now / 1000 * rate
+	}
+	if !okTokens {
+		stored = heldCap
+	}
+	ts, ok := tonumber(e.field("ts"))
+	if !ok {
+		ts = now
+	}
+	capped := math.Min(capacity, heldCap)
+	if raw := stored + math.Max(0, now-ts)/1000*heldRate; raw > capped {
+		c += raw - capped
+	}
+	return c
+}
+
+// creditField is the value of c: string.format('%.17g %d', credit, now).
+func creditField(c, now float64) string { return fmt.Sprintf("%.17g %d", c, int64(now)) }
+
 // Params are a bucket's parameters: capacity, rate and the version that orders them.
 type Params struct {
 	Capacity, Rate float64
@@ -274,7 +305,7 @@ func (e *entry) prune(now float64) {
 		return
 	}
 	for f, v := range e.fields {
-		if f == "tokens" || f == "ts" || f == "p" {
+		if f == "tokens" || f == "ts" || f == "p" || f == "c" {
 			continue
 		}
 		parts := strings.Fields(v)
@@ -324,14 +355,17 @@ func (m *Model) open(now time.Time, key string, caller Params, field string, n i
 // on the parameters of the highest version, leaving the bucket no lower than -floor.
 func (m *Model) Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq, version uint64, floor int) wire.TakeReply {
 	field := "t:" + server
+	m.tick(now)
+	held, force := m.get(key).params(Params{capacity, rate, version})
+	credit := m.get(key).credit(force.Capacity, force.Rate, held.Capacity, held.Rate, NowMillis(now))
 	ms, p, tokens, ts, rec, found := m.open(now, key, Params{capacity, rate, version}, field, 5)
 	capacity, rate, version = p.Capacity, p.Rate, p.Version
 	switch {
 	case found && rec[0] == float64(seq):
-		return wire.TakeReply{Granted: int(rec[1]), Tokens: rec[2], WaitMS: int64(rec[3]), NowMS: int64(rec[4]), Flag: 1, Version: version}
+		return wire.TakeReply{Granted: int(rec[1]), Tokens: rec[2], WaitMS: int64(rec[3]), NowMS: int64(rec[4]), Flag: 1, Version: version, Credit: credit}
 	case found && rec[0] > float64(seq):
 		wait := tokenbucket.WaitMillis(float64(minimum)-float64(floor)-tokens, rate)
-		return wire.TakeReply{Tokens: tokens, WaitMS: int64(wait), NowMS: int64(ms), Flag: 2, Version: version}
+		return wire.TakeReply{Tokens: tokens, WaitMS: int64(wait), NowMS: int64(ms), Flag: 2, Version: version, Credit: credit}
 	}
 	granted := 0.0
 	if avail := tokens + float64(floor); avail >= float64(want) {
@@ -350,18 +384,19 @@ func (m *Model) Take(now time.Time, key string, capacity, rate float64, want, mi
 	m.storeTTL(key, tokenbucket.TTLMillis(math.Max(capacity, capacity-tokens), rate), left, luaNum(math.Max(ts, ms)), field,
 		strconv.FormatUint(seq, 10)+" "+luaNum(granted)+" "+left+" "+luaNum(wait)+" "+luaNum(ms))
 	m.get(key).fields["p"] = paramsField(p, ms)
+	m.get(key).fields["c"] = creditField(credit, ms)
 	flag := 0
 	if !found {
 		flag = 3 // lua.First
 	}
-	return wire.TakeReply{Granted: int(granted), Tokens: tokens, WaitMS: int64(wait), NowMS: int64(ms), Flag: flag, Version: version}
+	return wire.TakeReply{Granted: int(granted), Tokens: tokens, WaitMS: int64(wait), NowMS: int64(ms), Flag: flag, Version: version, Credit: credit}
 }
 
 // Refund runs lua.Refund: amount tokens back, capped at capacity, idempotent per (server,
 // seq), on the parameters the bucket holds (the caller's if it holds none); nothing back
-// when those are not the caller's. A negative amount is a debt, charged against the
-// refill since ts before the cap, never below -capacity, with ts left where it was.
-func (m *Model) Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq, version uint64) wire.RefundReply {
+// when those are not the caller's. A negative amount is a debt: forgiven first what the
+// bucket's credit grew since ref (none when ref is NaN), then charged, never below -floor.
+func (m *Model) Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq, version uint64, floor int, ref float64) wire.RefundReply {
 	field := "r:" + server
 	m.tick(now)
 	ms := NowMillis(now)
@@ -374,16 +409,8 @@ func (m *Model) Refund(now time.Time, key string, capacity, rate float64, amount
 		p = held // a refund never re-shapes
 	}
 	capacity, rate = p.Capacity, p.Rate
-	stored, ok := tonumber(e.field("tokens"))
-	if !ok {
-		stored = capacity
-	}
-	ts, ok := tonumber(e.field("ts"))
-	if !ok {
-		ts = ms
-	}
-	refill := math.Max(0, ms-ts) / 1000 * rate
-	tokens := math.Min(capacity, stored+refill)
+	credit := e.credit(capacity, rate, capacity, rate, ms)
+	tokens, ts := e.refill(capacity, rate, ms)
 	rec, found := e.record(field, 3, ms)
 	switch {
 	case found && rec[0] == float64(seq):
@@ -391,19 +418,21 @@ func (m *Model) Refund(now time.Time, key string, capacity, rate float64, amount
 	case found && rec[0] > float64(seq):
 		return wire.RefundReply{Tokens: tokens, Flag: 2, Version: p.Version}
 	}
-	newTS := math.Max(ts, ms)
 	if amount < 0 {
-		stored = math.Max(stored+float64(amount), -capacity-refill)
-		tokens = math.Min(capacity, stored+refill)
-		newTS = ts
+		debt := float64(amount)
+		if credit > ref { // false for NaN
+			forgiven := math.Min(-debt, credit-ref)
+			debt, credit = debt+forgiven, credit-forgiven
+		}
+		tokens = math.Max(tokens+debt, math.Min(tokens, -float64(floor)))
 	} else {
 		tokens = math.Min(capacity, tokens+float64(amount))
-		stored = tokens
 	}
 	left := luaNum(tokens)
-	m.storeTTL(key, tokenbucket.TTLMillis(math.Max(capacity, capacity-tokens), rate), luaNum(stored), luaNum(newTS), field,
+	m.storeTTL(key, tokenbucket.TTLMillis(math.Max(capacity, capacity-tokens), rate), left, luaNum(math.Max(ts, ms)), field,
 		strconv.FormatUint(seq, 10)+" "+left+" "+luaNum(ms))
 	m.get(key).fields["p"] = paramsField(p, ms)
+	m.get(key).fields["c"] = creditField(credit, ms)
 	return wire.RefundReply{Tokens: tokens, Version: p.Version}
 }
 

@@ -62,7 +62,8 @@ type mop struct {
 	server           string
 	seq              uint64
 	version          uint64        // of capacity and rate, for take and refund
-	floor            int           // take
+	floor            int           // take; refund (a debt's floor)
+	ref              float64       // a debt's reference credit; NaN: none
 	ttlMS            int64         // heartbeat
 	dt               time.Duration // clock move before the op (negative: Redis clock steps back)
 	callerSkewMillis float64       // caller clock - Redis clock, for kind caller
@@ -135,7 +136,10 @@ func genOps(e entropy, n int, onMini bool) []mop {
 		case 5, 6:
 			o.kind, o.n = "refund", e.IntN(c+2)
 			if e.IntN(4) == 0 { // a debt
-				o.n = -e.IntN(c + 1)
+				o.n, o.floor = -e.IntN(2*c+1), e.IntN(2*c+1)
+				// No reference, one far below any credit (all forgiven), or one above
+				// (none forgiven).
+				o.ref = []float64{math.NaN(), float64(e.IntN(40)), 1e300}[e.IntN(3)]
 			}
 		default:
 			o = mop{kind: "heartbeat", key: fleetKey, ttlMS: ttls[e.IntN(len(ttls))]}
@@ -191,7 +195,7 @@ func applyOp(s Scripts, now time.Time, prefix string, o mop) result {
 	case "take":
 		return result{take: s.Take(now, key, o.capacity, o.rate, o.n, o.min, o.server, o.seq, o.version, o.floor)}
 	case "refund":
-		return result{refund: s.Refund(now, key, o.capacity, o.rate, o.n, o.server, o.seq, o.version)}
+		return result{refund: s.Refund(now, key, o.capacity, o.rate, o.n, o.server, o.seq, o.version, o.floor, o.ref)}
 	default:
 		return result{live: s.Heartbeat(now, key, o.server, o.ttlMS)}
 	}

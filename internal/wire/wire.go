@@ -112,7 +112,7 @@ type BucketReply struct {
 }
 
 // TakeReply is lua.Take's answer: {granted, tostring(tokens), wait ms, now ms, flag,
-// version}.
+// version, tostring(credit)}.
 type TakeReply struct {
 	// Granted is the number of tokens taken: want, fewer (at least min), or 0.
 	Granted int
@@ -129,6 +129,9 @@ type TakeReply struct {
 	// Version is the version of the bucket's parameters in force: the caller's, or a
 	// higher one another server set.
 	Version uint64
+	// Credit is the refill the bucket has lost to its cap, cumulative (lua.Refund
+	// forgives debts against what it grows).
+	Credit float64
 }
 
 // RefundReply is lua.Refund's answer: {tostring(tokens), flag, version}.
@@ -158,8 +161,8 @@ func ParseBucket(reply any) (BucketReply, error) {
 
 // ParseTake decodes lua.Take's reply.
 func ParseTake(reply any) (TakeReply, error) {
-	const want = "{integer, string, integer, integer, integer, integer}"
-	v, err := array(reply, 6, want)
+	const want = "{integer, string, integer, integer, integer, integer, string}"
+	v, err := array(reply, 7, want)
 	if err != nil {
 		return TakeReply{}, err
 	}
@@ -169,10 +172,14 @@ func ParseTake(reply any) (TakeReply, error) {
 	now, ok3 := v[3].(int64)
 	flag, ok4 := v[4].(int64)
 	version, ok5 := v[5].(int64)
+	var credit float64
+	if err == nil {
+		credit, err = number(v[6])
+	}
 	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || version < 0 || err != nil {
 		return TakeReply{}, shape(want, err)
 	}
-	return TakeReply{Granted: int(granted), Tokens: tokens, WaitMS: wait, NowMS: now, Flag: int(flag), Version: uint64(version)}, nil
+	return TakeReply{Granted: int(granted), Tokens: tokens, WaitMS: wait, NowMS: now, Flag: int(flag), Version: uint64(version), Credit: credit}, nil
 }
 
 // ParseRefund decodes lua.Refund's reply.

@@ -1,0 +1,179 @@
+package engine
+
+import (
+	"math"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/global"
+)
+
+// DebtWindow sizes how far below zero the debts of FailLocal may take a bucket: its
+// burst plus DebtWindow of its rate. A partition that lets some servers admit their
+// local shares while the others lease the whole rate is charged in full if their extra
+// admissions stay within it (with half the servers cut off, a partition of 20 s).
+const DebtWindow = 10 * time.Second
+
+// maxDebtKeys bounds the keys with debts one engine holds: past it, new keys' debts are
+// forgiven (counted in LimitStats.Forgiven).
+const maxDebtKeys = 100_000
+
+// debtKey names the bucket a debt is owed to.
+type debtKey struct {
+	lim *Limit
+	key string // the key's ID
+}
+
+// debt is what one server owes one bucket: tokens its FailLocal fallback admitted.
+type debt struct {
+	shape  *Shape // the key's shape when it was last admitted
+	n      int
+	ref    float64 // the bucket's credit at this server's last grant, if hasRef
+	hasRef bool
+}
+
+// debtFloor is how far below zero s's debts may take its bucket: Burst + Rate·DebtWindow.
+func (s *Shape) debtFloor() int {
+	f := float64(s.cfg.Burst) + s.cfg.Rate*DebtWindow.Seconds()
+	return int(min(f, float64(global.MaxDebt)))
+}
+
+// owe records n tokens the FailLocal fallback of shape sh admitted for key of lm without
+// the bucket: a debt, charged to the bucket once Redis answers again (debtTrip), so that
+// over windows that include the repayment the fleet admits within the limit's bound
+// even when only some servers lost Redis.
+//
+// ref is the credit the bucket answered at this server's last grant for the key (hasRef:
+// there was one): the refill the bucket loses to its cap from there on is forgiven
+// first (lua.Refund), which is what a full outage costs nothing by. With several, the
+// latest is kept: it forgives the least.
+func (e *Engine) owe(lm *Limit, sh *Shape, key string, n int, ref float64, hasRef bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.finished {
+		lm.stats.forgiven.Add(int64(n))
+		return
+	}
+	k := debtKey{lm, key}
+	d, ok := e.debts[k]
+	if !ok {
+		if len(e.debts) >= maxDebtKeys {
+			lm.stats.forgiven.Add(int64(n))
+			return
+		}
+		if e.debts == nil {
+			e.debts = make(map[debtKey]*debt)
+		}
+		d = &debt{}
+		e.debts[k] = d
+		e.debtOrder = append(e.debtOrder, k)
+	}
+	if hasRef && (!d.hasRef || ref > d.ref) {
+		d.ref, d.hasRef = ref, true
+	}
+	d.shape = sh
+	d.n = int(min(float64(d.n)+float64(n), math.MaxInt32))
+	lm.stats.owed.Add(int64(n))
+}
+
+// debtsDue reports whether debts wait and can be sent: the breaker is not open. It
+// requires that e.mu is held.
+func (e *Engine) debtsDue() bool {
+	return (len(e.debtRetry) > 0 || len(e.debtOrder) > 0) && !(e.open != nil && e.open())
+}
+
+// debtTrip returns the next trip of debts: a batch sent before that timed out goes again
+// with its sequence numbers (Redis answers a charge that ran as a replay), then up to
+// MaxBatch debts in the order they were first owed, each as a refund of -n. It requires
+// that e.mu is held.
+func (e *Engine) debtTrip() *Trip {
+	var reqs []global.RefundRequest
+	if len(e.debtRetry) > 0 {
+		reqs, e.debtRetry = e.debtRetry[0], e.debtRetry[1:]
+	} else {
+		n := min(len(e.debtOrder), MaxBatch)
+		reqs = make([]global.RefundRequest, 0, n)
+		for _, k := range e.debtOrder[:n] {
+			d := e.debts[k]
+			delete(e.debts, k)
+			floor := d.shape.debtFloor()
+			reqs = append(reqs, global.RefundRequest{Limit: d.shape.glim, ID: global.KeyID(k.key),
+				N: -min(d.n, floor), Floor: floor, Seq: e.nextSeq(), Ref: d.ref, HasRef: d.hasRef})
+			if over := d.n - floor; over > 0 {
+				k.lim.stats.forgiven.Add(int64(over))
+				k.lim.stats.owed.Add(-int64(over))
+			}
+		}
+		e.debtOrder = e.debtOrder[n:]
+	}
+	return &Trip{Kind: RefundTrip, Refunds: reqs, RefundResults: make([]global.RefundResult, len(reqs)), debts: true}
+}
+
+// charged counts the answers of a debt trip. A batch that timed out goes again whole
+// (its charges may have run); a failed item is owed again, with a fresh sequence number
+// (Redis answered that it did not run).
+func (e *Engine) charged(t *Trip) {
+	e.stats.refundCalls.Add(1)
+	if !t.Answered {
+		e.mu.Lock()
+		if !e.finished {
+			e.debtRetry = append(e.debtRetry, t.Refunds)
+			e.mu.Unlock()
+			return
+		}
+		e.mu.Unlock()
+	}
+	for i, r := range t.Refunds {
+		err := t.Err
+		if t.Answered {
+			err = t.RefundResults[i].Err
+		}
+		lm := e.limitNamed(r.Limit.Name)
+		if lm == nil {
+			continue
+		}
+		n := -r.N
+		lm.stats.owed.Add(-int64(n))
+		switch {
+		case err == nil:
+			lm.stats.charged.Add(int64(n))
+		case !t.Answered:
+			lm.stats.forgiven.Add(int64(n)) // after Finish: nothing will send it
+		default:
+			sh := lm.Shape("")
+			if sh.glim != r.Limit {
+				for _, s := range lm.cur.Load().all() {
+					if s.glim == r.Limit {
+						sh = s
+					}
+				}
+			}
+			e.owe(lm, sh, string(r.ID), n, r.Ref, r.HasRef)
+		}
+	}
+}
+
+// forgiveDebts drops every debt not sent (Finish): counted in LimitStats.Forgiven. It
+// requires that e.mu is held.
+func (e *Engine) forgiveDebts() {
+	for _, k := range e.debtOrder {
+		d := e.debts[k]
+		k.lim.stats.owed.Add(-int64(d.n))
+		k.lim.stats.forgiven.Add(int64(d.n))
+	}
+	for _, reqs := range e.debtRetry {
+		for _, r := range reqs {
+			if lm := e.limitNamed(r.Limit.Name); lm != nil {
+				lm.stats.owed.Add(int64(r.N))
+				lm.stats.forgiven.Add(-int64(r.N))
+			}
+		}
+	}
+	e.debts, e.debtOrder, e.debtRetry = nil, nil, nil
+}
+
+// chargesDebt reports whether admissions of sh's fallback are owed to the bucket:
+// FailLocal's are (its local share is admitted without the bucket); FailOpen admits
+// everything, so that charging it would only punish the key after the outage, and
+// FailClosed admits nothing.
+func (s *Shape) chargesDebt() bool { return s.fallback.Policy().Kind() == breaker.KindLocal }
