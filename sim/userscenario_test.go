@@ -185,6 +185,20 @@ func TestScenarioFileRejects(t *testing.T) {
 	}
 }
 
+// TestShippedScenariosValid: every scenario file docs/simulation.md points to reads as a
+// valid scenario, so its commands run.
+func TestShippedScenariosValid(t *testing.T) {
+	files, err := filepath.Glob("testdata/*.json")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no scenario files in testdata (%v)", err)
+	}
+	for _, f := range files {
+		if _, err := readScenario(f); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
 // TestScenarioFieldsDocumented: every field a scenario file may set has its row in
 // docs/simulation.md's table of them.
 func TestScenarioFieldsDocumented(t *testing.T) {
