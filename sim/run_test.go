@@ -56,12 +56,14 @@ func TestModelRunsMatchMiniredis(t *testing.T) {
 	outage.Name, outage.Outage = "outage", Window{Start: 500 * time.Millisecond, End: time.Second}
 	churn := base
 	churn.Name, churn.Churn = "churn", []Change{{At: 500 * time.Millisecond, Servers: 12}, {At: time.Second, Servers: 30}}
+	partition := base
+	partition.Name, partition.Partition, partition.PartitionServers = "partition", outage.Outage, 10
 	// Half the servers starved, their answers read late: takes granted and never read.
 	starved := base
 	starved.Name, starved.Starve, starved.StarvedServers = "starved", Window{Start: 500 * time.Millisecond, End: time.Second}, 10
 	starved.StarveRun, starved.StarvePeriod = 300*time.Microsecond, 24*time.Millisecond
 	base.Name = "hot"
-	for _, sc := range []Scenario{base, many, outage, churn, starved} {
+	for _, sc := range []Scenario{base, many, outage, partition, churn, starved} {
 		t.Run(sc.Name, func(t *testing.T) {
 			lua, err := Run(t, sc, Hybrid)
 			if err != nil {

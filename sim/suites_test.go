@@ -57,10 +57,13 @@ func suites(s scale, seed uint64) []suite {
 	sticky.Name, sticky.Balancer = "sticky-client", Sticky
 	bursty := Scenario{Name: "bursty", Servers: s.servers, Duration: T, Seed: seed,
 		Rate: 10000 * f, Burst: n(1000), Demand: 8000 * f, Pattern: Bursty, Policy: FailLocal}
+	// The outage and the partition run hybrid on the Go model of the scripts: the same
+	// figures as on miniredis (TestModelRunsMatchMiniredis), in a third of the time.
 	outage := hot
-	outage.Name, outage.Outage = "redis-outage", Window{Start: at(0.3), End: at(0.6)}
-	partition := hot
-	partition.Name, partition.Partition, partition.PartitionServers = "redis-partition", Window{Start: at(0.3), End: at(0.6)}, s.servers/2
+	outage.Name, outage.Outage, outage.GoModel = "redis-outage", Window{Start: at(0.3), End: at(0.6)}, true
+	partition := outage
+	partition.Name, partition.Outage = "redis-partition", Window{}
+	partition.Partition, partition.PartitionServers = Window{Start: at(0.3), End: at(0.6)}, s.servers/2
 	// Half the fleet CPU-starved for the same 3 s, Redis healthy. Each starved process runs
 	// 300 µs at the start of every 24 ms, shorter than a round trip: a refill's answer
 	// comes back while the process is not running, and its deadline is seen 23.7 ms or
