@@ -32,7 +32,7 @@ type bubble struct {
 	e        *events
 	base     time.Time // the bubble's clock at virtual instant 0
 	results  chan bubbleResult
-	inflight []*bubbleCall // by deadline (all calls of a run have the same timeout)
+	inflight []*bubbleCall // by deadline, then call order
 	shutdown chan struct{}
 	seq      uint64
 }
@@ -66,13 +66,15 @@ func (b *bubble) sync() {
 	}
 }
 
-// call starts one guarded call at the virtual now. send is called if the breaker lets the
+// call starts one guarded call at the virtual now, whose deadline timer fires at the
+// virtual instant deadline (the breaker's Timeout from now, or later when the caller's
+// process is not running then: see starvedClock). send is called if the breaker lets the
 // call out, with the function to call when its answer arrives; done is called, at the
 // virtual instant it happens, with the call's outcome: nil, or the error of breaker.Do.
-func (b *bubble) call(brk *breaker.Breaker, send func(answered func()), done func(err error)) {
+func (b *bubble) call(brk *breaker.Breaker, deadline time.Duration, send func(answered func()), done func(err error)) {
 	b.sync()
 	b.seq++
-	c := &bubbleCall{id: b.seq, deadline: b.e.now + brk.Timeout(), reply: make(chan struct{}), done: done}
+	c := &bubbleCall{id: b.seq, deadline: deadline, reply: make(chan struct{}), done: done}
 	out := make(chan struct{}, 1)
 	go func() {
 		err := brk.Do(context.Background(), func(ctx context.Context) error {
@@ -91,7 +93,11 @@ func (b *bubble) call(brk *breaker.Breaker, send func(answered func()), done fun
 	synctest.Wait()
 	select {
 	case <-out:
-		b.inflight = append(b.inflight, c)
+		i := len(b.inflight) // usually last: most deadlines are Timeout from their call
+		for i > 0 && b.inflight[i-1].deadline > c.deadline {
+			i--
+		}
+		b.inflight = slices.Insert(b.inflight, i, c)
 		send(func() {
 			if c.settled {
 				return // Do already returned at the deadline

@@ -65,6 +65,7 @@ var checks = map[string]func(t *testing.T, runs []outcome){
 	"redis-partition": checkPartition,
 	"limit-change":    checkLimitChange,
 	"several-limits":  checkSeveral,
+	"starved-server":  checkStarved,
 	"clock-skew": func(t *testing.T, runs []outcome) {
 		script, scriptFast := pick(t, runs, "script (TIME)"), pick(t, runs, "script (TIME), srv0 +2s")
 		caller, callerFast := pick(t, runs, "caller clock"), pick(t, runs, "caller clock, srv0 +2s")
@@ -214,6 +215,62 @@ func checkSeveral(t *testing.T, runs []outcome) {
 		t.Logf("%s: global %.3f× its rate·T (%.3f of 2·burst + rate·T); tenants' busiest %.3f of theirs; own keys' busiest %.3f of burst + rate·T; %d admitted items given back",
 			o.name(), g.AdmittedOverLimit, g.HottestKeyOver2Burst, r.Also[1].HottestKeyOver2Burst, r.HottestKeyOverBound, r.GivenBack)
 	}
+}
+
+// checkStarved: half the servers are CPU-starved while Redis stays healthy. When their
+// processes see each deadline at least twice its budget late, the breaker's rule for
+// starved timeouts keeps every breaker closed, and the fleet stays within
+// 2·burst + rate·W over every window W of the 100 ms grid, under every policy. When they
+// see them less than a budget late, the timeouts count: the breakers open, and fail-local
+// then admits the starved servers' local shares on top of what the others lease from
+// the bucket (as in a partition). The bound on that excess records the weakness; it is
+// not a target. A starved server decides every request within two of its periods: it
+// reads the request at its next run, and its refill's deadline at the run after.
+func checkStarved(t *testing.T, runs []outcome) {
+	for _, o := range runs {
+		u := o.res.Starve
+		if u == nil {
+			t.Fatalf("%s: no starvation measured", o.name())
+		}
+		sc, _ := o.sc.withDefaults()
+		atMost(t, o.name()+": slowest decision during the starvation (µs)", u.MaxDecisionUS, float64(2*sc.StarvePeriod/time.Microsecond))
+		worst, from, to := worstWindow(o.res)
+		if sc.StarvePeriod-sc.StarveRun >= 2*sc.Breaker.Timeout {
+			if u.StarvedTimeouts == 0 {
+				t.Errorf("%s: no timeout was seen starved: the breaker's rule was not exercised", o.name())
+			}
+			atLeast(t, o.name()+": starved timeouts / timeouts", float64(u.StarvedTimeouts)/float64(u.Timeouts), 0.95)
+			atMost(t, o.name()+": breaker opens on the starved servers", float64(u.BreakerOpens), 0)
+			atMost(t, o.name()+": worst window's admitted / (2·burst + rate·W)", worst, 1)
+		} else {
+			if u.BreakerOpens == 0 {
+				t.Errorf("%s: deadlines seen less than a budget late opened no breaker", o.name())
+			}
+			if sc.Policy == FailLocal {
+				atMost(t, o.name()+": admitted / limit during the starvation", u.OverLimit, 1.6)
+				atMost(t, o.name()+": worst window's admitted / (2·burst + rate·W)", worst, 1.6)
+			}
+		}
+		t.Logf("%s during the starvation: %.4f× the limit, policy decided %.2f%%, %d breaker opens, %d of %d timeouts starved, %d granted tokens unread (%.3f× the limit); worst window %.1f-%.1f s at %.4f× 2·burst + rate·W",
+			o.name(), u.OverLimit, 100*u.PolicyShare, u.BreakerOpens, u.StarvedTimeouts, u.Timeouts, u.GrantsUnread,
+			float64(u.GrantsUnread)/(u.EndS-u.StartS)/sc.Rate, from, to, worst)
+	}
+}
+
+// worstWindow returns the largest admitted / (2·burst + rate·W) over every window W of
+// whole timeline bins, and where that window is (seconds).
+func worstWindow(r Result) (worst, from, to float64) {
+	for i := range r.Timeline {
+		admitted := 0.0
+		for j := i; j < len(r.Timeline); j++ {
+			admitted += r.Timeline[j].AdmittedPerS * r.BinS
+			w := float64(j-i+1) * r.BinS
+			if x := admitted / (2*float64(r.Burst) + r.LimitPerS*w); x > worst {
+				worst, from, to = x, r.Timeline[i].AtS, r.Timeline[i].AtS+w
+			}
+		}
+	}
+	return worst, from, to
 }
 
 func pick(t *testing.T, runs []outcome, name string) Result {

@@ -195,7 +195,7 @@ type redisSim struct {
 	busy      time.Duration // service time spent before the end of the run's duration
 	calls     int64         // commands sent before the end of the run's duration (a script call is one)
 	trips     int64         // round trips sent before the end (a pipeline is one)
-	callsOut  int64         // commands sent during the outage window
+	callsOut  int64         // commands sent during the fault window (Scenario.measured)
 }
 
 // oneWay draws a one-way network delay: RTT/2 ± Jitter/2.
@@ -217,7 +217,7 @@ func (r *redisSim) roundTrip(cmds int, cost time.Duration, exec func(redisNow ti
 		r.calls += int64(cmds)
 		r.trips++
 	}
-	if sc.Outage.Contains(r.f.e.now) {
+	if sc.measured().Contains(r.f.e.now) {
 		r.callsOut += int64(cmds)
 	}
 	e := &r.f.e

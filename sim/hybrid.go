@@ -41,10 +41,20 @@ type hybridStrat struct {
 	alsoKeys [][]string
 }
 
-// breakerLog records the breaker state changes of every server, for the report.
+// breakerLog records the breaker state changes of every server, and the breakers
+// themselves, for the report.
 type breakerLog struct {
 	mu          sync.Mutex   // guards transitions: OnStateChange runs on the calls' goroutines
 	transitions []transition // by time
+	breakers    map[int]*breaker.Breaker
+}
+
+// track adds server id's breaker to the report.
+func (l *breakerLog) track(id int, brk *breaker.Breaker) {
+	if l.breakers == nil {
+		l.breakers = map[int]*breaker.Breaker{}
+	}
+	l.breakers[id] = brk
 }
 
 // onChange returns the OnStateChange of server id's breaker, which reads the virtual
@@ -80,6 +90,7 @@ type hybridServer struct {
 	gen     uint64
 	leaving bool // Close was called: the loop stops after the trip out
 	seq     uint64
+	unread  int64 // tokens Redis granted to takes whose answers came after Do gave up
 }
 
 func newHybrid(f *fleet, s scripts, b *bubble) *hybridStrat {
@@ -125,10 +136,15 @@ func fleetOf(sc *Scenario) string {
 func (h *hybridStrat) join(s *server) error {
 	sc := h.f.sc
 	id := s.id
-	brk, err := breaker.New(sc.Breaker.settings(s.name, h.onChange(h.b, id)))
+	st := sc.Breaker.settings(s.name, h.onChange(h.b, id))
+	if id < sc.StarvedServers {
+		st.Clock = starvedClock{sc: sc, id: id, b: h.b}
+	}
+	brk, err := breaker.New(st)
 	if err != nil {
 		return fmt.Errorf("sim: %w", err)
 	}
+	h.track(id, brk)
 	hs := &hybridServer{brk: brk, waiting: make(map[*engine.Waiter]*request), multi: make(map[*engine.Waiter]*multiReq)}
 	cfg := engineConfig(sc, id)
 	cfg.NextSeq = func() uint64 { hs.seq++; return hs.seq }
@@ -151,6 +167,24 @@ func (h *hybridStrat) join(s *server) error {
 	return nil
 }
 
+// starvedClock is the breaker clock of a starved server: the bubble's time, read when the
+// server's process runs, and timers that fire when the process next runs at or after
+// they are due (Scenario.runsAt), as a process that is not scheduled runs its timers only
+// once it is. Do then sees the deadline of a call as late as its process did, and
+// classifies the timeout by that, with the breaker's own rule.
+type starvedClock struct {
+	sc *Scenario
+	id int
+	b  *bubble
+}
+
+func (c starvedClock) Now() time.Time { return time.Now() }
+
+func (c starvedClock) AfterFunc(d time.Duration, f func()) (stop func() bool) {
+	now := time.Since(c.b.base)
+	return time.AfterFunc(c.sc.runsAt(c.id, now+d)-now, f).Stop
+}
+
 // mix derives a well-spread 64-bit seed from xs (splitmix64 finalizer over a running sum),
 // so every (run, server) gets its own pacing jitter, the same in every run.
 func mix(xs ...uint64) uint64 {
@@ -164,7 +198,25 @@ func mix(xs ...uint64) uint64 {
 	return z
 }
 
+// later runs fn at virtual instant t, or when s's process next runs after it.
+func (h *hybridStrat) later(s *server, t time.Duration, fn func()) {
+	h.f.e.at(h.f.sc.runsAt(s.id, t), fn)
+}
+
+// starved reports whether s's process is not running now; then fn runs when it does.
+func (h *hybridStrat) starved(s *server, fn func()) bool {
+	now := h.f.e.now
+	if at := h.f.sc.runsAt(s.id, now); at > now {
+		h.f.e.at(at, fn)
+		return true
+	}
+	return false
+}
+
 func (h *hybridStrat) handle(s *server, q *request) {
+	if h.starved(s, func() { h.handle(s, q) }) {
+		return // the request waits to be read
+	}
 	hs := s.state.(*hybridServer)
 	f := h.f
 	if len(f.sc.AlsoLimits) > 0 {
@@ -177,7 +229,7 @@ func (h *hybridStrat) handle(s *server, q *request) {
 		h.record(q, d)
 	} else {
 		hs.waiting[w] = q
-		f.e.after(hs.lim.Config().MaxWait, func() { // the request's own wait timeout
+		h.later(s, f.e.now+hs.lim.Config().MaxWait, func() { // the request's own wait timeout
 			if q, ok := hs.waiting[w]; ok {
 				delete(hs.waiting, w)
 				h.record(q, hs.eng.GiveUp(s.clock(f.e.now), w, engine.ReasonTimeout))
@@ -248,7 +300,7 @@ func (h *hybridStrat) run(s *server, hs *hybridServer) {
 		hs.gen++
 		gen := hs.gen
 		hs.timer = gen
-		f.e.after(max(hs.eng.NextTick().Sub(now), time.Millisecond), func() {
+		h.later(s, f.e.now+max(hs.eng.NextTick().Sub(now), time.Millisecond), func() {
 			if hs.timer == gen && !hs.busy {
 				h.run(s, hs)
 			}
@@ -268,9 +320,22 @@ func (h *hybridStrat) run(s *server, hs *hybridServer) {
 func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next func()) {
 	f, sc := h.f, h.f.sc
 	n := max(len(t.Takes), len(t.Refunds), 1)
-	h.b.call(hs.brk, func(answered func()) {
+	deadline := sc.runsAt(s.id, f.e.now+hs.brk.Timeout())
+	// granted counts the tokens Redis granted to the trip's takes; gaveUp that Do
+	// returned without the answer: such grants are spent in Redis and never leased.
+	var granted int64
+	gaveUp := false
+	h.b.call(hs.brk, deadline, func(answered func()) {
 		if sc.cutOff(s.id, f.e.now) {
 			return // the call goes nowhere: the breaker's deadline ends it
+		}
+		if s.id < sc.StarvedServers {
+			reply := answered
+			answered = func() {
+				if !h.starved(s, reply) { // else the answer waits to be read
+					reply()
+				}
+			}
 		}
 		cost := time.Duration(n) * sc.ScriptTime
 		if h.multiKey && t.Kind != engine.HeartbeatTrip {
@@ -283,6 +348,10 @@ func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next fun
 				t.TakeResults[i].Wait = tokenbucket.FromMillis(float64(g.WaitMS))
 				t.TakeResults[i].First = g.Flag == lua.First
 				t.TakeResults[i].Version, t.TakeResults[i].Credit = g.Version, g.Credit
+				granted += int64(g.Granted)
+			}
+			if gaveUp {
+				hs.unread += granted
 			}
 			for i, r := range t.Refunds {
 				g := h.s.Refund(at, wire.BucketKeyOfID(keyPrefix, r.Limit.Name, string(r.ID)), float64(r.Limit.Burst), r.Limit.Rate, r.N, s.name, r.Seq, r.Limit.Version, r.DebtFloor(), r.Reference())
@@ -294,6 +363,10 @@ func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next fun
 		}, answered)
 	}, func(err error) {
 		t.Err, t.Answered = err, err == nil
+		if err != nil {
+			gaveUp = true
+			hs.unread += granted // granted already, the answer on its way back
+		}
 		next()
 	})
 }
@@ -358,13 +431,11 @@ func (h *breakerLog) report(sc *Scenario, res *Result) {
 		}
 		res.Timeline[i].BreakersOpen = notClosed
 	}
-	o, w := res.Outage, sc.Outage
-	if o == nil {
-		o, w = res.Partition, sc.Partition
-	}
+	o, _ := res.fault()
 	if o == nil {
 		return
 	}
+	w := sc.measured()
 	o.BreakerOpenS, o.BreakerClosedS = -1, -1
 	for _, tr := range h.transitions {
 		if tr.to == breaker.StateOpen && tr.at >= w.Start && o.BreakerOpenS < 0 {
@@ -372,6 +443,16 @@ func (h *breakerLog) report(sc *Scenario, res *Result) {
 		}
 		if tr.to == breaker.StateClosed && tr.at >= w.End {
 			o.BreakerClosedS = (tr.at - w.End).Seconds()
+		}
+		if tr.to == breaker.StateOpen && tr.at >= w.Start && sc.affected(tr.server) {
+			o.BreakerOpens++
+		}
+	}
+	for id, brk := range h.breakers {
+		if sc.affected(id) {
+			st := brk.Stats()
+			o.Timeouts += st.Timeouts
+			o.StarvedTimeouts += st.Starved
 		}
 	}
 }

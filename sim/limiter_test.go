@@ -110,6 +110,7 @@ func (l *limiterStrat) join(s *server) error {
 	if err != nil {
 		return err
 	}
+	l.log.track(s.id, brk)
 	cfg := engineConfig(sc, s.id)
 	lim, err := hybrid.New(store, hybrid.Config{
 		Limits:            []hybrid.Limit{hybridLimit(cfg.Limits[0])},
@@ -192,7 +193,7 @@ func (l *limiterStrat) roundTrip(ctx context.Context, n int, run func(context.Co
 	if l.since() <= sc.Duration {
 		l.calls += int64(n)
 		l.trips++
-		if sc.Outage.Contains(l.since()) {
+		if sc.measured().Contains(l.since()) {
 			l.callsOut += int64(n)
 		}
 	}

@@ -67,6 +67,7 @@ type Result struct {
 	Partition                 *OutageResult    `json:"partition,omitempty"` // the partition window, measured as an outage is
 	LimitChanges              []ChangeResult   `json:"limit_changes,omitempty"`
 	Also                      []AlsoResult     `json:"also,omitempty"`
+	Starve                    *OutageResult    `json:"starve,omitempty"` // the starvation window, measured as an outage is
 	// GivenBack counts the admitted items of requests of several limits whose tokens
 	// went back because another item denied (hybrid only).
 	GivenBack          int64   `json:"given_back,omitempty"`
@@ -108,14 +109,43 @@ type OutageResult struct {
 	// Sources counts the decisions of requests that arrived during the outage, by source
 	// and outcome ("fallback+", "paced-", ...).
 	Sources map[string]int64 `json:"sources"`
+	// PolicyShare is the share of those decisions the failure policy made.
+	PolicyShare float64 `json:"policy_share"`
+	// BreakerOpens counts the times a breaker of a server the fault acts on (every server
+	// in an outage, the cut-off or starved ones) opened, from the window's start to the
+	// end of the run. Timeouts counts their calls that timed out over the run, and
+	// StarvedTimeouts those of them the breaker saw a whole budget late and did not count
+	// towards opening (breaker.Stats.Starved).
+	BreakerOpens    int   `json:"breaker_opens"`
+	Timeouts        int64 `json:"timeouts"`
+	StarvedTimeouts int64 `json:"starved_timeouts"`
+	// GrantsUnread is the tokens Redis granted over the run to takes of those servers
+	// whose answers came back after the breaker's deadline: spent in the bucket, leased
+	// to no one. (The simulator's servers count them where the simulated Redis runs the
+	// take; the Limiters of TestSimTracksLimiter do not, and its fleets answer in time.)
+	GrantsUnread int64 `json:"grants_unread"`
 	// AfterPerS is key 0's admissions per second from 0.5 s to 2.5 s after the window:
 	// what the fleet admits once Redis answers again (a debt being repaid shows here).
 	AfterPerS float64 `json:"after_per_s"`
 	// LateOverBound is the largest count of key 0's admissions in a window ending 2.5 s
-	// or more after the outage or partition, over 2·burst + servers·ceil(burst/servers)
+	// or more after the window, over 2·burst + servers·ceil(burst/servers)
 	// + rate·W for a window of length W (1 to 6 s); LateW is the W that gave it.
 	LateOverBound float64 `json:"late_over_bound"`
 	LateW         string  `json:"late_window"`
+}
+
+// fault returns the measures of the run's fault window, if it has one, and what the
+// fault is called: "outage", "partition" or "starvation".
+func (r *Result) fault() (*OutageResult, string) {
+	switch {
+	case r.Outage != nil:
+		return r.Outage, "outage"
+	case r.Partition != nil:
+		return r.Partition, "partition"
+	case r.Starve != nil:
+		return r.Starve, "starvation"
+	}
+	return nil, ""
 }
 
 // binWidth is the timeline's resolution.
@@ -309,13 +339,26 @@ func (r *recorder) result(st Strategy) Result {
 				}
 			}
 		}
+		var all, policy int64
+		for src, n := range r.outSources {
+			all += n[0] + n[1]
+			if source(src) == srcFallback {
+				policy += n[0] + n[1]
+			}
+		}
+		if all > 0 {
+			u.PolicyShare = float64(policy) / float64(all)
+		}
 		u.OverLimit = u.AdmittedPerS / sc.Rate
 		u.AfterPerS = r.hotRate(w.End+500*time.Millisecond, w.End+2500*time.Millisecond)
 		u.LateOverBound, u.LateW = r.lateOverBound(w.End + 2500*time.Millisecond)
-		if w == sc.Outage {
+		switch w {
+		case sc.Outage:
 			res.Outage = u
-		} else {
+		case sc.Partition:
 			res.Partition = u
+		default:
+			res.Starve = u
 		}
 	}
 	return res

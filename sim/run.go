@@ -115,8 +115,8 @@ func simulate(sc Scenario, st Strategy, inBubble bool, custom func(f *fleet, b *
 		res.RedisRoundTripsPerRequest = float64(res.RedisRoundTrips) / float64(res.Requests)
 	}
 	res.RedisBusy = f.redis.busy.Seconds() / sc.Duration.Seconds()
-	if res.Outage != nil {
-		res.Outage.CallsDuring = f.redis.callsOut
+	if u, _ := res.fault(); u != nil {
+		u.CallsDuring = f.redis.callsOut
 	}
 	if sc.FastBy != 0 {
 		res.FastServer = fmt.Sprintf("srv%d +%v", sc.FastServer, sc.FastBy)

@@ -56,8 +56,14 @@ func TestModelRunsMatchMiniredis(t *testing.T) {
 	outage.Name, outage.Outage = "outage", Window{Start: 500 * time.Millisecond, End: time.Second}
 	churn := base
 	churn.Name, churn.Churn = "churn", []Change{{At: 500 * time.Millisecond, Servers: 12}, {At: time.Second, Servers: 30}}
+	partition := base
+	partition.Name, partition.Partition, partition.PartitionServers = "partition", outage.Outage, 10
+	// Half the servers starved, their answers read late: takes granted and never read.
+	starved := base
+	starved.Name, starved.Starve, starved.StarvedServers = "starved", Window{Start: 500 * time.Millisecond, End: time.Second}, 10
+	starved.StarveRun, starved.StarvePeriod = 300*time.Microsecond, 24*time.Millisecond
 	base.Name = "hot"
-	for _, sc := range []Scenario{base, many, outage, churn} {
+	for _, sc := range []Scenario{base, many, outage, partition, churn, starved} {
 		t.Run(sc.Name, func(t *testing.T) {
 			lua, err := Run(t, sc, Hybrid)
 			if err != nil {
@@ -70,6 +76,9 @@ func TestModelRunsMatchMiniredis(t *testing.T) {
 			}
 			if lua.RedisCalls == 0 {
 				t.Fatal("no Redis calls: the comparison proves nothing")
+			}
+			if u := lua.Starve; sc.StarvedServers > 0 && (u == nil || u.StarvedTimeouts == 0 || u.GrantsUnread == 0) {
+				t.Fatalf("no grant answered after its deadline: the starved servers' path was not taken (%+v)", u)
 			}
 			if !same(lua, mod) {
 				t.Errorf("miniredis and the Go model disagree:\nlua   %+v\nmodel %+v", lua, mod)
@@ -94,6 +103,20 @@ func TestScenarioValidation(t *testing.T) {
 		{"no policy", func(s *Scenario) { s.Policy = "" }},
 		{"fast server outside", func(s *Scenario) { s.FastBy, s.FastServer = time.Second, 500 }},
 		{"empty fleet", func(s *Scenario) { s.Churn = []Change{{At: time.Second, Servers: 0}} }},
+		{"starved servers without a window", func(s *Scenario) { s.StarvedServers, s.StarveRun, s.StarvePeriod = 1, 1, 2 }},
+		{"starvation without servers", func(s *Scenario) { s.Starve, s.StarveRun, s.StarvePeriod = Window{End: time.Second}, 1, 2 }},
+		{"starvation without a schedule", func(s *Scenario) { s.Starve, s.StarvedServers = Window{End: time.Second}, 1 }},
+		{"starved run over period", func(s *Scenario) {
+			s.Starve, s.StarvedServers, s.StarveRun, s.StarvePeriod = Window{End: time.Second}, 1, 2*time.Millisecond, time.Millisecond
+		}},
+		{"schedule without a starvation", func(s *Scenario) { s.StarveRun, s.StarvePeriod = 1, 2 }},
+		{"more starved servers than the fleet", func(s *Scenario) {
+			s.Starve, s.StarvedServers, s.StarveRun, s.StarvePeriod = Window{End: time.Second}, 201, 1, 2
+		}},
+		{"starvation and outage", func(s *Scenario) {
+			s.Starve, s.StarvedServers, s.StarveRun, s.StarvePeriod = Window{End: time.Second}, 1, 1, 2
+			s.Outage = Window{End: time.Second}
+		}},
 	}
 	for _, c := range cases {
 		sc := ok

@@ -83,18 +83,53 @@ type Window struct {
 // Contains reports whether t is in [Start, End).
 func (w Window) Contains(t time.Duration) bool { return t >= w.Start && t < w.End }
 
-// measured returns the window a Result measures apart: the outage, else the partition.
+// measured returns the window a Result measures apart: the outage, else the partition,
+// else the starvation (a scenario has at most one of them).
 func (sc *Scenario) measured() Window {
-	if sc.Outage.End > sc.Outage.Start {
+	switch {
+	case sc.Outage.End > sc.Outage.Start:
 		return sc.Outage
+	case sc.Partition.End > sc.Partition.Start:
+		return sc.Partition
 	}
-	return sc.Partition
+	return sc.Starve
+}
+
+// affected reports whether server id is one the measured fault acts on: every server in
+// an outage, the cut-off ones in a partition, the starved ones in a starvation.
+func (sc *Scenario) affected(id int) bool {
+	switch {
+	case sc.Outage.End > sc.Outage.Start:
+		return true
+	case sc.Partition.End > sc.Partition.Start:
+		return id < sc.PartitionServers
+	}
+	return id < sc.StarvedServers
 }
 
 // cutOff reports whether server id is cut off from Redis at virtual instant t.
 func (sc *Scenario) cutOff(id int, t time.Duration) bool {
 	return id < sc.PartitionServers && sc.Partition.Contains(t)
 }
+
+// runsAt returns the first instant at or after t at which the process of server id runs:
+// t itself, unless the server is starved and t falls between two of its runs. A starved
+// server runs StarveRun at the start of every StarvePeriod, at a phase of its own drawn
+// from the seed, so that the starved servers do not all run at once.
+func (sc *Scenario) runsAt(id int, t time.Duration) time.Duration {
+	if id >= sc.StarvedServers || !sc.Starve.Contains(t) {
+		return t
+	}
+	phase := time.Duration(mix(sc.Seed, uint64(id), starvePhase) % uint64(sc.StarvePeriod))
+	in := (t - sc.Starve.Start + phase) % sc.StarvePeriod
+	if in < sc.StarveRun {
+		return t
+	}
+	return min(t+sc.StarvePeriod-in, sc.Starve.End)
+}
+
+// starvePhase sets the starved servers' phases apart from the other draws of a seed.
+const starvePhase = 0x57a12e
 
 // Change resizes the fleet at a virtual instant: servers leave (the last ones, closing
 // gracefully) or join (fresh, with empty state).
@@ -150,6 +185,20 @@ type Scenario struct {
 	// outage is, in Result.Partition.
 	Partition        Window
 	PartitionServers int
+	// Starve makes the first StarvedServers servers CPU-starved during its window, while
+	// Redis and the network stay healthy: the process of a starved server is scheduled
+	// only StarveRun at the start of every StarvePeriod (both required with Starve), as
+	// one of many busy processes sharing a few cores is. Between its runs nothing of it
+	// happens: requests that reach it and Redis's answers wait to be read, and its timers
+	// (each breaker call's deadline, each request's MaxWait, the engine's ticks) fire
+	// when it runs again. It runs its timers first, as Go's scheduler runs expired timers
+	// before it polls the network, so a call whose answer came back while the process
+	// was not running and whose deadline passed meanwhile times out, and the breaker sees
+	// how late. The hybrid strategy sees it; the other strategies do not. It is measured
+	// as an outage is, in Result.Starve.
+	Starve                  Window
+	StarvedServers          int
+	StarveRun, StarvePeriod time.Duration
 	// Policy is the hybrid strategy's failure policy. Required, as for a hybrid.Limit:
 	// there is no default.
 	Policy Policy
@@ -309,6 +358,17 @@ func (sc Scenario) withDefaults() (Scenario, error) {
 			sc.PartitionServers, sc.Partition.Start, sc.Partition.End)
 	case sc.Partition.End > sc.Partition.Start && sc.Outage.End > sc.Outage.Start:
 		return bad("an outage and a partition in one run: measure one at a time")
+	case sc.StarvedServers < 0 || sc.StarvedServers > sc.Servers:
+		return bad("%d starved servers in a fleet of %d", sc.StarvedServers, sc.Servers)
+	case (sc.StarvedServers > 0) != (sc.Starve.End > sc.Starve.Start):
+		return bad("a starvation needs both StarvedServers and a window (%d servers, %v-%v)",
+			sc.StarvedServers, sc.Starve.Start, sc.Starve.End)
+	case sc.StarvedServers > 0 && (sc.StarveRun <= 0 || sc.StarvePeriod < sc.StarveRun):
+		return bad("a starved server runs StarveRun %v in every StarvePeriod %v: want 0 < StarveRun <= StarvePeriod", sc.StarveRun, sc.StarvePeriod)
+	case sc.StarvedServers == 0 && (sc.StarveRun != 0 || sc.StarvePeriod != 0):
+		return bad("StarveRun and StarvePeriod without a starvation (StarvedServers and Starve)")
+	case sc.Starve.End > sc.Starve.Start && (sc.Outage.End > sc.Outage.Start || sc.Partition.End > sc.Partition.Start):
+		return bad("a starvation and an outage or partition in one run: measure one at a time")
 	}
 	for _, c := range sc.Churn {
 		if c.Servers < 1 || c.At < 0 {

@@ -106,7 +106,7 @@ func (h *hybridStrat) multiStep(s *server, hs *hybridServer, r *multiReq, w *eng
 		return
 	}
 	hs.multi[w] = r
-	f.e.after(w.Limit().Config().MaxWait, func() {
+	h.later(s, f.e.now+w.Limit().Config().MaxWait, func() {
 		if r, ok := hs.multi[w]; ok {
 			delete(hs.multi, w)
 			d := hs.eng.GiveUp(s.clock(f.e.now), w, engine.ReasonTimeout)
@@ -158,14 +158,19 @@ func (r *recorder) alsoResults() []AlsoResult {
 	return out
 }
 
-// report adds what only the hybrid strategy knows to res: its breakers' transitions, and
-// the admitted items given back because another item of their request denied.
+// report adds what only the hybrid strategy knows to res: its breakers' transitions, the
+// admitted items given back because another item of their request denied, and the grants
+// whose answers the servers a fault acts on did not read.
 func (h *hybridStrat) report(sc *Scenario, res *Result) {
 	h.breakerLog.report(sc, res)
+	fault, _ := res.fault()
 	for _, s := range h.f.servers {
 		if hs, ok := s.state.(*hybridServer); ok {
 			for _, lm := range hs.eng.Limits() {
 				res.GivenBack += lm.Stats().GivenBack
+			}
+			if fault != nil && sc.affected(s.id) {
+				fault.GrantsUnread += hs.unread
 			}
 		}
 	}

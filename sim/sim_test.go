@@ -215,6 +215,10 @@ func header(name string, o outcome) string {
 	if w := sc.Partition; w.End > w.Start {
 		fmt.Fprintf(&b, ", %d servers cut off from Redis %v-%v, call deadline %v, max wait %v", sc.PartitionServers, w.Start, w.End, sc.Breaker.Timeout, sc.MaxWait)
 	}
+	if w := sc.Starve; w.End > w.Start {
+		fmt.Fprintf(&b, ", %d servers scheduled %v in every %v from %v to %v, call deadline %v, max wait %v",
+			sc.StarvedServers, sc.StarveRun, sc.StarvePeriod, w.Start, w.End, sc.Breaker.Timeout, sc.MaxWait)
+	}
 	for _, c := range sc.Churn {
 		fmt.Fprintf(&b, ", %d servers at %v", c.Servers, c.At)
 	}
@@ -262,11 +266,7 @@ func table(name string, runs []outcome) string {
 	}
 	for _, o := range runs {
 		r := o.res
-		u, during := r.Outage, "outage"
-		if u == nil {
-			u, during = r.Partition, "partition"
-		}
-		if u != nil {
+		if u, during := r.fault(); u != nil {
 			ratio := "" // one key's limit says nothing of the admissions of many
 			if r.Keys == 1 {
 				ratio = fmt.Sprintf(" (%.3f× limit)", u.OverLimit)
@@ -276,6 +276,10 @@ func table(name string, runs []outcome) string {
 				u.P99DecisionUS, u.MaxDecisionUS, u.CallsDuring)
 			if u.BreakerOpenS >= 0 && r.BreakerTransitions > 0 {
 				fmt.Fprintf(&b, ", first breaker open after %.0f ms, last closed %.2f s after", 1000*u.BreakerOpenS, u.BreakerClosedS)
+			}
+			if r.Policy != "" { // a hybrid run: the others have no policy and no breaker
+				fmt.Fprintf(&b, "\n    policy decided %.2f%%; the servers it acts on: breakers opened %d times, %d timeouts of which %d starved (not counted), %s granted tokens unread",
+					100*u.PolicyShare, u.BreakerOpens, u.Timeouts, u.StarvedTimeouts, num(float64(u.GrantsUnread)))
 			}
 			fmt.Fprintf(&b, "\n    decisions: %v\n", u.Sources)
 		}

@@ -57,10 +57,24 @@ func suites(s scale, seed uint64) []suite {
 	sticky.Name, sticky.Balancer = "sticky-client", Sticky
 	bursty := Scenario{Name: "bursty", Servers: s.servers, Duration: T, Seed: seed,
 		Rate: 10000 * f, Burst: n(1000), Demand: 8000 * f, Pattern: Bursty, Policy: FailLocal}
+	// The outage and the partition run hybrid on the Go model of the scripts: the same
+	// figures as on miniredis (TestModelRunsMatchMiniredis), in a third of the time.
 	outage := hot
-	outage.Name, outage.Outage = "redis-outage", Window{Start: at(0.3), End: at(0.6)}
-	partition := hot
-	partition.Name, partition.Partition, partition.PartitionServers = "redis-partition", Window{Start: at(0.3), End: at(0.6)}, s.servers/2
+	outage.Name, outage.Outage, outage.GoModel = "redis-outage", Window{Start: at(0.3), End: at(0.6)}, true
+	partition := outage
+	partition.Name, partition.Outage = "redis-partition", Window{}
+	partition.Partition, partition.PartitionServers = Window{Start: at(0.3), End: at(0.6)}, s.servers/2
+	// Half the fleet CPU-starved for the same 3 s, Redis healthy. Each starved process runs
+	// 300 µs at the start of every 24 ms, shorter than a round trip: a refill's answer
+	// comes back while the process is not running, and its deadline is seen 23.7 ms or
+	// more late, more than twice the 10 ms budget. starvedNear runs every 15 ms: the
+	// deadlines are seen 5–15 ms late, less than a budget late, and count as failures.
+	// Both on the Go model of the scripts (TestModelRunsMatchMiniredis), 3× faster.
+	starved := hot
+	starved.Name, starved.Starve, starved.StarvedServers = "starved-server", Window{Start: at(0.3), End: at(0.6)}, s.servers/2
+	starved.StarveRun, starved.StarvePeriod, starved.GoModel = 300*time.Microsecond, 24*time.Millisecond, true
+	starvedNear := starved
+	starvedNear.StarvePeriod = 15 * time.Millisecond
 	skew := abusive
 	skew.Name = "clock-skew"
 	fast := skew
@@ -96,6 +110,10 @@ func suites(s scale, seed uint64) []suite {
 		sc.Policy = p
 		return run{label: "hybrid " + string(p), sc: sc, st: Hybrid}
 	}
+	starve := func(sc Scenario, p Policy, label string) run {
+		sc.Policy = p
+		return run{label: "hybrid " + string(p) + label, sc: sc, st: Hybrid}
+	}
 	return []suite{
 		{"hot-key", []run{{sc: hot, st: Naive}, {sc: hot, st: Script}, {sc: hot, st: Hybrid}, {sc: hot, st: LocalOnly}}},
 		{"abusive-client", []run{{sc: abusive, st: Naive}, {sc: abusive, st: Script}, {sc: abusive, st: Hybrid}, {sc: abusive, st: LocalOnly}}},
@@ -105,6 +123,8 @@ func suites(s scale, seed uint64) []suite {
 		{"bursty", []run{{sc: bursty, st: Script}, {sc: bursty, st: Hybrid}, {sc: bursty, st: LocalOnly}}},
 		{"redis-outage", []run{policy(FailOpen), policy(FailClosed), policy(FailLocal), {sc: outage, st: LocalOnly}}},
 		{"redis-partition", []run{cut(FailOpen), cut(FailClosed), cut(FailLocal)}},
+		{"starved-server", []run{starve(starved, FailOpen, ""), starve(starved, FailClosed, ""), starve(starved, FailLocal, ""),
+			starve(starvedNear, FailLocal, ", 15ms")}},
 		{"clock-skew", []run{
 			{label: "script (TIME)", sc: skew, st: Script},
 			{label: "script (TIME), srv0 +2s", sc: fast, st: Script},

@@ -42,9 +42,16 @@ func readScenario(path string) (Scenario, error) {
 // which is what that fault does to it. With a Redis outage it leaves out the per-request
 // strategies, as the built-in redis-outage suite does: the simulator gives them no
 // deadline and no policy, so their requests would wait out the outage undecided; note
-// says so.
+// says so. A partition or a starvation acts on the hybrid strategy's servers only; note
+// says that too.
 func userSuite(sc Scenario) (s suite, note string) {
 	s.name = sc.Name
+	switch {
+	case sc.Partition.End > sc.Partition.Start:
+		note = "only the hybrid strategy's servers are cut off by the partition: naive, script and local-only run as if every server reached Redis"
+	case sc.Starve.End > sc.Starve.Start:
+		note = "only the hybrid strategy's servers are starved: naive, script and local-only run as if every server had its CPU"
+	}
 	if w := sc.Outage; w.End > w.Start {
 		note = "naive and script are not run: during a Redis outage the simulator gives them no deadline and no failure policy"
 	} else {
@@ -134,6 +141,11 @@ func TestUserSuiteStrategies(t *testing.T) {
 	if want := []string{"naive", "script", "script-caller-clock", "hybrid fail-open", "local-only"}; !slices.Equal(names(s), want) {
 		t.Errorf("with a fast server: runs %v, want %v", names(s), want)
 	}
+	sc.FastBy = 0
+	sc.Starve, sc.StarvedServers = Window{End: time.Second}, 1
+	if s, note = userSuite(sc); !strings.Contains(note, "only the hybrid strategy's servers are starved") || len(s.runs) != 4 {
+		t.Errorf("with a starvation: runs %v, note %q; want every strategy and a note that only hybrid is starved", names(s), note)
+	}
 }
 
 // TestScenarioFileRejects: a file that does not describe a valid scenario is an error
@@ -170,6 +182,20 @@ func TestScenarioFileRejects(t *testing.T) {
 	}
 	if sc, err := readScenario(unnamed); err != nil || sc.Name != "my-fleet" {
 		t.Errorf("a scenario without a Name: %q, %v; want it named after its file, my-fleet", sc.Name, err)
+	}
+}
+
+// TestShippedScenariosValid: every scenario file docs/simulation.md points to reads as a
+// valid scenario, so its commands run.
+func TestShippedScenariosValid(t *testing.T) {
+	files, err := filepath.Glob("testdata/*.json")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no scenario files in testdata (%v)", err)
+	}
+	for _, f := range files {
+		if _, err := readScenario(f); err != nil {
+			t.Error(err)
+		}
 	}
 }
 
