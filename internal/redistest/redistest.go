@@ -150,7 +150,8 @@ func Unique(t testing.TB) string {
 }
 
 // Cluster returns a client for the real Redis Cluster named by REDIS_CLUSTER_ADDRS
-// (comma-separated host:port of its masters), closed when the test ends. It skips the
+// (comma-separated host:port of its nodes, any of which seeds the client; .ci/redis-cluster.sh
+// prints all six), closed when the test ends. It skips the
 // test when the variable is unset or the cluster does not answer, and fails it under CI.
 func Cluster(t testing.TB, opts ...func(*redis.ClusterOptions)) *redis.ClusterClient {
 	t.Helper()
