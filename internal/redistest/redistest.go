@@ -193,6 +193,7 @@ type Server struct {
 	t    testing.TB
 	port int
 	bin  string
+	args []string // more redis-server arguments (a cluster node's)
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{}
@@ -203,6 +204,13 @@ type Server struct {
 // It skips the test when no binary is found, and fails it under CI.
 func StartServer(t testing.TB) *Server {
 	t.Helper()
+	return startServer(t, serverBinary(t))
+}
+
+// serverBinary returns the redis-server to start: REDIS_SERVER, default redis-server
+// on PATH. It skips the test when there is none, and fails it under CI.
+func serverBinary(t testing.TB) string {
+	t.Helper()
 	bin := os.Getenv("REDIS_SERVER")
 	if bin == "" {
 		bin = "redis-server"
@@ -211,11 +219,17 @@ func StartServer(t testing.TB) *Server {
 	if err != nil {
 		missing(t, "no redis-server binary: %v", err)
 	}
+	return path
+}
+
+// startServer starts bin on a spare loopback port with args added to its command line.
+func startServer(t testing.TB, bin string, args ...string) *Server {
+	t.Helper()
 	port, err := freePort()
 	if err != nil {
 		t.Fatalf("redistest: no free port: %v", err)
 	}
-	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), t: t, port: port, bin: path}
+	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), t: t, port: port, bin: bin, args: args}
 	t.Cleanup(s.Kill)
 	s.start()
 	return s
@@ -232,10 +246,10 @@ func freePort() (int, error) {
 
 func (s *Server) start() {
 	s.t.Helper()
-	cmd := exec.Command(s.bin,
+	cmd := exec.Command(s.bin, append([]string{
 		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--daemonize", "no",
-		"--dir", s.t.TempDir(), "--loglevel", "warning")
+		"--dir", s.t.TempDir(), "--loglevel", "warning"}, s.args...)...)
 	if err := cmd.Start(); err != nil {
 		s.t.Fatalf("redistest: start %s: %v", s.bin, err)
 	}
