@@ -148,138 +148,217 @@ func TestFaultMatrix(t *testing.T) {
 	}
 }
 
+// The load of every fault cell: 4 servers, each with two callers on a hot key (together
+// about 3 × its limit) and one cycling through the cold keys within their limits.
+const (
+	cellServers = 4
+	hotRate     = 400.0
+	hotBurst    = 40
+	coldKeys    = 100
+	cellWait    = 10 * time.Millisecond // each limit's MaxWait
+	cellSlack   = 90 * time.Millisecond // scheduling on a shared 2-core machine, -race
+	quietAfter  = 300 * time.Millisecond
+)
+
+// cellConfig is a fleet member's configuration in a fault cell.
+func cellConfig(policy breaker.Policy) hybrid.Config {
+	return hybrid.Config{
+		FleetSize: cellServers,
+		Limits: []hybrid.Limit{
+			{Name: "hot", Rate: hotRate, Burst: hotBurst, Policy: policy, MaxWait: cellWait},
+			{Name: "cold", Rate: 20, Burst: 20, Policy: policy, MaxWait: cellWait},
+		},
+	}
+}
+
+// cellBreaker is a fleet member's breaker in a fault cell: it probes every 200 ms.
+var cellBreaker = breaker.Settings{OpenTimeout: 200 * time.Millisecond}
+
+// fleetLoad runs the callers of a fault cell and records what it asserts on.
+type fleetLoad struct {
+	start    time.Time
+	wg       sync.WaitGroup
+	errs     atomic.Int64
+	firstErr atomic.Value
+	lat      latencies
+	// phase is the window (0, 1, 2: the cell says which is which) that hot-key
+	// admissions and cold-key decisions are counted in.
+	phase    atomic.Int64
+	admitted [3]atomic.Int64
+	// cold and coldFallback count each cold key's decisions per phase, and those the
+	// failure policy made.
+	cold, coldFallback [3][coldKeys]atomic.Int64
+	stopAt             atomic.Int64 // UnixNano at which the callers stop
+	quietFrom          atomic.Int64 // UnixNano from which fallback decisions are counted as late
+	late               atomic.Int64 // fallback decisions after quietFrom
+	lateOf             atomic.Int64 // decisions after quietFrom
+	// lastFallback is the UnixNano of the latest decision the failure policy made.
+	lastFallback atomic.Int64
+}
+
+// startLoad starts the callers on every server of fleet.
+func startLoad(fleet []*server) *fleetLoad {
+	l := &fleetLoad{start: time.Now()}
+	l.stopAt.Store(l.start.Add(time.Hour).UnixNano())
+	for i, s := range fleet {
+		for range 2 { // two callers on the hot key per server
+			l.wg.Go(func() {
+				for time.Now().UnixNano() < l.stopAt.Load() {
+					l.decide(s.limiter, "hot", -1)
+					time.Sleep(200 * time.Microsecond)
+				}
+			})
+		}
+		l.wg.Go(func() { // one caller cycling through the cold keys, well within their limits
+			for n := i; time.Now().UnixNano() < l.stopAt.Load(); n++ {
+				l.decide(s.limiter, "cold", n%coldKeys)
+				time.Sleep(time.Millisecond)
+			}
+		})
+	}
+	return l
+}
+
+// coldKey is the name of cold key n.
+func coldKey(n int) string { return fmt.Sprint("client-", n) }
+
+// decide asks lim for the hot key (n < 0) or cold key n.
+func (l *fleetLoad) decide(lim *hybrid.Limiter, limit string, n int) {
+	key := "hot-client"
+	if n >= 0 {
+		key = coldKey(n)
+	}
+	t0 := time.Now()
+	d, err := lim.Allow(context.Background(), limit, key)
+	l.lat.add(time.Since(t0))
+	if err != nil {
+		if l.errs.Add(1) == 1 {
+			l.firstErr.Store(err)
+		}
+		return
+	}
+	phase := l.phase.Load()
+	if limit == "hot" && d.Allowed {
+		l.admitted[phase].Add(1)
+	}
+	if n >= 0 {
+		l.cold[phase][n].Add(1)
+		if d.Source == hybrid.SourceFallback {
+			l.coldFallback[phase][n].Add(1)
+		}
+	}
+	if d.Source == hybrid.SourceFallback {
+		for at := l.lastFallback.Load(); at < t0.UnixNano() && !l.lastFallback.CompareAndSwap(at, t0.UnixNano()); {
+			at = l.lastFallback.Load()
+		}
+	}
+	if q := l.quietFrom.Load(); q != 0 && t0.UnixNano() >= q {
+		l.lateOf.Add(1)
+		if d.Source == hybrid.SourceFallback {
+			l.late.Add(1)
+		}
+	}
+}
+
+// stop stops the callers, waits for them, and returns how long they ran.
+func (l *fleetLoad) stop() time.Duration {
+	l.stopAt.Store(0)
+	l.wg.Wait()
+	return time.Since(l.start)
+}
+
+// hotAdmitted returns the hot key's admissions over every phase.
+func (l *fleetLoad) hotAdmitted() int64 {
+	return l.admitted[0].Load() + l.admitted[1].Load() + l.admitted[2].Load()
+}
+
+// check asserts what every cell asserts of its decisions: no error from the Limiter,
+// the 99.9th percentile of latency within the limit's wait plus scheduling slack, and
+// the fallback no longer deciding in the last quietAfter. It returns the percentile.
+func (l *fleetLoad) check(t *testing.T) time.Duration {
+	t.Helper()
+	if n := l.errs.Load(); n > 0 {
+		t.Errorf("%d errors from the Limiter, the first: %v", n, l.firstErr.Load())
+	}
+	p999 := l.lat.quantile(0.999)
+	if p999 > cellWait+cellSlack {
+		t.Errorf("decision latency p99.9 %v, want at most the limit's wait %v plus %v of scheduling", p999, cellWait, cellSlack)
+	}
+	if n, of := l.late.Load(), l.lateOf.Load(); of == 0 || float64(n) > 0.05*float64(of) {
+		t.Errorf("%d of %d decisions in the last %v were still the fallback's: not recovered", n, of, quietAfter)
+	}
+	return p999
+}
+
+// lostBuckets returns the buckets the fleet's servers counted lost: of every limit, and
+// of the hot one.
+func lostBuckets(fleet []*server) (all, hot int64) {
+	for _, s := range fleet {
+		for _, ls := range s.limiter.Stats().Limits {
+			all += ls.LostBuckets
+			if ls.Name == "hot" {
+				hot += ls.LostBuckets
+			}
+		}
+	}
+	return all, hot
+}
+
+// checkPreChecks asserts the bound every policy keeps: each server's own pre-check (the
+// fleet's rate and burst) caps what the fallback can add, so the hot key admits at most
+// servers × (burst + rate·T) in all.
+func checkPreChecks(t *testing.T, admitted int64, elapsed time.Duration) {
+	t.Helper()
+	if bound := cellServers * (hotBurst + hotRate*elapsed.Seconds()); float64(admitted) > bound {
+		t.Errorf("hot key: %d admitted in %v, more than %d servers' pre-checks allow (%.0f)", admitted, elapsed.Round(time.Millisecond), cellServers, bound)
+	}
+}
+
 func runFaultCell(t *testing.T, f fault, policy breaker.Policy, healthy, after time.Duration) {
-	const (
-		servers    = 4
-		rate       = 400.0
-		burst      = 40
-		coldKeys   = 100
-		maxWait    = 10 * time.Millisecond
-		slack      = 90 * time.Millisecond // scheduling on a shared 2-core machine, -race
-		quietAfter = 300 * time.Millisecond
-	)
 	ignore := goleak.IgnoreCurrent()
 	srv := redistest.StartServer(t)
 	admin := redis.NewClient(redistest.Options(srv.Addr))
 	cut := newProxy(t, srv.Addr)
 	prefix := randomPrefix()
 	var fleet []*server
-	for i := range servers {
+	for i := range cellServers {
 		addr := srv.Addr
-		if i < servers/2 {
+		if i < cellServers/2 {
 			addr = cut.addr
 		}
-		fleet = append(fleet, newServer(t, addr, prefix, nil, breaker.Settings{OpenTimeout: 200 * time.Millisecond}, hybrid.Config{
-			FleetSize: servers,
-			Limits: []hybrid.Limit{
-				{Name: "hot", Rate: rate, Burst: burst, Policy: policy, MaxWait: maxWait},
-				{Name: "cold", Rate: 20, Burst: 20, Policy: policy, MaxWait: maxWait},
-			},
-		}))
+		fleet = append(fleet, newServer(t, addr, prefix, nil, cellBreaker, cellConfig(policy)))
 	}
 
-	var (
-		errs      atomic.Int64
-		firstErr  atomic.Value
-		hotAdmit  atomic.Int64
-		lat       latencies
-		stopAt    atomic.Int64 // UnixNano at which the load stops
-		quietFrom atomic.Int64 // UnixNano from which fallback decisions are counted as late
-		late      atomic.Int64 // fallback decisions after quietFrom
-		lateOf    atomic.Int64 // decisions after quietFrom
-	)
-	decide := func(l *hybrid.Limiter, limit, key string) {
-		t0 := time.Now()
-		d, err := l.Allow(context.Background(), limit, key)
-		lat.add(time.Since(t0))
-		if err != nil {
-			if errs.Add(1) == 1 {
-				firstErr.Store(err)
-			}
-			return
-		}
-		if limit == "hot" && d.Allowed {
-			hotAdmit.Add(1)
-		}
-		if q := quietFrom.Load(); q != 0 && t0.UnixNano() >= q {
-			lateOf.Add(1)
-			if d.Source == hybrid.SourceFallback {
-				late.Add(1)
-			}
-		}
-	}
-	start := time.Now()
-	stopAt.Store(start.Add(time.Hour).UnixNano())
-	var wg sync.WaitGroup
-	for i, s := range fleet {
-		for range 2 { // two callers on the hot key per server
-			wg.Go(func() {
-				for time.Now().UnixNano() < stopAt.Load() {
-					decide(s.limiter, "hot", "hot-client")
-					time.Sleep(200 * time.Microsecond)
-				}
-			})
-		}
-		wg.Go(func() { // one caller cycling through the cold keys, well within their limits
-			for n := i; time.Now().UnixNano() < stopAt.Load(); n++ {
-				decide(s.limiter, "cold", fmt.Sprint("client-", n%coldKeys))
-				time.Sleep(time.Millisecond)
-			}
-		})
-	}
-
+	load := startLoad(fleet)
 	time.Sleep(healthy)
 	f.inject(t, faultEnv{srv: srv, admin: admin, cut: cut})
 	faultEnd := time.Now()
-	quietFrom.Store(faultEnd.Add(after - quietAfter).UnixNano())
+	load.quietFrom.Store(faultEnd.Add(after - quietAfter).UnixNano())
 	time.Sleep(after)
-	stopAt.Store(0)
-	wg.Wait()
-	elapsed := time.Since(start)
+	elapsed := load.stop()
 
-	if n := errs.Load(); n > 0 {
-		t.Errorf("%d errors from the Limiter, the first: %v", n, firstErr.Load())
-	}
-	p999 := lat.quantile(0.999)
-	if p999 > maxWait+slack {
-		t.Errorf("decision latency p99.9 %v, want at most the limit's wait %v plus %v of scheduling", p999, maxWait, slack)
-	}
-	var lost, hotLost int64
-	for _, s := range fleet {
-		for _, ls := range s.limiter.Stats().Limits {
-			lost += ls.LostBuckets
-			if ls.Name == "hot" {
-				hotLost += ls.LostBuckets
-			}
-		}
-	}
-	admitted := hotAdmit.Load()
+	p999 := load.check(t)
+	lost, hotLost := lostBuckets(fleet)
+	admitted := load.hotAdmitted()
 	switch policy.Kind() {
 	case breaker.KindClosed:
-		bound := 2*burst + rate*elapsed.Seconds()
+		bound := 2*hotBurst + hotRate*elapsed.Seconds()
 		if f.loses {
 			// The bucket came back full once per loss; each server that took from it
 			// counts a loss, so this may count one loss several times.
-			bound += burst * float64(max(hotLost, 1))
+			bound += hotBurst * float64(max(hotLost, 1))
 		}
 		if float64(admitted) > bound {
 			t.Errorf("hot key: %d admitted in %v, bound %.0f", admitted, elapsed.Round(time.Millisecond), bound)
 		}
 	default:
-		// Each server's own pre-check (the fleet's rate and burst) caps what the fallback
-		// can add: at most servers × (burst + rate·T) in all.
-		if bound := servers * (burst + rate*elapsed.Seconds()); float64(admitted) > bound {
-			t.Errorf("hot key: %d admitted in %v, more than %d servers' pre-checks allow (%.0f)", admitted, elapsed.Round(time.Millisecond), servers, bound)
-		}
+		checkPreChecks(t, admitted, elapsed)
 	}
 	if (f.name == "flushall" || f.name == "evict") && lost == 0 {
 		t.Errorf("%s lost buckets, but no server counted a lost bucket", f.name)
 	}
-	if n, of := late.Load(), lateOf.Load(); of == 0 || float64(n) > 0.05*float64(of) {
-		t.Errorf("%d of %d decisions in the last %v were still the fallback's: not recovered", n, of, quietAfter)
-	}
 	t.Logf("%v: hot key admitted %d (%.2f× rate·T), p99.9 %v, lost buckets %d, late fallback %d of %d",
-		elapsed.Round(time.Millisecond), admitted, float64(admitted)/(rate*elapsed.Seconds()), p999, lost, late.Load(), lateOf.Load())
+		elapsed.Round(time.Millisecond), admitted, float64(admitted)/(hotRate*elapsed.Seconds()), p999, lost, load.late.Load(), load.lateOf.Load())
 
 	for _, s := range fleet {
 		_ = s.limiter.Close(context.Background())
