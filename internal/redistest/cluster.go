@@ -230,8 +230,9 @@ func (c *OwnCluster) ready() error {
 	return nil
 }
 
-// Promoted waits until the replica of shard i is a master and every node still running
-// reports cluster_state:ok: the end of a failover. It returns when that was seen.
+// Promoted waits until the replica of shard i is a master and every node running (not
+// killed, not stopped) reports cluster_state:ok: the end of a failover. It returns when
+// that was seen.
 func (c *OwnCluster) Promoted(ctx context.Context, i int) (time.Time, error) {
 	r := c.Replicas[i]
 	err := poll(ctx, func() error {
@@ -290,9 +291,39 @@ func poll(ctx context.Context, cond func() error) error {
 	}
 }
 
-// running reports whether the server's process is up (not killed).
+// running reports whether the server's process is up: neither killed nor stopped.
 func (s *Server) running() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.cmd != nil
+	return s.cmd != nil && !s.stopped
+}
+
+// Settled waits until the replica of shard i has applied what its master sent it: its
+// link to the master is down (the master died and the replica read to the end of the
+// stream) or its replication offset stayed the same over 3 polls (30 ms: a master that
+// is stopped sends nothing more). What it holds then is what it takes over with.
+func (c *OwnCluster) Settled(ctx context.Context, i int) error {
+	r := c.admin[c.Replicas[i]]
+	last, same := "", 0
+	return poll(ctx, func() error {
+		info, err := r.Info(ctx, "replication").Result()
+		if err != nil {
+			return fmt.Errorf("%s: INFO replication: %w", c.Replicas[i].Addr, err)
+		}
+		if strings.Contains(info, "master_link_status:down") {
+			return nil
+		}
+		off := ""
+		for _, line := range strings.Split(info, "\r\n") {
+			if v, ok := strings.CutPrefix(line, "slave_repl_offset:"); ok {
+				off = v
+			}
+		}
+		if off != last {
+			last, same = off, 0
+		} else if same++; same >= 3 {
+			return nil
+		}
+		return fmt.Errorf("%s: replication offset still moving (%s)", c.Replicas[i].Addr, off)
+	})
 }

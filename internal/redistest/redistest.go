@@ -197,6 +197,8 @@ type Server struct {
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{}
+	// stopped is set by Stop and cleared by Cont.
+	stopped bool
 }
 
 // StartServer starts a redis-server of the test's own (REDIS_SERVER names the binary,
@@ -313,26 +315,27 @@ func (s *Server) Client(opts ...func(*redis.Options)) *redis.Client {
 	return c
 }
 
-func (s *Server) signal(sig syscall.Signal) {
+func (s *Server) signal(sig syscall.Signal, stopped bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cmd != nil && s.cmd.Process != nil {
 		_ = s.cmd.Process.Signal(sig)
+		s.stopped = stopped
 	}
 }
 
 // Stop freezes the server with SIGSTOP: connections stay open and nothing answers,
 // as with a Redis stalled by a long command or a paused VM.
-func (s *Server) Stop() { s.signal(syscall.SIGSTOP) }
+func (s *Server) Stop() { s.signal(syscall.SIGSTOP, true) }
 
 // Cont resumes a server frozen by Stop.
-func (s *Server) Cont() { s.signal(syscall.SIGCONT) }
+func (s *Server) Cont() { s.signal(syscall.SIGCONT, false) }
 
 // Kill ends the server with SIGKILL and waits for it to exit. Safe to call twice.
 func (s *Server) Kill() {
 	s.mu.Lock()
 	cmd, done := s.cmd, s.done
-	s.cmd = nil
+	s.cmd, s.stopped = nil, false
 	s.mu.Unlock()
 	if cmd == nil {
 		return
