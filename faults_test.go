@@ -14,11 +14,14 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 	"go.uber.org/goleak"
 
 	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/hybrid"
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
+	"github.com/fleetlimit/fleetlimit/lua"
 )
 
 var fullFaults = flag.Bool("faults", false, "run the whole fault matrix, every fault under every policy, with longer phases (docs/operations.md)")
@@ -451,4 +454,341 @@ func (p *proxy) close() {
 	}
 	p.mu.Unlock()
 	p.wg.Wait()
+}
+
+// clusterFault fails over the master that holds the hot key's slot, in a cluster of
+// the test's own.
+type clusterFault struct {
+	name string
+	// inject starts the fault on the master of shard i.
+	inject func(c *redistest.OwnCluster, i int)
+	// promoted, if set, runs once the replica of shard i has taken over.
+	promoted func(c *redistest.OwnCluster, i int)
+	// short: the cell runs, under every policy, without -faults.
+	short bool
+}
+
+var clusterFaults = []clusterFault{
+	// The master dies; its replica takes over after cluster-node-timeout.
+	{name: "kill-master", short: true, inject: func(c *redistest.OwnCluster, i int) { c.Masters[i].Kill() }},
+	// The master freezes (a paused VM, a long fork); its replica takes over; then the
+	// old master runs again, still a master in its own eyes until it hears otherwise.
+	{name: "stall-master", inject: func(c *redistest.OwnCluster, i int) { c.Masters[i].Stop() },
+		promoted: func(c *redistest.OwnCluster, i int) { c.Masters[i].Cont() }},
+}
+
+// TestClusterFailover is the fault matrix's cell for a Redis Cluster: the same fleet and
+// load as TestFaultMatrix (4 limiters, a hot key at about 3 × its limit, 100 cold keys),
+// each limiter on a go-redis ClusterClient built with global.ConfigureCluster, on a
+// cluster of the test's own (3 masters, a replica each, cluster-node-timeout 1 s). The
+// master that holds the hot key's bucket is killed (or stalled, with -faults) until its
+// replica takes over. Each cell asserts what the matrix asserts (no error, latency,
+// the policy's bound, recovered by the end, no goroutine left) and:
+//   - the tokens the old master granted that its replica never received (asynchronous
+//     replication) are measured: the hot key's records on the replica, read once it has
+//     applied all its master sent, against the take answers each server got from the
+//     old master. Fail-closed's bound grows by them, and the tokens the cluster granted
+//     stay within burst + rate·T plus them;
+//   - the policy stops deciding within failoverRecovery of the promotion.
+func TestClusterFailover(t *testing.T) {
+	healthy, after := 400*time.Millisecond, 900*time.Millisecond
+	if *fullFaults {
+		healthy, after = time.Second, 2*time.Second
+	}
+	for _, f := range clusterFaults {
+		if !*fullFaults && !f.short {
+			continue
+		}
+		for _, p := range faultPolicies {
+			t.Run(f.name+"/"+p.name, func(t *testing.T) {
+				runFailoverCell(t, f, p.policy, healthy, after)
+			})
+		}
+	}
+}
+
+// failoverRecovery is how soon after its replica's promotion a killed master's keys are
+// decided by Redis again: the breaker's next probe fails on the dead address and makes
+// the client reload its slot map, and the probe after it reaches the new master (two
+// open periods of 200 ms), plus scheduling.
+const failoverRecovery = time.Second
+
+func runFailoverCell(t *testing.T, f clusterFault, policy breaker.Policy, healthy, after time.Duration) {
+	ignore := goleak.IgnoreCurrent()
+	c := redistest.StartCluster(t, redistest.ClusterConfig{NodeTimeout: time.Second})
+	prefix := randomPrefix()
+	var (
+		fleet []*server
+		takes takeLog
+	)
+	for range cellServers {
+		o := &redis.ClusterOptions{
+			Addrs:                    c.Addrs(),
+			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+		}
+		global.ConfigureCluster(o)
+		cc := redis.NewClusterClient(o)
+		t.Cleanup(func() { _ = cc.Close() })
+		cc.OnNewNode(func(node *redis.Client) { node.AddHook(takes.hook(node.Options().Addr)) })
+		fleet = append(fleet, newServerOn(t, cc, prefix, cellBreaker, cellConfig(policy)))
+	}
+	ctx := context.Background()
+	shardOf := func(key string) int {
+		slot, err := fleet[0].client.(*redis.ClusterClient).ClusterKeySlot(ctx, key).Result()
+		if err != nil {
+			t.Fatalf("CLUSTER KEYSLOT %s: %v", key, err)
+		}
+		return c.Shard(int(slot))
+	}
+	hotKey := fleet[0].store.Key("hot", "hot-client")
+	takes.watch(hotKey)
+	shard := shardOf(hotKey)
+	oldMaster := c.Masters[shard].Addr
+	var coldOnShard [coldKeys]bool // the cold keys whose bucket the failed master holds
+	for n := range coldKeys {
+		coldOnShard[n] = shardOf(fleet[0].store.Key("cold", coldKey(n))) == shard
+	}
+
+	const (
+		phaseHealthy = iota
+		phaseOutage  // from the fault to the replica's promotion
+		phaseAfter
+	)
+	load := startLoad(fleet)
+	time.Sleep(healthy)
+	faultAt := time.Now()
+	load.phase.Store(phaseOutage)
+	f.inject(c, shard)
+
+	// What the replica holds of the hot bucket once it has all its master sent: the
+	// state it takes over with.
+	settle, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := c.Settled(settle, shard); err != nil {
+		t.Fatalf("replica of shard %d: %v", shard, err)
+	}
+	onReplica, err := c.ReadOnly(c.Replicas[shard]).HGetAll(ctx, hotKey).Result()
+	if err != nil {
+		t.Fatalf("hot bucket on the replica: %v", err)
+	}
+
+	wait, cancelWait := context.WithTimeout(ctx, 15*time.Second)
+	defer cancelWait()
+	promotedAt, err := c.Promoted(wait, shard)
+	if err != nil {
+		t.Fatalf("replica of shard %d not promoted: %v", shard, err)
+	}
+	load.phase.Store(phaseAfter)
+	if f.promoted != nil {
+		f.promoted(c, shard)
+	}
+	load.quietFrom.Store(promotedAt.Add(after - quietAfter).UnixNano())
+	time.Sleep(time.Until(promotedAt.Add(after)))
+	elapsed := load.stop()
+
+	p999 := load.check(t)
+	recovery := time.Duration(load.lastFallback.Load() - promotedAt.UnixNano())
+	if recovery > failoverRecovery {
+		t.Errorf("the failure policy decided until %v after the promotion, want at most %v", recovery.Round(time.Millisecond), failoverRecovery)
+	}
+	lost, hotLost := lostBuckets(fleet)
+	lostTokens, lostTakes, oldTakes := takes.lost(oldMaster, onReplica)
+	if oldTakes == 0 {
+		t.Errorf("no take answer from the old master %s was logged: the loss measured says nothing", oldMaster)
+	}
+	var granted, refunded int64
+	for _, s := range fleet {
+		for _, ls := range s.limiter.Stats().Limits {
+			if ls.Name == "hot" {
+				// A refund that timed out may have been applied: it counts as given back.
+				granted, refunded = granted+ls.Granted, refunded+ls.Refunded+ls.RefundsLost
+			}
+		}
+	}
+	// The bucket hands out at most burst + rate·T and what it was given back; the old
+	// master's grants the replica never saw come on top, and a bucket counted lost came
+	// back full.
+	extra := float64(lostTokens) + hotBurst*float64(hotLost)
+	if bound := hotBurst + hotRate*elapsed.Seconds() + extra; float64(granted-refunded) > bound {
+		t.Errorf("hot key: the cluster granted %d tokens net of refunds in %v, bound %.0f", granted-refunded, elapsed.Round(time.Millisecond), bound)
+	}
+	admitted := load.hotAdmitted()
+	switch policy.Kind() {
+	case breaker.KindClosed:
+		if bound := 2*hotBurst + hotRate*elapsed.Seconds() + extra; float64(admitted) > bound {
+			t.Errorf("hot key: %d admitted in %v, bound %.0f", admitted, elapsed.Round(time.Millisecond), bound)
+		}
+	default:
+		checkPreChecks(t, admitted, elapsed)
+	}
+	// The share of the cold keys' decisions in the outage that the policy made: of the
+	// keys on the failed master, and of those on the masters that kept answering.
+	coldShare := func(onShard bool) float64 {
+		var all, fallback int64
+		for n := range coldKeys {
+			if coldOnShard[n] == onShard {
+				all += load.cold[phaseOutage][n].Load()
+				fallback += load.coldFallback[phaseOutage][n].Load()
+			}
+		}
+		return 100 * float64(fallback) / float64(max(all, 1))
+	}
+	outage := promotedAt.Sub(faultAt)
+	afterFor := elapsed - promotedAt.Sub(load.start)
+	t.Logf("%v: hot key on shard %d; promoted %v after the fault; recovered %v after it; hot key admitted %d (%.2f× rate·T): healthy %.2f×, outage %.2f×, after %.2f×; cold keys' decisions by the policy in the outage: on the failed master %.0f%%, on the others %.0f%%; p99.9 %v; old master's grants lost: %d tokens in %d of its %d takes; lost buckets %d (hot %d); granted net %d (%.2f× burst + rate·T); late fallback %d of %d",
+		elapsed.Round(time.Millisecond), shard, outage.Round(time.Millisecond), recovery.Round(time.Millisecond),
+		admitted, float64(admitted)/(hotRate*elapsed.Seconds()),
+		float64(load.admitted[phaseHealthy].Load())/(hotRate*faultAt.Sub(load.start).Seconds()),
+		float64(load.admitted[phaseOutage].Load())/(hotRate*outage.Seconds()),
+		float64(load.admitted[phaseAfter].Load())/(hotRate*afterFor.Seconds()),
+		coldShare(true), coldShare(false),
+		p999, lostTokens, lostTakes, oldTakes, lost, hotLost,
+		granted-refunded, float64(granted-refunded)/(hotBurst+hotRate*elapsed.Seconds()),
+		load.late.Load(), load.lateOf.Load())
+
+	for _, s := range fleet {
+		_ = s.limiter.Close(context.Background())
+		_ = s.client.Close()
+	}
+	for _, n := range append(c.Masters, c.Replicas...) {
+		n.Kill() // their processes' waiters are the test's own goroutines
+	}
+	goleak.VerifyNone(t, ignore)
+}
+
+// takeLog records the answers to the take script for one bucket that arrived, with the
+// node that answered, each server's id and sequence number: what a master granted, to
+// compare with the records its replica holds.
+type takeLog struct {
+	mu    sync.Mutex
+	key   string
+	takes []takeAnswer
+}
+
+// watch sets the bucket whose takes l records.
+func (l *takeLog) watch(key string) {
+	l.mu.Lock()
+	l.key = key
+	l.mu.Unlock()
+}
+
+type takeAnswer struct {
+	node, server string
+	seq          uint64
+	granted      int64
+}
+
+// hook returns a go-redis hook for the node client at addr.
+func (l *takeLog) hook(addr string) redis.Hook { return takeHook{l, addr} }
+
+// note records cmd if it is a take from l's bucket that spent tokens (a fresh answer).
+// The script's arguments and reply are the wire format global.TestWireFormat pins:
+// EVALSHA sha 1 key capacity rate want min server seq -> {granted, tokens, wait, now, flag}.
+func (l *takeLog) note(addr string, cmd redis.Cmder) {
+	a := cmd.Args()
+	if len(a) != 10 || cmd.Err() != nil {
+		return
+	}
+	if name := strings.ToLower(fmt.Sprint(a[0])); (name != "evalsha" || a[1] != lua.Take.Hash()) && (name != "eval" || a[1] != lua.TakeSource) {
+		return
+	}
+	seq, err := strconv.ParseUint(fmt.Sprint(a[9]), 10, 64)
+	if err != nil {
+		return
+	}
+	c, ok := cmd.(*redis.Cmd)
+	if !ok {
+		return
+	}
+	reply, err := c.Slice()
+	if err != nil || len(reply) != 5 {
+		return
+	}
+	granted, _ := reply[0].(int64)
+	if flag, _ := reply[4].(int64); granted == 0 || (flag != lua.Fresh && flag != lua.First) {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if fmt.Sprint(a[3]) == l.key {
+		l.takes = append(l.takes, takeAnswer{node: addr, server: fmt.Sprint(a[8]), seq: seq, granted: granted})
+	}
+}
+
+// lost returns the tokens (and takes) that node granted from l's bucket beyond what a
+// copy of the bucket holds, and how many takes node answered in all: a server's take is
+// in the copy when the copy's record of that server (field t:<server>, "<seq> ...")
+// has that seq or a later one.
+func (l *takeLog) lost(node string, copyOf map[string]string) (tokens, takes, of int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, a := range l.takes {
+		if a.node != node {
+			continue
+		}
+		of++
+		var have uint64
+		if rec, ok := copyOf["t:"+a.server]; ok {
+			seq, _, _ := strings.Cut(rec, " ")
+			have, _ = strconv.ParseUint(seq, 10, 64)
+		}
+		if a.seq > have {
+			tokens += a.granted
+			takes++
+		}
+	}
+	return tokens, takes, of
+}
+
+// TestTakeLogLost: the loss TestClusterFailover reports counts a node's grants the copy
+// has no record of, by server and seq, and nothing else.
+func TestTakeLogLost(t *testing.T) {
+	l := takeLog{takes: []takeAnswer{
+		{node: "m", server: "a", seq: 10, granted: 5},
+		{node: "m", server: "a", seq: 11, granted: 3},
+		{node: "m", server: "b", seq: 7, granted: 2},
+		{node: "r", server: "a", seq: 12, granted: 9}, // answered by another node
+	}}
+	for _, tc := range []struct {
+		name         string
+		copyOf       map[string]string
+		tokens, took int64
+	}{
+		{"copy has every take", map[string]string{"tokens": "1", "t:a": "11 3 0 0 1", "t:b": "7 2 0 0 1"}, 0, 0},
+		{"copy lags a's last take", map[string]string{"t:a": "10 5 0 0 1", "t:b": "7 2 0 0 1"}, 3, 1},
+		{"copy never saw b", map[string]string{"t:a": "11 3 0 0 1"}, 2, 1},
+		{"empty copy", map[string]string{}, 10, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tokens, took, of := l.lost("m", tc.copyOf)
+			if tokens != tc.tokens || took != tc.took || of != 3 {
+				t.Errorf("lost = %d tokens in %d of %d takes, want %d in %d of 3", tokens, took, of, tc.tokens, tc.took)
+			}
+		})
+	}
+}
+
+type takeHook struct {
+	l    *takeLog
+	addr string
+}
+
+func (h takeHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h takeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		h.l.note(h.addr, cmd)
+		return err
+	}
+}
+
+func (h takeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			h.l.note(h.addr, cmd)
+		}
+		return err
+	}
 }
