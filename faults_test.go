@@ -24,7 +24,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/lua"
 )
 
-var fullFaults = flag.Bool("faults", false, "run the whole fault matrix, every fault under every policy, with longer phases (docs/operations.md)")
+var fullFaults = flag.Bool("faults", false, "run the whole fault matrix, every fault under every policy, and every Cluster failover, with longer phases (docs/operations.md)")
 
 // fault is one thing Redis does to its clients, done by a client of the test's own.
 type fault struct {
