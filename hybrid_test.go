@@ -53,7 +53,7 @@ func (c *callCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 
 // server is one member of a simulated fleet: its own client (pool), store and limiter.
 type server struct {
-	client  redis.UniversalClient // a *redis.Client, or a *redis.ClusterClient (newClusterServer)
+	client  redis.UniversalClient // a *redis.Client, or a *redis.ClusterClient (TestClusterFailover)
 	store   *global.Store
 	limiter *hybrid.Limiter
 	brk     *breaker.Breaker

@@ -150,9 +150,9 @@ func Unique(t testing.TB) string {
 }
 
 // Cluster returns a client for the real Redis Cluster named by REDIS_CLUSTER_ADDRS
-// (comma-separated host:port of its nodes, any of which seeds the client; .ci/redis-cluster.sh
-// prints all six), closed when the test ends. It skips the
-// test when the variable is unset or the cluster does not answer, and fails it under CI.
+// (comma-separated host:port of its nodes, any of which seeds the client;
+// .ci/redis-cluster.sh prints all six), closed when the test ends. It skips the test
+// when the variable is unset or the cluster does not answer, and fails it under CI.
 func Cluster(t testing.TB, opts ...func(*redis.ClusterOptions)) *redis.ClusterClient {
 	t.Helper()
 	env := os.Getenv("REDIS_CLUSTER_ADDRS")
