@@ -686,10 +686,11 @@ func (l *takeLog) hook(addr string) redis.Hook { return takeHook{l, addr} }
 
 // note records cmd if it is a take from l's bucket that spent tokens (a fresh answer).
 // The script's arguments and reply are the wire format global.TestWireFormat pins:
-// EVALSHA sha 1 key capacity rate want min server seq -> {granted, tokens, wait, now, flag}.
+// EVALSHA sha 1 key capacity rate want min server seq ... -> {granted, tokens, wait,
+// now, flag, ...}. Arguments and reply fields after these are not read.
 func (l *takeLog) note(addr string, cmd redis.Cmder) {
 	a := cmd.Args()
-	if len(a) != 10 || cmd.Err() != nil {
+	if len(a) < 10 || cmd.Err() != nil {
 		return
 	}
 	if name := strings.ToLower(fmt.Sprint(a[0])); (name != "evalsha" || a[1] != lua.Take.Hash()) && (name != "eval" || a[1] != lua.TakeSource) {
@@ -704,7 +705,7 @@ func (l *takeLog) note(addr string, cmd redis.Cmder) {
 		return
 	}
 	reply, err := c.Slice()
-	if err != nil || len(reply) != 5 {
+	if err != nil || len(reply) < 5 {
 		return
 	}
 	granted, _ := reply[0].(int64)
