@@ -11,7 +11,8 @@
 # Settings (environment): REDIS_CLUSTER_PORT first port (default 30001). The 6 nodes
 # listen on that port and the next five (masters on the first three, replicas on the
 # last three), and each one's cluster bus on its port + 10000 (default 40001-40006), so
-# the base must be at most 55530. REDIS_CLUSTER_DIR data directory (default a directory
+# the base must be at most 55530; all twelve ports must be free (a node that cannot bind
+# one exits, and start prints the end of its log). REDIS_CLUSTER_DIR data directory (default a directory
 # named after the port under $TMPDIR or /tmp). No persistence.
 #
 # `start` returns once every node reports cluster_state:ok and every replica's link to
@@ -86,7 +87,13 @@ start() {
 	done
 	for p in "${ports[@]}"; do
 		for _ in $(seq 100); do answers "$p" && break; sleep 0.05; done
-		answers "$p" || { echo "redis-cluster.sh: node $p did not start; see $dir/$p/redis.log" >&2; exit 1; }
+		answers "$p" || {
+			# Most often its port or its bus port (+10000) is taken, by a listener or by
+			# an outgoing connection's ephemeral port: its log's last lines say which.
+			echo "redis-cluster.sh: node $p did not start; the end of $dir/$p/redis.log:" >&2
+			tail -n 5 "$dir/$p/redis.log" >&2 || true
+			exit 1
+		}
 	done
 	local hosts=()
 	for p in "${ports[@]}"; do hosts+=("127.0.0.1:$p"); done
