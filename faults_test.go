@@ -14,14 +14,17 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 	"go.uber.org/goleak"
 
 	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/hybrid"
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
+	"github.com/fleetlimit/fleetlimit/lua"
 )
 
-var fullFaults = flag.Bool("faults", false, "run the whole fault matrix, every fault under every policy, with longer phases (docs/operations.md)")
+var fullFaults = flag.Bool("faults", false, "run the whole fault matrix, every fault under every policy, and every Cluster failover, with longer phases (docs/operations.md)")
 
 // fault is one thing Redis does to its clients, done by a client of the test's own.
 type fault struct {
@@ -148,138 +151,216 @@ func TestFaultMatrix(t *testing.T) {
 	}
 }
 
+// The load of every fault cell: 4 servers, each with two callers on a hot key (together
+// about 3 × its limit) and one cycling through the cold keys within their limits.
+const (
+	cellServers = 4
+	hotRate     = 400.0
+	hotBurst    = 40
+	coldKeys    = 100
+	cellWait    = 10 * time.Millisecond // each limit's MaxWait
+	cellSlack   = 90 * time.Millisecond // scheduling on a shared 2-core machine, -race
+	quietAfter  = 300 * time.Millisecond
+)
+
+// cellConfig is a fleet member's configuration in a fault cell.
+func cellConfig(policy breaker.Policy) hybrid.Config {
+	return hybrid.Config{
+		FleetSize: cellServers,
+		Limits: []hybrid.Limit{
+			{Name: "hot", Rate: hotRate, Burst: hotBurst, Policy: policy, MaxWait: cellWait},
+			{Name: "cold", Rate: 20, Burst: 20, Policy: policy, MaxWait: cellWait},
+		},
+	}
+}
+
+// cellBreaker is a fleet member's breaker in a fault cell: it probes every 200 ms.
+var cellBreaker = breaker.Settings{OpenTimeout: 200 * time.Millisecond}
+
+// fleetLoad runs the callers of a fault cell and records what it asserts on.
+type fleetLoad struct {
+	start    time.Time
+	wg       sync.WaitGroup
+	errs     atomic.Int64
+	firstErr atomic.Value
+	lat      latencies
+	// phase is the window (0, 1, 2: the cell says which is which) that hot-key
+	// admissions and cold-key decisions are counted in.
+	phase    atomic.Int64
+	admitted [3]atomic.Int64
+	// cold and coldFallback count each cold key's decisions per phase, and those the
+	// failure policy made.
+	cold, coldFallback [3][coldKeys]atomic.Int64
+	stopAt             atomic.Int64 // UnixNano at which the callers stop
+	quietFrom          atomic.Int64 // UnixNano from which fallback decisions are counted as late
+	late               atomic.Int64 // fallback decisions after quietFrom
+	lateOf             atomic.Int64 // decisions after quietFrom
+	// redisAgain is the UnixNano at which the first hot-key decision of phase 2 that
+	// Redis served (from a lease or the bucket) was asked for: the end of a fault.
+	redisAgain atomic.Int64
+}
+
+// startLoad starts the callers on every server of fleet.
+func startLoad(fleet []*server) *fleetLoad {
+	l := &fleetLoad{start: time.Now()}
+	l.stopAt.Store(l.start.Add(time.Hour).UnixNano())
+	for i, s := range fleet {
+		for range 2 { // two callers on the hot key per server
+			l.wg.Go(func() {
+				for time.Now().UnixNano() < l.stopAt.Load() {
+					l.decide(s.limiter, "hot", -1)
+					time.Sleep(200 * time.Microsecond)
+				}
+			})
+		}
+		l.wg.Go(func() { // one caller cycling through the cold keys, well within their limits
+			for n := i; time.Now().UnixNano() < l.stopAt.Load(); n++ {
+				l.decide(s.limiter, "cold", n%coldKeys)
+				time.Sleep(time.Millisecond)
+			}
+		})
+	}
+	return l
+}
+
+// coldKey is the name of cold key n.
+func coldKey(n int) string { return fmt.Sprint("client-", n) }
+
+// decide asks lim for the hot key (n < 0) or cold key n.
+func (l *fleetLoad) decide(lim *hybrid.Limiter, limit string, n int) {
+	key := "hot-client"
+	if n >= 0 {
+		key = coldKey(n)
+	}
+	t0 := time.Now()
+	d, err := lim.Allow(context.Background(), limit, key)
+	l.lat.add(time.Since(t0))
+	if err != nil {
+		if l.errs.Add(1) == 1 {
+			l.firstErr.Store(err)
+		}
+		return
+	}
+	phase := l.phase.Load()
+	if limit == "hot" && d.Allowed {
+		l.admitted[phase].Add(1)
+	}
+	if n >= 0 {
+		l.cold[phase][n].Add(1)
+		if d.Source == hybrid.SourceFallback {
+			l.coldFallback[phase][n].Add(1)
+		}
+	}
+	if n < 0 && phase == 2 && (d.Source == hybrid.SourceLease || d.Source == hybrid.SourceGlobal) {
+		l.redisAgain.CompareAndSwap(0, t0.UnixNano())
+	}
+	if q := l.quietFrom.Load(); q != 0 && t0.UnixNano() >= q {
+		l.lateOf.Add(1)
+		if d.Source == hybrid.SourceFallback {
+			l.late.Add(1)
+		}
+	}
+}
+
+// stop stops the callers, waits for them, and returns how long they ran.
+func (l *fleetLoad) stop() time.Duration {
+	l.stopAt.Store(0)
+	l.wg.Wait()
+	return time.Since(l.start)
+}
+
+// hotAdmitted returns the hot key's admissions over every phase.
+func (l *fleetLoad) hotAdmitted() int64 {
+	return l.admitted[0].Load() + l.admitted[1].Load() + l.admitted[2].Load()
+}
+
+// check asserts what every cell asserts of its decisions: no error from the Limiter,
+// the 99.9th percentile of latency within the limit's wait plus scheduling slack, and
+// the fallback no longer deciding in the last quietAfter. It returns the percentile.
+func (l *fleetLoad) check(t *testing.T) time.Duration {
+	t.Helper()
+	if n := l.errs.Load(); n > 0 {
+		t.Errorf("%d errors from the Limiter, the first: %v", n, l.firstErr.Load())
+	}
+	p999 := l.lat.quantile(0.999)
+	if p999 > cellWait+cellSlack {
+		t.Errorf("decision latency p99.9 %v, want at most the limit's wait %v plus %v of scheduling", p999, cellWait, cellSlack)
+	}
+	if n, of := l.late.Load(), l.lateOf.Load(); of == 0 || float64(n) > 0.05*float64(of) {
+		t.Errorf("%d of %d decisions in the last %v were still the fallback's: not recovered", n, of, quietAfter)
+	}
+	return p999
+}
+
+// lostBuckets returns the buckets the fleet's servers counted lost: of every limit, and
+// of the hot one.
+func lostBuckets(fleet []*server) (all, hot int64) {
+	for _, s := range fleet {
+		for _, ls := range s.limiter.Stats().Limits {
+			all += ls.LostBuckets
+			if ls.Name == "hot" {
+				hot += ls.LostBuckets
+			}
+		}
+	}
+	return all, hot
+}
+
+// checkPreChecks asserts the bound every policy keeps: each server's own pre-check (the
+// fleet's rate and burst) caps what the fallback can add, so the hot key admits at most
+// servers × (burst + rate·T) in all.
+func checkPreChecks(t *testing.T, admitted int64, elapsed time.Duration) {
+	t.Helper()
+	if bound := cellServers * (hotBurst + hotRate*elapsed.Seconds()); float64(admitted) > bound {
+		t.Errorf("hot key: %d admitted in %v, more than %d servers' pre-checks allow (%.0f)", admitted, elapsed.Round(time.Millisecond), cellServers, bound)
+	}
+}
+
 func runFaultCell(t *testing.T, f fault, policy breaker.Policy, healthy, after time.Duration) {
-	const (
-		servers    = 4
-		rate       = 400.0
-		burst      = 40
-		coldKeys   = 100
-		maxWait    = 10 * time.Millisecond
-		slack      = 90 * time.Millisecond // scheduling on a shared 2-core machine, -race
-		quietAfter = 300 * time.Millisecond
-	)
 	ignore := goleak.IgnoreCurrent()
 	srv := redistest.StartServer(t)
 	admin := redis.NewClient(redistest.Options(srv.Addr))
 	cut := newProxy(t, srv.Addr)
 	prefix := randomPrefix()
 	var fleet []*server
-	for i := range servers {
+	for i := range cellServers {
 		addr := srv.Addr
-		if i < servers/2 {
+		if i < cellServers/2 {
 			addr = cut.addr
 		}
-		fleet = append(fleet, newServer(t, addr, prefix, nil, breaker.Settings{OpenTimeout: 200 * time.Millisecond}, hybrid.Config{
-			FleetSize: servers,
-			Limits: []hybrid.Limit{
-				{Name: "hot", Rate: rate, Burst: burst, Policy: policy, MaxWait: maxWait},
-				{Name: "cold", Rate: 20, Burst: 20, Policy: policy, MaxWait: maxWait},
-			},
-		}))
+		fleet = append(fleet, newServer(t, addr, prefix, nil, cellBreaker, cellConfig(policy)))
 	}
 
-	var (
-		errs      atomic.Int64
-		firstErr  atomic.Value
-		hotAdmit  atomic.Int64
-		lat       latencies
-		stopAt    atomic.Int64 // UnixNano at which the load stops
-		quietFrom atomic.Int64 // UnixNano from which fallback decisions are counted as late
-		late      atomic.Int64 // fallback decisions after quietFrom
-		lateOf    atomic.Int64 // decisions after quietFrom
-	)
-	decide := func(l *hybrid.Limiter, limit, key string) {
-		t0 := time.Now()
-		d, err := l.Allow(context.Background(), limit, key)
-		lat.add(time.Since(t0))
-		if err != nil {
-			if errs.Add(1) == 1 {
-				firstErr.Store(err)
-			}
-			return
-		}
-		if limit == "hot" && d.Allowed {
-			hotAdmit.Add(1)
-		}
-		if q := quietFrom.Load(); q != 0 && t0.UnixNano() >= q {
-			lateOf.Add(1)
-			if d.Source == hybrid.SourceFallback {
-				late.Add(1)
-			}
-		}
-	}
-	start := time.Now()
-	stopAt.Store(start.Add(time.Hour).UnixNano())
-	var wg sync.WaitGroup
-	for i, s := range fleet {
-		for range 2 { // two callers on the hot key per server
-			wg.Go(func() {
-				for time.Now().UnixNano() < stopAt.Load() {
-					decide(s.limiter, "hot", "hot-client")
-					time.Sleep(200 * time.Microsecond)
-				}
-			})
-		}
-		wg.Go(func() { // one caller cycling through the cold keys, well within their limits
-			for n := i; time.Now().UnixNano() < stopAt.Load(); n++ {
-				decide(s.limiter, "cold", fmt.Sprint("client-", n%coldKeys))
-				time.Sleep(time.Millisecond)
-			}
-		})
-	}
-
+	load := startLoad(fleet)
 	time.Sleep(healthy)
 	f.inject(t, faultEnv{srv: srv, admin: admin, cut: cut})
 	faultEnd := time.Now()
-	quietFrom.Store(faultEnd.Add(after - quietAfter).UnixNano())
+	load.quietFrom.Store(faultEnd.Add(after - quietAfter).UnixNano())
 	time.Sleep(after)
-	stopAt.Store(0)
-	wg.Wait()
-	elapsed := time.Since(start)
+	elapsed := load.stop()
 
-	if n := errs.Load(); n > 0 {
-		t.Errorf("%d errors from the Limiter, the first: %v", n, firstErr.Load())
-	}
-	p999 := lat.quantile(0.999)
-	if p999 > maxWait+slack {
-		t.Errorf("decision latency p99.9 %v, want at most the limit's wait %v plus %v of scheduling", p999, maxWait, slack)
-	}
-	var lost, hotLost int64
-	for _, s := range fleet {
-		for _, ls := range s.limiter.Stats().Limits {
-			lost += ls.LostBuckets
-			if ls.Name == "hot" {
-				hotLost += ls.LostBuckets
-			}
-		}
-	}
-	admitted := hotAdmit.Load()
+	p999 := load.check(t)
+	lost, hotLost := lostBuckets(fleet)
+	admitted := load.hotAdmitted()
 	switch policy.Kind() {
 	case breaker.KindClosed:
-		bound := 2*burst + rate*elapsed.Seconds()
+		bound := 2*hotBurst + hotRate*elapsed.Seconds()
 		if f.loses {
 			// The bucket came back full once per loss; each server that took from it
 			// counts a loss, so this may count one loss several times.
-			bound += burst * float64(max(hotLost, 1))
+			bound += hotBurst * float64(max(hotLost, 1))
 		}
 		if float64(admitted) > bound {
 			t.Errorf("hot key: %d admitted in %v, bound %.0f", admitted, elapsed.Round(time.Millisecond), bound)
 		}
 	default:
-		// Each server's own pre-check (the fleet's rate and burst) caps what the fallback
-		// can add: at most servers × (burst + rate·T) in all.
-		if bound := servers * (burst + rate*elapsed.Seconds()); float64(admitted) > bound {
-			t.Errorf("hot key: %d admitted in %v, more than %d servers' pre-checks allow (%.0f)", admitted, elapsed.Round(time.Millisecond), servers, bound)
-		}
+		checkPreChecks(t, admitted, elapsed)
 	}
 	if (f.name == "flushall" || f.name == "evict") && lost == 0 {
 		t.Errorf("%s lost buckets, but no server counted a lost bucket", f.name)
 	}
-	if n, of := late.Load(), lateOf.Load(); of == 0 || float64(n) > 0.05*float64(of) {
-		t.Errorf("%d of %d decisions in the last %v were still the fallback's: not recovered", n, of, quietAfter)
-	}
 	t.Logf("%v: hot key admitted %d (%.2f× rate·T), p99.9 %v, lost buckets %d, late fallback %d of %d",
-		elapsed.Round(time.Millisecond), admitted, float64(admitted)/(rate*elapsed.Seconds()), p999, lost, late.Load(), lateOf.Load())
+		elapsed.Round(time.Millisecond), admitted, float64(admitted)/(hotRate*elapsed.Seconds()), p999, lost, load.late.Load(), load.lateOf.Load())
 
 	for _, s := range fleet {
 		_ = s.limiter.Close(context.Background())
@@ -372,4 +453,346 @@ func (p *proxy) close() {
 	}
 	p.mu.Unlock()
 	p.wg.Wait()
+}
+
+// clusterFault fails over the master that holds the hot key's slot, in a cluster of
+// the test's own.
+type clusterFault struct {
+	name string
+	// inject starts the fault on the master of shard i.
+	inject func(c *redistest.OwnCluster, i int)
+	// promoted, if set, runs once the replica of shard i has taken over.
+	promoted func(c *redistest.OwnCluster, i int)
+	// short: the cell runs, under every policy, without -faults.
+	short bool
+}
+
+var clusterFaults = []clusterFault{
+	// The master dies; its replica takes over after cluster-node-timeout.
+	{name: "kill-master", short: true, inject: func(c *redistest.OwnCluster, i int) { c.Masters[i].Kill() }},
+	// The master freezes (a paused VM, a long fork); its replica takes over; then the
+	// old master runs again, still a master in its own eyes until it hears otherwise.
+	{name: "stall-master", inject: func(c *redistest.OwnCluster, i int) { c.Masters[i].Stop() },
+		promoted: func(c *redistest.OwnCluster, i int) { c.Masters[i].Cont() }},
+}
+
+// TestClusterFailover is the fault matrix's cell for a Redis Cluster: the same fleet and
+// load as TestFaultMatrix (4 limiters, a hot key at about 3 × its limit, 100 cold keys),
+// each limiter on a go-redis ClusterClient built with global.ConfigureCluster, on a
+// cluster of the test's own (3 masters, a replica each, cluster-node-timeout 1 s). The
+// master that holds the hot key's bucket is killed (or stalled, with -faults) until its
+// replica takes over. Each cell asserts what the matrix asserts (no error, latency,
+// the policy's bound, recovered by the end, no goroutine left) and:
+//   - the tokens the old master granted that its replica never received (asynchronous
+//     replication) are measured: the hot key's records on the replica, read once it has
+//     applied all its master sent, against the take answers each server got from the
+//     old master. Fail-closed's bound grows by them, and the tokens the cluster granted
+//     stay within burst + rate·T plus them;
+//   - Redis serves the hot key again within failoverRecovery of the promotion.
+func TestClusterFailover(t *testing.T) {
+	healthy, after := 400*time.Millisecond, 900*time.Millisecond
+	if *fullFaults {
+		healthy, after = time.Second, 2*time.Second
+	}
+	for _, f := range clusterFaults {
+		if !*fullFaults && !f.short {
+			continue
+		}
+		for _, p := range faultPolicies {
+			t.Run(f.name+"/"+p.name, func(t *testing.T) {
+				runFailoverCell(t, f, p.policy, healthy, after)
+			})
+		}
+	}
+}
+
+// failoverRecovery is how soon after its replica's promotion a killed master's keys are
+// decided by Redis again: the breaker's next probe fails on the dead address and makes
+// the client reload its slot map, and the probe after it reaches the new master (two
+// open periods of 200 ms), plus scheduling.
+const failoverRecovery = 600 * time.Millisecond
+
+func runFailoverCell(t *testing.T, f clusterFault, policy breaker.Policy, healthy, after time.Duration) {
+	ignore := goleak.IgnoreCurrent()
+	c := redistest.StartCluster(t, redistest.ClusterConfig{NodeTimeout: time.Second})
+	prefix := randomPrefix()
+	var (
+		fleet []*server
+		takes takeLog
+	)
+	for range cellServers {
+		o := &redis.ClusterOptions{
+			Addrs:                    c.Addrs(),
+			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+		}
+		global.ConfigureCluster(o)
+		cc := redis.NewClusterClient(o)
+		t.Cleanup(func() { _ = cc.Close() })
+		cc.OnNewNode(func(node *redis.Client) { node.AddHook(takes.hook(node.Options().Addr)) })
+		fleet = append(fleet, newServerOn(t, cc, prefix, cellBreaker, cellConfig(policy)))
+	}
+	ctx := context.Background()
+	shardOf := func(key string) int {
+		slot, err := fleet[0].client.(*redis.ClusterClient).ClusterKeySlot(ctx, key).Result()
+		if err != nil {
+			t.Fatalf("CLUSTER KEYSLOT %s: %v", key, err)
+		}
+		return c.Shard(int(slot))
+	}
+	hotKey := fleet[0].store.Key("hot", "hot-client")
+	takes.watch(hotKey)
+	shard := shardOf(hotKey)
+	oldMaster := c.Masters[shard].Addr
+	var coldOnShard [coldKeys]bool // the cold keys whose bucket the failed master holds
+	for n := range coldKeys {
+		coldOnShard[n] = shardOf(fleet[0].store.Key("cold", coldKey(n))) == shard
+	}
+
+	const (
+		phaseHealthy = iota
+		phaseOutage  // from the fault to the replica's promotion
+		phaseAfter
+	)
+	load := startLoad(fleet)
+	time.Sleep(healthy)
+	faultAt := time.Now()
+	load.phase.Store(phaseOutage)
+	f.inject(c, shard)
+
+	// What the replica holds of the hot bucket once it has all its master sent: the
+	// state it takes over with.
+	settle, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := c.Settled(settle, shard); err != nil {
+		t.Fatalf("replica of shard %d: %v", shard, err)
+	}
+	onReplica, err := c.ReadOnly(c.Replicas[shard]).HGetAll(ctx, hotKey).Result()
+	if err != nil {
+		t.Fatalf("hot bucket on the replica: %v", err)
+	}
+
+	wait, cancelWait := context.WithTimeout(ctx, 15*time.Second)
+	defer cancelWait()
+	promotedAt, err := c.Promoted(wait, shard)
+	if err != nil {
+		t.Fatalf("replica of shard %d not promoted: %v", shard, err)
+	}
+	load.phase.Store(phaseAfter)
+	if f.promoted != nil {
+		f.promoted(c, shard)
+	}
+	load.quietFrom.Store(promotedAt.Add(after - quietAfter).UnixNano())
+	time.Sleep(time.Until(promotedAt.Add(after)))
+	elapsed := load.stop()
+
+	p999 := load.check(t)
+	recovery := "never"
+	if at := load.redisAgain.Load(); at == 0 {
+		t.Errorf("Redis served no hot-key decision in the %v after the promotion", after)
+	} else if d := time.Duration(at - promotedAt.UnixNano()); d > failoverRecovery {
+		t.Errorf("Redis served the hot key again %v after the promotion, want at most %v", d.Round(time.Millisecond), failoverRecovery)
+	} else {
+		recovery = d.Round(time.Millisecond).String()
+	}
+	lost, hotLost := lostBuckets(fleet)
+	lostTokens, lostTakes, oldTakes := takes.lost(oldMaster, onReplica)
+	if oldTakes == 0 {
+		t.Errorf("no take answer from the old master %s was logged: the loss measured says nothing", oldMaster)
+	}
+	var granted, refunded int64
+	for _, s := range fleet {
+		for _, ls := range s.limiter.Stats().Limits {
+			if ls.Name == "hot" {
+				// A refund that timed out may have been applied: it counts as given back.
+				granted, refunded = granted+ls.Granted, refunded+ls.Refunded+ls.RefundsLost
+			}
+		}
+	}
+	// The bucket hands out at most burst + rate·T and what it was given back; the old
+	// master's grants the replica never saw come on top, and a bucket counted lost came
+	// back full.
+	extra := float64(lostTokens) + hotBurst*float64(hotLost)
+	if bound := hotBurst + hotRate*elapsed.Seconds() + extra; float64(granted-refunded) > bound {
+		t.Errorf("hot key: the cluster granted %d tokens net of refunds in %v, bound %.0f", granted-refunded, elapsed.Round(time.Millisecond), bound)
+	}
+	admitted := load.hotAdmitted()
+	switch policy.Kind() {
+	case breaker.KindClosed:
+		if bound := 2*hotBurst + hotRate*elapsed.Seconds() + extra; float64(admitted) > bound {
+			t.Errorf("hot key: %d admitted in %v, bound %.0f", admitted, elapsed.Round(time.Millisecond), bound)
+		}
+	default:
+		checkPreChecks(t, admitted, elapsed)
+	}
+	// The share of the cold keys' decisions in the outage that the policy made: of the
+	// keys on the failed master, and of those on the masters that kept answering.
+	coldShare := func(onShard bool) float64 {
+		var all, fallback int64
+		for n := range coldKeys {
+			if coldOnShard[n] == onShard {
+				all += load.cold[phaseOutage][n].Load()
+				fallback += load.coldFallback[phaseOutage][n].Load()
+			}
+		}
+		return 100 * float64(fallback) / float64(max(all, 1))
+	}
+	outage := promotedAt.Sub(faultAt)
+	afterFor := elapsed - promotedAt.Sub(load.start)
+	t.Logf("%v: hot key on shard %d; promoted %v after the fault; Redis served the hot key again %v after that; hot key admitted %d (%.2f× rate·T): healthy %.2f×, outage %.2f×, after %.2f×; cold keys' decisions by the policy in the outage: on the failed master %.0f%%, on the others %.0f%%; p99.9 %v; old master's grants lost: %d tokens in %d of its %d takes; lost buckets %d (hot %d); granted net %d (%.2f× burst + rate·T); late fallback %d of %d",
+		elapsed.Round(time.Millisecond), shard, outage.Round(time.Millisecond), recovery,
+		admitted, float64(admitted)/(hotRate*elapsed.Seconds()),
+		float64(load.admitted[phaseHealthy].Load())/(hotRate*faultAt.Sub(load.start).Seconds()),
+		float64(load.admitted[phaseOutage].Load())/(hotRate*outage.Seconds()),
+		float64(load.admitted[phaseAfter].Load())/(hotRate*afterFor.Seconds()),
+		coldShare(true), coldShare(false),
+		p999, lostTokens, lostTakes, oldTakes, lost, hotLost,
+		granted-refunded, float64(granted-refunded)/(hotBurst+hotRate*elapsed.Seconds()),
+		load.late.Load(), load.lateOf.Load())
+
+	for _, s := range fleet {
+		_ = s.limiter.Close(context.Background())
+		_ = s.client.Close()
+	}
+	for _, n := range append(c.Masters, c.Replicas...) {
+		n.Kill() // their processes' waiters are the test's own goroutines
+	}
+	goleak.VerifyNone(t, ignore)
+}
+
+// takeLog records the answers to the take script for one bucket that arrived, with the
+// node that answered, each server's id and sequence number: what a master granted, to
+// compare with the records its replica holds.
+type takeLog struct {
+	mu    sync.Mutex
+	key   string
+	takes []takeAnswer
+}
+
+// watch sets the bucket whose takes l records.
+func (l *takeLog) watch(key string) {
+	l.mu.Lock()
+	l.key = key
+	l.mu.Unlock()
+}
+
+type takeAnswer struct {
+	node, server string
+	seq          uint64
+	granted      int64
+}
+
+// hook returns a go-redis hook for the node client at addr.
+func (l *takeLog) hook(addr string) redis.Hook { return takeHook{l, addr} }
+
+// note records cmd if it is a take from l's bucket that spent tokens (a fresh answer).
+// The script's arguments and reply are the wire format global.TestWireFormat pins:
+// EVALSHA sha 1 key capacity rate want min server seq ... -> {granted, tokens, wait,
+// now, flag, ...}. Arguments and reply fields after these are not read.
+func (l *takeLog) note(addr string, cmd redis.Cmder) {
+	a := cmd.Args()
+	if len(a) < 10 || cmd.Err() != nil {
+		return
+	}
+	if name := strings.ToLower(fmt.Sprint(a[0])); (name != "evalsha" || a[1] != lua.Take.Hash()) && (name != "eval" || a[1] != lua.TakeSource) {
+		return
+	}
+	seq, err := strconv.ParseUint(fmt.Sprint(a[9]), 10, 64)
+	if err != nil {
+		return
+	}
+	c, ok := cmd.(*redis.Cmd)
+	if !ok {
+		return
+	}
+	reply, err := c.Slice()
+	if err != nil || len(reply) < 5 {
+		return
+	}
+	granted, _ := reply[0].(int64)
+	if flag, _ := reply[4].(int64); granted == 0 || (flag != lua.Fresh && flag != lua.First) {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if fmt.Sprint(a[3]) == l.key {
+		l.takes = append(l.takes, takeAnswer{node: addr, server: fmt.Sprint(a[8]), seq: seq, granted: granted})
+	}
+}
+
+// lost returns the tokens (and takes) that node granted from l's bucket beyond what a
+// copy of the bucket holds, and how many takes node answered in all: a server's take is
+// in the copy when the copy's record of that server (field t:<server>, "<seq> ...")
+// has that seq or a later one.
+func (l *takeLog) lost(node string, copyOf map[string]string) (tokens, takes, of int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, a := range l.takes {
+		if a.node != node {
+			continue
+		}
+		of++
+		var have uint64
+		if rec, ok := copyOf["t:"+a.server]; ok {
+			seq, _, _ := strings.Cut(rec, " ")
+			have, _ = strconv.ParseUint(seq, 10, 64)
+		}
+		if a.seq > have {
+			tokens += a.granted
+			takes++
+		}
+	}
+	return tokens, takes, of
+}
+
+// TestTakeLogLost: the loss TestClusterFailover reports counts a node's grants the copy
+// has no record of, by server and seq, and nothing else.
+func TestTakeLogLost(t *testing.T) {
+	l := takeLog{takes: []takeAnswer{
+		{node: "m", server: "a", seq: 10, granted: 5},
+		{node: "m", server: "a", seq: 11, granted: 3},
+		{node: "m", server: "b", seq: 7, granted: 2},
+		{node: "r", server: "a", seq: 12, granted: 9}, // answered by another node
+	}}
+	for _, tc := range []struct {
+		name         string
+		copyOf       map[string]string
+		tokens, took int64
+	}{
+		{"copy has every take", map[string]string{"tokens": "1", "t:a": "11 3 0 0 1", "t:b": "7 2 0 0 1"}, 0, 0},
+		{"copy lags a's last take", map[string]string{"t:a": "10 5 0 0 1", "t:b": "7 2 0 0 1"}, 3, 1},
+		{"copy never saw b", map[string]string{"t:a": "11 3 0 0 1"}, 2, 1},
+		{"empty copy", map[string]string{}, 10, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tokens, took, of := l.lost("m", tc.copyOf)
+			if tokens != tc.tokens || took != tc.took || of != 3 {
+				t.Errorf("lost = %d tokens in %d of %d takes, want %d in %d of 3", tokens, took, of, tc.tokens, tc.took)
+			}
+		})
+	}
+}
+
+type takeHook struct {
+	l    *takeLog
+	addr string
+}
+
+func (h takeHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h takeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		h.l.note(h.addr, cmd)
+		return err
+	}
+}
+
+func (h takeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			h.l.note(h.addr, cmd)
+		}
+		return err
+	}
 }

@@ -53,7 +53,7 @@ func (c *callCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 
 // server is one member of a simulated fleet: its own client (pool), store and limiter.
 type server struct {
-	client  *redis.Client
+	client  redis.UniversalClient // a *redis.Client, or a *redis.ClusterClient (TestClusterFailover)
 	store   *global.Store
 	limiter *hybrid.Limiter
 	brk     *breaker.Breaker
@@ -84,6 +84,12 @@ func newServer(t *testing.T, addr, prefix string, counter *callCounter, brk brea
 		c.AddHook(counter)
 	}
 	t.Cleanup(func() { _ = c.Close() })
+	return newServerOn(t, c, prefix, brk, cfg)
+}
+
+// newServerOn builds a fleet member on client c, which the test closes.
+func newServerOn(t *testing.T, c redis.UniversalClient, prefix string, brk breaker.Settings, cfg hybrid.Config) *server {
+	t.Helper()
 	st, err := global.New(c, global.Prefix(prefix))
 	if err != nil {
 		t.Fatal(err)

@@ -1,19 +1,34 @@
 #!/usr/bin/env bash
-# Start or stop a 3-master Redis Cluster on loopback, for fleetlimit's cluster tests.
+# Start or stop a Redis Cluster of 3 masters, each with 1 replica, on loopback, for
+# fleetlimit's cluster tests.
 #
-#   .ci/redis-cluster.sh start   # prints REDIS_CLUSTER_ADDRS=127.0.0.1:30001,...
+#   .ci/redis-cluster.sh start   # prints REDIS_CLUSTER_ADDRS=127.0.0.1:30001,...,127.0.0.1:30006
 #   .ci/redis-cluster.sh addrs   # prints the addresses if the cluster is up
 #   .ci/redis-cluster.sh stop    # shuts the nodes down and removes their data
 #
 # Then: REDIS_CLUSTER_ADDRS=... go test ./global -run Cluster
 #
-# Settings (environment): REDIS_CLUSTER_PORT first port (default 30001; the nodes use
-# it and the next two), REDIS_CLUSTER_DIR data directory (default a directory named
-# after the port under $TMPDIR or /tmp). No persistence, no replicas.
+# Settings (environment): REDIS_CLUSTER_PORT first port (default 30001). The 6 nodes
+# listen on that port and the next five (masters on the first three, replicas on the
+# last three), and each one's cluster bus on its port + 10000 (default 40001-40006), so
+# the base must be at most 55530; all twelve ports must be free (a node that cannot bind
+# one exits, and start prints the end of its log). REDIS_CLUSTER_DIR data directory (default a directory
+# named after the port under $TMPDIR or /tmp). No persistence.
+#
+# `start` returns once every node reports cluster_state:ok and every replica's link to
+# its master is up (a first sync of an empty master: about 1-2 s in all). It prints
+# every node's address: any of them seeds a cluster client, which learns the roles from
+# the cluster itself. Fault tests that fail a master over start a cluster of their own
+# (internal/redistest.StartCluster); this one stays as started.
 set -euo pipefail
 
 base=${REDIS_CLUSTER_PORT:-30001}
-ports=("$base" "$((base + 1))" "$((base + 2))")
+if ((base < 1 || base + 5 + 10000 > 65535)); then
+	echo "redis-cluster.sh: REDIS_CLUSTER_PORT=$base: the nodes use it to +5 and their buses +10000, so it must be 1-55530" >&2
+	exit 2
+fi
+ports=()
+for i in 0 1 2 3 4 5; do ports+=("$((base + i))"); done
 dir=${REDIS_CLUSTER_DIR:-${TMPDIR:-/tmp}/fleetlimit-redis-cluster-$base}
 
 addrs() {
@@ -23,12 +38,27 @@ addrs() {
 	echo "${a[*]}"
 }
 
-answers() { redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null | grep -q PONG; }
+cli() { redis-cli -h 127.0.0.1 -p "$@" 2>/dev/null; }
 
+answers() { [[ $(cli "$1" ping) == PONG ]]; }
+
+# cluster_ok: every node sees the cluster ok, 3 masters and 3 replicas, and every
+# replica's link to its master is up (its first sync is done).
 cluster_ok() {
+	local masters=0 replicas=0 info
 	for p in "${ports[@]}"; do
-		redis-cli -h 127.0.0.1 -p "$p" cluster info 2>/dev/null | grep -q '^cluster_state:ok' || return 1
+		info=$(cli "$p" cluster info) || return 1
+		[[ $info == *cluster_state:ok* ]] || return 1
+		info=$(cli "$p" info replication) || return 1
+		case "$info" in
+		*role:master*) masters=$((masters + 1)) ;;
+		*role:slave*)
+			[[ $info == *master_link_status:up* ]] || return 1
+			replicas=$((replicas + 1))
+			;;
+		esac
 	done
+	((masters == 3 && replicas == 3))
 }
 
 start() {
@@ -48,28 +78,42 @@ start() {
 	rm -rf "$dir"
 	for p in "${ports[@]}"; do
 		mkdir -p "$dir/$p"
+		# repl-diskless-sync-delay 0: a replica's first sync starts at once instead of
+		# after the default 5 s wait for other replicas to join it.
 		redis-server --port "$p" --bind 127.0.0.1 --daemonize yes \
 			--dir "$dir/$p" --pidfile "$dir/$p/redis.pid" --logfile "$dir/$p/redis.log" \
 			--cluster-enabled yes --cluster-config-file "$dir/$p/nodes.conf" --cluster-node-timeout 2000 \
-			--save "" --appendonly no
+			--save "" --appendonly no --repl-diskless-sync-delay 0
 	done
 	for p in "${ports[@]}"; do
 		for _ in $(seq 100); do answers "$p" && break; sleep 0.05; done
-		answers "$p" || { echo "redis-cluster.sh: node $p did not start; see $dir/$p/redis.log" >&2; exit 1; }
+		answers "$p" || {
+			# Most often its port or its bus port (+10000) is taken, by a listener or by
+			# an outgoing connection's ephemeral port: its log's last lines say which.
+			echo "redis-cluster.sh: node $p did not start; the end of $dir/$p/redis.log:" >&2
+			tail -n 5 "$dir/$p/redis.log" >&2 || true
+			exit 1
+		}
 	done
 	local hosts=()
 	for p in "${ports[@]}"; do hosts+=("127.0.0.1:$p"); done
-	redis-cli --cluster create "${hosts[@]}" --cluster-replicas 0 --cluster-yes >"$dir/create.log" 2>&1 ||
+	# With every node on one host, redis-cli makes the first three masters and gives
+	# each one of the last three as its replica.
+	redis-cli --cluster create "${hosts[@]}" --cluster-replicas 1 --cluster-yes >"$dir/create.log" 2>&1 ||
 		{ cat "$dir/create.log" >&2; exit 1; }
-	for _ in $(seq 200); do cluster_ok && break; sleep 0.05; done
-	cluster_ok || { echo "redis-cluster.sh: cluster state is not ok after 10 s" >&2; exit 1; }
+	for _ in $(seq 300); do cluster_ok && break; sleep 0.05; done
+	cluster_ok || {
+		echo "redis-cluster.sh: cluster not ok (state, roles or replica links) after 15 s:" >&2
+		cli "$base" cluster nodes >&2 || true
+		exit 1
+	}
 	echo "REDIS_CLUSTER_ADDRS=$(addrs)"
 }
 
 stop() {
 	for p in "${ports[@]}"; do
 		if answers "$p"; then
-			redis-cli -h 127.0.0.1 -p "$p" shutdown nosave >/dev/null 2>&1 || true
+			cli "$p" shutdown nosave >/dev/null || true
 		fi
 		if [[ -f "$dir/$p/redis.pid" ]]; then
 			pid=$(cat "$dir/$p/redis.pid")

@@ -104,6 +104,11 @@ func RetryingClient() Option {
 //     milliseconds (Configure sets these). Per-call deadlines belong to the breaker.
 //   - For TakeBatch, a Pipeline method (all go-redis clients have one); without it the
 //     batch is sent one call at a time.
+//
+// New adds a hook to a *redis.ClusterClient (a UniversalClient in cluster mode is one):
+// a call that fails unavailable makes the client reload its slot map, so that once a
+// dead master's replica has taken over, the next call goes to it, not to the dead
+// address until go-redis's periodic reload (ClusterStateReloadInterval, 60 s).
 func New(client redis.Scripter, opts ...Option) (*Store, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil client", ErrInvalidConfig)
@@ -134,6 +139,9 @@ func New(client redis.Scripter, opts ...Option) (*Store, error) {
 	// Sequence numbers must grow across restarts of a process that keeps its ServerID,
 	// and stay below 2^53 (Lua numbers): microseconds since 1970 do both until 2255.
 	s.seq.Store(uint64(time.Now().UnixMicro()))
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		cc.AddHook(reloadOnFailure{cc}) // a failed-over master's slots are found at once
+	}
 	return s, nil
 }
 
@@ -202,8 +210,10 @@ func Configure(o *redis.Options) {
 
 // ConfigureCluster is Configure for a ClusterClient. It also sets MaxRedirects to -1,
 // which stops timeout retries but also stops following MOVED: during a resharding or
-// failover a call answers ErrUnavailable once and the next goes to the new owner. If
-// you would rather follow MOVED, keep MaxRedirects and use RetryingClient (leases only).
+// a failover that moves slots away from a live master a call answers ErrUnavailable
+// once and the next goes to the new owner (a master that died answers nothing: see New
+// for how the Store finds its replica). If you would rather follow MOVED, keep
+// MaxRedirects and use RetryingClient (leases only).
 func ConfigureCluster(o *redis.ClusterOptions) {
 	o.MaxRedirects = -1
 	o.Dialer = keepDialing(o.Dialer, &o.DialTimeout, &o.TLSConfig)

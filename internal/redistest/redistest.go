@@ -150,8 +150,9 @@ func Unique(t testing.TB) string {
 }
 
 // Cluster returns a client for the real Redis Cluster named by REDIS_CLUSTER_ADDRS
-// (comma-separated host:port of its masters), closed when the test ends. It skips the
-// test when the variable is unset or the cluster does not answer, and fails it under CI.
+// (comma-separated host:port of its nodes, any of which seeds the client;
+// .ci/redis-cluster.sh prints all six), closed when the test ends. It skips the test
+// when the variable is unset or the cluster does not answer, and fails it under CI.
 func Cluster(t testing.TB, opts ...func(*redis.ClusterOptions)) *redis.ClusterClient {
 	t.Helper()
 	env := os.Getenv("REDIS_CLUSTER_ADDRS")
@@ -192,15 +193,25 @@ type Server struct {
 	t    testing.TB
 	port int
 	bin  string
+	args []string // more redis-server arguments (a cluster node's)
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{}
+	// stopped is set by Stop and cleared by Cont.
+	stopped bool
 }
 
 // StartServer starts a redis-server of the test's own (REDIS_SERVER names the binary,
 // default redis-server on PATH) with no persistence, and waits until it answers PING.
 // It skips the test when no binary is found, and fails it under CI.
 func StartServer(t testing.TB) *Server {
+	t.Helper()
+	return startServer(t, serverBinary(t))
+}
+
+// serverBinary returns the redis-server to start: REDIS_SERVER, default redis-server
+// on PATH. It skips the test when there is none, and fails it under CI.
+func serverBinary(t testing.TB) string {
 	t.Helper()
 	bin := os.Getenv("REDIS_SERVER")
 	if bin == "" {
@@ -210,11 +221,17 @@ func StartServer(t testing.TB) *Server {
 	if err != nil {
 		missing(t, "no redis-server binary: %v", err)
 	}
+	return path
+}
+
+// startServer starts bin on a spare loopback port with args added to its command line.
+func startServer(t testing.TB, bin string, args ...string) *Server {
+	t.Helper()
 	port, err := freePort()
 	if err != nil {
 		t.Fatalf("redistest: no free port: %v", err)
 	}
-	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), t: t, port: port, bin: path}
+	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), t: t, port: port, bin: bin, args: args}
 	t.Cleanup(s.Kill)
 	s.start()
 	return s
@@ -231,10 +248,10 @@ func freePort() (int, error) {
 
 func (s *Server) start() {
 	s.t.Helper()
-	cmd := exec.Command(s.bin,
+	cmd := exec.Command(s.bin, append([]string{
 		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--daemonize", "no",
-		"--dir", s.t.TempDir(), "--loglevel", "warning")
+		"--dir", s.t.TempDir(), "--loglevel", "warning"}, s.args...)...)
 	if err := cmd.Start(); err != nil {
 		s.t.Fatalf("redistest: start %s: %v", s.bin, err)
 	}
@@ -298,26 +315,27 @@ func (s *Server) Client(opts ...func(*redis.Options)) *redis.Client {
 	return c
 }
 
-func (s *Server) signal(sig syscall.Signal) {
+func (s *Server) signal(sig syscall.Signal, stopped bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cmd != nil && s.cmd.Process != nil {
 		_ = s.cmd.Process.Signal(sig)
+		s.stopped = stopped
 	}
 }
 
 // Stop freezes the server with SIGSTOP: connections stay open and nothing answers,
 // as with a Redis stalled by a long command or a paused VM.
-func (s *Server) Stop() { s.signal(syscall.SIGSTOP) }
+func (s *Server) Stop() { s.signal(syscall.SIGSTOP, true) }
 
 // Cont resumes a server frozen by Stop.
-func (s *Server) Cont() { s.signal(syscall.SIGCONT) }
+func (s *Server) Cont() { s.signal(syscall.SIGCONT, false) }
 
 // Kill ends the server with SIGKILL and waits for it to exit. Safe to call twice.
 func (s *Server) Kill() {
 	s.mu.Lock()
 	cmd, done := s.cmd, s.done
-	s.cmd = nil
+	s.cmd, s.stopped = nil, false
 	s.mu.Unlock()
 	if cmd == nil {
 		return

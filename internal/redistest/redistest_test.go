@@ -81,3 +81,47 @@ func TestMissingFailsUnderCI(t *testing.T) {
 		t.Fatal("Cluster(t) without REDIS_CLUSTER_ADDRS did not skip")
 	}
 }
+
+// TestOwnClusterFailsOver: a cluster of the test's own forms with a replica per master,
+// serves a key written through a cluster client, and once the key's master is killed,
+// promotes its replica, which serves the key.
+func TestOwnClusterFailsOver(t *testing.T) {
+	start := time.Now()
+	c := StartCluster(t, ClusterConfig{})
+	t.Logf("cluster of %d nodes ready in %v", len(c.Addrs()), time.Since(start).Round(time.Millisecond))
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	t.Cleanup(func() { _ = cc.Close() })
+	ctx := context.Background()
+	if err := cc.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET through the cluster: %v", err)
+	}
+	slot, err := cc.ClusterKeySlot(ctx, "k").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := c.Shard(int(slot))
+	m, err := cc.MasterForKey(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := m.Options().Addr, c.Masters[i].Addr; got != want {
+		t.Fatalf("slot %d is on %s, want Masters[%d] = %s", slot, got, i, want)
+	}
+	// The replica holds the key before any failover (its first sync is done).
+	if err := poll(ctx, func() error { return c.ReadOnly(c.Replicas[i]).Get(ctx, "k").Err() }); err != nil {
+		t.Fatalf("GET on the replica: %v", err)
+	}
+
+	killed := time.Now()
+	c.Masters[i].Kill()
+	wait, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	at, err := c.Promoted(wait, i)
+	if err != nil {
+		t.Fatalf("replica of shard %d not promoted: %v", i, err)
+	}
+	t.Logf("replica promoted %v after the kill (cluster-node-timeout 1 s)", at.Sub(killed).Round(time.Millisecond))
+	if got, err := c.Admin(c.Replicas[i]).Get(ctx, "k").Result(); err != nil || got != "v" {
+		t.Fatalf("GET on the promoted replica = %q, %v; want v", got, err)
+	}
+}
