@@ -5,7 +5,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -794,5 +796,96 @@ func (h takeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 			h.l.note(h.addr, cmd)
 		}
 		return err
+	}
+}
+
+// TestPartitionDebtRepaid is the matrix's partition cell under fail-local at its full
+// length: 4 servers, a hot key at 400/s with burst 80 and about 3 × that demand, the first
+// two servers cut off from Redis for 3 s. While cut off they admit their local shares on
+// top of what the other two lease; once they reach Redis again they charge those
+// admissions to the bucket as debts. Every window of 1 to 6 s that ends 2.5 s or more
+// after the partition admits at most 2·burst + servers·ceil(burst/servers) + rate·W.
+func TestPartitionDebtRepaid(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs 7.5 s of real time")
+	}
+	const rate, burst = 400.0, 80
+	srv := redistest.StartServer(t)
+	cut := newProxy(t, srv.Addr)
+	defer cut.close()
+	prefix := randomPrefix()
+	cfg := hybrid.Config{FleetSize: cellServers, Limits: []hybrid.Limit{
+		{Name: "hot", Rate: rate, Burst: burst, Policy: breaker.FailLocal(), MaxWait: cellWait}}}
+	var fleet []*server
+	for i := range cellServers {
+		addr := srv.Addr
+		if i < cellServers/2 {
+			addr = cut.addr
+		}
+		fleet = append(fleet, newServer(t, addr, prefix, nil, cellBreaker, cfg))
+	}
+	var mu sync.Mutex
+	var at []time.Duration // admissions, since start
+	start := time.Now()
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for _, s := range fleet {
+		for range 2 {
+			wg.Go(func() {
+				for !stop.Load() {
+					d, err := s.limiter.Allow(context.Background(), "hot", "k")
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if d.Allowed {
+						mu.Lock()
+						at = append(at, time.Since(start))
+						mu.Unlock()
+					}
+					time.Sleep(1200 * time.Microsecond) // about 3 × the limit in all
+				}
+			})
+		}
+	}
+	time.Sleep(time.Second)
+	cut.set(true)
+	time.Sleep(3 * time.Second)
+	cut.set(false)
+	healed := time.Since(start)
+	time.Sleep(3500 * time.Millisecond)
+	stop.Store(true)
+	wg.Wait()
+	end := time.Since(start)
+	var owed, charged int64
+	for _, s := range fleet {
+		st := s.limiter.Stats().Limits[0]
+		owed, charged = owed+st.Owed, charged+st.Charged
+		_ = s.limiter.Close(context.Background())
+	}
+	slices.Sort(at)
+	slack := 2*burst + cellServers*math.Ceil(float64(burst)/cellServers)
+	worst, worstW := 0.0, time.Duration(0)
+	for w := time.Second; w <= 6*time.Second; w += time.Second {
+		j := 0
+		for k, s := range at {
+			for j < len(at) && at[j] < s+w {
+				j++
+			}
+			if e := s + w; e < healed+2500*time.Millisecond || e > end {
+				continue
+			}
+			if v := float64(j-k) / (slack + rate*w.Seconds()); v > worst {
+				worst, worstW = v, w
+			}
+		}
+	}
+	t.Logf("%d admitted in %v (%.2f× rate·T); debts charged %d, still owed %d; windows ending 2.5 s after the partition: %.3f of their bound (%v)",
+		len(at), end.Round(time.Millisecond), float64(len(at))/(rate*end.Seconds()), charged, owed, worst, worstW)
+	if charged == 0 {
+		t.Error("no debt was charged: the cut-off servers admitted nothing of their own")
+	}
+	if worst > 1 {
+		t.Errorf("a window of %v ending 2.5 s or more after the partition admitted %.3f× 2·burst + servers·ceil(burst/servers) + rate·W", worstW, worst)
 	}
 }
