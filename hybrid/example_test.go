@@ -76,12 +76,16 @@ func Example() {
 	for range 6 {
 		show("tenant-42")
 	}
-	// A job that would rather queue than be turned away calls Wait; it gives up at once
-	// when its turn would come after its deadline (here the next upload is a minute off).
-	job, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	_, err = lim.Wait(job, "upload", "tenant-42")
-	fmt.Println("wait gave up at once:", errors.Is(err, hybrid.ErrWouldExceedDeadline))
+	// A job that would rather queue than be turned away calls Wait: it reserves the
+	// tokens the bucket still holds (the pacing left them for other servers), and gives
+	// up at once when its turn would come after its deadline (the next upload refills a
+	// minute off).
+	for range 4 {
+		job, cancel := context.WithTimeout(ctx, time.Second)
+		_, err = lim.Wait(job, "upload", "tenant-42")
+		cancel()
+		fmt.Println("wait admitted:", err == nil, "gave up at once:", errors.Is(err, hybrid.ErrWouldExceedDeadline))
+	}
 	m.SetError("LOADING Redis is loading the dataset in memory") // Redis goes away
 	for range 3 {
 		show("tenant-7")
@@ -96,7 +100,10 @@ func Example() {
 	// tenant-42 allowed=true  source=global   reason=refill granted
 	// tenant-42 allowed=true  source=lease    reason=lease
 	// tenant-42 allowed=false source=lease    reason=paced after contention
-	// wait gave up at once: true
+	// wait admitted: true gave up at once: false
+	// wait admitted: true gave up at once: false
+	// wait admitted: true gave up at once: false
+	// wait admitted: false gave up at once: true
 	// tenant-7 allowed=true  source=fallback reason=redis unavailable
 	// tenant-7 allowed=true  source=fallback reason=redis unavailable
 	// tenant-7 allowed=false source=fallback reason=redis unavailable
@@ -105,36 +112,11 @@ func Example() {
 // A request that counts against a per-key limit and a per-tenant limit at once: the
 // tenant's limit denies the third request, and the key's token is not spent for it.
 func ExampleLimiter_AllowMulti() {
-	m := miniredis.NewMiniRedis()
-	if err := m.Start(); err != nil {
-		panic(err)
-	}
-	defer m.Close()
-	opts := &redis.Options{Addr: m.Addr()}
-	global.Configure(opts)
-	rdb := redis.NewClient(opts)
-	defer rdb.Close()
-	store, err := global.New(rdb)
-	if err != nil {
-		panic(err)
-	}
-	brk, err := breaker.New(breaker.Settings{Timeout: time.Second}) // production: 5-20ms
-	if err != nil {
-		panic(err)
-	}
-	lim, err := hybrid.New(store, hybrid.Config{
-		FleetSize: 1,
-		Breaker:   brk,
-		Clock:     frozen{at: time.Now()},
-		Limits: []hybrid.Limit{
-			{Name: "per-key", Rate: 1, Burst: 5, Policy: breaker.FailClosed, MaxWait: time.Second},
-			{Name: "per-tenant", Rate: 1, Burst: 2, Policy: breaker.FailClosed, MaxWait: time.Second},
-		},
-	})
-	if err != nil {
-		panic(err)
-	}
-	defer lim.Close(context.Background())
+	lim, done := exampleLimiter(
+		hybrid.Limit{Name: "per-key", Rate: 1, Burst: 5, Policy: breaker.FailClosed, MaxWait: time.Second},
+		hybrid.Limit{Name: "per-tenant", Rate: 1, Burst: 2, Policy: breaker.FailClosed, MaxWait: time.Second},
+	)
+	defer done()
 
 	items := []hybrid.Item{{Limit: "per-key", Key: "key-1", Cost: 1}, {Limit: "per-tenant", Key: "acme", Cost: 1}}
 	for range 3 {
@@ -153,4 +135,97 @@ func ExampleLimiter_AllowMulti() {
 	// allowed=false denied-by=1 limit=per-tenant retry-after=1s
 	// per-key admitted 2
 	// per-tenant admitted 2
+}
+
+// exampleLimiter is a Limiter on an embedded Redis with a frozen clock, for the examples
+// of one method; it returns the Limiter and a func that closes everything.
+func exampleLimiter(limits ...hybrid.Limit) (*hybrid.Limiter, func()) {
+	m := miniredis.NewMiniRedis()
+	if err := m.Start(); err != nil {
+		panic(err)
+	}
+	m.SetTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	opts := &redis.Options{Addr: m.Addr()}
+	global.Configure(opts)
+	rdb := redis.NewClient(opts)
+	store, err := global.New(rdb)
+	if err != nil {
+		panic(err)
+	}
+	brk, err := breaker.New(breaker.Settings{Timeout: time.Second}) // production: 5-20ms
+	if err != nil {
+		panic(err)
+	}
+	lim, err := hybrid.New(store, hybrid.Config{FleetSize: 1, Breaker: brk, Clock: frozen{at: time.Now()}, Limits: limits})
+	if err != nil {
+		panic(err)
+	}
+	return lim, func() { lim.Close(context.Background()); rdb.Close(); m.Close() }
+}
+
+// A paid plan gets another rate and burst for the same limit: the caller passes the
+// key's tier with each request.
+func ExampleLimiter_AllowTier() {
+	lim, done := exampleLimiter(hybrid.Limit{Name: "api", Rate: 1, Burst: 2, Policy: breaker.FailOpen, MaxWait: time.Second,
+		Tiers: []hybrid.Tier{{Name: "paid", Rate: 10, Burst: 4}}})
+	defer done()
+	ctx := context.Background()
+	for _, c := range []struct{ key, tier string }{{"free-user", ""}, {"paid-user", "paid"}} {
+		admitted := 0
+		for range 6 {
+			if d, _ := lim.AllowTier(ctx, "api", c.tier, c.key, 1); d.Allowed {
+				admitted++
+			}
+		}
+		fmt.Printf("%s: %d of 6 admitted at once\n", c.key, admitted)
+	}
+	// Output:
+	// free-user: 2 of 6 admitted at once
+	// paid-user: 4 of 6 admitted at once
+}
+
+// A reloaded configuration lowers a limit on a running Limiter; the new Version lets
+// servers that have not reloaded yet be held to it by Redis.
+func ExampleLimiter_SetLimit() {
+	api := hybrid.Limit{Name: "api", Rate: 1, Burst: 10, Policy: breaker.FailOpen, MaxWait: time.Second}
+	lim, done := exampleLimiter(api)
+	defer done()
+	ctx := context.Background()
+	lim.Allow(ctx, "api", "k")
+	api.Burst, api.Version = 3, 1
+	if err := lim.SetLimit(api); err != nil {
+		panic(err)
+	}
+	admitted := 0
+	for range 10 {
+		if d, _ := lim.Allow(ctx, "api", "k"); d.Allowed {
+			admitted++
+		}
+	}
+	fmt.Println("admitted after the change:", admitted, "quota:", lim.Limits()[0].Burst)
+	api.Burst = 20 // the same Version: refused
+	fmt.Println(errors.Is(lim.SetLimit(api), hybrid.ErrInvalidConfig))
+	// Output:
+	// admitted after the change: 3 quota: 3
+	// true
+}
+
+// A job scheduler reserves its tokens instead of being turned away, and learns when it
+// may run.
+func ExampleLimiter_ReserveN() {
+	lim, done := exampleLimiter(hybrid.Limit{Name: "jobs", Rate: 2, Burst: 2, Policy: breaker.FailClosed, MaxWait: time.Second})
+	defer done()
+	ctx := context.Background()
+	for range 4 {
+		r, err := lim.ReserveN(ctx, "jobs", "batch", 1)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Println("ok:", r.OK(), "run in:", r.Delay())
+	}
+	// Output:
+	// ok: true run in: 0s
+	// ok: true run in: 0s
+	// ok: true run in: 500ms
+	// ok: true run in: 1s
 }

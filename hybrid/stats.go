@@ -73,6 +73,9 @@ type LimitStats struct {
 	// one key, more than 100,000 keys owing, or the Limiter closed first). Redis itself
 	// forgives a debt the refill the bucket lost meanwhile (docs/failure-policies.md).
 	Owed, Charged, Forgiven int64
+	// Reserved is the tokens this server's reservations claimed from the buckets' refill
+	// (ReserveN, when its lease could not serve them) and did not give back.
+	Reserved int64
 }
 
 // DecisionCount is how many decisions had one outcome, source and reason.
@@ -126,7 +129,7 @@ func limitStats(lm *engine.Limit) LimitStats {
 		Takes: s.Takes, RefillErrors: s.RefillErrors,
 		Granted: s.Granted, Refunded: s.Refunded, RefundsLost: s.RefundsLost, Held: s.Held,
 		LostBuckets: s.LostBuckets, GivenBack: s.GivenBack, Reshaped: s.Reshaped,
-		Owed: s.Owed, Charged: s.Charged, Forgiven: s.Forgiven,
+		Owed: s.Owed, Charged: s.Charged, Forgiven: s.Forgiven, Reserved: s.Reserved,
 	}
 	for a := range s.Decisions {
 		for src := range s.Decisions[a] {

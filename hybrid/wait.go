@@ -28,24 +28,54 @@ func (l *Limiter) Wait(ctx context.Context, limit, key string) (Decision, error)
 }
 
 // WaitN blocks until a request of cost n for key may proceed under the named limit, and
-// returns the decision that admitted it. It asks as AllowN does; after a denial it
-// sleeps for the denial's RetryAfter and asks again, until admitted or ctx ends.
+// returns the decision that admitted it. It reserves the tokens as ReserveN does and
+// sleeps until the reservation's instant to act: at once for tokens this server holds,
+// else for as long as the key's bucket needs to refill what it claimed. When no
+// reservation can be made (the bucket has more than a burst claimed, or Redis does not
+// answer and the limit's policy denies), it sleeps for the denial's RetryAfter and tries
+// again, until admitted or ctx ends.
 //
 // It does not sleep at all when it cannot succeed: it returns ErrNeverAllowed for a cost
-// no bucket can hold, and ErrWouldExceedDeadline when RetryAfter ends after ctx's
-// deadline (as x/time/rate's Wait does; the deadline is read as an instant of the
-// Limiter's Clock). It returns ctx.Err() when ctx ends while it
-// sleeps, and AllowN's errors as they are. With every error the Decision is the last
-// denial (or AllowN's answer).
+// no bucket can hold, and ErrWouldExceedDeadline when the reservation's delay or the
+// denial's RetryAfter ends after ctx's deadline (as x/time/rate's Wait does; the deadline
+// is read as an instant of the Limiter's Clock), giving a reservation back first. It
+// returns ctx.Err() when ctx ends while it sleeps, giving its reservation back, and
+// AllowN's errors as they are. With every error the Decision is the last denial (or
+// AllowN's answer). OnDecision hears of the decision WaitN returns.
 //
 // Denials under contention carry a jittered RetryAfter (see docs/design.md, pacing), so
 // the waiters of a fleet do not wake together. A limit that fails closed makes WaitN
 // wait through a Redis outage, until ctx ends.
 func (l *Limiter) WaitN(ctx context.Context, limit, key string, n int) (Decision, error) {
+	d, err := l.waitN(ctx, limit, key, n)
+	if l.onDecision != nil && !errors.Is(err, ErrUnknownLimit) {
+		l.onDecision(key, d)
+	}
+	return d, err
+}
+
+func (l *Limiter) waitN(ctx context.Context, limit, key string, n int) (Decision, error) {
 	for {
-		d, err := l.AllowN(ctx, limit, key, n)
-		if err != nil || d.Allowed {
-			return d, err
+		r, err := l.ReserveN(ctx, limit, key, n)
+		if err != nil {
+			return r.denial(), err
+		}
+		d := r.Decision()
+		if r.OK() {
+			delay := r.Delay()
+			if delay == 0 {
+				return d, nil
+			}
+			if deadline, ok := ctx.Deadline(); ok && deadline.Sub(l.clock.Now()) < delay {
+				r.Cancel()
+				return Decision{Limit: d.Limit, Tier: d.Tier, Quota: d.Quota, Window: d.Window, Servers: d.Servers, RetryAfter: delay},
+					fmt.Errorf("%w: the reservation acts in %v", ErrWouldExceedDeadline, delay)
+			}
+			if err := l.sleep(ctx, delay); err != nil {
+				r.Cancel()
+				return Decision{Limit: d.Limit, Tier: d.Tier, Quota: d.Quota, Window: d.Window, Servers: d.Servers, Reason: ReasonCanceled, Source: SourceFallback}, err
+			}
+			return d, nil
 		}
 		if d.RetryAfter >= InfDuration {
 			return d, fmt.Errorf("%w: cost %d for limit %q (%v)", ErrNeverAllowed, n, limit, d.Reason)

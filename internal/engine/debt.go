@@ -14,6 +14,10 @@ import (
 // admissions stay within it (with half the servers cut off, a partition of 20 s).
 const DebtWindow = 10 * time.Second
 
+// debtRetry is how long debts wait after a debt trip failed before they go again: a
+// Redis that answers errors must not be asked in a loop.
+const debtRetry = 250 * time.Millisecond
+
 // maxDebtKeys bounds the keys with debts one engine holds: past it, new keys' debts are
 // forgiven (counted in LimitStats.Forgiven).
 const maxDebtKeys = 100_000
@@ -79,7 +83,7 @@ func (e *Engine) owe(lm *Limit, sh *Shape, key string, n int, ref float64, hasRe
 // debtsDue reports whether debts wait and can be sent: the breaker is not open. It
 // requires that e.mu is held.
 func (e *Engine) debtsDue() bool {
-	return (len(e.debtRetry) > 0 || len(e.debtOrder) > 0) && !(e.open != nil && e.open())
+	return (len(e.debtRetry) > 0 || len(e.debtOrder) > 0) && !e.debtHeld && !(e.open != nil && e.open())
 }
 
 // debtTrip returns the next trip of debts: a batch sent before that timed out goes again
@@ -112,8 +116,13 @@ func (e *Engine) debtTrip() *Trip {
 // charged counts the answers of a debt trip. A batch that timed out goes again whole
 // (its charges may have run); a failed item is owed again, with a fresh sequence number
 // (Redis answered that it did not run).
-func (e *Engine) charged(t *Trip) {
+func (e *Engine) charged(now time.Time, t *Trip) {
 	e.stats.refundCalls.Add(1)
+	if t.Err != nil || !t.Answered {
+		e.mu.Lock()
+		e.debtHeld, e.debtHoldUntil = true, now.Add(debtRetry)
+		e.mu.Unlock()
+	}
 	if !t.Answered {
 		e.mu.Lock()
 		if !e.finished {
@@ -140,6 +149,9 @@ func (e *Engine) charged(t *Trip) {
 		case !t.Answered:
 			lm.stats.forgiven.Add(int64(n)) // after Finish: nothing will send it
 		default:
+			e.mu.Lock()
+			e.debtHeld, e.debtHoldUntil = true, now.Add(debtRetry)
+			e.mu.Unlock()
 			sh := lm.Shape("")
 			if sh.glim != r.Limit {
 				for _, s := range lm.cur.Load().all() {

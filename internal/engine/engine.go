@@ -112,22 +112,24 @@ type Engine struct {
 
 	mu sync.Mutex
 	// The fields below are guarded by mu.
-	rng         uint64                   // splitmix64 state: the schedule's phase
-	pending     []*Flight                // refills waiting to be sent
-	refunds     []refund                 // tokens waiting to be refunded
-	refundTrips [][]global.RefundRequest // refunds summed and numbered, one trip each
-	expiries    expiries                 // grants by the end of their lifetime
-	busy        bool                     // a trip is out
-	lastTake    bool                     // the last trip was a TakeTrip
-	stopped     bool                     // Stop was called: refills fail at once
-	finished    bool                     // Finish was called: refunds are counted lost
-	ticked      bool                     // Tick has run once
-	nextExpiry  time.Time
-	nextBeat    time.Time
-	beatDue     bool
-	debts       map[debtKey]*debt        // FailLocal's admissions, owed to the buckets
-	debtOrder   []debtKey                // debts' keys, in the order first owed
-	debtRetry   [][]global.RefundRequest // debt trips that timed out, to send again as they were
+	rng           uint64                   // splitmix64 state: the schedule's phase
+	pending       []*Flight                // refills waiting to be sent
+	refunds       []refund                 // tokens waiting to be refunded
+	refundTrips   [][]global.RefundRequest // refunds summed and numbered, one trip each
+	expiries      expiries                 // grants by the end of their lifetime
+	busy          bool                     // a trip is out
+	lastTake      bool                     // the last trip was a TakeTrip
+	stopped       bool                     // Stop was called: refills fail at once
+	finished      bool                     // Finish was called: refunds are counted lost
+	ticked        bool                     // Tick has run once
+	nextExpiry    time.Time
+	nextBeat      time.Time
+	beatDue       bool
+	debtHeld      bool // a debt trip failed: debts wait until debtHoldUntil
+	debtHoldUntil time.Time
+	debts         map[debtKey]*debt        // FailLocal's admissions, owed to the buckets
+	debtOrder     []debtKey                // debts' keys, in the order first owed
+	debtRetry     [][]global.RefundRequest // debt trips that timed out, to send again as they were
 
 	stats counters
 }

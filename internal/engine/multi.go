@@ -69,6 +69,18 @@ func (e *Engine) Return(now time.Time, lm *Limit, key string, n int, d Decision)
 	lm.stats.givenBack.Add(1)
 }
 
+// Reserved counts n tokens that a reservation for a key of lm claimed from its bucket's
+// refill (a take with a floor the driver made), in LimitStats.Reserved.
+func (e *Engine) Reserved(lm *Limit, n int) { lm.stats.reserved.Add(int64(n)) }
+
+// GiveBack queues n tokens a reservation for key of lm claimed from its bucket (shape
+// sh) for refund: the reservation was canceled before its holder acted. Redis adds them
+// back only if the bucket still has sh's parameters.
+func (e *Engine) GiveBack(lm *Limit, sh *Shape, key string, n int) {
+	lm.stats.reserved.Add(-int64(n))
+	e.queueRefund(lm, sh, wire.KeyID(key), n)
+}
+
 // CountDenied counts a denial d of a request of cost n for key under lm that the driver
 // made from Look, without Decide.
 func (e *Engine) CountDenied(lm *Limit, key string, d Decision, n int) {

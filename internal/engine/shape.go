@@ -54,6 +54,10 @@ func (s *Shape) Tier() string { return s.tier }
 func (s *Shape) Rate() float64 { return s.cfg.Rate }
 func (s *Shape) Burst() int    { return s.cfg.Burst }
 
+// Global is the shape's bucket as package global names it: the limit's name, the
+// shape's rate and burst, and the limit's version.
+func (s *Shape) Global() global.Limit { return s.glim }
+
 // Window returns the time the shape's bucket takes to refill from empty (Burst / Rate).
 func (s *Shape) Window() time.Duration { return s.window }
 

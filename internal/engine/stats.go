@@ -40,6 +40,9 @@ type LimitStats struct {
 	// Charged those charged (as debts, once Redis answered again); Forgiven those that
 	// never will be (past the debt floor, too many keys, or the engine finished).
 	Owed, Charged, Forgiven int64
+	// Reserved is the tokens reservations claimed from the buckets' refill and did not
+	// give back (Engine.Reserved, Engine.GiveBack).
+	Reserved int64
 }
 
 // counterShards spreads the per-decision counters over cache lines by key, so that
@@ -61,6 +64,7 @@ type limitCounters struct {
 	givenBack                      atomic.Int64
 	reshaped                       atomic.Int64
 	owed, charged, forgiven        atomic.Int64
+	reserved                       atomic.Int64
 }
 
 // decisionCounters are one shard of a limit's decision counters. extra is the tokens
@@ -121,6 +125,7 @@ func (lm *Limit) Stats() LimitStats {
 	s.Held = max(s.Granted-spent-s.Refunded-s.RefundsLost, 0)
 	s.Reshaped = c.reshaped.Load()
 	s.Owed, s.Charged, s.Forgiven = c.owed.Load(), c.charged.Load(), c.forgiven.Load()
+	s.Reserved = c.reserved.Load()
 	s.LostBuckets = c.lostBuckets.Load()
 	s.GivenBack = c.givenBack.Load()
 	return s

@@ -172,7 +172,7 @@ func (e *Engine) Done(now time.Time, t *Trip) {
 		}
 	case RefundTrip:
 		if t.debts {
-			e.charged(t)
+			e.charged(now, t)
 		} else {
 			e.refunded(t)
 		}
@@ -372,6 +372,9 @@ func (e *Engine) wake() {
 // interval), so that servers started together do not sweep and beat together.
 func (e *Engine) Tick(now time.Time) {
 	e.mu.Lock()
+	if e.debtHeld && !now.Before(e.debtHoldUntil) {
+		e.debtHeld = false
+	}
 	if !e.ticked {
 		e.ticked = true
 		e.nextExpiry = now.Add(time.Duration(float64(e.tickEvery) * (0.5 + uniform(&e.rng))))

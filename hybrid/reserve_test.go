@@ -1,0 +1,95 @@
+package hybrid_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/redistest"
+)
+
+// TestReserve: a reservation is served from the lease when it can (delay 0), else as a
+// claim on the bucket's refill, one token's refill time later for each token claimed,
+// down to minus the burst and no further; canceling gives the tokens back, and the
+// bucket shows exactly what the reservations that stand took.
+func TestReserve(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		s := newStore(t, tg.Client)
+		const rate, burst = 10.0, 5 // a token every 100 ms
+		l := newLimiter(t, s, hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{
+			{Name: "jobs", Rate: rate, Burst: burst, Policy: breaker.FailClosed, MaxWait: time.Second}}})
+		ctx := context.Background()
+
+		r, err := l.Reserve(ctx, "jobs", "k")
+		if err != nil || !r.OK() || r.Delay() != 0 {
+			t.Fatalf("first reservation: ok %v, delay %v, %v; want tokens on hand", r.OK(), r.Delay(), err)
+		}
+		r.Cancel() // back to the lease
+		for {      // drain the bucket
+			d, err := l.Allow(ctx, "jobs", "k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !d.Allowed {
+				break
+			}
+		}
+		// Claims on the refill: the k-th waits about k tokens' refill.
+		var claims []*hybrid.Reservation
+		for k := 1; k <= burst; k++ {
+			r, err := l.Reserve(ctx, "jobs", "k")
+			if err != nil || !r.OK() {
+				t.Fatalf("claim %d: ok %v, %v", k, r.OK(), err)
+			}
+			want := time.Duration(k) * 100 * time.Millisecond
+			if d := r.Delay(); d < want-60*time.Millisecond || d > want {
+				t.Fatalf("claim %d: delay %v, want about %v", k, d, want)
+			}
+			if d := r.Decision(); !d.Allowed || d.Source != hybrid.SourceGlobal {
+				t.Fatalf("claim %d: decision %+v", k, d)
+			}
+			claims = append(claims, r)
+		}
+		// Minus the burst claimed: no more.
+		if r, err := l.Reserve(ctx, "jobs", "k"); err != nil || r.OK() || r.Delay() != hybrid.InfDuration {
+			t.Fatalf("a claim past minus the burst: ok %v, delay %v, %v", r.OK(), r.Delay(), err)
+		}
+		if got := l.Stats().Limits[0].Reserved; got != burst {
+			t.Errorf("Reserved = %d, want %d", got, burst)
+		}
+		claims[burst-1].Cancel() // the last claim goes back
+		claims[burst-1].Cancel() // once
+		if got := l.Stats().Limits[0].Reserved; got != burst-1 {
+			t.Errorf("Reserved = %d after a cancel, want %d", got, burst-1)
+		}
+		// Above the burst: never.
+		if r, err := l.ReserveN(ctx, "jobs", "k", burst+1); err != nil || r.OK() {
+			t.Fatalf("a reservation above the burst: ok %v, %v", r.OK(), err)
+		}
+		if _, err := l.Reserve(ctx, "nope", "k"); !errors.Is(err, hybrid.ErrUnknownLimit) {
+			t.Fatalf("unknown limit: %v", err)
+		}
+		if err := l.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// The bucket: 4 claims stand. Read it with a claim of one: it waits for the
+		// bucket to refill from minus 4 (and what refilled since) plus one token.
+		g, err := s.TakeOne(ctx, globalTake("jobs", rate, burst, "k"))
+		if err != nil || g.Granted != 1 {
+			t.Fatalf("reading the bucket: %+v, %v", g, err)
+		}
+		if g.Remaining > -4 || g.Remaining < -5 {
+			t.Fatalf("bucket at %v after four claims stood and one was canceled, want between -5 and -4", g.Remaining)
+		}
+	})
+}
+
+// globalTake is a take of one token for key that may leave the bucket down to minus its
+// burst: it reads the bucket's level after it.
+func globalTake(name string, rate float64, burst int, key string) global.TakeRequest {
+	return global.TakeRequest{Limit: global.Limit{Name: name, Rate: rate, Burst: burst}, Key: key, Want: 1, Min: 1, Floor: burst}
+}
