@@ -298,3 +298,51 @@ func TestMiddlewareAlso(t *testing.T) {
 		t.Fatal("New accepted an unknown limit in Also")
 	}
 }
+
+// TestMiddlewareTier: the request's tier, read from a header, picks the rate and burst
+// its key is held to, and the headers state that tier's quota; an unknown tier goes to
+// OnError, 400 by default.
+func TestMiddlewareTier(t *testing.T) {
+	_, c := redistest.Mini(t)
+	lim := newLimiter(t, redistest.Target{Client: c},
+		hybrid.Limit{Name: "api", Rate: 1e-3, Burst: 2, Policy: breaker.FailClosed, MaxWait: time.Second,
+			Tiers: []hybrid.Tier{{Name: "paid", Rate: 1e-3, Burst: 5}}})
+	mw, err := httplimit.New(httplimit.Config{
+		Limiter: lim, Limit: "api", Key: httplimit.Header("X-API-Key"),
+		Tier: func(r *http.Request) string { return r.Header.Get("X-Plan") },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	for _, tc := range []struct {
+		key, plan string
+		codes     string
+		quota     int
+	}{
+		{"free", "", "200 200 429 429 429 429 ", 2},
+		{"paying", "paid", "200 200 200 200 200 429 ", 5},
+		{"odd", "gold", "400 400 400 400 400 400 ", 0},
+	} {
+		codes := ""
+		var last *httptest.ResponseRecorder
+		for range 6 {
+			req := httptest.NewRequest(http.MethodGet, "/", nil)
+			req.Header.Set("X-API-Key", tc.key)
+			req.Header.Set("X-Plan", tc.plan)
+			last = httptest.NewRecorder()
+			h.ServeHTTP(last, req)
+			codes += strconv.Itoa(last.Code) + " "
+		}
+		if codes != tc.codes {
+			t.Fatalf("%s (%q): statuses %s, want %s", tc.key, tc.plan, codes, tc.codes)
+		}
+		if tc.quota == 0 {
+			continue
+		}
+		pol, err := parseSFList(last.Header().Get("RateLimit-Policy"))
+		if err != nil || len(pol) == 0 || pol[0].Params["q"] < int64(tc.quota) {
+			t.Fatalf("%s: RateLimit-Policy %q, want q=%d", tc.key, last.Header().Get("RateLimit-Policy"), tc.quota)
+		}
+	}
+}

@@ -33,6 +33,12 @@ type Config struct {
 	// Key returns the request's key: Header, ClientIP, or a function of your own (a
 	// user id from the request's context).
 	Key KeyFunc
+	// Tier, if set, returns the tier of the request's key under Limit (hybrid.Limit's
+	// Tiers, hybrid.Limiter.AllowTier): a paid plan read from the request's token, say.
+	// "" is the limit's own rate and burst; a tier the limit does not have goes to
+	// OnError (hybrid.ErrUnknownTier). The headers describe the tier's quota. nil:
+	// every request is of the tier "".
+	Tier func(r *http.Request) string
 	// Also are more limits the request counts against, all or nothing with Limit
 	// (hybrid.Limiter.AllowMulti): a per-tenant or a global limit beside the per-key
 	// one. Each has its own key; the cost is the request's. A request denied by any is
@@ -74,6 +80,7 @@ type Middleware struct {
 	lim     *hybrid.Limiter
 	limit   string
 	key     KeyFunc
+	tier    func(r *http.Request) string
 	also    []Also
 	cost    func(r *http.Request) int
 	headers Headers
@@ -110,7 +117,7 @@ func New(cfg Config) (*Middleware, error) {
 		}
 	}
 	m := &Middleware{
-		lim: cfg.Limiter, limit: cfg.Limit, key: cfg.Key, cost: cfg.Cost,
+		lim: cfg.Limiter, limit: cfg.Limit, key: cfg.Key, tier: cfg.Tier, cost: cfg.Cost,
 		also:    append([]Also(nil), cfg.Also...),
 		headers: cfg.Headers, deny: cfg.Deny, onError: cfg.OnError, now: cfg.Now,
 	}
@@ -178,11 +185,15 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 // decide decides the request r of cost n, whose key under m.limit is key: with AllowN,
 // or, with Also limits, all or nothing with AllowMulti.
 func (m *Middleware) decide(r *http.Request, key string, n int) (hybrid.Decision, error) {
+	tier := ""
+	if m.tier != nil {
+		tier = m.tier(r)
+	}
 	if len(m.also) == 0 {
-		return m.lim.AllowN(r.Context(), m.limit, key, n)
+		return m.lim.AllowTier(r.Context(), m.limit, tier, key, n)
 	}
 	var buf [maxAlso + 1]hybrid.Item
-	items := append(buf[:0], hybrid.Item{Limit: m.limit, Key: key, Cost: n})
+	items := append(buf[:0], hybrid.Item{Limit: m.limit, Tier: tier, Key: key, Cost: n})
 	for _, a := range m.also {
 		k, err := a.Key(r)
 		if err != nil {
@@ -244,14 +255,17 @@ func DefaultDeny(w http.ResponseWriter, r *http.Request) {
 }
 
 // DefaultOnError answers a request the Middleware could not decide: 400 Bad Request when
-// the key function failed, 500 for a negative cost (the Cost function's bug), 503
-// Service Unavailable when the Limiter is closed or the request's context ended.
+// the key function failed or the request's tier is not one of the limit's, 500 for a
+// negative cost (the Cost function's bug), 503 Service Unavailable when the Limiter is
+// closed or the request's context ended.
 func DefaultOnError(w http.ResponseWriter, r *http.Request, err error) {
 	status := http.StatusServiceUnavailable
 	msg := "rate limiter unavailable"
 	switch {
 	case errors.Is(err, hybrid.ErrInvalidCost):
 		status, msg = http.StatusInternalServerError, "invalid request cost"
+	case errors.Is(err, hybrid.ErrUnknownTier):
+		status, msg = http.StatusBadRequest, "unknown tier"
 	case errors.Is(err, hybrid.ErrClosed), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 	default: // the key function's
 		status, msg = http.StatusBadRequest, err.Error()
