@@ -350,7 +350,7 @@ func (r *recorder) result(st Strategy) Result {
 			u.PolicyShare = float64(policy) / float64(all)
 		}
 		u.OverLimit = u.AdmittedPerS / sc.Rate
-		u.AfterPerS = r.hotRate(w.End+500*time.Millisecond, w.End+2500*time.Millisecond)
+		u.AfterPerS = r.hotRate(w.End+500*time.Millisecond, min(w.End+2500*time.Millisecond, sc.Duration))
 		u.LateOverBound, u.LateW = r.lateOverBound(w.End + 2500*time.Millisecond)
 		switch w {
 		case sc.Outage:

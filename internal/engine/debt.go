@@ -77,13 +77,16 @@ func (e *Engine) owe(lm *Limit, sh *Shape, key string, n int, ref float64, hasRe
 	}
 	d.shape = sh
 	d.n = int(min(float64(d.n)+float64(n), math.MaxInt32))
+	e.debtWait = true
 	lm.stats.owed.Add(int64(n))
 }
 
-// debtsDue reports whether debts wait and can be sent: the breaker is not open. It
-// requires that e.mu is held.
+// debtsDue reports whether debts wait and can be sent: Redis answered a trip since the
+// last debt was owed (a debt sent while Redis does not answer would only time out, and
+// count against the breaker), no debt trip failed in the last debtRetry, and the
+// breaker is not open. It requires that e.mu is held.
 func (e *Engine) debtsDue() bool {
-	return (len(e.debtRetry) > 0 || len(e.debtOrder) > 0) && !e.debtHeld && !(e.open != nil && e.open())
+	return (len(e.debtRetry) > 0 || len(e.debtOrder) > 0) && !e.debtHeld && !e.debtWait && !(e.open != nil && e.open())
 }
 
 // debtTrip returns the next trip of debts: a batch sent before that timed out goes again

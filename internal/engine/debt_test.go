@@ -9,8 +9,9 @@ import (
 
 // TestDebtsWaitForRedis: what FailLocal admits while the breaker is open is owed, per
 // key, with the credit of the key's last grant as its reference; the debt goes out as a
-// negative refund once the breaker is not open; a failed debt trip is owed again and
-// held back for debtRetry, so that a Redis answering errors is not asked in a loop.
+// negative refund once the breaker is not open and Redis has answered a trip; a failed
+// debt trip is owed again and held back for debtRetry, so that a Redis answering errors
+// is not asked in a loop.
 func TestDebtsWaitForRedis(t *testing.T) {
 	open := false
 	e, lm := testEngine(t, func(c *Config) {
@@ -42,10 +43,16 @@ func TestDebtsWaitForRedis(t *testing.T) {
 	if trip := e.Next(); trip != nil && trip.debts {
 		t.Fatal("a debt trip while the breaker is open")
 	}
+	// The breaker closes, but debts wait until Redis has answered a trip: here the
+	// refill of another key's request.
 	open = false
+	if trip := e.Next(); trip != nil && trip.debts {
+		t.Fatal("a debt trip before Redis answered anything")
+	}
+	decide(e, t0.Add(2*ms), lm, "other", 1)
 	trip = e.Next()
-	for trip != nil && !trip.debts { // refunds go first
-		trip.Answered = true
+	for trip != nil && !trip.debts {
+		answerAll(trip)
 		e.Done(t0.Add(2*ms), trip)
 		trip = e.Next()
 	}

@@ -274,8 +274,9 @@ func (e *Engine) fallback(now time.Time, lm *Limit, tier, key string, n int, why
 			}
 		})
 		if d.Allowed && sh.chargesDebt() {
+			// No wake: debts go out with the driver's next round (a tick, a refill);
+			// they cannot go while Redis does not answer anyway.
 			e.owe(lm, sh, key, n, ref, hasRef)
-			e.wake()
 		}
 	}
 	lm.stats.count(slot, &d, n)

@@ -126,6 +126,7 @@ type Engine struct {
 	nextBeat      time.Time
 	beatDue       bool
 	debtHeld      bool // a debt trip failed: debts wait until debtHoldUntil
+	debtWait      bool // a debt was owed since Redis last answered a trip: debts wait for an answer
 	debtHoldUntil time.Time
 	debts         map[debtKey]*debt        // FailLocal's admissions, owed to the buckets
 	debtOrder     []debtKey                // debts' keys, in the order first owed

@@ -183,6 +183,9 @@ func (e *Engine) Done(now time.Time, t *Trip) {
 		}
 	}
 	e.mu.Lock()
+	if t.Answered && t.Err == nil {
+		e.debtWait = false // Redis answers: debts may go
+	}
 	e.busy = false
 	e.mu.Unlock()
 }
