@@ -127,6 +127,9 @@ type OutageResult struct {
 	// AfterPerS is key 0's admissions per second from 0.5 s to 2.5 s after the window:
 	// what the fleet admits once Redis answers again (a debt being repaid shows here).
 	AfterPerS float64 `json:"after_per_s"`
+	// ThroughPerS is the same from the window's start to 2.5 s after its end: what the
+	// fault and the recovery from it cost or gave over the limit, debts repaid included.
+	ThroughPerS float64 `json:"through_per_s"`
 	// LateOverBound is the largest count of key 0's admissions in a window ending 2.5 s
 	// or more after the window, over 2·burst + servers·ceil(burst/servers)
 	// + rate·W for a window of length W (1 to 6 s); LateW is the W that gave it.
@@ -351,6 +354,7 @@ func (r *recorder) result(st Strategy) Result {
 		}
 		u.OverLimit = u.AdmittedPerS / sc.Rate
 		u.AfterPerS = r.hotRate(w.End+500*time.Millisecond, min(w.End+2500*time.Millisecond, sc.Duration))
+		u.ThroughPerS = r.hotRate(w.Start, min(w.End+2500*time.Millisecond, sc.Duration))
 		u.LateOverBound, u.LateW = r.lateOverBound(w.End + 2500*time.Millisecond)
 		switch w {
 		case sc.Outage:
