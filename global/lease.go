@@ -390,8 +390,8 @@ type RefundRequest struct {
 // refundArgs are lua.Refund's arguments for r from server id with sequence number seq.
 func (r RefundRequest) refundArgs(id string, seq uint64) []any {
 	args := []any{r.Limit.Burst, r.Limit.Rate, r.N, id, seq, r.Limit.Version, r.DebtFloor()}
-	if r.HasRef && r.N < 0 {
-		args = append(args, r.Ref)
+	if ref := r.Reference(); !math.IsNaN(ref) {
+		args = append(args, ref)
 	}
 	return args
 }

@@ -36,18 +36,10 @@ type Reservation struct {
 	d     engine.Decision // the decision that took the tokens
 	claim *engine.Shape   // for a claim on the bucket's refill: the key's shape
 
-	failed Decision // AllowN's answer when it returned an error (lm may be nil then)
+	failed *Decision // AllowN's answer, when ReserveN returned its error
 
 	mu       sync.Mutex
 	canceled bool
-}
-
-// denial is the Decision of a reservation whose request failed with an error.
-func (r *Reservation) denial() Decision {
-	if r.lm == nil || r.failed.Limit != "" && r.failed.Quota == 0 {
-		return r.failed
-	}
-	return r.Decision()
 }
 
 // OK reports whether the reservation holds its tokens. A reservation that is not OK
@@ -68,8 +60,12 @@ func (r *Reservation) DelayFrom(t time.Time) time.Duration {
 
 // Decision is the decision that took the reservation's tokens: from this server's lease
 // (Source lease or global, as AllowN's), or SourceGlobal with ReasonGranted for a claim
-// on the bucket's refill. For a reservation that is not OK, the denial.
+// on the bucket's refill. For a reservation that is not OK, the denial; for one ReserveN
+// returned with an error, AllowN's answer.
 func (r *Reservation) Decision() Decision {
+	if r.failed != nil {
+		return *r.failed
+	}
 	var out Decision
 	out.set(r.lm, r.tier, &r.d)
 	return out
@@ -116,7 +112,7 @@ func (l *Limiter) ReserveN(ctx context.Context, limit, key string, n int) (*Rese
 	d, err := l.allowN(ctx, limit, "", key, n, nil)
 	lm := l.eng.Limit(limit)
 	if err != nil {
-		return &Reservation{l: l, lm: lm, key: key, n: n, failed: d}, err
+		return &Reservation{l: l, lm: lm, key: key, n: n, failed: &d}, err
 	}
 	r := &Reservation{l: l, lm: lm, key: key, n: n, act: l.clock.Now()}
 	r.d = engine.Decision{Allowed: d.Allowed, Remaining: d.Remaining, RetryAfter: d.RetryAfter,

@@ -58,7 +58,7 @@ func (l *Limiter) waitN(ctx context.Context, limit, key string, n int) (Decision
 	for {
 		r, err := l.ReserveN(ctx, limit, key, n)
 		if err != nil {
-			return r.denial(), err
+			return r.Decision(), err
 		}
 		d := r.Decision()
 		if r.OK() {

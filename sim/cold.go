@@ -98,13 +98,8 @@ func (r *recorder) worstWindow(ats []time.Duration) (float64, time.Duration) {
 	var worst float64
 	var at time.Duration
 	for _, w := range coldWindows {
-		n, j := 0, 0
-		for i := range ats {
-			for ats[i]-ats[j] >= w {
-				j++
-			}
-			n = max(n, i-j+1)
-		}
+		n := 0
+		eachWindow(ats, w, func(_ time.Duration, k int) { n = max(n, k) })
 		if x := float64(n) / (2*float64(r.sc.Burst) + r.sc.Rate*w.Seconds()); x > worst {
 			worst, at = x, w
 		}

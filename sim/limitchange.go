@@ -128,21 +128,28 @@ func (r *recorder) lateOverBound(from time.Duration) (float64, string) {
 	worst, worstW := 0.0, ""
 	for w := time.Second; w <= 6*time.Second; w += time.Second {
 		bound := slack + sc.Rate*w.Seconds()
-		at := r.hotAt
-		j := 0
-		for k, s := range at {
-			for j < len(at) && at[j] < s+w {
-				j++
-			}
+		eachWindow(r.hotAt, w, func(s time.Duration, n int) {
 			if end := s + w; end < from || end > sc.Duration {
-				continue
+				return
 			}
-			if v := float64(j-k) / bound; v > worst {
+			if v := float64(n) / bound; v > worst {
 				worst, worstW = v, w.String()
 			}
-		}
+		})
 	}
 	return worst, worstW
+}
+
+// eachWindow calls visit with each window of length w that starts at an instant of ats
+// (sorted), and the instants in it, [start, start+w): the windows a count peaks in.
+func eachWindow(ats []time.Duration, w time.Duration, visit func(start time.Duration, n int)) {
+	j := 0
+	for k, s := range ats {
+		for j < len(ats) && ats[j] < s+w {
+			j++
+		}
+		visit(s, j-k)
+	}
 }
 
 // hotRate is key 0's admissions per second in [from, to); 0 for an empty interval.
@@ -176,24 +183,18 @@ func (r *recorder) changeResults() []ChangeResult {
 		for _, w := range changeWindows {
 			during := 2*float64(max(oldBurst, c.Burst)) + max(oldRate, c.Rate)*w.Seconds()
 			after := 2*float64(c.Burst) + c.Rate*w.Seconds()
-			at := r.hotAt
-			j := 0
-			for k, s := range at {
-				for j < len(at) && at[j] < s+w {
-					j++
-				}
-				n := float64(j - k)
+			eachWindow(r.hotAt, w, func(s time.Duration, n int) {
 				switch {
 				case s+w > c.At && s <= converged:
-					if v := n / during; v > cr.DuringOverBound {
+					if v := float64(n) / during; v > cr.DuringOverBound {
 						cr.DuringOverBound, cr.DuringW = v, w.String()
 					}
 				case s > converged && s+w <= end:
-					if v := n / after; v > cr.AfterOverBound {
+					if v := float64(n) / after; v > cr.AfterOverBound {
 						cr.AfterOverBound, cr.AfterW = v, w.String()
 					}
 				}
-			}
+			})
 		}
 		settle := min(time.Second, c.Spread/5) // for the bucket to drain to the new level
 		cr.DuringPerS = r.hotRate(c.At+settle, converged)

@@ -6,13 +6,13 @@ import (
 	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
-// Look answers, without spending or changing anything, whether a request of cost n for
+// look answers, without spending or changing anything, whether a request of cost n for
 // key under tier of lm would be denied now by what this server knows for certain: a cost
 // above the tier's burst, or a pre-check bucket without n tokens (of a key that would
 // not be re-shaped). It returns that denial and true, or false when the request may pass
 // (from the lease, or after a refill). A caller that decides several items all or
 // nothing looks at every item before it spends on any.
-func (e *Engine) Look(now time.Time, lm *Limit, tier, key string, n int) (Decision, bool) {
+func (e *Engine) look(now time.Time, lm *Limit, tier, key string, n int) (Decision, bool) {
 	sh := lm.Shape(tier)
 	if n > sh.cfg.Burst {
 		return Decision{Source: SourceLease, Reason: ReasonExceedsBurst, RetryAfter: InfDuration, Servers: e.Servers()}, true
@@ -81,9 +81,9 @@ func (e *Engine) GiveBack(lm *Limit, sh *Shape, key string, n int) {
 	e.queueRefund(lm, sh, wire.KeyID(key), n)
 }
 
-// CountDenied counts a denial d of a request of cost n for key under lm that the driver
-// made from Look, without Decide.
-func (e *Engine) CountDenied(lm *Limit, key string, d Decision, n int) {
+// countDenied counts a denial d of a request of cost n for key under lm that look
+// made, without Decide.
+func (e *Engine) countDenied(lm *Limit, key string, d Decision, n int) {
 	lm.stats.count(uint8(hashKey(wire.KeyID(key))%counterShards), &d, n)
 }
 
@@ -181,11 +181,11 @@ func (e *Engine) StartMulti(now time.Time, m *Multi) (*Waiter, bool) {
 		if repeat {
 			continue // looked at with its first occurrence
 		}
-		d, denied := e.Look(now, it.Limit, it.Tier, it.Key, cost)
+		d, denied := e.look(now, it.Limit, it.Tier, it.Key, cost)
 		if !denied {
 			continue
 		}
-		e.CountDenied(it.Limit, it.Key, d, it.N)
+		e.countDenied(it.Limit, it.Key, d, it.N)
 		if m.Denied < 0 || (d.RetryAfter >= InfDuration && m.Decision.RetryAfter < InfDuration) {
 			m.Denied, m.Item, m.Decision = i, i, d
 		}
