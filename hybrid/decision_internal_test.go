@@ -32,7 +32,7 @@ func TestDecisionValuesAreTheEngines(t *testing.T) {
 		{ReasonInvalidCost, engine.ReasonInvalidCost}, {ReasonPreCheck, engine.ReasonPreCheck},
 		{ReasonGranted, engine.ReasonGranted}, {ReasonBreakerOpen, engine.ReasonBreakerOpen},
 		{ReasonTimeout, engine.ReasonTimeout}, {ReasonUnavailable, engine.ReasonUnavailable},
-		{ReasonCanceled, engine.ReasonCanceled}, {ReasonClosed, engine.ReasonClosed},
+		{ReasonCanceled, engine.ReasonCanceled}, {ReasonClosed, engine.ReasonClosed}, {ReasonAsync, engine.ReasonAsync},
 	}
 	if len(reasons) != int(engine.NumReasons) {
 		t.Fatalf("%d reasons here, %d in the engine", len(reasons), engine.NumReasons)

@@ -99,6 +99,19 @@ type Limit struct {
 	// last re-shapes it (docs/limits.md says how). Names unique and not empty; the
 	// other fields of the Limit apply to every tier.
 	Tiers []Tier
+	// Async, if positive, makes this a charge-later limit, for per-client keys spread
+	// over many servers, whose leases hold too few tokens to save round trips: a
+	// request its server holds no tokens for is admitted without waiting for Redis,
+	// unless this server learnt that the key's bucket is low (below half its burst),
+	// and charged to the bucket within Async, with every other key this server admitted
+	// so, in one pipelined round trip. A low key's requests wait for Redis, as with 0.
+	// Each server holds at most one such admission per key uncharged, of a cost of at
+	// most max(1, ceil(Burst/servers)), and makes none in its first Async. Any window W
+	// then admits at most 2·Burst + Rate·W plus that share once per server that did not
+	// know the key low; docs/limits.md states the bound and docs/design.md §11 measures
+	// it. 0 (the default): exact, every request the lease cannot serve asks Redis. At
+	// least 1ms when set.
+	Async time.Duration
 }
 
 // Tier is a named rate and burst of a Limit, for the keys a caller decides under it.
@@ -116,7 +129,7 @@ func engineLimit(l Limit) engine.LimitConfig {
 	c := engine.LimitConfig{
 		Name: l.Name, Rate: l.Rate, Burst: l.Burst, Policy: l.Policy, PreRate: l.PreRate, PreBurst: l.PreBurst,
 		MaxWait: l.MaxWait, MaxCost: l.MaxCost, RefillInterval: l.RefillInterval, Lifetime: l.Lifetime,
-		LowWatermark: l.LowWatermark, MaxKeys: l.MaxKeys, Version: l.Version,
+		LowWatermark: l.LowWatermark, MaxKeys: l.MaxKeys, Version: l.Version, Async: l.Async,
 	}
 	for _, t := range l.Tiers {
 		c.Tiers = append(c.Tiers, engine.TierConfig(t))
@@ -129,7 +142,7 @@ func limitOf(c engine.LimitConfig) Limit {
 	l := Limit{
 		Name: c.Name, Rate: c.Rate, Burst: c.Burst, Policy: c.Policy, PreRate: c.PreRate, PreBurst: c.PreBurst,
 		MaxWait: c.MaxWait, MaxCost: c.MaxCost, RefillInterval: c.RefillInterval, Lifetime: c.Lifetime,
-		LowWatermark: c.LowWatermark, MaxKeys: c.MaxKeys, Version: c.Version,
+		LowWatermark: c.LowWatermark, MaxKeys: c.MaxKeys, Version: c.Version, Async: c.Async,
 	}
 	for _, t := range c.Tiers {
 		l.Tiers = append(l.Tiers, Tier(t))
@@ -242,6 +255,9 @@ const (
 	ReasonCanceled
 	// ReasonClosed: the Limiter is closed.
 	ReasonClosed
+	// ReasonAsync: admitted without asking Redis, to be charged to the bucket within the
+	// limit's Async; the key was not known low here.
+	ReasonAsync
 )
 
 var reasonNames = [...]string{
@@ -250,6 +266,7 @@ var reasonNames = [...]string{
 	ReasonInvalidCost: "invalid cost", ReasonPreCheck: "pre-check bucket empty",
 	ReasonGranted: "refill granted", ReasonBreakerOpen: "breaker open", ReasonTimeout: "redis timeout",
 	ReasonUnavailable: "redis unavailable", ReasonCanceled: "caller canceled", ReasonClosed: "limiter closed",
+	ReasonAsync: "charged later",
 }
 
 // String returns the reason in a few words.

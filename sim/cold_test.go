@@ -58,6 +58,7 @@ func coldDesigns() []coldDesign {
 		{"hybrid-shares", HybridShares, nil},
 		{"hybrid-async 100ms", HybridAsync, async(100 * time.Millisecond)},
 		{"hybrid-async 250ms", HybridAsync, async(250 * time.Millisecond)},
+		{"engine async 100ms", Hybrid, func(sc *Scenario) { sc.Async = 100 * time.Millisecond }},
 	}
 }
 

@@ -113,7 +113,7 @@ func engineConfig(sc *Scenario, id int) engine.Config {
 		Name: limitName, Rate: sc.Rate, Burst: sc.Burst, Policy: policyOf(sc.Policy),
 		PreRate: sc.PreRate, PreBurst: sc.PreBurst, MaxWait: sc.MaxWait, MaxCost: sc.Cost,
 		RefillInterval: sc.RefillInterval, Lifetime: sc.Lifetime, LowWatermark: sc.LowWatermark,
-		MaxKeys: sc.MaxKeys,
+		MaxKeys: sc.MaxKeys, Async: sc.Async,
 	}
 	return engine.Config{
 		Limits:            append([]engine.LimitConfig{own}, alsoConfigs(sc, own)...),

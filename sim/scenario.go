@@ -211,6 +211,10 @@ type Scenario struct {
 	Lifetime       time.Duration
 	LowWatermark   float64
 	MaxKeys        int
+	// Async is the hybrid.Limit field of that name: when positive, a request the lease
+	// cannot serve is admitted without waiting for Redis unless the server knows its key
+	// is low, and charged to the bucket within Async.
+	Async time.Duration
 	// Breaker configures each server's breaker.Breaker, as breaker.Settings does.
 	Breaker BreakerSettings
 

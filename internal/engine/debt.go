@@ -34,6 +34,7 @@ type debt struct {
 	n      int
 	ref    float64 // the bucket's credit at this server's last grant, if hasRef
 	hasRef bool
+	async  bool // an Async admission is in n (async.go): it goes once due
 }
 
 // debtFloor is how far below zero s's debts may take its bucket: Burst + Rate·DebtWindow.
@@ -58,12 +59,23 @@ func (e *Engine) owe(lm *Limit, sh *Shape, key string, n int, ref float64, hasRe
 		lm.stats.forgiven.Add(int64(n))
 		return
 	}
+	if e.addDebt(lm, sh, key, n, ref, hasRef, false) {
+		e.debtWait = true
+		lm.stats.owed.Add(int64(n))
+	}
+}
+
+// addDebt adds n tokens to what this server owes the bucket of (lm, key), of shape sh:
+// a debt of FailLocal's (with its reference) or, if async, an admission of a limit with
+// Async. It reports false when the debt was forgiven instead (too many keys owed). It
+// requires that e.mu is held.
+func (e *Engine) addDebt(lm *Limit, sh *Shape, key string, n int, ref float64, hasRef, async bool) bool {
 	k := debtKey{lm, key}
 	d, ok := e.debts[k]
 	if !ok {
 		if len(e.debts) >= maxDebtKeys {
 			lm.stats.forgiven.Add(int64(n))
-			return
+			return false
 		}
 		if e.debts == nil {
 			e.debts = make(map[debtKey]*debt)
@@ -77,22 +89,32 @@ func (e *Engine) owe(lm *Limit, sh *Shape, key string, n int, ref float64, hasRe
 	}
 	d.shape = sh
 	d.n = int(min(float64(d.n)+float64(n), math.MaxInt32))
-	e.debtWait = true
-	lm.stats.owed.Add(int64(n))
+	if async && !d.async {
+		d.async = true
+		e.asyncDebts++
+	}
+	return true
 }
 
-// debtsDue reports whether debts wait and can be sent: Redis answered a trip since the
-// last debt was owed (a debt sent while Redis does not answer would only time out, and
-// count against the breaker), no debt trip failed in the last debtRetry, and the
-// breaker is not open. It requires that e.mu is held.
+// debtsDue reports whether debts wait and can be sent: no debt trip failed in the last
+// debtRetry, the breaker is not open, and either FailLocal's debts wait and Redis
+// answered a trip since FailLocal last owed (a debt sent while Redis does not answer
+// would only time out, and count against the breaker), or async admissions wait and
+// their charges are due (Async passed since the first of them). It requires that e.mu
+// is held.
 func (e *Engine) debtsDue() bool {
-	return (len(e.debtRetry) > 0 || len(e.debtOrder) > 0) && !e.debtHeld && !e.debtWait && !(e.open != nil && e.open())
+	if e.debtHeld || e.open != nil && e.open() {
+		return false
+	}
+	ready := !e.debtWait || e.asyncDue
+	return len(e.debtRetry) > 0 && ready || !e.debtWait && len(e.debtOrder) > e.asyncDebts || e.asyncDue && e.asyncDebts > 0
 }
 
 // debtTrip returns the next trip of debts: a batch sent before that timed out goes again
 // with its sequence numbers (Redis answers a charge that ran as a replay), then up to
-// MaxBatch debts in the order they were first owed, each as a refund of -n. It requires
-// that e.mu is held.
+// MaxBatch debts in the order they were first owed, each as a refund of -n: FailLocal's
+// once Redis answered a trip, the async admissions' once due. It requires that e.mu is
+// held.
 func (e *Engine) debtTrip() *Trip {
 	var reqs []global.RefundRequest
 	if len(e.debtRetry) > 0 {
@@ -100,9 +122,21 @@ func (e *Engine) debtTrip() *Trip {
 	} else {
 		n := min(len(e.debtOrder), MaxBatch)
 		reqs = make([]global.RefundRequest, 0, n)
-		for _, k := range e.debtOrder[:n] {
+		rest := e.debtOrder[:0:0]
+		for i, k := range e.debtOrder {
 			d := e.debts[k]
+			if len(reqs) == MaxBatch {
+				rest = append(rest, e.debtOrder[i:]...)
+				break
+			}
+			if d.async && !e.asyncDue || !d.async && e.debtWait {
+				rest = append(rest, k)
+				continue
+			}
 			delete(e.debts, k)
+			if d.async {
+				e.asyncDebts--
+			}
 			floor := d.shape.debtFloor()
 			reqs = append(reqs, global.RefundRequest{Limit: d.shape.glim, ID: global.KeyID(k.key),
 				N: -min(d.n, floor), Floor: floor, Seq: e.nextSeq(), Ref: d.ref, HasRef: d.hasRef})
@@ -111,7 +145,10 @@ func (e *Engine) debtTrip() *Trip {
 				k.lim.stats.owed.Add(-int64(over))
 			}
 		}
-		e.debtOrder = e.debtOrder[n:]
+		e.debtOrder = rest
+	}
+	if e.asyncDebts == 0 && len(e.debtRetry) == 0 {
+		e.asyncDue = false // the next async admission waits Async again
 	}
 	return &Trip{Kind: RefundTrip, Refunds: reqs, RefundResults: make([]global.RefundResult, len(reqs)), debts: true}
 }
@@ -149,23 +186,32 @@ func (e *Engine) charged(now time.Time, t *Trip) {
 		switch {
 		case err == nil:
 			lm.stats.charged.Add(int64(n))
+			if sh := lm.shapeOf(r.Limit); sh != nil && sh.cfg.Async > 0 {
+				lm.asyncCharged(sh, string(r.ID), t.RefundResults[i].Remaining, now)
+			}
 		case !t.Answered:
 			lm.stats.forgiven.Add(int64(n)) // after Finish: nothing will send it
 		default:
 			e.mu.Lock()
 			e.debtHeld, e.debtHoldUntil = true, now.Add(debtRetry)
 			e.mu.Unlock()
-			sh := lm.Shape("")
-			if sh.glim != r.Limit {
-				for _, s := range lm.cur.Load().all() {
-					if s.glim == r.Limit {
-						sh = s
-					}
-				}
+			sh := lm.shapeOf(r.Limit)
+			if sh == nil {
+				sh = lm.Shape("")
 			}
 			e.owe(lm, sh, string(r.ID), n, r.Ref, r.HasRef)
 		}
 	}
+}
+
+// shapeOf returns the current shape whose bucket is g, nil if none is.
+func (lm *Limit) shapeOf(g global.Limit) *Shape {
+	for _, s := range lm.cur.Load().all() {
+		if s.glim == g {
+			return s
+		}
+	}
+	return nil
 }
 
 // forgiveDebts drops every debt not sent (Finish): counted in LimitStats.Forgiven. It
@@ -184,7 +230,7 @@ func (e *Engine) forgiveDebts() {
 			}
 		}
 	}
-	e.debts, e.debtOrder, e.debtRetry = nil, nil, nil
+	e.debts, e.debtOrder, e.debtRetry, e.asyncDebts = nil, nil, nil, 0
 }
 
 // chargesDebt reports whether admissions of sh's fallback are owed to the bucket:

@@ -66,6 +66,7 @@ type outcome struct {
 	st    Step
 	f     *Flight // a refill decide started, to send
 	w     *Waiter // the request's waiter, when it must wait
+	async int     // tokens admitted to be charged later (Async)
 	slot  uint8   // the key's counter shard
 	key   string  // the key's ID, as its entry holds it
 	shape *Shape  // the key's shape
@@ -102,6 +103,9 @@ func (e *Engine) Decide(now time.Time, lm *Limit, tier, key string, n int, d *De
 	}
 	o.d.Servers = e.Servers()
 	o.refund(e, lm)
+	if o.async > 0 {
+		e.oweAsync(lm, o.shape, o.key, o.async, now)
+	}
 	if o.f != nil && e.send(now, o.f, o.w) && o.w != nil {
 		// The refill failed at once (breaker open, stopped): the policy decided o.w.
 		*d = o.w.d
@@ -141,6 +145,14 @@ func (lm *Limit) decide(o *outcome, en *entry, t time.Time, tier string, n int, 
 		// pre-check holds.
 		if n > 0 && n <= c.Burst && en.pre.TokensAt(t) < float64(n) {
 			o.d = lm.preDenied(en, t, n)
+			return
+		}
+		if w == nil && lm.trusts(en, sh, t, n) {
+			en.pre.AllowN(t, n)
+			en.charging = true
+			o.async = n
+			// Remaining: nothing here says the key is low, the likeliest is a full bucket.
+			o.d = Decision{Allowed: true, Remaining: c.Burst - n, Source: SourceLease, Reason: ReasonAsync}
 			return
 		}
 		if w == nil {

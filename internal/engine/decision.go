@@ -43,6 +43,7 @@ const (
 	ReasonUnavailable                // the Redis call failed
 	ReasonCanceled                   // the caller's context ended while it waited
 	ReasonClosed                     // the engine is stopped
+	ReasonAsync                      // admitted without Redis, to be charged later (LimitConfig.Async)
 	NumReasons                       // one past the last reason
 )
 

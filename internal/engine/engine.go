@@ -46,6 +46,9 @@ type LimitConfig struct {
 	// (global.Limit.Version); Tiers are the limit's other rates and bursts, per key.
 	Version uint64
 	Tiers   []TierConfig
+	// Async, if positive, admits a request the lease cannot serve without asking Redis
+	// when the key is not known low here, and charges it within Async (async.go).
+	Async time.Duration
 }
 
 // Config configures one server's Engine.
@@ -108,7 +111,8 @@ type Engine struct {
 	notify    func()
 	decided   func(w *Waiter)
 
-	servers atomic.Int64
+	servers   atomic.Int64
+	firstTick atomic.Int64 // the first Tick's instant (Unix nanoseconds); 0 before it
 
 	mu sync.Mutex
 	// The fields below are guarded by mu.
@@ -131,6 +135,9 @@ type Engine struct {
 	debts         map[debtKey]*debt        // FailLocal's admissions, owed to the buckets
 	debtOrder     []debtKey                // debts' keys, in the order first owed
 	debtRetry     [][]global.RefundRequest // debt trips that timed out, to send again as they were
+	asyncDebts    int                      // debts holding an async admission (async.go)
+	asyncAt       time.Time                // when the queued async charges are due; zero: none queued
+	asyncDue      bool                     // async charges are due: the debts go, whether Redis answered or not
 
 	stats counters
 }
@@ -143,6 +150,7 @@ type Limit struct {
 	keys  *local.Store[entry]
 	seed  uint64
 	stats limitCounters
+	low   lowKeys // the keys known low, for Async (async.go)
 }
 
 // entry is what one server holds for one (limit, key). It lives in the limit's bounded
@@ -156,6 +164,7 @@ type entry struct {
 	credit    float64
 	hasCredit bool
 	flight    *Flight // the refill in flight, nil if none
+	charging  bool    // an async admission of the key waits to be charged (async.go)
 	slot      uint8   // which shard of the counters the key counts in
 	// key is the key's ID (wire.KeyID), the store's own copy: flights, waiters, refunds
 	// and expiries hold it, never the caller's string, which may pin a larger buffer.
@@ -311,6 +320,7 @@ func (lm *Limit) initEntry(en *entry, key string, now time.Time) {
 	en.shape = nil
 	en.lease = NewLease(lm.seed ^ h)
 	en.flight = nil
+	en.charging = false
 	en.slot = uint8(h % counterShards)
 	en.key = key
 }

@@ -355,6 +355,7 @@ func TestNewRejects(t *testing.T) {
 		{"rate", Config{Limits: []LimitConfig{{Name: "a", Rate: 0, Burst: 1, Policy: breaker.FailOpen}}, Servers: 1, NextSeq: seq}, global.ErrInvalidLimit},
 		{"policy", Config{Limits: []LimitConfig{{Name: "a", Rate: 1, Burst: 1}}, Servers: 1, NextSeq: seq}, breaker.ErrNoPolicy},
 		{"fleet", Config{Limits: []LimitConfig{ok}, Servers: 1, NextSeq: seq, Fleet: "a b"}, global.ErrInvalidLimit},
+		{"async", Config{Limits: []LimitConfig{{Name: "a", Rate: 1, Burst: 1, Policy: breaker.FailOpen, Async: time.Microsecond}}, Servers: 1, NextSeq: seq}, nil},
 	} {
 		_, err := New(tc.cfg)
 		if err == nil || tc.is != nil && !errors.Is(err, tc.is) {

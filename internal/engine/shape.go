@@ -124,6 +124,8 @@ func buildShapes(c LimitConfig, servers int) (*shapes, LimitConfig, error) {
 		return nil, c, fmt.Errorf("limit %q: MaxCost %d must be between 1 and Burst %d", c.Name, c.MaxCost, c.Burst)
 	case c.MaxKeys < 0:
 		return nil, c, fmt.Errorf("limit %q: MaxKeys %d", c.Name, c.MaxKeys)
+	case c.Async != 0 && c.Async < time.Millisecond:
+		return nil, c, fmt.Errorf("limit %q: Async %v must be 0 (exact) or at least 1ms", c.Name, c.Async)
 	}
 	c.MaxWait = cmpOr(c.MaxWait, DefaultMaxWait)
 	c.MaxCost = max(c.MaxCost, 1)

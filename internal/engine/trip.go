@@ -307,6 +307,9 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 	}
 	if err == nil {
 		lm.stats.granted.Add(int64(g.Granted))
+		if f.shape.cfg.Async > 0 {
+			lm.low.note(f.shape, f.key, g.Remaining, now)
+		}
 	} else {
 		lm.stats.refillErrors.Add(1)
 	}
@@ -380,6 +383,7 @@ func (e *Engine) Tick(now time.Time) {
 	}
 	if !e.ticked {
 		e.ticked = true
+		e.firstTick.Store(now.UnixNano())
 		e.nextExpiry = now.Add(time.Duration(float64(e.tickEvery) * (0.5 + uniform(&e.rng))))
 		e.nextBeat = now.Add(time.Duration(float64(e.beat) / 10 * uniform(&e.rng)))
 	}
@@ -394,6 +398,10 @@ func (e *Engine) Tick(now time.Time) {
 	if e.fleet != "" && !e.stopped && !now.Before(e.nextBeat) {
 		e.beatDue, beat = true, true
 		e.nextBeat = now.Add(e.beat)
+	}
+	if !e.asyncAt.IsZero() && !now.Before(e.asyncAt) {
+		e.asyncDue, beat = true, true
+		e.asyncAt = time.Time{}
 	}
 	e.mu.Unlock()
 	for _, x := range due {
@@ -424,6 +432,9 @@ func (e *Engine) NextTick() time.Time {
 	if e.fleet != "" && !e.stopped && e.nextBeat.Before(t) {
 		t = e.nextBeat
 	}
+	if !e.asyncAt.IsZero() && e.asyncAt.Before(t) {
+		t = e.asyncAt
+	}
 	return t
 }
 
@@ -435,6 +446,7 @@ func (e *Engine) Stop(now time.Time) {
 	e.mu.Lock()
 	e.stopped = true
 	e.beatDue = false
+	e.asyncDue, e.asyncAt = true, time.Time{} // the async admissions are charged now
 	pending := e.pending
 	e.pending = nil
 	e.mu.Unlock()

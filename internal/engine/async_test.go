@@ -1,0 +1,190 @@
+package engine
+
+import (
+	"strconv"
+	"testing"
+	"time"
+)
+
+// asyncEngine is testEngine's limit (rate 100/s, burst 100) with Async 100ms over 4
+// servers: a server's share of the burst is 25.
+func asyncEngine(t *testing.T, open *bool) (*Engine, *Limit) {
+	t.Helper()
+	return testEngine(t, func(c *Config) {
+		c.Servers = 4
+		c.Limits[0].Async = 100 * time.Millisecond
+		c.BreakerOpen = func() bool { return *open }
+	})
+}
+
+// TestAsyncAdmitsAndCharges walks one server through the life of a charge-later limit:
+// nothing is admitted without Redis in the server's first Async; then a key not known
+// low is admitted at once (one admission per key uncharged, of at most the server's
+// share), and charged as a refund of -n in one trip once Async has passed; the charge's
+// answer marks a bucket below half its burst low, and a low key waits for Redis until a
+// refill finds it at half its burst again; an open breaker sends requests to the policy.
+func TestAsyncAdmitsAndCharges(t *testing.T) {
+	open := false
+	e, lm := asyncEngine(t, &open)
+	e.Tick(t0)
+	type step struct {
+		at     time.Duration
+		key    string
+		n      int
+		reason Reason // ReasonAsync: admitted at once; ReasonRefill: waits for Redis
+	}
+	for i, s := range []step{
+		{50 * time.Millisecond, "warming", 1, ReasonRefill}, // the first Async: no key is known yet
+		{100 * time.Millisecond, "a", 1, ReasonAsync},
+		{101 * time.Millisecond, "a", 1, ReasonRefill}, // one uncharged admission per key
+		{102 * time.Millisecond, "b", 25, ReasonAsync}, // the share of the burst
+		{103 * time.Millisecond, "c", 26, ReasonRefill},
+	} {
+		d, w := decide(e, t0.Add(s.at), lm, s.key, s.n)
+		got := d.Reason
+		if w != nil {
+			got = ReasonRefill
+		}
+		if got != s.reason || (s.reason == ReasonAsync) != d.Allowed {
+			t.Fatalf("step %d (%s, cost %d at %v): %v (%+v), want %v", i, s.key, s.n, s.at, got, d, s.reason)
+		}
+	}
+	// The refills of the waiting requests go first; they are answered with nothing left.
+	for trip := e.Next(); trip != nil; trip = e.Next() {
+		if trip.debts {
+			t.Fatalf("charges sent at once: %+v", trip.Refunds)
+		}
+		for i := range trip.Takes {
+			trip.TakeResults[i].Remaining = 0
+		}
+		trip.Answered = true
+		e.Done(t0.Add(104*time.Millisecond), trip)
+	}
+	if st := lm.Stats(); st.Owed != 26 {
+		t.Fatalf("owed %d, want 26", st.Owed)
+	}
+	// The charges are due Async after the first of them.
+	if e.Tick(t0.Add(199 * time.Millisecond)); e.Next() != nil {
+		t.Fatal("a trip before the charges are due")
+	}
+	if got := e.NextTick(); !got.Equal(t0.Add(200 * time.Millisecond)) {
+		t.Fatalf("NextTick %v, want the charges' instant", got.Sub(t0))
+	}
+	e.Tick(t0.Add(200 * time.Millisecond))
+	trip := e.Next()
+	if trip == nil || !trip.debts || len(trip.Refunds) != 2 {
+		t.Fatalf("Next = %+v, want the two charges", trip)
+	}
+	for i, want := range map[string]int{"a": -1, "b": -25} {
+		_ = i
+		found := false
+		for _, r := range trip.Refunds {
+			if string(r.ID) == i {
+				found = true
+				if r.N != want || r.HasRef || r.Floor != 100+100*10 {
+					t.Errorf("charge of %s: %+v, want N %d, no reference, floor burst + rate·10 s", i, r, want)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("no charge of %s", i)
+		}
+	}
+	// a's bucket is low (10 < 50), b's is not.
+	for i, r := range trip.Refunds {
+		trip.RefundResults[i].Remaining = map[string]float64{"a": 10, "b": 75}[string(r.ID)]
+	}
+	trip.Answered = true
+	e.Done(t0.Add(201*time.Millisecond), trip)
+	if st := lm.Stats(); st.Owed != 0 || st.Charged != 26 {
+		t.Fatalf("owed %d, charged %d; want 0 and 26", st.Owed, st.Charged)
+	}
+	if d, w := decide(e, t0.Add(202*time.Millisecond), lm, "b", 1); w != nil || d.Reason != ReasonAsync {
+		t.Fatalf("b after its charge: %+v, %v; want admitted at once", d, w)
+	}
+	_, w := decide(e, t0.Add(202*time.Millisecond), lm, "a", 1)
+	if w == nil {
+		t.Fatal("a, low, admitted without Redis")
+	}
+	// Much later a is still low: only an answer says otherwise.
+	trip = e.Next()
+	if trip == nil || trip.Kind != TakeTrip {
+		t.Fatalf("Next = %+v, want a's refill", trip)
+	}
+	trip.TakeResults[0].Granted, trip.TakeResults[0].Remaining = 1, 60
+	trip.Answered = true
+	e.Done(t0.Add(203*time.Millisecond), trip)
+	if d := w.Decision(); !d.Allowed || d.Source != SourceGlobal {
+		t.Fatalf("a's request after its refill: %+v", d)
+	}
+	if lm.low.low("a", t0.Add(204*time.Millisecond)) {
+		t.Fatal("a still low after a refill found 60 of 100")
+	}
+	// An open breaker: the policy (FailClosed) decides, nothing is admitted to charge.
+	open = true
+	if d, w := decide(e, t0.Add(300*time.Millisecond), lm, "d", 1); w != nil || d.Allowed || d.Source != SourceFallback {
+		t.Fatalf("breaker open: %+v, %v; want FailClosed's denial", d, w)
+	}
+}
+
+// TestAsyncLowIsRemembered: a key low on this server stays low after its entry is let
+// go of (idle), for lowMemory after the last answer that said so; a key noted when the
+// set is full is not remembered, and the forgotten keys make room.
+func TestAsyncLowIsRemembered(t *testing.T) {
+	_, lm := asyncEngine(t, new(bool))
+	sh := lm.Shape("")
+	var s lowKeys
+	for _, tc := range []struct {
+		at        time.Duration
+		remaining float64
+		low       bool // after the note, at the same instant
+	}{
+		{0, 49.9, true},
+		{time.Second, 50, false}, // half the burst: not low
+		{2 * time.Second, -300, true},
+		{2*time.Second + lowMemory - 1, 0, true}, // noted again: remembered from here
+	} {
+		now := t0.Add(tc.at)
+		s.note(sh, "k", tc.remaining, now)
+		if got := s.low("k", now); got != tc.low {
+			t.Fatalf("after %v at %v: low %v, want %v", tc.remaining, tc.at, got, tc.low)
+		}
+	}
+	if !s.low("k", t0.Add(2*time.Second+2*lowMemory-2)) || s.low("k", t0.Add(2*time.Second+2*lowMemory-1)) {
+		t.Fatal("a low key not remembered for lowMemory after its last answer")
+	}
+	// A full set: new keys are not noted until the forgotten ones are swept.
+	var full lowKeys
+	for i := range maxLowKeys {
+		full.note(sh, strconv.Itoa(i), 0, t0)
+	}
+	full.note(sh, "late", 0, t0.Add(time.Second))
+	if full.low("late", t0.Add(time.Second)) {
+		t.Fatal("a key noted in a full set")
+	}
+	full.note(sh, "late", 0, t0.Add(lowMemory+time.Second))
+	if !full.low("late", t0.Add(lowMemory+time.Second)) || full.size() != 1 {
+		t.Fatalf("after lowMemory the forgotten keys make room: %d noted", full.size())
+	}
+}
+
+// TestAsyncChargesGoAtStop: a server shutting down charges what it admitted at once,
+// without waiting for Async.
+func TestAsyncChargesGoAtStop(t *testing.T) {
+	e, lm := asyncEngine(t, new(bool))
+	e.Tick(t0)
+	if d, _ := decide(e, t0.Add(time.Second), lm, "k", 3); d.Reason != ReasonAsync {
+		t.Fatalf("%+v, want admitted at once", d)
+	}
+	e.Stop(t0.Add(time.Second))
+	e.Drain()
+	trip := e.Next()
+	if trip == nil || !trip.debts || len(trip.Refunds) != 1 || trip.Refunds[0].N != -3 {
+		t.Fatalf("after Stop: %+v, want the charge", trip)
+	}
+	trip.Answered = true
+	e.Done(t0.Add(time.Second), trip)
+	if lost := e.Finish(); lost != 0 || lm.Stats().Charged != 3 {
+		t.Fatalf("lost %d, charged %d; want 0 and 3", lost, lm.Stats().Charged)
+	}
+}
