@@ -538,3 +538,35 @@ func (s *Store) Heartbeat(ctx context.Context, fleet, serverID string, ttl time.
 	}
 	return n, nil
 }
+
+// Low is how the servers of a charge-later limit (hybrid.Limit.Async) tell each other
+// which keys' buckets are low (lua.Low): it marks ids, keys of limit this server found
+// low, until memory from now by Redis's clock (a mark only moves later), drops the marks
+// whose time has passed, and returns the IDs marked now, the latest first, at most
+// 10,000. The marks live in one sorted set per limit, its own slot on a Cluster.
+func (s *Store) Low(ctx context.Context, limit string, ids []KeyID, memory time.Duration) ([]KeyID, error) {
+	if err := validName("limit name", limit); err != nil {
+		return nil, err
+	}
+	if memory < time.Millisecond {
+		return nil, fmt.Errorf("%w: low-key memory %v is shorter than 1ms", ErrInvalidLimit, memory)
+	}
+	args := make([]any, 0, 1+len(ids))
+	args = append(args, memory.Milliseconds())
+	for _, id := range ids {
+		args = append(args, string(id))
+	}
+	reply, err := lua.Low.Run(ctx, s.c, []string{wire.LowKey(s.prefix, limit)}, args...).Result()
+	if err != nil {
+		return nil, wrap("low keys", err)
+	}
+	got, err := wire.ParseLow(reply)
+	if err != nil {
+		return nil, unexpected("low keys", err.Error())
+	}
+	out := make([]KeyID, len(got))
+	for i, id := range got {
+		out[i] = KeyID(id)
+	}
+	return out, nil
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -473,6 +474,59 @@ func TestHeartbeat(t *testing.T) {
 	m.SetTime(t0.Add(2 * time.Second))
 	if n, _ := s.Heartbeat(context.Background(), "f", "new", time.Second); n != 1 {
 		t.Fatalf("live = %d, want 1 (the old member expired by Redis TIME)", n)
+	}
+}
+
+// TestLow: each server's marks add up, the latest first; a mark moves later, never
+// earlier; marks expire by Redis TIME; bad arguments fail before any call.
+func TestLow(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		s := newStore(t, tg.Client)
+		lim := lname(t)
+		for i, tc := range []struct {
+			mark []global.KeyID
+			want []global.KeyID
+		}{
+			{nil, []global.KeyID{}},
+			{[]global.KeyID{"a"}, []global.KeyID{"a"}},
+			{[]global.KeyID{"b", "{0123456789abcdef0123456789abcdef"}, nil}, // marked at one instant or two
+			{nil, nil},
+		} {
+			got, err := s.Low(ctx, lim, tc.mark, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.want == nil {
+				if len(got) != 3 || got[2] != "a" {
+					t.Fatalf("call %d: %q, want b and the digest, then a", i, got)
+				}
+				continue
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("call %d: %q, want %q", i, got, tc.want)
+			}
+		}
+		for _, bad := range []struct {
+			limit  string
+			memory time.Duration
+		}{{"", time.Second}, {"l{", time.Second}, {"l", time.Microsecond}} {
+			if _, err := s.Low(ctx, bad.limit, nil, bad.memory); !errors.Is(err, global.ErrInvalidLimit) {
+				t.Errorf("Low(%q, %v) = %v, want ErrInvalidLimit", bad.limit, bad.memory, err)
+			}
+		}
+	})
+	m, c := redistest.Mini(t)
+	m.SetTime(t0)
+	s := newStore(t, c)
+	ctx := context.Background()
+	_, _ = s.Low(ctx, "l", []global.KeyID{"old"}, time.Second)
+	m.SetTime(t0.Add(500 * time.Millisecond))
+	_, _ = s.Low(ctx, "l", []global.KeyID{"new"}, time.Second)
+	_, _ = s.Low(ctx, "l", []global.KeyID{"new"}, time.Millisecond) // earlier: the mark stays
+	m.SetTime(t0.Add(1200 * time.Millisecond))
+	if got, _ := s.Low(ctx, "l", nil, time.Second); !slices.Equal(got, []global.KeyID{"new"}) {
+		t.Fatalf("%q, want only new (old expired by Redis TIME, new's mark not moved back)", got)
 	}
 }
 

@@ -522,6 +522,18 @@ func (l *Limiter) do(ctx context.Context, t *engine.Trip) {
 		if t.Err == nil {
 			t.Live, t.Answered = live, true
 		}
+	case engine.LowTrip:
+		t.Err = l.brk.Do(ctx, func(ctx context.Context) error {
+			for i := range t.Lows {
+				x := &t.Lows[i]
+				x.Got, x.Err = l.store.Low(ctx, x.Limit, x.Mark, engine.LowShare)
+				if x.Err != nil {
+					return x.Err
+				}
+			}
+			return nil
+		})
+		t.Answered = t.Err == nil
 	}
 }
 

@@ -101,6 +101,18 @@ var RefundSource string
 //go:embed heartbeat.lua
 var HeartbeatSource string
 
+// LowSource is the low-key script of a charge-later limit (hybrid.Limit.Async):
+//
+//	KEYS[1] the limit's low-key set (sorted set); ARGV[1] memory ms, ARGV[2..] key IDs
+//	returns the key IDs marked now (array of strings, the latest first, at most 10,000)
+//
+// It marks each key given as low until Redis TIME + memory (a mark only moves later),
+// drops marks whose time has passed, keeps at most 100,000, and keeps the key's TTL at
+// least memory.
+//
+//go:embed low.lua
+var LowSource string
+
 // Replay flags returned by Take (slot 5) and Refund (slot 2).
 const (
 	// Fresh means the call was executed now.
@@ -129,4 +141,6 @@ var (
 	Refund = redis.NewScript(RefundSource)
 	// Heartbeat runs HeartbeatSource.
 	Heartbeat = redis.NewScript(HeartbeatSource)
+	// Low runs LowSource.
+	Low = redis.NewScript(LowSource)
 )

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/internal/engine"
 	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
 	"github.com/fleetlimit/fleetlimit/internal/wire"
@@ -341,6 +342,9 @@ func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next fun
 		if h.multiKey && t.Kind != engine.HeartbeatTrip {
 			cost = sc.cold.callTime + time.Duration(n)*sc.cold.keyTime
 		}
+		if t.Kind == engine.LowTrip {
+			n, cost = len(t.Lows), lowCost(sc, t)
+		}
 		f.redis.roundTrip(n, cost, func(at time.Time) {
 			for i, r := range t.Takes {
 				g := h.s.Take(at, wire.BucketKeyOfID(keyPrefix, r.Limit.Name, string(r.ID)), float64(r.Limit.Burst), r.Limit.Rate, r.Want, r.Min, s.name, h.seq(hs), r.Limit.Version, r.Floor)
@@ -360,6 +364,18 @@ func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next fun
 			if t.Kind == engine.HeartbeatTrip {
 				t.Live = h.s.Heartbeat(at, wire.FleetKey(keyPrefix, t.Fleet), s.name, t.TTL.Milliseconds())
 			}
+			for i := range t.Lows {
+				x := &t.Lows[i]
+				ids := make([]string, len(x.Mark))
+				for j, id := range x.Mark {
+					ids[j] = string(id)
+				}
+				got := h.s.Low(at, wire.LowKey(keyPrefix, x.Limit), engine.LowShare.Milliseconds(), ids)
+				x.Got = make([]global.KeyID, len(got))
+				for j, id := range got {
+					x.Got[j] = global.KeyID(id)
+				}
+			}
 		}, answered)
 	}, func(err error) {
 		t.Err, t.Answered = err, err == nil
@@ -369,6 +385,16 @@ func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next fun
 		}
 		next()
 	})
+}
+
+// lowCost is the Redis time of a low-key exchange: a script call per limit (which
+// answers the marked keys), plus a plain command's time per key marked (a ZADD).
+func lowCost(sc *Scenario, t *engine.Trip) time.Duration {
+	cost := time.Duration(len(t.Lows)) * sc.ScriptTime
+	for _, x := range t.Lows {
+		cost += time.Duration(len(x.Mark)) * sc.CommandTime
+	}
+	return cost
 }
 
 // seq numbers the takes of a server (increasing, as global.Store's are).

@@ -80,3 +80,7 @@ func (r *luaScripts) Refund(now time.Time, key string, capacity, rate float64, a
 func (r *luaScripts) Heartbeat(now time.Time, key, server string, ttlMS int64) int {
 	return r.lua().Heartbeat(now, key, server, ttlMS)
 }
+
+func (r *luaScripts) Low(now time.Time, key string, memoryMS int64, ids []string) []string {
+	return r.lua().Low(now, key, memoryMS, ids)
+}

@@ -3,6 +3,8 @@ package engine
 import (
 	"sync"
 	"time"
+
+	"github.com/fleetlimit/fleetlimit/global"
 )
 
 // A limit with Async set ("charge later") admits a request its lease cannot serve
@@ -23,71 +25,202 @@ import (
 // charges themselves follow the bucket, as refunds of -n, down to -(burst +
 // rate·DebtWindow).
 
-// lowKeys is the set of keys of one limit whose bucket the last answer this server had
-// found below half its burst, each with the instant of that answer. A key stays low
-// until an answer finds its bucket at half its burst or more (a refill's: a low key's
-// requests go the exact way, which asks), or until lowMemory passed without an answer:
-// a low key that was let go of at its expiry would be admitted again by every server at
-// once. The set outlives the keys' entries, which a store lets go of when they are idle:
-// a key seen once a second by each of 200 servers is low fleet-wide, and each of those
-// servers must remember it between its requests.
+// lowKeys is the set of keys of one limit that this server knows low: the last answer it
+// had for the key found its bucket below half its burst, or the fleet's low-key set
+// (lua.Low) said some server did. A key stays low until an answer finds its bucket at
+// half its burst or more (a refill's: a low key's requests go the exact way, which
+// asks), or until lowMemory passed without news: a low key that was let go of at an
+// expiry would be admitted again by every server at once. The set outlives the keys'
+// entries, which a store lets go of when they are idle: a key seen once a second by
+// each of 200 servers is low fleet-wide, and each of those servers must remember it
+// between its requests.
+//
+// The keys this server finds low go to the fleet's set with its next low-key exchange
+// (a LowTrip, every LowEvery), and again every lowShare while they stay low, so that a
+// server that starts, or has not seen a key yet, learns of it before it admits it.
 type lowKeys struct {
 	mu    sync.Mutex
-	at    map[string]time.Time // guarded by mu
-	sweep time.Time            // when the forgotten keys were last dropped; guarded by mu
+	keys  map[string]lowMark // guarded by mu
+	marks []global.KeyID     // keys to tell the fleet of; guarded by mu
+	sweep time.Time          // when the forgotten keys were last dropped; guarded by mu
 }
 
-// lowMemory is how long a server remembers a key low after the last answer that said so.
-const lowMemory = 30 * time.Second
+// lowMark is what a server knows of a low key: when it last heard so, and when the fleet
+// last heard so (this server told it, or learnt it from it).
+type lowMark struct{ at, shared time.Time }
 
-// maxLowKeys bounds the low keys one limit remembers; past it, the keys not yet low are
-// not noted (their next requests are admitted, and charged: what a key forgets costs is
-// an admission per server, as a new key does).
-const maxLowKeys = 100_000
+// Low-key timings and bounds.
+const (
+	// lowMemory is how long a server remembers a key low after the last news of it.
+	lowMemory = 30 * time.Second
+	// LowShare is how long the fleet's set keeps a mark (lua.Low's memory); a server
+	// marks a key it still finds low again after half of it.
+	LowShare = 10 * time.Second
+	// LowEvery is how often a warm server exchanges low keys with the fleet.
+	LowEvery = time.Second
+	// maxLowKeys bounds the low keys one limit remembers; past it, the keys not yet low
+	// are not noted (their next requests are admitted, and charged: what a key forgets
+	// costs an admission per server, as a new key does). maxLowMarks bounds the marks
+	// waiting for the next exchange.
+	maxLowKeys  = 100_000
+	maxLowMarks = 10_000
+)
 
 // low reports whether key is low at now.
 func (s *lowKeys) low(key string, now time.Time) bool {
 	s.mu.Lock()
-	at, ok := s.at[key]
+	m, ok := s.keys[key]
 	s.mu.Unlock()
-	return ok && now.Sub(at) < lowMemory
+	return ok && now.Sub(m.at) < lowMemory
 }
 
 // note records what an answer at now said of key's bucket: remaining tokens, of shape
-// sh. Below half the burst, the key is low; at half or more, it is not.
+// sh. Below half the burst, the key is low (and marked for the fleet if the fleet has
+// not heard so for LowShare/2); at half or more, it is not.
 func (s *lowKeys) note(sh *Shape, key string, remaining float64, now time.Time) {
 	low := remaining < float64(sh.cfg.Burst)/2
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.at[key]; ok || !low {
-		if low {
-			s.at[key] = now
-		} else {
-			delete(s.at, key)
-		}
+	if !low {
+		delete(s.keys, key)
 		return
 	}
-	if s.at == nil {
-		s.at = make(map[string]time.Time)
+	m, ok := s.keys[key]
+	if !ok && !s.room(now) {
+		return
 	}
-	if len(s.at) >= maxLowKeys && now.Sub(s.sweep) >= time.Second {
+	m.at = now
+	if !ok || now.Sub(m.shared) >= LowShare/2 {
+		m.shared = now
+		if len(s.marks) < maxLowMarks {
+			s.marks = append(s.marks, global.KeyID(key))
+		}
+	}
+	s.keys[key] = m
+}
+
+// learn records the keys the fleet's set marks low, at now.
+func (s *lowKeys) learn(ids []global.KeyID, now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range ids {
+		if _, ok := s.keys[string(id)]; ok || s.room(now) {
+			s.keys[string(id)] = lowMark{at: now, shared: now}
+		}
+	}
+}
+
+// room reports whether a new key can be noted, first dropping the forgotten keys (at
+// most once a second) if the set is full. It requires that s.mu is held.
+func (s *lowKeys) room(now time.Time) bool {
+	if s.keys == nil {
+		s.keys = make(map[string]lowMark)
+	}
+	if len(s.keys) >= maxLowKeys && now.Sub(s.sweep) >= time.Second {
 		s.sweep = now
-		for k, at := range s.at {
-			if now.Sub(at) >= lowMemory {
-				delete(s.at, k)
+		for k, m := range s.keys {
+			if now.Sub(m.at) >= lowMemory {
+				delete(s.keys, k)
 			}
 		}
 	}
-	if len(s.at) < maxLowKeys {
-		s.at[key] = now
-	}
+	return len(s.keys) < maxLowKeys
+}
+
+// takeMarks returns the keys to tell the fleet of, and forgets them.
+func (s *lowKeys) takeMarks() []global.KeyID {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.marks
+	s.marks = nil
+	return m
 }
 
 // size returns the number of keys noted (forgotten ones included until a sweep).
 func (s *lowKeys) size() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.at)
+	return len(s.keys)
+}
+
+// LowExchange is one limit's part of a LowTrip: the keys this server found low, to mark
+// in the fleet's set (global.Store.Low with memory LowShare), and, written by the
+// driver, the keys the set marks (Got) or the error.
+type LowExchange struct {
+	Limit string
+	Mark  []global.KeyID
+	Got   []global.KeyID
+	Err   error
+
+	lim *Limit
+}
+
+// asyncMin returns the shortest Async of the engine's limits, 0 if none has one.
+func (e *Engine) asyncMin() time.Duration {
+	var m time.Duration
+	for _, lm := range e.Limits() {
+		if a := lm.Config().Async; a > 0 && (m == 0 || a < m) {
+			m = a
+		}
+	}
+	return m
+}
+
+// scheduleLow plans the low-key exchanges (Tick): the first at half the shortest Async
+// after the first Tick, the next at a whole Async (the first whose answer makes the
+// server warm: every server started with it has marked what it found by then), then
+// every LowEvery. It requires that e.mu is held, and reports whether one is due now.
+func (e *Engine) scheduleLow(now time.Time, async time.Duration) bool {
+	if async == 0 || e.stopped || e.lowOut {
+		return false
+	}
+	if e.lowAt.IsZero() && !e.lowDue {
+		e.lowAt = time.Unix(0, e.firstTick.Load()).Add(async / 2)
+	}
+	if !e.lowAt.IsZero() && !now.Before(e.lowAt) {
+		e.lowDue, e.lowAt = true, time.Time{}
+		return true
+	}
+	return false
+}
+
+// lowTrip returns the low-key exchange of every limit with Async. It requires that e.mu
+// is held.
+func (e *Engine) lowTrip(now time.Time) *Trip {
+	t := &Trip{Kind: LowTrip}
+	for _, lm := range e.Limits() {
+		if lm.Config().Async > 0 {
+			t.Lows = append(t.Lows, LowExchange{Limit: lm.name, Mark: lm.low.takeMarks(), lim: lm})
+		}
+	}
+	e.lowDue, e.lowOut = false, true
+	t.warms = !now.Before(time.Unix(0, e.firstTick.Load()).Add(e.asyncMin()))
+	return t
+}
+
+// lowDone takes the answer of a low-key exchange: the keys the fleet marks are low here
+// too, and a server whose exchange after its first Async was answered is warm. The next
+// exchange comes LowEvery later once warm, half an Async later until then.
+func (e *Engine) lowDone(now time.Time, t *Trip) {
+	ok := t.Err == nil
+	for _, x := range t.Lows {
+		if x.Err != nil || !ok {
+			ok = false
+			continue
+		}
+		x.lim.low.learn(x.Got, now)
+	}
+	if ok && t.warms {
+		e.warm.Store(true)
+	}
+	e.mu.Lock()
+	e.lowOut = false
+	next := LowEvery
+	if !e.warm.Load() {
+		next = max(e.asyncMin()/2, time.Millisecond)
+	}
+	e.lowAt = now.Add(next)
+	e.mu.Unlock()
 }
 
 // asyncShare is the largest cost a server admits of one key of shape sh without asking
@@ -105,8 +238,7 @@ func (lm *Limit) trusts(en *entry, sh *Shape, t time.Time, n int) bool {
 		return false
 	}
 	e := lm.e
-	first := e.firstTick.Load()
-	if first == 0 || t.UnixNano() < first+int64(sh.cfg.Async) {
+	if !e.warm.Load() {
 		return false // a server that just started knows no key as low yet
 	}
 	if e.open != nil && e.open() {
@@ -137,7 +269,7 @@ func (e *Engine) oweAsync(lm *Limit, sh *Shape, key string, n int, now time.Time
 	}
 }
 
-// charged feeds the answer of an async charge back: the key's bucket holds remaining
+// asyncCharged feeds the answer of an async charge back: the key's bucket holds remaining
 // tokens (noted if low), and this server may admit the key without asking again.
 func (lm *Limit) asyncCharged(sh *Shape, key string, remaining float64, now time.Time) {
 	lm.low.note(sh, key, remaining, now)

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"github.com/fleetlimit/fleetlimit/global"
 	"strconv"
 	"testing"
 	"time"
@@ -17,6 +18,36 @@ func asyncEngine(t *testing.T, open *bool) (*Engine, *Limit) {
 	})
 }
 
+// exchange answers the low-key exchange due at now with the keys the fleet marks, and
+// returns the keys this server marked; it fails if none is due.
+func exchange(t *testing.T, e *Engine, now time.Time, fleet ...global.KeyID) []global.KeyID {
+	t.Helper()
+	e.Tick(now)
+	trip := e.Next()
+	if trip == nil || trip.Kind != LowTrip || len(trip.Lows) != 1 {
+		t.Fatalf("Next at %v = %+v, want a low-key exchange", now.Sub(t0), trip)
+	}
+	trip.Lows[0].Got = fleet
+	trip.Answered = true
+	e.Done(now, trip)
+	return trip.Lows[0].Mark
+}
+
+// warmUp ticks e from t0 and answers its first two low-key exchanges (at 50 and 100 ms,
+// Async 100ms): the server is warm at 100 ms.
+func warmUp(t *testing.T, e *Engine) {
+	t.Helper()
+	e.Tick(t0)
+	exchange(t, e, t0.Add(50*time.Millisecond))
+	if e.warm.Load() {
+		t.Fatal("warm after the exchange at half an Async")
+	}
+	exchange(t, e, t0.Add(100*time.Millisecond))
+	if !e.warm.Load() {
+		t.Fatal("not warm after the exchange at Async")
+	}
+}
+
 // TestAsyncAdmitsAndCharges walks one server through the life of a charge-later limit:
 // nothing is admitted without Redis in the server's first Async; then a key not known
 // low is admitted at once (one admission per key uncharged, of at most the server's
@@ -27,6 +58,23 @@ func TestAsyncAdmitsAndCharges(t *testing.T) {
 	open := false
 	e, lm := asyncEngine(t, &open)
 	e.Tick(t0)
+	if d, w := decide(e, t0.Add(40*time.Millisecond), lm, "warming", 1); w == nil {
+		t.Fatalf("a request before the server is warm: %+v, want it to wait for Redis", d)
+	}
+	trip := e.Next()
+	trip.TakeResults[0].Remaining = 0
+	trip.Answered = true
+	e.Done(t0.Add(41*time.Millisecond), trip)
+	// The server tells the fleet what it found low, and learns what the fleet found.
+	if marks := exchange(t, e, t0.Add(50*time.Millisecond), "fleet-low"); len(marks) != 1 || marks[0] != "warming" {
+		t.Fatalf("marked %q, want warming", marks)
+	}
+	if marks := exchange(t, e, t0.Add(100*time.Millisecond)); len(marks) != 0 {
+		t.Fatalf("marked %q again", marks)
+	}
+	if d, w := decide(e, t0.Add(100*time.Millisecond), lm, "fleet-low", 1); w == nil {
+		t.Fatalf("a key the fleet marked low: %+v, want it to wait for Redis", d)
+	}
 	type step struct {
 		at     time.Duration
 		key    string
@@ -34,7 +82,6 @@ func TestAsyncAdmitsAndCharges(t *testing.T) {
 		reason Reason // ReasonAsync: admitted at once; ReasonRefill: waits for Redis
 	}
 	for i, s := range []step{
-		{50 * time.Millisecond, "warming", 1, ReasonRefill}, // the first Async: no key is known yet
 		{100 * time.Millisecond, "a", 1, ReasonAsync},
 		{101 * time.Millisecond, "a", 1, ReasonRefill}, // one uncharged admission per key
 		{102 * time.Millisecond, "b", 25, ReasonAsync}, // the share of the burst
@@ -51,6 +98,9 @@ func TestAsyncAdmitsAndCharges(t *testing.T) {
 	}
 	// The refills of the waiting requests go first; they are answered with nothing left.
 	for trip := e.Next(); trip != nil; trip = e.Next() {
+		if trip.Kind != TakeTrip {
+			t.Fatalf("%+v, want refills", trip)
+		}
 		if trip.debts {
 			t.Fatalf("charges sent at once: %+v", trip.Refunds)
 		}
@@ -71,7 +121,7 @@ func TestAsyncAdmitsAndCharges(t *testing.T) {
 		t.Fatalf("NextTick %v, want the charges' instant", got.Sub(t0))
 	}
 	e.Tick(t0.Add(200 * time.Millisecond))
-	trip := e.Next()
+	trip = e.Next()
 	if trip == nil || !trip.debts || len(trip.Refunds) != 2 {
 		t.Fatalf("Next = %+v, want the two charges", trip)
 	}
@@ -172,7 +222,7 @@ func TestAsyncLowIsRemembered(t *testing.T) {
 // without waiting for Async.
 func TestAsyncChargesGoAtStop(t *testing.T) {
 	e, lm := asyncEngine(t, new(bool))
-	e.Tick(t0)
+	warmUp(t, e)
 	if d, _ := decide(e, t0.Add(time.Second), lm, "k", 3); d.Reason != ReasonAsync {
 		t.Fatalf("%+v, want admitted at once", d)
 	}

@@ -113,6 +113,7 @@ type Engine struct {
 
 	servers   atomic.Int64
 	firstTick atomic.Int64 // the first Tick's instant (Unix nanoseconds); 0 before it
+	warm      atomic.Bool  // a low-key exchange made after the first Async was answered (async.go)
 
 	mu sync.Mutex
 	// The fields below are guarded by mu.
@@ -138,6 +139,10 @@ type Engine struct {
 	asyncDebts    int                      // debts holding an async admission (async.go)
 	asyncAt       time.Time                // when the queued async charges are due; zero: none queued
 	asyncDue      bool                     // async charges are due: the debts go, whether Redis answered or not
+	lowAt         time.Time                // the next low-key exchange; zero: none planned
+	lowDue        bool                     // a low-key exchange is due
+	lowOut        bool                     // a low-key exchange is out
+	lowNow        time.Time                // the Tick that made it due
 
 	stats counters
 }

@@ -21,6 +21,9 @@ const (
 	RefundTrip
 	// HeartbeatTrip announces this server in its fleet (global.Store.Heartbeat).
 	HeartbeatTrip
+	// LowTrip exchanges the low keys of the limits with Async with the fleet
+	// (global.Store.Low, once per LowExchange).
+	LowTrip
 )
 
 // Trip is one round trip to Redis the engine asks its driver to make: the driver makes
@@ -42,6 +45,9 @@ type Trip struct {
 	Fleet string
 	TTL   time.Duration
 	Live  int
+	// Lows are the exchanges of a LowTrip, one per limit with Async; the driver writes
+	// each answer to Lows[i].Got, or its error to Lows[i].Err.
+	Lows []LowExchange
 	// Err is the error of the call as a whole. Answered reports that the call returned,
 	// so that the results hold every item's answer even when Err is set (one item's
 	// node was unavailable); when it did not (breaker open, deadline passed), Err
@@ -51,6 +57,7 @@ type Trip struct {
 
 	flights  []*Flight // of a TakeTrip, by item
 	debts    bool      // a RefundTrip of debts (negative refunds)
+	warms    bool      // a LowTrip whose answer makes the server warm
 	lost     int       // tokens of a RefundTrip not refunded
 	firstErr error     // the first error of a RefundTrip's lost tokens
 }
@@ -71,7 +78,7 @@ func (e *Engine) Next() *Trip {
 		return nil
 	}
 	debts := e.debtsDue()
-	other := e.beatDue || len(e.refundTrips) > 0 || len(e.refunds) > 0 || debts
+	other := e.beatDue || e.lowDue || len(e.refundTrips) > 0 || len(e.refunds) > 0 || debts
 	var t *Trip
 	switch {
 	case len(e.pending) > 0 && !(e.lastTake && other):
@@ -79,6 +86,8 @@ func (e *Engine) Next() *Trip {
 	case e.beatDue:
 		e.beatDue = false
 		t = &Trip{Kind: HeartbeatTrip, Fleet: e.fleet, TTL: 3 * e.beat}
+	case e.lowDue:
+		t = e.lowTrip(e.lowNow)
 	case len(e.refundTrips) > 0 || len(e.refunds) > 0:
 		t = e.refundTrip()
 	case debts:
@@ -181,6 +190,8 @@ func (e *Engine) Done(now time.Time, t *Trip) {
 		if t.Err == nil && t.Live >= 1 {
 			e.setServers(now, t.Live)
 		}
+	case LowTrip:
+		e.lowDone(now, t)
 	}
 	e.mu.Lock()
 	if t.Answered && t.Err == nil {
@@ -377,6 +388,7 @@ func (e *Engine) wake() {
 // sweep within 0.5 to 1.5 sweep intervals, the first heartbeat within a tenth of an
 // interval), so that servers started together do not sweep and beat together.
 func (e *Engine) Tick(now time.Time) {
+	async := e.asyncMin()
 	e.mu.Lock()
 	if e.debtHeld && !now.Before(e.debtHoldUntil) {
 		e.debtHeld = false
@@ -402,6 +414,9 @@ func (e *Engine) Tick(now time.Time) {
 	if !e.asyncAt.IsZero() && !now.Before(e.asyncAt) {
 		e.asyncDue, beat = true, true
 		e.asyncAt = time.Time{}
+	}
+	if e.scheduleLow(now, async) {
+		e.lowNow, beat = now, true
 	}
 	e.mu.Unlock()
 	for _, x := range due {
@@ -435,6 +450,9 @@ func (e *Engine) NextTick() time.Time {
 	if !e.asyncAt.IsZero() && e.asyncAt.Before(t) {
 		t = e.asyncAt
 	}
+	if !e.lowAt.IsZero() && !e.stopped && e.lowAt.Before(t) {
+		t = e.lowAt
+	}
 	return t
 }
 
@@ -445,7 +463,7 @@ func (e *Engine) NextTick() time.Time {
 func (e *Engine) Stop(now time.Time) {
 	e.mu.Lock()
 	e.stopped = true
-	e.beatDue = false
+	e.beatDue, e.lowDue, e.lowAt = false, false, time.Time{}
 	e.asyncDue, e.asyncAt = true, time.Time{} // the async admissions are charged now
 	pending := e.pending
 	e.pending = nil

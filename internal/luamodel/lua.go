@@ -26,6 +26,8 @@ type Scripts interface {
 	Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq, version uint64, floor int, ref float64) wire.RefundReply
 	// Heartbeat runs lua.Heartbeat.
 	Heartbeat(now time.Time, key, server string, ttlMS int64) int
+	// Low runs lua.Low.
+	Low(now time.Time, key string, memoryMS int64, ids []string) []string
 }
 
 var (
@@ -102,6 +104,16 @@ func (l *Lua) Heartbeat(now time.Time, key, server string, ttlMS int64) int {
 	return call(l, now, lua.Heartbeat, wire.ParseHeartbeat, key, server, ttlMS)
 }
 
+// Low runs lua.Low.
+func (l *Lua) Low(now time.Time, key string, memoryMS int64, ids []string) []string {
+	args := make([]any, 0, 1+len(ids))
+	args = append(args, memoryMS)
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	return call(l, now, lua.Low, wire.ParseLow, key, args...)
+}
+
 // Source returns the Lua text of a script that Lua runs (lua.Bucket, lua.Take,
 // lua.Refund, lua.Heartbeat, or the caller-clock variant), for an Eval that loads scripts
 // itself; ok is false for any other script.
@@ -115,6 +127,8 @@ func Source(s *redis.Script) (src string, ok bool) {
 		return lua.RefundSource, true
 	case lua.Heartbeat:
 		return lua.HeartbeatSource, true
+	case lua.Low:
+		return lua.LowSource, true
 	case callerClockScript:
 		return CallerClockSource, true
 	}

@@ -461,6 +461,73 @@ func (m *Model) Heartbeat(now time.Time, key, server string, ttlMS int64) int {
 	return live
 }
 
+// Low runs lua.Low on the limit's sorted set key: each of ids is marked low until now +
+// memoryMS (a mark only moves later), marks whose time has passed go, at most 100,000
+// stay (the latest), and the key lives at least memoryMS. It returns the ids marked, the
+// latest first (equal marks by id, descending, as ZREVRANGEBYSCORE orders them), at most
+// 10,000. memoryMS must be at least 1 (the script refuses less).
+func (m *Model) Low(now time.Time, key string, memoryMS int64, ids []string) []string {
+	m.tick(now)
+	ms := NowMillis(now)
+	mem := float64(memoryMS)
+	e := m.get(key)
+	if e == nil && len(ids) > 0 {
+		e = m.getOrCreate(key)
+	}
+	if e == nil {
+		return []string{}
+	}
+	if e.zset == nil {
+		e.zset = make(map[string]float64)
+	}
+	for _, id := range ids {
+		if old, ok := e.zset[id]; !ok || ms+mem > old {
+			e.zset[id] = ms + mem
+		}
+	}
+	for id, until := range e.zset {
+		if until <= ms {
+			delete(e.zset, id)
+		}
+	}
+	type mark struct {
+		id    string
+		until float64
+	}
+	marks := make([]mark, 0, len(e.zset))
+	for id, until := range e.zset {
+		marks = append(marks, mark{id, until})
+	}
+	// latest first; equal marks by id, descending
+	slices.SortFunc(marks, func(a, b mark) int {
+		if a.until != b.until {
+			if a.until > b.until {
+				return -1
+			}
+			return 1
+		}
+		return -strings.Compare(a.id, b.id)
+	})
+	if len(marks) > 100000 {
+		for _, x := range marks[100000:] {
+			delete(e.zset, x.id)
+		}
+		marks = marks[:100000]
+	}
+	if len(e.zset) == 0 {
+		delete(m.keys, key)
+		return []string{}
+	}
+	if float64(m.pttl(key)) < mem {
+		m.pexpire(key, mem)
+	}
+	out := make([]string, 0, min(len(marks), 10000))
+	for _, x := range marks[:min(len(marks), 10000)] {
+		out = append(out, x.id)
+	}
+	return out
+}
+
 // Tokens is what the bucket of key holds at now, for a limit of capacity and rate at
 // version 0: what the next take or refund would find after its refill, on the parameters
 // the bucket holds if it holds any (capacity for a bucket that does not exist or has

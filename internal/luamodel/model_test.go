@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -64,7 +65,8 @@ type mop struct {
 	version          uint64        // of capacity and rate, for take and refund
 	floor            int           // take; refund (a debt's floor)
 	ref              float64       // a debt's reference credit; NaN: none
-	ttlMS            int64         // heartbeat
+	ttlMS            int64         // heartbeat; low's memory
+	ids              []string      // low
 	dt               time.Duration // clock move before the op (negative: Redis clock steps back)
 	callerSkewMillis float64       // caller clock - Redis clock, for kind caller
 }
@@ -78,6 +80,11 @@ func (o mop) String() string {
 var bucketKeys = []string{"a", "b", "c"}
 
 const fleetKey = "fleet"
+
+// lowKey is a sequence's low-key set (lua.Low); lowIDs the key IDs it marks.
+const lowKey = "low"
+
+var lowIDs = []string{"k1", "k2", "k3", "k4", "k5"}
 
 var (
 	capacities = []float64{1, 2, 3, 10, 100, 10000}
@@ -142,7 +149,14 @@ func genOps(e entropy, n int, onMini bool) []mop {
 				o.ref = []float64{math.NaN(), float64(e.IntN(40)), 1e300}[e.IntN(3)]
 			}
 		default:
-			o = mop{kind: "heartbeat", key: fleetKey, ttlMS: ttls[e.IntN(len(ttls))]}
+			if e.IntN(2) == 0 {
+				o = mop{kind: "heartbeat", key: fleetKey, ttlMS: ttls[e.IntN(len(ttls))]}
+				break
+			}
+			o = mop{kind: "low", key: lowKey, ttlMS: ttls[e.IntN(len(ttls))]}
+			for range e.IntN(4) {
+				o.ids = append(o.ids, lowIDs[e.IntN(len(lowIDs))])
+			}
 		}
 		o.server = fmt.Sprintf("s%d", e.IntN(nservers))
 		if o.kind == "take" || o.kind == "refund" {
@@ -183,6 +197,7 @@ type result struct {
 	take   wire.TakeReply
 	refund wire.RefundReply
 	live   int
+	low    []string
 }
 
 func applyOp(s Scripts, now time.Time, prefix string, o mop) result {
@@ -196,6 +211,8 @@ func applyOp(s Scripts, now time.Time, prefix string, o mop) result {
 		return result{take: s.Take(now, key, o.capacity, o.rate, o.n, o.min, o.server, o.seq, o.version, o.floor)}
 	case "refund":
 		return result{refund: s.Refund(now, key, o.capacity, o.rate, o.n, o.server, o.seq, o.version, o.floor, o.ref)}
+	case "low":
+		return result{low: s.Low(now, key, o.ttlMS, o.ids)}
 	default:
 		return result{live: s.Heartbeat(now, key, o.server, o.ttlMS)}
 	}
@@ -217,7 +234,7 @@ func sameResult(x, y result, tol float64) bool {
 		x.take.WaitMS == y.take.WaitMS && x.take.NowMS == y.take.NowMS && x.take.Flag == y.take.Flag &&
 		x.take.Version == y.take.Version && x.refund.Version == y.refund.Version &&
 		near(x.refund.Tokens, y.refund.Tokens, tol) && x.refund.Flag == y.refund.Flag &&
-		x.live == y.live
+		x.live == y.live && slices.Equal(x.low, y.low)
 }
 
 // sameFields compares a bucket hash: tokens and ts are stored with full precision on both
@@ -274,7 +291,8 @@ func checkState(ctx context.Context, c *redis.Client, m *Model, now time.Time, p
 		hashes[i] = pipe.HGetAll(ctx, prefix+k)
 	}
 	members := pipe.ZRangeWithScores(ctx, prefix+fleetKey, 0, -1)
-	all := append(bucketKeys[:len(bucketKeys):len(bucketKeys)], fleetKey)
+	lows := pipe.ZRangeWithScores(ctx, prefix+lowKey, 0, -1)
+	all := append(bucketKeys[:len(bucketKeys):len(bucketKeys)], fleetKey, lowKey)
 	ttls := make([]*redis.DurationCmd, len(all))
 	for i, k := range all {
 		ttls[i] = pipe.PTTL(ctx, prefix+k)
@@ -293,6 +311,9 @@ func checkState(ctx context.Context, c *redis.Client, m *Model, now time.Time, p
 	}
 	if err := sameMembers(m.Members(now, prefix+fleetKey), members.Val()); err != nil {
 		return fmt.Errorf("key %s: %w", fleetKey, err)
+	}
+	if err := sameMembers(m.Members(now, prefix+lowKey), lows.Val()); err != nil {
+		return fmt.Errorf("key %s: %w", lowKey, err)
 	}
 	for i, k := range all {
 		got, want := pttlMillis(ttls[i].Val()), m.PTTL(now, prefix+k)

@@ -103,6 +103,12 @@ func FleetKey(prefix, fleet string) string {
 	return prefix + "fleet:{" + fleet + "}"
 }
 
+// LowKey returns the Redis key of the sorted set of one limit's low keys (lua.Low):
+// <prefix>low:{<limit>}.
+func LowKey(prefix, limit string) string {
+	return prefix + "low:{" + limit + "}"
+}
+
 // BucketReply is lua.Bucket's answer: {allowed (1 or 0), tostring(tokens)}.
 type BucketReply struct {
 	// Allowed reports whether the cost was spent.
@@ -209,6 +215,21 @@ func ParseHeartbeat(reply any) (int, error) {
 		return 0, fmt.Errorf("%d live servers, want at least 1", n)
 	}
 	return int(n), nil
+}
+
+// ParseLow decodes lua.Low's reply: the key IDs marked low.
+func ParseLow(reply any) ([]string, error) {
+	a, ok := reply.([]any)
+	if !ok {
+		return nil, fmt.Errorf("want an array, got %T", reply)
+	}
+	ids := make([]string, len(a))
+	for i, v := range a {
+		if ids[i], ok = v.(string); !ok {
+			return nil, fmt.Errorf("element %d: want a string, got %T", i, v)
+		}
+	}
+	return ids, nil
 }
 
 // array checks that reply is an array of n values.

@@ -1,0 +1,37 @@
+-- fleetlimit low keys of a charge-later limit (hybrid.Limit.Async): record the keys
+-- this server found low, and return every key some server found low lately.
+--
+-- KEYS[1] = the limit's low-key set (a sorted set: member = key ID, score = until when,
+--           in Redis ms)
+-- ARGV[1] = memory ms (how long a mark counts), ARGV[2..] = key IDs this server found low
+--
+-- Uses Redis TIME only. A key's mark only moves later (ZADD GT). Drops marks whose time
+-- has passed, keeps at most 100,000 (the latest), and keeps the key's own TTL at least
+-- memory, so a fleet that stops marking leaves nothing behind.
+-- Returns the key IDs marked now, the latest first, at most 10,000.
+-- num is tonumber that also reads '1e-06' (see bucket.lua: yuin/gopher-lua#472).
+local function num(s)
+  return tonumber(s) or (s and tonumber((string.gsub(s, '^(%s*[-+]?%d+)([eE])', '%1.0%2'))))
+end
+
+local memory = num(ARGV[1])
+if not (memory and memory >= 1 and memory < 2^53) then
+  return redis.error_reply('ERR fleetlimit low: invalid arguments')
+end
+memory = math.ceil(memory)
+
+local t   = redis.call('TIME')
+local now = num(t[1]) * 1000 + math.floor(num(t[2]) / 1000)
+
+for i = 2, #ARGV do
+  redis.call('ZADD', KEYS[1], 'GT', now + memory, ARGV[i])
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local n = redis.call('ZCARD', KEYS[1])
+if n > 100000 then
+  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, n - 100000 - 1)
+end
+if n > 0 and redis.call('PTTL', KEYS[1]) < memory then
+  redis.call('PEXPIRE', KEYS[1], memory)
+end
+return redis.call('ZREVRANGEBYSCORE', KEYS[1], '+inf', '(' .. now, 'LIMIT', 0, 10000)
