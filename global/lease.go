@@ -541,19 +541,23 @@ func (s *Store) Heartbeat(ctx context.Context, fleet, serverID string, ttl time.
 
 // Low is how the servers of a charge-later limit (hybrid.Limit.Async) tell each other
 // which keys' buckets are low (lua.Low): it marks ids, keys of limit this server found
-// low, until memory from now by Redis's clock (a mark only moves later), drops the marks
-// whose time has passed, and returns the IDs marked now, the latest first, at most
-// 10,000. The marks live in one sorted set per limit, its own slot on a Cluster.
-func (s *Store) Low(ctx context.Context, limit string, ids []KeyID, memory time.Duration) ([]KeyID, error) {
+// low, until memory from now by Redis's clock (a mark only moves later), unmarks those
+// of unmark (found at half their burst or more), drops the marks whose time has passed,
+// and returns the IDs marked now, the latest first, at most 10,000. The marks live in
+// one sorted set per limit, its own slot on a Cluster.
+func (s *Store) Low(ctx context.Context, limit string, ids, unmark []KeyID, memory time.Duration) ([]KeyID, error) {
 	if err := validName("limit name", limit); err != nil {
 		return nil, err
 	}
 	if memory < time.Millisecond {
 		return nil, fmt.Errorf("%w: low-key memory %v is shorter than 1ms", ErrInvalidLimit, memory)
 	}
-	args := make([]any, 0, 1+len(ids))
-	args = append(args, memory.Milliseconds())
+	args := make([]any, 0, 2+len(ids)+len(unmark))
+	args = append(args, memory.Milliseconds(), len(ids))
 	for _, id := range ids {
+		args = append(args, string(id))
+	}
+	for _, id := range unmark {
 		args = append(args, string(id))
 	}
 	reply, err := lua.Low.Run(ctx, s.c, []string{wire.LowKey(s.prefix, limit)}, args...).Result()

@@ -493,7 +493,7 @@ func TestLow(t *testing.T) {
 			{[]global.KeyID{"b", "{0123456789abcdef0123456789abcdef"}, nil}, // marked at one instant or two
 			{nil, nil},
 		} {
-			got, err := s.Low(ctx, lim, tc.mark, time.Minute)
+			got, err := s.Low(ctx, lim, tc.mark, nil, time.Minute)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -511,7 +511,7 @@ func TestLow(t *testing.T) {
 			limit  string
 			memory time.Duration
 		}{{"", time.Second}, {"l{", time.Second}, {"l", time.Microsecond}} {
-			if _, err := s.Low(ctx, bad.limit, nil, bad.memory); !errors.Is(err, global.ErrInvalidLimit) {
+			if _, err := s.Low(ctx, bad.limit, nil, nil, bad.memory); !errors.Is(err, global.ErrInvalidLimit) {
 				t.Errorf("Low(%q, %v) = %v, want ErrInvalidLimit", bad.limit, bad.memory, err)
 			}
 		}
@@ -520,13 +520,13 @@ func TestLow(t *testing.T) {
 	m.SetTime(t0)
 	s := newStore(t, c)
 	ctx := context.Background()
-	_, _ = s.Low(ctx, "l", []global.KeyID{"old"}, time.Second)
+	_, _ = s.Low(ctx, "l", []global.KeyID{"old"}, nil, time.Second)
 	m.SetTime(t0.Add(500 * time.Millisecond))
-	_, _ = s.Low(ctx, "l", []global.KeyID{"new"}, time.Second)
-	_, _ = s.Low(ctx, "l", []global.KeyID{"new"}, time.Millisecond) // earlier: the mark stays
+	_, _ = s.Low(ctx, "l", []global.KeyID{"new", "gone"}, nil, time.Second)
+	_, _ = s.Low(ctx, "l", []global.KeyID{"new"}, nil, time.Millisecond) // earlier: the mark stays
 	m.SetTime(t0.Add(1200 * time.Millisecond))
-	if got, _ := s.Low(ctx, "l", nil, time.Second); !slices.Equal(got, []global.KeyID{"new"}) {
-		t.Fatalf("%q, want only new (old expired by Redis TIME, new's mark not moved back)", got)
+	if got, _ := s.Low(ctx, "l", nil, []global.KeyID{"gone"}, time.Second); !slices.Equal(got, []global.KeyID{"new"}) {
+		t.Fatalf("%q, want only new (old expired by Redis TIME, gone unmarked, new's mark not moved back)", got)
 	}
 }
 

@@ -526,7 +526,7 @@ func (l *Limiter) do(ctx context.Context, t *engine.Trip) {
 		t.Err = l.brk.Do(ctx, func(ctx context.Context) error {
 			for i := range t.Lows {
 				x := &t.Lows[i]
-				x.Got, x.Err = l.store.Low(ctx, x.Limit, x.Mark, engine.LowShare)
+				x.Got, x.Err = l.store.Low(ctx, x.Limit, x.Mark, x.Unmark, engine.LowShare)
 				if x.Err != nil {
 					return x.Err
 				}

@@ -3,7 +3,9 @@
 --
 -- KEYS[1] = the limit's low-key set (a sorted set: member = key ID, score = until when,
 --           in Redis ms)
--- ARGV[1] = memory ms (how long a mark counts), ARGV[2..] = key IDs this server found low
+-- ARGV[1] = memory ms (how long a mark counts), ARGV[2] = n, ARGV[3..n+2] = key IDs
+--           this server found low, ARGV[n+3..] = key IDs it found at half their burst
+--           or more, to unmark
 --
 -- Uses Redis TIME only. A key's mark only moves later (ZADD GT). Drops marks whose time
 -- has passed, keeps at most 100,000 (the latest), and keeps the key's own TTL at least
@@ -15,7 +17,9 @@ local function num(s)
 end
 
 local memory = num(ARGV[1])
-if not (memory and memory >= 1 and memory < 2^53) then
+local n = num(ARGV[2])
+if not (memory and memory >= 1 and memory < 2^53) or not (n and n >= 0 and n <= #ARGV - 2)
+    or n ~= math.floor(n) then
   return redis.error_reply('ERR fleetlimit low: invalid arguments')
 end
 memory = math.ceil(memory)
@@ -23,15 +27,18 @@ memory = math.ceil(memory)
 local t   = redis.call('TIME')
 local now = num(t[1]) * 1000 + math.floor(num(t[2]) / 1000)
 
-for i = 2, #ARGV do
+for i = 3, n + 2 do
   redis.call('ZADD', KEYS[1], 'GT', now + memory, ARGV[i])
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local n = redis.call('ZCARD', KEYS[1])
-if n > 100000 then
-  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, n - 100000 - 1)
+for i = n + 3, #ARGV do
+  redis.call('ZREM', KEYS[1], ARGV[i])
 end
-if n > 0 and redis.call('PTTL', KEYS[1]) < memory then
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local card = redis.call('ZCARD', KEYS[1])
+if card > 100000 then
+  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, card - 100000 - 1)
+end
+if card > 0 and redis.call('PTTL', KEYS[1]) < memory then
   redis.call('PEXPIRE', KEYS[1], memory)
 end
 return redis.call('ZREVRANGEBYSCORE', KEYS[1], '+inf', '(' .. now, 'LIMIT', 0, 10000)

@@ -366,11 +366,7 @@ func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next fun
 			}
 			for i := range t.Lows {
 				x := &t.Lows[i]
-				ids := make([]string, len(x.Mark))
-				for j, id := range x.Mark {
-					ids[j] = string(id)
-				}
-				got := h.s.Low(at, wire.LowKey(keyPrefix, x.Limit), engine.LowShare.Milliseconds(), ids)
+				got := h.s.Low(at, wire.LowKey(keyPrefix, x.Limit), engine.LowShare.Milliseconds(), idStrings(x.Mark), idStrings(x.Unmark))
 				x.Got = make([]global.KeyID, len(got))
 				for j, id := range got {
 					x.Got[j] = global.KeyID(id)
@@ -388,13 +384,23 @@ func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next fun
 }
 
 // lowCost is the Redis time of a low-key exchange: a script call per limit (which
-// answers the marked keys), plus a plain command's time per key marked (a ZADD).
+// answers the marked keys), plus a plain command's time per key marked or unmarked (a
+// ZADD, a ZREM).
 func lowCost(sc *Scenario, t *engine.Trip) time.Duration {
 	cost := time.Duration(len(t.Lows)) * sc.ScriptTime
 	for _, x := range t.Lows {
-		cost += time.Duration(len(x.Mark)) * sc.CommandTime
+		cost += time.Duration(len(x.Mark)+len(x.Unmark)) * sc.CommandTime
 	}
 	return cost
+}
+
+// idStrings returns ids as strings.
+func idStrings(ids []global.KeyID) []string {
+	s := make([]string, len(ids))
+	for i, id := range ids {
+		s[i] = string(id)
+	}
+	return s
 }
 
 // seq numbers the takes of a server (increasing, as global.Store's are).

@@ -81,6 +81,6 @@ func (r *luaScripts) Heartbeat(now time.Time, key, server string, ttlMS int64) i
 	return r.lua().Heartbeat(now, key, server, ttlMS)
 }
 
-func (r *luaScripts) Low(now time.Time, key string, memoryMS int64, ids []string) []string {
-	return r.lua().Low(now, key, memoryMS, ids)
+func (r *luaScripts) Low(now time.Time, key string, memoryMS int64, ids, unmark []string) []string {
+	return r.lua().Low(now, key, memoryMS, ids, unmark)
 }

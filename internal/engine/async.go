@@ -27,41 +27,50 @@ import (
 
 // lowKeys is the set of keys of one limit that this server knows low: the last answer it
 // had for the key found its bucket below half its burst, or the fleet's low-key set
-// (lua.Low) said some server did. A key stays low until an answer finds its bucket at
-// half its burst or more (a refill's: a low key's requests go the exact way, which
-// asks), or until lowMemory passed without news: a low key that was let go of at an
-// expiry would be admitted again by every server at once. The set outlives the keys'
-// entries, which a store lets go of when they are idle: a key seen once a second by
-// each of 200 servers is low fleet-wide, and each of those servers must remember it
-// between its requests.
+// (lua.Low) says some server did and this server has had no answer saying otherwise for
+// LowShare. A key stays low until an answer finds its bucket at half its burst or more
+// (a refill's: a low key's requests go the exact way, which asks), until the fleet's
+// set no longer marks a key this server only learnt from it, or until lowMemory passed
+// without news: a low key that was let go of at an expiry would be admitted again by
+// every server at once. The set outlives the keys' entries, which a store lets go of
+// when they are idle: a key seen once a second by each of 200 servers is low
+// fleet-wide, and each of those servers must remember it between its requests.
 //
 // The keys this server finds low go to the fleet's set with its next low-key exchange
-// (a LowTrip, every LowEvery), and again every lowShare while they stay low, so that a
-// server that starts, or has not seen a key yet, learns of it before it admits it.
+// (a LowTrip, every LowEvery), and again every LowShare/2 while they stay low, so that
+// a server that starts, or has not seen a key yet, learns of it before it admits it;
+// a key the fleet marks that this server finds at half its burst or more is unmarked.
 type lowKeys struct {
-	mu    sync.Mutex
-	keys  map[string]lowMark // guarded by mu
-	marks []global.KeyID     // keys to tell the fleet of; guarded by mu
-	sweep time.Time          // when the forgotten keys were last dropped; guarded by mu
+	mu      sync.Mutex
+	keys    map[string]lowMark // guarded by mu
+	marks   []global.KeyID     // keys to mark in the fleet's set; guarded by mu
+	unmarks []global.KeyID     // keys to unmark there; guarded by mu
+	sweep   time.Time          // when the forgotten keys were last dropped; guarded by mu
 }
 
-// lowMark is what a server knows of a low key: when it last heard so, and when the fleet
-// last heard so (this server told it, or learnt it from it).
-type lowMark struct{ at, shared time.Time }
+// lowMark is what a server knows of a key that was low: when it last heard so (its own
+// answer, or the fleet's set), when the fleet last heard so (this server marked it, or
+// learnt it from the set), when its own answer last found the bucket at half its burst
+// or more, and whether the fleet's set is all it has heard.
+type lowMark struct {
+	at, shared, high time.Time
+	learnt           bool
+}
 
 // Low-key timings and bounds.
 const (
 	// lowMemory is how long a server remembers a key low after the last news of it.
 	lowMemory = 30 * time.Second
 	// LowShare is how long the fleet's set keeps a mark (lua.Low's memory); a server
-	// marks a key it still finds low again after half of it.
+	// marks a key it still finds low again after half of it, and an answer of its own
+	// that found the bucket at half its burst or more outweighs the set for that long.
 	LowShare = 10 * time.Second
 	// LowEvery is how often a warm server exchanges low keys with the fleet.
 	LowEvery = time.Second
 	// maxLowKeys bounds the low keys one limit remembers; past it, the keys not yet low
 	// are not noted (their next requests are admitted, and charged: what a key forgets
 	// costs an admission per server, as a new key does). maxLowMarks bounds the marks
-	// waiting for the next exchange.
+	// and unmarks waiting for the next exchange.
 	maxLowKeys  = 100_000
 	maxLowMarks = 10_000
 )
@@ -71,26 +80,35 @@ func (s *lowKeys) low(key string, now time.Time) bool {
 	s.mu.Lock()
 	m, ok := s.keys[key]
 	s.mu.Unlock()
-	return ok && now.Sub(m.at) < lowMemory
+	return ok && m.isLow(now)
 }
+
+func (m lowMark) isLow(now time.Time) bool { return m.at.After(m.high) && now.Sub(m.at) < lowMemory }
 
 // note records what an answer at now said of key's bucket: remaining tokens, of shape
 // sh. Below half the burst, the key is low (and marked for the fleet if the fleet has
-// not heard so for LowShare/2); at half or more, it is not.
+// not heard so for LowShare/2); at half or more, it is not (and unmarked in the fleet's
+// set if it may be marked there).
 func (s *lowKeys) note(sh *Shape, key string, remaining float64, now time.Time) {
 	low := remaining < float64(sh.cfg.Burst)/2
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	m, ok := s.keys[key]
 	if !low {
-		delete(s.keys, key)
+		if ok {
+			if now.Sub(m.shared) < LowShare && len(s.unmarks) < maxLowMarks {
+				s.unmarks = append(s.unmarks, global.KeyID(key))
+			}
+			m.high, m.shared = now, time.Time{}
+			s.keys[key] = m
+		}
 		return
 	}
-	m, ok := s.keys[key]
 	if !ok && !s.room(now) {
 		return
 	}
-	m.at = now
-	if !ok || now.Sub(m.shared) >= LowShare/2 {
+	m.at, m.learnt = now, false
+	if now.Sub(m.shared) >= LowShare/2 {
 		m.shared = now
 		if len(s.marks) < maxLowMarks {
 			s.marks = append(s.marks, global.KeyID(key))
@@ -99,13 +117,29 @@ func (s *lowKeys) note(sh *Shape, key string, remaining float64, now time.Time) 
 	s.keys[key] = m
 }
 
-// learn records the keys the fleet's set marks low, at now.
+// learn records the keys the fleet's set marks low, at now: each is low here unless this
+// server's own answer found it at half its burst or more within LowShare; a key this
+// server knew low from the set only, and that the set no longer marks, is not.
 func (s *lowKeys) learn(ids []global.KeyID, now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	marked := make(map[string]struct{}, len(ids))
 	for _, id := range ids {
-		if _, ok := s.keys[string(id)]; ok || s.room(now) {
-			s.keys[string(id)] = lowMark{at: now, shared: now}
+		k := string(id)
+		marked[k] = struct{}{}
+		m, ok := s.keys[k]
+		if !ok && !s.room(now) || ok && now.Sub(m.high) < LowShare {
+			continue
+		}
+		if !ok || !m.isLow(now) {
+			m.learnt = true
+		}
+		m.at, m.shared = now, now
+		s.keys[k] = m
+	}
+	for k, m := range s.keys {
+		if _, ok := marked[k]; !ok && m.learnt {
+			delete(s.keys, k)
 		}
 	}
 }
@@ -119,7 +153,7 @@ func (s *lowKeys) room(now time.Time) bool {
 	if len(s.keys) >= maxLowKeys && now.Sub(s.sweep) >= time.Second {
 		s.sweep = now
 		for k, m := range s.keys {
-			if now.Sub(m.at) >= lowMemory {
+			if now.Sub(m.at) >= lowMemory && now.Sub(m.high) >= LowShare {
 				delete(s.keys, k)
 			}
 		}
@@ -127,13 +161,13 @@ func (s *lowKeys) room(now time.Time) bool {
 	return len(s.keys) < maxLowKeys
 }
 
-// takeMarks returns the keys to tell the fleet of, and forgets them.
-func (s *lowKeys) takeMarks() []global.KeyID {
+// takeMarks returns the keys to mark and to unmark in the fleet's set, and forgets them.
+func (s *lowKeys) takeMarks() (mark, unmark []global.KeyID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	m := s.marks
-	s.marks = nil
-	return m
+	mark, unmark = s.marks, s.unmarks
+	s.marks, s.unmarks = nil, nil
+	return mark, unmark
 }
 
 // size returns the number of keys noted (forgotten ones included until a sweep).
@@ -144,13 +178,15 @@ func (s *lowKeys) size() int {
 }
 
 // LowExchange is one limit's part of a LowTrip: the keys this server found low, to mark
-// in the fleet's set (global.Store.Low with memory LowShare), and, written by the
-// driver, the keys the set marks (Got) or the error.
+// in the fleet's set, and those it found at half their burst or more, to unmark there
+// (global.Store.Low with memory LowShare), and, written by the driver, the keys the set
+// marks (Got) or the error.
 type LowExchange struct {
-	Limit string
-	Mark  []global.KeyID
-	Got   []global.KeyID
-	Err   error
+	Limit  string
+	Mark   []global.KeyID
+	Unmark []global.KeyID
+	Got    []global.KeyID
+	Err    error
 
 	lim *Limit
 }
@@ -166,16 +202,16 @@ func (e *Engine) asyncMin() time.Duration {
 	return m
 }
 
-// scheduleLow plans the low-key exchanges (Tick): the first at half the shortest Async
-// after the first Tick, the next at a whole Async (the first whose answer makes the
-// server warm: every server started with it has marked what it found by then), then
-// every LowEvery. It requires that e.mu is held, and reports whether one is due now.
+// scheduleLow plans the low-key exchanges (Tick): the first at a quarter of the shortest
+// Async after the first Tick, the next at half of it (the first whose answer makes the
+// server warm: every server started with it has marked the keys it found low by then),
+// then every LowEvery. It requires that e.mu is held, and reports whether one is due now.
 func (e *Engine) scheduleLow(now time.Time, async time.Duration) bool {
 	if async == 0 || e.stopped || e.lowOut {
 		return false
 	}
 	if e.lowAt.IsZero() && !e.lowDue {
-		e.lowAt = time.Unix(0, e.firstTick.Load()).Add(async / 2)
+		e.lowAt = time.Unix(0, e.firstTick.Load()).Add(async / 4)
 	}
 	if !e.lowAt.IsZero() && !now.Before(e.lowAt) {
 		e.lowDue, e.lowAt = true, time.Time{}
@@ -190,17 +226,18 @@ func (e *Engine) lowTrip(now time.Time) *Trip {
 	t := &Trip{Kind: LowTrip}
 	for _, lm := range e.Limits() {
 		if lm.Config().Async > 0 {
-			t.Lows = append(t.Lows, LowExchange{Limit: lm.name, Mark: lm.low.takeMarks(), lim: lm})
+			mark, unmark := lm.low.takeMarks()
+			t.Lows = append(t.Lows, LowExchange{Limit: lm.name, Mark: mark, Unmark: unmark, lim: lm})
 		}
 	}
 	e.lowDue, e.lowOut = false, true
-	t.warms = !now.Before(time.Unix(0, e.firstTick.Load()).Add(e.asyncMin()))
+	t.warms = !now.Before(time.Unix(0, e.firstTick.Load()).Add(e.asyncMin() / 2))
 	return t
 }
 
 // lowDone takes the answer of a low-key exchange: the keys the fleet marks are low here
 // too, and a server whose exchange after its first Async was answered is warm. The next
-// exchange comes LowEvery later once warm, half an Async later until then.
+// exchange comes LowEvery later once warm, a quarter of an Async later until then.
 func (e *Engine) lowDone(now time.Time, t *Trip) {
 	ok := t.Err == nil
 	for _, x := range t.Lows {
@@ -217,7 +254,7 @@ func (e *Engine) lowDone(now time.Time, t *Trip) {
 	e.lowOut = false
 	next := LowEvery
 	if !e.warm.Load() {
-		next = max(e.asyncMin()/2, time.Millisecond)
+		next = max(e.asyncMin()/4, time.Millisecond)
 	}
 	e.lowAt = now.Add(next)
 	e.mu.Unlock()

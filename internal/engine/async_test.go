@@ -33,18 +33,18 @@ func exchange(t *testing.T, e *Engine, now time.Time, fleet ...global.KeyID) []g
 	return trip.Lows[0].Mark
 }
 
-// warmUp ticks e from t0 and answers its first two low-key exchanges (at 50 and 100 ms,
-// Async 100ms): the server is warm at 100 ms.
+// warmUp ticks e from t0 and answers its first two low-key exchanges (at 25 and 50 ms,
+// Async 100ms): the server is warm at 50 ms.
 func warmUp(t *testing.T, e *Engine) {
 	t.Helper()
 	e.Tick(t0)
-	exchange(t, e, t0.Add(50*time.Millisecond))
+	exchange(t, e, t0.Add(25*time.Millisecond))
 	if e.warm.Load() {
-		t.Fatal("warm after the exchange at half an Async")
+		t.Fatal("warm after the exchange at a quarter of an Async")
 	}
-	exchange(t, e, t0.Add(100*time.Millisecond))
+	exchange(t, e, t0.Add(50*time.Millisecond))
 	if !e.warm.Load() {
-		t.Fatal("not warm after the exchange at Async")
+		t.Fatal("not warm after the exchange at half an Async")
 	}
 }
 
@@ -58,18 +58,25 @@ func TestAsyncAdmitsAndCharges(t *testing.T) {
 	open := false
 	e, lm := asyncEngine(t, &open)
 	e.Tick(t0)
-	if d, w := decide(e, t0.Add(40*time.Millisecond), lm, "warming", 1); w == nil {
+	if d, w := decide(e, t0.Add(20*time.Millisecond), lm, "warming", 1); w == nil {
 		t.Fatalf("a request before the server is warm: %+v, want it to wait for Redis", d)
 	}
 	trip := e.Next()
 	trip.TakeResults[0].Remaining = 0
 	trip.Answered = true
-	e.Done(t0.Add(41*time.Millisecond), trip)
+	e.Done(t0.Add(21*time.Millisecond), trip)
 	// The server tells the fleet what it found low, and learns what the fleet found.
-	if marks := exchange(t, e, t0.Add(50*time.Millisecond), "fleet-low"); len(marks) != 1 || marks[0] != "warming" {
+	if marks := exchange(t, e, t0.Add(25*time.Millisecond), "fleet-low"); len(marks) != 1 || marks[0] != "warming" {
 		t.Fatalf("marked %q, want warming", marks)
 	}
-	if marks := exchange(t, e, t0.Add(100*time.Millisecond)); len(marks) != 0 {
+	if d, w := decide(e, t0.Add(30*time.Millisecond), lm, "early", 1); w == nil {
+		t.Fatalf("a request before the server is warm: %+v, want it to wait for Redis", d)
+	}
+	trip = e.Next()
+	trip.TakeResults[0].Granted, trip.TakeResults[0].Remaining = 1, 99
+	trip.Answered = true
+	e.Done(t0.Add(31*time.Millisecond), trip)
+	if marks := exchange(t, e, t0.Add(50*time.Millisecond), "fleet-low"); len(marks) != 0 {
 		t.Fatalf("marked %q again", marks)
 	}
 	if d, w := decide(e, t0.Add(100*time.Millisecond), lm, "fleet-low", 1); w == nil {
@@ -202,6 +209,36 @@ func TestAsyncLowIsRemembered(t *testing.T) {
 	}
 	if !s.low("k", t0.Add(2*time.Second+2*lowMemory-2)) || s.low("k", t0.Add(2*time.Second+2*lowMemory-1)) {
 		t.Fatal("a low key not remembered for lowMemory after its last answer")
+	}
+	// The fleet's set: a key learnt from it is low while it marks the key; an answer of
+	// this server's own that found the bucket at half its burst outweighs the set for
+	// LowShare, and unmarks the key there; a key this server found low itself stays
+	// low when the set forgets it.
+	var f lowKeys
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	f.learn([]global.KeyID{"learnt", "mine"}, at(0))
+	f.note(sh, "mine", 0, at(time.Millisecond))
+	if !f.low("learnt", at(time.Millisecond)) || !f.low("mine", at(time.Millisecond)) {
+		t.Fatal("keys the fleet marks not low")
+	}
+	f.learn(nil, at(time.Second))
+	if f.low("learnt", at(time.Second)) || !f.low("mine", at(time.Second)) {
+		t.Fatal("after the set forgot them: the learnt key must go, the one found low here stay")
+	}
+	f.learn([]global.KeyID{"high"}, at(time.Second))
+	f.note(sh, "high", 80, at(time.Second+time.Millisecond))
+	f.note(sh, "fresh", 10, at(time.Second+time.Millisecond))
+	// mine: the fleet had heard it low (learn) a millisecond before this server did.
+	if mark, unmark := f.takeMarks(); len(mark) != 1 || mark[0] != "fresh" || len(unmark) != 1 || unmark[0] != "high" {
+		t.Fatalf("marks %q, unmarks %q; want fresh marked, high unmarked", mark, unmark)
+	}
+	f.learn([]global.KeyID{"high"}, at(2*time.Second))
+	if f.low("high", at(2*time.Second)) {
+		t.Fatal("the set outweighed this server's own answer within LowShare")
+	}
+	f.learn([]global.KeyID{"high"}, at(time.Second+LowShare+time.Millisecond))
+	if !f.low("high", at(time.Second+LowShare+time.Millisecond)) {
+		t.Fatal("the set not heard LowShare after this server's own answer")
 	}
 	// A full set: new keys are not noted until the forgotten ones are swept.
 	var full lowKeys

@@ -26,8 +26,8 @@ type Scripts interface {
 	Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq, version uint64, floor int, ref float64) wire.RefundReply
 	// Heartbeat runs lua.Heartbeat.
 	Heartbeat(now time.Time, key, server string, ttlMS int64) int
-	// Low runs lua.Low.
-	Low(now time.Time, key string, memoryMS int64, ids []string) []string
+	// Low runs lua.Low: mark ids, unmark unmark.
+	Low(now time.Time, key string, memoryMS int64, ids, unmark []string) []string
 }
 
 var (
@@ -105,10 +105,13 @@ func (l *Lua) Heartbeat(now time.Time, key, server string, ttlMS int64) int {
 }
 
 // Low runs lua.Low.
-func (l *Lua) Low(now time.Time, key string, memoryMS int64, ids []string) []string {
-	args := make([]any, 0, 1+len(ids))
-	args = append(args, memoryMS)
+func (l *Lua) Low(now time.Time, key string, memoryMS int64, ids, unmark []string) []string {
+	args := make([]any, 0, 2+len(ids)+len(unmark))
+	args = append(args, memoryMS, len(ids))
 	for _, id := range ids {
+		args = append(args, id)
+	}
+	for _, id := range unmark {
 		args = append(args, id)
 	}
 	return call(l, now, lua.Low, wire.ParseLow, key, args...)

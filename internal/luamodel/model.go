@@ -462,11 +462,11 @@ func (m *Model) Heartbeat(now time.Time, key, server string, ttlMS int64) int {
 }
 
 // Low runs lua.Low on the limit's sorted set key: each of ids is marked low until now +
-// memoryMS (a mark only moves later), marks whose time has passed go, at most 100,000
+// memoryMS (a mark only moves later), each of unmark is not, marks whose time has passed go, at most 100,000
 // stay (the latest), and the key lives at least memoryMS. It returns the ids marked, the
 // latest first (equal marks by id, descending, as ZREVRANGEBYSCORE orders them), at most
 // 10,000. memoryMS must be at least 1 (the script refuses less).
-func (m *Model) Low(now time.Time, key string, memoryMS int64, ids []string) []string {
+func (m *Model) Low(now time.Time, key string, memoryMS int64, ids, unmark []string) []string {
 	m.tick(now)
 	ms := NowMillis(now)
 	mem := float64(memoryMS)
@@ -484,6 +484,9 @@ func (m *Model) Low(now time.Time, key string, memoryMS int64, ids []string) []s
 		if old, ok := e.zset[id]; !ok || ms+mem > old {
 			e.zset[id] = ms + mem
 		}
+	}
+	for _, id := range unmark {
+		delete(e.zset, id)
 	}
 	for id, until := range e.zset {
 		if until <= ms {

@@ -66,7 +66,7 @@ type mop struct {
 	floor            int           // take; refund (a debt's floor)
 	ref              float64       // a debt's reference credit; NaN: none
 	ttlMS            int64         // heartbeat; low's memory
-	ids              []string      // low
+	ids, unmark      []string      // low
 	dt               time.Duration // clock move before the op (negative: Redis clock steps back)
 	callerSkewMillis float64       // caller clock - Redis clock, for kind caller
 }
@@ -157,6 +157,9 @@ func genOps(e entropy, n int, onMini bool) []mop {
 			for range e.IntN(4) {
 				o.ids = append(o.ids, lowIDs[e.IntN(len(lowIDs))])
 			}
+			for range e.IntN(3) {
+				o.unmark = append(o.unmark, lowIDs[e.IntN(len(lowIDs))])
+			}
 		}
 		o.server = fmt.Sprintf("s%d", e.IntN(nservers))
 		if o.kind == "take" || o.kind == "refund" {
@@ -212,7 +215,7 @@ func applyOp(s Scripts, now time.Time, prefix string, o mop) result {
 	case "refund":
 		return result{refund: s.Refund(now, key, o.capacity, o.rate, o.n, o.server, o.seq, o.version, o.floor, o.ref)}
 	case "low":
-		return result{low: s.Low(now, key, o.ttlMS, o.ids)}
+		return result{low: s.Low(now, key, o.ttlMS, o.ids, o.unmark)}
 	default:
 		return result{live: s.Heartbeat(now, key, o.server, o.ttlMS)}
 	}
