@@ -21,6 +21,7 @@ var checks = map[string]func(t *testing.T, runs []outcome){
 		withinBound(t, "script", script, 1)
 		withinBound(t, "hybrid", hyb, 2)
 		fewerCalls(t, script, hyb, 40)
+		asyncNoWorse(t, runs)
 	},
 	"abusive-client": func(t *testing.T, runs []outcome) {
 		script, hyb := pick(t, runs, "script"), pick(t, runs, "hybrid")
@@ -28,13 +29,19 @@ var checks = map[string]func(t *testing.T, runs []outcome){
 		withinBound(t, "hybrid", hyb, 2)
 		fewerCalls(t, script, hyb, 50)
 		atLeast(t, "naive: admitted / limit", pick(t, runs, "naive").AdmittedOverLimit, 1.5)
+		asyncNoWorse(t, runs)
 	},
 	"many-keys": func(t *testing.T, runs []outcome) {
 		// No key may pass its own bound; the table reports how much of the fair share
 		// (Σ min(demand, bound)) each strategy admits.
-		script, hyb := pick(t, runs, "script"), pick(t, runs, "hybrid")
+		script, hyb, async := pick(t, runs, "script"), pick(t, runs, "hybrid"), pick(t, runs, "hybrid-async")
 		atMost(t, "script: hottest key admitted / (burst+rate·T)", script.HottestKeyOverBound, 1)
 		atMost(t, "hybrid: hottest key admitted / (burst+rate·T)", hyb.HottestKeyOverBound, twoBurst(hyb)/hyb.Bound)
+		atMost(t, "hybrid-async: hottest key admitted / (burst+rate·T)", async.HottestKeyOverBound, twoBurst(async)/async.Bound)
+		// Charge later: the keys within their limit lose nothing, in half the round trips
+		// (their windows, cold start included, are checked by TestAsyncColdKeys).
+		atLeast(t, "hybrid-async: keys within their limit, admitted", async.UnderLimitAdmitted, 0.995)
+		atLeast(t, "hybrid round trips per request / hybrid-async's", hyb.RedisRoundTripsPerRequest/async.RedisRoundTripsPerRequest, 1.8)
 	},
 	"skewed-lb": func(t *testing.T, runs []outcome) {
 		withinBound(t, "script", pick(t, runs, "script"), 1)
@@ -49,6 +56,7 @@ var checks = map[string]func(t *testing.T, runs []outcome){
 		withinBound(t, "hybrid", hyb, 2)
 		fewerCalls(t, script, hyb, 50)
 		atMost(t, "local-only: admitted / limit", loc.AdmittedOverLimit, 2.0/float64(loc.Servers))
+		asyncNoWorse(t, runs)
 	},
 	"bursty": func(t *testing.T, runs []outcome) {
 		// Demand (8,000/s in 200 ms waves) is below the limit on average: only the bound.
@@ -285,6 +293,18 @@ func pick(t *testing.T, runs []outcome, name string) Result {
 	}
 	t.Fatalf("no run %q", name)
 	return Result{}
+}
+
+// asyncNoWorse checks that a limit that charges later (hybrid-async) admits what the
+// exact one does, within 1%, and keeps its bound (2·burst + rate·T), on a suite where its
+// keys are not per-client keys spread thin: its round trips are the exact one's plus a
+// low-key exchange per server now and then.
+func asyncNoWorse(t *testing.T, runs []outcome) {
+	t.Helper()
+	hyb, async := pick(t, runs, "hybrid"), pick(t, runs, "hybrid-async")
+	withinBound(t, "hybrid-async", async, 2)
+	atLeast(t, "hybrid-async admitted / hybrid's", float64(async.Admitted)/float64(hyb.Admitted), 0.99)
+	t.Logf("hybrid-async: %.4f calls per request (hybrid %.4f)", async.RedisCallsPerRequest, hyb.RedisCallsPerRequest)
 }
 
 func twoBurst(r Result) float64 { return r.Bound + float64(r.Burst) }

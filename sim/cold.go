@@ -9,7 +9,8 @@ import (
 // Experimental cold-key strategies: the exploration step of per-client ("cold") keys,
 // compared by TestColdKeys (cold_test.go) and in docs/design.md, "Cold keys: designs
 // compared". None of them is what hybrid.Limiter runs, except HybridMultiKey, which is
-// the engine with another Redis cost model. The built-in suites never use them.
+// the engine with another Redis cost model. The built-in suites never use them; the
+// design that shipped from the comparison is HybridAsync (hybrid.Limit.Async).
 const (
 	// HybridMultiKey is the hybrid strategy (the engine, unchanged) with every round trip
 	// charged as one multi-key script call: coldOpts.callTime per call plus
@@ -19,25 +20,26 @@ const (
 	// the servers that took from the key within a lease lifetime, as the take script
 	// could count them from its per-server records: max(cost, burst / takers).
 	HybridShares Strategy = "hybrid-shares"
-	// HybridAsync is asynchronous charging: a server admits from the credit its last
+	// AsyncModel is asynchronous charging: a server admits from the credit its last
 	// report's answer gave it (or, on a key it has no state for, one request on trust),
 	// and every coldOpts.report it charges its hits for every key it saw in one multi-key
 	// script call, whose answer is the next credit: a share of the bucket, not reserved,
 	// while the bucket holds a cost for every server reporting the key; else one cost,
 	// reserved (taken from the bucket), or nothing.
-	HybridAsync Strategy = "hybrid-async"
+	AsyncModel Strategy = "async-model"
 )
 
 // coldOpts are a scenario's options for the cold-key comparison.
 type coldOpts struct {
 	on bool
 	// abuse adds one key (the last, index Keys-1) with steady demand of abuse requests/s
-	// on top of Demand; the Zipf spread covers the other keys.
-	abuse float64
+	// on top of Demand, from abuseAt on; the Zipf spread covers the other keys.
+	abuse   float64
+	abuseAt time.Duration
 	// callTime and keyTime are the Redis time of a multi-key script call: per call and
 	// per key in it (TestRedisCost).
 	callTime, keyTime time.Duration
-	// report is hybrid-async's reporting interval per server.
+	// report is async-model's reporting interval per server.
 	report time.Duration
 }
 
@@ -66,6 +68,11 @@ type ColdResult struct {
 	AbuseWorstW time.Duration `json:"abuse_worst_w,omitempty"`
 	// AbuseOverBound is the abusive key's admissions over burst + rate·T.
 	AbuseOverBound float64 `json:"abuse_over_bound,omitempty"`
+	// HotWorstAsync and AbuseWorstAsync are HotWorst and AbuseWorst over the bound of a
+	// limit with Async, 2·burst + rate·W + S·c (S servers, c = max(1, ceil(burst/S))):
+	// the largest over every W, which may be another W than theirs.
+	HotWorstAsync   float64 `json:"hot_worst_async,omitempty"`
+	AbuseWorstAsync float64 `json:"abuse_worst_async,omitempty"`
 }
 
 // coldWindows are the window lengths over which the tracked keys are checked.
@@ -92,19 +99,26 @@ func (r *recorder) coldDecide(q *request, now, lat time.Duration, allowed bool) 
 }
 
 // worstWindow returns the largest count of ats in a window of length w over
-// 2·burst + rate·w, for w in coldWindows, and the w.
-func (r *recorder) worstWindow(ats []time.Duration) (float64, time.Duration) {
+// 2·burst + rate·w + extra, for w in coldWindows, and the w.
+func (r *recorder) worstWindow(ats []time.Duration, extra float64) (float64, time.Duration) {
 	slices.Sort(ats)
 	var worst float64
 	var at time.Duration
 	for _, w := range coldWindows {
 		n := 0
 		eachWindow(ats, w, func(_ time.Duration, k int) { n = max(n, k) })
-		if x := float64(n) / (2*float64(r.sc.Burst) + r.sc.Rate*w.Seconds()); x > worst {
+		if x := float64(n) / (2*float64(r.sc.Burst) + r.sc.Rate*w.Seconds() + extra); x > worst {
 			worst, at = x, w
 		}
 	}
 	return worst, at
+}
+
+// asyncExtra is what a limit with Async may admit over 2·burst + rate·W: one share of
+// the burst per server, max(1, ceil(burst/S)) each.
+func (r *recorder) asyncExtra() float64 {
+	s := r.sc.Servers
+	return float64(s * max(1, (r.sc.Burst+s-1)/s))
 }
 
 func (r *recorder) coldResult() *ColdResult {
@@ -119,10 +133,12 @@ func (r *recorder) coldResult() *ColdResult {
 	if req > 0 {
 		c.UnderLimitWaited = wait / req
 	}
-	c.HotWorst, c.HotWorstW = r.worstWindow(r.admAt[0])
+	c.HotWorst, c.HotWorstW = r.worstWindow(r.admAt[0], 0)
+	c.HotWorstAsync, _ = r.worstWindow(r.admAt[0], r.asyncExtra())
 
 	if len(r.admAt) > 1 {
-		c.AbuseWorst, c.AbuseWorstW = r.worstWindow(r.admAt[1])
+		c.AbuseWorst, c.AbuseWorstW = r.worstWindow(r.admAt[1], 0)
+		c.AbuseWorstAsync, _ = r.worstWindow(r.admAt[1], r.asyncExtra())
 		c.AbuseOverBound = float64(r.keyAdm[r.sc.Keys-1]) / r.sc.bound()
 	}
 	return c
@@ -136,7 +152,7 @@ func (f *fleet) startAbuse() {
 	}
 	var next func(int64)
 	next = func(i int64) {
-		t := time.Duration((float64(i) + 0.5) / a * float64(time.Second))
+		t := f.sc.cold.abuseAt + time.Duration((float64(i)+0.5)/a*float64(time.Second))
 		if t >= f.sc.Duration {
 			return
 		}

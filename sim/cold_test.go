@@ -25,7 +25,11 @@ var coldCost = struct{ call, key time.Duration }{3 * time.Microsecond, 5 * time.
 
 // coldScenarios are the many-keys scenario of the built-in suites, its 100,000-key
 // variant, and both with one abusive key at 100× its limit added on top.
-func coldScenarios() []Scenario {
+func coldScenarios() []Scenario { return coldVariants(false) }
+
+// coldVariants are coldScenarios, and with late the same with the abusive key starting
+// at 5 s, after the fleet learnt which keys are low: a key that turns hot at once.
+func coldVariants(late bool) []Scenario {
 	base := Scenario{Name: "many-keys", Servers: 200, Duration: 10 * time.Second, Seed: *seedFlag,
 		Rate: 50, Burst: 50, Demand: 20000, Keys: 1000, ZipfS: 1.1, GoModel: true, Policy: FailLocal}
 	base.cold = coldOpts{on: true, callTime: coldCost.call, keyTime: coldCost.key}
@@ -39,6 +43,11 @@ func coldScenarios() []Scenario {
 		ab.Keys++
 		ab.cold.abuse = 100 * sc.Rate
 		out = append(out, ab)
+		if late {
+			ab.Name += "@5s"
+			ab.cold.abuseAt = 5 * time.Second
+			out = append(out, ab)
+		}
 	}
 	return out
 }
@@ -56,9 +65,10 @@ func coldDesigns() []coldDesign {
 		{"hybrid", Hybrid, nil},
 		{"hybrid-multikey", HybridMultiKey, nil},
 		{"hybrid-shares", HybridShares, nil},
-		{"hybrid-async 100ms", HybridAsync, async(100 * time.Millisecond)},
-		{"hybrid-async 250ms", HybridAsync, async(250 * time.Millisecond)},
-		{"engine async 100ms", Hybrid, func(sc *Scenario) { sc.Async = 100 * time.Millisecond }},
+		{"async-model 100ms", AsyncModel, async(100 * time.Millisecond)},
+		{"async-model 250ms", AsyncModel, async(250 * time.Millisecond)},
+		{"hybrid-async 100ms", HybridAsync, nil},
+		{"hybrid-async 250ms", HybridAsync, func(sc *Scenario) { sc.Async = 250 * time.Millisecond }},
 	}
 }
 
@@ -111,5 +121,47 @@ func TestColdKeys(t *testing.T) {
 				r.HottestKeyOverBound, fmt.Sprintf("%.3f@%v", c.HotWorst, c.HotWorstW), abuse, r.P99DecisionUS)
 		}
 		t.Log("\n" + b.String())
+	}
+}
+
+// TestAsyncColdKeys holds hybrid-async (hybrid.Limit.Async, 100ms) to its claims on the
+// cold-key scenarios, with one key at 100× its limit on top: every window of 10 ms to
+// 10 s of the hottest key and of the abusive key, cold start included, within
+// 2·burst + rate·W; the keys within their limit admitted (99.5%) and, but for a few,
+// without waiting for Redis; fewer than half the exact leases' round trips per request.
+// An abusive key that starts at 5 s, when the fleet knows no reason to ask Redis about
+// it, is admitted once by each server at once: its windows are held to the stated bound
+// 2·burst + rate·W + S·c, and shown to need it. The waiting share is asserted at the 2%
+// the runs stay under: the 1% is met on the 100,000-key variant only
+// (docs/design.md §11).
+func TestAsyncColdKeys(t *testing.T) {
+	if testing.Short() {
+		t.Skip("six 200-server runs of 10 s")
+	}
+	t.Parallel()
+	var ss []suite
+	for _, sc := range coldVariants(true) {
+		ss = append(ss, suite{name: sc.Name, runs: []run{{sc: sc, st: HybridAsync}}})
+	}
+	for i, runs := range runSuites(t, ss) {
+		o := runs[0]
+		if o.err != nil {
+			t.Fatalf("%s: %v", ss[i].name, o.err)
+		}
+		r, c, name := o.res, o.res.Cold, ss[i].name
+		atMost(t, name+": hottest key's worst window / (2·burst + rate·W)", c.HotWorst, 1)
+		switch {
+		case o.sc.cold.abuseAt > 0:
+			atMost(t, name+": abusive key's worst window / (2·burst + rate·W + S·c)", c.AbuseWorstAsync, 1)
+			atLeast(t, name+": abusive key's worst window / (2·burst + rate·W), a key that turns hot at once", c.AbuseWorst, 1.5)
+		case c.AbuseWorstW > 0:
+			atMost(t, name+": abusive key's worst window / (2·burst + rate·W)", c.AbuseWorst, 1)
+		}
+		atLeast(t, name+": keys within their limit, admitted", r.UnderLimitAdmitted, 0.995)
+		atMost(t, name+": keys within their limit, waited for Redis", c.UnderLimitWaited, 0.02)
+		atMost(t, name+": round trips per request", r.RedisRoundTripsPerRequest, 0.25)
+		t.Logf("%s: hot %.3f@%v, abuse %.3f@%v (%.3f of the bound with S·c), within %.2f%%, waited %.2f%%, %.4f trips and %.4f calls per request, Redis busy %.2f%%",
+			name, c.HotWorst, c.HotWorstW, c.AbuseWorst, c.AbuseWorstW, c.AbuseWorstAsync, 100*r.UnderLimitAdmitted, 100*c.UnderLimitWaited,
+			r.RedisRoundTripsPerRequest, r.RedisCallsPerRequest, 100*r.RedisBusy)
 	}
 }

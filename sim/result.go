@@ -282,7 +282,7 @@ func (r *recorder) result(st Strategy) Result {
 			res.Sources[source(src).String()] = n
 		}
 	}
-	if st == Hybrid {
+	if st == Hybrid || st == HybridAsync {
 		res.Policy = string(sc.Policy)
 	}
 	res.AdmittedPerS = float64(r.admitted) / T

@@ -26,7 +26,7 @@ import (
 // other strategies do not use t, which may then be nil.
 func Run(t *testing.T, sc Scenario, st Strategy) (res Result, err error) {
 	start := time.Now()
-	if st != Hybrid && st != HybridMultiKey {
+	if st != Hybrid && st != HybridMultiKey && st != HybridAsync {
 		res, err = simulate(sc, st, false, nil)
 	} else {
 		synctest.Test(t, func(*testing.T) {
@@ -43,6 +43,9 @@ func simulate(sc Scenario, st Strategy, inBubble bool, custom func(f *fleet, b *
 	sc, err := sc.withDefaults()
 	if err != nil {
 		return Result{}, err
+	}
+	if st == HybridAsync && sc.Async == 0 {
+		sc.Async = DefaultAsync
 	}
 	f := &fleet{sc: &sc, rng: rand.New(rand.NewPCG(sc.Seed, uint64(len(sc.Name))))}
 	f.redis.f = f
@@ -64,11 +67,11 @@ func simulate(sc Scenario, st Strategy, inBubble bool, custom func(f *fleet, b *
 		f.strat = &perRequest{f: f, s: newModel(), callerClock: st == ScriptCallerClock}
 	case LocalOnly:
 		f.strat = &localOnly{f: f}
-	case HybridAsync:
+	case AsyncModel:
 		f.strat = newAsync(f)
 	case HybridShares:
 		f.strat = newShares(f)
-	case Hybrid, HybridMultiKey:
+	case Hybrid, HybridMultiKey, HybridAsync:
 		if !inBubble {
 			return Result{}, fmt.Errorf("%w: the hybrid strategy runs in a synctest bubble", ErrInvalidScenario)
 		}

@@ -29,10 +29,17 @@ const (
 	// same engine): a local pre-check, token leases from the global bucket (lua.Take and
 	// lua.Refund on miniredis), and the failure policy when Redis does not answer in time.
 	Hybrid Strategy = "hybrid"
+	// HybridAsync is Hybrid with the limit's Async set (the scenario's, 100ms if it sets
+	// none): a request a lease cannot serve is admitted without waiting for Redis unless
+	// its server knows the key low, and charged to the bucket within Async.
+	HybridAsync Strategy = "hybrid-async"
 	// LocalOnly gives each server local.FallbackLimit's share of the limit and never
 	// talks to Redis.
 	LocalOnly Strategy = "local-only"
 )
+
+// DefaultAsync is HybridAsync's Async when the scenario sets none.
+const DefaultAsync = 100 * time.Millisecond
 
 // Pattern is how a client's demand is spread over time.
 type Pattern string

@@ -205,7 +205,9 @@ func (e *Engine) asyncMin() time.Duration {
 // scheduleLow plans the low-key exchanges (Tick): the first at a quarter of the shortest
 // Async after the first Tick, the next at half of it (the first whose answer makes the
 // server warm: every server started with it has marked the keys it found low by then),
-// then every LowEvery. It requires that e.mu is held, and reports whether one is due now.
+// then every LowEvery while this server admits keys uncharged or finds keys low, and
+// every LowShare otherwise. It requires that e.mu is held, and reports whether one is
+// due now.
 func (e *Engine) scheduleLow(now time.Time, async time.Duration) bool {
 	if async == 0 || e.stopped || e.lowOut {
 		return false
@@ -213,9 +215,28 @@ func (e *Engine) scheduleLow(now time.Time, async time.Duration) bool {
 	if e.lowAt.IsZero() && !e.lowDue {
 		e.lowAt = time.Unix(0, e.firstTick.Load()).Add(async / 4)
 	}
-	if !e.lowAt.IsZero() && !now.Before(e.lowAt) {
-		e.lowDue, e.lowAt = true, time.Time{}
-		return true
+	if e.lowAt.IsZero() || now.Before(e.lowAt) {
+		return false
+	}
+	if e.warm.Load() && !e.lowNews && now.Sub(e.lowLast) < LowShare && !e.hasLowMarks() {
+		// Nothing admitted uncharged nor found low since the last exchange: the fleet's
+		// news can wait, up to LowShare.
+		e.lowAt = now.Add(LowEvery)
+		return false
+	}
+	e.lowDue, e.lowAt, e.lowNews = true, time.Time{}, false
+	return true
+}
+
+// hasLowMarks reports whether a limit has keys to mark or unmark in the fleet's set.
+func (e *Engine) hasLowMarks() bool {
+	for _, lm := range e.Limits() {
+		lm.low.mu.Lock()
+		n := len(lm.low.marks) + len(lm.low.unmarks)
+		lm.low.mu.Unlock()
+		if n > 0 {
+			return true
+		}
 	}
 	return false
 }
@@ -251,7 +272,7 @@ func (e *Engine) lowDone(now time.Time, t *Trip) {
 		e.warm.Store(true)
 	}
 	e.mu.Lock()
-	e.lowOut = false
+	e.lowOut, e.lowLast = false, now
 	next := LowEvery
 	if !e.warm.Load() {
 		next = max(e.asyncMin()/4, time.Millisecond)
@@ -295,6 +316,7 @@ func (e *Engine) oweAsync(lm *Limit, sh *Shape, key string, n int, now time.Time
 	}
 	e.addDebt(lm, sh, key, n, 0, false, true)
 	lm.stats.owed.Add(int64(n))
+	e.lowNews = true
 	wake := false
 	if !e.asyncDue && e.asyncAt.IsZero() {
 		e.asyncAt = now.Add(sh.cfg.Async)

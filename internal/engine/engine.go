@@ -143,6 +143,8 @@ type Engine struct {
 	lowDue        bool                     // a low-key exchange is due
 	lowOut        bool                     // a low-key exchange is out
 	lowNow        time.Time                // the Tick that made it due
+	lowLast       time.Time                // when the last one was answered
+	lowNews       bool                     // an async admission since the last one
 
 	stats counters
 }
