@@ -140,6 +140,11 @@ func ExampleLimiter_AllowMulti() {
 // exampleLimiter is a Limiter on an embedded Redis with a frozen clock, for the examples
 // of one method; it returns the Limiter and a func that closes everything.
 func exampleLimiter(limits ...hybrid.Limit) (*hybrid.Limiter, func()) {
+	return exampleLimiterOn(frozen{at: time.Now()}, limits...)
+}
+
+// exampleLimiterOn is exampleLimiter on clock (nil: the real one).
+func exampleLimiterOn(clock breaker.Clock, limits ...hybrid.Limit) (*hybrid.Limiter, func()) {
 	m := miniredis.NewMiniRedis()
 	if err := m.Start(); err != nil {
 		panic(err)
@@ -156,7 +161,7 @@ func exampleLimiter(limits ...hybrid.Limit) (*hybrid.Limiter, func()) {
 	if err != nil {
 		panic(err)
 	}
-	lim, err := hybrid.New(store, hybrid.Config{FleetSize: 1, Breaker: brk, Clock: frozen{at: time.Now()}, Limits: limits})
+	lim, err := hybrid.New(store, hybrid.Config{FleetSize: 1, Breaker: brk, Clock: clock, Limits: limits})
 	if err != nil {
 		panic(err)
 	}
@@ -228,4 +233,29 @@ func ExampleLimiter_ReserveN() {
 	// ok: true run in: 0s
 	// ok: true run in: 500ms
 	// ok: true run in: 1s
+}
+
+// A per-client limit over a large fleet: with Async, a client's request is admitted
+// without waiting for Redis unless this server knows the client's bucket is low, and
+// charged to it within Async. A new server waits for its first exchange of low keys
+// with the fleet (half an Async) before it admits anything that way.
+func ExampleLimit_async() {
+	perClient := hybrid.Limit{Name: "client", Rate: 50, Burst: 50, Policy: breaker.FailClosed,
+		MaxWait: time.Second, Async: 20 * time.Millisecond}
+	lim, done := exampleLimiterOn(nil, perClient) // time passes: the real clock
+	defer done()
+	ctx := context.Background()
+	for i := 0; ; i++ { // until this server is warm
+		if d, _ := lim.Allow(ctx, "client", fmt.Sprint("warm-up-", i)); d.Reason == hybrid.ReasonAsync {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for _, client := range []string{"alice", "bob"} {
+		d, _ := lim.Allow(ctx, "client", client)
+		fmt.Println(client, d.Allowed, d.Reason)
+	}
+	// Output:
+	// alice true charged later
+	// bob true charged later
 }
