@@ -1,0 +1,231 @@
+package sim
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/redistest"
+)
+
+// procScenario is the per-client shape TestAsyncProcesses runs as separate processes and
+// in the simulator: burst/servers ≤ 1 at 8 and 16 servers, Zipf keys of which the
+// hottest are far over their limit, a limit that charges later.
+func procScenario(servers int) Scenario {
+	return Scenario{Name: fmt.Sprintf("procs-%d", servers), Servers: servers, Duration: 10 * time.Second, Seed: 1,
+		Rate: 5, Burst: 5, Demand: 1600, Keys: 1000, ZipfS: 1.1, GoModel: true, Policy: FailClosed,
+		Async: 100 * time.Millisecond}
+}
+
+// procResult is what one limiter process counted.
+type procResult struct {
+	Requests, Admitted, Waited int64
+	Calls, Trips               int64
+	KeyReq, KeyAdm             []int64
+}
+
+const procEnv = "FLEETLIMIT_PROC" // set in a child: "index servers addr prefix start-unix-nano out-file"
+
+// TestAsyncProcesses runs procScenario as N separate processes (N = 8 and 16), each one
+// server with its own hybrid.Limiter (Async 100ms) on a redis-server of the test's own,
+// each sending Demand/N Poisson requests a second over Zipf keys for 10 s, and compares
+// the fleet's Redis calls per request and admitted share with the simulator's prediction
+// for the same parameters: each within 5%. It needs redis-server (skipped without, failed
+// under CI without), and does not run under -short.
+func TestAsyncProcesses(t *testing.T) {
+	if os.Getenv(procEnv) != "" {
+		procChild(t)
+		return
+	}
+	if testing.Short() {
+		t.Skip("two fleets of processes, 10 s each")
+	}
+	srv := redistest.StartServer(t)
+	for _, n := range []int{8, 16} {
+		t.Run(strconv.Itoa(n), func(t *testing.T) {
+			sc := procScenario(n)
+			real := runProcs(t, srv.Addr, sc)
+			sim, err := Run(t, sc, HybridAsync)
+			if err != nil {
+				t.Fatal(err)
+			}
+			realCalls := float64(real.Calls) / float64(real.Requests)
+			realAdm := float64(real.Admitted) / float64(real.Requests)
+			simAdm := float64(sim.Admitted+sim.AdmittedLate) / float64(sim.Requests)
+			within := func(k []int64, a []int64) float64 {
+				var req, adm float64
+				for i := range k {
+					if float64(k[i]) <= float64(sc.Burst)+sc.Rate*sc.Duration.Seconds() {
+						req, adm = req+float64(k[i]), adm+float64(a[i])
+					}
+				}
+				return adm / req
+			}
+			t.Logf("%d processes: %d requests, %.4f calls and %.4f round trips per request, %.4f admitted, within-limit keys %.2f%% admitted, %.2f%% of requests waited",
+				n, real.Requests, realCalls, float64(real.Trips)/float64(real.Requests), realAdm, 100*within(real.KeyReq, real.KeyAdm), 100*float64(real.Waited)/float64(real.Requests))
+			t.Logf("simulator:   %d requests, %.4f calls and %.4f round trips per request, %.4f admitted, within-limit keys %.2f%% admitted",
+				sim.Requests, sim.RedisCallsPerRequest, sim.RedisRoundTripsPerRequest, simAdm, 100*sim.UnderLimitAdmitted)
+			if r := realCalls / sim.RedisCallsPerRequest; math.Abs(r-1) > 0.05 {
+				t.Errorf("calls per request: processes %.4f, simulator %.4f (%.3f×): more than 5%% apart", realCalls, sim.RedisCallsPerRequest, r)
+			}
+			if r := realAdm / simAdm; math.Abs(r-1) > 0.05 {
+				t.Errorf("admitted share: processes %.4f, simulator %.4f (%.3f×): more than 5%% apart", realAdm, simAdm, r)
+			}
+		})
+	}
+}
+
+// runProcs starts sc.Servers children of this test binary against the Redis at addr,
+// each one server, and sums what they counted.
+func runProcs(t *testing.T, addr string, sc Scenario) procResult {
+	t.Helper()
+	dir := t.TempDir()
+	prefix := "procs" + strconv.Itoa(sc.Servers) + ":"
+	start := time.Now().Add(2 * time.Second) // every child set up by then
+	var cmds []*exec.Cmd
+	for i := range sc.Servers {
+		out := fmt.Sprintf("%s/%d.json", dir, i)
+		cmd := exec.Command(os.Args[0], "-test.run=^TestAsyncProcesses$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d %d %s %s %d %s", procEnv, i, sc.Servers, addr, prefix, start.UnixNano(), out))
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds = append(cmds, cmd)
+	}
+	sum := procResult{KeyReq: make([]int64, sc.Keys), KeyAdm: make([]int64, sc.Keys)}
+	for i, cmd := range cmds {
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("process %d: %v", i, err)
+		}
+		b, err := os.ReadFile(fmt.Sprintf("%s/%d.json", dir, i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r procResult
+		if err := json.Unmarshal(b, &r); err != nil {
+			t.Fatal(err)
+		}
+		sum.Requests += r.Requests
+		sum.Admitted += r.Admitted
+		sum.Waited += r.Waited
+		sum.Calls += r.Calls
+		sum.Trips += r.Trips
+		for k := range r.KeyReq {
+			sum.KeyReq[k] += r.KeyReq[k]
+			sum.KeyAdm[k] += r.KeyAdm[k]
+		}
+	}
+	return sum
+}
+
+// procChild is one server of TestAsyncProcesses: a Limiter of procScenario's limit, and
+// its share of the demand, counted.
+func procChild(t *testing.T) {
+	var idx, servers int
+	var addr, prefix, out string
+	var startNS int64
+	if _, err := fmt.Sscan(os.Getenv(procEnv), &idx, &servers, &addr, &prefix, &startNS, &out); err != nil {
+		t.Fatalf("%s: %v", procEnv, err)
+	}
+	sc := procScenario(servers)
+	var calls, trips atomic.Int64
+	c := redis.NewClient(redistest.Options(addr))
+	c.AddHook(countHook{calls: &calls, trips: &trips})
+	defer c.Close()
+	store, err := global.New(c, global.Prefix(prefix), global.ServerID(fmt.Sprintf("p%d", idx)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	brk, err := breaker.New(breaker.Settings{Timeout: 100 * time.Millisecond, IsFailure: global.IsUnavailable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := hybrid.New(store, hybrid.Config{FleetSize: servers, Breaker: brk, Limits: []hybrid.Limit{{
+		Name: limitName, Rate: sc.Rate, Burst: sc.Burst, Policy: breaker.FailClosed, Async: sc.Async}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(uint64(idx), 7))
+	zipf := rand.NewZipf(rng, sc.ZipfS, 1, uint64(sc.Keys-1))
+	r := procResult{KeyReq: make([]int64, sc.Keys), KeyAdm: make([]int64, sc.Keys)}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	ctx := context.Background()
+	start := time.Unix(0, startNS)
+	time.Sleep(time.Until(start))
+	perS := sc.Demand / float64(servers)
+	at := time.Duration(0)
+	for {
+		at += time.Duration(rng.ExpFloat64() / perS * float64(time.Second))
+		if at >= sc.Duration {
+			break
+		}
+		if d := time.Until(start.Add(at)); d > 0 {
+			time.Sleep(d)
+		}
+		k := int(zipf.Uint64())
+		wg.Go(func() {
+			d, err := lim.Allow(ctx, limitName, "k"+strconv.Itoa(k))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			r.Requests++
+			r.KeyReq[k]++
+			if d.Allowed {
+				r.Admitted++
+				r.KeyAdm[k]++
+			}
+			if d.Source == hybrid.SourceGlobal || d.Reason == hybrid.ReasonTimeout {
+				r.Waited++
+			}
+		})
+	}
+	wg.Wait()
+	if err := lim.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.Calls, r.Trips = calls.Load(), trips.Load()
+	b, _ := json.Marshal(r)
+	if err := os.WriteFile(out, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// countHook counts the Redis commands (calls) and round trips a client makes.
+type countHook struct{ calls, trips *atomic.Int64 }
+
+func (h countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.calls.Add(1)
+		h.trips.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.calls.Add(int64(len(cmds)))
+		h.trips.Add(1)
+		return next(ctx, cmds)
+	}
+}
