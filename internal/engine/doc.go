@@ -9,12 +9,14 @@
 //     tokens, is one pass under the key's lock with no allocation;
 //   - GiveUp: a waiting request's wait is over (MaxWait passed, or its caller left);
 //   - Done: the answers of a round trip the driver made;
-//   - Tick: time passed (lease expiry, heartbeats);
+//   - Tick: time passed (lease expiry, heartbeats, the charges and low-key exchanges of a
+//     limit with Async);
 //   - Stop, Drain, Finish: shutdown.
 //
 // Its outputs are the decisions (returned by Decide and GiveUp, or, for a request that
 // waited, set on its Waiter) and the I/O it wants: Next returns one Trip at a time —
-// refills (up to MaxBatch per pipelined round trip), refunds summed per key, a heartbeat —
+// refills (up to MaxBatch per pipelined round trip), refunds summed per key, debts and
+// charges, a heartbeat, a low-key exchange —
 // which the driver carries out and hands back to Done. The scheduling of that I/O is the
 // engine's: one round trip out at a time, refills first but never two trips of them in a
 // row while a heartbeat or refunds wait, a refund trip answered too late sent again in
@@ -36,7 +38,9 @@
 //     tick and heartbeat schedule, whether a Trip is out) by Engine.mu, which is never
 //     held while a key's lock is taken;
 //   - the counters are atomics, and a limit's lease configuration is an atomic pointer
-//     replaced whole when the live server count changes.
+//     replaced whole when the live server count changes;
+//   - a limit's low keys (Async) by that set's own mutex, always the innermost lock: it
+//     may be taken under a key's lock or Engine.mu, and nothing is taken under it.
 //
 // Lock order: Waiter.mu, then a key's shard lock or Engine.mu. Decide, GiveUp and Tick may
 // be called from any goroutine; Next, Done and Stop belong to the driver's loop, one

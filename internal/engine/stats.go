@@ -36,9 +36,10 @@ type LimitStats struct {
 	// Reshaped counts keys re-shaped with other bucket parameters (another tier, or a
 	// configuration SetLimit replaced): their leased tokens were given back.
 	Reshaped int64
-	// Owed is the tokens FailLocal admitted without the bucket and not yet charged to it;
-	// Charged those charged (as debts, once Redis answered again); Forgiven those that
-	// never will be (past the debt floor, too many keys, or the engine finished).
+	// Owed is the tokens FailLocal or Async admitted without the bucket and not yet
+	// charged to it; Charged those charged (as debts: FailLocal's once Redis answered
+	// again, Async's once due); Forgiven those that never will be (past the debt floor,
+	// too many keys, or the engine finished).
 	Owed, Charged, Forgiven int64
 	// Reserved is the tokens reservations claimed from the buckets' refill and did not
 	// give back (Engine.Reserved, Engine.GiveBack).
