@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// checks holds the Show assertions, per suite. Each compares measured figures of
+// checks holds the claims docs/simulation.md makes of each suite. Each compares measured figures of
 // the runs; none holds for a simulator that does not simulate.
 var checks = map[string]func(t *testing.T, runs []outcome){
 	"hot-key": func(t *testing.T, runs []outcome) {

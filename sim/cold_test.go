@@ -132,7 +132,7 @@ func TestColdKeys(t *testing.T) {
 // An abusive key that starts at 5 s, when the fleet knows no reason to ask Redis about
 // it, is admitted once by each server at once: its windows are held to the stated bound
 // 2·burst + rate·W + S·c, and shown to need it. The waiting share is asserted at the 2%
-// the runs stay under: the 1% is met on the 100,000-key variant only
+// the runs stay under: the 1% target is met on the 100,000-key variant only
 // (docs/design.md §11).
 func TestAsyncColdKeys(t *testing.T) {
 	if testing.Short() {

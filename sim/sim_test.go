@@ -69,8 +69,8 @@ func runSuites(t *testing.T, ss []suite) [][]outcome {
 	return out
 }
 
-// TestFleet runs the scenarios at 200 servers (20 under -short), prints a table
-// per scenario, checks the claims of the Show section, and writes the report (for
+// TestFleet runs the built-in scenarios at 200 servers (20 under -short), prints a table
+// per scenario, checks the claims docs/simulation.md makes of them, and writes the report (for
 // -plots, into the plots directory) when asked. With -scenario FILE it runs the file's
 // scenario instead, as written (-short, -seed and -only do not apply), under every
 // strategy, and checks no claim: the claims are about the built-ins.

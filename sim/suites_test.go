@@ -18,7 +18,7 @@ func (r run) name() string {
 	return string(r.st)
 }
 
-// suite is one scenario of the issue, run under several strategies (or variants) and
+// suite is one built-in scenario, run under several strategies (or variants) and
 // printed as one table.
 type suite struct {
 	name string
@@ -37,7 +37,7 @@ type scale struct {
 func fullScale() scale  { return scale{servers: 200, duration: 10 * time.Second, factor: 1} }
 func shortScale() scale { return scale{servers: 20, duration: 2 * time.Second, factor: 0.1} }
 
-// suites returns the scenarios of the issue at scale s.
+// suites returns the built-in scenarios at scale s.
 func suites(s scale, seed uint64) []suite {
 	T := s.duration
 	at := func(frac float64) time.Duration { return time.Duration(float64(T) * frac) }
