@@ -542,7 +542,7 @@ func (s *Store) Heartbeat(ctx context.Context, fleet, serverID string, ttl time.
 // Low is how the servers of a charge-later limit (hybrid.Limit.Async) tell each other
 // which keys' buckets are low (lua.Low): it marks ids, keys of limit this server found
 // low, until memory from now by Redis's clock (a mark only moves later), unmarks those
-// of unmark (found at half their burst or more), drops the marks whose time has passed,
+// of unmark (found no longer low), drops the marks whose time has passed,
 // and returns the IDs marked now, the latest first, at most 10,000. The marks live in
 // one sorted set per limit, its own slot on a Cluster.
 func (s *Store) Low(ctx context.Context, limit string, ids, unmark []KeyID, memory time.Duration) ([]KeyID, error) {

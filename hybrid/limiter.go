@@ -102,7 +102,7 @@ type Limit struct {
 	// Async, if positive, makes this a charge-later limit, for per-client keys spread
 	// over many servers, whose leases hold too few tokens to save round trips: a
 	// request its server holds no tokens for is admitted without waiting for Redis,
-	// unless this server learnt that the key's bucket is low (below half its burst),
+	// unless this server learnt that the key's bucket is low (below one server's share),
 	// and charged to the bucket within Async, with every other key this server admitted
 	// so, in one pipelined round trip. A low key's requests wait for Redis, as with 0.
 	// Each server holds at most one such admission per key uncharged, of a cost of at
@@ -523,17 +523,29 @@ func (l *Limiter) do(ctx context.Context, t *engine.Trip) {
 			t.Live, t.Answered = live, true
 		}
 	case engine.LowTrip:
+		// The call may outlive Do (its deadline): it writes to its own slices, read only
+		// once it has returned.
+		got, errs := make([][]global.KeyID, len(t.Lows)), make([]error, len(t.Lows))
+		var done atomic.Bool
 		t.Err = l.brk.Do(ctx, func(ctx context.Context) error {
-			for i := range t.Lows {
-				x := &t.Lows[i]
-				x.Got, x.Err = l.store.Low(ctx, x.Limit, x.Mark, x.Unmark, engine.LowShare)
-				if x.Err != nil {
-					return x.Err
+			var first error
+			for i, x := range t.Lows { // each limit on its own: one's error does not stop the rest
+				got[i], errs[i] = l.store.Low(ctx, x.Limit, x.Mark, x.Unmark, engine.LowShare)
+				if first == nil {
+					first = errs[i]
 				}
+			}
+			done.Store(true)
+			if global.IsUnavailable(first) {
+				return first
 			}
 			return nil
 		})
-		t.Answered = t.Err == nil
+		if t.Answered = done.Load(); t.Answered {
+			for i := range t.Lows {
+				t.Lows[i].Got, t.Lows[i].Err = got[i], errs[i]
+			}
+		}
 	}
 }
 

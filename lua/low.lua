@@ -4,10 +4,10 @@
 -- KEYS[1] = the limit's low-key set (a sorted set: member = key ID, score = until when,
 --           in Redis ms)
 -- ARGV[1] = memory ms (how long a mark counts), ARGV[2] = n, ARGV[3..n+2] = key IDs
---           this server found low, ARGV[n+3..] = key IDs it found at half their burst
---           or more, to unmark
+--           this server found low, ARGV[n+3..] = key IDs it found no longer low, to
+--           unmark
 --
--- Uses Redis TIME only. A key's mark only moves later (ZADD GT). Drops marks whose time
+-- Uses Redis TIME only. A key's mark only moves later. Drops marks whose time
 -- has passed, keeps at most 100,000 (the latest), and keeps the key's own TTL at least
 -- memory, so a fleet that stops marking leaves nothing behind.
 -- Returns the key IDs marked now, the latest first, at most 10,000.
@@ -28,7 +28,11 @@ local t   = redis.call('TIME')
 local now = num(t[1]) * 1000 + math.floor(num(t[2]) / 1000)
 
 for i = 3, n + 2 do
-  redis.call('ZADD', KEYS[1], 'GT', now + memory, ARGV[i])
+  -- ZADD GT would do, from Redis 6.2 on
+  local old = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[i]))
+  if not old or old < now + memory then
+    redis.call('ZADD', KEYS[1], now + memory, ARGV[i])
+  end
 end
 for i = n + 3, #ARGV do
   redis.call('ZREM', KEYS[1], ARGV[i])

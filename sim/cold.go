@@ -73,6 +73,14 @@ type ColdResult struct {
 	// the largest over every W, which may be another W than theirs.
 	HotWorstAsync   float64 `json:"hot_worst_async,omitempty"`
 	AbuseWorstAsync float64 `json:"abuse_worst_async,omitempty"`
+	// AnyWorst and AnyWorstAsync are the same over every key: the largest admissions of
+	// any key in any window over 2·burst + rate·W, and over 2·burst + rate·W + S·c.
+	AnyWorst      float64       `json:"any_worst"`
+	AnyWorstW     time.Duration `json:"any_worst_w"`
+	AnyWorstAsync float64       `json:"any_worst_async"`
+	// AnyWorstAfter1s is AnyWorst over the windows that start 1 s into the run or later:
+	// past the fleet's cold start.
+	AnyWorstAfter1s float64 `json:"any_worst_after_1s"`
 }
 
 // coldWindows are the window lengths over which the tracked keys are checked.
@@ -96,23 +104,37 @@ func (r *recorder) coldDecide(q *request, now, lat time.Duration, allowed bool) 
 	if i := r.trackedIndex(q.key); allowed && i >= 0 && now <= r.sc.Duration {
 		r.admAt[i] = append(r.admAt[i], now)
 	}
+	if allowed && now <= r.sc.Duration {
+		r.keyAt[q.key] = append(r.keyAt[q.key], now)
+	}
 }
 
 // worstWindow returns the largest count of ats in a window of length w over
 // 2·burst + rate·w + extra, for w in coldWindows, and the w.
 func (r *recorder) worstWindow(ats []time.Duration, extra float64) (float64, time.Duration) {
+	return r.worstWindowFrom(ats, extra, 0)
+}
+
+// worstWindowFrom is worstWindow over the windows that start at from or later.
+func (r *recorder) worstWindowFrom(ats []time.Duration, extra float64, from time.Duration) (float64, time.Duration) {
 	slices.Sort(ats)
 	var worst float64
 	var at time.Duration
 	for _, w := range coldWindows {
 		n := 0
-		eachWindow(ats, w, func(_ time.Duration, k int) { n = max(n, k) })
+		eachWindow(ats, w, func(start time.Duration, k int) {
+			if start >= from {
+				n = max(n, k)
+			}
+		})
 		if x := float64(n) / (2*float64(r.sc.Burst) + r.sc.Rate*w.Seconds() + extra); x > worst {
 			worst, at = x, w
 		}
 	}
 	return worst, at
 }
+
+func first[A, B any](a A, _ B) A { return a }
 
 // asyncExtra is what a limit with Async may admit over 2·burst + rate·W: one share of
 // the burst per server, max(1, ceil(burst/S)) each.
@@ -136,6 +158,13 @@ func (r *recorder) coldResult() *ColdResult {
 	c.HotWorst, c.HotWorstW = r.worstWindow(r.admAt[0], 0)
 	c.HotWorstAsync, _ = r.worstWindow(r.admAt[0], r.asyncExtra())
 
+	for _, ats := range r.keyAt {
+		if w, at := r.worstWindow(ats, 0); w > c.AnyWorst {
+			c.AnyWorst, c.AnyWorstW = w, at
+		}
+		c.AnyWorstAsync = max(c.AnyWorstAsync, first(r.worstWindow(ats, r.asyncExtra())))
+		c.AnyWorstAfter1s = max(c.AnyWorstAfter1s, first(r.worstWindowFrom(ats, 0, time.Second)))
+	}
 	if len(r.admAt) > 1 {
 		c.AbuseWorst, c.AbuseWorstW = r.worstWindow(r.admAt[1], 0)
 		c.AbuseWorstAsync, _ = r.worstWindow(r.admAt[1], r.asyncExtra())

@@ -131,9 +131,11 @@ func TestColdKeys(t *testing.T) {
 // without waiting for Redis; fewer than half the exact leases' round trips per request.
 // An abusive key that starts at 5 s, when the fleet knows no reason to ask Redis about
 // it, is admitted once by each server at once: its windows are held to the stated bound
-// 2·burst + rate·W + S·c, and shown to need it. The waiting share is asserted at the 2%
-// the runs stay under: the 1% target is met on the 100,000-key variant only
-// (docs/design.md §11).
+// 2·burst + rate·W + S·c, and shown to need it; so is every key's every window, and
+// every window from 1 s on, past the fleet's cold start (when keys that drain only after
+// the servers' warm-up are admitted once by each server), to 2·burst + rate·W. The
+// waiting share is asserted at 1.5%: the runs wait 0.7-1.2% over seeds 1-5, the first
+// 50 ms (0.5% of the run) included (docs/design.md §11).
 func TestAsyncColdKeys(t *testing.T) {
 	if testing.Short() {
 		t.Skip("six 200-server runs of 10 s")
@@ -157,11 +159,17 @@ func TestAsyncColdKeys(t *testing.T) {
 		case c.AbuseWorstW > 0:
 			atMost(t, name+": abusive key's worst window / (2·burst + rate·W)", c.AbuseWorst, 1)
 		}
+		if o.sc.cold.abuseAt == 0 {
+			// Past the fleet's cold start no key turns hot at once: every key is held to the
+			// exact bound.
+			atMost(t, name+": any key's worst window from 1 s on / (2·burst + rate·W)", c.AnyWorstAfter1s, 1)
+		}
+		atMost(t, name+": any key's worst window / (2·burst + rate·W + S·c)", c.AnyWorstAsync, 1)
 		atLeast(t, name+": keys within their limit, admitted", r.UnderLimitAdmitted, 0.995)
-		atMost(t, name+": keys within their limit, waited for Redis", c.UnderLimitWaited, 0.02)
+		atMost(t, name+": keys within their limit, waited for Redis", c.UnderLimitWaited, 0.015)
 		atMost(t, name+": round trips per request", r.RedisRoundTripsPerRequest, 0.25)
-		t.Logf("%s: hot %.3f@%v, abuse %.3f@%v (%.3f of the bound with S·c), within %.2f%%, waited %.2f%%, %.4f trips and %.4f calls per request, Redis busy %.2f%%",
-			name, c.HotWorst, c.HotWorstW, c.AbuseWorst, c.AbuseWorstW, c.AbuseWorstAsync, 100*r.UnderLimitAdmitted, 100*c.UnderLimitWaited,
+		t.Logf("%s: hot %.3f@%v, abuse %.3f@%v (%.3f of the bound with S·c), any key %.3f@%v (%.3f with S·c; %.3f past the first second), within %.2f%%, waited %.2f%%, %.4f trips and %.4f calls per request, Redis busy %.2f%%",
+			name, c.HotWorst, c.HotWorstW, c.AbuseWorst, c.AbuseWorstW, c.AbuseWorstAsync, c.AnyWorst, c.AnyWorstW, c.AnyWorstAsync, c.AnyWorstAfter1s, 100*r.UnderLimitAdmitted, 100*c.UnderLimitWaited,
 			r.RedisRoundTripsPerRequest, r.RedisCallsPerRequest, 100*r.RedisBusy)
 	}
 }

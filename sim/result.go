@@ -165,9 +165,10 @@ type recorder struct {
 	requests, admitted, late int64
 	last                     time.Duration
 	keyReq, keyAdm           []int64
-	keyWait                  []int64           // decisions that waited (latency > 0), by key; cold runs only
-	admAt                    [][]time.Duration // admission instants of the tracked keys; cold runs only
-	hotAt                    []time.Duration   // admission instants of key 0, in runs with LimitChanges
+	keyWait                  []int64                 // decisions that waited (latency > 0), by key; cold runs only
+	admAt                    [][]time.Duration       // admission instants of the tracked keys; cold runs only
+	keyAt                    map[int][]time.Duration // admission instants of every key; cold runs only
+	hotAt                    []time.Duration         // admission instants of key 0, in runs with LimitChanges
 	outReq, outAdm           int64
 	outSources               [nSources][2]int64 // [source][allowed]
 }
@@ -189,6 +190,7 @@ func newRecorder(sc *Scenario) *recorder {
 	if sc.cold.on {
 		r.keyWait = make([]int64, sc.Keys)
 		r.admAt = make([][]time.Duration, len(sc.cold.tracked()))
+		r.keyAt = make(map[int][]time.Duration)
 	}
 	return r
 }

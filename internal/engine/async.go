@@ -12,50 +12,56 @@ import (
 // and charges it to the bucket afterwards: every Async, one pipelined round trip
 // carries the charges of all the keys admitted so (debt trips, each item a refund of
 // -n, as FailLocal's debts are). The answers say how many tokens each bucket holds,
-// and so do the answers of the refills: a bucket found below half its burst marks its
-// key low on this server for as long as it takes to refill to half its burst, and a
-// low key's requests go the exact way (the lease, waiting for a refill).
+// and so do the answers of the refills: a bucket found holding less than a server's
+// share of the burst, c = max(1, ceil(Burst/servers)), marks its key low (see
+// lowKeys), and a low key's requests go the exact way (the lease, waiting for a
+// refill).
 //
 // A server holds at most one admission of a key uncharged at a time, of a cost of at
-// most its share of the burst (max(1, ceil(Burst/servers))), and admits none before
-// Async has passed since its first Tick. So the fleet's uncharged admissions of one key
-// are at most S·c at any instant (S servers, c the share): that is what a key can
-// exceed the exact bound 2·burst + rate·W by, and only while its bucket holds half its
-// burst or until the charges of the servers that did not know it was low arrive. The
+// most c, and admits none before its low-key exchange at half an Async after its first
+// Tick. So the fleet's uncharged admissions of one key are at most S·c at any instant
+// (S servers): that is what a key can exceed the exact bound 2·burst + rate·W by, and
+// only until the charges of the servers that did not know it was low arrive. The
 // charges themselves follow the bucket, as refunds of -n, down to -(burst +
 // rate·DebtWindow).
 
-// lowKeys is the set of keys of one limit that this server knows low: the last answer it
-// had for the key found its bucket below half its burst, or the fleet's low-key set
-// (lua.Low) says some server did and this server has had no answer saying otherwise for
-// LowShare. A key stays low until an answer finds its bucket at half its burst or more
-// (a refill's: a low key's requests go the exact way, which asks), until the fleet's
-// set no longer marks a key this server only learnt from it, or until lowMemory passed
-// without news: a low key that was let go of at an expiry would be admitted again by
-// every server at once. The set outlives the keys' entries, which a store lets go of
-// when they are idle: a key seen once a second by each of 200 servers is low
-// fleet-wide, and each of those servers must remember it between its requests.
+// lowKeys is what this server knows of one limit's keys for Async: the keys it knows
+// low, the keys it admitted and has not charged yet, the marks and unmarks it owes the
+// fleet's low-key set, and whether it has heard from that set since it started.
+//
+// A key is low when the last answer this server had for it (a refill's or a charge's)
+// found its bucket below c (asyncShare), or when the fleet's low-key set (lua.Low) says
+// some server did and this server's own answers have not said otherwise for LowShare. A
+// key stays low until an answer finds c tokens or more in its bucket (a refill's: a low
+// key's requests go the exact way, which asks), until the fleet's set no longer marks a
+// key this server only learnt from it, or until lowMemory passed without news: a low key
+// that was let go of at an expiry would be admitted again by every server at once. The
+// set outlives the keys' entries, which a store lets go of when they are idle: a key
+// seen once a second by each of 200 servers is low fleet-wide, and each of those servers
+// must remember it between its requests.
 //
 // The keys this server finds low go to the fleet's set with its next low-key exchange
-// (a LowTrip, every LowEvery), and again every LowShare/2 while they stay low, so that
-// a server that starts, or has not seen a key yet, learns of it before it admits it;
-// a key the fleet marks that this server finds at half its burst or more is unmarked.
+// (a LowTrip), and again every LowShare/2 while they stay low, so that a server that
+// starts, or has not seen a key yet, learns of it before it admits it; a key this
+// server finds holding c tokens or more again is unmarked there.
+//
+// Its mutex is the innermost lock of the engine (see the package documentation).
 type lowKeys struct {
-	mu      sync.Mutex
-	keys    map[string]lowMark // guarded by mu
-	marks   []global.KeyID     // keys to mark in the fleet's set; guarded by mu
-	unmarks []global.KeyID     // keys to unmark there; guarded by mu
-	sweep   time.Time          // when the forgotten keys were last dropped; guarded by mu
+	mu        sync.Mutex
+	keys      map[string]lowMark  // the keys known low, and those found high after; guarded by mu
+	learnt    map[string]struct{} // the keys known low from the fleet's set only; guarded by mu
+	uncharged map[string]struct{} // keys admitted and not charged yet; guarded by mu
+	marks     []global.KeyID      // keys to mark in the fleet's set; guarded by mu
+	unmarks   []global.KeyID      // keys to unmark there; guarded by mu
+	sweep     time.Time           // when the forgotten keys were last dropped; guarded by mu
+	warm      bool                // an exchange after the server's warm-up was answered; guarded by mu
 }
 
 // lowMark is what a server knows of a key that was low: when it last heard so (its own
 // answer, or the fleet's set), when the fleet last heard so (this server marked it, or
-// learnt it from the set), when its own answer last found the bucket at half its burst
-// or more, and whether the fleet's set is all it has heard.
-type lowMark struct {
-	at, shared, high time.Time
-	learnt           bool
-}
+// learnt it from the set), and when its own answer last found c tokens or more in the
+// bucket.
+type lowMark struct{ at, shared, high time.Time }
 
 // Low-key timings and bounds.
 const (
@@ -63,17 +69,50 @@ const (
 	lowMemory = 30 * time.Second
 	// LowShare is how long the fleet's set keeps a mark (lua.Low's memory); a server
 	// marks a key it still finds low again after half of it, and an answer of its own
-	// that found the bucket at half its burst or more outweighs the set for that long.
+	// that found c tokens or more in the bucket outweighs the set for that long.
 	LowShare = 10 * time.Second
-	// LowEvery is how often a warm server exchanges low keys with the fleet.
+	// LowEvery is how often a warm server exchanges low keys with the fleet while it
+	// admits keys uncharged or finds keys low; LowShare otherwise.
 	LowEvery = time.Second
 	// maxLowKeys bounds the low keys one limit remembers; past it, the keys not yet low
 	// are not noted (their next requests are admitted, and charged: what a key forgets
 	// costs an admission per server, as a new key does). maxLowMarks bounds the marks
-	// and unmarks waiting for the next exchange.
+	// and unmarks waiting for the next exchange. maxLowReply is the most keys lua.Low
+	// answers.
 	maxLowKeys  = 100_000
 	maxLowMarks = 10_000
+	maxLowReply = 10_000
 )
+
+// admit reports whether key, of a limit with Async, may be admitted uncharged at now:
+// this server heard from the fleet's set since it started, knows the key not low, and
+// holds no admission of it uncharged. If so the key counts as uncharged until charged.
+func (s *lowKeys) admit(key string, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.warm {
+		return false
+	}
+	if m, ok := s.keys[key]; ok && m.isLow(now) {
+		return false
+	}
+	if _, ok := s.uncharged[key]; ok || len(s.uncharged) >= maxDebtKeys {
+		return false
+	}
+	if s.uncharged == nil {
+		s.uncharged = make(map[string]struct{})
+	}
+	s.uncharged[key] = struct{}{}
+	return true
+}
+
+// charged records that key's admission was charged (or will never be): it may be
+// admitted uncharged again.
+func (s *lowKeys) charged(key string) {
+	s.mu.Lock()
+	delete(s.uncharged, key)
+	s.mu.Unlock()
+}
 
 // low reports whether key is low at now.
 func (s *lowKeys) low(key string, now time.Time) bool {
@@ -86,14 +125,16 @@ func (s *lowKeys) low(key string, now time.Time) bool {
 func (m lowMark) isLow(now time.Time) bool { return m.at.After(m.high) && now.Sub(m.at) < lowMemory }
 
 // note records what an answer at now said of key's bucket: remaining tokens, of shape
-// sh. Below half the burst, the key is low (and marked for the fleet if the fleet has
-// not heard so for LowShare/2); at half or more, it is not (and unmarked in the fleet's
-// set if it may be marked there).
+// sh. Below the server's share c of the burst, the key is low (and marked for the fleet
+// if the fleet has not heard so for LowShare/2): one more server could not be served
+// from it. At c or more it is not (and unmarked in the fleet's set if it may be marked
+// there).
 func (s *lowKeys) note(sh *Shape, key string, remaining float64, now time.Time) {
-	low := remaining < float64(sh.cfg.Burst)/2
+	low := remaining < float64(sh.asyncShare())
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m, ok := s.keys[key]
+	delete(s.learnt, key) // this server's own answer
 	if !low {
 		if ok {
 			if now.Sub(m.shared) < LowShare && len(s.unmarks) < maxLowMarks {
@@ -107,7 +148,7 @@ func (s *lowKeys) note(sh *Shape, key string, remaining float64, now time.Time) 
 	if !ok && !s.room(now) {
 		return
 	}
-	m.at, m.learnt = now, false
+	m.at = now
 	if now.Sub(m.shared) >= LowShare/2 {
 		m.shared = now
 		if len(s.marks) < maxLowMarks {
@@ -118,11 +159,15 @@ func (s *lowKeys) note(sh *Shape, key string, remaining float64, now time.Time) 
 }
 
 // learn records the keys the fleet's set marks low, at now: each is low here unless this
-// server's own answer found it at half its burst or more within LowShare; a key this
-// server knew low from the set only, and that the set no longer marks, is not.
+// server's own answer found it holding c tokens or more within LowShare. A key this
+// server knew low from the set only, and that the set no longer marks, is not, unless
+// the answer was cut at maxLowReply keys.
 func (s *lowKeys) learn(ids []global.KeyID, now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.learnt == nil {
+		s.learnt = make(map[string]struct{})
+	}
 	marked := make(map[string]struct{}, len(ids))
 	for _, id := range ids {
 		k := string(id)
@@ -132,13 +177,17 @@ func (s *lowKeys) learn(ids []global.KeyID, now time.Time) {
 			continue
 		}
 		if !ok || !m.isLow(now) {
-			m.learnt = true
+			s.learnt[k] = struct{}{}
 		}
 		m.at, m.shared = now, now
 		s.keys[k] = m
 	}
-	for k, m := range s.keys {
-		if _, ok := marked[k]; !ok && m.learnt {
+	if len(ids) >= maxLowReply {
+		return
+	}
+	for k := range s.learnt {
+		if _, ok := marked[k]; !ok {
+			delete(s.learnt, k)
 			delete(s.keys, k)
 		}
 	}
@@ -155,6 +204,7 @@ func (s *lowKeys) room(now time.Time) bool {
 		for k, m := range s.keys {
 			if now.Sub(m.at) >= lowMemory && now.Sub(m.high) >= LowShare {
 				delete(s.keys, k)
+				delete(s.learnt, k)
 			}
 		}
 	}
@@ -170,6 +220,28 @@ func (s *lowKeys) takeMarks() (mark, unmark []global.KeyID) {
 	return mark, unmark
 }
 
+// requeue puts back the marks and unmarks of an exchange that failed.
+func (s *lowKeys) requeue(mark, unmark []global.KeyID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.marks = append(s.marks, mark[:min(len(mark), maxLowMarks-min(len(s.marks), maxLowMarks))]...)
+	s.unmarks = append(s.unmarks, unmark[:min(len(unmark), maxLowMarks-min(len(s.unmarks), maxLowMarks))]...)
+}
+
+// pending reports whether marks or unmarks wait, and whether the limit is warm.
+func (s *lowKeys) pending() (marks, warm bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.marks)+len(s.unmarks) > 0, s.warm
+}
+
+// setWarm records that an exchange after the server's warm-up was answered.
+func (s *lowKeys) setWarm() {
+	s.mu.Lock()
+	s.warm = true
+	s.mu.Unlock()
+}
+
 // size returns the number of keys noted (forgotten ones included until a sweep).
 func (s *lowKeys) size() int {
 	s.mu.Lock()
@@ -178,9 +250,9 @@ func (s *lowKeys) size() int {
 }
 
 // LowExchange is one limit's part of a LowTrip: the keys this server found low, to mark
-// in the fleet's set, and those it found at half their burst or more, to unmark there
-// (global.Store.Low with memory LowShare), and, written by the driver, the keys the set
-// marks (Got) or the error.
+// in the fleet's set, and those it found holding their share c or more, to unmark there
+// (global.Store.Low with memory LowShare), and, written by the driver once the call
+// returned, the keys the set marks (Got) or the error.
 type LowExchange struct {
 	Limit  string
 	Mark   []global.KeyID
@@ -203,13 +275,18 @@ func (e *Engine) asyncMin() time.Duration {
 }
 
 // scheduleLow plans the low-key exchanges (Tick): the first at a quarter of the shortest
-// Async after the first Tick, the next at half of it (the first whose answer makes the
-// server warm: every server started with it has marked the keys it found low by then),
-// then every LowEvery while this server admits keys uncharged or finds keys low, and
-// every LowShare otherwise. It requires that e.mu is held, and reports whether one is
-// due now.
+// Async after the first Tick, the next at half of it (the first whose answer makes a
+// limit warm: every server started with it has marked the keys it found low by then),
+// then every LowEvery while this server admits keys uncharged, finds keys low, or has a
+// limit not warm yet (one added since), and every LowShare otherwise. A failed exchange
+// goes again a quarter of an Async later. It requires that e.mu is held, and reports
+// whether one is due now.
 func (e *Engine) scheduleLow(now time.Time, async time.Duration) bool {
-	if async == 0 || e.stopped || e.lowOut {
+	if async == 0 || e.stopped {
+		e.lowAt, e.lowDue = time.Time{}, false
+		return false
+	}
+	if e.lowOut {
 		return false
 	}
 	if e.lowAt.IsZero() && !e.lowDue {
@@ -218,9 +295,9 @@ func (e *Engine) scheduleLow(now time.Time, async time.Duration) bool {
 	if e.lowAt.IsZero() || now.Before(e.lowAt) {
 		return false
 	}
-	if e.warm.Load() && !e.lowNews && now.Sub(e.lowLast) < LowShare && !e.hasLowMarks() {
-		// Nothing admitted uncharged nor found low since the last exchange: the fleet's
-		// news can wait, up to LowShare.
+	if !e.lowNews && now.Sub(e.lowLast) < LowShare && e.lowQuiet() {
+		// Nothing admitted uncharged nor found low since the last exchange, and every
+		// limit warm: the fleet's news can wait, up to LowShare.
 		e.lowAt = now.Add(LowEvery)
 		return false
 	}
@@ -228,17 +305,17 @@ func (e *Engine) scheduleLow(now time.Time, async time.Duration) bool {
 	return true
 }
 
-// hasLowMarks reports whether a limit has keys to mark or unmark in the fleet's set.
-func (e *Engine) hasLowMarks() bool {
+// lowQuiet reports whether every limit with Async is warm and has no marks or unmarks
+// to send.
+func (e *Engine) lowQuiet() bool {
 	for _, lm := range e.Limits() {
-		lm.low.mu.Lock()
-		n := len(lm.low.marks) + len(lm.low.unmarks)
-		lm.low.mu.Unlock()
-		if n > 0 {
-			return true
+		if lm.Config().Async > 0 {
+			if marks, warm := lm.low.pending(); marks || !warm {
+				return false
+			}
 		}
 	}
-	return false
+	return true
 }
 
 // lowTrip returns the low-key exchange of every limit with Async. It requires that e.mu
@@ -257,28 +334,46 @@ func (e *Engine) lowTrip(now time.Time) *Trip {
 }
 
 // lowDone takes the answer of a low-key exchange: the keys the fleet marks are low here
-// too, and a server whose exchange after its first Async was answered is warm. The next
-// exchange comes LowEvery later once warm, a quarter of an Async later until then.
+// too, and a limit whose exchange after the server's warm-up was answered is warm; the
+// marks of an exchange that failed go again with the next. The next exchange comes
+// LowEvery later once every limit is warm, a quarter of an Async later until then.
 func (e *Engine) lowDone(now time.Time, t *Trip) {
-	ok := t.Err == nil
+	ok := t.Answered // each exchange's Got or Err holds its answer
+	all := ok
 	for _, x := range t.Lows {
-		if x.Err != nil || !ok {
-			ok = false
+		if !ok || x.Err != nil {
+			x.lim.low.requeue(x.Mark, x.Unmark)
+			all = false
 			continue
 		}
 		x.lim.low.learn(x.Got, now)
-	}
-	if ok && t.warms {
-		e.warm.Store(true)
+		if t.warms {
+			x.lim.low.setWarm()
+		}
 	}
 	e.mu.Lock()
-	e.lowOut, e.lowLast = false, now
+	e.lowOut = false
+	if all {
+		e.lowLast = now
+	}
 	next := LowEvery
-	if !e.warm.Load() {
+	if !all || !e.allWarm() {
 		next = max(e.asyncMin()/4, time.Millisecond)
 	}
 	e.lowAt = now.Add(next)
 	e.mu.Unlock()
+}
+
+// allWarm reports whether every limit with Async is warm.
+func (e *Engine) allWarm() bool {
+	for _, lm := range e.Limits() {
+		if lm.Config().Async > 0 {
+			if _, warm := lm.low.pending(); !warm {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // asyncShare is the largest cost a server admits of one key of shape sh without asking
@@ -290,31 +385,28 @@ func (sh *Shape) asyncShare() int {
 }
 
 // trusts reports whether the request of cost n for the key of entry en, of shape sh, is
-// admitted now and charged later; it requires that the key's lock is held.
+// admitted now and charged later, and if so counts the key uncharged; it requires that
+// the key's lock is held. The breaker's state is the one the driver's loop last saw
+// (Engine.open is not called under a key's lock).
 func (lm *Limit) trusts(en *entry, sh *Shape, t time.Time, n int) bool {
-	if sh.cfg.Async <= 0 || en.charging || en.flight != nil || n <= 0 || n > sh.asyncShare() {
+	if sh.cfg.Async <= 0 || en.flight != nil || n <= 0 || n > sh.asyncShare() || lm.e.openSeen.Load() {
 		return false
 	}
-	e := lm.e
-	if !e.warm.Load() {
-		return false // a server that just started knows no key as low yet
-	}
-	if e.open != nil && e.open() {
-		return false // its charge could not go: the policy decides
-	}
-	return !lm.low.low(en.key, t)
+	return lm.low.admit(en.key, t)
 }
 
 // oweAsync queues the charge of n tokens the async admission of key (shape sh) at now
 // admitted, due at now + Async if no charge is due earlier.
 func (e *Engine) oweAsync(lm *Limit, sh *Shape, key string, n int, now time.Time) {
 	e.mu.Lock()
-	if e.finished {
+	if e.finished || !e.addDebt(lm, sh, key, n, 0, false, true) {
+		if e.finished {
+			lm.stats.forgiven.Add(int64(n))
+		}
 		e.mu.Unlock()
-		lm.stats.forgiven.Add(int64(n))
+		lm.low.charged(key) // forgiven: nothing will charge it
 		return
 	}
-	e.addDebt(lm, sh, key, n, 0, false, true)
 	lm.stats.owed.Add(int64(n))
 	e.lowNews = true
 	wake := false
@@ -326,11 +418,4 @@ func (e *Engine) oweAsync(lm *Limit, sh *Shape, key string, n int, now time.Time
 	if wake {
 		e.wake()
 	}
-}
-
-// asyncCharged feeds the answer of an async charge back: the key's bucket holds remaining
-// tokens (noted if low), and this server may admit the key without asking again.
-func (lm *Limit) asyncCharged(sh *Shape, key string, remaining float64, now time.Time) {
-	lm.low.note(sh, key, remaining, now)
-	lm.keys.Peek(key, func(en *entry, _ time.Time) { en.charging = false })
 }

@@ -39,11 +39,11 @@ func warmUp(t *testing.T, e *Engine) {
 	t.Helper()
 	e.Tick(t0)
 	exchange(t, e, t0.Add(25*time.Millisecond))
-	if e.warm.Load() {
+	if e.allWarm() {
 		t.Fatal("warm after the exchange at a quarter of an Async")
 	}
 	exchange(t, e, t0.Add(50*time.Millisecond))
-	if !e.warm.Load() {
+	if !e.allWarm() {
 		t.Fatal("not warm after the exchange at half an Async")
 	}
 }
@@ -52,8 +52,9 @@ func warmUp(t *testing.T, e *Engine) {
 // nothing is admitted without Redis in the server's first Async; then a key not known
 // low is admitted at once (one admission per key uncharged, of at most the server's
 // share), and charged as a refund of -n in one trip once Async has passed; the charge's
-// answer marks a bucket below half its burst low, and a low key waits for Redis until a
-// refill finds it at half its burst again; an open breaker sends requests to the policy.
+// answer marks a bucket below the server's share of the burst (25) low, and a low key
+// waits for Redis until a refill finds its share in it again; an open breaker sends
+// requests to the policy.
 func TestAsyncAdmitsAndCharges(t *testing.T) {
 	open := false
 	e, lm := asyncEngine(t, &open)
@@ -147,7 +148,7 @@ func TestAsyncAdmitsAndCharges(t *testing.T) {
 			t.Errorf("no charge of %s", i)
 		}
 	}
-	// a's bucket is low (10 < 50), b's is not.
+	// a's bucket is low (10 < 25), b's is not.
 	for i, r := range trip.Refunds {
 		trip.RefundResults[i].Remaining = map[string]float64{"a": 10, "b": 75}[string(r.ID)]
 	}
@@ -177,8 +178,12 @@ func TestAsyncAdmitsAndCharges(t *testing.T) {
 	if lm.low.low("a", t0.Add(204*time.Millisecond)) {
 		t.Fatal("a still low after a refill found 60 of 100")
 	}
-	// An open breaker: the policy (FailClosed) decides, nothing is admitted to charge.
+	// An open breaker, once the driver's loop has seen it: the policy (FailClosed)
+	// decides, nothing is admitted to charge.
 	open = true
+	if trip := e.Next(); trip != nil {
+		t.Fatalf("a trip while the breaker is open: %+v", trip)
+	}
 	if d, w := decide(e, t0.Add(300*time.Millisecond), lm, "d", 1); w != nil || d.Allowed || d.Source != SourceFallback {
 		t.Fatalf("breaker open: %+v, %v; want FailClosed's denial", d, w)
 	}
@@ -196,8 +201,8 @@ func TestAsyncLowIsRemembered(t *testing.T) {
 		remaining float64
 		low       bool // after the note, at the same instant
 	}{
-		{0, 49.9, true},
-		{time.Second, 50, false}, // half the burst: not low
+		{0, 24.9, true},          // the share of the burst (100 over 4 servers) is 25
+		{time.Second, 25, false}, // a share: not low
 		{2 * time.Second, -300, true},
 		{2*time.Second + lowMemory - 1, 0, true}, // noted again: remembered from here
 	} {
@@ -211,7 +216,7 @@ func TestAsyncLowIsRemembered(t *testing.T) {
 		t.Fatal("a low key not remembered for lowMemory after its last answer")
 	}
 	// The fleet's set: a key learnt from it is low while it marks the key; an answer of
-	// this server's own that found the bucket at half its burst outweighs the set for
+	// this server's own that found its share in the bucket outweighs the set for
 	// LowShare, and unmarks the key there; a key this server found low itself stays
 	// low when the set forgets it.
 	var f lowKeys
@@ -252,6 +257,50 @@ func TestAsyncLowIsRemembered(t *testing.T) {
 	full.note(sh, "late", 0, t0.Add(lowMemory+time.Second))
 	if !full.low("late", t0.Add(lowMemory+time.Second)) || full.size() != 1 {
 		t.Fatalf("after lowMemory the forgotten keys make room: %d noted", full.size())
+	}
+}
+
+// TestAsyncUnchargedOutlivesTheEntry: a key admitted uncharged is not admitted so again
+// before its charge is answered, even if its entry was let go of meanwhile; and a
+// charge answered after the limit changed (another shape) still frees the key.
+func TestAsyncUnchargedOutlivesTheEntry(t *testing.T) {
+	e, lm := asyncEngine(t, new(bool))
+	warmUp(t, e)
+	at := t0.Add(time.Second)
+	if d, _ := decide(e, at, lm, "k", 1); d.Reason != ReasonAsync {
+		t.Fatalf("%+v, want admitted at once", d)
+	}
+	lm.keys.Remove("k") // let go of, as an idle sweep or a full store does
+	if _, w := decide(e, at, lm, "k", 1); w == nil {
+		t.Fatal("admitted uncharged twice: the entry was let go of, the admission not charged")
+	}
+	for trip := e.Next(); trip != nil; trip = e.Next() { // the refill of that request: k is not low
+		answerAll(trip)
+		e.Done(at, trip)
+	}
+	c := lm.Config()
+	c.Version, c.Burst, c.PreBurst = 1, 80, 0
+	if err := e.SetLimit(at, c); err != nil {
+		t.Fatal(err)
+	}
+	e.Tick(at.Add(100 * time.Millisecond))
+	trip := e.Next()
+	for trip != nil && trip.Kind == LowTrip { // the exchange the admissions made due
+		trip.Answered = true
+		e.Done(at.Add(100*time.Millisecond), trip)
+		trip = e.Next()
+	}
+	if trip == nil || !trip.debts || len(trip.Refunds) != 1 {
+		t.Fatalf("Next = %+v, want the charge", trip)
+	}
+	trip.Answered = true
+	trip.RefundResults[0].Remaining = 90
+	e.Done(at.Add(101*time.Millisecond), trip)
+	if d, _ := decide(e, at.Add(102*time.Millisecond), lm, "j", 1); d.Reason != ReasonAsync {
+		t.Fatalf("another key: %+v", d)
+	}
+	if lm.low.admit("k", at.Add(102*time.Millisecond)) == false {
+		t.Fatal("k still counted uncharged after its charge was answered under the old limit")
 	}
 }
 

@@ -22,19 +22,23 @@ const debtRetry = 250 * time.Millisecond
 // forgiven (counted in LimitStats.Forgiven).
 const maxDebtKeys = 100_000
 
-// debtKey names the bucket a debt is owed to.
+// debtKey names the bucket a debt is owed to, and which kind of debt it is: FailLocal's
+// and Async's are kept apart (a FailLocal debt is forgiven against its reference and
+// waits for Redis to answer; an Async charge is neither).
 type debtKey struct {
-	lim *Limit
-	key string // the key's ID
+	lim   *Limit
+	key   string // the key's ID
+	async bool
 }
 
-// debt is what one server owes one bucket: tokens its FailLocal fallback admitted.
+// debt is what one server owes one bucket: tokens its FailLocal fallback admitted, or
+// (async) tokens a limit with Async admitted uncharged.
 type debt struct {
 	shape  *Shape // the key's shape when it was last admitted
 	n      int
 	ref    float64 // the bucket's credit at this server's last grant, if hasRef
 	hasRef bool
-	async  bool // an Async admission is in n (async.go): it goes once due
+	async  bool // Async admissions (async.go): it goes once due
 }
 
 // debtFloor is how far below zero s's debts may take its bucket: Burst + Rate·DebtWindow.
@@ -70,7 +74,7 @@ func (e *Engine) owe(lm *Limit, sh *Shape, key string, n int, ref float64, hasRe
 // Async. It reports false when the debt was forgiven instead (too many keys owed). It
 // requires that e.mu is held.
 func (e *Engine) addDebt(lm *Limit, sh *Shape, key string, n int, ref float64, hasRef, async bool) bool {
-	k := debtKey{lm, key}
+	k := debtKey{lm, key, async}
 	d, ok := e.debts[k]
 	if !ok {
 		if len(e.debts) >= maxDebtKeys {
@@ -116,16 +120,14 @@ func (e *Engine) debtsDue() bool {
 // once Redis answered a trip, the async admissions' once due. It requires that e.mu is
 // held.
 func (e *Engine) debtTrip() *Trip {
-	var reqs []global.RefundRequest
+	var batch debtBatch
 	if len(e.debtRetry) > 0 {
-		reqs, e.debtRetry = e.debtRetry[0], e.debtRetry[1:]
+		batch, e.debtRetry = e.debtRetry[0], e.debtRetry[1:]
 	} else {
-		n := min(len(e.debtOrder), MaxBatch)
-		reqs = make([]global.RefundRequest, 0, n)
 		rest := e.debtOrder[:0:0]
 		for i, k := range e.debtOrder {
 			d := e.debts[k]
-			if len(reqs) == MaxBatch {
+			if len(batch.reqs) == MaxBatch {
 				rest = append(rest, e.debtOrder[i:]...)
 				break
 			}
@@ -138,8 +140,9 @@ func (e *Engine) debtTrip() *Trip {
 				e.asyncDebts--
 			}
 			floor := d.shape.debtFloor()
-			reqs = append(reqs, global.RefundRequest{Limit: d.shape.glim, ID: global.KeyID(k.key),
+			batch.reqs = append(batch.reqs, global.RefundRequest{Limit: d.shape.glim, ID: global.KeyID(k.key),
 				N: -min(d.n, floor), Floor: floor, Seq: e.nextSeq(), Ref: d.ref, HasRef: d.hasRef})
+			batch.async = append(batch.async, d.async)
 			if over := d.n - floor; over > 0 {
 				k.lim.stats.forgiven.Add(int64(over))
 				k.lim.stats.owed.Add(-int64(over))
@@ -150,12 +153,20 @@ func (e *Engine) debtTrip() *Trip {
 	if e.asyncDebts == 0 && len(e.debtRetry) == 0 {
 		e.asyncDue = false // the next async admission waits Async again
 	}
-	return &Trip{Kind: RefundTrip, Refunds: reqs, RefundResults: make([]global.RefundResult, len(reqs)), debts: true}
+	return &Trip{Kind: RefundTrip, Refunds: batch.reqs, RefundResults: make([]global.RefundResult, len(batch.reqs)),
+		debts: true, asyncDebts: batch.async}
+}
+
+// debtBatch is the items of a debt trip, and which of them are Async's charges.
+type debtBatch struct {
+	reqs  []global.RefundRequest
+	async []bool
 }
 
 // charged counts the answers of a debt trip. A batch that timed out goes again whole
 // (its charges may have run); a failed item is owed again, with a fresh sequence number
-// (Redis answered that it did not run).
+// (Redis answered that it did not run). An Async charge answered, or never to be sent,
+// lets its key be admitted uncharged again; its answer says whether the key is low.
 func (e *Engine) charged(now time.Time, t *Trip) {
 	e.stats.refundCalls.Add(1)
 	if t.Err != nil || !t.Answered {
@@ -166,7 +177,7 @@ func (e *Engine) charged(now time.Time, t *Trip) {
 	if !t.Answered {
 		e.mu.Lock()
 		if !e.finished {
-			e.debtRetry = append(e.debtRetry, t.Refunds)
+			e.debtRetry = append(e.debtRetry, debtBatch{t.Refunds, t.asyncDebts})
 			e.mu.Unlock()
 			return
 		}
@@ -181,25 +192,36 @@ func (e *Engine) charged(now time.Time, t *Trip) {
 		if lm == nil {
 			continue
 		}
+		async := t.asyncDebts[i]
 		n := -r.N
 		lm.stats.owed.Add(-int64(n))
+		sh := lm.shapeOf(r.Limit)
 		switch {
 		case err == nil:
 			lm.stats.charged.Add(int64(n))
-			if sh := lm.shapeOf(r.Limit); sh != nil && sh.cfg.Async > 0 {
-				lm.asyncCharged(sh, string(r.ID), t.RefundResults[i].Remaining, now)
+			if async {
+				if sh != nil && sh.cfg.Async > 0 {
+					lm.low.note(sh, string(r.ID), t.RefundResults[i].Remaining, now)
+				}
+				lm.low.charged(string(r.ID))
 			}
 		case !t.Answered:
 			lm.stats.forgiven.Add(int64(n)) // after Finish: nothing will send it
+			if async {
+				lm.low.charged(string(r.ID))
+			}
 		default:
 			e.mu.Lock()
 			e.debtHeld, e.debtHoldUntil = true, now.Add(debtRetry)
 			e.mu.Unlock()
-			sh := lm.shapeOf(r.Limit)
 			if sh == nil {
 				sh = lm.Shape("")
 			}
-			e.owe(lm, sh, string(r.ID), n, r.Ref, r.HasRef)
+			if async {
+				e.oweAsync(lm, sh, string(r.ID), n, now)
+			} else {
+				e.owe(lm, sh, string(r.ID), n, r.Ref, r.HasRef)
+			}
 		}
 	}
 }
@@ -222,8 +244,8 @@ func (e *Engine) forgiveDebts() {
 		k.lim.stats.owed.Add(-int64(d.n))
 		k.lim.stats.forgiven.Add(int64(d.n))
 	}
-	for _, reqs := range e.debtRetry {
-		for _, r := range reqs {
+	for _, b := range e.debtRetry {
+		for _, r := range b.reqs {
 			if lm := e.limitNamed(r.Limit.Name); lm != nil {
 				lm.stats.owed.Add(int64(r.N))
 				lm.stats.forgiven.Add(-int64(r.N))

@@ -149,7 +149,6 @@ func (lm *Limit) decide(o *outcome, en *entry, t time.Time, tier string, n int, 
 		}
 		if w == nil && lm.trusts(en, sh, t, n) {
 			en.pre.AllowN(t, n)
-			en.charging = true
 			o.async = n
 			// Remaining: nothing here says the key is low, the likeliest is a full bucket.
 			o.d = Decision{Allowed: true, Remaining: c.Burst - n, Source: SourceLease, Reason: ReasonAsync}

@@ -113,7 +113,7 @@ type Engine struct {
 
 	servers   atomic.Int64
 	firstTick atomic.Int64 // the first Tick's instant (Unix nanoseconds); 0 before it
-	warm      atomic.Bool  // a low-key exchange made after the first Async was answered (async.go)
+	openSeen  atomic.Bool  // the breaker was open when Next or Tick last asked (async.go)
 
 	mu sync.Mutex
 	// The fields below are guarded by mu.
@@ -133,18 +133,18 @@ type Engine struct {
 	debtHeld      bool // a debt trip failed: debts wait until debtHoldUntil
 	debtWait      bool // a debt was owed since Redis last answered a trip: debts wait for an answer
 	debtHoldUntil time.Time
-	debts         map[debtKey]*debt        // FailLocal's admissions, owed to the buckets
-	debtOrder     []debtKey                // debts' keys, in the order first owed
-	debtRetry     [][]global.RefundRequest // debt trips that timed out, to send again as they were
-	asyncDebts    int                      // debts holding an async admission (async.go)
-	asyncAt       time.Time                // when the queued async charges are due; zero: none queued
-	asyncDue      bool                     // async charges are due: the debts go, whether Redis answered or not
-	lowAt         time.Time                // the next low-key exchange; zero: none planned
-	lowDue        bool                     // a low-key exchange is due
-	lowOut        bool                     // a low-key exchange is out
-	lowNow        time.Time                // the Tick that made it due
-	lowLast       time.Time                // when the last one was answered
-	lowNews       bool                     // an async admission since the last one
+	debts         map[debtKey]*debt // FailLocal's admissions, owed to the buckets
+	debtOrder     []debtKey         // debts' keys, in the order first owed
+	debtRetry     []debtBatch       // debt trips that timed out, to send again as they were
+	asyncDebts    int               // debts holding an async admission (async.go)
+	asyncAt       time.Time         // when the queued async charges are due; zero: none queued
+	asyncDue      bool              // async charges are due: the debts go, whether Redis answered or not
+	lowAt         time.Time         // the next low-key exchange; zero: none planned
+	lowDue        bool              // a low-key exchange is due
+	lowOut        bool              // a low-key exchange is out
+	lowNow        time.Time         // the Tick that made it due
+	lowLast       time.Time         // when the last one was answered
+	lowNews       bool              // an async admission since the last one
 
 	stats counters
 }
@@ -171,7 +171,6 @@ type entry struct {
 	credit    float64
 	hasCredit bool
 	flight    *Flight // the refill in flight, nil if none
-	charging  bool    // an async admission of the key waits to be charged (async.go)
 	slot      uint8   // which shard of the counters the key counts in
 	// key is the key's ID (wire.KeyID), the store's own copy: flights, waiters, refunds
 	// and expiries hold it, never the caller's string, which may pin a larger buffer.
@@ -327,7 +326,6 @@ func (lm *Limit) initEntry(en *entry, key string, now time.Time) {
 	en.shape = nil
 	en.lease = NewLease(lm.seed ^ h)
 	en.flight = nil
-	en.charging = false
 	en.slot = uint8(h % counterShards)
 	en.key = key
 }

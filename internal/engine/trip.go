@@ -55,11 +55,12 @@ type Trip struct {
 	Err      error
 	Answered bool
 
-	flights  []*Flight // of a TakeTrip, by item
-	debts    bool      // a RefundTrip of debts (negative refunds)
-	warms    bool      // a LowTrip whose answer makes the server warm
-	lost     int       // tokens of a RefundTrip not refunded
-	firstErr error     // the first error of a RefundTrip's lost tokens
+	flights    []*Flight // of a TakeTrip, by item
+	debts      bool      // a RefundTrip of debts (negative refunds)
+	asyncDebts []bool    // of a debt trip, by item: an Async charge
+	warms      bool      // a LowTrip whose answer makes the server warm
+	lost       int       // tokens of a RefundTrip not refunded
+	firstErr   error     // the first error of a RefundTrip's lost tokens
 }
 
 // Lost returns, after Done, the tokens of a RefundTrip that were not refunded (they stay
@@ -74,6 +75,9 @@ func (t *Trip) Lost() (int, error) { return t.lost, t.firstErr }
 func (e *Engine) Next() *Trip {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.open != nil {
+		e.openSeen.Store(e.open())
+	}
 	if e.busy {
 		return nil
 	}
@@ -464,7 +468,9 @@ func (e *Engine) Stop(now time.Time) {
 	e.mu.Lock()
 	e.stopped = true
 	e.beatDue, e.lowDue, e.lowAt = false, false, time.Time{}
-	e.asyncDue, e.asyncAt = true, time.Time{} // the async admissions are charged now
+	if e.asyncDebts > 0 {
+		e.asyncDue, e.asyncAt = true, time.Time{} // the async admissions are charged now
+	}
 	pending := e.pending
 	e.pending = nil
 	e.mu.Unlock()
