@@ -102,15 +102,16 @@ type Limit struct {
 	// Async, if positive, makes this a charge-later limit, for per-client keys spread
 	// over many servers, whose leases hold too few tokens to save round trips: a
 	// request its server holds no tokens for is admitted without waiting for Redis,
-	// unless this server learnt that the key's bucket is low (below one server's share),
-	// and charged to the bucket within Async, with every other key this server admitted
-	// so, in one pipelined round trip. A low key's requests wait for Redis, as with 0.
-	// Each server holds at most one such admission per key uncharged, of a cost of at
-	// most max(1, ceil(Burst/servers)), and makes none in its first Async. Any window W
-	// then admits at most 2·Burst + Rate·W plus that share once per server that did not
-	// know the key low; docs/limits.md states the bound and docs/design.md §11 measures
-	// it. 0 (the default): exact, every request the lease cannot serve asks Redis. At
-	// least 1ms when set.
+	// unless this server learnt that the key's bucket is low (holding less than one
+	// server's share of the burst, c = max(1, ceil(Burst/servers))), and charged to the
+	// bucket within Async, with every other key this server admitted so, in one
+	// pipelined round trip. A low key's requests wait for Redis, as with 0. Each server
+	// holds at most one such admission per key uncharged, of a cost of at most c, and
+	// makes none before its first exchange of low keys with the fleet (half an Async
+	// after it starts) or while its breaker is open. Any window W then admits at most
+	// 2·Burst + Rate·W + servers·c; docs/limits.md states the bound and docs/design.md
+	// §11 measures it. 0 (the default): exact, every request the lease cannot serve
+	// asks Redis. At least 1ms when set.
 	Async time.Duration
 }
 

@@ -392,6 +392,9 @@ func (lm *Limit) trusts(en *entry, sh *Shape, t time.Time, n int) bool {
 	if sh.cfg.Async <= 0 || en.flight != nil || n <= 0 || n > sh.asyncShare() || lm.e.openSeen.Load() {
 		return false
 	}
+	if en.lease.tookWithin(t, sh.lease.Load().Lifetime) {
+		return false // its lease is in use here: it serves the key, at no extra call
+	}
 	return lm.low.admit(en.key, t)
 }
 

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
 	"strconv"
 	"testing"
@@ -49,9 +50,11 @@ func warmUp(t *testing.T, e *Engine) {
 }
 
 // TestAsyncAdmitsAndCharges walks one server through the life of a charge-later limit:
-// nothing is admitted without Redis in the server's first Async; then a key not known
+// nothing is admitted without Redis before its low-key exchange at half an Async; then a
+// key not known
 // low is admitted at once (one admission per key uncharged, of at most the server's
-// share), and charged as a refund of -n in one trip once Async has passed; the charge's
+// share, and none of a key whose lease took from the bucket within its lifetime), and
+// charged as a refund of -n in one trip once Async has passed; the charge's
 // answer marks a bucket below the server's share of the burst (25) low, and a low key
 // waits for Redis until a refill finds its share in it again; an open breaker sends
 // requests to the policy.
@@ -178,11 +181,18 @@ func TestAsyncAdmitsAndCharges(t *testing.T) {
 	if lm.low.low("a", t0.Add(204*time.Millisecond)) {
 		t.Fatal("a still low after a refill found 60 of 100")
 	}
+	// Not low, but its lease took from the bucket within its lifetime: the lease serves
+	// a here, and a request it cannot serve asks Redis (an uncharged admission would be a
+	// call more).
+	if _, w := decide(e, t0.Add(205*time.Millisecond), lm, "a", 1); w == nil {
+		t.Fatal("a, whose lease is in use, admitted uncharged")
+	}
 	// An open breaker, once the driver's loop has seen it: the policy (FailClosed)
 	// decides, nothing is admitted to charge.
 	open = true
-	if trip := e.Next(); trip != nil {
-		t.Fatalf("a trip while the breaker is open: %+v", trip)
+	for trip := e.Next(); trip != nil; trip = e.Next() { // a's refill: the breaker refuses it
+		trip.Err = breaker.ErrOpen
+		e.Done(t0.Add(300*time.Millisecond), trip)
 	}
 	if d, w := decide(e, t0.Add(300*time.Millisecond), lm, "d", 1); w != nil || d.Allowed || d.Source != SourceFallback {
 		t.Fatalf("breaker open: %+v, %v; want FailClosed's denial", d, w)

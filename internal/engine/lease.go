@@ -282,6 +282,11 @@ func (l *Lease) acquire(c *LeaseConfig, now time.Time, n int, st *Step) {
 	l.decide(c, t, n, st)
 }
 
+// tookWithin reports whether a take of this lease was answered less than d before now.
+func (l *Lease) tookWithin(now time.Time, d time.Duration) bool {
+	return l.took && l.based && now.UnixNano()-l.base-l.answered < int64(d)
+}
+
 // answeredWithin records that a take of this lease was answered at now, and reports
 // whether the one before was answered less than d earlier.
 func (l *Lease) answeredWithin(now time.Time, d time.Duration) bool {
