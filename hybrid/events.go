@@ -115,6 +115,14 @@ func (ev *events) trip(now time.Time, t *engine.Trip, servers int) {
 				slog.String("fleet", ev.fleet), slog.Int("from", ev.servers), slog.Int("to", servers))
 			ev.servers = servers
 		}
+	case engine.LowTrip:
+		// A Redis that refuses lua.Low leaves a limit with Async exact: say why.
+		ev.refusedBy(now, t.Err)
+		if t.Answered {
+			for _, x := range t.Lows {
+				ev.refusedBy(now, x.Err)
+			}
+		}
 	}
 	ev.breaker()
 }
