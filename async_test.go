@@ -68,6 +68,13 @@ func TestAsyncFleet(t *testing.T) {
 			var counter callCounter
 			fleet := asyncFleet(t, addr, prefix, servers, 0.01, burst, &counter)
 			before := counter.trips.Load()
+			sum := func(f func(hybrid.LimitStats) int64) (n int64) {
+				for _, s := range fleet {
+					n += f(s.limiter.Stats().Limits[0])
+				}
+				return n
+			}
+			takesBefore := sum(func(s hybrid.LimitStats) int64 { return s.Takes })
 			rng := rand.New(rand.NewPCG(1, 2))
 			for k := range keys {
 				for _, i := range rng.Perm(servers)[:perKey] {
@@ -83,6 +90,14 @@ func TestAsyncFleet(t *testing.T) {
 				if err := s.limiter.Close(ctx); err != nil {
 					t.Fatal(err)
 				}
+			}
+			// Not a take nor a refund for them: one charge each, and nothing owed.
+			if takes := sum(func(s hybrid.LimitStats) int64 { return s.Takes }) - takesBefore; takes != 0 {
+				t.Errorf("%d refills for keys admitted without Redis", takes)
+			}
+			charged := sum(func(s hybrid.LimitStats) int64 { return s.Charged })
+			if owed := sum(func(s hybrid.LimitStats) int64 { return s.Owed }); charged != keys*perKey+servers || owed != 0 {
+				t.Errorf("charged %d (owed %d), want the %d admissions and the %d probes that went in without Redis", charged, owed, keys*perKey, servers)
 			}
 			lim, _ := global.NewLimit("api", 0.01, burst)
 			for k := range keys {

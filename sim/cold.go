@@ -57,8 +57,10 @@ func (o coldOpts) tracked() []int { return []int{0, -1}[:1+o.abuseKeys()] }
 // ColdResult is what only the cold-key comparison measures.
 type ColdResult struct {
 	// UnderLimitWaited is the share of the requests of keys within their limit (requests
-	// ≤ burst + rate·T) decided after waiting for Redis.
-	UnderLimitWaited float64 `json:"under_limit_waited"`
+	// ≤ burst + rate·T) decided after waiting for Redis; UnderLimitWaitedAfter1s the same
+	// over the requests that arrived 1 s into the run or later, past the fleet's start.
+	UnderLimitWaited        float64 `json:"under_limit_waited"`
+	UnderLimitWaitedAfter1s float64 `json:"under_limit_waited_after_1s"`
 	// HotWorst and AbuseWorst are, for the hottest Zipf key and the abusive key, the
 	// largest admissions in any window of length W over 2·burst + rate·W, W in
 	// coldWindows; HotWorstW and AbuseWorstW the W that gave it.
@@ -100,6 +102,12 @@ func (r *recorder) trackedIndex(k int) int {
 func (r *recorder) coldDecide(q *request, now, lat time.Duration, allowed bool) {
 	if lat > 0 {
 		r.keyWait[q.key]++
+	}
+	if now-lat >= time.Second {
+		r.keyReqLate[q.key]++
+		if lat > 0 {
+			r.keyWaitLate[q.key]++
+		}
 	}
 	if i := r.trackedIndex(q.key); allowed && i >= 0 && now <= r.sc.Duration {
 		r.admAt[i] = append(r.admAt[i], now)
@@ -145,15 +153,20 @@ func (r *recorder) asyncExtra() float64 {
 
 func (r *recorder) coldResult() *ColdResult {
 	c := &ColdResult{}
-	var req, wait float64
+	var req, wait, reqLate, waitLate float64
 	for k := range r.keyReq {
 		if float64(r.keyReq[k]) <= r.sc.bound() {
 			req += float64(r.keyReq[k])
 			wait += float64(r.keyWait[k])
+			reqLate += float64(r.keyReqLate[k])
+			waitLate += float64(r.keyWaitLate[k])
 		}
 	}
 	if req > 0 {
 		c.UnderLimitWaited = wait / req
+	}
+	if reqLate > 0 {
+		c.UnderLimitWaitedAfter1s = waitLate / reqLate
 	}
 	c.HotWorst, c.HotWorstW = r.worstWindow(r.admAt[0], 0)
 	c.HotWorstAsync, _ = r.worstWindow(r.admAt[0], r.asyncExtra())
