@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -117,29 +116,14 @@ func TestAsyncFleet(t *testing.T) {
 			fleet := asyncFleet(t, addr, prefix, servers, rate, burst, nil)
 			var admitted, async atomic.Int64
 			run := time.Second
-			start := time.Now()
-			var wg sync.WaitGroup
-			for g := range 64 {
-				s := fleet[g%servers]
-				wg.Go(func() {
-					for time.Since(start) < run {
-						d, err := s.limiter.Allow(ctx, "api", "hot")
-						if err != nil {
-							t.Error(err)
-							return
-						}
-						if d.Allowed {
-							admitted.Add(1)
-						}
-						if d.Reason == hybrid.ReasonAsync {
-							async.Add(1)
-						}
-						time.Sleep(500 * time.Microsecond)
-					}
-				})
-			}
-			wg.Wait()
-			elapsed := time.Since(start).Seconds()
+			elapsed := hammer(t, fleet, "hot", 64, run, func(d hybrid.Decision) {
+				if d.Allowed {
+					admitted.Add(1)
+				}
+				if d.Reason == hybrid.ReasonAsync {
+					async.Add(1)
+				}
+			}).Seconds()
 			c := (burst + servers - 1) / servers
 			bound := 2*burst + rate*elapsed + float64(servers*c)
 			t.Logf("admitted %d in %.2fs (%d without Redis); bound 2·burst + rate·T + S·c = %.0f", admitted.Load(), elapsed, async.Load(), bound)

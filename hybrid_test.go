@@ -123,6 +123,37 @@ func targets(t *testing.T, fn func(t *testing.T, addr string, real bool)) {
 	})
 }
 
+// hammer has goroutines goroutines, spread over fleet, ask for key of limit "api" until
+// run has passed, and calls decided with each decision (from those goroutines); it
+// returns how long they ran. A request does some work: without it 64 goroutines spinning
+// on a small machine starve the refiller and the Redis client (and, on miniredis, Redis
+// itself) of CPU, and the breaker, seeing timeouts, rightly opens. 20µs was not enough
+// under -race on 2 loaded CPUs (286 refills timed out, 73% of rate·T admitted); 500µs
+// still asks for up to 64× the limit.
+func hammer(t *testing.T, fleet []*server, key string, goroutines int, run time.Duration, decided func(hybrid.Decision)) time.Duration {
+	t.Helper()
+	ctx := context.Background()
+	start := time.Now()
+	deadline := start.Add(run)
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		l := fleet[g%len(fleet)].limiter
+		wg.Go(func() {
+			for time.Now().Before(deadline) {
+				d, err := l.Allow(ctx, "api", key)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				decided(d)
+				time.Sleep(500 * time.Microsecond)
+			}
+		})
+	}
+	wg.Wait()
+	return time.Since(start)
+}
+
 // TestFleetHoldsTheLimit: 8 limiter instances (8 servers) share one Redis; 64 goroutines
 // hammer one key (each request also sleeps 500µs, as a handler does some work) with a
 // fleet limit far below their demand. The fleet admits no more
@@ -155,40 +186,16 @@ func TestFleetHoldsTheLimit(t *testing.T) {
 			})
 		}
 		var admitted, requests, fallbacks atomic.Int64
-		var wg sync.WaitGroup
 		ctx := context.Background()
-		start := time.Now()
-		deadline := start.Add(run)
-		for g := range goroutines {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				l := fleet[g%servers].limiter
-				for time.Now().Before(deadline) {
-					d, err := l.Allow(ctx, "api", "hot-client")
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					requests.Add(1)
-					if d.Allowed {
-						admitted.Add(1)
-					}
-					if d.Source == hybrid.SourceFallback {
-						fallbacks.Add(1)
-					}
-					// A request does some work: without it 64 goroutines spinning on a
-					// small machine starve the refiller and the Redis client (and, on
-					// miniredis, Redis itself) of CPU, and the breaker, seeing timeouts,
-					// rightly opens. 20µs was not enough under -race on 2 loaded CPUs
-					// (286 refills timed out, 73% of rate·T admitted); 500µs still asks
-					// for up to 64× the limit.
-					time.Sleep(500 * time.Microsecond)
-				}
-			}()
-		}
-		wg.Wait()
-		elapsed := time.Since(start)
+		elapsed := hammer(t, fleet, "hot-client", goroutines, run, func(d hybrid.Decision) {
+			requests.Add(1)
+			if d.Allowed {
+				admitted.Add(1)
+			}
+			if d.Source == hybrid.SourceFallback {
+				fallbacks.Add(1)
+			}
+		})
 		for _, s := range fleet {
 			if err := s.limiter.Close(ctx); err != nil {
 				t.Errorf("Close: %v", err)
