@@ -114,14 +114,6 @@ func (s *lowKeys) charged(key string) {
 	s.mu.Unlock()
 }
 
-// low reports whether key is low at now.
-func (s *lowKeys) low(key string, now time.Time) bool {
-	s.mu.Lock()
-	m, ok := s.keys[key]
-	s.mu.Unlock()
-	return ok && m.isLow(now)
-}
-
 func (m lowMark) isLow(now time.Time) bool { return m.at.After(m.high) && now.Sub(m.at) < lowMemory }
 
 // note records what an answer at now said of key's bucket: remaining tokens, of shape
@@ -240,13 +232,6 @@ func (s *lowKeys) setWarm() {
 	s.mu.Lock()
 	s.warm = true
 	s.mu.Unlock()
-}
-
-// size returns the number of keys noted (forgotten ones included until a sweep).
-func (s *lowKeys) size() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.keys)
 }
 
 // LowExchange is one limit's part of a LowTrip: the keys this server found low, to mark

@@ -334,3 +334,18 @@ func TestAsyncChargesGoAtStop(t *testing.T) {
 		t.Fatalf("lost %d, charged %d; want 0 and 3", lost, lm.Stats().Charged)
 	}
 }
+
+// low reports whether key is low at now.
+func (s *lowKeys) low(key string, now time.Time) bool {
+	s.mu.Lock()
+	m, ok := s.keys[key]
+	s.mu.Unlock()
+	return ok && m.isLow(now)
+}
+
+// size returns the number of keys noted (forgotten ones included until a sweep).
+func (s *lowKeys) size() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.keys)
+}

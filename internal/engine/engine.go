@@ -113,7 +113,7 @@ type Engine struct {
 
 	servers   atomic.Int64
 	firstTick atomic.Int64 // the first Tick's instant (Unix nanoseconds); 0 before it
-	openSeen  atomic.Bool  // the breaker was open when Next or Tick last asked (async.go)
+	openSeen  atomic.Bool  // the breaker was open when Next last asked (async.go)
 
 	mu sync.Mutex
 	// The fields below are guarded by mu.

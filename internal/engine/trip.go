@@ -75,8 +75,8 @@ func (t *Trip) Lost() (int, error) { return t.lost, t.firstErr }
 func (e *Engine) Next() *Trip {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.open != nil {
-		e.openSeen.Store(e.open())
+	if e.open != nil && e.asyncMin() > 0 {
+		e.openSeen.Store(e.open()) // for Async's admissions, which do not call it (async.go)
 	}
 	if e.busy {
 		return nil
