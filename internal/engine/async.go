@@ -18,8 +18,9 @@ import (
 // refill).
 //
 // A server holds at most one admission of a key uncharged at a time, of a cost of at
-// most c, and admits none before its low-key exchange at half an Async after its first
-// Tick. So the fleet's uncharged admissions of one key are at most S·c at any instant
+// most c; it admits none before its low-key exchange at half an Async after its first
+// Tick, none while its breaker is open, and none of a key whose lease took from the
+// bucket within its lifetime (that lease serves the key). So the fleet's uncharged admissions of one key are at most S·c at any instant
 // (S servers): that is what a key can exceed the exact bound 2·burst + rate·W by, and
 // only until the charges of the servers that did not know it was low arrive. The
 // charges themselves follow the bucket, as refunds of -n, down to -(burst +
