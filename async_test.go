@@ -11,12 +11,13 @@ import (
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/redistest"
 )
 
 // asyncFleet starts n servers sharing prefix with one charge-later limit "api" (Async
 // 20ms) of rate and burst, and waits until each admits a key it does not know without
 // Redis: its first low-key exchanges are answered.
-func asyncFleet(t *testing.T, addr, prefix string, n int, rate float64, burst int, counter *callCounter) []*server {
+func asyncFleet(t *testing.T, addr, prefix string, n int, rate float64, burst int, counter *redistest.Counter) []*server {
 	t.Helper()
 	fleet := make([]*server, n)
 	for i := range fleet {
@@ -64,9 +65,9 @@ func TestAsyncFleet(t *testing.T) {
 		t.Run("cold keys", func(t *testing.T) {
 			prefix := randomPrefix()
 			const burst, perKey, keys = 40, 3, 100
-			var counter callCounter
+			var counter redistest.Counter
 			fleet := asyncFleet(t, addr, prefix, servers, 0.01, burst, &counter)
-			before := counter.trips.Load()
+			before := counter.Trips.Load()
 			sum := func(f func(hybrid.LimitStats) int64) (n int64) {
 				for _, s := range fleet {
 					n += f(s.limiter.Stats().Limits[0])
@@ -84,7 +85,7 @@ func TestAsyncFleet(t *testing.T) {
 					}
 				}
 			}
-			t.Logf("%d requests, %d round trips meanwhile (charges, exchanges)", keys*perKey, counter.trips.Load()-before)
+			t.Logf("%d requests, %d round trips meanwhile (charges, exchanges)", keys*perKey, counter.Trips.Load()-before)
 			for _, s := range fleet {
 				if err := s.limiter.Close(ctx); err != nil {
 					t.Fatal(err)

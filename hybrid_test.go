@@ -27,30 +27,6 @@ import (
 	"github.com/fleetlimit/fleetlimit/lua"
 )
 
-// callCounter is a go-redis hook counting what a server sends to Redis: round trips
-// (a command, or a whole pipeline) and commands.
-type callCounter struct {
-	trips, cmds atomic.Int64
-}
-
-func (c *callCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (c *callCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		c.trips.Add(1)
-		c.cmds.Add(1)
-		return next(ctx, cmd)
-	}
-}
-
-func (c *callCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		c.trips.Add(1)
-		c.cmds.Add(int64(len(cmds)))
-		return next(ctx, cmds)
-	}
-}
-
 // server is one member of a simulated fleet: its own client (pool), store and limiter.
 type server struct {
 	client  redis.UniversalClient // a *redis.Client, or a *redis.ClusterClient (TestClusterFailover)
@@ -77,7 +53,7 @@ func randomPrefix() string {
 
 // newServer builds a fleet member on the Redis at addr. prefix keeps the test's keys
 // apart on a shared Redis (it is never flushed).
-func newServer(t *testing.T, addr, prefix string, counter *callCounter, brk breaker.Settings, cfg hybrid.Config) *server {
+func newServer(t *testing.T, addr, prefix string, counter *redistest.Counter, brk breaker.Settings, cfg hybrid.Config) *server {
 	t.Helper()
 	c := redis.NewClient(redistest.Options(addr))
 	if counter != nil {
@@ -172,7 +148,7 @@ func TestFleetHoldsTheLimit(t *testing.T) {
 	)
 	targets(t, func(t *testing.T, addr string, real bool) {
 		prefix := randomPrefix()
-		var counter callCounter
+		var counter redistest.Counter
 		fleet := make([]*server, servers)
 		for i := range fleet {
 			// The floor holds while Redis answers in time. A loaded test machine (2 CPUs,
@@ -207,7 +183,7 @@ func TestFleetHoldsTheLimit(t *testing.T) {
 		t.Logf("%d servers x %d goroutines for %v: %d requests, %d admitted (%.0f%% of rate·T; bound %.0f, floor %.0f), %d by fallback",
 			servers, goroutines, elapsed.Round(time.Millisecond), requests.Load(), admitted.Load(), 100*a/(rateLimit*elapsed.Seconds()), bound, floor, fallbacks.Load())
 		t.Logf("Redis: %d round trips, %d commands; %.4f round trips per admitted request, %.5f per request (one script per request: 1)",
-			counter.trips.Load(), counter.cmds.Load(), float64(counter.trips.Load())/a, float64(counter.trips.Load())/float64(requests.Load()))
+			counter.Trips.Load(), counter.Cmds.Load(), float64(counter.Trips.Load())/a, float64(counter.Trips.Load())/float64(requests.Load()))
 		if a > bound {
 			t.Errorf("admitted %.0f > 2·burst + rate·T = %.0f", a, bound)
 		}
@@ -532,7 +508,7 @@ func TestCloseRefundsInFewRoundTrips(t *testing.T) {
 			keys /= 3
 		}
 		prefix := randomPrefix()
-		counter := &callCounter{}
+		counter := &redistest.Counter{}
 		s := newServer(t, addr, prefix, counter, breaker.Settings{Timeout: 5 * time.Second}, hybrid.Config{
 			FleetSize: 1,
 			Limits: []hybrid.Limit{{Name: "api", Rate: 0.001, Burst: 100, Policy: breaker.FailClosed,
@@ -556,11 +532,11 @@ func TestCloseRefundsInFewRoundTrips(t *testing.T) {
 		}
 		wg.Wait()
 		before := s.limiter.Stats()
-		trips, cmds := counter.trips.Load(), counter.cmds.Load()
+		trips, cmds := counter.Trips.Load(), counter.Cmds.Load()
 		if err := s.limiter.Close(ctx); err != nil {
 			t.Fatalf("Close: %v", err)
 		}
-		closeTrips, closeCmds := counter.trips.Load()-trips, counter.cmds.Load()-cmds
+		closeTrips, closeCmds := counter.Trips.Load()-trips, counter.Cmds.Load()-cmds
 		st := s.limiter.Stats()
 		t.Logf("%d keys: Close refunded %d tokens with %d commands in %d round trips (%d refund calls); stats %+v",
 			keys, st.Refunded-before.Refunded, closeCmds, closeTrips, st.RefundCalls-before.RefundCalls, st)

@@ -524,25 +524,18 @@ func (l *Limiter) do(ctx context.Context, t *engine.Trip) {
 			t.Live, t.Answered = live, true
 		}
 	case engine.LowTrip:
-		// The call may outlive Do (its deadline): it writes to its own slices, read only
-		// once it has returned.
+		// The call may outlive the breaker's deadline: it writes to its own slices, read
+		// only once it has returned (Answered).
 		got, errs := make([][]global.KeyID, len(t.Lows)), make([]error, len(t.Lows))
-		var done atomic.Bool
-		t.Err = l.brk.Do(ctx, func(ctx context.Context) error {
+		t.Answered, t.Err = l.doBatch(ctx, func(ctx context.Context) error {
 			var first error
 			for i, x := range t.Lows { // each limit on its own: one's error does not stop the rest
 				got[i], errs[i] = l.store.Low(ctx, x.Limit, x.Mark, x.Unmark, engine.LowShare)
-				if first == nil {
-					first = errs[i]
-				}
+				first = cmp.Or(first, errs[i])
 			}
-			done.Store(true)
-			if global.IsUnavailable(first) {
-				return first
-			}
-			return nil
+			return first
 		})
-		if t.Answered = done.Load(); t.Answered {
+		if t.Answered {
 			for i := range t.Lows {
 				t.Lows[i].Got, t.Lows[i].Err = got[i], errs[i]
 			}
@@ -550,8 +543,8 @@ func (l *Limiter) do(ctx context.Context, t *engine.Trip) {
 	}
 }
 
-// doBatch runs one pipelined batch call (TakeBatch or RefundBatch, writing each item's
-// answer to its out) through the breaker. An item that found the store unavailable
+// doBatch runs one batch call (TakeBatch, RefundBatch, or a low-key exchange per
+// limit, writing each item's answer to its out) through the breaker. An item that found the store unavailable
 // fails the call for the breaker to count; other item errors are read from out.
 // answered reports that the call itself returned, so out holds every item's answer
 // even when err is set; if not (breaker open, deadline), out must not be read: the

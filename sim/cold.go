@@ -50,10 +50,6 @@ func (o coldOpts) abuseKeys() int {
 	return 0
 }
 
-// tracked are the keys whose admissions are timed: the hottest Zipf key (0) and the
-// abusive key.
-func (o coldOpts) tracked() []int { return []int{0, -1}[:1+o.abuseKeys()] }
-
 // ColdResult is what only the cold-key comparison measures.
 type ColdResult struct {
 	// UnderLimitWaited is the share of the requests of keys within their limit (requests
@@ -85,19 +81,9 @@ type ColdResult struct {
 	AnyWorstAfter1s float64 `json:"any_worst_after_1s"`
 }
 
-// coldWindows are the window lengths over which the tracked keys are checked.
+// coldWindows are the window lengths over which the keys' admissions are checked.
 var coldWindows = []time.Duration{10 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond,
 	500 * time.Millisecond, time.Second, 2 * time.Second, 5 * time.Second, 10 * time.Second}
-
-func (r *recorder) trackedIndex(k int) int {
-	if k == 0 {
-		return 0
-	}
-	if r.sc.cold.abuse > 0 && k == r.sc.Keys-1 {
-		return 1
-	}
-	return -1
-}
 
 func (r *recorder) coldDecide(q *request, now, lat time.Duration, allowed bool) {
 	if lat > 0 {
@@ -108,9 +94,6 @@ func (r *recorder) coldDecide(q *request, now, lat time.Duration, allowed bool) 
 		if lat > 0 {
 			r.keyWaitLate[q.key]++
 		}
-	}
-	if i := r.trackedIndex(q.key); allowed && i >= 0 && now <= r.sc.Duration {
-		r.admAt[i] = append(r.admAt[i], now)
 	}
 	if allowed && now <= r.sc.Duration {
 		r.keyAt[q.key] = append(r.keyAt[q.key], now)
@@ -142,8 +125,6 @@ func (r *recorder) worstWindowFrom(ats []time.Duration, extra float64, from time
 	return worst, at
 }
 
-func first[A, B any](a A, _ B) A { return a }
-
 // asyncExtra is what a limit with Async may admit over 2·burst + rate·W: one share of
 // the burst per server, max(1, ceil(burst/S)) each.
 func (r *recorder) asyncExtra() float64 {
@@ -168,19 +149,20 @@ func (r *recorder) coldResult() *ColdResult {
 	if reqLate > 0 {
 		c.UnderLimitWaitedAfter1s = waitLate / reqLate
 	}
-	c.HotWorst, c.HotWorstW = r.worstWindow(r.admAt[0], 0)
-	c.HotWorstAsync, _ = r.worstWindow(r.admAt[0], r.asyncExtra())
-
+	c.HotWorst, c.HotWorstW = r.worstWindow(r.keyAt[0], 0)
+	c.HotWorstAsync, _ = r.worstWindow(r.keyAt[0], r.asyncExtra())
 	for _, ats := range r.keyAt {
 		if w, at := r.worstWindow(ats, 0); w > c.AnyWorst {
 			c.AnyWorst, c.AnyWorstW = w, at
 		}
-		c.AnyWorstAsync = max(c.AnyWorstAsync, first(r.worstWindow(ats, r.asyncExtra())))
-		c.AnyWorstAfter1s = max(c.AnyWorstAfter1s, first(r.worstWindowFrom(ats, 0, time.Second)))
+		w, _ := r.worstWindow(ats, r.asyncExtra())
+		late, _ := r.worstWindowFrom(ats, 0, time.Second)
+		c.AnyWorstAsync, c.AnyWorstAfter1s = max(c.AnyWorstAsync, w), max(c.AnyWorstAfter1s, late)
 	}
-	if len(r.admAt) > 1 {
-		c.AbuseWorst, c.AbuseWorstW = r.worstWindow(r.admAt[1], 0)
-		c.AbuseWorstAsync, _ = r.worstWindow(r.admAt[1], r.asyncExtra())
+	if r.sc.cold.abuse > 0 {
+		abusive := r.keyAt[r.sc.Keys-1]
+		c.AbuseWorst, c.AbuseWorstW = r.worstWindow(abusive, 0)
+		c.AbuseWorstAsync, _ = r.worstWindow(abusive, r.asyncExtra())
 		c.AbuseOverBound = float64(r.keyAdm[r.sc.Keys-1]) / r.sc.bound()
 	}
 	return c

@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -143,9 +142,9 @@ func procChild(t *testing.T) {
 		t.Fatalf("%s: %v", procEnv, err)
 	}
 	sc := procScenario(servers)
-	var calls, trips atomic.Int64
+	var counter redistest.Counter
 	c := redis.NewClient(redistest.Options(addr))
-	c.AddHook(countHook{calls: &calls, trips: &trips})
+	c.AddHook(&counter)
 	defer c.Close()
 	store, err := global.New(c, global.Prefix(prefix), global.ServerID(fmt.Sprintf("p%d", idx)))
 	if err != nil {
@@ -202,30 +201,9 @@ func procChild(t *testing.T) {
 	if err := lim.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	r.Calls, r.Trips = calls.Load(), trips.Load()
+	r.Calls, r.Trips = counter.Cmds.Load(), counter.Trips.Load()
 	b, _ := json.Marshal(r)
 	if err := os.WriteFile(out, b, 0o644); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// countHook counts the Redis commands (calls) and round trips a client makes.
-type countHook struct{ calls, trips *atomic.Int64 }
-
-func (h countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.calls.Add(1)
-		h.trips.Add(1)
-		return next(ctx, cmd)
-	}
-}
-
-func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.calls.Add(int64(len(cmds)))
-		h.trips.Add(1)
-		return next(ctx, cmds)
 	}
 }

@@ -167,7 +167,6 @@ type recorder struct {
 	keyReq, keyAdm           []int64
 	keyWait                  []int64                 // decisions that waited (latency > 0), by key; cold runs only
 	keyReqLate, keyWaitLate  []int64                 // the same two counts for requests from 1 s on; cold runs only
-	admAt                    [][]time.Duration       // admission instants of the tracked keys; cold runs only
 	keyAt                    map[int][]time.Duration // admission instants of every key; cold runs only
 	hotAt                    []time.Duration         // admission instants of key 0, in runs with LimitChanges
 	outReq, outAdm           int64
@@ -191,7 +190,6 @@ func newRecorder(sc *Scenario) *recorder {
 	if sc.cold.on {
 		r.keyWait = make([]int64, sc.Keys)
 		r.keyReqLate, r.keyWaitLate = make([]int64, sc.Keys), make([]int64, sc.Keys)
-		r.admAt = make([][]time.Duration, len(sc.cold.tracked()))
 		r.keyAt = make(map[int][]time.Duration)
 	}
 	return r

@@ -281,7 +281,7 @@ func (e *Engine) scheduleLow(now time.Time, async time.Duration) bool {
 	if e.lowAt.IsZero() || now.Before(e.lowAt) {
 		return false
 	}
-	if !e.lowNews && now.Sub(e.lowLast) < LowShare && e.lowQuiet() {
+	if marks, warm := e.lowState(); !e.lowNews && now.Sub(e.lowLast) < LowShare && !marks && warm {
 		// Nothing admitted uncharged nor found low since the last exchange, and every
 		// limit warm: the fleet's news can wait, up to LowShare.
 		e.lowAt = now.Add(LowEvery)
@@ -291,17 +291,17 @@ func (e *Engine) scheduleLow(now time.Time, async time.Duration) bool {
 	return true
 }
 
-// lowQuiet reports whether every limit with Async is warm and has no marks or unmarks
-// to send.
-func (e *Engine) lowQuiet() bool {
+// lowState reports whether a limit with Async has marks or unmarks to send, and
+// whether every limit with Async is warm.
+func (e *Engine) lowState() (marks, warm bool) {
+	warm = true
 	for _, lm := range e.Limits() {
 		if lm.Config().Async > 0 {
-			if marks, warm := lm.low.pending(); marks || !warm {
-				return false
-			}
+			m, w := lm.low.pending()
+			marks, warm = marks || m, warm && w
 		}
 	}
-	return true
+	return marks, warm
 }
 
 // lowTrip returns the low-key exchange of every limit with Async. It requires that e.mu
@@ -343,23 +343,11 @@ func (e *Engine) lowDone(now time.Time, t *Trip) {
 		e.lowLast = now
 	}
 	next := LowEvery
-	if !all || !e.allWarm() {
+	if _, warm := e.lowState(); !all || !warm {
 		next = max(e.asyncMin()/4, time.Millisecond)
 	}
 	e.lowAt = now.Add(next)
 	e.mu.Unlock()
-}
-
-// allWarm reports whether every limit with Async is warm.
-func (e *Engine) allWarm() bool {
-	for _, lm := range e.Limits() {
-		if lm.Config().Async > 0 {
-			if _, warm := lm.low.pending(); !warm {
-				return false
-			}
-		}
-	}
-	return true
 }
 
 // asyncShare is the largest cost a server admits of one key of shape sh without asking

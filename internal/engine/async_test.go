@@ -40,11 +40,11 @@ func warmUp(t *testing.T, e *Engine) {
 	t.Helper()
 	e.Tick(t0)
 	exchange(t, e, t0.Add(25*time.Millisecond))
-	if e.allWarm() {
+	if _, warm := e.lowState(); warm {
 		t.Fatal("warm after the exchange at a quarter of an Async")
 	}
 	exchange(t, e, t0.Add(50*time.Millisecond))
-	if !e.allWarm() {
+	if _, warm := e.lowState(); !warm {
 		t.Fatal("not warm after the exchange at half an Async")
 	}
 }

@@ -1,0 +1,36 @@
+package redistest
+
+import (
+	"context"
+	"sync/atomic"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Counter is a go-redis hook counting what a client sends to Redis: round trips (a
+// command, or a whole pipeline) and commands. Add it with the client's AddHook; the zero
+// Counter is ready to use.
+type Counter struct {
+	Trips, Cmds atomic.Int64
+}
+
+// DialHook is go-redis's: dials are not counted.
+func (c *Counter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+// ProcessHook counts one round trip and one command.
+func (c *Counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.Trips.Add(1)
+		c.Cmds.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+// ProcessPipelineHook counts one round trip and the pipeline's commands.
+func (c *Counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.Trips.Add(1)
+		c.Cmds.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
