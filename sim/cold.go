@@ -39,8 +39,12 @@ type coldOpts struct {
 	// callTime and keyTime are the Redis time of a multi-key script call: per call and
 	// per key in it (TestRedisCost).
 	callTime, keyTime time.Duration
-	// report is async-model's reporting interval per server.
+	// report is async-model's and window-array's reporting interval per server.
 	report time.Duration
+	// hotRead is how often window-array reads the marks (windowDefaults if 0);
+	// windowExact makes every window-array request ask (windowOpts.exact).
+	hotRead     time.Duration
+	windowExact bool
 }
 
 func (o coldOpts) abuseKeys() int {

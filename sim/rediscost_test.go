@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"encoding/binary"
 	"flag"
 	"fmt"
 	"regexp"
@@ -65,7 +66,48 @@ end
 return out
 `
 
-var usecPerCall = regexp.MustCompile(`cmdstat_evalsha:calls=(\d+),usec=(\d+),usec_per_call=([0-9.]+)`)
+var usecPerCall = regexp.MustCompile(`cmdstat_(\w+):calls=(\d+),usec=(\d+),usec_per_call=([0-9.]+)`)
+
+// arraySource is the leanest token bucket a script can keep for many keys at once: one
+// GCRA cell per key (its theoretical arrival time, in ms) in a BITFIELD array of i64, one
+// GET and one SET of all the call's cells, the items packed in one argument (cell index
+// u32, cost u16, age in ms u16, grant u8: a grant is kept only within the burst, a charge
+// always). ARGV: ms per token, burst, the items. It answers the tokens left per item, -1
+// for a refused grant.
+const arraySource = `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local T, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
+local blob = ARGV[3]
+local n = #blob / 9
+local get, idx, cnt, age, gr = {}, {}, {}, {}, {}
+local pos = 1
+for i = 1, n do
+  local c, k, a, g
+  c, k, a, g, pos = struct.unpack('<I4I2I2B', blob, pos)
+  idx[i], cnt[i], age[i], gr[i] = c * 64, k, a, g
+  get[3 * i - 2] = 'GET'; get[3 * i - 1] = 'i64'; get[3 * i] = c * 64
+end
+local cells = redis.call('BITFIELD', KEYS[1], unpack(get))
+local val, set, out = {}, {}, {}
+local burstT = burst * T
+for i = 1, n do
+  local o = idx[i]
+  local cell = val[o] or cells[i]
+  local at = now - age[i]
+  local tat = (cell > at and cell or at) + cnt[i] * T
+  if gr[i] == 0 or tat - now <= burstT then
+    val[o] = tat
+    local s = #set
+    set[s + 1] = 'SET'; set[s + 2] = 'i64'; set[s + 3] = o; set[s + 4] = tat
+    out[i] = math.floor((burstT - (tat - now)) / T)
+  else
+    out[i] = -1
+  end
+end
+if #set > 0 then redis.call('BITFIELD', KEYS[1], unpack(set)) end
+return out
+`
 
 // TestRedisCost measures, on a real redis-server, what one script call costs Redis: the
 // lease take script (lua.Take, one key per call) and the multi-key take above with N keys
@@ -84,22 +126,22 @@ func TestRedisCost(t *testing.T) {
 	if err := c.FlushAll(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	stat := func() (calls, usec float64) {
+	stat := func(cmd string) (calls, usec float64) {
 		s, err := c.Info(ctx, "commandstats").Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		m := usecPerCall.FindStringSubmatch(s)
-		if m == nil {
-			return 0, 0
+		for _, m := range usecPerCall.FindAllStringSubmatch(s, -1) {
+			if m[1] == cmd {
+				calls, _ = strconv.ParseFloat(m[2], 64)
+				usec, _ = strconv.ParseFloat(m[3], 64)
+			}
 		}
-		calls, _ = strconv.ParseFloat(m[1], 64)
-		usec, _ = strconv.ParseFloat(m[2], 64)
 		return calls, usec
 	}
 	const keys = 100000
 	key := func(i int) string { return "fl:{sim}:k" + strconv.Itoa(i%keys) }
-	measure := func(name string, calls int, run func(i int, p redis.Pipeliner)) float64 {
+	measureCmd := func(name, cmd string, calls int, run func(i int, p redis.Pipeliner)) float64 {
 		c.ConfigResetStat(ctx)
 		for i := 0; i < calls; i += 64 { // 64 calls per pipelined round trip
 			p := c.Pipeline()
@@ -110,13 +152,16 @@ func TestRedisCost(t *testing.T) {
 				t.Fatalf("%s: %v", name, err)
 			}
 		}
-		n, us := stat()
+		n, us := stat(cmd)
 		return us / n
+	}
+	measure := func(name string, calls int, run func(i int, p redis.Pipeliner)) float64 {
+		return measureCmd(name, "evalsha", calls, run)
 	}
 	take := lua.Take
 	_ = take.Load(ctx, c)
 	perTake := measure("take", 50000, func(i int, p redis.Pipeliner) {
-		take.EvalSha(ctx, p, []string{key(i * 7919)}, 50, 50, 1, 1, "srv"+strconv.Itoa(i%200), i+1)
+		take.EvalSha(ctx, p, []string{key(i * 7919)}, 50, 50, 1, 1, "srv"+strconv.Itoa(i%200), i+1, 1)
 	})
 	t.Logf("lua.Take, one key per call: %.2f µs per call", perTake)
 	multi := redis.NewScript(multiTakeSource)
@@ -136,14 +181,7 @@ func TestRedisCost(t *testing.T) {
 		xs, ys = append(xs, float64(n)), append(ys, per)
 		t.Logf("multi-key take, %3d keys per call: %7.2f µs per call, %5.2f µs per key", n, per, per/float64(n))
 	}
-	// least squares: per call = a + b·N
-	var sx, sy, sxx, sxy float64
-	for i := range xs {
-		sx, sy, sxx, sxy = sx+xs[i], sy+ys[i], sxx+xs[i]*xs[i], sxy+xs[i]*ys[i]
-	}
-	k := float64(len(xs))
-	b := (k*sxy - sx*sy) / (k*sxx - sx*sx)
-	a := (sy - b*sx) / k
+	a, b := fit(xs, ys)
 	t.Logf("fit: %.2f µs per call + %.2f µs per key", a, b)
 	lean := redis.NewScript(leanChargeSource)
 	_ = lean.Load(ctx, c)
@@ -160,4 +198,79 @@ func TestRedisCost(t *testing.T) {
 		})
 		t.Logf("lean multi-key charge, %3d keys per call: %7.2f µs per call, %5.2f µs per key", n, per, per/float64(n))
 	}
+	array := redis.NewScript(arraySource)
+	_ = array.Load(ctx, c)
+	xs, ys = nil, nil
+	for _, n := range []int{1, 16, 64, 256} {
+		calls := max(100000/n, 2000)
+		per := measure(fmt.Sprintf("array %d", n), calls, func(i int, p redis.Pipeliner) {
+			b := make([]byte, 0, 9*n)
+			for j := range n {
+				cell := uint32(((i*n + j) * 7919) % (1 << 18))
+				b = binary.LittleEndian.AppendUint32(b, cell)
+				b = binary.LittleEndian.AppendUint16(b, 1)
+				b = binary.LittleEndian.AppendUint16(b, uint16(j%100))
+				b = append(b, byte(j%4/3)) // a quarter are grants
+			}
+			array.EvalSha(ctx, p, []string{"fl:{sim}:array"}, 20, 50, string(b))
+		})
+		xs, ys = append(xs, float64(n)), append(ys, per)
+		t.Logf("bucket array script, %3d keys per call: %7.2f µs per call, %5.2f µs per key", n, per, per/float64(n))
+	}
+	a, b = fit(xs, ys)
+	t.Logf("bucket array fit: %.2f µs per call + %.2f µs per key", a, b)
+
+	// the commands of window-array: no script
+	xs, ys = nil, nil
+	for _, n := range []int{1, 16, 64, 256} {
+		calls := max(200000/n, 2000)
+		per := measureCmd(fmt.Sprintf("bitfield %d", n), "bitfield", calls, func(i int, p redis.Pipeliner) {
+			args := []any{"BITFIELD", "fl:{sim}:win", "OVERFLOW", "SAT"}
+			for j := range n {
+				args = append(args, "INCRBY", "u16", "#"+strconv.Itoa(((i*n+j)*7919)%(1<<18)), 1)
+			}
+			p.Do(ctx, args...)
+		})
+		xs, ys = append(xs, float64(n)), append(ys, per)
+		t.Logf("BITFIELD INCRBY u16, %3d sub-commands per call: %6.2f µs per call", n, per)
+	}
+	a, b = fit(xs, ys)
+	t.Logf("BITFIELD fit: %.3f µs per call + %.3f µs per sub-command", a, b)
+	xs, ys = nil, nil
+	for _, n := range []int{1, 16, 64} {
+		per := measureCmd(fmt.Sprintf("zadd %d", n), "zadd", 20000, func(i int, p redis.Pipeliner) {
+			zs := make([]redis.Z, n)
+			for j := range zs {
+				zs[j] = redis.Z{Score: float64(i), Member: "k" + strconv.Itoa((i*n+j)%1000)}
+			}
+			p.ZAdd(ctx, "fl:{sim}:marks", zs...)
+		})
+		xs, ys = append(xs, float64(n)), append(ys, per)
+	}
+	a, b = fit(xs, ys)
+	t.Logf("ZADD fit: %.3f µs per call + %.3f µs per member", a, b)
+	xs, ys = nil, nil
+	for _, n := range []int{0, 64, 256} {
+		c.Del(ctx, "fl:{sim}:read")
+		for j := range n {
+			c.ZAdd(ctx, "fl:{sim}:read", redis.Z{Score: float64(j), Member: "k" + strconv.Itoa(j)})
+		}
+		per := measureCmd(fmt.Sprintf("zrange %d", n), "zrangebyscore", 20000, func(i int, p redis.Pipeliner) {
+			p.ZRangeByScoreWithScores(ctx, "fl:{sim}:read", &redis.ZRangeBy{Min: "0", Max: "+inf"})
+		})
+		xs, ys = append(xs, float64(n)), append(ys, per)
+	}
+	a, b = fit(xs, ys)
+	t.Logf("ZRANGEBYSCORE WITHSCORES fit: %.3f µs per call + %.3f µs per member answered", a, b)
+}
+
+// fit returns the least-squares line y = a + b·x.
+func fit(xs, ys []float64) (a, b float64) {
+	var sx, sy, sxx, sxy float64
+	for i := range xs {
+		sx, sy, sxx, sxy = sx+xs[i], sy+ys[i], sxx+xs[i]*xs[i], sxy+xs[i]*ys[i]
+	}
+	k := float64(len(xs))
+	b = (k*sxy - sx*sy) / (k*sxx - sx*sx)
+	return (sy - b*sx) / k, b
 }

@@ -71,6 +71,8 @@ func simulate(sc Scenario, st Strategy, inBubble bool, custom func(f *fleet, b *
 		f.strat = newAsync(f)
 	case HybridShares:
 		f.strat = newShares(f)
+	case WindowModel:
+		f.strat = newWindow(f)
 	case Hybrid, HybridMultiKey, HybridAsync:
 		if !inBubble {
 			return Result{}, fmt.Errorf("%w: the hybrid strategy runs in a synctest bubble", ErrInvalidScenario)
