@@ -19,7 +19,7 @@ import (
 //
 // A server holds at most one admission of a key uncharged at a time, of a cost of at
 // most c; it admits none before its low-key exchange at half an Async after its first
-// Tick, none while its breaker is open, and none of a key whose lease took from the
+// request its lease could not serve, none while its breaker is open, and none of a key whose lease took from the
 // bucket within its lifetime (that lease serves the key). So the fleet's uncharged admissions of one key are at most S·c at any instant
 // (S servers): that is what a key can exceed the exact bound 2·burst + rate·W by, and
 // only until the charges of the servers that did not know it was low arrive. The
@@ -42,9 +42,9 @@ import (
 // must remember it between its requests.
 //
 // The keys this server finds low go to the fleet's set with its next low-key exchange
-// (a LowTrip), and again every LowShare/2 while they stay low, so that a server that
-// starts, or has not seen a key yet, learns of it before it admits it; a key this
-// server finds holding c tokens or more again is unmarked there.
+// (a LowTrip, see scheduleLow), and again every LowShare/2 while they stay low, so that
+// a server that starts, or has not seen a key yet, learns of it before it admits it; a
+// key this server finds holding c tokens or more again is unmarked there.
 //
 // Its mutex is the innermost lock of the engine (see the package documentation).
 type lowKeys struct {
@@ -52,8 +52,8 @@ type lowKeys struct {
 	keys      map[string]lowMark  // the keys known low, and those found high after; guarded by mu
 	learnt    map[string]struct{} // the keys known low from the fleet's set only; guarded by mu
 	uncharged map[string]struct{} // keys admitted and not charged yet; guarded by mu
-	marks     []global.KeyID      // keys to mark in the fleet's set; guarded by mu
-	unmarks   []global.KeyID      // keys to unmark there; guarded by mu
+	pend      map[string]bool     // keys to mark (true) or unmark (false) in the fleet's set, the last word of each; guarded by mu
+	pendOrder []string            // pend's keys, in the order first queued; guarded by mu
 	sweep     time.Time           // when the forgotten keys were last dropped; guarded by mu
 	warm      bool                // an exchange after the server's warm-up was answered; guarded by mu
 }
@@ -73,7 +73,9 @@ const (
 	// that found c tokens or more in the bucket outweighs the set for that long.
 	LowShare = 10 * time.Second
 	// LowEvery is how often a warm server exchanges low keys with the fleet while it
-	// admits keys uncharged or finds keys low; LowShare otherwise.
+	// admits keys uncharged (at its own pace, ×[0.5, 1.5)); LowShare, or LowShare/2
+	// with marks to send, while its requests ask more than their leases; never while
+	// they do not.
 	LowEvery = time.Second
 	// maxLowKeys bounds the low keys one limit remembers; past it, the keys not yet low
 	// are not noted (their next requests are admitted, and charged: what a key forgets
@@ -130,8 +132,8 @@ func (s *lowKeys) note(sh *Shape, key string, remaining float64, now time.Time) 
 	delete(s.learnt, key) // this server's own answer
 	if !low {
 		if ok {
-			if now.Sub(m.shared) < LowShare && len(s.unmarks) < maxLowMarks {
-				s.unmarks = append(s.unmarks, global.KeyID(key))
+			if now.Sub(m.shared) < LowShare {
+				s.queue(key, false)
 			}
 			m.high, m.shared = now, time.Time{}
 			s.keys[key] = m
@@ -144,9 +146,7 @@ func (s *lowKeys) note(sh *Shape, key string, remaining float64, now time.Time) 
 	m.at = now
 	if now.Sub(m.shared) >= LowShare/2 {
 		m.shared = now
-		if len(s.marks) < maxLowMarks {
-			s.marks = append(s.marks, global.KeyID(key))
-		}
+		s.queue(key, true)
 	}
 	s.keys[key] = m
 }
@@ -204,28 +204,57 @@ func (s *lowKeys) room(now time.Time) bool {
 	return len(s.keys) < maxLowKeys
 }
 
+// queue notes that key is to be marked (or unmarked) in the fleet's set at the next
+// exchange: a key found low and high again in between is sent once, as it was last
+// found, whatever the exchanges' pace. It requires that s.mu is held.
+func (s *lowKeys) queue(key string, mark bool) {
+	if _, ok := s.pend[key]; !ok {
+		if len(s.pendOrder) >= maxLowMarks {
+			return
+		}
+		if s.pend == nil {
+			s.pend = make(map[string]bool)
+		}
+		s.pendOrder = append(s.pendOrder, key)
+	}
+	s.pend[key] = mark
+}
+
 // takeMarks returns the keys to mark and to unmark in the fleet's set, and forgets them.
 func (s *lowKeys) takeMarks() (mark, unmark []global.KeyID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	mark, unmark = s.marks, s.unmarks
-	s.marks, s.unmarks = nil, nil
+	for _, k := range s.pendOrder {
+		if s.pend[k] {
+			mark = append(mark, global.KeyID(k))
+		} else {
+			unmark = append(unmark, global.KeyID(k))
+		}
+	}
+	clear(s.pend)
+	s.pendOrder = s.pendOrder[:0]
 	return mark, unmark
 }
 
-// requeue puts back the marks and unmarks of an exchange that failed.
+// requeue puts back the marks and unmarks of an exchange that failed, but for the keys
+// found since, whose last word is newer.
 func (s *lowKeys) requeue(mark, unmark []global.KeyID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.marks = append(s.marks, mark[:min(len(mark), maxLowMarks-min(len(s.marks), maxLowMarks))]...)
-	s.unmarks = append(s.unmarks, unmark[:min(len(unmark), maxLowMarks-min(len(s.unmarks), maxLowMarks))]...)
+	for i, ids := range [][]global.KeyID{mark, unmark} {
+		for _, id := range ids {
+			if _, ok := s.pend[string(id)]; !ok {
+				s.queue(string(id), i == 0)
+			}
+		}
+	}
 }
 
 // pending reports whether marks or unmarks wait, and whether the limit is warm.
 func (s *lowKeys) pending() (marks, warm bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.marks)+len(s.unmarks) > 0, s.warm
+	return len(s.pendOrder) > 0, s.warm
 }
 
 // setWarm records that an exchange after the server's warm-up was answered.
@@ -261,12 +290,17 @@ func (e *Engine) asyncMin() time.Duration {
 }
 
 // scheduleLow plans the low-key exchanges (Tick): the first at a quarter of the shortest
-// Async after the first Tick, the next at half of it (the first whose answer makes a
-// limit warm: every server started with it has marked the keys it found low by then),
-// then every LowEvery while this server admits keys uncharged, finds keys low, or has a
-// limit not warm yet (one added since), and every LowShare otherwise. A failed exchange
-// goes again a quarter of an Async later. It requires that e.mu is held, and reports
-// whether one is due now.
+// Async after the first request of a limit with Async that its lease could not serve
+// (asyncStart), the next at half of it (the first whose answer makes a limit warm: every
+// server started with it has marked the keys it found low by then), then every LowEvery
+// while this server admits keys uncharged or has a limit not warm yet (one added since).
+// Otherwise the keys it found low wait: they go with the next exchange, which comes
+// LowShare after the last (LowShare/2 if marks wait) if a request asked more than its
+// lease since, and not at all while none did. A server whose leases serve every request,
+// or that serves none, has no use for the fleet's low keys, and the fleet learns a key
+// low from the servers that admit it uncharged: they find it so themselves. A failed
+// exchange goes again a quarter of an Async later. It requires that e.mu is held, and
+// reports whether one is due now.
 func (e *Engine) scheduleLow(now time.Time, async time.Duration) bool {
 	if async == 0 || e.stopped {
 		e.lowAt, e.lowDue = time.Time{}, false
@@ -276,18 +310,28 @@ func (e *Engine) scheduleLow(now time.Time, async time.Duration) bool {
 		return false
 	}
 	if e.lowAt.IsZero() && !e.lowDue {
-		e.lowAt = time.Unix(0, e.firstTick.Load()).Add(async / 4)
+		start := e.asyncStart.Load()
+		if start == 0 {
+			return false // no request has asked more than its lease yet
+		}
+		e.lowAt = time.Unix(0, start).Add(async / 4)
 	}
 	if e.lowAt.IsZero() || now.Before(e.lowAt) {
 		return false
 	}
-	if marks, warm := e.lowState(); !e.lowNews && now.Sub(e.lowLast) < LowShare && !marks && warm {
-		// Nothing admitted uncharged nor found low since the last exchange, and every
-		// limit warm: the fleet's news can wait, up to LowShare.
-		e.lowAt = now.Add(LowEvery)
+	marks, warm := e.lowState()
+	every := e.lowPace(LowShare)
+	if marks {
+		every /= 2
+	}
+	if warm && !e.lowNews && !(e.lowActive.Load() && now.Sub(e.lowLast) >= every) {
+		// Nothing admitted uncharged since the last exchange, and every limit warm: the
+		// fleet's news and this server's marks can wait.
+		e.lowAt = now.Add(e.lowPace(LowEvery))
 		return false
 	}
 	e.lowDue, e.lowAt, e.lowNews = true, time.Time{}, false
+	e.lowActive.Store(false)
 	return true
 }
 
@@ -315,7 +359,7 @@ func (e *Engine) lowTrip(now time.Time) *Trip {
 		}
 	}
 	e.lowDue, e.lowOut = false, true
-	t.warms = !now.Before(time.Unix(0, e.firstTick.Load()).Add(e.asyncMin() / 2))
+	t.warms = !now.Before(time.Unix(0, e.asyncStart.Load()).Add(e.asyncMin() / 2))
 	return t
 }
 
@@ -342,12 +386,23 @@ func (e *Engine) lowDone(now time.Time, t *Trip) {
 	if all {
 		e.lowLast = now
 	}
-	next := LowEvery
+	e.lowPhase = 0.5 + uniform(&e.rng)
+	next := e.lowPace(LowEvery)
 	if _, warm := e.lowState(); !all || !warm {
 		next = max(e.asyncMin()/4, time.Millisecond)
 	}
 	e.lowAt = now.Add(next)
 	e.mu.Unlock()
+}
+
+// lowPace is d at this server's pace of the exchanges (lowPhase): the servers of a fleet
+// started together make their warm-up exchanges together, and would make every later one
+// together too, the Redis work of all of them at once. It requires that e.mu is held.
+func (e *Engine) lowPace(d time.Duration) time.Duration {
+	if e.lowPhase == 0 {
+		return d
+	}
+	return time.Duration(float64(d) * e.lowPhase)
 }
 
 // asyncShare is the largest cost a server admits of one key of shape sh without asking
@@ -358,12 +413,21 @@ func (sh *Shape) asyncShare() int {
 	return max(1, (sh.cfg.Burst+servers-1)/servers)
 }
 
-// trusts reports whether the request of cost n for the key of entry en, of shape sh, is
-// admitted now and charged later, and if so counts the key uncharged; it requires that
-// the key's lock is held. The breaker's state is the one the driver's loop last saw
-// (Engine.open is not called under a key's lock).
+// trusts reports whether the request of cost n for the key of entry en, of shape sh,
+// which its lease cannot serve, is admitted now and charged later, and if so counts the
+// key uncharged; it requires that the key's lock is held. It also records, for the
+// low-key exchanges, that a request of a limit with Async asked more than its lease. The
+// breaker's state is the one the driver's loop last saw (Engine.open is not called
+// under a key's lock).
 func (lm *Limit) trusts(en *entry, sh *Shape, t time.Time, n int) bool {
-	if sh.cfg.Async <= 0 || en.flight != nil || n <= 0 || n > sh.asyncShare() || lm.e.openSeen.Load() {
+	if sh.cfg.Async <= 0 {
+		return false
+	}
+	if e := lm.e; !e.lowActive.Load() {
+		e.asyncStart.CompareAndSwap(0, t.UnixNano())
+		e.lowActive.Store(true)
+	}
+	if en.flight != nil || n <= 0 || n > sh.asyncShare() || lm.e.openSeen.Load() {
 		return false
 	}
 	if en.lease.tookWithin(t, sh.lease.Load().Lifetime) {

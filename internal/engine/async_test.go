@@ -34,11 +34,19 @@ func exchange(t *testing.T, e *Engine, now time.Time, fleet ...global.KeyID) []g
 	return trip.Lows[0].Mark
 }
 
-// warmUp ticks e from t0 and answers its first two low-key exchanges (at 25 and 50 ms,
-// Async 100ms): the server is warm at 50 ms.
-func warmUp(t *testing.T, e *Engine) {
+// warmUp ticks e from t0, decides a request of lm's (its lease cannot serve it: the
+// low-key exchanges start) and answers its refill and its first two low-key exchanges
+// (at 25 and 50 ms, Async 100ms): the server is warm at 50 ms.
+func warmUp(t *testing.T, e *Engine, lm *Limit) {
 	t.Helper()
 	e.Tick(t0)
+	if _, w := decide(e, t0, lm, "first", 1); w == nil {
+		t.Fatal("a request before the server is warm did not wait for Redis")
+	}
+	for trip := e.Next(); trip != nil; trip = e.Next() {
+		answerAll(trip)
+		e.Done(t0, trip)
+	}
 	exchange(t, e, t0.Add(25*time.Millisecond))
 	if _, warm := e.lowState(); warm {
 		t.Fatal("warm after the exchange at a quarter of an Async")
@@ -50,7 +58,8 @@ func warmUp(t *testing.T, e *Engine) {
 }
 
 // TestAsyncAdmitsAndCharges walks one server through the life of a charge-later limit:
-// nothing is admitted without Redis before its low-key exchange at half an Async; then a
+// nothing is admitted without Redis before its low-key exchange at half an Async after
+// its first request its lease could not serve; then a
 // key not known
 // low is admitted at once (one admission per key uncharged, of at most the server's
 // share, and none of a key whose lease took from the bucket within its lifetime), and
@@ -62,7 +71,7 @@ func TestAsyncAdmitsAndCharges(t *testing.T) {
 	open := false
 	e, lm := asyncEngine(t, &open)
 	e.Tick(t0)
-	if d, w := decide(e, t0.Add(20*time.Millisecond), lm, "warming", 1); w == nil {
+	if d, w := decide(e, t0, lm, "warming", 1); w == nil {
 		t.Fatalf("a request before the server is warm: %+v, want it to wait for Redis", d)
 	}
 	trip := e.Next()
@@ -255,6 +264,21 @@ func TestAsyncLowIsRemembered(t *testing.T) {
 	if !f.low("high", at(time.Second+LowShare+time.Millisecond)) {
 		t.Fatal("the set not heard LowShare after this server's own answer")
 	}
+	// A key found low and high by turns between two exchanges is sent once, as it was
+	// last found; a failed exchange's word is put back unless a newer one came since.
+	var flap lowKeys
+	for i, remaining := range []float64{0, 80, 0, 80, 0} {
+		flap.note(sh, "flap", remaining, at(time.Duration(i)*time.Millisecond))
+	}
+	mark, unmark := flap.takeMarks()
+	if len(mark) != 1 || mark[0] != "flap" || len(unmark) != 0 {
+		t.Fatalf("marks %q, unmarks %q; want flap marked once", mark, unmark)
+	}
+	flap.note(sh, "flap", 80, at(time.Second))
+	flap.requeue(mark, unmark)
+	if mark, unmark := flap.takeMarks(); len(mark) != 0 || len(unmark) != 1 || unmark[0] != "flap" {
+		t.Fatalf("after a failed exchange: marks %q, unmarks %q; want the newer unmark only", mark, unmark)
+	}
 	// A full set: new keys are not noted until the forgotten ones are swept.
 	var full lowKeys
 	for i := range maxLowKeys {
@@ -270,12 +294,84 @@ func TestAsyncLowIsRemembered(t *testing.T) {
 	}
 }
 
+// TestAsyncExchangesOnlyWhenAsked: a server makes no low-key exchange before a request
+// of a limit with Async asks more than its lease; the first two then come at a quarter
+// and half an Async after it; once warm, it exchanges within a LowEvery (at its pace,
+// ×[0.5, 1.5)) when it admitted a key uncharged, about LowShare after the last while
+// requests still ask more than their lease (a low key's, not admitted uncharged; half
+// that if marks wait), and not at all while none does.
+func TestAsyncExchangesOnlyWhenAsked(t *testing.T) {
+	e, lm := asyncEngine(t, new(bool))
+	// answer answers every trip due at now: refills find the bucket empty, charges full;
+	// it reports whether one was a low-key exchange.
+	answer := func(now time.Time) bool {
+		low := false
+		for trip := e.Next(); trip != nil; trip = e.Next() {
+			low = low || trip.Kind == LowTrip
+			trip.Answered = true
+			for j := range trip.RefundResults {
+				trip.RefundResults[j].Remaining = 100
+			}
+			e.Done(now, trip)
+		}
+		return low
+	}
+	// first ticks every 5 ms from from to until (after a request of key ask at from, if
+	// any) and returns the first instant with a low-key exchange, or until.
+	first := func(from, until time.Time, ask string) time.Time {
+		if ask != "" {
+			decide(e, from, lm, ask, 1)
+		}
+		for now := from; now.Before(until); now = now.Add(5 * time.Millisecond) {
+			e.Tick(now)
+			if answer(now) {
+				return now
+			}
+		}
+		return until
+	}
+	start := t0.Add(time.Minute)
+	if at := first(t0, start, ""); at != start {
+		t.Fatalf("an exchange at %v, before any request", at.Sub(t0))
+	}
+	// The first request waits for Redis, which finds "low" empty: low.
+	for i, want := range []time.Duration{25 * time.Millisecond, 50 * time.Millisecond} {
+		ask := ""
+		if i == 0 {
+			ask = "low"
+		}
+		if at := first(start.Add(time.Duration(i)*25*time.Millisecond), start.Add(time.Second), ask); at.Sub(start) != want {
+			t.Fatalf("warm-up exchange %d at %v, want %v", i, at.Sub(start), want)
+		}
+	}
+	last := start.Add(50 * time.Millisecond)
+	// (within lowMemory of the start, so that "low" is still low below)
+	if at := first(last, last.Add(2*LowShare), ""); at != last.Add(2*LowShare) {
+		t.Fatalf("an exchange %v after the last, nothing asked since", at.Sub(last))
+	}
+	now := last.Add(2 * LowShare)
+	at := first(now, now.Add(LowShare), "new") // admitted uncharged: news
+	if at.Sub(now) > 3*LowEvery/2 {
+		t.Fatalf("an uncharged admission: the exchange came %v later, want within 1.5 LowEvery", at.Sub(now))
+	}
+	last = at
+	// A low key asks (and its refill marks it again): not news, the exchange waits.
+	at = first(last.Add(time.Second), last.Add(3*LowShare), "low")
+	if d := at.Sub(last); d < LowShare/4 || d > 3*LowShare/2+3*LowEvery/2 {
+		t.Fatalf("a low key asked: the exchange came %v after the last, want about LowShare (or half) after it", d)
+	}
+	last = at
+	if at := first(last, last.Add(3*LowShare), ""); at != last.Add(3*LowShare) {
+		t.Fatalf("an exchange %v after the last, nothing asked since", at.Sub(last))
+	}
+}
+
 // TestAsyncUnchargedOutlivesTheEntry: a key admitted uncharged is not admitted so again
 // before its charge is answered, even if its entry was let go of meanwhile; and a
 // charge answered after the limit changed (another shape) still frees the key.
 func TestAsyncUnchargedOutlivesTheEntry(t *testing.T) {
 	e, lm := asyncEngine(t, new(bool))
-	warmUp(t, e)
+	warmUp(t, e, lm)
 	at := t0.Add(time.Second)
 	if d, _ := decide(e, at, lm, "k", 1); d.Reason != ReasonAsync {
 		t.Fatalf("%+v, want admitted at once", d)
@@ -318,7 +414,7 @@ func TestAsyncUnchargedOutlivesTheEntry(t *testing.T) {
 // without waiting for Async.
 func TestAsyncChargesGoAtStop(t *testing.T) {
 	e, lm := asyncEngine(t, new(bool))
-	warmUp(t, e)
+	warmUp(t, e, lm)
 	if d, _ := decide(e, t0.Add(time.Second), lm, "k", 3); d.Reason != ReasonAsync {
 		t.Fatalf("%+v, want admitted at once", d)
 	}

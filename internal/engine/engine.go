@@ -114,6 +114,11 @@ type Engine struct {
 	servers   atomic.Int64
 	firstTick atomic.Int64 // the first Tick's instant (Unix nanoseconds); 0 before it
 	openSeen  atomic.Bool  // the breaker was open when Next last asked (async.go)
+	// asyncStart is the instant (Unix nanoseconds) of the first request of a limit with
+	// Async that its lease could not serve, 0 before it: the low-key exchanges start
+	// from it. lowActive reports such a request since the last exchange (async.go).
+	asyncStart atomic.Int64
+	lowActive  atomic.Bool
 
 	mu sync.Mutex
 	// The fields below are guarded by mu.
@@ -145,6 +150,7 @@ type Engine struct {
 	lowNow        time.Time         // the Tick that made it due
 	lowLast       time.Time         // when the last one was answered
 	lowNews       bool              // an async admission since the last one
+	lowPhase      float64           // this server's pace of the exchanges after the last, in [0.5, 1.5): servers started together drift apart
 
 	stats counters
 }
