@@ -58,7 +58,8 @@ var faults = []fault{
 	{name: "evict", loses: true, inject: func(t *testing.T, env faultEnv) {
 		admin := env.admin
 		// A memory limit just above what Redis holds, with a policy that evicts any
-		// key, and 4 MB of other data: the buckets go, and no write fails.
+		// key, and 4 MB of other data: the buckets go, and no write fails while Redis
+		// has keys to evict.
 		ctx := context.Background()
 		info, err := admin.Info(ctx, "memory").Result()
 		if err != nil {
@@ -80,7 +81,16 @@ var faults = []fault{
 		}
 		junk := strings.Repeat("x", 1024)
 		for i := range 4096 {
-			if err := admin.Set(ctx, fmt.Sprint("junk:", i), junk, 0).Err(); err != nil {
+			err := admin.Set(ctx, fmt.Sprint("junk:", i), junk, 0).Err()
+			if err != nil && strings.HasPrefix(err.Error(), "OOM ") {
+				// Nothing left to evict: what Redis cannot evict (its clients' buffers,
+				// which a loaded machine's slow clients grow past the 256 KB margin)
+				// fills the limit by itself. The buckets have gone; the fleet's writes
+				// get this error too until the limit is lifted, as from any Redis
+				// that refuses them.
+				break
+			}
+			if err != nil {
 				t.Fatal(err)
 			}
 		}
