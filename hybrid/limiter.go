@@ -108,7 +108,7 @@ type Limit struct {
 	// pipelined round trip. A low key's requests wait for Redis, as with 0. Each server
 	// holds at most one such admission per key uncharged, of a cost of at most c, and
 	// makes none before its first exchange of low keys with the fleet (half an Async
-	// after it starts) or while its breaker is open. Any window W then admits at most
+	// after its first request its lease could not serve) or while its breaker is open. Any window W then admits at most
 	// 2·Burst + Rate·W + servers·c; docs/limits.md states the bound and docs/design.md
 	// §11 measures it. 0 (the default): exact, every request the lease cannot serve
 	// asks Redis. At least 1ms when set.

@@ -42,9 +42,9 @@ import (
 // must remember it between its requests.
 //
 // The keys this server finds low go to the fleet's set with its next low-key exchange
-// (a LowTrip, see scheduleLow), and again every LowShare/2 while they stay low, so that
-// a server that starts, or has not seen a key yet, learns of it before it admits it; a
-// key this server finds holding c tokens or more again is unmarked there.
+// (a LowTrip, see scheduleLow), and again when found low LowShare/2 after, so that a
+// server that starts, or has not seen a key yet, learns of it before it admits it; a key
+// this server finds holding c tokens or more again is unmarked there.
 //
 // Its mutex is the innermost lock of the engine (see the package documentation).
 type lowKeys struct {
@@ -53,7 +53,9 @@ type lowKeys struct {
 	learnt    map[string]struct{} // the keys known low from the fleet's set only; guarded by mu
 	uncharged map[string]struct{} // keys admitted and not charged yet; guarded by mu
 	pend      map[string]bool     // keys to mark (true) or unmark (false) in the fleet's set, the last word of each; guarded by mu
-	pendOrder []string            // pend's keys, in the order first queued; guarded by mu
+	pendOrder []string            // pend's keys, in the order first queued (a key dropped from pend may stay, skipped); guarded by mu
+	pendMarks int                 // the marks in pend; guarded by mu
+	heard     time.Time           // when the fleet's set last answered; guarded by mu
 	sweep     time.Time           // when the forgotten keys were last dropped; guarded by mu
 	warm      bool                // an exchange after the server's warm-up was answered; guarded by mu
 }
@@ -73,10 +75,14 @@ const (
 	// that found c tokens or more in the bucket outweighs the set for that long.
 	LowShare = 10 * time.Second
 	// LowEvery is how often a warm server exchanges low keys with the fleet while it
-	// admits keys uncharged (at its own pace, ×[0.5, 1.5)); LowShare, or LowShare/2
-	// with marks to send, while its requests ask more than their leases; never while
-	// they do not.
+	// admits keys uncharged; LowShare/2 while marks wait, LowShare while its requests
+	// ask more than their leases; never while they do not: each at the server's own
+	// pace, ×[0.5, 1.5) (scheduleLow).
 	LowEvery = time.Second
+	// lowStale is how long a server's knowledge of the fleet's low keys lasts without an
+	// exchange: past it, it admits nothing uncharged until its next exchange is answered.
+	// A server that asks more than its leases exchanges at least every 1.5·LowShare.
+	lowStale = 2 * LowShare
 	// maxLowKeys bounds the low keys one limit remembers; past it, the keys not yet low
 	// are not noted (their next requests are admitted, and charged: what a key forgets
 	// costs an admission per server, as a new key does). maxLowMarks bounds the marks
@@ -88,12 +94,13 @@ const (
 )
 
 // admit reports whether key, of a limit with Async, may be admitted uncharged at now:
-// this server heard from the fleet's set since it started, knows the key not low, and
-// holds no admission of it uncharged. If so the key counts as uncharged until charged.
+// this server heard from the fleet's set since it started, and within lowStale, knows
+// the key not low, and holds no admission of it uncharged. If so the key counts as
+// uncharged until charged.
 func (s *lowKeys) admit(key string, now time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.warm {
+	if !s.isWarm(now) {
 		return false
 	}
 	if m, ok := s.keys[key]; ok && m.isLow(now) {
@@ -119,11 +126,15 @@ func (s *lowKeys) charged(key string) {
 
 func (m lowMark) isLow(now time.Time) bool { return m.at.After(m.high) && now.Sub(m.at) < lowMemory }
 
+// isWarm reports whether the server heard from the fleet's set after its warm-up, and
+// within lowStale of now. It requires that s.mu is held.
+func (s *lowKeys) isWarm(now time.Time) bool { return s.warm && now.Sub(s.heard) < lowStale }
+
 // note records what an answer at now said of key's bucket: remaining tokens, of shape
 // sh. Below the server's share c of the burst, the key is low (and marked for the fleet
 // if the fleet has not heard so for LowShare/2): one more server could not be served
 // from it. At c or more it is not (and unmarked in the fleet's set if it may be marked
-// there).
+// there; a mark not sent yet is dropped).
 func (s *lowKeys) note(sh *Shape, key string, remaining float64, now time.Time) {
 	low := remaining < float64(sh.asyncShare())
 	s.mu.Lock()
@@ -134,6 +145,8 @@ func (s *lowKeys) note(sh *Shape, key string, remaining float64, now time.Time) 
 		if ok {
 			if now.Sub(m.shared) < LowShare {
 				s.queue(key, false)
+			} else if s.pend[key] {
+				s.unqueue(key) // a mark that waited this long: the set has no mark of it to undo
 			}
 			m.high, m.shared = now, time.Time{}
 			s.keys[key] = m
@@ -144,9 +157,8 @@ func (s *lowKeys) note(sh *Shape, key string, remaining float64, now time.Time) 
 		return
 	}
 	m.at = now
-	if now.Sub(m.shared) >= LowShare/2 {
+	if now.Sub(m.shared) >= LowShare/2 && s.queue(key, true) {
 		m.shared = now
-		s.queue(key, true)
 	}
 	s.keys[key] = m
 }
@@ -158,6 +170,7 @@ func (s *lowKeys) note(sh *Shape, key string, remaining float64, now time.Time) 
 func (s *lowKeys) learn(ids []global.KeyID, now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.heard = now
 	if s.learnt == nil {
 		s.learnt = make(map[string]struct{})
 	}
@@ -205,19 +218,42 @@ func (s *lowKeys) room(now time.Time) bool {
 }
 
 // queue notes that key is to be marked (or unmarked) in the fleet's set at the next
-// exchange: a key found low and high again in between is sent once, as it was last
-// found, whatever the exchanges' pace. It requires that s.mu is held.
-func (s *lowKeys) queue(key string, mark bool) {
-	if _, ok := s.pend[key]; !ok {
-		if len(s.pendOrder) >= maxLowMarks {
-			return
-		}
+// exchange, and reports whether it was: a key found low and high again in between is
+// sent once, as it was last found, whatever the exchanges' pace. Marks and unmarks are
+// bounded apart, maxLowMarks each; a word past its bound is not noted, and the other
+// word of the key, out of date, is dropped. It requires that s.mu is held.
+func (s *lowKeys) queue(key string, mark bool) bool {
+	old, ok := s.pend[key]
+	if ok && old == mark {
+		return true
+	}
+	if n := s.pendMarks; mark && n >= maxLowMarks || !mark && len(s.pend)-n >= maxLowMarks {
+		s.unqueue(key)
+		return false
+	}
+	if !ok {
 		if s.pend == nil {
 			s.pend = make(map[string]bool)
 		}
 		s.pendOrder = append(s.pendOrder, key)
+	} else if old {
+		s.pendMarks--
+	}
+	if mark {
+		s.pendMarks++
 	}
 	s.pend[key] = mark
+	return true
+}
+
+// unqueue drops key's word for the next exchange, if any. It requires that s.mu is held.
+func (s *lowKeys) unqueue(key string) {
+	if mark, ok := s.pend[key]; ok {
+		if mark {
+			s.pendMarks--
+		}
+		delete(s.pend, key)
+	}
 }
 
 // takeMarks returns the keys to mark and to unmark in the fleet's set, and forgets them.
@@ -225,13 +261,18 @@ func (s *lowKeys) takeMarks() (mark, unmark []global.KeyID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, k := range s.pendOrder {
-		if s.pend[k] {
+		w, ok := s.pend[k]
+		if !ok {
+			continue // dropped, or sent already (a key queued again after a drop)
+		}
+		if w {
 			mark = append(mark, global.KeyID(k))
 		} else {
 			unmark = append(unmark, global.KeyID(k))
 		}
+		delete(s.pend, k)
 	}
-	clear(s.pend)
+	s.pendMarks = 0
 	s.pendOrder = s.pendOrder[:0]
 	return mark, unmark
 }
@@ -250,11 +291,12 @@ func (s *lowKeys) requeue(mark, unmark []global.KeyID) {
 	}
 }
 
-// pending reports whether marks or unmarks wait, and whether the limit is warm.
-func (s *lowKeys) pending() (marks, warm bool) {
+// pending reports whether marks or unmarks wait, whether the limit is warm (it heard
+// from the fleet's set after its warm-up), and whether what it heard went stale by now.
+func (s *lowKeys) pending(now time.Time) (marks, warm, stale bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.pendOrder) > 0, s.warm
+	return len(s.pend) > 0, s.warm, s.warm && !s.isWarm(now)
 }
 
 // setWarm records that an exchange after the server's warm-up was answered.
@@ -289,18 +331,19 @@ func (e *Engine) asyncMin() time.Duration {
 	return m
 }
 
-// scheduleLow plans the low-key exchanges (Tick): the first at a quarter of the shortest
-// Async after the first request of a limit with Async that its lease could not serve
-// (asyncStart), the next at half of it (the first whose answer makes a limit warm: every
-// server started with it has marked the keys it found low by then), then every LowEvery
-// while this server admits keys uncharged or has a limit not warm yet (one added since).
-// Otherwise the keys it found low wait: they go with the next exchange, which comes
-// LowShare after the last (LowShare/2 if marks wait) if a request asked more than its
-// lease since, and not at all while none did. A server whose leases serve every request,
-// or that serves none, has no use for the fleet's low keys, and the fleet learns a key
-// low from the servers that admit it uncharged: they find it so themselves. A failed
-// exchange goes again a quarter of an Async later. It requires that e.mu is held, and
-// reports whether one is due now.
+// scheduleLow plans the low-key exchanges (Tick). The first comes at a quarter of the
+// shortest Async after the first request of a limit with Async that its lease could not
+// serve and that it could have admitted uncharged (asyncStart), the next at half of it
+// (the first whose answer makes a limit warm: every server started with it has marked
+// the keys it found low by then). After that, at this server's pace (lowPace, ×[0.5,
+// 1.5)): every LowEvery while it admits keys uncharged or has a limit not warm (one
+// added since); LowShare/2 after the last while marks or unmarks wait; LowShare after the
+// last, or at once if its knowledge went stale (lowStale), if a request asked more than
+// its lease since; and not at all otherwise. A server whose leases serve every request, or
+// that serves none, has no use for the fleet's low keys, and the fleet learns a key low
+// from the servers that admit it uncharged: they find it so themselves. A failed
+// exchange goes again a quarter of an Async later, then twice as late each time, up to
+// LowEvery. It requires that e.mu is held, and reports whether one is due now.
 func (e *Engine) scheduleLow(now time.Time, async time.Duration) bool {
 	if async == 0 || e.stopped {
 		e.lowAt, e.lowDue = time.Time{}, false
@@ -316,15 +359,20 @@ func (e *Engine) scheduleLow(now time.Time, async time.Duration) bool {
 		}
 		e.lowAt = time.Unix(0, start).Add(async / 4)
 	}
+	if !e.lowAt.IsZero() && now.Before(e.lowAt) && e.lowActive.Load() {
+		if _, _, stale := e.lowState(now); stale {
+			e.lowAt = now // asked, with stale knowledge: the exchange is due now
+		}
+	}
 	if e.lowAt.IsZero() || now.Before(e.lowAt) {
 		return false
 	}
-	marks, warm := e.lowState()
-	every := e.lowPace(LowShare)
-	if marks {
-		every /= 2
-	}
-	if warm && !e.lowNews && !(e.lowActive.Load() && now.Sub(e.lowLast) >= every) {
+	marks, warm, stale := e.lowState(now)
+	since := now.Sub(e.lowLast)
+	asked := e.lowActive.Load()
+	due := !warm || e.lowNews || marks && since >= e.lowPace(LowShare/2) ||
+		asked && (stale || since >= e.lowPace(LowShare))
+	if !due {
 		// Nothing admitted uncharged since the last exchange, and every limit warm: the
 		// fleet's news and this server's marks can wait.
 		e.lowAt = now.Add(e.lowPace(LowEvery))
@@ -335,17 +383,17 @@ func (e *Engine) scheduleLow(now time.Time, async time.Duration) bool {
 	return true
 }
 
-// lowState reports whether a limit with Async has marks or unmarks to send, and
-// whether every limit with Async is warm.
-func (e *Engine) lowState() (marks, warm bool) {
+// lowState reports whether a limit with Async has marks or unmarks to send, whether
+// every limit with Async is warm, and whether one's knowledge went stale by now.
+func (e *Engine) lowState(now time.Time) (marks, warm, stale bool) {
 	warm = true
 	for _, lm := range e.Limits() {
 		if lm.Config().Async > 0 {
-			m, w := lm.low.pending()
-			marks, warm = marks || m, warm && w
+			m, w, st := lm.low.pending(now)
+			marks, warm, stale = marks || m, warm && w, stale || st
 		}
 	}
-	return marks, warm
+	return marks, warm, stale
 }
 
 // lowTrip returns the low-key exchange of every limit with Async. It requires that e.mu
@@ -383,12 +431,17 @@ func (e *Engine) lowDone(now time.Time, t *Trip) {
 	}
 	e.mu.Lock()
 	e.lowOut = false
-	if all {
-		e.lowLast = now
-	}
 	e.lowPhase = 0.5 + uniform(&e.rng)
 	next := e.lowPace(LowEvery)
-	if _, warm := e.lowState(); !all || !warm {
+	if all {
+		e.lowLast, e.lowFails = now, 0
+	} else {
+		// Due again (lowNews), a quarter of an Async later, then twice as late each time.
+		e.lowNews = true
+		next = min(max(e.asyncMin()/4, time.Millisecond)<<min(e.lowFails, 16), LowEvery)
+		e.lowFails++
+	}
+	if _, warm, _ := e.lowState(now); all && !warm {
 		next = max(e.asyncMin()/4, time.Millisecond)
 	}
 	e.lowAt = now.Add(next)
@@ -416,18 +469,19 @@ func (sh *Shape) asyncShare() int {
 // trusts reports whether the request of cost n for the key of entry en, of shape sh,
 // which its lease cannot serve, is admitted now and charged later, and if so counts the
 // key uncharged; it requires that the key's lock is held. It also records, for the
-// low-key exchanges, that a request of a limit with Async asked more than its lease. The
+// low-key exchanges, that a request of a limit with Async asked more than its lease and
+// could have been admitted so (a cost within the server's share). The
 // breaker's state is the one the driver's loop last saw (Engine.open is not called
 // under a key's lock).
 func (lm *Limit) trusts(en *entry, sh *Shape, t time.Time, n int) bool {
-	if sh.cfg.Async <= 0 {
+	if sh.cfg.Async <= 0 || n <= 0 || n > sh.asyncShare() {
 		return false
 	}
 	if e := lm.e; !e.lowActive.Load() {
 		e.asyncStart.CompareAndSwap(0, t.UnixNano())
 		e.lowActive.Store(true)
 	}
-	if en.flight != nil || n <= 0 || n > sh.asyncShare() || lm.e.openSeen.Load() {
+	if en.flight != nil || lm.e.openSeen.Load() {
 		return false
 	}
 	if en.lease.tookWithin(t, sh.lease.Load().Lifetime) {

@@ -48,11 +48,11 @@ func warmUp(t *testing.T, e *Engine, lm *Limit) {
 		e.Done(t0, trip)
 	}
 	exchange(t, e, t0.Add(25*time.Millisecond))
-	if _, warm := e.lowState(); warm {
+	if _, warm, _ := e.lowState(t0.Add(25 * time.Millisecond)); warm {
 		t.Fatal("warm after the exchange at a quarter of an Async")
 	}
 	exchange(t, e, t0.Add(50*time.Millisecond))
-	if _, warm := e.lowState(); !warm {
+	if _, warm, _ := e.lowState(t0.Add(50 * time.Millisecond)); !warm {
 		t.Fatal("not warm after the exchange at half an Async")
 	}
 }
@@ -279,6 +279,36 @@ func TestAsyncLowIsRemembered(t *testing.T) {
 	if mark, unmark := flap.takeMarks(); len(mark) != 0 || len(unmark) != 1 || unmark[0] != "flap" {
 		t.Fatalf("after a failed exchange: marks %q, unmarks %q; want the newer unmark only", mark, unmark)
 	}
+	// A mark still waiting when the key is found high LowShare later is dropped, and no
+	// unmark goes (the set forgot any earlier one of this server's).
+	var late lowKeys
+	late.note(sh, "late", 0, at(0))
+	late.note(sh, "late", 80, at(LowShare+time.Second))
+	if mark, unmark := late.takeMarks(); len(mark)+len(unmark) != 0 {
+		t.Fatalf("marks %q, unmarks %q; want none", mark, unmark)
+	}
+	// A key found high twice after a mark: the unmark the first answer queued stays.
+	late.note(sh, "twice", 0, at(0))
+	late.takeMarks()
+	late.note(sh, "twice", 80, at(time.Second))
+	late.note(sh, "twice", 80, at(2*time.Second))
+	if mark, unmark := late.takeMarks(); len(mark) != 0 || len(unmark) != 1 || unmark[0] != "twice" {
+		t.Fatalf("marks %q, unmarks %q; want twice unmarked", mark, unmark)
+	}
+	// Marks and unmarks are bounded apart: unmarks up to their bound leave room for marks.
+	var capped lowKeys
+	for i := range maxLowMarks {
+		k := strconv.Itoa(i)
+		capped.note(sh, k, 0, at(0))
+	}
+	capped.takeMarks()
+	for i := range maxLowMarks {
+		capped.note(sh, strconv.Itoa(i), 80, at(time.Second))
+	}
+	capped.note(sh, "new", 0, at(2*time.Second))
+	if mark, unmark := capped.takeMarks(); len(mark) != 1 || mark[0] != "new" || len(unmark) != maxLowMarks {
+		t.Fatalf("%d marks (%q), %d unmarks; want new marked beside %d unmarks", len(mark), mark, len(unmark), maxLowMarks)
+	}
 	// A full set: new keys are not noted until the forgotten ones are swept.
 	var full lowKeys
 	for i := range maxLowKeys {
@@ -363,6 +393,97 @@ func TestAsyncExchangesOnlyWhenAsked(t *testing.T) {
 	last = at
 	if at := first(last, last.Add(3*LowShare), ""); at != last.Add(3*LowShare) {
 		t.Fatalf("an exchange %v after the last, nothing asked since", at.Sub(last))
+	}
+}
+
+// TestAsyncExchangeFailsAndStales: a failed exchange goes again a quarter of an Async
+// later, then twice as late each time up to LowEvery, its marks with it; a server that
+// heard nothing from the fleet's set for lowStale admits nothing uncharged, and its next
+// request that could be makes an exchange due at once; a request of a cost above the
+// server's share does not start the exchanges, one within it does, and wakes the driver.
+func TestAsyncExchangeFailsAndStales(t *testing.T) {
+	wakes := 0
+	e, lm := testEngine(t, func(c *Config) {
+		c.Servers = 4
+		c.Limits[0].Async = 100 * time.Millisecond
+		c.Notify = func() { wakes++ }
+	})
+	e.Tick(t0)
+	decide(e, t0, lm, "big", 26) // above the share, 25: never admitted uncharged
+	if e.asyncStart.Load() != 0 {
+		t.Fatal("a request above the share started the exchanges")
+	}
+	for trip := e.Next(); trip != nil; trip = e.Next() {
+		answerAll(trip)
+		e.Done(t0, trip)
+	}
+	before := wakes
+	warmUp(t, e, lm)
+	if wakes <= before {
+		t.Fatal("the request that started the exchanges did not wake the driver")
+	}
+	// An uncharged admission whose charge finds the bucket low: a mark, and news.
+	at := t0.Add(time.Second)
+	if d, _ := decide(e, at, lm, "k", 1); d.Reason != ReasonAsync {
+		t.Fatalf("%+v, want admitted at once", d)
+	}
+	var sent []time.Duration
+	for now := at; now.Before(at.Add(5 * time.Second)); now = now.Add(time.Millisecond) {
+		e.Tick(now)
+		for trip := e.Next(); trip != nil; trip = e.Next() {
+			if trip.Kind == LowTrip {
+				sent = append(sent, now.Sub(at))
+				if len(sent) <= 3 { // the first three fail
+					e.Done(now, trip)
+					continue
+				}
+				if marks := trip.Lows[0].Mark; len(marks) != 1 || marks[0] != "k" {
+					t.Fatalf("the exchange after the failed ones marks %q, want k", marks)
+				}
+			}
+			trip.Answered = true
+			for j := range trip.RefundResults {
+				trip.RefundResults[j].Remaining = 0 // the charge finds k low
+			}
+			e.Done(now, trip)
+		}
+		if len(sent) == 4 {
+			break
+		}
+	}
+	if len(sent) != 4 {
+		t.Fatalf("exchanges at %v, want four (three failed)", sent)
+	}
+	for i, want := range []time.Duration{25, 50, 100} { // after each failure
+		if gap := sent[i+1] - sent[i]; gap != want*time.Millisecond {
+			t.Fatalf("exchange %d came %v after a failed one, want %vms", i+2, gap, want)
+		}
+	}
+	// Stale: nothing heard for lowStale; no exchange meanwhile, nothing asked.
+	quiet := at.Add(sent[3])
+	for now := quiet; now.Before(quiet.Add(lowStale + time.Second)); now = now.Add(100 * time.Millisecond) {
+		e.Tick(now)
+		if trip := e.Next(); trip != nil {
+			t.Fatalf("a %v trip at %v, nothing asked", trip.Kind, now.Sub(quiet))
+		}
+	}
+	now := quiet.Add(lowStale + time.Second)
+	if _, w := decide(e, now, lm, "fresh", 1); w == nil {
+		t.Fatal("a server whose knowledge went stale admitted uncharged")
+	}
+	e.Tick(now)
+	kinds := map[TripKind]bool{}
+	for trip := e.Next(); trip != nil; trip = e.Next() {
+		kinds[trip.Kind] = true
+		answerAll(trip)
+		trip.Answered = true
+		e.Done(now, trip)
+	}
+	if !kinds[LowTrip] {
+		t.Fatalf("trips %v after a stale server was asked, want a low-key exchange at once", kinds)
+	}
+	if d, _ := decide(e, now.Add(time.Millisecond), lm, "other", 1); d.Reason != ReasonAsync {
+		t.Fatalf("after the exchange: %+v, want admitted at once", d)
 	}
 }
 

@@ -67,6 +67,7 @@ type outcome struct {
 	f     *Flight // a refill decide started, to send
 	w     *Waiter // the request's waiter, when it must wait
 	async int     // tokens admitted to be charged later (Async)
+	start bool    // the request started the low-key exchanges (Engine.asyncStart)
 	slot  uint8   // the key's counter shard
 	key   string  // the key's ID, as its entry holds it
 	shape *Shape  // the key's shape
@@ -105,6 +106,9 @@ func (e *Engine) Decide(now time.Time, lm *Limit, tier, key string, n int, d *De
 	o.refund(e, lm)
 	if o.async > 0 {
 		e.oweAsync(lm, o.shape, o.key, o.async, now)
+	}
+	if o.start {
+		e.wake() // the driver's next Tick plans the first low-key exchange
 	}
 	if o.f != nil && e.send(now, o.f, o.w) && o.w != nil {
 		// The refill failed at once (breaker open, stopped): the policy decided o.w.
@@ -147,7 +151,10 @@ func (lm *Limit) decide(o *outcome, en *entry, t time.Time, tier string, n int, 
 			o.d = lm.preDenied(en, t, n)
 			return
 		}
-		if w == nil && lm.trusts(en, sh, t, n) {
+		first := w == nil && sh.cfg.Async > 0 && lm.e.asyncStart.Load() == 0
+		trusted := w == nil && lm.trusts(en, sh, t, n)
+		o.start = first && lm.e.asyncStart.Load() != 0
+		if trusted {
 			en.pre.AllowN(t, n)
 			o.async = n
 			// Remaining: nothing here says the key is low, the likeliest is a full bucket.

@@ -151,6 +151,7 @@ type Engine struct {
 	lowLast       time.Time         // when the last one was answered
 	lowNews       bool              // an async admission since the last one
 	lowPhase      float64           // this server's pace of the exchanges after the last, in [0.5, 1.5): servers started together drift apart
+	lowFails      int               // exchanges failed in a row
 
 	stats counters
 }
