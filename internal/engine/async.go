@@ -359,17 +359,15 @@ func (e *Engine) scheduleLow(now time.Time, async time.Duration) bool {
 		}
 		e.lowAt = time.Unix(0, start).Add(async / 4)
 	}
-	if !e.lowAt.IsZero() && now.Before(e.lowAt) && e.lowActive.Load() {
-		if _, _, stale := e.lowState(now); stale {
-			e.lowAt = now // asked, with stale knowledge: the exchange is due now
-		}
+	asked := e.lowActive.Load()
+	if asked && now.Before(e.lowAt) && !e.lowLast.IsZero() && now.Sub(e.lowLast) >= lowStale {
+		e.lowAt = now // asked, with stale knowledge: the exchange is due now
 	}
 	if e.lowAt.IsZero() || now.Before(e.lowAt) {
 		return false
 	}
 	marks, warm, stale := e.lowState(now)
 	since := now.Sub(e.lowLast)
-	asked := e.lowActive.Load()
 	due := !warm || e.lowNews || marks && since >= e.lowPace(LowShare/2) ||
 		asked && (stale || since >= e.lowPace(LowShare))
 	if !due {
@@ -470,24 +468,25 @@ func (sh *Shape) asyncShare() int {
 // which its lease cannot serve, is admitted now and charged later, and if so counts the
 // key uncharged; it requires that the key's lock is held. It also records, for the
 // low-key exchanges, that a request of a limit with Async asked more than its lease and
-// could have been admitted so (a cost within the server's share). The
+// could have been admitted so (a cost within the server's share), and reports whether
+// that request was the first (started: the driver must be woken to plan them). The
 // breaker's state is the one the driver's loop last saw (Engine.open is not called
 // under a key's lock).
-func (lm *Limit) trusts(en *entry, sh *Shape, t time.Time, n int) bool {
+func (lm *Limit) trusts(en *entry, sh *Shape, t time.Time, n int) (ok, started bool) {
 	if sh.cfg.Async <= 0 || n <= 0 || n > sh.asyncShare() {
-		return false
+		return false, false
 	}
 	if e := lm.e; !e.lowActive.Load() {
-		e.asyncStart.CompareAndSwap(0, t.UnixNano())
+		started = e.asyncStart.CompareAndSwap(0, t.UnixNano())
 		e.lowActive.Store(true)
 	}
 	if en.flight != nil || lm.e.openSeen.Load() {
-		return false
+		return false, started
 	}
 	if en.lease.tookWithin(t, sh.lease.Load().Lifetime) {
-		return false // its lease is in use here: it serves the key, at no extra call
+		return false, started // its lease is in use here: it serves the key, at no extra call
 	}
-	return lm.low.admit(en.key, t)
+	return lm.low.admit(en.key, t), started
 }
 
 // oweAsync queues the charge of n tokens the async admission of key (shape sh) at now

@@ -151,9 +151,10 @@ func (lm *Limit) decide(o *outcome, en *entry, t time.Time, tier string, n int, 
 			o.d = lm.preDenied(en, t, n)
 			return
 		}
-		first := w == nil && sh.cfg.Async > 0 && lm.e.asyncStart.Load() == 0
-		trusted := w == nil && lm.trusts(en, sh, t, n)
-		o.start = first && lm.e.asyncStart.Load() != 0
+		var trusted bool
+		if w == nil {
+			trusted, o.start = lm.trusts(en, sh, t, n)
+		}
 		if trusted {
 			en.pre.AllowN(t, n)
 			o.async = n

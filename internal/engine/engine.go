@@ -111,9 +111,8 @@ type Engine struct {
 	notify    func()
 	decided   func(w *Waiter)
 
-	servers   atomic.Int64
-	firstTick atomic.Int64 // the first Tick's instant (Unix nanoseconds); 0 before it
-	openSeen  atomic.Bool  // the breaker was open when Next last asked (async.go)
+	servers  atomic.Int64
+	openSeen atomic.Bool // the breaker was open when Next last asked (async.go)
 	// asyncStart is the instant (Unix nanoseconds) of the first request of a limit with
 	// Async that its lease could not serve, 0 before it: the low-key exchanges start
 	// from it. lowActive reports such a request since the last exchange (async.go).

@@ -399,7 +399,6 @@ func (e *Engine) Tick(now time.Time) {
 	}
 	if !e.ticked {
 		e.ticked = true
-		e.firstTick.Store(now.UnixNano())
 		e.nextExpiry = now.Add(time.Duration(float64(e.tickEvery) * (0.5 + uniform(&e.rng))))
 		e.nextBeat = now.Add(time.Duration(float64(e.beat) / 10 * uniform(&e.rng)))
 	}
