@@ -45,6 +45,9 @@ type coldOpts struct {
 	// windowExact makes every window-array request ask (windowOpts.exact).
 	hotRead     time.Duration
 	windowExact bool
+	// windowDefer makes a window-array over key's request that finds no grant ask in
+	// the next round trip and wait for it (windowOpts.deferOver).
+	windowDefer bool
 }
 
 func (o coldOpts) abuseKeys() int {
@@ -61,6 +64,10 @@ type ColdResult struct {
 	// over the requests that arrived 1 s into the run or later, past the fleet's start.
 	UnderLimitWaited        float64 `json:"under_limit_waited"`
 	UnderLimitWaitedAfter1s float64 `json:"under_limit_waited_after_1s"`
+	// OverLimitAdmitted is, over the Zipf keys that asked more than burst + rate·T, their
+	// admissions over burst + rate·T each: what a key over its limit gets of it (a limit
+	// honoured from below as well as from above).
+	OverLimitAdmitted float64 `json:"over_limit_admitted"`
 	// HotWorst and AbuseWorst are, for the hottest Zipf key and the abusive key, the
 	// largest admissions in any window of length W over 2·burst + rate·W, W in
 	// coldWindows; HotWorstW and AbuseWorstW the W that gave it.
@@ -149,6 +156,16 @@ func (r *recorder) coldResult() *ColdResult {
 	}
 	if req > 0 {
 		c.UnderLimitWaited = wait / req
+	}
+	var adm, due float64
+	for k := range r.sc.Keys - r.sc.cold.abuseKeys() {
+		if float64(r.keyReq[k]) > r.sc.bound() {
+			adm += float64(r.keyAdm[k])
+			due += r.sc.bound()
+		}
+	}
+	if due > 0 {
+		c.OverLimitAdmitted = adm / due
 	}
 	if reqLate > 0 {
 		c.UnderLimitWaitedAfter1s = waitLate / reqLate

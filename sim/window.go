@@ -10,40 +10,51 @@ import (
 // not a script's key.
 //
 // A key's limit is burst requests per window of burst/rate, its windows offset by a
-// phase of its own, less what its previous window admitted over the burst (its carry).
-// Redis holds, per window, one counter array for every key of the limit: a count-min
-// sketch of two rows of BITFIELD u16 counters at hashes of the key, so that a key's
-// count (the smaller of its two) is at least its true count. No script runs: a server
-// sends, in one pipelined round trip, INCRBY for what it admitted without asking and for
-// the grants it asks for (a grant stands when the count answered, with the carry read
-// by a GET of the previous window, is within the burst; a refused grant is taken back in
-// the next trip), one ZADD of the keys it found low or over, and every hotRead a read of
-// the marks changed since its last (ZRANGEBYSCORE). Redis's time is what TestRedisCost
-// measured of those commands (coldCost).
+// phase of its own. Redis holds, per window, one counter array for every key of the
+// limit: a count-min sketch of two rows of BITFIELD u16 counters at hashes of the key,
+// so that a key's count (the smaller of its two) is at least its true count. No script
+// runs: a server sends, in one pipelined round trip, INCRBY for what it admitted without
+// asking, for the grants it asks for (a grant stands when the count answered is within
+// the burst; a refused grant is taken back in the next trip) and for its carries, one
+// ZADD of the keys it found low or over, and every hotRead a read of the marks changed
+// since its last (ZRANGEBYSCORE). Redis's time is what TestRedisCost measured of those
+// commands (coldCost).
+//
+// A count answered over the burst is an overshoot, and the server whose increment it
+// answered counts its own part of it (at most its increment) in the key's next window
+// as well, its carry: the parts of all increments over the burst add up to what the
+// window admitted over it, so a window's overshoot is taken from the next, and what that
+// one cannot hold from the one after, however many windows it takes. Over any run of
+// whole windows a key is admitted at most burst per window plus the debt still carried.
 //
 // A server admits a key it knows nothing against without asking, at most c of them per
 // key and window unanswered, as hybrid-async does, once its read sent at warmAt or later
-// is answered. A key whose window was spent, or
-// whose count came within c of the burst, is low for lowMemory: each request asks. A key
-// whose window was spent within its first half (over twice its limit) is over for
-// hotMemory: it is admitted only from grants asked ahead, in the next round trip. A
-// server that knows a window spent refuses the key until the window ends.
+// is answered. A key whose count came within c of its burst is low until that window
+// ends: each request asks, and waits. A server that knows a window spent refuses the key
+// until the window ends. A key whose window was spent at twice its rate or more (the
+// count over the time since the later of the window's start and the server's own start)
+// is over for hotMemory: it is admitted only from grants, one asked ahead with the next
+// round trip after each grant used; a request that finds none is refused (or, with
+// windowDefer, asks in the next round trip and waits for it: its grant is counted in the
+// window it asked in, and admits it up to a round trip later).
 const WindowModel Strategy = "window-array"
 
 // windowOpts are window-array's parameters.
 type windowOpts struct {
 	width     int           // counters per row of the sketch
-	lowMemory int           // how long a key stays low, in windows of the key
 	warmAt    time.Duration // a server admits without asking once a read sent this late is answered
 	hotMemory time.Duration // how long a key stays over
 	hotRead   time.Duration // how often a server reads the marks
+	// deferOver makes an over key's request that finds no grant ask in the next round
+	// trip and wait for it, instead of being refused.
+	deferOver bool
 	// exact makes every request ask (no admission without asking, no grant asked
 	// ahead): fixed windows enforced exactly, the yardstick of what windows cost the
 	// keys within their limit.
 	exact bool
 }
 
-var windowDefaults = windowOpts{width: 1 << 18, lowMemory: 1, warmAt: 25 * time.Millisecond, hotMemory: 30 * time.Second, hotRead: 250 * time.Millisecond}
+var windowDefaults = windowOpts{width: 1 << 18, warmAt: 25 * time.Millisecond, hotMemory: 30 * time.Second, hotRead: 250 * time.Millisecond}
 
 type windowStrat struct {
 	f     *fleet
@@ -63,6 +74,7 @@ type windowMark struct {
 }
 
 type windowServer struct {
+	start    time.Duration // when it joined: it has seen no count older
 	keys     map[int]*windowKey
 	marks    map[int]windowMark // learnt from reads
 	ops      []windowOp         // for the next round trip
@@ -86,11 +98,13 @@ type windowKey struct {
 }
 
 type windowOp struct {
-	key   int
-	win   int64
-	n     int  // counted (negative: a refused grant taken back)
-	grant bool // asks: stands if the count is within the burst
-	q     *request
+	key      int
+	win      int64
+	n        int  // counted (negative: a refused grant taken back)
+	grant    bool // asks: stands if the count is within the burst
+	carry    bool // what an earlier op admitted over its window's burst, counted in the next
+	deferred bool // a request waiting for the next round trip, which it does not hasten
+	q        *request
 	// answers
 	count   int
 	granted bool
@@ -103,7 +117,7 @@ func newWindow(f *fleet) *windowStrat {
 	if sc.cold.hotRead > 0 {
 		o.hotRead = sc.cold.hotRead
 	}
-	o.exact = sc.cold.windowExact
+	o.exact, o.deferOver = sc.cold.windowExact, sc.cold.windowDefer
 	return &windowStrat{f: f, o: o, w: w, arr: map[int64]*[2][]uint16{}, marks: map[int]windowMark{},
 		c: max(1, (sc.Burst+sc.Servers-1)/sc.Servers)}
 }
@@ -127,7 +141,7 @@ func (s *windowStrat) idx(k, row int) int {
 func (s *windowStrat) win(k int, t time.Duration) int64 { return int64((t + s.phase(k)) / s.w) }
 
 func (s *windowStrat) join(sv *server) error {
-	hs := &windowServer{keys: map[int]*windowKey{}, marks: map[int]windowMark{}, announce: map[int]windowMark{},
+	hs := &windowServer{start: s.f.e.now, keys: map[int]*windowKey{}, marks: map[int]windowMark{}, announce: map[int]windowMark{},
 		touched: map[int64]bool{}}
 	sv.state = hs
 	iv := s.interval()
@@ -198,6 +212,8 @@ func (s *windowStrat) handle(sv *server, q *request) {
 		}
 	case st.failed:
 		f.decide(q, false, srcPaced)
+	case over && hs.warm && s.o.deferOver: // asks in the next round trip, and waits for it
+		hs.ops = append(hs.ops, windowOp{key: q.key, win: st.win, n: q.n, grant: true, q: q, deferred: true})
 	case over && hs.warm:
 		f.decide(q, false, srcPaced)
 		s.ask(hs, q.key, st)
@@ -228,7 +244,11 @@ func (s *windowStrat) count(k int, j int64, n int) int {
 		}
 		a = &[2][]uint16{make([]uint16, s.o.width), make([]uint16, s.o.width)}
 		s.arr[j] = a
-		delete(s.arr, j-4) // expired
+		for old := range s.arr { // expired (PEXPIRE): no key's window that old is counted any more
+			if old < int64(s.f.e.now/s.w)-2 {
+				delete(s.arr, old)
+			}
+		}
 	}
 	c := 1 << 16
 	for r := range 2 {
@@ -255,28 +275,23 @@ func (s *windowStrat) send(sv *server, hs *windowServer) {
 		hs.lastRead = t
 	}
 	// Redis time (TestRedisCost): a BITFIELD per window touched (and a PEXPIRE the first
-	// time this server touches it), two sub-commands per op, two more per grant (the
-	// carry's GET); one ZADD of the marks; the read of the marks changed since the last.
+	// time this server touches it), two sub-commands per op; one ZADD of the marks; the
+	// read of the marks changed since the last.
 	cmds := 0
 	var cost time.Duration
 	wins := map[int64]bool{}
 	for _, op := range ops {
-		for _, j := range []int64{op.win, op.win - 1} {
-			if j == op.win-1 && !op.grant {
-				continue
-			}
-			if !wins[j] {
-				wins[j] = true
+		if j := op.win; !wins[j] {
+			wins[j] = true
+			cmds++
+			cost += coldCost.bfCall
+			if !hs.touched[j] {
+				hs.touched[j] = true
 				cmds++
-				cost += coldCost.bfCall
-				if !hs.touched[j] && j == op.win {
-					hs.touched[j] = true
-					cmds++
-					cost += coldCost.zCall
-				}
+				cost += coldCost.zCall
 			}
-			cost += 2 * coldCost.bfSub
 		}
+		cost += 2 * coldCost.bfSub
 	}
 	if len(announce) > 0 {
 		cmds++
@@ -298,10 +313,7 @@ func (s *windowStrat) send(sv *server, hs *windowServer) {
 		for i := range ops {
 			op := &ops[i]
 			op.count = s.count(op.key, op.win, op.n)
-			if op.grant {
-				carry := max(0, s.count(op.key, op.win-1, 0)-sc.Burst)
-				op.granted = op.count+carry <= sc.Burst
-			}
+			op.granted = op.grant && op.count <= sc.Burst
 		}
 		if read {
 			got = map[int]windowMark{}
@@ -340,6 +352,7 @@ func (s *windowStrat) send(sv *server, hs *windowServer) {
 			st := s.key(hs, op.key, now)
 			cur := st.win == op.win
 			switch {
+			case op.carry:
 			case !op.grant:
 				if cur {
 					st.out = max(0, st.out-op.n)
@@ -352,23 +365,28 @@ func (s *windowStrat) send(sv *server, hs *windowServer) {
 					st.grants += op.n
 				}
 			}
-			if op.grant && !op.granted { // take the refused grant back
+			refused := op.grant && !op.granted
+			if refused { // take the refused grant back
 				hs.ops = append(hs.ops, windowOp{key: op.key, win: op.win, n: -op.n})
+			} else if x := min(op.n, op.count-sc.Burst); x > 0 {
+				// its part of an overshoot: counted in the next window as well
+				hs.ops = append(hs.ops, windowOp{key: op.key, win: op.win + 1, n: x, carry: true})
 			}
-			if cur {
-				s.judge(hs, op.key, st, op.count, op.grant && !op.granted, now)
+			if op.win >= st.win {
+				s.judge(hs, op.key, st, op.win, op.count, refused, now)
 			}
 		}
-		if len(hs.announce) > 0 || slices.ContainsFunc(hs.ops, func(o windowOp) bool { return o.q != nil }) {
+		if len(hs.announce) > 0 || slices.ContainsFunc(hs.ops, func(o windowOp) bool { return o.q != nil && !o.deferred }) {
 			s.send(sv, hs)
 		}
 	})
 }
 
-// judge reads a count answered for key k's current window (refused: a grant was
-// refused): a window spent, or within c of the burst, makes the key low; spent within
-// its first half, over. What changes is announced.
-func (s *windowStrat) judge(hs *windowServer, k int, st *windowKey, count int, refused bool, now time.Duration) {
+// judge reads a count answered for key k's window win, the current one or the next (a
+// carry's; refused: a grant was refused): a window within c of the burst makes the key
+// low until it ends; spent, the server refuses the key until it ends; spent at twice the
+// key's rate or more, over. What changes is announced.
+func (s *windowStrat) judge(hs *windowServer, k int, st *windowKey, win int64, count int, refused bool, now time.Duration) {
 	burst := s.f.sc.Burst
 	spent := refused || count >= burst
 	if !spent && count+s.c <= burst {
@@ -376,14 +394,18 @@ func (s *windowStrat) judge(hs *windowServer, k int, st *windowKey, count int, r
 	}
 	var m windowMark
 	if spent {
-		st.failed = true
-		m.spent = st.win + 1
+		if win == st.win {
+			st.failed = true
+		}
+		m.spent = win + 1
 	}
-	lowUntil := now + time.Duration(s.o.lowMemory)*s.w
-	if lowUntil-st.low > s.w/2 {
-		st.low, m.low = lowUntil, lowUntil
+	start := time.Duration(win)*s.w - s.phase(k)
+	if end := start + s.w; end > st.low {
+		st.low, m.low = end, end
 	}
-	if spent && (now+s.phase(k))%s.w < s.w/2 && now+s.o.hotMemory-st.over > s.o.hotMemory/2 {
+	// spent at twice its rate or more, over the part of the window this server has seen
+	fast := time.Duration(count)*s.w >= 2*time.Duration(burst)*max(0, now-max(start, hs.start))
+	if spent && fast && now+s.o.hotMemory-st.over > s.o.hotMemory/2 {
 		st.over, m.over = now+s.o.hotMemory, now+s.o.hotMemory
 	}
 	if m.low > 0 || m.over > 0 || spent {
