@@ -189,7 +189,9 @@ func (s *windowStrat) key(hs *windowServer, k int, now time.Duration) *windowKey
 
 func (s *windowStrat) learn(st *windowKey, m windowMark) {
 	st.low, st.over = max(st.low, m.low), max(st.over, m.over)
-	if m.spent == st.win+1 {
+	// the mark holds the last window known spent; a window spent by its carry alone
+	// means the one before it admitted twice its burst
+	if j := m.spent - 1; j == st.win || j == st.win+1 {
 		st.failed = true
 	}
 }
@@ -394,7 +396,7 @@ func (s *windowStrat) judge(hs *windowServer, k int, st *windowKey, win int64, c
 	}
 	var m windowMark
 	if spent {
-		if win == st.win {
+		if win == st.win || win == st.win+1 {
 			st.failed = true
 		}
 		m.spent = win + 1
