@@ -65,8 +65,8 @@ type ColdResult struct {
 	UnderLimitWaited        float64 `json:"under_limit_waited"`
 	UnderLimitWaitedAfter1s float64 `json:"under_limit_waited_after_1s"`
 	// OverLimitAdmitted is, over the Zipf keys that asked more than burst + rate·T, their
-	// admissions over burst + rate·T each: what a key over its limit gets of it (a limit
-	// honoured from below as well as from above).
+	// admissions decided within the run over burst + rate·T each: what a key over its
+	// limit gets of it (a limit honoured from below as well as from above).
 	OverLimitAdmitted float64 `json:"over_limit_admitted"`
 	// HotWorst and AbuseWorst are, for the hottest Zipf key and the abusive key, the
 	// largest admissions in any window of length W over 2·burst + rate·W, W in

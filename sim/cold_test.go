@@ -86,7 +86,7 @@ func coldDesigns() []coldDesign {
 		{"window-array 100ms", WindowModel, async(100 * time.Millisecond)},
 		{"window-array 120ms", WindowModel, async(120 * time.Millisecond)},
 		{"window-array 300ms", WindowModel, async(300 * time.Millisecond)},
-		{"window-array 120ms defer", WindowModel, func(sc *Scenario) { sc.cold.report, sc.cold.windowDefer = 120*time.Millisecond, true }},
+		{"window-array 200ms defer", WindowModel, func(sc *Scenario) { sc.cold.report, sc.cold.windowDefer = 200*time.Millisecond, true }},
 		{"window-array exact", WindowModel, func(sc *Scenario) { sc.cold.windowExact = true }},
 	}
 }
@@ -102,7 +102,7 @@ var (
 //
 //	go test ./sim -run TestColdKeys -v
 //	go test ./sim -run TestColdKeys -v -args -cold 'hybrid-async 100ms'   # one row per scenario
-//	go test ./sim -run TestColdKeys -v -args -cold 'window-array 120ms defer' -coldlate -seed 2
+//	go test ./sim -run TestColdKeys -v -args -cold 'window-array 200ms defer' -coldlate -seed 2
 func TestColdKeys(t *testing.T) {
 	if testing.Short() || !strings.Contains(flag.Lookup("test.run").Value.String(), "TestColdKeys") {
 		t.Skip("the cold-key comparison runs only with -run TestColdKeys, without -short")
@@ -119,6 +119,9 @@ func TestColdKeys(t *testing.T) {
 				d.set(&c)
 			}
 			s.runs = append(s.runs, run{label: d.label, sc: c, st: d.st})
+		}
+		if len(s.runs) == 0 {
+			t.Fatalf("-cold %q names no design", *coldOnly)
 		}
 		ss = append(ss, s)
 	}

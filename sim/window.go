@@ -31,9 +31,9 @@ import (
 // key and window unanswered, as hybrid-async does, once its read sent at warmAt or later
 // is answered. A key whose count came within c of its burst is low until that window
 // ends: each request asks, and waits. A server that knows a window spent refuses the key
-// until the window ends. A key whose window was spent at twice its rate or more (the
-// count over the time since the later of the window's start and the server's own start)
-// is over for hotMemory: it is admitted only from grants, one asked ahead with the next
+// until the window ends. A key whose window was spent at four times its rate or more
+// (the count over the time since the later of the window's start and the server's own
+// start) is over for hotMemory: it is admitted only from grants, one asked ahead with the next
 // round trip after each grant used; a request that finds none is refused (or, with
 // windowDefer, asks in the next round trip and waits for it: its grant is counted in the
 // window it asked in, and admits it up to a round trip later).
@@ -153,7 +153,8 @@ func (s *windowStrat) join(sv *server) error {
 				delete(hs.keys, k)
 			}
 		}
-		if now-hs.sent >= iv || !hs.warm {
+		// deferred requests and carries go with the next tick whatever was sent since
+		if now-hs.sent >= iv || !hs.warm || slices.ContainsFunc(hs.ops, func(o windowOp) bool { return o.deferred || o.carry }) {
 			s.send(sv, hs)
 		}
 		if now < s.f.sc.Duration+2*time.Second {
@@ -189,9 +190,9 @@ func (s *windowStrat) key(hs *windowServer, k int, now time.Duration) *windowKey
 
 func (s *windowStrat) learn(st *windowKey, m windowMark) {
 	st.low, st.over = max(st.low, m.low), max(st.over, m.over)
-	// the mark holds the last window known spent; a window spent by its carry alone
-	// means the one before it admitted twice its burst
-	if j := m.spent - 1; j == st.win || j == st.win+1 {
+	// the mark holds the last window known spent; a window ahead holds carries only, so
+	// one spent ahead means every window before it counted twice its burst or more
+	if m.spent > 0 && m.spent-1 >= st.win {
 		st.failed = true
 	}
 }
@@ -386,8 +387,8 @@ func (s *windowStrat) send(sv *server, hs *windowServer) {
 
 // judge reads a count answered for key k's window win, the current one or the next (a
 // carry's; refused: a grant was refused): a window within c of the burst makes the key
-// low until it ends; spent, the server refuses the key until it ends; spent at twice the
-// key's rate or more, over. What changes is announced.
+// low until it ends; spent, the server refuses the key until it ends; spent at four
+// times the key's rate or more, over. What changes is announced.
 func (s *windowStrat) judge(hs *windowServer, k int, st *windowKey, win int64, count int, refused bool, now time.Duration) {
 	burst := s.f.sc.Burst
 	spent := refused || count >= burst
@@ -396,7 +397,7 @@ func (s *windowStrat) judge(hs *windowServer, k int, st *windowKey, win int64, c
 	}
 	var m windowMark
 	if spent {
-		if win == st.win || win == st.win+1 {
+		if win >= st.win {
 			st.failed = true
 		}
 		m.spent = win + 1
@@ -405,8 +406,10 @@ func (s *windowStrat) judge(hs *windowServer, k int, st *windowKey, win int64, c
 	if end := start + s.w; end > st.low {
 		st.low, m.low = end, end
 	}
-	// spent at twice its rate or more, over the part of the window this server has seen
-	fast := time.Duration(count)*s.w >= 2*time.Duration(burst)*max(0, now-max(start, hs.start))
+	// spent at four times its rate or more, over the part of the window this server has
+	// seen: a key within its limit carrying a debt from its last window spends this one
+	// early, but not four times as fast
+	fast := time.Duration(count)*s.w >= 4*time.Duration(burst)*max(0, now-max(start, hs.start))
 	if spent && fast && now+s.o.hotMemory-st.over > s.o.hotMemory/2 {
 		st.over, m.over = now+s.o.hotMemory, now+s.o.hotMemory
 	}
