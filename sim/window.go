@@ -385,7 +385,7 @@ func (s *windowStrat) send(sv *server, hs *windowServer) {
 	})
 }
 
-// judge reads a count answered for key k's window win, the current one or the next (a
+// judge reads a count answered for key k's window win, the current one or one ahead (a
 // carry's; refused: a grant was refused): a window within c of the burst makes the key
 // low until it ends; spent, the server refuses the key until it ends; spent at four
 // times the key's rate or more, over. What changes is announced.
@@ -396,10 +396,8 @@ func (s *windowStrat) judge(hs *windowServer, k int, st *windowKey, win int64, c
 		return
 	}
 	var m windowMark
-	if spent {
-		if win >= st.win {
-			st.failed = true
-		}
+	if spent { // win is the current window or one ahead: either way this one is spent
+		st.failed = true
 		m.spent = win + 1
 	}
 	start := time.Duration(win)*s.w - s.phase(k)
