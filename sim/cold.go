@@ -46,8 +46,9 @@ type coldOpts struct {
 	hotRead     time.Duration
 	windowExact bool
 	// windowDefer makes a window-array over key's request that finds no grant ask in
-	// the next round trip and wait for it (windowOpts.deferOver).
-	windowDefer bool
+	// the next round trip and wait for it (windowOpts.deferOver); windowSample admits it
+	// at odds instead (windowOpts.sample).
+	windowDefer, windowSample bool
 }
 
 func (o coldOpts) abuseKeys() int {

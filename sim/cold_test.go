@@ -87,6 +87,7 @@ func coldDesigns() []coldDesign {
 		{"window-array 120ms", WindowModel, async(120 * time.Millisecond)},
 		{"window-array 300ms", WindowModel, async(300 * time.Millisecond)},
 		{"window-array 200ms defer", WindowModel, func(sc *Scenario) { sc.cold.report, sc.cold.windowDefer = 200*time.Millisecond, true }},
+		{"window-array 120ms sample", WindowModel, func(sc *Scenario) { sc.cold.report, sc.cold.windowSample = 120*time.Millisecond, true }},
 		{"window-array exact", WindowModel, func(sc *Scenario) { sc.cold.windowExact = true }},
 	}
 }

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"math"
 	"slices"
 	"time"
 )
@@ -45,6 +46,10 @@ type windowOpts struct {
 	warmAt    time.Duration // a server admits without asking once a read sent this late is answered
 	hotMemory time.Duration // how long a key stays over
 	hotRead   time.Duration // how often a server reads the marks
+	// sample admits an over key's request that finds no grant without asking, at odds
+	// of burst / (S × this server's requests of the key per window), at most c of them
+	// unanswered, instead of refusing it.
+	sample bool
 	// deferOver makes an over key's request that finds no grant ask in the next round
 	// trip and wait for it, instead of being refused.
 	deferOver bool
@@ -89,10 +94,12 @@ type windowServer struct {
 
 type windowKey struct {
 	win       int64
-	grants    int  // grants held for win
-	failed    bool // win is known spent
-	out       int  // admitted in win without asking, not yet answered
-	asking    bool // a grant asked ahead is in ops or on the wire
+	ewc       float64       // this server's requests of the key, decayed over 4 windows
+	ewAt      time.Duration // when ewc was last decayed
+	grants    int           // grants held for win
+	failed    bool          // win is known spent
+	out       int           // admitted in win without asking, not yet answered
+	asking    bool          // a grant asked ahead is in ops or on the wire
 	low, over time.Duration
 	last      time.Duration
 }
@@ -117,7 +124,7 @@ func newWindow(f *fleet) *windowStrat {
 	if sc.cold.hotRead > 0 {
 		o.hotRead = sc.cold.hotRead
 	}
-	o.exact, o.deferOver = sc.cold.windowExact, sc.cold.windowDefer
+	o.exact, o.deferOver, o.sample = sc.cold.windowExact, sc.cold.windowDefer, sc.cold.windowSample
 	return &windowStrat{f: f, o: o, w: w, arr: map[int64]*[2][]uint16{}, marks: map[int]windowMark{},
 		c: max(1, (sc.Burst+sc.Servers-1)/sc.Servers)}
 }
@@ -202,6 +209,9 @@ func (s *windowStrat) handle(sv *server, q *request) {
 	hs := sv.state.(*windowServer)
 	now := f.e.now
 	st := s.key(hs, q.key, now)
+	tau := 4 * s.w // this server's requests of the key, decayed over tau
+	st.ewc = st.ewc*math.Exp(-float64(now-st.ewAt)/float64(tau)) + 1
+	st.ewAt = now
 	over, low := now < st.over, now < st.low
 	if s.o.exact {
 		over, low = false, true
@@ -215,6 +225,22 @@ func (s *windowStrat) handle(sv *server, q *request) {
 		}
 	case st.failed:
 		f.decide(q, false, srcPaced)
+	case over && hs.warm && s.o.sample:
+		// admitted without asking, at odds that make the fleet admit about a burst a
+		// window: each server sees about 1/S of the key's requests. Its rate per window is
+		// the decayed count over the time the server has been counting every key (since
+		// it started), up to tau.
+		counted := 1 - math.Exp(-float64(max(now-hs.start, s.w/10))/float64(tau))
+		perWindow := st.ewc / counted * float64(s.w) / float64(tau)
+		p := min(1, float64(s.f.sc.Burst)/(float64(s.f.sc.Servers)*perWindow))
+		x := float64(mix(s.f.sc.Seed, uint64(sv.id), uint64(q.key), uint64(now))%1e9) / 1e9
+		if x < p && st.out+q.n <= s.c {
+			st.out += q.n
+			hs.ops = append(hs.ops, windowOp{key: q.key, win: st.win, n: q.n})
+			f.decide(q, true, srcLease)
+		} else {
+			f.decide(q, false, srcPaced)
+		}
 	case over && hs.warm && s.o.deferOver: // asks in the next round trip, and waits for it
 		hs.ops = append(hs.ops, windowOp{key: q.key, win: st.win, n: q.n, grant: true, q: q, deferred: true})
 	case over && hs.warm:
