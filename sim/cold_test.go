@@ -97,6 +97,25 @@ var (
 	coldLate = flag.Bool("coldlate", false, "TestColdKeys: run the +abuser@5s scenarios as well")
 )
 
+// coldSuite is scenario sc run by every cold-key design, or by those -cold names.
+func coldSuite(t *testing.T, sc Scenario) suite {
+	s := suite{name: sc.Name}
+	for _, d := range coldDesigns() {
+		if *coldOnly != "" && !strings.Contains(","+*coldOnly+",", ","+d.label+",") {
+			continue
+		}
+		c := sc
+		if d.set != nil {
+			d.set(&c)
+		}
+		s.runs = append(s.runs, run{label: d.label, sc: c, st: d.st})
+	}
+	if len(s.runs) == 0 {
+		t.Fatalf("-cold %q names no design", *coldOnly)
+	}
+	return s
+}
+
 // TestColdKeys compares the cold-key designs (docs/design.md, "Cold keys: designs
 // compared") and prints one table per scenario. It runs only when named by -run and not
 // under -short:
@@ -110,21 +129,7 @@ func TestColdKeys(t *testing.T) {
 	}
 	var ss []suite
 	for _, sc := range coldVariants(*coldLate) {
-		s := suite{name: sc.Name}
-		for _, d := range coldDesigns() {
-			if *coldOnly != "" && !strings.Contains(","+*coldOnly+",", ","+d.label+",") {
-				continue
-			}
-			c := sc
-			if d.set != nil {
-				d.set(&c)
-			}
-			s.runs = append(s.runs, run{label: d.label, sc: c, st: d.st})
-		}
-		if len(s.runs) == 0 {
-			t.Fatalf("-cold %q names no design", *coldOnly)
-		}
-		ss = append(ss, s)
+		ss = append(ss, coldSuite(t, sc))
 	}
 	all := runSuites(t, ss)
 	for i, s := range ss {
@@ -146,6 +151,38 @@ func TestColdKeys(t *testing.T) {
 			fmt.Fprintf(&b, "%-24s %6.2f%% %9.4f %9.4f %8.2f%% %8.2f%% %8.2f%% %6.1f%% %11.4f %11s %10s %9.3f %7.0f\n", o.name(), 100*r.RedisBusy,
 				r.RedisRoundTripsPerRequest, r.RedisCallsPerRequest, 100*c.UnderLimitWaited, 100*c.UnderLimitWaitedAfter1s, 100*r.UnderLimitAdmitted, 100*c.OverLimitAdmitted,
 				r.HottestKeyOverBound, fmt.Sprintf("%.3f@%v", c.HotWorst, c.HotWorstW), abuse, c.AnyWorstAsync, r.P99DecisionUS)
+		}
+		t.Log("\n" + b.String())
+	}
+}
+
+// TestColdSuites runs the cold-key designs (all, or those -cold names) on the built-in
+// hot-key, abusive-client and sticky-client suites, which a design for per-client keys
+// must not make worse, and prints one table per suite. It runs only when named by -run
+// and not under -short:
+//
+//	go test ./sim -run TestColdSuites -v -args -cold 'hybrid,hybrid-async 100ms,window-array 120ms sample'
+func TestColdSuites(t *testing.T) {
+	if testing.Short() || !strings.Contains(flag.Lookup("test.run").Value.String(), "TestColdSuites") {
+		t.Skip("the cold-key designs on the suites run only with -run TestColdSuites, without -short")
+	}
+	var ss []suite
+	for _, b := range suites(fullScale(), *seedFlag) {
+		if b.name != "hot-key" && b.name != "abusive-client" && b.name != "sticky-client" {
+			continue
+		}
+		ss = append(ss, coldSuite(t, b.runs[0].sc))
+	}
+	all := runSuites(t, ss)
+	for i, s := range ss {
+		var b strings.Builder
+		fmt.Fprintf(&b, "%s\n%-26s %11s %9s %9s %7s %11s %9s\n", s.name, "design", "admitted/s", "calls/req", "trips/req", "busy", "p99 µs", "hot/bound")
+		for _, o := range all[i] {
+			if o.err != nil {
+				t.Fatalf("%s / %s: %v", s.name, o.name(), o.err)
+			}
+			r := o.res
+			fmt.Fprintf(&b, "%-26s %11.0f %9.4f %9.4f %6.2f%% %11.0f %9.3f\n", o.name(), r.AdmittedPerS, r.RedisCallsPerRequest, r.RedisRoundTripsPerRequest, 100*r.RedisBusy, r.P99DecisionUS, r.HottestKeyOverBound)
 		}
 		t.Log("\n" + b.String())
 	}
