@@ -35,9 +35,11 @@ import (
 // until the window ends. A key whose window was spent at four times its rate or more
 // (the count over the time since the later of the window's start and the server's own
 // start) is over for hotMemory: it is admitted only from grants, one asked ahead with the next
-// round trip after each grant used; a request that finds none is refused (or, with
-// windowDefer, asks in the next round trip and waits for it: its grant is counted in the
-// window it asked in, and admits it up to a round trip later).
+// round trip after each grant used; a request that finds none is refused, or, with
+// windowDefer, asks in the next round trip and waits for it (its grant is counted in the
+// window it asked in, and admits it up to a round trip later), or, with windowSample and
+// unless low, is admitted without asking at odds that make the fleet admit up to about a
+// burst a window.
 const WindowModel Strategy = "window-array"
 
 // windowOpts are window-array's parameters.
@@ -97,7 +99,7 @@ type windowKey struct {
 	ewc       float64       // this server's requests of the key, decayed over 4 windows
 	ewAt      time.Duration // when ewc was last decayed
 	grants    int           // grants held for win
-	failed    bool          // win is known spent
+	spent     int64         // the last window this server knows spent, plus one (0: none)
 	out       int           // admitted in win without asking, not yet answered
 	asking    bool          // a grant asked ahead is in ops or on the wire
 	low, over time.Duration
@@ -186,7 +188,7 @@ func (s *windowStrat) key(hs *windowServer, k int, now time.Duration) *windowKey
 		hs.keys[k] = st
 	}
 	if j := s.win(k, now); st.win != j {
-		st.win, st.grants, st.failed, st.out = j, 0, false, 0
+		st.win, st.grants, st.out = j, 0, 0
 	}
 	if m, ok := hs.marks[k]; ok {
 		s.learn(st, m)
@@ -196,20 +198,20 @@ func (s *windowStrat) key(hs *windowServer, k int, now time.Duration) *windowKey
 }
 
 func (s *windowStrat) learn(st *windowKey, m windowMark) {
-	st.low, st.over = max(st.low, m.low), max(st.over, m.over)
-	// the mark holds the last window known spent; a window ahead holds carries only, so
-	// one spent ahead means every window before it counted twice its burst or more
-	if m.spent > 0 && m.spent-1 >= st.win {
-		st.failed = true
-	}
+	st.low, st.over, st.spent = max(st.low, m.low), max(st.over, m.over), max(st.spent, m.spent)
 }
+
+// failed reports whether the key's current window is known spent: the last window known
+// spent is this one or one ahead, and a window ahead holds carries only, so one spent
+// ahead means every window before it counted twice its burst or more.
+func (st *windowKey) failed() bool { return st.spent > st.win }
 
 func (s *windowStrat) handle(sv *server, q *request) {
 	f := s.f
 	hs := sv.state.(*windowServer)
 	now := f.e.now
 	st := s.key(hs, q.key, now)
-	tau := 4 * s.w // this server's requests of the key, decayed over tau
+	tau := 4 * s.w // this server's requests of the key, this one included, decayed over tau
 	st.ewc = st.ewc*math.Exp(-float64(now-st.ewAt)/float64(tau)) + 1
 	st.ewAt = now
 	over, low := now < st.over, now < st.low
@@ -223,13 +225,15 @@ func (s *windowStrat) handle(sv *server, q *request) {
 		if over {
 			s.ask(hs, q.key, st) // the next one
 		}
-	case st.failed:
+	case st.failed():
 		f.decide(q, false, srcPaced)
-	case over && hs.warm && s.o.sample:
-		// admitted without asking, at odds that make the fleet admit about a burst a
-		// window: each server sees about 1/S of the key's requests. Its rate per window is
-		// the decayed count over the time the server has been counting every key (since
-		// it started), up to tau.
+	case over && hs.warm && s.o.sample && !low:
+		// admitted without asking, at odds that make the fleet admit up to about a burst
+		// a window: each server sees about 1/S of the key's requests. Its rate per window
+		// is its decayed count, this request included, over the time the server has been
+		// counting every key (since it started; the weight of that time, at most tau).
+		// Counting this request makes a key the server sees rarely look faster than it
+		// is: its odds are lower than a burst a window would need, never higher.
 		counted := 1 - math.Exp(-float64(max(now-hs.start, s.w/10))/float64(tau))
 		perWindow := st.ewc / counted * float64(s.w) / float64(tau)
 		p := min(1, float64(s.f.sc.Burst)/(float64(s.f.sc.Servers)*perWindow))
@@ -258,7 +262,7 @@ func (s *windowStrat) handle(sv *server, q *request) {
 
 // ask queues a grant of key k's window for the next round trip.
 func (s *windowStrat) ask(hs *windowServer, k int, st *windowKey) {
-	if !st.asking && !st.failed {
+	if !st.asking && !st.failed() {
 		st.asking = true
 		hs.ops = append(hs.ops, windowOp{key: k, win: st.win, n: s.f.sc.Cost, grant: true})
 	}
@@ -423,7 +427,7 @@ func (s *windowStrat) judge(hs *windowServer, k int, st *windowKey, win int64, c
 	}
 	var m windowMark
 	if spent { // win is the current window or one ahead: either way this one is spent
-		st.failed = true
+		st.spent = max(st.spent, win+1)
 		m.spent = win + 1
 	}
 	start := time.Duration(win)*s.w - s.phase(k)
