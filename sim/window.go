@@ -23,8 +23,8 @@ import (
 //
 // A count answered over the burst is an overshoot, and the server whose increment it
 // answered counts its own part of it (at most its increment) in the key's next window
-// as well, its carry: the parts of all increments over the burst add up to what the
-// window admitted over it, so a window's overshoot is taken from the next, and what that
+// as well, its carry: the parts of all increments over the burst add up to at least what
+// the window admitted over it (the count also holds refused grants not yet taken back), so a window's overshoot is taken from the next, and what that
 // one cannot hold from the one after, however many windows it takes. Over any run of
 // whole windows a key is admitted at most burst per window plus the debt still carried.
 //
@@ -231,7 +231,7 @@ func (s *windowStrat) handle(sv *server, q *request) {
 		// admitted without asking, at odds that make the fleet admit up to about a burst
 		// a window: each server sees about 1/S of the key's requests. Its rate per window
 		// is its decayed count, this request included, over the time the server has been
-		// counting every key (since it started; the weight of that time, at most tau).
+		// counting every key (since it started), which weighs at most tau.
 		// Counting this request makes a key the server sees rarely look faster than it
 		// is: its odds are lower than a burst a window would need, never higher.
 		counted := 1 - math.Exp(-float64(max(now-hs.start, s.w/10))/float64(tau))
@@ -415,8 +415,8 @@ func (s *windowStrat) send(sv *server, hs *windowServer) {
 	})
 }
 
-// judge reads a count answered for key k's window win, the current one or one ahead (a
-// carry's; refused: a grant was refused): a window within c of the burst makes the key
+// judge reads a count answered for key k's window win, the current one or one ahead of
+// it (a carry's; refused: a grant was refused): a window within c of the burst makes the key
 // low until it ends; spent, the server refuses the key until it ends; spent at four
 // times the key's rate or more, over. What changes is announced.
 func (s *windowStrat) judge(hs *windowServer, k int, st *windowKey, win int64, count int, refused bool, now time.Duration) {
@@ -426,7 +426,7 @@ func (s *windowStrat) judge(hs *windowServer, k int, st *windowKey, win int64, c
 		return
 	}
 	var m windowMark
-	if spent { // win is the current window or one ahead: either way this one is spent
+	if spent { // win is the current window or one ahead of it: either way this one is spent
 		st.spent = max(st.spent, win+1)
 		m.spent = win + 1
 	}
