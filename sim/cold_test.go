@@ -97,6 +97,14 @@ var (
 	coldLate = flag.Bool("coldlate", false, "TestColdKeys: run the +abuser@5s scenarios as well")
 )
 
+// onlyWhenNamed skips t, a comparison that prints tables and asserts nothing, unless
+// -run names it and -short is off; what says what it runs, for the skip message.
+func onlyWhenNamed(t *testing.T, name, what string) {
+	if testing.Short() || !strings.Contains(flag.Lookup("test.run").Value.String(), name) {
+		t.Skipf("%s runs only with -run %s, without -short", what, name)
+	}
+}
+
 // coldSuite is scenario sc run by every cold-key design, or by those -cold names.
 func coldSuite(t *testing.T, sc Scenario) suite {
 	s := suite{name: sc.Name}
@@ -124,9 +132,7 @@ func coldSuite(t *testing.T, sc Scenario) suite {
 //	go test ./sim -run TestColdKeys -v -args -cold 'hybrid-async 100ms'   # one row per scenario
 //	go test ./sim -run TestColdKeys -v -args -cold 'window-array 200ms defer' -coldlate -seed 2
 func TestColdKeys(t *testing.T) {
-	if testing.Short() || !strings.Contains(flag.Lookup("test.run").Value.String(), "TestColdKeys") {
-		t.Skip("the cold-key comparison runs only with -run TestColdKeys, without -short")
-	}
+	onlyWhenNamed(t, "TestColdKeys", "the cold-key comparison")
 	var ss []suite
 	for _, sc := range coldVariants(*coldLate) {
 		ss = append(ss, coldSuite(t, sc))
@@ -163,9 +169,7 @@ func TestColdKeys(t *testing.T) {
 //
 //	go test ./sim -run TestColdSuites -v -args -cold 'hybrid,hybrid-async 100ms,window-array 120ms sample'
 func TestColdSuites(t *testing.T) {
-	if testing.Short() || !strings.Contains(flag.Lookup("test.run").Value.String(), "TestColdSuites") {
-		t.Skip("the cold-key designs on the suites run only with -run TestColdSuites, without -short")
-	}
+	onlyWhenNamed(t, "TestColdSuites", "the cold-key designs on the suites")
 	var ss []suite
 	for _, b := range suites(fullScale(), *seedFlag) {
 		if b.name != "hot-key" && b.name != "abusive-client" && b.name != "sticky-client" {

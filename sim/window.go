@@ -211,9 +211,11 @@ func (s *windowStrat) handle(sv *server, q *request) {
 	hs := sv.state.(*windowServer)
 	now := f.e.now
 	st := s.key(hs, q.key, now)
-	tau := 4 * s.w // this server's requests of the key, this one included, decayed over tau
-	st.ewc = st.ewc*math.Exp(-float64(now-st.ewAt)/float64(tau)) + 1
-	st.ewAt = now
+	tau := 4 * s.w  // this server's requests of the key, this one included, decayed over tau
+	if s.o.sample { // only sample's odds read it
+		st.ewc = st.ewc*math.Exp(-float64(now-st.ewAt)/float64(tau)) + 1
+		st.ewAt = now
+	}
 	over, low := now < st.over, now < st.low
 	if s.o.exact {
 		over, low = false, true
