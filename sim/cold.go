@@ -49,6 +49,9 @@ type coldOpts struct {
 	// the next round trip and wait for it (windowOpts.deferOver); windowSample admits it
 	// at odds instead (windowOpts.sample).
 	windowDefer, windowSample bool
+	// windowRoute serves a key a server sees often from grants sized by its rate
+	// (windowOpts.route).
+	windowRoute bool
 }
 
 func (o coldOpts) abuseKeys() int {

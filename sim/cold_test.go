@@ -88,6 +88,9 @@ func coldDesigns() []coldDesign {
 		{"window-array 300ms", WindowModel, async(300 * time.Millisecond)},
 		{"window-array 200ms defer", WindowModel, func(sc *Scenario) { sc.cold.report, sc.cold.windowDefer = 200*time.Millisecond, true }},
 		{"window-array 120ms sample", WindowModel, func(sc *Scenario) { sc.cold.report, sc.cold.windowSample = 120*time.Millisecond, true }},
+		{"window-array 120ms routed", WindowModel, func(sc *Scenario) {
+			sc.cold.report, sc.cold.windowSample, sc.cold.windowRoute = 120*time.Millisecond, true, true
+		}},
 		{"window-array exact", WindowModel, func(sc *Scenario) { sc.cold.windowExact = true }},
 	}
 }

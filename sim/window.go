@@ -59,6 +59,12 @@ type windowOpts struct {
 	// ahead): fixed windows enforced exactly, the yardstick of what windows cost the
 	// keys within their limit.
 	exact bool
+	// route serves a key this server sees often (a request per report interval or more,
+	// by its decayed count) from grants sized by its own rate, as a lease is, and leaves
+	// the rules above to the keys it sees seldom. With it a server reads the marks only
+	// while it admits without asking, which only fresh marks allow, and a refused part
+	// of a grant is not taken back (below).
+	route bool
 }
 
 var windowDefaults = windowOpts{width: 1 << 18, warmAt: 25 * time.Millisecond, hotMemory: 30 * time.Second, hotRead: 250 * time.Millisecond}
@@ -88,6 +94,7 @@ type windowServer struct {
 	announce map[int]windowMark // marks to send
 	busy     bool
 	warm     bool          // a read of the marks sent at interval/2 or later was answered
+	free     bool          // it admitted without asking since its last read was sent
 	lastRead time.Duration // when the last read was sent
 	readAt   time.Duration // Redis's time of the last read answered: the next reads what changed since
 	sent     time.Duration // when the last round trip was sent
@@ -99,9 +106,17 @@ type windowKey struct {
 	ewc       float64       // this server's requests of the key, decayed over 4 windows
 	ewAt      time.Duration // when ewc was last decayed
 	grants    int           // grants held for win
+	next      int           // route: grants held for the window after win
+	nextFull  int64         // route: a window ahead that refused a grant of it
+	passed    bool          // route: the last grant of a next window was refused outright
+	skipped   bool          // route: the last next window was refused without asking
+	nextAsked bool          // route: a grant of the window after win is asked
 	spent     int64         // the last window this server knows spent, plus one (0: none)
-	out       int           // admitted in win without asking, not yet answered
+	out       int           // admitted in win (with route: at all) without asking, not yet answered
 	asking    bool          // a grant asked ahead is in ops or on the wire
+	often     bool          // route: its last request found it seen often
+	perSec    float64       // route: this server's requests of it per second, as last reckoned
+	waiting   []*request    // route: requests waiting for the grant asked
 	low, over time.Duration
 	last      time.Duration
 }
@@ -110,13 +125,16 @@ type windowOp struct {
 	key      int
 	win      int64
 	n        int  // counted (negative: a refused grant taken back)
-	grant    bool // asks: stands if the count is within the burst
+	grant    bool // asks: stands as far as the count is within the burst
 	carry    bool // what an earlier op admitted over its window's burst, counted in the next
+	ahead    bool // the key's grant asked ahead (windowKey.asking)
+	now      bool // goes at once, after the round trip out if there is one
+	nextWin  bool // route's grant of the window after the one its server is in
 	deferred bool // a request waiting for the next round trip, which it does not hasten
 	q        *request
 	// answers
-	count   int
-	granted bool
+	count int
+	got   int // of a grant, what stands: min(n, what the burst held before it)
 }
 
 func newWindow(f *fleet) *windowStrat {
@@ -126,7 +144,7 @@ func newWindow(f *fleet) *windowStrat {
 	if sc.cold.hotRead > 0 {
 		o.hotRead = sc.cold.hotRead
 	}
-	o.exact, o.deferOver, o.sample = sc.cold.windowExact, sc.cold.windowDefer, sc.cold.windowSample
+	o.exact, o.deferOver, o.sample, o.route = sc.cold.windowExact, sc.cold.windowDefer, sc.cold.windowSample, sc.cold.windowRoute
 	return &windowStrat{f: f, o: o, w: w, arr: map[int64]*[2][]uint16{}, marks: map[int]windowMark{},
 		c: max(1, (sc.Burst+sc.Servers-1)/sc.Servers)}
 }
@@ -188,7 +206,17 @@ func (s *windowStrat) key(hs *windowServer, k int, now time.Duration) *windowKey
 		hs.keys[k] = st
 	}
 	if j := s.win(k, now); st.win != j {
-		st.win, st.grants, st.out = j, 0, 0
+		st.grants = 0
+		if j == st.win+1 {
+			st.grants = st.next
+		}
+		if st.nextFull == j {
+			st.spent = max(st.spent, j+1)
+		}
+		st.win, st.next = j, 0
+		if !s.o.route {
+			st.out = 0
+		}
 	}
 	if m, ok := hs.marks[k]; ok {
 		s.learn(st, m)
@@ -211,39 +239,61 @@ func (s *windowStrat) handle(sv *server, q *request) {
 	hs := sv.state.(*windowServer)
 	now := f.e.now
 	st := s.key(hs, q.key, now)
-	tau := 4 * s.w  // this server's requests of the key, this one included, decayed over tau
-	if s.o.sample { // only sample's odds read it
+	tau := 4 * s.w // this server's requests of the key, this one included, decayed over tau
+	var perSec float64
+	if s.o.sample || s.o.route { // only sample's odds and route's sizes read it
 		st.ewc = st.ewc*math.Exp(-float64(now-st.ewAt)/float64(tau)) + 1
 		st.ewAt = now
+		// its rate is the decayed count over the time the server has been counting every
+		// key (since it started), which weighs at most tau. Counting this request makes a
+		// key the server sees rarely look faster than it is.
+		counted := 1 - math.Exp(-float64(max(now-hs.start, s.w/10))/float64(tau))
+		perSec = st.ewc / counted / tau.Seconds()
 	}
 	over, low := now < st.over, now < st.low
 	if s.o.exact {
 		over, low = false, true
 	}
+	iv := s.interval()
+	often := s.o.route && hs.warm && perSec*iv.Seconds() >= 1
+	st.often, st.perSec = often, perSec
+	fresh := s.fresh(hs, now)
+	// an over key's request is refused while its grant comes, which can wait for the
+	// next report unless windows are short against reports
+	urgent := !over || s.w < 4*iv
 	switch {
 	case st.grants >= q.n:
 		st.grants -= q.n
 		f.decide(q, true, srcLease)
-		if over {
-			s.ask(hs, q.key, st) // the next one
+		switch {
+		case often:
+			if float64(st.grants) < s.need(q.key, st, perSec, iv/20, now) {
+				s.askGrant(sv, hs, q, st, perSec, urgent) // before they run out
+			}
+		case over:
+			s.ask(hs, q.key, st, q.n) // the next one
 		}
 	case st.failed():
 		f.decide(q, false, srcPaced)
-	case over && hs.warm && s.o.sample && !low:
+		if often { // its first requests of the next window find grants
+			s.askNext(hs, q, st, perSec)
+		}
+	case often && over: // refused; asks for the next
+		f.decide(q, false, srcPaced)
+		s.askGrant(sv, hs, q, st, perSec, urgent)
+	case often && fresh && !low && st.out == 0 && s.mayFree(st, q): // one, while its grant comes
+		s.admitFree(hs, st, q)
+		s.askGrant(sv, hs, q, st, perSec, true)
+	case often:
+		s.wait(sv, hs, q, st)
+	case over && fresh && s.o.sample && !low:
 		// admitted without asking, at odds that make the fleet admit up to about a burst
-		// a window: each server sees about 1/S of the key's requests. Its rate per window
-		// is its decayed count, this request included, over the time the server has been
-		// counting every key (since it started), which weighs at most tau.
-		// Counting this request makes a key the server sees rarely look faster than it
-		// is: its odds are lower than a burst a window would need, never higher.
-		counted := 1 - math.Exp(-float64(max(now-hs.start, s.w/10))/float64(tau))
-		perWindow := st.ewc / counted * float64(s.w) / float64(tau)
-		p := min(1, float64(s.f.sc.Burst)/(float64(s.f.sc.Servers)*perWindow))
+		// a window: each server sees about 1/S of the key's requests. Counting this
+		// request makes its odds lower than a burst a window would need, never higher.
+		p := min(1, float64(s.f.sc.Burst)/(float64(s.f.sc.Servers)*perSec*s.w.Seconds()))
 		x := float64(mix(s.f.sc.Seed, uint64(sv.id), uint64(q.key), uint64(now))%1e9) / 1e9
-		if x < p && st.out+q.n <= s.c {
-			st.out += q.n
-			hs.ops = append(hs.ops, windowOp{key: q.key, win: st.win, n: q.n})
-			f.decide(q, true, srcLease)
+		if x < p && s.mayFree(st, q) {
+			s.admitFree(hs, st, q)
 		} else {
 			f.decide(q, false, srcPaced)
 		}
@@ -251,22 +301,123 @@ func (s *windowStrat) handle(sv *server, q *request) {
 		hs.ops = append(hs.ops, windowOp{key: q.key, win: st.win, n: q.n, grant: true, q: q, deferred: true})
 	case over && hs.warm:
 		f.decide(q, false, srcPaced)
-		s.ask(hs, q.key, st)
-	case !low && hs.warm && st.out+q.n <= s.c:
-		st.out += q.n
-		hs.ops = append(hs.ops, windowOp{key: q.key, win: st.win, n: q.n})
-		f.decide(q, true, srcLease)
+		s.ask(hs, q.key, st, q.n)
+	case !low && fresh && s.mayFree(st, q):
+		s.admitFree(hs, st, q)
 	default: // ask now and wait for the answer
 		hs.ops = append(hs.ops, windowOp{key: q.key, win: st.win, n: q.n, grant: true, q: q})
 		s.send(sv, hs)
 	}
 }
 
-// ask queues a grant of key k's window for the next round trip.
-func (s *windowStrat) ask(hs *windowServer, k int, st *windowKey) {
+// fresh reports whether the server's marks are fresh enough to admit without asking:
+// it is warm and, with route, which reads only while it admits without asking, its
+// last read was sent within two read periods.
+func (s *windowStrat) fresh(hs *windowServer, now time.Duration) bool {
+	return hs.warm && (!s.o.route || now-hs.lastRead <= 2*s.o.hotRead)
+}
+
+// need is what a server that sees key k at perSec admits in the next d of its window.
+func (s *windowStrat) need(k int, st *windowKey, perSec float64, d, now time.Duration) float64 {
+	end := time.Duration(st.win+1)*s.w - s.phase(k)
+	return perSec * min(d, end-now).Seconds()
+}
+
+// mayFree reports whether the server may admit q without asking: at most c of its key
+// unanswered, in the window or, with route, at all. Without route a key that turns hot
+// across the fleet just before its window ends is admitted c by each server in each of
+// the two windows before any server knows it low: 2·S·c in a moment.
+func (s *windowStrat) mayFree(st *windowKey, q *request) bool {
+	return st.out+q.n <= s.c
+}
+
+// admitFree admits q without asking, counted with the next round trip.
+func (s *windowStrat) admitFree(hs *windowServer, st *windowKey, q *request) {
+	hs.free = true
+	st.out += q.n
+	hs.ops = append(hs.ops, windowOp{key: q.key, win: st.win, n: q.n})
+	s.f.decide(q, true, srcLease)
+}
+
+// wait makes q, a request of a key the server sees often that its grants cannot
+// serve, wait: for the grant asked already if there is one, which then goes at once, or
+// for one it asks now, sized for itself and what the server's rate wants.
+func (s *windowStrat) wait(sv *server, hs *windowServer, q *request, st *windowKey) {
+	if st.asking {
+		st.waiting = append(st.waiting, q)
+		for i := range hs.ops {
+			if hs.ops[i].ahead && hs.ops[i].key == q.key {
+				hs.ops[i].now = true
+			}
+		}
+	} else {
+		st.asking = true
+		hs.ops = append(hs.ops, windowOp{key: q.key, win: st.win, n: s.size(q, st, st.perSec, s.f.e.now), grant: true, ahead: true, q: q})
+	}
+	s.send(sv, hs)
+}
+
+// size is the grant route asks for a key this server sees often: what its rate wants
+// in the next two report intervals of the window, less three standard deviations of
+// that count (what it holds at the window's end is lost), less the grants it holds, at
+// least the request's cost and at most the burst. Sized to the whole want, a server
+// held a few unused at the end of each window, 5% of a hot key's limit on hot-key; a
+// server asks again as its grants run out.
+func (s *windowStrat) size(q *request, st *windowKey, perSec float64, now time.Duration) int {
+	need := s.need(q.key, st, perSec, 2*s.interval(), now)
+	want := int(math.Ceil(need-3*math.Sqrt(need))) - st.grants
+	return min(max(want, q.n), s.f.sc.Burst)
+}
+
+// askGrant asks for the grant route sizes, at once if urgent, as a lease refill goes
+// at once (a grant asked with the next report could come after a window shorter than
+// the report interval), else with the next report.
+//
+// A grant asked within two report intervals of the window's end goes with one of the
+// next window, sized for that window's first two intervals: its first requests then
+// find grants, and a server that sees a hot key makes about one round trip for it a
+// window instead of two.
+func (s *windowStrat) askGrant(sv *server, hs *windowServer, q *request, st *windowKey, perSec float64, urgent bool) {
+	if !st.asking && !st.failed() {
+		now := s.f.e.now
+		s.ask(hs, q.key, st, s.size(q, st, perSec, now))
+		hs.ops[len(hs.ops)-1].now = urgent
+		if end := time.Duration(st.win+1)*s.w - s.phase(q.key); end-now < 2*s.interval() {
+			s.askNext(hs, q, st, perSec)
+		}
+		if urgent {
+			s.send(sv, hs)
+		}
+	}
+}
+
+// askNext queues a grant of the window after the current one, sized for that window's
+// first two report intervals as size sizes, unless one is asked or held already or
+// that window refused one.
+//
+// An over key whose last grant of a next window was refused outright is not asked for
+// every window: every other one the server refuses without asking, as one known full.
+// A server that sees an abusive client among 200 others then makes a round trip for
+// it every other window, not every window; what the fleet admits of it is the burst
+// a window either way, taken by the servers that do ask.
+func (s *windowStrat) askNext(hs *windowServer, q *request, st *windowKey, perSec float64) {
+	need := perSec * min(2*s.interval(), s.w).Seconds()
+	if n := int(math.Ceil(need - 3*math.Sqrt(need))); n >= q.n && !st.nextAsked && st.next == 0 && st.nextFull <= st.win {
+		if st.passed && !st.skipped && s.f.e.now < st.over {
+			st.nextFull, st.skipped = st.win+1, true
+			return
+		}
+		st.nextAsked, st.skipped = true, false
+		hs.ops = append(hs.ops, windowOp{key: q.key, win: st.win + 1, n: min(n, s.f.sc.Burst), grant: true, nextWin: true})
+	}
+}
+
+// ask queues a grant of n of key k's window for the next round trip, unless one is
+// asked already.
+func (s *windowStrat) ask(hs *windowServer, k int, st *windowKey, n int) {
 	if !st.asking && !st.failed() {
 		st.asking = true
-		hs.ops = append(hs.ops, windowOp{key: k, win: st.win, n: s.f.sc.Cost, grant: true})
+		hs.ops = append(hs.ops, windowOp{key: k, win: st.win, n: n, grant: true, ahead: true})
 	}
 }
 
@@ -300,14 +451,17 @@ func (s *windowStrat) send(sv *server, hs *windowServer) {
 	f, sc := s.f, s.f.sc
 	t := f.e.now
 	read := t-hs.lastRead >= s.o.hotRead || !hs.warm
-	if hs.busy || (len(hs.ops) == 0 && len(hs.announce) == 0 && !read) {
+	// with route a read makes a round trip of its own only while the server admits
+	// without asking; otherwise it goes with one that goes anyway
+	alone := read && (!s.o.route || hs.free || !hs.warm)
+	if hs.busy || (len(hs.ops) == 0 && len(hs.announce) == 0 && !alone) {
 		return
 	}
 	ops, announce := hs.ops, hs.announce
 	hs.ops, hs.announce = nil, map[int]windowMark{}
 	hs.sent = t
 	if read {
-		hs.lastRead = t
+		hs.lastRead, hs.free = t, false
 	}
 	// Redis time (TestRedisCost): a BITFIELD per window touched (and a PEXPIRE the first
 	// time this server touches it), two sub-commands per op; one ZADD of the marks; the
@@ -348,7 +502,9 @@ func (s *windowStrat) send(sv *server, hs *windowServer) {
 		for i := range ops {
 			op := &ops[i]
 			op.count = s.count(op.key, op.win, op.n)
-			op.granted = op.grant && op.count <= sc.Burst
+			if op.grant {
+				op.got = min(op.n, max(0, sc.Burst-(op.count-op.n)))
+			}
 		}
 		if read {
 			got = map[int]windowMark{}
@@ -386,32 +542,81 @@ func (s *windowStrat) send(sv *server, hs *windowServer) {
 			}
 			st := s.key(hs, op.key, now)
 			cur := st.win == op.win
+			if op.ahead {
+				st.asking = false
+			}
+			got := op.got // of a grant, what stands
 			switch {
 			case op.carry:
 			case !op.grant:
-				if cur {
+				if cur || s.o.route {
 					st.out = max(0, st.out-op.n)
 				}
 			case op.q != nil:
-				f.decide(op.q, op.granted, srcGlobal)
+				if got < op.q.n {
+					got = 0 // all of it is taken back
+				}
+				f.decide(op.q, got > 0, srcGlobal)
+				if cur && got > 0 {
+					st.grants += got - op.q.n
+				}
+			case op.win == st.win+1: // route's grant of the next window
+				st.next += got
+				st.passed = got == 0
 			default:
-				st.asking = false
-				if cur && op.granted {
-					st.grants += op.n
+				if cur {
+					st.grants += got
 				}
 			}
-			refused := op.grant && !op.granted
-			if refused { // take the refused grant back
-				hs.ops = append(hs.ops, windowOp{key: op.key, win: op.win, n: -op.n})
-			} else if x := min(op.n, op.count-sc.Burst); x > 0 {
+			if op.nextWin {
+				st.nextAsked = false
+			}
+			refused := op.grant && got < op.n
+			// A grant is refused in part only if the count before it, and so after it, is
+			// within its n of the burst or past it: what was granted of the window
+			// and what was admitted in it reach the burst. route leaves such a part
+			// counted: the window is full either way, and the count overstates it by
+			// what is not taken back, which refuses nothing the burst would allow, but
+			// for a waiting request's grant smaller than its cost, left unused.
+			if refused && !s.o.route { // take the refused part of the grant back
+				hs.ops = append(hs.ops, windowOp{key: op.key, win: op.win, n: got - op.n})
+			} else if x := min(op.n, op.count-sc.Burst); x > 0 && !op.grant {
 				// its part of an overshoot: counted in the next window as well
 				hs.ops = append(hs.ops, windowOp{key: op.key, win: op.win + 1, n: x, carry: true})
 			}
-			if op.win >= st.win {
-				s.judge(hs, op.key, st, op.win, op.count, refused, now)
+			if op.nextWin && op.win > st.win {
+				// a window ahead full of grants says nothing of the current one
+				if refused || op.count-(op.n-got) >= sc.Burst {
+					st.nextFull = op.win
+				}
+			} else if s.o.route && !op.grant && !op.carry && op.win+1 == st.win && op.count > sc.Burst {
+				// an admission's count past the burst of the window before is a debt
+				// carried into this one (or more: grants refused there may still count)
+				s.judge(hs, op.key, st, st.win, op.count-sc.Burst, false, now)
+			} else if op.win >= st.win {
+				count := op.count
+				if op.grant && s.o.route { // as it stands, the refused part left counted
+					count -= op.n - got
+				}
+				s.judge(hs, op.key, st, op.win, count, refused, now)
+			}
+			if op.ahead && len(st.waiting) > 0 { // served from what it got, or wait again
+				w := st.waiting
+				st.waiting = nil
+				for _, q := range w {
+					switch {
+					case st.grants >= q.n:
+						st.grants -= q.n
+						f.decide(q, true, srcGlobal)
+					case st.failed():
+						f.decide(q, false, srcGlobal)
+					default:
+						s.wait(sv, hs, q, st)
+					}
+				}
 			}
 		}
-		if len(hs.announce) > 0 || slices.ContainsFunc(hs.ops, func(o windowOp) bool { return o.q != nil && !o.deferred }) {
+		if len(hs.announce) > 0 || slices.ContainsFunc(hs.ops, func(o windowOp) bool { return o.now || o.q != nil && !o.deferred }) {
 			s.send(sv, hs)
 		}
 	})
@@ -443,7 +648,10 @@ func (s *windowStrat) judge(hs *windowServer, k int, st *windowKey, win int64, c
 	if spent && fast && now+s.o.hotMemory-st.over > s.o.hotMemory/2 {
 		st.over, m.over = now+s.o.hotMemory, now+s.o.hotMemory
 	}
-	if m.low > 0 || m.over > 0 || spent {
+	// with route a key this server sees often is not announced: a server that sees it
+	// often asks for it itself, and one that sees it seldom learns from its own answer
+	// to its admission without asking, one per window
+	if (m.low > 0 || m.over > 0 || spent) && !st.often {
 		old := hs.announce[k]
 		hs.announce[k] = windowMark{low: max(old.low, m.low), over: max(old.over, m.over), spent: max(old.spent, m.spent)}
 	}
