@@ -40,6 +40,10 @@ import (
 // window it asked in, and admits it up to a round trip later), or, with windowSample and
 // unless low, is admitted without asking at odds that make the fleet admit up to about a
 // burst a window.
+//
+// With windowRoute a key a server sees once a report interval or more is served, on
+// that server, from grants of its window sized by the server's own rate, as a lease
+// is sized (windowOpts.route), and the rules above are left to the keys it sees seldom.
 const WindowModel Strategy = "window-array"
 
 // windowOpts are window-array's parameters.
