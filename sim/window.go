@@ -65,9 +65,10 @@ type windowOpts struct {
 	exact bool
 	// route serves a key this server sees often (a request per report interval or more,
 	// by its decayed count) from grants sized by its own rate, as a lease is, and leaves
-	// the rules above to the keys it sees seldom. With it a server reads the marks only
-	// while it admits without asking, which only fresh marks allow, and a refused part
-	// of a grant is not taken back (below).
+	// the rules above to the keys it sees seldom. With it a read of the marks makes a
+	// round trip of its own only while the server admits without asking, which only
+	// fresh marks allow (else it goes with round trips that go anyway), and a refused
+	// part of a grant is not taken back (below).
 	route bool
 }
 
@@ -234,8 +235,10 @@ func (s *windowStrat) learn(st *windowKey, m windowMark) {
 }
 
 // failed reports whether the key's current window is known spent: the last window known
-// spent is this one or one ahead, and a window ahead holds carries only, so one spent
-// ahead means every window before it counted twice its burst or more.
+// spent is this one or one ahead. What is judged of a window ahead is a carry's count
+// (route's grants of the next window are not judged), and a carry into it comes only
+// from an overshoot of the current one, so one spent ahead means the current one
+// counted twice its burst or more.
 func (st *windowKey) failed() bool { return st.spent > st.win }
 
 func (s *windowStrat) handle(sv *server, q *request) {
@@ -577,11 +580,12 @@ func (s *windowStrat) send(sv *server, hs *windowServer) {
 			}
 			refused := op.grant && got < op.n
 			// A grant is refused in part only if the count before it, and so after it, is
-			// within its n of the burst or past it: what was granted of the window
-			// and what was admitted in it reach the burst. route leaves such a part
-			// counted: the window is full either way, and the count overstates it by
-			// what is not taken back, which refuses nothing the burst would allow, but
-			// for a waiting request's grant smaller than its cost, left unused.
+			// within its n of the burst or past it: once it stands, what the window holds
+			// in grants, admissions and debt carried into it reaches the burst, and counts
+			// only grow. route leaves such a part counted: the count overstates the
+			// window by what is not taken back, which refuses nothing the burst would
+			// allow (but for a waiting request's grant smaller than its cost, left unused)
+			// and carries the same (every later overshoot is whole either way).
 			if refused && !s.o.route { // take the refused part of the grant back
 				hs.ops = append(hs.ops, windowOp{key: op.key, win: op.win, n: got - op.n})
 			} else if x := min(op.n, op.count-sc.Burst); x > 0 && !op.grant {
@@ -594,9 +598,13 @@ func (s *windowStrat) send(sv *server, hs *windowServer) {
 					st.nextFull = op.win
 				}
 			} else if s.o.route && !op.grant && !op.carry && op.win+1 == st.win && op.count > sc.Burst {
-				// an admission's count past the burst of the window before is a debt
-				// carried into this one (or more: grants refused there may still count)
-				s.judge(hs, op.key, st, st.win, op.count-sc.Burst, false, now)
+				// An admission's count past the burst of the window before is a debt
+				// carried into this one, or less: that count may hold grants refused
+				// there and left counted. Judged as this window's count, but never
+				// making the key over, which a count early in a window would.
+				if debt := op.count - sc.Burst; debt+s.c > sc.Burst {
+					s.mark(hs, op.key, st, st.win, debt >= sc.Burst, false, now)
+				}
 			} else if op.win >= st.win {
 				count := op.count
 				if op.grant && s.o.route { // as it stands, the refused part left counted
@@ -636,20 +644,26 @@ func (s *windowStrat) judge(hs *windowServer, k int, st *windowKey, win int64, c
 	if !spent && count+s.c <= burst {
 		return
 	}
+	// spent at four times its rate or more, over the part of the window this server has
+	// seen: a key within its limit carrying a debt from its last window spends this one
+	// early, but not four times as fast
+	start := time.Duration(win)*s.w - s.phase(k)
+	fast := time.Duration(count)*s.w >= 4*time.Duration(burst)*max(0, now-max(start, hs.start))
+	s.mark(hs, k, st, win, spent, spent && fast, now)
+}
+
+// mark makes key k low until window win ends, win spent if spent, and the key over if
+// over; what changes is announced.
+func (s *windowStrat) mark(hs *windowServer, k int, st *windowKey, win int64, spent, over bool, now time.Duration) {
 	var m windowMark
 	if spent { // win is the current window or one ahead of it: either way this one is spent
 		st.spent = max(st.spent, win+1)
 		m.spent = win + 1
 	}
-	start := time.Duration(win)*s.w - s.phase(k)
-	if end := start + s.w; end > st.low {
+	if end := time.Duration(win+1)*s.w - s.phase(k); end > st.low {
 		st.low, m.low = end, end
 	}
-	// spent at four times its rate or more, over the part of the window this server has
-	// seen: a key within its limit carrying a debt from its last window spends this one
-	// early, but not four times as fast
-	fast := time.Duration(count)*s.w >= 4*time.Duration(burst)*max(0, now-max(start, hs.start))
-	if spent && fast && now+s.o.hotMemory-st.over > s.o.hotMemory/2 {
+	if over && now+s.o.hotMemory-st.over > s.o.hotMemory/2 {
 		st.over, m.over = now+s.o.hotMemory, now+s.o.hotMemory
 	}
 	// with route a key this server sees often is not announced: a server that sees it
