@@ -36,6 +36,9 @@ type coldOpts struct {
 	// on top of Demand, from abuseAt on; the Zipf spread covers the other keys.
 	abuse   float64
 	abuseAt time.Duration
+	// abuseServers, if set, sends the abusive key's requests to that many servers only
+	// (the first live ones), as a client holding a few dozen connections does.
+	abuseServers int
 	// callTime and keyTime are the Redis time of a multi-key script call: per call and
 	// per key in it (TestRedisCost).
 	callTime, keyTime time.Duration
@@ -206,7 +209,11 @@ func (f *fleet) startAbuse() {
 			return
 		}
 		f.e.atArg(t, func(i int64) {
-			f.send(f.sc.Keys - 1)
+			sv := f.pick()
+			if k := f.sc.cold.abuseServers; k > 0 {
+				sv = f.live[f.rng.IntN(min(k, len(f.live)))]
+			}
+			f.sendTo(f.sc.Keys-1, sv)
 			next(i + 1)
 		}, i)
 	}

@@ -96,9 +96,25 @@ func coldDesigns() []coldDesign {
 }
 
 var (
-	coldOnly = flag.String("cold", "", "TestColdKeys: run only these designs (comma-separated labels)")
-	coldLate = flag.Bool("coldlate", false, "TestColdKeys: run the +abuser@5s scenarios as well")
+	coldOnly   = flag.String("cold", "", "TestColdKeys: run only these designs (comma-separated labels)")
+	coldLate   = flag.Bool("coldlate", false, "TestColdKeys: run the +abuser@5s scenarios as well")
+	coldSpread = flag.Bool("coldspread", false, "TestColdKeys: run the +abuser/40 scenarios as well")
 )
+
+// coldSpreadVariants are the 1,000- and 100,000-key scenarios with one key at four times
+// its limit (200/s) sent to 40 of the 200 servers only, 5/s each: a key over its limit
+// that no server sees once a report interval, and that is not spread over the fleet.
+func coldSpreadVariants() []Scenario {
+	var out []Scenario
+	for _, sc := range coldVariants(false) {
+		if sc.cold.abuse > 0 {
+			sc.Name += "/40"
+			sc.cold.abuse, sc.cold.abuseServers = 4*sc.Rate, 40
+			out = append(out, sc)
+		}
+	}
+	return out
+}
 
 // onlyWhenNamed skips t, a comparison that prints tables and asserts nothing, unless
 // -run names it and -short is off; what says what it runs, for the skip message.
@@ -137,7 +153,11 @@ func coldSuite(t *testing.T, sc Scenario) suite {
 func TestColdKeys(t *testing.T) {
 	onlyWhenNamed(t, "TestColdKeys", "the cold-key comparison")
 	var ss []suite
-	for _, sc := range coldVariants(*coldLate) {
+	scs := coldVariants(*coldLate)
+	if *coldSpread {
+		scs = append(scs, coldSpreadVariants()...)
+	}
+	for _, sc := range scs {
 		ss = append(ss, coldSuite(t, sc))
 	}
 	all := runSuites(t, ss)
@@ -146,20 +166,24 @@ func TestColdKeys(t *testing.T) {
 		fmt.Fprintf(&b, "%s: 200 servers, limit 50/s burst 50 per key, demand 20,000/s over %d Zipf keys", s.name, s.runs[0].sc.Keys-s.runs[0].sc.cold.abuseKeys())
 		if a := s.runs[0].sc.cold.abuse; a > 0 {
 			fmt.Fprintf(&b, " + one key at %v/s", a)
+			if n := s.runs[0].sc.cold.abuseServers; n > 0 {
+				fmt.Fprintf(&b, " to %d servers", n)
+			}
 		}
-		fmt.Fprintf(&b, "\n%-24s %7s %9s %9s %9s %9s %9s %7s %11s %11s %10s %9s %7s\n", "design", "busy", "trips/req", "calls/req", "waited", "(>=1s)", "within", "over", "hot/bound", "hot/2b+rW", "abuse/2b+rW", "any/+S·c", "p99 µs")
+		fmt.Fprintf(&b, "\n%-24s %7s %9s %9s %9s %9s %9s %7s %11s %11s %10s %9s %7s %9s\n", "design", "busy", "trips/req", "calls/req", "waited", "(>=1s)", "within", "over", "hot/bound", "hot/2b+rW", "abuse/2b+rW", "any/+S·c", "p99 µs", "abuse adm")
 		for _, o := range all[i] {
 			if o.err != nil {
 				t.Fatalf("%s / %s: %v", s.name, o.name(), o.err)
 			}
 			r, c := o.res, o.res.Cold
-			abuse := "-"
+			abuse, adm := "-", "-"
 			if c.AbuseWorstW > 0 {
 				abuse = fmt.Sprintf("%.3f@%v", c.AbuseWorst, c.AbuseWorstW)
+				adm = fmt.Sprintf("%.1f%%", 100*c.AbuseOverBound)
 			}
-			fmt.Fprintf(&b, "%-24s %6.2f%% %9.4f %9.4f %8.2f%% %8.2f%% %8.2f%% %6.1f%% %11.4f %11s %10s %9.3f %7.0f\n", o.name(), 100*r.RedisBusy,
+			fmt.Fprintf(&b, "%-24s %6.2f%% %9.4f %9.4f %8.2f%% %8.2f%% %8.2f%% %6.1f%% %11.4f %11s %10s %9.3f %7.0f %9s\n", o.name(), 100*r.RedisBusy,
 				r.RedisRoundTripsPerRequest, r.RedisCallsPerRequest, 100*c.UnderLimitWaited, 100*c.UnderLimitWaitedAfter1s, 100*r.UnderLimitAdmitted, 100*c.OverLimitAdmitted,
-				r.HottestKeyOverBound, fmt.Sprintf("%.3f@%v", c.HotWorst, c.HotWorstW), abuse, c.AnyWorstAsync, r.P99DecisionUS)
+				r.HottestKeyOverBound, fmt.Sprintf("%.3f@%v", c.HotWorst, c.HotWorstW), abuse, c.AnyWorstAsync, r.P99DecisionUS, adm)
 		}
 		t.Log("\n" + b.String())
 	}

@@ -176,13 +176,16 @@ func (f *fleet) arrive(i int64) {
 }
 
 // send is a request for key k reaching the load balancer.
-func (f *fleet) send(k int) {
+func (f *fleet) send(k int) { f.sendTo(k, f.pick()) }
+
+// sendTo sends a request of key k to server sv.
+func (f *fleet) sendTo(k int, sv *server) {
 	q := &request{key: k, n: f.sc.Cost, arrive: f.e.now}
 	f.rec.arrive(q)
 	if b := f.rec.bin(f.e.now); b != nil {
 		b.servers = len(f.live)
 	}
-	f.strat.handle(f.pick(), q)
+	f.strat.handle(sv, q)
 }
 
 // redisSim is the one Redis of the fleet and the network to it. It runs one command at a
