@@ -285,14 +285,15 @@ func coldDesignNamed(t *testing.T, label string) coldDesign {
 }
 
 // TestRoutedColdKeys holds the window-array model with routed (not shipped) to what
-// docs/design.md §11 says of it, on the six cold-key variants and the hot-key,
-// abusive-client and sticky-client suites: Redis busy and round trips within the
-// per-client targets; the keys within their limit admitted (99.5%), and waiting about
-// 1% (the runs wait 0.55–1.06% over seeds 1–20: asserted at 1.1%); the hottest key and
-// the abusive key from the start within 2·burst + rate·W, every key within the bound
-// with S·c; the keys over their limit 85% of burst + rate·T; on the suites, what hybrid
-// admits, within 1%, at no more round trips than hybrid's but for the abusive client's
-// (1.4× hybrid's: asserted at 1.5×).
+// docs/design.md §11 says of it, on the six cold-key variants, the two +abuser/40 ones,
+// and the hot-key, abusive-client and sticky-client suites: Redis busy and round trips
+// within the per-client targets; the keys within their limit admitted (99.5%), and
+// waiting for Redis at most 1%; the hottest key and the abusive key from the start
+// within 2·burst + rate·W, every key within the bound with S·c; the keys over their
+// limit 90% of burst + rate·T, and a key at four times its limit sent to 40 servers
+// 80% (the runs: 93.9–96.3% and 83.1–97.5% over seeds 1–20); on the suites, what
+// hybrid admits, within 1%, at no more round trips than hybrid's but for the abusive
+// client's (1.4× hybrid's: asserted at 1.5×).
 func TestRoutedColdKeys(t *testing.T) {
 	if testing.Short() {
 		t.Skip("six 200-server runs of 10 s and three suites")
@@ -300,7 +301,7 @@ func TestRoutedColdKeys(t *testing.T) {
 	t.Parallel()
 	routed := coldDesignNamed(t, "window-array 120ms routed")
 	var ss []suite
-	for _, sc := range coldVariants(true) {
+	for _, sc := range append(coldVariants(true), coldSpreadVariants()...) {
 		routed.set(&sc)
 		ss = append(ss, suite{name: sc.Name, runs: []run{{sc: sc, st: routed.st}}})
 	}
@@ -338,14 +339,17 @@ func TestRoutedColdKeys(t *testing.T) {
 		atMost(t, name+": Redis busy", r.RedisBusy, 0.0078)
 		atMost(t, name+": round trips per request", r.RedisRoundTripsPerRequest, 0.1)
 		atLeast(t, name+": keys within their limit, admitted", r.UnderLimitAdmitted, 0.995)
-		atMost(t, name+": keys within their limit, waited for Redis", c.UnderLimitWaited, 0.011)
+		atMost(t, name+": keys within their limit, waited for Redis", c.UnderLimitWaited, 0.01)
 		atMost(t, name+": hottest key's worst window / (2·burst + rate·W)", c.HotWorst, 1)
 		if c.AbuseWorstW > 0 && o.sc.cold.abuseAt == 0 {
 			atMost(t, name+": abusive key's worst window / (2·burst + rate·W)", c.AbuseWorst, 1)
 		}
 		atMost(t, name+": any key's worst window / (2·burst + rate·W + S·c)", c.AnyWorstAsync, 1)
-		atLeast(t, name+": keys over their limit, admitted of burst + rate·T", c.OverLimitAdmitted, 0.85)
-		t.Logf("%s: busy %.2f%%, %.4f round trips per request, within %.2f%%, waited %.2f%%, hot %.3f, abuse %.3f, any key %.3f of the bound with S·c, over-limit keys %.1f%%",
-			name, 100*r.RedisBusy, r.RedisRoundTripsPerRequest, 100*r.UnderLimitAdmitted, 100*c.UnderLimitWaited, c.HotWorst, c.AbuseWorst, c.AnyWorstAsync, 100*c.OverLimitAdmitted)
+		atLeast(t, name+": keys over their limit, admitted of burst + rate·T", c.OverLimitAdmitted, 0.9)
+		if o.sc.cold.abuseServers > 0 {
+			atLeast(t, name+": the abusive key, admitted of burst + rate·T", c.AbuseOverBound, 0.8)
+		}
+		t.Logf("%s: busy %.2f%%, %.4f round trips per request, within %.2f%%, waited %.2f%%, hot %.3f, abuse %.3f (admitted %.1f%%), any key %.3f of the bound with S·c, over-limit keys %.1f%%",
+			name, 100*r.RedisBusy, r.RedisRoundTripsPerRequest, 100*r.UnderLimitAdmitted, 100*c.UnderLimitWaited, c.HotWorst, c.AbuseWorst, 100*c.AbuseOverBound, c.AnyWorstAsync, 100*c.OverLimitAdmitted)
 	}
 }
