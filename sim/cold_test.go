@@ -8,35 +8,6 @@ import (
 	"time"
 )
 
-// coldCost is the Redis cost model of the cold-key designs, in the simulator's units (a
-// one-key script call costs ScriptTime, 8 µs). Measured with TestRedisCost on redis-server
-// 7.0.15 on the 2-vCPU machine of these figures:
-//
-//	redis-server --port 6391 --save '' --daemonize yes
-//	go test ./sim -run TestRedisCost -v -args -rediscost localhost:6391
-//
-// lua.Take cost 13.6-14.2 µs per call there; the multi-key take 8.6-8.7 µs per key at
-// 64-256 keys per call (14.3 µs with one key), and the leanest charge (one string per
-// bucket, GET and SET PX) 7.3-7.6 µs per key. Scaled by 8 / 14 to the simulator's 8 µs
-// per take call: 5 µs per key (call, key), and the 3 µs rest of a one-key call per call.
-// The per-key work (three redis.call and the Lua arithmetic per key) is most of a
-// script's cost: a multi-key script saves the per-call part only. A later run on the
-// same machine (lua.Take 13.75 µs) measured the multi-key take at 5.2-5.5 µs per key
-// and the leanest charge at 3.6-3.8: the model keeps the higher figures.
-//
-// The leanest token bucket a script can keep (arraySource: one GCRA cell per key in a
-// BITFIELD array, all of a call's cells read and written by one BITFIELD each) cost
-// 1.74 µs per key at 64-256 keys per call in that later run: 1.0 µs in the simulator's
-// units. No script at all, window-array's commands cost (same run): BITFIELD 0.35 µs with
-// one sub-command, 0.144 µs per sub-command; ZADD 0.18 µs + 0.23 per member; ZRANGEBYSCORE
-// WITHSCORES 0.13 µs + 0.16 per member answered. Scaled by 8 / 14 and rounded up:
-// bfCall, bfSub, zCall, zMember and zRead (a PEXPIRE costs zCall).
-var coldCost = struct{ call, key, bfCall, bfSub, zCall, zMember, zRead time.Duration }{
-	call: 3 * time.Microsecond, key: 5 * time.Microsecond,
-	bfCall: 300 * time.Nanosecond, bfSub: 100 * time.Nanosecond,
-	zCall: 300 * time.Nanosecond, zMember: 200 * time.Nanosecond, zRead: 150 * time.Nanosecond,
-}
-
 // coldScenarios are the many-keys scenario of the built-in suites, its 100,000-key
 // variant, and both with one abusive key at 100× its limit added on top.
 func coldScenarios() []Scenario { return coldVariants(false) }
