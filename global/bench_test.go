@@ -76,4 +76,25 @@ func BenchmarkRedis(b *testing.B) {
 			}
 		}
 	})
+	// The same 16 keys counted in a windowed limit's round trip (one BITFIELD of two
+	// INCRBY per key), and 256 keys; ns/op is per trip.
+	wlim := global.Limit{Name: lim.Name, Rate: 1e4, Burst: 1e4}
+	for _, n := range []int{16, 256} {
+		trip := global.WindowTrip{Limit: wlim, Width: 1 << 18}
+		for i := range n {
+			trip.Ops = append(trip.Ops, global.WindowOp{ID: global.IDOf("batch" + strconv.Itoa(i)), N: 1})
+		}
+		b.Run("Windows"+strconv.Itoa(n), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				win := nowWin(wlim)
+				for i := range trip.Ops {
+					trip.Ops[i].Win = win
+				}
+				if err := s.Windows(ctx, &trip); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

@@ -28,6 +28,8 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+
+	"github.com/fleetlimit/fleetlimit/internal/minibits"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 )
@@ -85,10 +87,14 @@ type Target struct {
 func (tg Target) Real() bool { return tg.Mini == nil }
 
 // Mini starts a miniredis for the test and returns it with a client for it; both are
-// closed when the test ends.
+// closed when the test ends. It has BITFIELD (package minibits), which miniredis lacks;
+// after m.Restart, call minibits.Register again.
 func Mini(t testing.TB, opts ...func(*redis.Options)) (*miniredis.Miniredis, *redis.Client) {
 	t.Helper()
 	m := miniredis.RunT(t)
+	if err := minibits.Register(m); err != nil { // BITFIELD, which windowed limits use
+		t.Fatalf("redistest: %v", err)
+	}
 	o := Options(m.Addr())
 	for _, f := range opts {
 		f(o)

@@ -1,0 +1,331 @@
+package global
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/internal/wire"
+	"github.com/redis/go-redis/v9"
+)
+
+// Windowed limits.
+//
+// A windowed limit admits a key Burst requests per window of Burst/Rate, each key's
+// windows offset by a phase of its own (wire.WindowPhase), on Redis's clock. Redis keeps,
+// per limit and window, one counter array for every key of the limit: a count-min sketch
+// of two rows of BITFIELD counters at hashes of the key, so that a key's count, the
+// smaller of its two counters, is at least its true count (a collision only denies), and
+// a third row counting the requests of keys over their limit. No script runs: a server's
+// round trip is a pipeline of one BITFIELD per window it touches, a stream of marks
+// (which keys are low, spent or over) that every server appends to and reads, and
+// Redis's TIME. Store.Windows makes that round trip; what a server does with the counts
+// is the windowed mode of package hybrid.
+
+// Limits of a WindowTrip.
+const (
+	// MinWindowWidth and MaxWindowWidth bound WindowTrip.Width.
+	MinWindowWidth = 1 << 8
+	MaxWindowWidth = 1 << 20
+	// MaxWindowOps is the most ops one WindowTrip may carry.
+	MaxWindowOps = 1 << 14
+	// MaxWindowBurst is the largest Burst of a windowed limit: a count may pass the burst
+	// by what servers admitted before hearing of it, and counters saturate at 2^32 - 1.
+	MaxWindowBurst = 1 << 30
+	// maxMarksRead is the most stream entries one read returns; the next read goes on.
+	maxMarksRead = 10000
+)
+
+// WindowOp is one change to a key's count in a WindowTrip: N added to the count of key ID
+// in its window Win (wire.WindowIndex on Redis's clock), or taken back when negative.
+// Counts saturate at 0 and at the counters' top (wire.WindowBits).
+type WindowOp struct {
+	ID  KeyID
+	Win int64
+	N   int
+	// Demand counts N in the window's demand row instead of its count: the requests of a
+	// key over its limit, which a server turns into odds of admitting it.
+	Demand bool
+	// Count is the answer: the key's count in Win after N (of the demand row with Demand).
+	Count int
+}
+
+// WindowMark is what a server tells the others of a key of a windowed limit, and what it
+// reads back of theirs.
+type WindowMark struct {
+	ID KeyID
+	// Flags are wire.MarkLow (low until window Win ends), wire.MarkSpent (window Win
+	// spent) and wire.MarkOver (over its limit for WindowTrip.Memory from At).
+	Flags int
+	Win   int64
+	// At is when Redis recorded the mark (read marks only).
+	At time.Time
+}
+
+// A WindowTrip is one round trip of a server for a windowed limit: counts to add, marks
+// to record and read, Redis's time. Windows fills in the answers.
+type WindowTrip struct {
+	// Limit is the windowed limit: Burst requests per window of Burst/Rate. Its Burst is
+	// at most MaxWindowBurst.
+	Limit Limit
+	// Width is the counters per row of the limit's arrays: a power of two from
+	// MinWindowWidth to MaxWindowWidth. Every server of the limit must use the same.
+	// An array takes WindowRows × Width counters of wire.WindowBits(Burst) bits.
+	Width int
+	// Ops are the counts to change, in order. Their Count fields are answers.
+	Ops []WindowOp
+	// Marks are appended to the limit's stream of marks.
+	Marks []WindowMark
+	// Read asks for the marks recorded after Cursor, the position of the last mark read
+	// (empty: every mark still kept). Windows appends them to Got and moves Cursor on.
+	Read   bool
+	Cursor string
+	// Memory is how long the stream keeps a mark, at least 1ms when Marks or Read are
+	// set: older entries are trimmed as new ones are added (Redis's clock, as estimated by
+	// At), and the stream expires Memory after the last mark.
+	Memory time.Duration
+	// Clock asks for Redis's time, answered in Now.
+	Clock bool
+	// At is the caller's estimate of Redis's time, used only to trim the stream; zero
+	// leaves the stream untrimmed this time.
+	At time.Time
+
+	// Now is Redis's time (TIME) when the trip ran, if Clock was set.
+	Now time.Time
+	// Got are the marks read, oldest first.
+	Got []WindowMark
+}
+
+// windowExpiries remembers the arrays a Store has set a deadline on, so that it sends
+// PEXPIREAT once per array, not once per round trip. It is cleared when a trip fails: a
+// Redis that restarted has lost the deadlines with the arrays, and the arrays made again
+// need them.
+type windowExpiries struct {
+	mu   sync.Mutex
+	done map[string]bool
+}
+
+// need reports whether key needs its deadline sent, and records that it is being sent.
+func (w *windowExpiries) need(key string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.done[key] {
+		return false
+	}
+	if w.done == nil || len(w.done) >= 1024 {
+		w.done = map[string]bool{}
+	}
+	w.done[key] = true
+	return true
+}
+
+func (w *windowExpiries) forget() {
+	w.mu.Lock()
+	w.done = nil
+	w.mu.Unlock()
+}
+
+// checkWindowTrip reports what is wrong with t, wrapping ErrInvalidLimit.
+func checkWindowTrip(t *WindowTrip) error {
+	if err := t.Limit.Validate(); err != nil {
+		return err
+	}
+	l := t.Limit
+	if l.Burst > MaxWindowBurst {
+		return fmt.Errorf("%w: windowed limit %q: burst %d above %d", ErrInvalidLimit, l.Name, l.Burst, MaxWindowBurst)
+	}
+	if t.Width < MinWindowWidth || t.Width > MaxWindowWidth || t.Width&(t.Width-1) != 0 {
+		return fmt.Errorf("%w: windowed limit %q: width %d is not a power of two from %d to %d",
+			ErrInvalidLimit, l.Name, t.Width, MinWindowWidth, MaxWindowWidth)
+	}
+	if len(t.Ops) > MaxWindowOps {
+		return fmt.Errorf("%w: windowed limit %q: %d ops, more than %d", ErrInvalidLimit, l.Name, len(t.Ops), MaxWindowOps)
+	}
+	if (len(t.Marks) > 0 || t.Read) && t.Memory < time.Millisecond {
+		return fmt.Errorf("%w: windowed limit %q: mark memory %v is shorter than 1ms", ErrInvalidLimit, l.Name, t.Memory)
+	}
+	for _, op := range t.Ops {
+		if !wire.ValidID(string(op.ID)) {
+			return fmt.Errorf("%w: key ID %q is not one IDOf returns", ErrInvalidLimit, op.ID)
+		}
+		if op.Win < 0 || op.N < -MaxWindowBurst || op.N > MaxWindowBurst {
+			return fmt.Errorf("%w: windowed limit %q: op window %d, count %d", ErrInvalidLimit, l.Name, op.Win, op.N)
+		}
+	}
+	for _, m := range t.Marks {
+		if !wire.ValidID(string(m.ID)) {
+			return fmt.Errorf("%w: key ID %q is not one IDOf returns", ErrInvalidLimit, m.ID)
+		}
+		if m.Flags == 0 || m.Flags&^(wire.MarkLow|wire.MarkSpent|wire.MarkOver) != 0 || m.Win < 0 {
+			return fmt.Errorf("%w: windowed limit %q: mark flags %d, window %d", ErrInvalidLimit, l.Name, m.Flags, m.Win)
+		}
+	}
+	if t.Cursor != "" {
+		if _, err := wire.NextStreamID(t.Cursor); err != nil {
+			return fmt.Errorf("%w: windowed limit %q: cursor: %v", ErrInvalidLimit, l.Name, err)
+		}
+	}
+	return nil
+}
+
+// windowArray is one BITFIELD of a WindowTrip: the ops of one window.
+type windowArray struct {
+	win  int64
+	ops  []int // indexes into Ops
+	args []any
+	cmd  *redis.IntSliceCmd
+}
+
+// Windows makes t's round trip: one pipeline of TIME (if t.Clock), a BITFIELD per window
+// its ops touch (OVERFLOW SAT, one INCRBY per row an op counts in), the deadline of an
+// array this Store has not set one on (PEXPIREAT at the end of the window after it, plus
+// a second, on Redis's clock, so every server sets the same), an XADD of its marks with
+// the stream's trim and expiry, and an XRANGE of the marks after t.Cursor.
+//
+// It fills in each op's Count, and t.Now, t.Got and t.Cursor as asked. An invalid trip is
+// refused with an error wrapping ErrInvalidLimit before any call. Otherwise the error is
+// the first command's that failed, classed as every Store error is; the trip may then
+// have been carried out in part, and its answers are not to be used. The client must be
+// able to pipeline (every go-redis client can); a Cluster reaches the one node that holds
+// the limit's slot.
+func (s *Store) Windows(ctx context.Context, t *WindowTrip) error {
+	if err := checkWindowTrip(t); err != nil {
+		return err
+	}
+	if s.pipe == nil {
+		return fmt.Errorf("%w: Windows needs a client that pipelines", ErrInvalidConfig)
+	}
+	lim := t.Limit
+	w := wire.WindowMicros(lim.Rate, lim.Burst)
+	typ := "u" + strconv.Itoa(wire.WindowBits(lim.Burst))
+	pipe := s.pipe.Pipeline()
+
+	var clock *redis.TimeCmd
+	if t.Clock {
+		clock = pipe.Time(ctx)
+	}
+	var arrays []windowArray
+	for i, op := range t.Ops {
+		j := 0
+		for j < len(arrays) && arrays[j].win != op.Win {
+			j++
+		}
+		if j == len(arrays) {
+			arrays = append(arrays, windowArray{win: op.Win, args: []any{"OVERFLOW", "SAT"}})
+		}
+		a := &arrays[j]
+		a.ops = append(a.ops, i)
+		id := string(op.ID)
+		if op.Demand {
+			a.args = append(a.args, "INCRBY", typ, "#"+strconv.Itoa(wire.WindowCounter(id, wire.DemandRow, t.Width)), op.N)
+			continue
+		}
+		for row := range 2 {
+			a.args = append(a.args, "INCRBY", typ, "#"+strconv.Itoa(wire.WindowCounter(id, row, t.Width)), op.N)
+		}
+	}
+	for i := range arrays {
+		a := &arrays[i]
+		key := wire.WindowKey(s.prefix, lim.Name, w, a.win)
+		a.cmd = pipe.BitField(ctx, key, a.args...)
+		if s.windows.need(key) {
+			// the array is of no use once window a.win has ended for every phase
+			end := (a.win + 2) * w
+			pipe.PExpireAt(ctx, key, time.UnixMicro(end).Add(time.Second))
+		}
+	}
+	marks := wire.MarksKey(s.prefix, lim.Name)
+	if len(t.Marks) > 0 {
+		vals := make([]string, 0, 2*len(t.Marks))
+		for _, m := range t.Marks {
+			vals = append(vals, string(m.ID), wire.EncodeMark(m.Flags, m.Win))
+		}
+		args := &redis.XAddArgs{Stream: marks, ID: "*", Values: vals, Approx: true}
+		if !t.At.IsZero() {
+			args.MinID = strconv.FormatInt(t.At.Add(-t.Memory).UnixMilli(), 10)
+		}
+		pipe.XAdd(ctx, args)
+		pipe.PExpire(ctx, marks, t.Memory)
+	}
+	var read *redis.Cmd
+	if t.Read {
+		start := "-"
+		if t.Cursor != "" {
+			start, _ = wire.NextStreamID(t.Cursor) // checked above
+		}
+		read = pipe.Do(ctx, "XRANGE", marks, start, "+", "COUNT", maxMarksRead)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		s.windows.forget()
+		return wrap("windows", err)
+	}
+
+	if clock != nil {
+		t.Now = clock.Val()
+	}
+	for _, a := range arrays {
+		v := a.cmd.Val()
+		k := 0
+		for _, i := range a.ops {
+			op := &t.Ops[i]
+			if op.Demand {
+				if k >= len(v) {
+					return unexpected("windows", "BITFIELD: too few values")
+				}
+				op.Count, k = int(v[k]), k+1
+				continue
+			}
+			if k+1 >= len(v) {
+				return unexpected("windows", "BITFIELD: too few values")
+			}
+			op.Count, k = int(min(v[k], v[k+1])), k+2
+		}
+	}
+	if read != nil {
+		if err := t.readMarks(read.Val()); err != nil {
+			return unexpected("windows", err.Error())
+		}
+	}
+	return nil
+}
+
+// readMarks decodes an XRANGE reply of the marks stream into t.Got and moves t.Cursor.
+func (t *WindowTrip) readMarks(reply any) error {
+	entries, ok := reply.([]any)
+	if !ok {
+		return fmt.Errorf("XRANGE: want an array, got %T", reply)
+	}
+	for _, e := range entries {
+		ev, ok := e.([]any)
+		if !ok || len(ev) != 2 {
+			return errors.New("XRANGE: want entries of {id, fields}")
+		}
+		id, ok1 := ev[0].(string)
+		fields, ok2 := ev[1].([]any)
+		if !ok1 || !ok2 || len(fields)%2 != 0 {
+			return errors.New("XRANGE: want entries of {id, fields}")
+		}
+		ms, err := wire.StreamIDMillis(id)
+		if err != nil {
+			return err
+		}
+		at := time.UnixMilli(ms)
+		for f := 0; f < len(fields); f += 2 {
+			key, ok1 := fields[f].(string)
+			val, ok2 := fields[f+1].(string)
+			if !ok1 || !ok2 || !wire.ValidID(key) {
+				return errors.New("XRANGE: a mark's field is not a key ID")
+			}
+			flags, win, err := wire.ParseMark(val)
+			if err != nil {
+				return err
+			}
+			t.Got = append(t.Got, WindowMark{ID: KeyID(key), Flags: flags, Win: win, At: at})
+		}
+		t.Cursor = id
+	}
+	return nil
+}

@@ -1,0 +1,354 @@
+package global_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/internal/redistest"
+	"github.com/fleetlimit/fleetlimit/internal/wire"
+)
+
+// winLimit is a windowed limit of 50 per second: windows of 1 s.
+func winLimit(t testing.TB) global.Limit {
+	return global.Limit{Name: lname(t), Rate: 50, Burst: 50}
+}
+
+// nowWin is the index of lim's window of phase 0 now: an array of a window long past
+// would be deleted by its own deadline.
+func nowWin(lim global.Limit) int64 {
+	return time.Now().UnixMicro() / wire.WindowMicros(lim.Rate, lim.Burst)
+}
+
+func TestWindowsCounts(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		s := newStore(t, tg.Client)
+		lim := winLimit(t)
+		a, b := global.IDOf("alice"), global.IDOf("bob")
+		now := nowWin(lim)
+		trip := global.WindowTrip{Limit: lim, Width: 1 << 10, Clock: true, Ops: []global.WindowOp{
+			{ID: a, Win: now, N: 3},
+			{ID: a, Win: now, N: 2},
+			{ID: b, Win: now, N: 1},
+			{ID: a, Win: now + 1, N: 7}, // another window, another array
+			{ID: a, Win: now, N: 4, Demand: true},
+			{ID: a, Win: now, N: -9}, // taken back: saturates at 0
+			{ID: a, Win: now, N: 1},
+			{ID: b, Win: now, N: 0}, // a read
+		}}
+		before := time.Now()
+		if err := s.Windows(ctx, &trip); err != nil {
+			t.Fatal(err)
+		}
+		var got []int
+		for _, op := range trip.Ops {
+			got = append(got, op.Count)
+		}
+		if want := []int{3, 5, 1, 7, 4, 0, 1, 1}; !slices.Equal(got, want) {
+			t.Errorf("counts %v, want %v", got, want)
+		}
+		if tg.Real() && (trip.Now.Before(before.Add(-time.Second)) || trip.Now.After(time.Now().Add(time.Second))) {
+			t.Errorf("Redis's time %v, not near %v", trip.Now, before)
+		}
+		// The arrays expire a second after the end of the window after theirs, on
+		// Redis's clock: the same deadline from every server.
+		w := wire.WindowMicros(lim.Rate, lim.Burst)
+		for _, win := range []int64{now, now + 1} {
+			key := wire.WindowKey(global.DefaultPrefix, lim.Name, w, win)
+			if tg.Mini != nil { // miniredis has no PEXPIRETIME
+				continue
+			}
+			at, err := tg.Client.PExpireTime(ctx, key).Result()
+			if want := time.Duration(win+3) * time.Second; err != nil || at != want {
+				t.Errorf("%s: deadline %v, %v; want %v since 1970", key, at, err, want)
+			}
+		}
+		// A window long past: its deadline has passed, and the array is gone at once.
+		old := global.WindowTrip{Limit: lim, Width: 1 << 10, Ops: []global.WindowOp{{ID: a, Win: 100, N: 1}}}
+		if err := s.Windows(ctx, &old); err != nil {
+			t.Fatal(err)
+		}
+		if n := tg.Client.Exists(ctx, wire.WindowKey(global.DefaultPrefix, lim.Name, w, 100)).Val(); n != 0 {
+			t.Errorf("the array of a window of 1970 was kept")
+		}
+	})
+}
+
+// TestWindowsDeadline: a window's array lives until a second after the end of the window
+// after it, and a Store that lost a trip sets the deadline again (a Redis that restarted
+// lost the array with its deadline).
+func TestWindowsDeadline(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		s := newStore(t, tg.Client)
+		lim := winLimit(t)
+		now := time.Now()
+		if tg.Mini != nil {
+			tg.Mini.SetTime(now)
+		}
+		win := now.UnixMicro() / wire.WindowMicros(lim.Rate, lim.Burst)
+		key := wire.WindowKey(global.DefaultPrefix, lim.Name, wire.WindowMicros(lim.Rate, lim.Burst), win)
+		trip := func() error {
+			return s.Windows(ctx, &global.WindowTrip{Limit: lim, Width: 1 << 8, Ops: []global.WindowOp{{ID: "k", Win: win, N: 1}}})
+		}
+		if err := trip(); err != nil {
+			t.Fatal(err)
+		}
+		ttl := func() time.Duration {
+			if tg.Mini != nil {
+				return tg.Mini.TTL(key)
+			}
+			return tg.Client.PTTL(ctx, key).Val()
+		}
+		if d := ttl(); d <= time.Second || d > 3*time.Second+100*time.Millisecond {
+			t.Fatalf("array's TTL %v, want between 1s and 3s", d)
+		}
+		tg.Client.Persist(ctx, key) // as an array made again after a restart would be
+		if err := trip(); err != nil {
+			t.Fatal(err)
+		}
+		if d := ttl(); d > 0 {
+			t.Fatalf("TTL %v: the deadline went again with a trip that did not need it", d)
+		}
+		if tg.Mini != nil {
+			tg.Mini.SetError("LOADING Redis is loading the dataset in memory")
+			if err := trip(); !errors.Is(err, global.ErrUnavailable) {
+				t.Fatalf("trip to a loading Redis: %v, want ErrUnavailable", err)
+			}
+			tg.Mini.SetError("")
+		} else {
+			cctx, cancel := context.WithCancel(ctx)
+			cancel()
+			if err := s.Windows(cctx, &global.WindowTrip{Limit: lim, Width: 1 << 8, Ops: []global.WindowOp{{ID: "k", Win: win, N: 1}}}); err == nil {
+				t.Fatal("a trip with a cancelled context did not fail")
+			}
+		}
+		if err := trip(); err != nil {
+			t.Fatal(err)
+		}
+		if d := ttl(); d <= 0 {
+			t.Fatalf("TTL %v after a failed trip: the deadline was not sent again", d)
+		}
+	})
+}
+
+func TestWindowsMarks(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		s1, s2 := newStore(t, tg.Client), newStore(t, tg.Client)
+		lim := winLimit(t)
+		mem := 30 * time.Second
+		if tg.Mini != nil {
+			tg.Mini.SetTime(time.Now())
+		}
+		send := func(s *global.Store, marks ...global.WindowMark) {
+			t.Helper()
+			if err := s.Windows(ctx, &global.WindowTrip{Limit: lim, Width: 1 << 8, Marks: marks, Memory: mem, At: time.Now()}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		reader := global.WindowTrip{Limit: lim, Width: 1 << 8, Read: true, Memory: mem}
+		read := func() []global.WindowMark {
+			t.Helper()
+			reader.Got = nil
+			if err := s2.Windows(ctx, &reader); err != nil {
+				t.Fatal(err)
+			}
+			return reader.Got
+		}
+		if got := read(); len(got) != 0 || reader.Cursor != "" {
+			t.Fatalf("read of no marks: %v, cursor %q", got, reader.Cursor)
+		}
+		long := global.IDOf(string(make([]byte, 100))) // a digest ID
+		send(s1, global.WindowMark{ID: "alice", Flags: wire.MarkLow, Win: 7}, global.WindowMark{ID: long, Flags: wire.MarkSpent | wire.MarkOver, Win: 8})
+		send(s1, global.WindowMark{ID: "bob", Flags: wire.MarkOver, Win: 9})
+		got := read()
+		if len(got) != 3 {
+			t.Fatalf("read %d marks, want 3: %v", len(got), got)
+		}
+		want := []global.WindowMark{{ID: "alice", Flags: wire.MarkLow, Win: 7}, {ID: long, Flags: wire.MarkSpent | wire.MarkOver, Win: 8}, {ID: "bob", Flags: wire.MarkOver, Win: 9}}
+		for i, m := range got {
+			if m.ID != want[i].ID || m.Flags != want[i].Flags || m.Win != want[i].Win {
+				t.Errorf("mark %d: %+v, want %+v", i, m, want[i])
+			}
+			if d := time.Since(m.At); d < -time.Second || d > 5*time.Second {
+				t.Errorf("mark %d recorded at %v, not now", i, m.At)
+			}
+		}
+		if got := read(); len(got) != 0 {
+			t.Fatalf("second read: %v, want nothing new", got)
+		}
+		send(s1, global.WindowMark{ID: "carol", Flags: wire.MarkLow, Win: 10})
+		if got := read(); len(got) != 1 || got[0].ID != "carol" {
+			t.Fatalf("third read: %v, want carol's mark only", got)
+		}
+		ttl := tg.Client.PTTL(ctx, wire.MarksKey(global.DefaultPrefix, lim.Name)).Val()
+		if tg.Mini != nil {
+			ttl = tg.Mini.TTL(wire.MarksKey(global.DefaultPrefix, lim.Name))
+		}
+		if ttl <= mem-5*time.Second || ttl > mem {
+			t.Errorf("marks' TTL %v, want about %v", ttl, mem)
+		}
+	})
+}
+
+// TestWindowsConcurrent: BITFIELD INCRBY is atomic, so concurrent trips of many servers
+// each see a count of their own: 16 servers adding 1 at a time to one key see every
+// count from 1 to 3,200 exactly once.
+func TestWindowsConcurrent(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		lim := global.Limit{Name: lname(t), Rate: 1e4, Burst: 10000}
+		const servers, trips = 16, 200
+		win := nowWin(lim)
+		seen := make([]int, servers*trips+1)
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		errs := make(chan error, servers)
+		for range servers {
+			s := newStore(t, tg.Client)
+			wg.Go(func() {
+				for range trips {
+					trip := global.WindowTrip{Limit: lim, Width: 1 << 8, Ops: []global.WindowOp{{ID: "k", Win: win, N: 1}}}
+					if err := s.Windows(ctx, &trip); err != nil {
+						errs <- err
+						return
+					}
+					mu.Lock()
+					if c := trip.Ops[0].Count; c > 0 && c < len(seen) {
+						seen[c]++
+					}
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		for c := 1; c < len(seen); c++ {
+			if seen[c] != 1 {
+				t.Fatalf("count %d answered %d times, want once", c, seen[c])
+			}
+		}
+	})
+}
+
+// TestWindowsSaturate: counters stop at their top and at 0 instead of wrapping.
+func TestWindowsSaturate(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		s := newStore(t, tg.Client)
+		for _, tc := range []struct {
+			burst int
+			top   int
+		}{{1 << 14, 1<<16 - 1}, {1<<14 + 1, 1<<32 - 1}} {
+			lim := global.Limit{Name: lname(t), Rate: 1, Burst: tc.burst}
+			win := nowWin(lim)
+			trip := global.WindowTrip{Limit: lim, Width: 1 << 8, Ops: []global.WindowOp{
+				{ID: "k", Win: win, N: tc.top - 1}, {ID: "k", Win: win, N: 5}, {ID: "k", Win: win, N: -tc.top}, {ID: "k", Win: win, N: -1}}}
+			if tc.top > global.MaxWindowBurst { // one op may not carry that much
+				op := global.WindowOp{ID: "k", Win: win, N: global.MaxWindowBurst}
+				trip.Ops = []global.WindowOp{op, op, op, op, op}
+			}
+			if err := s.Windows(ctx, &trip); err != nil {
+				t.Fatal(err)
+			}
+			if got := trip.Ops[len(trip.Ops)-1].Count; tc.top < global.MaxWindowBurst && (trip.Ops[1].Count != tc.top || got != 0) {
+				t.Errorf("burst %d: counts %+v, want the top %d then 0", tc.burst, trip.Ops, tc.top)
+			} else if tc.top > global.MaxWindowBurst && got != tc.top {
+				t.Errorf("burst %d: count %d, want the top %d", tc.burst, got, tc.top)
+			}
+		}
+	})
+}
+
+func TestWindowsInvalid(t *testing.T) {
+	ctr := &redistest.Counter{}
+	_, c := redistest.Mini(t)
+	c.AddHook(ctr)
+	s := newStore(t, c)
+	lim := global.Limit{Name: "api", Rate: 50, Burst: 50}
+	ok := global.WindowTrip{Limit: lim, Width: 1 << 8}
+	tests := []struct {
+		name string
+		edit func(*global.WindowTrip)
+	}{
+		{"bad limit", func(t *global.WindowTrip) { t.Limit.Rate = 0 }},
+		{"burst too large", func(t *global.WindowTrip) { t.Limit.Burst = global.MaxWindowBurst + 1 }},
+		{"width not a power of two", func(t *global.WindowTrip) { t.Width = 1000 }},
+		{"width too small", func(t *global.WindowTrip) { t.Width = 128 }},
+		{"width too large", func(t *global.WindowTrip) { t.Width = 1 << 21 }},
+		{"too many ops", func(t *global.WindowTrip) { t.Ops = make([]global.WindowOp, global.MaxWindowOps+1) }},
+		{"bad id", func(t *global.WindowTrip) { t.Ops = []global.WindowOp{{ID: "{x", Win: 1, N: 1}} }},
+		{"negative window", func(t *global.WindowTrip) { t.Ops = []global.WindowOp{{ID: "k", Win: -1, N: 1}} }},
+		{"count too large", func(t *global.WindowTrip) { t.Ops = []global.WindowOp{{ID: "k", Win: 1, N: global.MaxWindowBurst + 1}} }},
+		{"mark without flags", func(t *global.WindowTrip) {
+			t.Marks, t.Memory = []global.WindowMark{{ID: "k", Win: 1}}, time.Second
+		}},
+		{"mark with unknown flags", func(t *global.WindowTrip) {
+			t.Marks, t.Memory = []global.WindowMark{{ID: "k", Flags: 8, Win: 1}}, time.Second
+		}},
+		{"marks without memory", func(t *global.WindowTrip) { t.Marks = []global.WindowMark{{ID: "k", Flags: wire.MarkLow, Win: 1}} }},
+		{"read without memory", func(t *global.WindowTrip) { t.Read = true }},
+		{"bad cursor", func(t *global.WindowTrip) { t.Read, t.Memory, t.Cursor = true, time.Second, "x" }},
+	}
+	for _, tt := range tests {
+		trip := ok
+		tt.edit(&trip)
+		if err := s.Windows(context.Background(), &trip); !errors.Is(err, global.ErrInvalidLimit) {
+			t.Errorf("%s: %v, want ErrInvalidLimit", tt.name, err)
+		}
+	}
+	if n := ctr.Cmds.Load(); n != 0 {
+		t.Errorf("%d commands sent for invalid trips", n)
+	}
+	if err := s.Windows(context.Background(), &ok); err != nil {
+		t.Errorf("valid empty trip: %v", err)
+	}
+}
+
+// TestWindowsCluster: every array of a limit and its marks share one slot, so a server's
+// round trip for a limit reaches one node.
+func TestWindowsCluster(t *testing.T) {
+	c := redistest.Cluster(t, func(o *redis.ClusterOptions) {
+		o.MaxRedirects = -1
+		o.MaxRetries = -1
+	})
+	ctx := context.Background()
+	s := newStore(t, c)
+	lim := winLimit(t)
+	trip := global.WindowTrip{Limit: lim, Width: 1 << 8, Clock: true, Read: true, Memory: time.Minute, At: time.Now(),
+		Marks: []global.WindowMark{{ID: "a", Flags: wire.MarkLow, Win: 3}}}
+	for i := range 50 {
+		trip.Ops = append(trip.Ops, global.WindowOp{ID: global.KeyID("k" + strconv.Itoa(i)), Win: int64(3 + i%3), N: 1})
+	}
+	if err := s.Windows(ctx, &trip); err != nil {
+		t.Fatal(err)
+	}
+	for i, op := range trip.Ops {
+		if op.Count != 1 {
+			t.Fatalf("op %d: count %d, want 1", i, op.Count)
+		}
+	}
+	if len(trip.Got) != 1 || trip.Got[0].ID != "a" {
+		t.Fatalf("marks read %v, want a's", trip.Got)
+	}
+	w := wire.WindowMicros(lim.Rate, lim.Burst)
+	slot := func(key string) int64 { return c.ClusterKeySlot(ctx, key).Val() }
+	want := slot(wire.MarksKey(global.DefaultPrefix, lim.Name))
+	for win := int64(3); win < 6; win++ {
+		if got := slot(wire.WindowKey(global.DefaultPrefix, lim.Name, w, win)); got != want {
+			t.Errorf("window %d in slot %d, the marks in %d", win, got, want)
+		}
+	}
+}
