@@ -2,7 +2,6 @@ package global
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -20,9 +19,9 @@ import (
 // of two rows of BITFIELD counters at hashes of the key, so that a key's count, the
 // smaller of its two counters, is at least its true count (a collision only denies), and
 // a third row counting the requests of keys over their limit. No script runs: a server's
-// round trip is a pipeline of one BITFIELD per window it touches, a stream of marks
-// (which keys are low, spent or over) that every server appends to and reads, and
-// Redis's TIME. Store.Windows makes that round trip; what a server does with the counts
+// round trip is a pipeline of one BITFIELD per window it touches, a sorted set of marks
+// (which keys are low, spent or over) that every server adds to and reads, and Redis's
+// TIME. Store.Windows makes that round trip; what a server does with the counts
 // is the windowed mode of package hybrid.
 
 // Limits of a WindowTrip.
@@ -35,7 +34,7 @@ const (
 	// MaxWindowBurst is the largest Burst of a windowed limit: a count may pass the burst
 	// by what servers admitted before hearing of it, and counters saturate at 2^32 - 1.
 	MaxWindowBurst = 1 << 30
-	// maxMarksRead is the most stream entries one read returns; the next read goes on.
+	// maxMarksRead is the most marks one read returns, the oldest first.
 	maxMarksRead = 10000
 )
 
@@ -61,7 +60,8 @@ type WindowMark struct {
 	// spent) and wire.MarkOver (over its limit for WindowTrip.Memory from At).
 	Flags int
 	Win   int64
-	// At is when Redis recorded the mark (read marks only).
+	// At is when the mark was recorded, on Redis's clock as its writer estimated it
+	// (WindowTrip.At); read marks only.
 	At time.Time
 }
 
@@ -77,20 +77,26 @@ type WindowTrip struct {
 	Width int
 	// Ops are the counts to change, in order. Their Count fields are answers.
 	Ops []WindowOp
-	// Marks are appended to the limit's stream of marks.
+	// Marks are added to the limit's set of marks, recorded at At. A key has one mark
+	// per window (wire.MarkMember): the last server to mark it for that window sets its
+	// flags, and a reader reads it once however many servers marked it.
 	Marks []WindowMark
-	// Read asks for the marks recorded after Cursor, the position of the last mark read
-	// (empty: every mark still kept). Windows appends them to Got and moves Cursor on.
-	Read   bool
-	Cursor string
-	// Memory is how long the stream keeps a mark, at least 1ms when Marks or Read are
-	// set: older entries are trimmed as new ones are added (Redis's clock, as estimated by
-	// At), and the stream expires Memory after the last mark.
+	// Read asks for the marks recorded at Since or later (zero: every mark kept), the
+	// oldest first; Windows appends them to Got. A reader that reads again from a little
+	// before its last read's time misses no mark of a writer whose clock estimate is
+	// off by less than that.
+	Read  bool
+	Since time.Time
+	// Memory is how long the set keeps a mark, at least 1ms when Marks, Read or Tidy
+	// are set.
 	Memory time.Duration
+	// Tidy drops the marks recorded more than Memory before At and sets the set to expire
+	// Memory from now. Once a second or so is plenty; it requires At.
+	Tidy bool
 	// Clock asks for Redis's time, answered in Now.
 	Clock bool
-	// At is the caller's estimate of Redis's time, used only to trim the stream; zero
-	// leaves the stream untrimmed this time.
+	// At is the caller's estimate of Redis's time: when its marks are recorded. It is
+	// required with Marks.
 	At time.Time
 
 	// Now is Redis's time (TIME) when the trip ran, if Clock was set.
@@ -144,7 +150,7 @@ func checkWindowTrip(t *WindowTrip) error {
 	if len(t.Ops) > MaxWindowOps {
 		return fmt.Errorf("%w: windowed limit %q: %d ops, more than %d", ErrInvalidLimit, l.Name, len(t.Ops), MaxWindowOps)
 	}
-	if (len(t.Marks) > 0 || t.Read) && t.Memory < time.Millisecond {
+	if (len(t.Marks) > 0 || t.Read || t.Tidy) && t.Memory < time.Millisecond {
 		return fmt.Errorf("%w: windowed limit %q: mark memory %v is shorter than 1ms", ErrInvalidLimit, l.Name, t.Memory)
 	}
 	for _, op := range t.Ops {
@@ -163,10 +169,8 @@ func checkWindowTrip(t *WindowTrip) error {
 			return fmt.Errorf("%w: windowed limit %q: mark flags %d, window %d", ErrInvalidLimit, l.Name, m.Flags, m.Win)
 		}
 	}
-	if t.Cursor != "" {
-		if _, err := wire.NextStreamID(t.Cursor); err != nil {
-			return fmt.Errorf("%w: windowed limit %q: cursor: %v", ErrInvalidLimit, l.Name, err)
-		}
+	if (len(t.Marks) > 0 || t.Tidy) && t.At.IsZero() {
+		return fmt.Errorf("%w: windowed limit %q: marks and Tidy need At, Redis's time", ErrInvalidLimit, l.Name)
 	}
 	return nil
 }
@@ -182,10 +186,11 @@ type windowArray struct {
 // Windows makes t's round trip: one pipeline of TIME (if t.Clock), a BITFIELD per window
 // its ops touch (OVERFLOW SAT, one INCRBY per row an op counts in), the deadline of an
 // array this Store has not set one on (PEXPIREAT at the end of the window after it, plus
-// a second, on Redis's clock, so every server sets the same), an XADD of its marks with
-// the stream's trim and expiry, and an XRANGE of the marks after t.Cursor.
+// a second, on Redis's clock, so every server sets the same), a ZADD of its marks, the
+// set's trim (ZREMRANGEBYSCORE) and expiry if t.Tidy, and a ZRANGEBYSCORE of the marks
+// from t.Since.
 //
-// It fills in each op's Count, and t.Now, t.Got and t.Cursor as asked. An invalid trip is
+// It fills in each op's Count, and t.Now and t.Got as asked. An invalid trip is
 // refused with an error wrapping ErrInvalidLimit before any call. Otherwise the error is
 // the first command's that failed, classed as every Store error is; the trip may then
 // have been carried out in part, and its answers are not to be used. The client must be
@@ -239,24 +244,25 @@ func (s *Store) Windows(ctx context.Context, t *WindowTrip) error {
 	}
 	marks := wire.MarksKey(s.prefix, lim.Name)
 	if len(t.Marks) > 0 {
-		vals := make([]string, 0, 2*len(t.Marks))
-		for _, m := range t.Marks {
-			vals = append(vals, string(m.ID), wire.EncodeMark(m.Flags, m.Win))
+		at := t.At.UnixMilli()
+		zs := make([]redis.Z, len(t.Marks))
+		for i, m := range t.Marks {
+			zs[i] = redis.Z{Score: wire.MarkScore(at, m.Flags), Member: wire.MarkMember(m.Win, string(m.ID))}
 		}
-		args := &redis.XAddArgs{Stream: marks, ID: "*", Values: vals, Approx: true}
-		if !t.At.IsZero() {
-			args.MinID = strconv.FormatInt(t.At.Add(-t.Memory).UnixMilli(), 10)
-		}
-		pipe.XAdd(ctx, args)
+		pipe.ZAdd(ctx, marks, zs...)
+	}
+	if t.Tidy {
+		old := wire.MarkScore(t.At.Add(-t.Memory).UnixMilli(), 0)
+		pipe.ZRemRangeByScore(ctx, marks, "-inf", "("+strconv.FormatFloat(old, 'f', -1, 64))
 		pipe.PExpire(ctx, marks, t.Memory)
 	}
-	var read *redis.Cmd
+	var read *redis.ZSliceCmd
 	if t.Read {
-		start := "-"
-		if t.Cursor != "" {
-			start, _ = wire.NextStreamID(t.Cursor) // checked above
+		from := "-inf"
+		if !t.Since.IsZero() {
+			from = strconv.FormatFloat(wire.MarkScore(t.Since.UnixMilli(), 0), 'f', -1, 64)
 		}
-		read = pipe.Do(ctx, "XRANGE", marks, start, "+", "COUNT", maxMarksRead)
+		read = pipe.ZRangeByScoreWithScores(ctx, marks, &redis.ZRangeBy{Min: from, Max: "+inf", Count: maxMarksRead})
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		s.windows.forget()
@@ -292,40 +298,18 @@ func (s *Store) Windows(ctx context.Context, t *WindowTrip) error {
 	return nil
 }
 
-// readMarks decodes an XRANGE reply of the marks stream into t.Got and moves t.Cursor.
-func (t *WindowTrip) readMarks(reply any) error {
-	entries, ok := reply.([]any)
-	if !ok {
-		return fmt.Errorf("XRANGE: want an array, got %T", reply)
-	}
-	for _, e := range entries {
-		ev, ok := e.([]any)
-		if !ok || len(ev) != 2 {
-			return errors.New("XRANGE: want entries of {id, fields}")
+// readMarks decodes a ZRANGEBYSCORE WITHSCORES of the marks into t.Got.
+func (t *WindowTrip) readMarks(zs []redis.Z) error {
+	for _, z := range zs {
+		member, ok := z.Member.(string)
+		if !ok {
+			return fmt.Errorf("ZRANGEBYSCORE: a member of type %T", z.Member)
 		}
-		id, ok1 := ev[0].(string)
-		fields, ok2 := ev[1].([]any)
-		if !ok1 || !ok2 || len(fields)%2 != 0 {
-			return errors.New("XRANGE: want entries of {id, fields}")
-		}
-		ms, err := wire.StreamIDMillis(id)
+		flags, win, id, ms, err := wire.ParseMark(member, z.Score)
 		if err != nil {
 			return err
 		}
-		at := time.UnixMilli(ms)
-		for f := 0; f < len(fields); f += 2 {
-			key, ok1 := fields[f].(string)
-			val, ok2 := fields[f+1].(string)
-			if !ok1 || !ok2 || !wire.ValidID(key) {
-				return errors.New("XRANGE: a mark's field is not a key ID")
-			}
-			flags, win, err := wire.ParseMark(val)
-			if err != nil {
-				return err
-			}
-			t.Got = append(t.Got, WindowMark{ID: KeyID(key), Flags: flags, Win: win, At: at})
-		}
-		t.Cursor = id
+		t.Got = append(t.Got, WindowMark{ID: KeyID(id), Flags: flags, Win: win, At: time.UnixMilli(ms)})
 	}
 	return nil
 }

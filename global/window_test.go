@@ -146,53 +146,55 @@ func TestWindowsMarks(t *testing.T) {
 		s1, s2 := newStore(t, tg.Client), newStore(t, tg.Client)
 		lim := winLimit(t)
 		mem := 30 * time.Second
-		if tg.Mini != nil {
-			tg.Mini.SetTime(time.Now())
-		}
-		send := func(s *global.Store, marks ...global.WindowMark) {
+		t0 := time.Now().Truncate(time.Millisecond)
+		send := func(s *global.Store, at time.Time, marks ...global.WindowMark) {
 			t.Helper()
-			if err := s.Windows(ctx, &global.WindowTrip{Limit: lim, Width: 1 << 8, Marks: marks, Memory: mem, At: time.Now()}); err != nil {
+			if err := s.Windows(ctx, &global.WindowTrip{Limit: lim, Width: 1 << 8, Marks: marks, Memory: mem, At: at, Tidy: true}); err != nil {
 				t.Fatal(err)
 			}
 		}
-		reader := global.WindowTrip{Limit: lim, Width: 1 << 8, Read: true, Memory: mem}
-		read := func() []global.WindowMark {
+		read := func(since time.Time) []global.WindowMark {
 			t.Helper()
-			reader.Got = nil
-			if err := s2.Windows(ctx, &reader); err != nil {
+			r := global.WindowTrip{Limit: lim, Width: 1 << 8, Read: true, Since: since, Memory: mem}
+			if err := s2.Windows(ctx, &r); err != nil {
 				t.Fatal(err)
 			}
-			return reader.Got
+			return r.Got
 		}
-		if got := read(); len(got) != 0 || reader.Cursor != "" {
-			t.Fatalf("read of no marks: %v, cursor %q", got, reader.Cursor)
+		if got := read(time.Time{}); len(got) != 0 {
+			t.Fatalf("read of no marks: %v", got)
 		}
 		long := global.IDOf(string(make([]byte, 100))) // a digest ID
-		send(s1, global.WindowMark{ID: "alice", Flags: wire.MarkLow, Win: 7}, global.WindowMark{ID: long, Flags: wire.MarkSpent | wire.MarkOver, Win: 8})
-		send(s1, global.WindowMark{ID: "bob", Flags: wire.MarkOver, Win: 9})
-		got := read()
-		if len(got) != 3 {
-			t.Fatalf("read %d marks, want 3: %v", len(got), got)
+		send(s1, t0, global.WindowMark{ID: "alice", Flags: wire.MarkLow, Win: 7}, global.WindowMark{ID: long, Flags: wire.MarkSpent | wire.MarkOver, Win: 8})
+		send(s1, t0.Add(10*time.Millisecond), global.WindowMark{ID: "bob", Flags: wire.MarkOver, Win: 9})
+		// another server marks alice alike: one member, recorded later
+		send(s2, t0.Add(20*time.Millisecond), global.WindowMark{ID: "alice", Flags: wire.MarkLow, Win: 7})
+		got := read(time.Time{})
+		want := []global.WindowMark{
+			{ID: long, Flags: wire.MarkSpent | wire.MarkOver, Win: 8, At: t0},
+			{ID: "bob", Flags: wire.MarkOver, Win: 9, At: t0.Add(10 * time.Millisecond)},
+			{ID: "alice", Flags: wire.MarkLow, Win: 7, At: t0.Add(20 * time.Millisecond)},
 		}
-		want := []global.WindowMark{{ID: "alice", Flags: wire.MarkLow, Win: 7}, {ID: long, Flags: wire.MarkSpent | wire.MarkOver, Win: 8}, {ID: "bob", Flags: wire.MarkOver, Win: 9}}
+		if len(got) != len(want) {
+			t.Fatalf("read %v, want %v", got, want)
+		}
 		for i, m := range got {
-			if m.ID != want[i].ID || m.Flags != want[i].Flags || m.Win != want[i].Win {
+			if m.ID != want[i].ID || m.Flags != want[i].Flags || m.Win != want[i].Win || !m.At.Equal(want[i].At) {
 				t.Errorf("mark %d: %+v, want %+v", i, m, want[i])
 			}
-			if d := time.Since(m.At); d < -time.Second || d > 5*time.Second {
-				t.Errorf("mark %d recorded at %v, not now", i, m.At)
-			}
 		}
-		if got := read(); len(got) != 0 {
-			t.Fatalf("second read: %v, want nothing new", got)
+		if got := read(t0.Add(15 * time.Millisecond)); len(got) != 1 || got[0].ID != "alice" {
+			t.Errorf("read from t0+15ms: %v, want alice's mark only", got)
 		}
-		send(s1, global.WindowMark{ID: "carol", Flags: wire.MarkLow, Win: 10})
-		if got := read(); len(got) != 1 || got[0].ID != "carol" {
-			t.Fatalf("third read: %v, want carol's mark only", got)
+		// A mark older than the memory is dropped by a tidy trip.
+		send(s1, t0.Add(mem+15*time.Millisecond), global.WindowMark{ID: "carol", Flags: wire.MarkLow, Win: 10})
+		if got := read(time.Time{}); len(got) != 2 || got[0].ID != "alice" || got[1].ID != "carol" {
+			t.Errorf("after the trim: %v, want alice's and carol's marks", got)
 		}
-		ttl := tg.Client.PTTL(ctx, wire.MarksKey(global.DefaultPrefix, lim.Name)).Val()
+		key := wire.MarksKey(global.DefaultPrefix, lim.Name)
+		ttl := tg.Client.PTTL(ctx, key).Val()
 		if tg.Mini != nil {
-			ttl = tg.Mini.TTL(wire.MarksKey(global.DefaultPrefix, lim.Name))
+			ttl = tg.Mini.TTL(key)
 		}
 		if ttl <= mem-5*time.Second || ttl > mem {
 			t.Errorf("marks' TTL %v, want about %v", ttl, mem)
@@ -293,14 +295,19 @@ func TestWindowsInvalid(t *testing.T) {
 		{"negative window", func(t *global.WindowTrip) { t.Ops = []global.WindowOp{{ID: "k", Win: -1, N: 1}} }},
 		{"count too large", func(t *global.WindowTrip) { t.Ops = []global.WindowOp{{ID: "k", Win: 1, N: global.MaxWindowBurst + 1}} }},
 		{"mark without flags", func(t *global.WindowTrip) {
-			t.Marks, t.Memory = []global.WindowMark{{ID: "k", Win: 1}}, time.Second
+			t.Marks, t.Memory, t.At = []global.WindowMark{{ID: "k", Win: 1}}, time.Second, time.Now()
 		}},
 		{"mark with unknown flags", func(t *global.WindowTrip) {
-			t.Marks, t.Memory = []global.WindowMark{{ID: "k", Flags: 8, Win: 1}}, time.Second
+			t.Marks, t.Memory, t.At = []global.WindowMark{{ID: "k", Flags: 8, Win: 1}}, time.Second, time.Now()
 		}},
-		{"marks without memory", func(t *global.WindowTrip) { t.Marks = []global.WindowMark{{ID: "k", Flags: wire.MarkLow, Win: 1}} }},
+		{"marks without memory", func(t *global.WindowTrip) {
+			t.Marks, t.At = []global.WindowMark{{ID: "k", Flags: wire.MarkLow, Win: 1}}, time.Now()
+		}},
 		{"read without memory", func(t *global.WindowTrip) { t.Read = true }},
-		{"bad cursor", func(t *global.WindowTrip) { t.Read, t.Memory, t.Cursor = true, time.Second, "x" }},
+		{"tidy without At", func(t *global.WindowTrip) { t.Tidy, t.Memory = true, time.Second }},
+		{"marks without At", func(t *global.WindowTrip) {
+			t.Marks, t.Memory = []global.WindowMark{{ID: "k", Flags: wire.MarkLow, Win: 1}}, time.Second
+		}},
 	}
 	for _, tt := range tests {
 		trip := ok

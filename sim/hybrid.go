@@ -40,6 +40,8 @@ type hybridStrat struct {
 	multiKey bool
 	// alsoKeys are the key names of the scenario's AlsoLimits, by limit and key.
 	alsoKeys [][]string
+	// wr is the Redis of windowed limits (Scenario.Windowed).
+	wr *windowRedis
 }
 
 // breakerLog records the breaker state changes of every server, and the breakers
@@ -92,10 +94,13 @@ type hybridServer struct {
 	leaving bool // Close was called: the loop stops after the trip out
 	seq     uint64
 	unread  int64 // tokens Redis granted to takes whose answers came after Do gave up
+	// touched are the windowed limits' arrays this server has set a deadline on, as
+	// global.Store remembers them (forgotten when a trip fails).
+	touched map[string]bool
 }
 
 func newHybrid(f *fleet, s scripts, b *bubble) *hybridStrat {
-	return &hybridStrat{f: f, s: s, b: b}
+	return &hybridStrat{f: f, s: s, b: b, wr: newWindowRedis()}
 }
 
 func policyOf(p Policy) breaker.Policy {
@@ -114,7 +119,7 @@ func engineConfig(sc *Scenario, id int) engine.Config {
 		Name: limitName, Rate: sc.Rate, Burst: sc.Burst, Policy: policyOf(sc.Policy),
 		PreRate: sc.PreRate, PreBurst: sc.PreBurst, MaxWait: sc.MaxWait, MaxCost: sc.Cost,
 		RefillInterval: sc.RefillInterval, Lifetime: sc.Lifetime, LowWatermark: sc.LowWatermark,
-		MaxKeys: sc.MaxKeys, Async: sc.Async,
+		MaxKeys: sc.MaxKeys, Async: sc.Async, Windowed: sc.Windowed,
 	}
 	return engine.Config{
 		Limits:            append([]engine.LimitConfig{own}, alsoConfigs(sc, own)...),
@@ -146,7 +151,7 @@ func (h *hybridStrat) join(s *server) error {
 		return fmt.Errorf("sim: %w", err)
 	}
 	h.track(id, brk)
-	hs := &hybridServer{brk: brk, waiting: make(map[*engine.Waiter]*request), multi: make(map[*engine.Waiter]*multiReq)}
+	hs := &hybridServer{brk: brk, waiting: make(map[*engine.Waiter]*request), multi: make(map[*engine.Waiter]*multiReq), touched: map[string]bool{}}
 	cfg := engineConfig(sc, id)
 	cfg.NextSeq = func() uint64 { hs.seq++; return hs.seq }
 	cfg.BreakerOpen = func() bool {
@@ -345,6 +350,13 @@ func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next fun
 		if t.Kind == engine.LowTrip {
 			n, cost = len(t.Lows), lowCost(sc, t)
 		}
+		if t.Kind == engine.WindowsTrip {
+			n, cost = 0, 0
+			for i := range t.Windows {
+				c, d := windowCost(&t.Windows[i], hs.touched)
+				n, cost = n+c, cost+d
+			}
+		}
 		f.redis.roundTrip(n, cost, func(at time.Time) {
 			for i, r := range t.Takes {
 				g := h.s.Take(at, wire.BucketKeyOfID(keyPrefix, r.Limit.Name, string(r.ID)), float64(r.Limit.Burst), r.Limit.Rate, r.Want, r.Min, s.name, h.seq(hs), r.Limit.Version, r.Floor)
@@ -364,6 +376,16 @@ func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next fun
 			if t.Kind == engine.HeartbeatTrip {
 				t.Live = h.s.Heartbeat(at, wire.FleetKey(keyPrefix, t.Fleet), s.name, t.TTL.Milliseconds())
 			}
+			for i := range t.Windows {
+				x := &t.Windows[i]
+				h.wr.run(at, x, hs.touched)
+				// the read's time, known once Redis has it: it delays what follows
+				rc := readCost(x)
+				f.redis.busyUntil += rc
+				if f.e.now < sc.Duration {
+					f.redis.busy += rc
+				}
+			}
 			for i := range t.Lows {
 				x := &t.Lows[i]
 				got := h.s.Low(at, wire.LowKey(keyPrefix, x.Limit), engine.LowShare.Milliseconds(), idStrings(x.Mark), idStrings(x.Unmark))
@@ -376,6 +398,7 @@ func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next fun
 	}, func(err error) {
 		t.Err, t.Answered = err, err == nil
 		if err != nil {
+			clear(hs.touched) // as global.Store forgets its deadlines when a trip fails
 			gaveUp = true
 			hs.unread += granted // granted already, the answer on its way back
 		}

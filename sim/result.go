@@ -284,7 +284,7 @@ func (r *recorder) result(st Strategy) Result {
 			res.Sources[source(src).String()] = n
 		}
 	}
-	if st == Hybrid || st == HybridAsync {
+	if st == Hybrid || st == HybridAsync || st == HybridWindow {
 		res.Policy = string(sc.Policy)
 	}
 	res.AdmittedPerS = float64(r.admitted) / T

@@ -26,7 +26,7 @@ import (
 // other strategies do not use t, which may then be nil.
 func Run(t *testing.T, sc Scenario, st Strategy) (res Result, err error) {
 	start := time.Now()
-	if st != Hybrid && st != HybridMultiKey && st != HybridAsync {
+	if st != Hybrid && st != HybridMultiKey && st != HybridAsync && st != HybridWindow {
 		res, err = simulate(sc, st, false, nil)
 	} else {
 		synctest.Test(t, func(*testing.T) {
@@ -46,6 +46,9 @@ func simulate(sc Scenario, st Strategy, inBubble bool, custom func(f *fleet, b *
 	}
 	if st == HybridAsync && sc.Async == 0 {
 		sc.Async = DefaultAsync
+	}
+	if st == HybridWindow && sc.Windowed == 0 {
+		sc.Windowed = DefaultWindowed
 	}
 	f := &fleet{sc: &sc, rng: rand.New(rand.NewPCG(sc.Seed, uint64(len(sc.Name))))}
 	f.redis.f = f
@@ -73,7 +76,7 @@ func simulate(sc Scenario, st Strategy, inBubble bool, custom func(f *fleet, b *
 		f.strat = newShares(f)
 	case WindowModel:
 		f.strat = newWindow(f)
-	case Hybrid, HybridMultiKey, HybridAsync:
+	case Hybrid, HybridMultiKey, HybridAsync, HybridWindow:
 		if !inBubble {
 			return Result{}, fmt.Errorf("%w: the hybrid strategy runs in a synctest bubble", ErrInvalidScenario)
 		}

@@ -33,6 +33,10 @@ const (
 	// none): a request a lease cannot serve is admitted without waiting for Redis unless
 	// its server knows the key low, and charged to the bucket within Async.
 	HybridAsync Strategy = "hybrid-async"
+	// HybridWindow is Hybrid with the limit windowed (the scenario's Windowed, 120ms if
+	// it sets none): counted windows in Redis's shared arrays, no script, each server
+	// reporting every Windowed (hybrid.Limit.Windowed).
+	HybridWindow Strategy = "hybrid-window"
 	// LocalOnly gives each server local.FallbackLimit's share of the limit and never
 	// talks to Redis.
 	LocalOnly Strategy = "local-only"
@@ -40,6 +44,9 @@ const (
 
 // DefaultAsync is HybridAsync's Async when the scenario sets none.
 const DefaultAsync = 100 * time.Millisecond
+
+// DefaultWindowed is HybridWindow's Windowed when the scenario sets none.
+const DefaultWindowed = 120 * time.Millisecond
 
 // Pattern is how a client's demand is spread over time.
 type Pattern string
@@ -222,6 +229,9 @@ type Scenario struct {
 	// cannot serve is admitted without waiting for Redis unless the server knows its key
 	// is low, and charged to the bucket within Async.
 	Async time.Duration
+	// Windowed is the hybrid.Limit field of that name: when positive, the limit is
+	// windowed, each server reporting every Windowed.
+	Windowed time.Duration
 	// Breaker configures each server's breaker.Breaker, as breaker.Settings does.
 	Breaker BreakerSettings
 

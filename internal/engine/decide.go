@@ -95,6 +95,9 @@ func (o *outcome) refund(e *Engine, lm *Limit) {
 // number of bytes per key whatever the keys' length. Such a key costs a SHA-256 and an
 // allocation per decision.
 func (e *Engine) Decide(now time.Time, lm *Limit, tier, key string, n int, d *Decision) *Waiter {
+	if lm.win != nil {
+		return e.decideWindow(now, lm, key, n, d)
+	}
 	var o outcome
 	if !lm.keys.Update(now, wire.KeyID(key), func(en *entry, t time.Time) {
 		lm.decide(&o, en, t, tier, n, nil)
@@ -266,6 +269,9 @@ func (e *Engine) recheck(now time.Time, w *Waiter) bool {
 // (Redis did not answer, or the breaker is open). A request the policy admits still
 // spends its pre-check tokens.
 func (e *Engine) fallback(now time.Time, lm *Limit, tier, key string, n int, why Reason) Decision {
+	if lm.win != nil {
+		return e.windowFallback(now, lm, key, n, why)
+	}
 	servers := e.Servers()
 	sh := lm.Shape(tier)
 	d := Decision{Source: SourceFallback, Reason: why, Servers: servers}

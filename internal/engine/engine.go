@@ -49,6 +49,11 @@ type LimitConfig struct {
 	// Async, if positive, admits a request the lease cannot serve without asking Redis
 	// when the key is not known low here, and charges it within Async (async.go).
 	Async time.Duration
+	// Windowed, if positive, makes the limit windowed: Burst requests per window of
+	// Burst/Rate, counted in Redis's shared arrays, each server reporting every Windowed
+	// (window.go). WindowWidth is the counters per row of its arrays (0: the default).
+	Windowed    time.Duration
+	WindowWidth int
 }
 
 // Config configures one server's Engine.
@@ -163,7 +168,8 @@ type Limit struct {
 	keys  *local.Store[entry]
 	seed  uint64
 	stats limitCounters
-	low   lowKeys // the keys known low, for Async (async.go)
+	low   lowKeys   // the keys known low, for Async (async.go)
+	win   *windowed // a windowed limit's state (window.go); nil for a bucket
 }
 
 // entry is what one server holds for one (limit, key). It lives in the limit's bounded
@@ -177,6 +183,7 @@ type entry struct {
 	credit    float64
 	hasCredit bool
 	flight    *Flight // the refill in flight, nil if none
+	win       wkey    // a windowed limit's state of the key (window.go)
 	slot      uint8   // which shard of the counters the key counts in
 	// key is the key's ID (wire.KeyID), the store's own copy: flights, waiters, refunds
 	// and expiries hold it, never the caller's string, which may pin a larger buffer.
@@ -246,9 +253,14 @@ func (e *Engine) newLimit(c LimitConfig, servers, shards int, seed uint64) (*Lim
 	}
 	lm := &Limit{e: e, name: c.Name, seed: seed}
 	lm.cur.Store(ss)
+	idle := ss.idleTimeout()
+	if c.Windowed > 0 {
+		lm.win = newWindowed(lm, c, seed)
+		idle = max(idle, windowMemory) // a key stays over that long
+	}
 	lm.keys, err = local.NewStore(local.StoreConfig[entry]{
 		MaxKeys:     c.MaxKeys,
-		IdleTimeout: ss.idleTimeout(),
+		IdleTimeout: idle,
 		Shards:      shards,
 		Init:        lm.initEntry,
 		OnEvict:     func(key string, en *entry, _ local.EvictReason) { lm.evicted(key, en) },
@@ -332,6 +344,7 @@ func (lm *Limit) initEntry(en *entry, key string, now time.Time) {
 	en.shape = nil
 	en.lease = NewLease(lm.seed ^ h)
 	en.flight = nil
+	en.win = wkey{}
 	en.slot = uint8(h % counterShards)
 	en.key = key
 }
@@ -339,6 +352,10 @@ func (lm *Limit) initEntry(en *entry, key string, now time.Time) {
 // evicted is the key store's eviction callback: the key's lease is refunded, and the
 // answer of a refill still in flight will be too (it no longer finds its flight).
 func (lm *Limit) evicted(key string, en *entry) {
+	if lm.win != nil {
+		lm.win.evicted(en)
+		return
+	}
 	en.flight = nil
 	if n := en.lease.Drain(); n > 0 {
 		lm.e.queueRefund(lm, en.shape, key, n)

@@ -126,6 +126,16 @@ func buildShapes(c LimitConfig, servers int) (*shapes, LimitConfig, error) {
 		return nil, c, fmt.Errorf("limit %q: MaxKeys %d", c.Name, c.MaxKeys)
 	case c.Async != 0 && c.Async < time.Millisecond:
 		return nil, c, fmt.Errorf("limit %q: Async %v must be 0 (exact) or at least 1ms", c.Name, c.Async)
+	case c.Windowed != 0 && c.Windowed < time.Millisecond:
+		return nil, c, fmt.Errorf("limit %q: Windowed %v must be 0 (a bucket) or at least 1ms", c.Name, c.Windowed)
+	case c.Windowed > 0 && c.Async > 0:
+		return nil, c, fmt.Errorf("limit %q: Windowed and Async are two modes; set one", c.Name)
+	case c.Windowed > 0 && len(c.Tiers) > 0:
+		return nil, c, fmt.Errorf("limit %q: a windowed limit has no tiers", c.Name)
+	case c.Windowed > 0 && c.Burst > global.MaxWindowBurst:
+		return nil, c, fmt.Errorf("limit %q: a windowed limit's Burst %d is above %d", c.Name, c.Burst, global.MaxWindowBurst)
+	case c.WindowWidth != 0 && (c.WindowWidth < global.MinWindowWidth || c.WindowWidth > global.MaxWindowWidth || c.WindowWidth&(c.WindowWidth-1) != 0):
+		return nil, c, fmt.Errorf("limit %q: WindowWidth %d is not a power of two from %d to %d", c.Name, c.WindowWidth, global.MinWindowWidth, global.MaxWindowWidth)
 	}
 	c.MaxWait = cmpOr(c.MaxWait, DefaultMaxWait)
 	c.MaxCost = max(c.MaxCost, 1)

@@ -24,6 +24,9 @@ const (
 	// LowTrip exchanges the low keys of the limits with Async with the fleet
 	// (global.Store.Low, once per LowExchange).
 	LowTrip
+	// WindowsTrip is the report of the windowed limits (global.Store.Windows, once per
+	// item of Windows).
+	WindowsTrip
 )
 
 // Trip is one round trip to Redis the engine asks its driver to make: the driver makes
@@ -48,6 +51,11 @@ type Trip struct {
 	// Lows are the exchanges of a LowTrip, one per limit with Async; the driver writes
 	// each answer to Lows[i].Got, or its error to Lows[i].Err.
 	Lows []LowExchange
+	// Windows are the round trips of a WindowsTrip, one per windowed limit with work;
+	// the driver makes each with global.Store.Windows, which writes the answers into it,
+	// and writes its error to WindowErrs[i].
+	Windows    []global.WindowTrip
+	WindowErrs []error
 	// Err is the error of the call as a whole. Answered reports that the call returned,
 	// so that the results hold every item's answer even when Err is set (one item's
 	// node was unavailable); when it did not (breaker open, deadline passed), Err
@@ -55,12 +63,13 @@ type Trip struct {
 	Err      error
 	Answered bool
 
-	flights    []*Flight // of a TakeTrip, by item
-	debts      bool      // a RefundTrip of debts (negative refunds)
-	asyncDebts []bool    // of a debt trip, by item: an Async charge
-	warms      bool      // a LowTrip whose answer makes the server warm
-	lost       int       // tokens of a RefundTrip not refunded
-	firstErr   error     // the first error of a RefundTrip's lost tokens
+	flights    []*Flight    // of a TakeTrip, by item
+	debts      bool         // a RefundTrip of debts (negative refunds)
+	asyncDebts []bool       // of a debt trip, by item: an Async charge
+	warms      bool         // a LowTrip whose answer makes the server warm
+	winItems   []windowItem // of a WindowsTrip, by item
+	lost       int          // tokens of a RefundTrip not refunded
+	firstErr   error        // the first error of a RefundTrip's lost tokens
 }
 
 // Lost returns, after Done, the tokens of a RefundTrip that were not refunded (they stay
@@ -82,7 +91,8 @@ func (e *Engine) Next() *Trip {
 		return nil
 	}
 	debts := e.debtsDue()
-	other := e.beatDue || e.lowDue || len(e.refundTrips) > 0 || len(e.refunds) > 0 || debts
+	windows := e.windowsDue()
+	other := e.beatDue || e.lowDue || len(e.refundTrips) > 0 || len(e.refunds) > 0 || debts || windows
 	var t *Trip
 	switch {
 	case len(e.pending) > 0 && !(e.lastTake && other):
@@ -90,6 +100,7 @@ func (e *Engine) Next() *Trip {
 	case e.beatDue:
 		e.beatDue = false
 		t = &Trip{Kind: HeartbeatTrip, Fleet: e.fleet, TTL: 3 * e.beat}
+	case windows && e.windowTripInto(&t):
 	case e.lowDue:
 		t = e.lowTrip(e.lowNow)
 	case len(e.refundTrips) > 0 || len(e.refunds) > 0:
@@ -196,6 +207,9 @@ func (e *Engine) Done(now time.Time, t *Trip) {
 		}
 	case LowTrip:
 		e.lowDone(now, t)
+	case WindowsTrip:
+		e.stats.roundTrips.Add(1)
+		e.windowsDone(now, t)
 	}
 	e.mu.Lock()
 	if t.Answered && t.Err == nil {
@@ -422,6 +436,9 @@ func (e *Engine) Tick(now time.Time) {
 		e.lowNow, beat = now, true
 	}
 	e.mu.Unlock()
+	if e.windowsTick(now) {
+		beat = true
+	}
 	for _, x := range due {
 		n := 0
 		var sh *Shape
@@ -456,7 +473,7 @@ func (e *Engine) NextTick() time.Time {
 	if !e.lowAt.IsZero() && !e.stopped && e.lowAt.Before(t) {
 		t = e.lowAt
 	}
-	return t
+	return e.windowsNextTick(t)
 }
 
 // Stop ends the engine's refills: the refills not yet sent fail (their requests are
@@ -476,6 +493,7 @@ func (e *Engine) Stop(now time.Time) {
 	for _, f := range pending {
 		e.answer(now, f, Grant{}, errClosed, nil)
 	}
+	e.windowsStop(now)
 }
 
 // Drain lets go of every key (their leased tokens are queued for refund) and of the

@@ -98,7 +98,7 @@ func WindowKey(prefix, limit string, w, win int64) string {
 	return b.String()
 }
 
-// MarksKey is the Redis key of the stream of a windowed limit's marks:
+// MarksKey is the Redis key of the sorted set of a windowed limit's marks:
 // <prefix>marks:{<limit>}.
 func MarksKey(prefix, limit string) string {
 	return prefix + "marks:{" + limit + "}"
@@ -114,70 +114,25 @@ const (
 	MarkOver
 )
 
-// EncodeMark is the value of a mark in the marks stream (the field is the key's ID):
-// the flags' letters (L, S, O) followed by the window index in decimal.
-func EncodeMark(flags int, win int64) string {
-	var b [24]byte
-	s := b[:0]
-	if flags&MarkLow != 0 {
-		s = append(s, 'L')
-	}
-	if flags&MarkSpent != 0 {
-		s = append(s, 'S')
-	}
-	if flags&MarkOver != 0 {
-		s = append(s, 'O')
-	}
-	return string(strconv.AppendInt(s, win, 10))
+// MarkMember is a mark's member in the marks' sorted set: the window index in decimal,
+// ':' and the key's ID. A key has one member per window: the servers that mark it for
+// that window overwrite each other's, and a reader reads it once.
+func MarkMember(win int64, id string) string {
+	return strconv.FormatInt(win, 10) + ":" + id
 }
 
-// ParseMark decodes EncodeMark's value.
-func ParseMark(v string) (flags int, win int64, err error) {
-	i := 0
-	for ; i < len(v); i++ {
-		switch v[i] {
-		case 'L':
-			flags |= MarkLow
-		case 'S':
-			flags |= MarkSpent
-		case 'O':
-			flags |= MarkOver
-		default:
-			goto num
-		}
-	}
-num:
-	if flags == 0 {
-		return 0, 0, fmt.Errorf("mark %.20q: no flag", v)
-	}
-	win, err = strconv.ParseInt(v[i:], 10, 64)
-	if err != nil {
-		return 0, 0, fmt.Errorf("mark %.20q: window is not an integer", v)
-	}
-	return flags, win, nil
-}
+// MarkScore is a mark's score: when it was recorded, in milliseconds since 1970 on Redis's
+// clock (as its writer estimated it), times 8, plus its flags. Scores order marks by
+// time, and a read from an instant is a read from MarkScore(ms, 0).
+func MarkScore(ms int64, flags int) float64 { return float64(ms*8 + int64(flags&7)) }
 
-// StreamIDMillis is the milliseconds part of a stream entry ID ("<ms>-<seq>"): when Redis
-// recorded the entry.
-func StreamIDMillis(id string) (int64, error) {
-	ms, _, ok := strings.Cut(id, "-")
-	n, err := strconv.ParseInt(ms, 10, 64)
-	if !ok || err != nil {
-		return 0, fmt.Errorf("stream ID %.30q: want <ms>-<seq>", id)
+// ParseMark decodes a mark's member and score.
+func ParseMark(member string, score float64) (flags int, win int64, id string, ms int64, err error) {
+	num, id, ok := strings.Cut(member, ":")
+	win, err = strconv.ParseInt(num, 10, 64)
+	x := int64(score)
+	if !ok || err != nil || win < 0 || !ValidID(id) || float64(x) != score || x < 0 || x&7 == 0 {
+		return 0, 0, "", 0, fmt.Errorf("mark %.30q %v: want <window>:<key ID> and a score of MarkScore", member, score)
 	}
-	return n, nil
-}
-
-// NextStreamID is the smallest stream ID after id: the start of a range that excludes it.
-func NextStreamID(id string) (string, error) {
-	ms, seq, ok := strings.Cut(id, "-")
-	m, err1 := strconv.ParseUint(ms, 10, 64)
-	s, err2 := strconv.ParseUint(seq, 10, 64)
-	if !ok || err1 != nil || err2 != nil {
-		return "", fmt.Errorf("stream ID %.30q: want <ms>-<seq>", id)
-	}
-	if s == math.MaxUint64 {
-		return strconv.FormatUint(m+1, 10) + "-0", nil
-	}
-	return ms + "-" + strconv.FormatUint(s+1, 10), nil
+	return int(x & 7), win, id, x >> 3, nil
 }

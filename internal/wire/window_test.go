@@ -73,61 +73,51 @@ func TestWindowIndex(t *testing.T) {
 
 func TestMarks(t *testing.T) {
 	tests := []struct {
-		flags int
-		win   int64
-		enc   string
+		flags  int
+		win    int64
+		id     string
+		ms     int64
+		member string
+		score  float64
 	}{
-		{MarkLow, 7, "L7"},
-		{MarkSpent, 0, "S0"},
-		{MarkOver, 1764000000, "O1764000000"},
-		{MarkLow | MarkSpent | MarkOver, 12, "LSO12"},
+		{MarkLow, 7, "alice", 1764000000123, "7:alice", 14112000000985},
+		{MarkSpent, 0, "", 0, "0:", 2},
+		{MarkOver, 1764000000, "a:b:c", 5, "1764000000:a:b:c", 44},
+		{MarkLow | MarkSpent | MarkOver, 12, "{0123456789abcdef0123456789abcdef", 1, "12:{0123456789abcdef0123456789abcdef", 15},
 	}
 	for _, tt := range tests {
-		if got := EncodeMark(tt.flags, tt.win); got != tt.enc {
-			t.Errorf("EncodeMark(%d, %d) = %q, want %q", tt.flags, tt.win, got, tt.enc)
+		if got := MarkMember(tt.win, tt.id); got != tt.member {
+			t.Errorf("MarkMember(%d, %q) = %q, want %q", tt.win, tt.id, got, tt.member)
 		}
-		f, w, err := ParseMark(tt.enc)
-		if err != nil || f != tt.flags || w != tt.win {
-			t.Errorf("ParseMark(%q) = %d, %d, %v", tt.enc, f, w, err)
+		if got := MarkScore(tt.ms, tt.flags); got != tt.score {
+			t.Errorf("MarkScore(%d, %d) = %v, want %v", tt.ms, tt.flags, got, tt.score)
 		}
-	}
-	for _, bad := range []string{"", "12", "L", "Lx", "X1", "L1.5"} {
-		if _, _, err := ParseMark(bad); err == nil {
-			t.Errorf("ParseMark(%q) gave no error", bad)
+		f, w, id, ms, err := ParseMark(tt.member, tt.score)
+		if err != nil || f != tt.flags || w != tt.win || id != tt.id || ms != tt.ms {
+			t.Errorf("ParseMark(%q, %v) = %d, %d, %q, %d, %v", tt.member, tt.score, f, w, id, ms, err)
 		}
 	}
-}
-
-func TestStreamIDs(t *testing.T) {
-	tests := []struct{ id, next string }{
-		{"1764000000000-0", "1764000000000-1"},
-		{"5-18446744073709551615", "6-0"},
-	}
-	for _, tt := range tests {
-		if got, err := NextStreamID(tt.id); err != nil || got != tt.next {
-			t.Errorf("NextStreamID(%q) = %q, %v; want %q", tt.id, got, err, tt.next)
-		}
-	}
-	if ms, err := StreamIDMillis("1764000000000-3"); err != nil || ms != 1764000000000 {
-		t.Errorf("StreamIDMillis = %d, %v", ms, err)
-	}
-	for _, bad := range []string{"", "12", "a-1", "1-b", "-"} {
-		if _, err := NextStreamID(bad); err == nil {
-			t.Errorf("NextStreamID(%q) gave no error", bad)
+	for _, bad := range []struct {
+		member string
+		score  float64
+	}{{"", 9}, {"a", 9}, {"x:a", 9}, {"-1:a", 9}, {"1.5:a", 9}, {"1:{x", 9}, {"1:a", 8}, {"1:a", 9.5}, {"1:a", -7}} {
+		if _, _, _, _, err := ParseMark(bad.member, bad.score); err == nil {
+			t.Errorf("ParseMark(%q, %v) gave no error", bad.member, bad.score)
 		}
 	}
 }
 
 func FuzzMark(f *testing.F) {
-	f.Add("LSO12")
-	f.Add("S-3")
-	f.Fuzz(func(t *testing.T, v string) {
-		flags, win, err := ParseMark(v)
+	f.Add("12:alice", 15.0)
+	f.Add("3:", 1.0)
+	f.Fuzz(func(t *testing.T, member string, score float64) {
+		flags, win, id, ms, err := ParseMark(member, score)
 		if err != nil {
 			return
 		}
-		if f2, w2, err := ParseMark(EncodeMark(flags, win)); err != nil || f2 != flags || w2 != win {
-			t.Fatalf("%q: decoded %d %d, again %d %d %v", v, flags, win, f2, w2, err)
+		f2, w2, id2, ms2, err := ParseMark(MarkMember(win, id), MarkScore(ms, flags))
+		if err != nil || f2 != flags || w2 != win || id2 != id || ms2 != ms {
+			t.Fatalf("%q %v: decoded %d %d %q %d, again %d %d %q %d %v", member, score, flags, win, id, ms, f2, w2, id2, ms2, err)
 		}
 	})
 }

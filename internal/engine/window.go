@@ -1,0 +1,457 @@
+package engine
+
+import (
+	"math"
+	"sync"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/internal/wire"
+)
+
+// Windowed limits (LimitConfig.Windowed).
+//
+// A windowed limit admits a key Burst requests per window of Burst/Rate, its windows
+// offset by a phase of its own, on Redis's clock (package global, "Windowed limits"):
+// Redis counts each key's admissions per window in a shared counter array, and no
+// script runs. A server admits without asking Redis, counts what it admitted in its
+// next report, and learns from the counts and from the fleet's marks which keys to ask
+// for:
+//
+//   - A key it knows nothing against is admitted without asking, at most c =
+//     max(1, ceil(Burst/servers)) of it unanswered, once its marks are fresh.
+//   - A key whose count came within c of the burst is low until its window ends: each
+//     request asks, and waits. A window known spent is refused until it ends.
+//   - A key whose window was spent at four times its rate or more is over for
+//     windowMemory, admitted only from grants or, when this server sees it seldom, at
+//     odds of burst over the fleet's count of its requests a window.
+//   - A key this server sees at least once a report interval is served from grants of
+//     its window sized by this server's rate, as a lease is sized, asked as they run out
+//     and, near the window's end, for the next window.
+//   - A count answered over the burst is carried: the server whose increment it answered
+//     counts its own part of the excess in the key's next window as well.
+//
+// Bound: 2·Burst + Rate·W + S·c over any window W, argued in docs/design.md §11 and
+// measured by the simulator (sim.HybridWindow).
+//
+// Concurrency: a key's window state lives in its entry, under the key's shard lock; the
+// limit's queue of work for Redis and what it knows of the fleet (marks, clock, reads)
+// live in windowed, under windowed.mu, taken under a key's lock or alone and never
+// around anything else. Every decision of a windowed limit takes that one mutex: the
+// mode trades some parallelism for its Redis savings.
+
+// Constants of windowed limits.
+const (
+	// DefaultWindowWidth is the counters per row of a windowed limit's arrays: 2^18, two
+	// rows of a 16-bit sketch and a demand row, 1.5 MB per window.
+	DefaultWindowWidth = 1 << 18
+	// windowMemory is how long a key stays over, and how long the stream keeps a mark.
+	windowMemory = 30 * time.Second
+	// windowRead is how often a server reads the fleet's marks while it admits without
+	// asking; its marks are fresh while its last read went within twice that.
+	windowRead = 250 * time.Millisecond
+	// windowWarm: a server admits without asking once a read sent this long after its
+	// start is answered, so that a fleet started together has marked its hot keys.
+	windowWarm = 25 * time.Millisecond
+	// windowClock is how often a trip asks for Redis's time.
+	windowClock = time.Second
+	// windowOverlap is how far before its last read's time a read starts: a mark is
+	// recorded at its writer's estimate of Redis's time, sent at that instant, and one
+	// that reaches Redis up to this much later is still read.
+	windowOverlap = 25 * time.Millisecond
+)
+
+// wkey is one key's window state on this server, in its entry.
+type wkey struct {
+	phase     int64 // µs: the key's windows start where (Redis time + phase) is a multiple of w
+	win       int64 // the window it was last decided in
+	ewc       float64
+	ewAt      time.Time
+	grants    int   // grants held for win
+	next      int   // grants held for win + 1
+	nextFull  int64 // a window ahead that refused a grant of it
+	passed    bool  // the last grant of a next window was refused outright
+	skipped   bool  // the last next window was refused without asking
+	nextAsked bool  // a grant of win + 1 is asked
+	spent     int64 // the last window known spent, plus one (0: none)
+	out       int   // admitted without asking, not yet answered
+	ask       *wask // the grant asked ahead, queued or on the wire; nil: none
+	often     bool  // its last request found it seen often
+	perSec    float64
+	demWin    int64 // the window of dem, the fleet's count of its requests for odds,
+	dem       int   // as the last answer said,
+	demAt     time.Time
+	low, over time.Time
+	init      bool
+}
+
+// wask is a grant asked ahead and the requests waiting for it.
+type wask struct {
+	waiters []*Waiter
+	now     bool // it goes at once: a request waits for it
+}
+
+// wop is one item of a windowed limit's queue for Redis.
+type wop struct {
+	id      string
+	win     int64
+	n       int
+	grant   bool // asks: stands as far as the count is within the burst
+	carry   bool // an overshoot counted in the next window as well
+	nextWin bool // a grant of the window after the key's current one
+	demand  bool // requests of an over key, counted for odds
+	now     bool // goes at once
+	ask     *wask
+	w       *Waiter // the request a grant is for (asked at once, not ahead)
+	dropped bool    // not sent: its window ended long ago
+}
+
+// wmk names a mark to send: a key and a window.
+type wmk struct {
+	id  string
+	win int64
+}
+
+// wmark is what the fleet's marks say of a key: until when it is low or over (this
+// server's clock), and the last window known spent, plus one.
+type wmark struct {
+	low, over time.Time
+	spent     int64
+	at        time.Time // when it was last heard
+}
+
+// windowed is a windowed limit's server-wide state.
+type windowed struct {
+	lm    *Limit
+	w     time.Duration // the window: Burst / Rate
+	wUs   int64
+	iv    time.Duration // report interval (LimitConfig.Windowed)
+	width int
+	glim  global.Limit
+
+	mu sync.Mutex
+	// guarded by mu:
+	ops      []wop
+	announce map[wmk]int // marks to send: flags by key and window
+	demOp    map[string]int
+	marks    map[string]wmark // learnt from reads
+	started  bool
+	start    time.Time
+	busy     bool // its trip is out
+	warm     bool
+	free     bool // admitted without asking since the last read went
+	urgent   bool // a mark to send is a key's first in a while
+	due      bool // a trip is wanted now
+	lastRead time.Time
+	since    time.Time // Redis's time the next read starts at; zero: every mark kept
+	sent     time.Time
+	nextTick time.Time
+	warmAt   [2]time.Time // the warm-up reads
+	offset   time.Duration
+	clockAt  time.Time // when offset was measured; zero: never
+	rng      uint64
+	stopped  bool
+	last     time.Time // the latest instant seen: a trip is built at it
+}
+
+func newWindowed(lm *Limit, c LimitConfig, seed uint64) *windowed {
+	wUs := wire.WindowMicros(c.Rate, c.Burst)
+	return &windowed{
+		lm: lm, w: time.Duration(wUs) * time.Microsecond, wUs: wUs, iv: c.Windowed,
+		width:    cmpOr(c.WindowWidth, DefaultWindowWidth),
+		glim:     global.Limit{Name: c.Name, Rate: c.Rate, Burst: c.Burst, Version: c.Version},
+		announce: map[wmk]int{}, demOp: map[string]int{}, marks: map[string]wmark{},
+		rng: seed ^ 0x77696e64,
+	}
+}
+
+// share is c: the admissions without asking per key a server may have unanswered.
+func (wl *windowed) share() int {
+	s := wl.lm.e.Servers()
+	return max(1, (wl.glim.Burst+s-1)/s)
+}
+
+// rnow is Redis's time at this server's now, as last measured.
+func (wl *windowed) rnow(now time.Time) int64 { return now.Add(wl.offset).UnixMicro() }
+
+// end is when window win of a key of phase ends, on this server's clock.
+func (wl *windowed) end(win, phase int64) time.Time {
+	return time.UnixMicro(wire.WindowStart(win+1, phase, wl.wUs)).Add(-wl.offset)
+}
+
+// begin starts the server's schedule at its first request or Tick; it requires wl.mu.
+func (wl *windowed) begin(now time.Time) {
+	if wl.started {
+		return
+	}
+	wl.started, wl.start = true, now
+	j := time.Duration(uniform(&wl.rng) * float64(windowWarm/4))
+	wl.warmAt = [2]time.Time{now.Add(windowWarm/2 + j), now.Add(windowWarm + j)}
+	wl.nextTick = now.Add(wl.iv + j)
+}
+
+// key brings st, key id's state, to now: its window, what the marks say of it.
+// It requires wl.mu.
+func (wl *windowed) key(st *wkey, id string, now time.Time) {
+	if !st.init {
+		*st = wkey{init: true, phase: wire.WindowPhase(id, wl.wUs)}
+		st.win = wire.WindowIndex(wl.rnow(now), st.phase, wl.wUs)
+	}
+	if j := wire.WindowIndex(wl.rnow(now), st.phase, wl.wUs); st.win != j {
+		st.grants = 0
+		if j == st.win+1 {
+			st.grants = st.next
+		}
+		if st.nextFull == j {
+			st.spent = max(st.spent, j+1)
+		}
+		st.win, st.next = j, 0
+	}
+	if m, ok := wl.marks[id]; ok {
+		st.learn(m)
+	}
+}
+
+func (st *wkey) learn(m wmark) {
+	st.low, st.over, st.spent = later(st.low, m.low), later(st.over, m.over), max(st.spent, m.spent)
+}
+
+// failed reports whether the key's current window is known spent.
+func (st *wkey) failed() bool { return st.spent > st.win }
+
+// fresh reports whether the marks are fresh enough to admit without asking.
+func (wl *windowed) fresh(now time.Time) bool {
+	return wl.warm && now.Sub(wl.lastRead) <= 2*windowRead
+}
+
+// wdecision is what decideWindow found under the key's lock.
+type wdecision struct {
+	d    Decision
+	w    *Waiter
+	wake bool
+}
+
+// decide decides a request of cost n of the key of entry en at now; it requires the
+// key's lock and takes wl.mu.
+func (wl *windowed) decide(o *wdecision, en *entry, now time.Time, n int) {
+	burst := wl.glim.Burst
+	switch {
+	case n < 0:
+		o.d = Decision{Source: SourceLease, Reason: ReasonInvalidCost, RetryAfter: InfDuration}
+		return
+	case n == 0:
+		o.d = Decision{Allowed: true, Source: SourceLease, Reason: ReasonLease}
+		return
+	}
+	if n > burst {
+		o.d = Decision{Source: SourceLease, Reason: ReasonExceedsBurst, RetryAfter: InfDuration}
+		return
+	}
+	if n > 0 && en.pre.TokensAt(now) < float64(n) {
+		o.d = wl.lm.preDenied(en, now, n)
+		return
+	}
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	wl.now(now)
+	wl.begin(now)
+	st := &en.win
+	wl.key(st, en.key, now)
+	tau := 4 * wl.w
+	st.ewc = st.ewc*math.Exp(-float64(now.Sub(st.ewAt))/float64(tau)) + 1
+	st.ewAt = now
+	counted := 1 - math.Exp(-float64(max(now.Sub(wl.start), wl.w/10))/float64(tau))
+	perSec := st.ewc / counted / tau.Seconds()
+	over, low := now.Before(st.over), now.Before(st.low)
+	often := wl.warm && perSec*wl.iv.Seconds() >= 1
+	st.often, st.perSec = often, perSec
+	fresh := wl.fresh(now)
+	if over && !often {
+		wl.countDemand(st, en.key, n)
+	}
+	urgent := !over || wl.w < 4*wl.iv
+	admit := func(r Reason) {
+		en.pre.AllowN(now, n)
+		o.d = Decision{Allowed: true, Remaining: max(0, st.grants), Source: SourceLease, Reason: r}
+	}
+	deny := func() {
+		o.d = Decision{Source: SourceLease, Reason: ReasonPaced, RetryAfter: wl.retry(st, now)}
+	}
+	switch {
+	case st.grants >= n:
+		st.grants -= n
+		admit(ReasonLease)
+		switch {
+		case often:
+			if float64(st.grants) < wl.need(st, perSec, wl.iv/20, now) {
+				wl.askGrant(st, en.key, n, perSec, urgent, now)
+			}
+		case over:
+			wl.ask(st, en.key, n)
+		}
+	case st.failed():
+		deny()
+		if often {
+			wl.askNext(st, en.key, n, perSec, now)
+		}
+	case often && over:
+		deny()
+		wl.askGrant(st, en.key, n, perSec, urgent, now)
+	case often && fresh && !low && st.out == 0 && st.out+n <= wl.share():
+		wl.admitFree(st, en.key, n)
+		admit(ReasonAsync)
+		wl.askGrant(st, en.key, n, perSec, true, now)
+	case often:
+		o.w = wl.wait(st, en, n, now)
+	case over && fresh && !low:
+		p := wl.odds(st, perSec, now)
+		x := float64(mix3(wl.lm.seed, hashKey(en.key), uint64(now.UnixNano()))%1e9) / 1e9
+		if x < p && st.out+n <= wl.share() {
+			wl.admitFree(st, en.key, n)
+			admit(ReasonAsync)
+		} else {
+			deny()
+		}
+	case over && wl.warm:
+		deny()
+		wl.ask(st, en.key, n)
+	case !low && fresh && st.out+n <= wl.share():
+		wl.admitFree(st, en.key, n)
+		admit(ReasonAsync)
+	default: // ask now and wait for the answer
+		o.w = &Waiter{lim: wl.lm, key: en.key, n: n, ch: make(chan struct{})}
+		wl.ops = append(wl.ops, wop{id: en.key, win: st.win, n: n, grant: true, w: o.w, now: true})
+		wl.due = true
+	}
+	o.wake = wl.due
+}
+
+// retry is how long a request refused for st waits before a try may pass: the end of its
+// window when it is known spent, else about one request's refill.
+func (wl *windowed) retry(st *wkey, now time.Time) time.Duration {
+	if st.failed() {
+		return max(0, wl.end(st.win, st.phase).Sub(now))
+	}
+	return time.Duration(float64(wl.w) / float64(wl.glim.Burst))
+}
+
+// countDemand counts n requests of an over key this server sees seldom, for odds.
+func (wl *windowed) countDemand(st *wkey, id string, n int) {
+	if i, ok := wl.demOp[id]; ok && i < len(wl.ops) && wl.ops[i].demand && wl.ops[i].id == id && wl.ops[i].win == st.win {
+		wl.ops[i].n += n
+		return
+	}
+	wl.demOp[id] = len(wl.ops)
+	wl.ops = append(wl.ops, wop{id: id, win: st.win, n: n, demand: true})
+}
+
+// odds is the chance of admitting a request of an over key this server sees seldom:
+// burst over the fleet's count of the key's requests a window, from the count answered
+// in this window or the one before over the part of it that count covers (a quarter at
+// least); before such an answer, burst over S times this server's rate.
+func (wl *windowed) odds(st *wkey, perSec float64, now time.Time) float64 {
+	burst := float64(wl.glim.Burst)
+	if st.demWin >= st.win-1 && st.dem > 0 {
+		start := wl.end(st.demWin-1, st.phase)
+		if part := float64(st.demAt.Sub(start)) / float64(wl.w); part >= 0.25 {
+			return min(1, burst*min(1, part)/float64(st.dem))
+		}
+	}
+	return min(1, burst/(float64(wl.lm.e.Servers())*perSec*wl.w.Seconds()))
+}
+
+// need is what this server, seeing the key at perSec, admits in the next d of its window.
+func (wl *windowed) need(st *wkey, perSec float64, d time.Duration, now time.Time) float64 {
+	return perSec * min(d, wl.end(st.win, st.phase).Sub(now)).Seconds()
+}
+
+// admitFree counts n admitted without asking in the next trip.
+func (wl *windowed) admitFree(st *wkey, id string, n int) {
+	wl.free = true
+	st.out += n
+	wl.ops = append(wl.ops, wop{id: id, win: st.win, n: n})
+}
+
+// wait makes a request wait for the grant asked ahead, which then goes at once, or for
+// one it asks now, sized for itself and this server's rate.
+func (wl *windowed) wait(st *wkey, en *entry, n int, now time.Time) *Waiter {
+	w := &Waiter{lim: wl.lm, key: en.key, n: n, ch: make(chan struct{})}
+	wl.join(st, en.key, w, now)
+	return w
+}
+
+// join makes w wait for the key's grant asked ahead, which then goes at once, or asks
+// one now for w and what this server's rate wants: w is served first from it.
+func (wl *windowed) join(st *wkey, id string, w *Waiter, now time.Time) {
+	if st.ask == nil {
+		st.ask = &wask{now: true}
+		wl.ops = append(wl.ops, wop{id: id, win: st.win, n: wl.size(st, w.n, st.perSec, now), grant: true, ask: st.ask, w: w})
+	} else {
+		st.ask.waiters = append(st.ask.waiters, w)
+		st.ask.now = true
+	}
+	wl.due = true
+}
+
+// size is the grant asked for a key this server sees often: what its rate wants in the
+// next two report intervals of the window, less three standard deviations of that count
+// (what it holds at the window's end is lost), less the grants it holds; at least n, at
+// most the burst.
+func (wl *windowed) size(st *wkey, n int, perSec float64, now time.Time) int {
+	need := wl.need(st, perSec, 2*wl.iv, now)
+	want := int(math.Ceil(need-3*math.Sqrt(need))) - st.grants
+	return min(max(want, n), wl.glim.Burst)
+}
+
+// askGrant asks for the grant size sizes, at once if urgent (as a lease refill goes at
+// once), else with the next report; within two report intervals of the window's end,
+// with one of the next window.
+func (wl *windowed) askGrant(st *wkey, id string, n int, perSec float64, urgent bool, now time.Time) {
+	if st.ask != nil || st.failed() {
+		return
+	}
+	wl.ask(st, id, wl.size(st, n, perSec, now))
+	st.ask.now = urgent
+	if wl.end(st.win, st.phase).Sub(now) < 2*wl.iv {
+		wl.askNext(st, id, n, perSec, now)
+	}
+	if urgent {
+		wl.due = true
+	}
+}
+
+// askNext queues a grant of the window after the key's current one, sized for that
+// window's first two report intervals, unless one is asked or held or that window
+// refused one. An over key whose last such grant was refused outright is asked every
+// other window: on the other the server refuses it without asking.
+func (wl *windowed) askNext(st *wkey, id string, n int, perSec float64, now time.Time) {
+	need := perSec * min(2*wl.iv, wl.w).Seconds()
+	if x := int(math.Ceil(need - 3*math.Sqrt(need))); x >= n && !st.nextAsked && st.next == 0 && st.nextFull <= st.win {
+		if st.passed && !st.skipped && now.Before(st.over) {
+			st.nextFull, st.skipped = st.win+1, true
+			return
+		}
+		st.nextAsked, st.skipped = true, false
+		wl.ops = append(wl.ops, wop{id: id, win: st.win + 1, n: min(x, wl.glim.Burst), grant: true, nextWin: true})
+	}
+}
+
+// ask queues a grant of n asked ahead, for the next trip, unless one is asked already.
+func (wl *windowed) ask(st *wkey, id string, n int) {
+	if st.ask == nil && !st.failed() {
+		st.ask = &wask{}
+		wl.ops = append(wl.ops, wop{id: id, win: st.win, n: n, grant: true, ask: st.ask})
+	}
+}
+
+// mix3 is a splitmix64 of a, b and c: the draw of sample's odds.
+func mix3(a, b, c uint64) uint64 {
+	var z uint64
+	for _, x := range [3]uint64{a, b, c} {
+		z += x + 0x9e3779b97f4a7c15
+		z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+		z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+		z ^= z >> 31
+	}
+	return z
+}

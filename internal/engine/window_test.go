@@ -1,0 +1,330 @@
+package engine
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/internal/redistest"
+	"github.com/fleetlimit/fleetlimit/internal/wire"
+)
+
+// winFleet is servers of one windowed limit (rate 10/s, burst 10: windows of 1 s,
+// reports every 100ms) sharing one miniredis through global.Store, its clock the test's.
+type winFleet struct {
+	t     *testing.T
+	m     *miniredis.Miniredis
+	store *global.Store
+	es    []*Engine
+	lms   []*Limit
+	open  bool // the breaker is open: trips fail at once
+}
+
+func newWinFleet(t *testing.T, servers int, mod func(*LimitConfig)) *winFleet {
+	t.Helper()
+	m, c := redistest.Mini(t)
+	m.SetTime(t0)
+	s, err := global.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &winFleet{t: t, m: m, store: s}
+	for i := range servers {
+		e, lm := testEngine(t, func(c *Config) {
+			c.Servers = servers
+			c.Seed = uint64(i + 1)
+			c.Limits[0].Rate, c.Limits[0].Burst = 10, 10
+			c.Limits[0].Windowed = 100 * time.Millisecond
+			c.Limits[0].WindowWidth = 1 << 10
+			if mod != nil {
+				mod(&c.Limits[0])
+			}
+			c.BreakerOpen = func() bool { return f.open }
+		})
+		f.es, f.lms = append(f.es, e), append(f.lms, lm)
+	}
+	return f
+}
+
+// serve ticks server i at now and makes its trips until none is due, as a driver does.
+func (f *winFleet) serve(i int, now time.Time) {
+	f.t.Helper()
+	f.m.SetTime(now)
+	e := f.es[i]
+	e.Tick(now)
+	for trip := e.Next(); trip != nil; trip = e.Next() {
+		if f.open {
+			trip.Err = breaker.ErrOpen
+		} else {
+			for j := range trip.Windows {
+				trip.WindowErrs[j] = f.store.Windows(context.Background(), &trip.Windows[j])
+			}
+			trip.Answered = true
+		}
+		e.Done(now, trip)
+	}
+}
+
+// warm serves every server through its warm-up reads: from t0 to t0+50ms.
+func (f *winFleet) warm() {
+	for ms := 0; ms <= 50; ms += 5 {
+		for i := range f.es {
+			f.serve(i, t0.Add(time.Duration(ms)*time.Millisecond))
+		}
+	}
+}
+
+// count is key's count in its window at now, as Redis holds it.
+func (f *winFleet) count(key string, now time.Time) int {
+	f.t.Helper()
+	lim := f.lms[0]
+	w := wire.WindowMicros(lim.Rate(), lim.Burst())
+	win := wire.WindowIndex(now.UnixMicro(), wire.WindowPhase(key, w), w)
+	trip := global.WindowTrip{Limit: global.Limit{Name: lim.Name(), Rate: lim.Rate(), Burst: lim.Burst()}, Width: 1 << 10,
+		Ops: []global.WindowOp{{ID: global.KeyID(key), Win: win}}}
+	if err := f.store.Windows(context.Background(), &trip); err != nil {
+		f.t.Fatal(err)
+	}
+	return trip.Ops[0].Count
+}
+
+// roomy returns a key whose window at now has at least room to go, that window and its
+// end.
+func (f *winFleet) roomy(prefix string, now time.Time, room time.Duration) (string, int64, time.Time) {
+	lim := f.lms[0]
+	w := wire.WindowMicros(lim.Rate(), lim.Burst())
+	for i := 0; ; i++ {
+		key := prefix + strconv.Itoa(i)
+		phase := wire.WindowPhase(key, w)
+		win := wire.WindowIndex(now.UnixMicro(), phase, w)
+		if end := time.UnixMicro(wire.WindowStart(win+1, phase, w)); end.Sub(now) >= room {
+			return key, win, end
+		}
+	}
+}
+
+// TestWindowedWarmsUp: a server asks for every request until its read of the marks, sent
+// 25 ms after its start or later, is answered; then it admits a key it knows nothing
+// against without asking, and counts it in Redis with its next report; a key it sees
+// often (here a second request at once) waits for a grant sized by its rate.
+func TestWindowedWarmsUp(t *testing.T) {
+	f := newWinFleet(t, 2, nil)
+	e, lm := f.es[0], f.lms[0]
+	f.serve(0, t0)
+	d, w := decide(e, t0, lm, "a", 1)
+	if w == nil {
+		t.Fatalf("a request before the server is warm: %+v, want it to wait for Redis", d)
+	}
+	f.serve(0, t0)
+	if d := w.Decision(); !d.Allowed || d.Source != SourceGlobal || d.Reason != ReasonGranted {
+		t.Fatalf("its answer: %+v, want granted", d)
+	}
+	f.warm()
+	now := t0.Add(60 * time.Millisecond)
+	if d, w := decide(e, now, lm, "b", 1); w != nil || !d.Allowed || d.Reason != ReasonAsync {
+		t.Fatalf("a new key once warm: %+v (waits: %v), want admitted without asking", d, w != nil)
+	}
+	d, w = decide(e, now, lm, "b", 1)
+	if w == nil {
+		t.Fatalf("a second request at once, one unanswered: %+v, want it to wait for a grant", d)
+	}
+	f.serve(0, now)
+	if d := w.Decision(); !d.Allowed || d.Reason != ReasonGranted {
+		t.Fatalf("its answer: %+v, want granted", d)
+	}
+	if got := f.count("b", now); got < 2 {
+		t.Errorf("b's count in Redis %d, want the one admitted without asking and the grant", got)
+	}
+}
+
+// TestWindowedSpent: a count answered at the burst or over it marks the key's window
+// spent: the server refuses the key until the window ends, carries its part of the
+// overshoot into the next window, and tells the fleet, whose servers refuse it too
+// without asking.
+func TestWindowedSpent(t *testing.T) {
+	f := newWinFleet(t, 2, nil)
+	f.warm()
+	// Two seconds in, a key seen once is seen seldom (at first every key looks fast: its
+	// rate is counted over the server's short life).
+	now := t0.Add(2 * time.Second)
+	lim := f.lms[0]
+	key, win, end := f.roomy("k", now, 800*time.Millisecond)
+	if _, w := decide(f.es[0], now.Add(-10*time.Millisecond), f.lms[0], "y", 1); w != nil {
+		f.serve(0, now.Add(-10*time.Millisecond)) // a trip, and with it a read: fresh marks
+	}
+	glim := global.Limit{Name: lim.Name(), Rate: lim.Rate(), Burst: lim.Burst()}
+	fill := global.WindowTrip{Limit: glim, Width: 1 << 10, Ops: []global.WindowOp{{ID: global.KeyID(key), Win: win, N: 10}}}
+	if err := f.store.Windows(context.Background(), &fill); err != nil { // the fleet spent the window
+		t.Fatal(err)
+	}
+	if d, w := decide(f.es[0], now, f.lms[0], key, 1); w != nil || !d.Allowed {
+		t.Fatalf("%s, not known spent: %+v, want admitted without asking", key, d)
+	}
+	f.serve(0, now.Add(100*time.Millisecond)) // its report: count 11
+	later := now.Add(150 * time.Millisecond)
+	d, wt := decide(f.es[0], later, f.lms[0], key, 1)
+	if wt != nil || d.Allowed || d.Reason != ReasonPaced || d.RetryAfter != end.Sub(later) {
+		t.Fatalf("%s once its window is known spent: %+v, want refused until the window ends in %v", key, d, end.Sub(later))
+	}
+	f.serve(0, later.Add(100*time.Millisecond)) // the carry
+	next := global.WindowTrip{Limit: glim, Width: 1 << 10, Ops: []global.WindowOp{{ID: global.KeyID(key), Win: win + 1}}}
+	if err := f.store.Windows(context.Background(), &next); err != nil {
+		t.Fatal(err)
+	}
+	if next.Ops[0].Count != 1 {
+		t.Errorf("the next window counts %d, want the carried overshoot, 1", next.Ops[0].Count)
+	}
+	// The other server reads the mark with its next trip, and refuses the key unasked.
+	at := later.Add(300 * time.Millisecond)
+	if _, w := decide(f.es[1], at, f.lms[1], "x", 1); w != nil {
+		f.serve(1, at)
+	}
+	if d, w := decide(f.es[1], at, f.lms[1], key, 1); w != nil || d.Allowed || d.RetryAfter != end.Sub(at) {
+		t.Fatalf("server 1, %s after reading the mark: %+v (waits %v), want refused until %v", key, d, w != nil, end.Sub(at))
+	}
+	if d, w := decide(f.es[1], end.Add(time.Millisecond), f.lms[1], key, 1); w != nil || !d.Allowed {
+		t.Fatalf("server 1, %s in its next window: %+v, want admitted", key, d)
+	}
+}
+
+// TestWindowedOftenGrants: a key a server sees at least once a report interval is served
+// from grants of its window sized by that rate; closing the server gives back what it
+// holds.
+func TestWindowedOftenGrants(t *testing.T) {
+	f := newWinFleet(t, 2, func(c *LimitConfig) { c.Rate, c.Burst = 1000, 1000 }) // windows of 1 s
+	f.warm()
+	e, lm := f.es[0], f.lms[0]
+	admitted, waited := 0, 0
+	now := t0.Add(60 * time.Millisecond)
+	key, _, _ := f.roomy("hot", now, 600*time.Millisecond)
+	for range 100 { // 200/s for half a second; the driver makes what trips are due at once
+		now = now.Add(5 * time.Millisecond)
+		d, w := decide(e, now, lm, key, 1)
+		f.serve(0, now)
+		if w != nil {
+			waited++
+			d = w.Decision()
+		}
+		if d.Allowed {
+			admitted++
+		}
+	}
+	if admitted != 100 || waited > 2 {
+		t.Fatalf("admitted %d of 100, %d waited for Redis; want every one, few waiting", admitted, waited)
+	}
+	before := f.count(key, now)
+	if before <= 100 {
+		t.Fatalf("count %d: the server held no grants", before)
+	}
+	e.Stop(now)
+	e.Drain()
+	f.serve(0, now)
+	e.Finish()
+	if after := f.count(key, now); after != 100 {
+		t.Errorf("count after close %d (before %d), want the 100 admitted: unused grants given back", after, before)
+	}
+}
+
+// TestWindowedRedisDown: with the breaker open, a request that must ask goes to the
+// limit's policy (FailClosed: denied), and what was admitted without asking is counted
+// once Redis answers again.
+func TestWindowedRedisDown(t *testing.T) {
+	f := newWinFleet(t, 2, nil)
+	f.warm()
+	e, lm := f.es[0], f.lms[0]
+	now := t0.Add(60 * time.Millisecond)
+	if d, w := decide(e, now, lm, "a", 1); w != nil || !d.Allowed {
+		t.Fatalf("%+v", d)
+	}
+	f.open = true
+	f.serve(0, now.Add(100*time.Millisecond)) // the report fails
+	_, w := decide(e, now, lm, "a", 1)        // seen often: asks, and waits
+	if w == nil {
+		t.Fatal("a second request at once did not wait")
+	}
+	f.serve(0, now.Add(100*time.Millisecond))
+	if d := w.Decision(); d.Allowed || d.Source != SourceFallback || d.Reason != ReasonBreakerOpen {
+		t.Fatalf("with the breaker open: %+v, want the policy's denial", d)
+	}
+	f.open = false
+	f.serve(0, now.Add(200*time.Millisecond))
+	if got := f.count("a", now); got != 1 {
+		t.Errorf("count once Redis answers %d, want the one admitted without asking", got)
+	}
+}
+
+// TestWindowedFleetBound: eight servers, a key at four times its limit spread over them
+// for 3 s: every window of its admissions within 2·burst + rate·W + S·c, and at least a
+// burst a window admitted.
+func TestWindowedFleetBound(t *testing.T) {
+	const servers = 8
+	f := newWinFleet(t, servers, func(c *LimitConfig) { c.Rate, c.Burst = 40, 40 }) // 1 s windows, c = 5
+	f.warm()
+	var at []time.Time
+	now := t0.Add(60 * time.Millisecond)
+	end := now.Add(3 * time.Second)
+	for i := 0; now.Before(end); i++ { // 160/s, round robin
+		now = now.Add(time.Second / 160)
+		s := i % servers
+		d, w := decide(f.es[s], now, f.lms[s], "abuser", 1)
+		if w != nil {
+			f.serve(s, now)
+			d = w.Decision()
+		}
+		if d.Allowed {
+			at = append(at, now)
+		}
+		if i%16 == 0 {
+			for j := range servers {
+				f.serve(j, now)
+			}
+		}
+	}
+	bound := func(w time.Duration) float64 { return 2*40 + 40*w.Seconds() + servers*5 }
+	for _, w := range []time.Duration{100 * time.Millisecond, time.Second, 2 * time.Second} {
+		worst := 0
+		for i := range at {
+			j := i
+			for j < len(at) && at[j].Sub(at[i]) < w {
+				j++
+			}
+			worst = max(worst, j-i)
+		}
+		if float64(worst) > bound(w) {
+			t.Errorf("%v: %d admitted, above 2·burst + rate·W + S·c = %.0f", w, worst, bound(w))
+		}
+	}
+	if len(at) < 3*40 {
+		t.Errorf("admitted %d in 3 s, want at least a burst a window (120)", len(at))
+	}
+}
+
+func TestWindowedConfig(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mod  func(*LimitConfig)
+	}{
+		{"too short", func(c *LimitConfig) { c.Windowed = time.Microsecond }},
+		{"and Async", func(c *LimitConfig) { c.Async = time.Second }},
+		{"with tiers", func(c *LimitConfig) { c.Tiers = []TierConfig{{Name: "gold", Rate: 1, Burst: 1}} }},
+		{"burst too large", func(c *LimitConfig) { c.Burst, c.Rate = global.MaxWindowBurst+1, 1 }},
+		{"width not a power of two", func(c *LimitConfig) { c.WindowWidth = 1000 }},
+		{"width too small", func(c *LimitConfig) { c.WindowWidth = 16 }},
+	} {
+		c := LimitConfig{Name: "api", Rate: 10, Burst: 10, Policy: breaker.FailClosed, Windowed: 100 * time.Millisecond}
+		tc.mod(&c)
+		_, err := New(Config{Limits: []LimitConfig{c}, Servers: 1, NextSeq: func() uint64 { return 1 }})
+		if err == nil {
+			t.Errorf("%s: no error", tc.name)
+		}
+	}
+	c := LimitConfig{Name: "api", Rate: 10, Burst: 10, Policy: breaker.FailClosed, Windowed: 100 * time.Millisecond}
+	if _, err := New(Config{Limits: []LimitConfig{c}, Servers: 1, NextSeq: func() uint64 { return 1 }}); err != nil {
+		t.Errorf("a valid windowed limit: %v", err)
+	}
+}

@@ -1,0 +1,627 @@
+package engine
+
+import (
+	"errors"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/internal/wire"
+)
+
+// windowItem is what the engine keeps of one windowed limit's part of a WindowsTrip.
+type windowItem struct {
+	wl       *windowed
+	ops      []wop
+	announce map[wmk]int
+	read     bool
+	warms    bool // its read, answered, makes the server warm
+	prevRead time.Time
+	sentAt   time.Time
+}
+
+// windowPending is one decision the answers of a trip made for a waiting request, made
+// once no lock is held (a Waiter's mutex goes before a key's).
+type windowPending struct {
+	w    *Waiter
+	d    Decision
+	fail error // decide by the policy instead, for this failure
+}
+
+// decideWindow is Decide for a windowed limit.
+func (e *Engine) decideWindow(now time.Time, lm *Limit, key string, n int, d *Decision) *Waiter {
+	var o wdecision
+	var slot uint8
+	if !lm.keys.Update(now, wire.KeyID(key), func(en *entry, t time.Time) {
+		slot = en.slot
+		if en.shape == nil {
+			lm.reshape(en, lm.cur.Load().base, t)
+		}
+		lm.win.decide(&o, en, t, n)
+	}) {
+		*d = Decision{Reason: ReasonClosed, Servers: e.Servers()}
+		return nil
+	}
+	o.d.Servers = e.Servers()
+	if o.wake {
+		e.wake()
+	}
+	*d = o.d
+	if o.w != nil {
+		return o.w
+	}
+	lm.stats.count(slot, d, n)
+	return nil
+}
+
+// windowFallback is the policy's decision for a request of a windowed limit whose wait
+// failed: the limit's local fallback limit, with no debt (there is no bucket to owe);
+// what it admits is counted in the key's window with the next trip.
+func (e *Engine) windowFallback(now time.Time, lm *Limit, key string, n int, why Reason) Decision {
+	sh := lm.Shape("")
+	d := Decision{Source: SourceFallback, Reason: why, Servers: e.Servers()}
+	d.Allowed = sh.fallback.AllowN(now, key, n)
+	if !d.Allowed {
+		d.RetryAfter = lm.win.w / time.Duration(max(1, lm.win.glim.Burst))
+	} else if n > 0 {
+		lm.keys.Update(now, key, func(en *entry, t time.Time) {
+			wl := lm.win
+			wl.mu.Lock()
+			wl.key(&en.win, en.key, t)
+			en.win.out += n
+			wl.ops = append(wl.ops, wop{id: en.key, win: en.win.win, n: n})
+			wl.mu.Unlock()
+		})
+	}
+	lm.stats.count(uint8(hashKey(key)%counterShards), &d, n)
+	return d
+}
+
+// tick advances the windowed limit's schedule to now and reports whether a trip is due.
+func (wl *windowed) tick(now time.Time) bool {
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	if wl.stopped {
+		return false
+	}
+	wl.now(now)
+	wl.begin(now)
+	for i := range wl.warmAt {
+		if !wl.warmAt[i].IsZero() && !now.Before(wl.warmAt[i]) {
+			wl.warmAt[i], wl.due = time.Time{}, true
+		}
+	}
+	if !now.Before(wl.nextTick) {
+		for !now.Before(wl.nextTick) {
+			wl.nextTick = wl.nextTick.Add(wl.iv)
+		}
+		if now.Sub(wl.sent) >= wl.iv || !wl.warm || wl.hasCarry() {
+			wl.due = true
+		}
+		for id, m := range wl.marks { // forget what no longer says anything
+			if now.After(m.low) && now.After(m.over) && now.Sub(m.at) > windowMemory {
+				delete(wl.marks, id)
+			}
+		}
+	}
+	return wl.due
+}
+
+func (wl *windowed) hasCarry() bool {
+	for i := range wl.ops {
+		if wl.ops[i].carry {
+			return true
+		}
+	}
+	return false
+}
+
+// nextTickAt is when tick next has work; it requires wl.mu.
+func (wl *windowed) nextTickAt() time.Time {
+	t := wl.nextTick
+	for _, w := range wl.warmAt {
+		if !w.IsZero() && w.Before(t) {
+			t = w
+		}
+	}
+	return t
+}
+
+// urgentWork reports whether something queued goes at once; it requires wl.mu.
+func (wl *windowed) urgentWork() bool {
+	if len(wl.announce) > 0 && wl.urgent {
+		return true
+	}
+	for i := range wl.ops {
+		if op := &wl.ops[i]; op.now || op.w != nil || op.ask != nil && op.ask.now {
+			return true
+		}
+	}
+	return false
+}
+
+// build takes the limit's queued work into a trip's item at now, or reports false when
+// there is nothing to send or its last trip is out; it requires wl.mu.
+func (wl *windowed) build(now time.Time) (global.WindowTrip, windowItem, bool) {
+	wl.due = false
+	read := now.Sub(wl.lastRead) >= windowRead || !wl.warm
+	alone := read && (wl.free || !wl.warm)
+	if wl.busy || (len(wl.ops) == 0 && len(wl.announce) == 0 && !alone) {
+		return global.WindowTrip{}, windowItem{}, false
+	}
+	it := windowItem{wl: wl, announce: wl.announce, read: read, prevRead: wl.lastRead, sentAt: now}
+	it.warms = read && !now.Before(wl.start.Add(windowWarm))
+	wl.announce, wl.urgent = map[wmk]int{}, false
+	clear(wl.demOp)
+	wl.sent = now
+	if read {
+		wl.lastRead, wl.free = now, false
+	}
+	t := global.WindowTrip{Limit: wl.glim, Width: wl.width, Read: read, Since: wl.since, Memory: windowMemory,
+		Clock: wl.clockAt.IsZero() || now.Sub(wl.clockAt) >= windowClock, At: now.Add(wl.offset)}
+	t.Tidy = t.Clock
+	for _, op := range wl.ops {
+		// An array lives until a second after the end of the window after its own: an op
+		// of a window older than that would make it again, with no deadline.
+		if wl.end(op.win, wire.WindowPhase(op.id, wl.wUs)).Add(wl.w).Before(now) {
+			op.dropped = true
+			it.ops = append(it.ops, op)
+			continue
+		}
+		it.ops = append(it.ops, op)
+		t.Ops = append(t.Ops, global.WindowOp{ID: global.KeyID(op.id), Win: op.win, N: op.n, Demand: op.demand})
+	}
+	for k, f := range it.announce {
+		t.Marks = append(t.Marks, global.WindowMark{ID: global.KeyID(k.id), Flags: f, Win: k.win})
+	}
+	sortMarks(t.Marks)
+	wl.ops = nil
+	wl.busy = true
+	return t, it, true
+}
+
+// sortMarks orders marks by key and window, so that a trip does not depend on map order.
+func sortMarks(m []global.WindowMark) {
+	for i := 1; i < len(m); i++ {
+		for j := i; j > 0 && (m[j].ID < m[j-1].ID || m[j].ID == m[j-1].ID && m[j].Win < m[j-1].Win); j-- {
+			m[j], m[j-1] = m[j-1], m[j]
+		}
+	}
+}
+
+// windowTrip builds a WindowsTrip of every windowed limit with work due, or nil; it
+// requires e.mu.
+func (e *Engine) windowTrip() *Trip {
+	var t *Trip
+	for _, lm := range e.limits.Load().list {
+		wl := lm.win
+		if wl == nil {
+			continue
+		}
+		wl.mu.Lock()
+		if wl.due {
+			if x, it, ok := wl.build(wl.last); ok {
+				if t == nil {
+					t = &Trip{Kind: WindowsTrip}
+				}
+				t.Windows = append(t.Windows, x)
+				t.winItems = append(t.winItems, it)
+			}
+		}
+		wl.mu.Unlock()
+	}
+	if t != nil {
+		t.WindowErrs = make([]error, len(t.Windows))
+	}
+	return t
+}
+
+// windowTripInto builds a WindowsTrip into *t and reports whether there was one; it
+// requires e.mu.
+func (e *Engine) windowTripInto(t **Trip) bool {
+	*t = e.windowTrip()
+	return *t != nil
+}
+
+// windowsDue reports whether a windowed limit wants a trip; it requires e.mu.
+func (e *Engine) windowsDue() bool {
+	for _, lm := range e.limits.Load().list {
+		if wl := lm.win; wl != nil {
+			wl.mu.Lock()
+			due := wl.due && !wl.busy
+			wl.mu.Unlock()
+			if due {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// windowsDone takes the answers of a WindowsTrip at now.
+func (e *Engine) windowsDone(now time.Time, t *Trip) {
+	var pend []windowPending
+	wake := false
+	for i := range t.Windows {
+		it := &t.winItems[i]
+		x := &t.Windows[i]
+		err := t.Err
+		if t.Answered && err == nil {
+			err = t.WindowErrs[i]
+		}
+		if err != nil {
+			pend = it.wl.failed(now, it, err, pend)
+		} else {
+			pend = it.wl.answered(now, it, x, pend)
+		}
+		it.wl.mu.Lock()
+		it.wl.busy = false
+		if it.wl.urgentWork() {
+			it.wl.due = true
+		}
+		wake = wake || it.wl.due
+		it.wl.mu.Unlock()
+	}
+	for _, p := range pend {
+		var decided bool
+		if p.fail != nil {
+			decided = e.decideFailed(now, p.w, nil, p.fail)
+		} else {
+			p.w.mu.Lock()
+			if decided = !p.w.decided; decided {
+				p.d.Servers = e.Servers()
+				p.w.set(p.d)
+				p.w.lim.stats.count(uint8(hashKey(p.w.key)%counterShards), &p.w.d, p.w.n)
+			}
+			p.w.mu.Unlock()
+		}
+		if decided && e.decided != nil {
+			e.decided(p.w)
+		}
+	}
+	if wake {
+		e.wake()
+	}
+}
+
+// answered takes the answers of its item of a trip.
+func (wl *windowed) answered(now time.Time, it *windowItem, x *global.WindowTrip, pend []windowPending) []windowPending {
+	wl.mu.Lock()
+	wl.now(now)
+	if x.Clock && !x.Now.IsZero() {
+		// Redis's time less this server's at the answer: off by at most the round trip.
+		wl.offset, wl.clockAt = x.Now.Sub(now), now
+	}
+	if it.read {
+		wl.warm = wl.warm || it.warms
+		wl.since = x.At.Add(-windowOverlap)
+		for _, m := range x.Got {
+			id := string(m.ID)
+			old := wl.marks[id]
+			phase := wire.WindowPhase(id, wl.wUs)
+			if m.Flags&wire.MarkLow != 0 {
+				old.low = later(old.low, wl.end(m.Win, phase))
+			}
+			if m.Flags&wire.MarkSpent != 0 {
+				old.spent = max(old.spent, m.Win+1)
+			}
+			if m.Flags&wire.MarkOver != 0 {
+				old.over = later(old.over, m.At.Add(-wl.offset).Add(windowMemory))
+			}
+			old.at = now
+			wl.marks[id] = old
+		}
+	}
+	wl.mu.Unlock()
+	lm := wl.lm
+	k := 0
+	for _, op := range it.ops {
+		if op.dropped { // not sent: its window is long gone
+			lm.keys.Update(now, op.id, func(en *entry, t time.Time) {
+				wl.mu.Lock()
+				pend = wl.release(op, &en.win, errWindowGone, pend)
+				wl.mu.Unlock()
+			})
+			continue
+		}
+		count := x.Ops[k].Count
+		k++
+		if op.n < 0 {
+			continue
+		}
+		lm.keys.Update(now, op.id, func(en *entry, t time.Time) {
+			wl.mu.Lock()
+			pend = wl.answer(en, op, count, t, pend)
+			wl.mu.Unlock()
+		})
+	}
+	return pend
+}
+
+// errWindowGone fails the grants of a window that ended before they were sent.
+var errWindowGone = errors.New("window ended before its grant was sent")
+
+// release ends what op held when it got no answer: its requests are decided for fail
+// (by the policy, or closed), its key (st, nil if not at hand) asks again, and an
+// admission is no longer unanswered. It requires wl.mu, and the key's lock if st is set.
+func (wl *windowed) release(op wop, st *wkey, fail error, pend []windowPending) []windowPending {
+	if st != nil {
+		if op.ask != nil && st.ask == op.ask {
+			st.ask = nil
+		}
+		if op.nextWin {
+			st.nextAsked = false
+		}
+		if !op.grant && !op.carry && !op.demand && op.n > 0 {
+			st.out = max(0, st.out-op.n)
+		}
+	}
+	if op.w != nil {
+		pend = append(pend, windowPending{w: op.w, fail: fail})
+	}
+	if op.ask != nil {
+		for _, w := range op.ask.waiters {
+			pend = append(pend, windowPending{w: w, fail: fail})
+		}
+		op.ask.waiters = nil
+	}
+	return pend
+}
+
+// answer takes the count answered for op of the key of en; it requires the key's lock
+// and wl.mu.
+func (wl *windowed) answer(en *entry, op wop, count int, now time.Time, pend []windowPending) []windowPending {
+	burst := wl.glim.Burst
+	st := &en.win
+	wl.key(st, en.key, now)
+	if op.demand {
+		if op.win >= st.demWin {
+			st.demWin, st.dem, st.demAt = op.win, count, now
+		}
+		return pend
+	}
+	cur := st.win == op.win
+	if op.ask != nil && st.ask == op.ask {
+		st.ask = nil
+	}
+	got := 0
+	if op.grant {
+		got = min(op.n, max(0, burst-(count-op.n)))
+	}
+	switch {
+	case op.carry:
+	case !op.grant:
+		st.out = max(0, st.out-op.n)
+	case op.w != nil:
+		if got < op.w.n {
+			got = 0
+		}
+		d := Decision{Allowed: got > 0, Source: SourceGlobal, Reason: ReasonGranted}
+		if got == 0 {
+			d.Reason, d.RetryAfter = ReasonPaced, wl.retry(st, now)
+		}
+		pend = append(pend, windowPending{w: op.w, d: d})
+		if cur && got > 0 {
+			st.grants += got - op.w.n
+		}
+	case op.win == st.win+1:
+		st.next += got
+		st.passed = got == 0
+	default:
+		if cur {
+			st.grants += got
+		}
+	}
+	if op.nextWin {
+		st.nextAsked = false
+	}
+	refused := op.grant && got < op.n
+	if x := min(op.n, count-burst); !refused && x > 0 && !op.grant {
+		// its part of an overshoot: counted in the next window as well
+		wl.ops = append(wl.ops, wop{id: en.key, win: op.win + 1, n: x, carry: true})
+	}
+	switch {
+	case op.nextWin && op.win > st.win:
+		// a window ahead full of grants says nothing of the current one
+		if refused || count-(op.n-got) >= burst {
+			st.nextFull = op.win
+		}
+	case !op.grant && !op.carry && op.win+1 == st.win && count > burst:
+		// an admission's count past the burst of the window before is a debt carried
+		// into this one: judged as this window's count, never making the key over
+		if debt := count - burst; debt+wl.share() > burst {
+			wl.mark(st, en.key, st.win, debt >= burst, false, now)
+		}
+	case op.win >= st.win:
+		c := count
+		if op.grant { // as it stands: the refused part is left counted
+			c -= op.n - got
+		}
+		wl.judge(st, en.key, op.win, c, refused, now)
+	}
+	if op.ask != nil && len(op.ask.waiters) > 0 { // served from what it got, or wait again
+		ws := op.ask.waiters
+		op.ask.waiters = nil
+		for _, w := range ws {
+			switch {
+			case st.grants >= w.n:
+				st.grants -= w.n
+				pend = append(pend, windowPending{w: w, d: Decision{Allowed: true, Remaining: st.grants, Source: SourceGlobal, Reason: ReasonGranted}})
+			case st.failed():
+				pend = append(pend, windowPending{w: w, d: Decision{Source: SourceGlobal, Reason: ReasonPaced, RetryAfter: wl.retry(st, now)}})
+			default:
+				wl.join(st, en.key, w, now)
+			}
+		}
+	}
+	return pend
+}
+
+// judge reads a count answered for the key's window win, its current one or one ahead:
+// within c of the burst the key is low until that window ends; spent, this server
+// refuses it until then; spent at four times its rate or more, over.
+func (wl *windowed) judge(st *wkey, id string, win int64, count int, refused bool, now time.Time) {
+	burst := wl.glim.Burst
+	spent := refused || count >= burst
+	if !spent && count+wl.share() <= burst {
+		return
+	}
+	// spent at four times its rate or more, over the part of the window this server has
+	// seen: a key within its limit carrying a debt spends a window early, not that fast
+	start := wl.end(win-1, st.phase)
+	fast := time.Duration(count)*wl.w >= 4*time.Duration(burst)*max(0, now.Sub(later(start, wl.start)))
+	wl.mark(st, id, win, spent, spent && fast, now)
+}
+
+// mark makes the key low until window win ends, win spent if spent, and the key over if
+// over; what changes is announced, unless this server sees the key often (it then asks
+// for it itself, and a server that sees it seldom learns from its own answers).
+func (wl *windowed) mark(st *wkey, id string, win int64, spent, over bool, now time.Time) {
+	if !now.Before(st.low) && !now.Before(st.over) && !st.failed() {
+		wl.urgent = true // the key's first mark in a while goes at once
+	}
+	flags := 0
+	if spent {
+		st.spent = max(st.spent, win+1)
+		flags |= wire.MarkSpent
+	}
+	if end := wl.end(win, st.phase); end.After(st.low) {
+		st.low = end
+		flags |= wire.MarkLow
+	}
+	if over && now.Add(windowMemory).Sub(st.over) > windowMemory/2 {
+		st.over = now.Add(windowMemory)
+		flags |= wire.MarkOver
+	}
+	if flags != 0 && !st.often {
+		// all this server knows of the key and window: a key has one mark per window,
+		// the last writer's
+		if !st.low.Before(wl.end(win, st.phase)) {
+			flags |= wire.MarkLow
+		}
+		if st.spent > win {
+			flags |= wire.MarkSpent
+		}
+		if now.Before(st.over) {
+			flags |= wire.MarkOver
+		}
+		wl.announce[wmk{id, win}] |= flags
+	}
+}
+
+// failed puts back what a failed trip carried: admissions and carries of windows still
+// open go again, marks too; requests waiting for its grants go to the policy.
+func (wl *windowed) failed(now time.Time, it *windowItem, err error, pend []windowPending) []windowPending {
+	wl.mu.Lock()
+	wl.now(now)
+	if it.read && wl.lastRead.Equal(it.sentAt) {
+		wl.lastRead = it.prevRead
+	}
+	for k, f := range it.announce {
+		wl.announce[k] |= f
+	}
+	wl.mu.Unlock()
+	for _, op := range it.ops {
+		wl.lm.keys.Update(now, op.id, func(en *entry, t time.Time) {
+			wl.mu.Lock()
+			defer wl.mu.Unlock()
+			st := &en.win
+			wl.key(st, en.key, t)
+			switch {
+			case op.demand || op.n < 0:
+			case !op.grant && op.win >= st.win && !op.dropped:
+				wl.ops = append(wl.ops, op) // counted with the next trip
+			case !op.grant && !op.carry:
+				st.out = max(0, st.out-op.n)
+			case op.grant:
+				pend = wl.release(op, st, err, pend)
+			}
+		})
+	}
+	return pend
+}
+
+// now records the latest instant the limit has seen: a trip is built at it.
+func (wl *windowed) now(t time.Time) {
+	if t.After(wl.last) {
+		wl.last = t
+	}
+}
+
+// evicted gives back the grants a key held when its entry goes (Drain, or the key store
+// full): they are counted in Redis, unused.
+func (wl *windowed) evicted(en *entry) {
+	st := &en.win
+	if !st.init {
+		return
+	}
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	if st.grants > 0 {
+		wl.ops = append(wl.ops, wop{id: en.key, win: st.win, n: -st.grants})
+	}
+	if st.next > 0 {
+		wl.ops = append(wl.ops, wop{id: en.key, win: st.win + 1, n: -st.next})
+	}
+	if st.grants > 0 || st.next > 0 {
+		wl.due = true
+	}
+	st.grants, st.next = 0, 0
+}
+
+// stop ends the limit's asking: queued requests are denied as closed.
+func (wl *windowed) stop(pend []windowPending) []windowPending {
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	wl.stopped = true
+	keep := wl.ops[:0]
+	for _, op := range wl.ops {
+		if !op.grant {
+			keep = append(keep, op)
+			continue
+		}
+		pend = wl.release(op, nil, errClosed, pend)
+	}
+	wl.ops = keep
+	return pend
+}
+
+// windowsTick ticks the windowed limits and reports whether one wants a trip.
+func (e *Engine) windowsTick(now time.Time) bool {
+	due := false
+	for _, lm := range e.limits.Load().list {
+		if lm.win != nil && lm.win.tick(now) {
+			due = true
+		}
+	}
+	return due
+}
+
+// windowsNextTick is the earliest of the windowed limits' next ticks, or t.
+func (e *Engine) windowsNextTick(t time.Time) time.Time {
+	for _, lm := range e.limits.Load().list {
+		if wl := lm.win; wl != nil {
+			wl.mu.Lock()
+			if n := wl.nextTickAt(); wl.started && !wl.stopped && n.Before(t) {
+				t = n
+			}
+			wl.mu.Unlock()
+		}
+	}
+	return t
+}
+
+// windowsStop stops the windowed limits: requests waiting for grants not yet sent are
+// denied as closed.
+func (e *Engine) windowsStop(now time.Time) {
+	var pend []windowPending
+	for _, lm := range e.limits.Load().list {
+		if lm.win != nil {
+			pend = lm.win.stop(pend)
+		}
+	}
+	for _, p := range pend {
+		if e.decideFailed(now, p.w, nil, p.fail) && e.decided != nil {
+			e.decided(p.w)
+		}
+	}
+}

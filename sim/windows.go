@@ -1,0 +1,169 @@
+package sim
+
+import (
+	"cmp"
+	"maps"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/internal/wire"
+)
+
+// windowRedis is the simulated Redis of windowed limits: what global.Store.Windows's
+// commands do (TIME, BITFIELD OVERFLOW SAT INCRBY, PEXPIREAT, ZADD, ZREMRANGEBYSCORE,
+// PEXPIRE, ZRANGEBYSCORE), on Go maps, with the key names, counters and members of
+// package wire. TestWindowRedisMatches holds it to a real Redis.
+type windowRedis struct {
+	arrays   map[string]*winArray
+	marks    map[string]float64 // the marks' sorted set of the one limit: member, score
+	marksEnd time.Time          // its expiry (PEXPIRE); zero: none
+}
+
+type winArray struct {
+	c        []uint32
+	deadline time.Time // zero: none
+}
+
+func newWindowRedis() *windowRedis {
+	return &windowRedis{arrays: map[string]*winArray{}, marks: map[string]float64{}}
+}
+
+// array returns the live array of key at at, or nil.
+func (r *windowRedis) array(key string, at time.Time) *winArray {
+	a := r.arrays[key]
+	if a != nil && !a.deadline.IsZero() && !at.Before(a.deadline) {
+		delete(r.arrays, key)
+		return nil
+	}
+	return a
+}
+
+// windowCost is the commands of t and their Redis time by coldCost, for a server that has
+// set a deadline on the arrays in touched, less the read's, which depends on what it
+// returns (readCost).
+func windowCost(t *global.WindowTrip, touched map[string]bool) (cmds int, cost time.Duration) {
+	w := wire.WindowMicros(t.Limit.Rate, t.Limit.Burst)
+	if t.Clock {
+		cmds, cost = cmds+1, cost+coldCost.zCall
+	}
+	var wins []int64
+	for _, op := range t.Ops {
+		if !slices.Contains(wins, op.Win) {
+			wins = append(wins, op.Win)
+			cmds, cost = cmds+1, cost+coldCost.bfCall
+			if !touched[wire.WindowKey(keyPrefix, t.Limit.Name, w, op.Win)] {
+				cmds, cost = cmds+1, cost+coldCost.zCall
+			}
+		}
+		cost += coldCost.bfSub
+		if !op.Demand {
+			cost += coldCost.bfSub
+		}
+	}
+	if len(t.Marks) > 0 {
+		cmds, cost = cmds+1, cost+coldCost.zCall+time.Duration(len(t.Marks))*coldCost.zMember
+	}
+	if t.Tidy { // ZREMRANGEBYSCORE, PEXPIRE
+		cmds, cost = cmds+2, cost+2*coldCost.zCall
+	}
+	if t.Read {
+		cmds++
+	}
+	return cmds, cost
+}
+
+// run carries out t at Redis's instant at, as Store.Windows would, for a server that has
+// set a deadline on the arrays in touched (it adds those it sets).
+func (r *windowRedis) run(at time.Time, t *global.WindowTrip, touched map[string]bool) {
+	lim := t.Limit
+	w := wire.WindowMicros(lim.Rate, lim.Burst)
+	top := int64(1)<<wire.WindowBits(lim.Burst) - 1
+	if t.Clock {
+		t.Now = at
+	}
+	var wins []int64
+	for i := range t.Ops {
+		op := &t.Ops[i]
+		key := wire.WindowKey(keyPrefix, lim.Name, w, op.Win)
+		a := r.array(key, at)
+		if a == nil {
+			a = &winArray{c: make([]uint32, wire.WindowRows*t.Width)}
+			r.arrays[key] = a
+		}
+		if !slices.Contains(wins, op.Win) {
+			wins = append(wins, op.Win)
+		}
+		add := func(row int) int64 {
+			c := &a.c[wire.WindowCounter(string(op.ID), row, t.Width)]
+			*c = uint32(min(max(int64(*c)+int64(op.N), 0), top))
+			return int64(*c)
+		}
+		if op.Demand {
+			op.Count = int(add(wire.DemandRow))
+		} else {
+			op.Count = int(min(add(0), add(1)))
+		}
+	}
+	for _, win := range wins {
+		key := wire.WindowKey(keyPrefix, lim.Name, w, win)
+		if touched[key] {
+			continue
+		}
+		touched[key] = true
+		if a := r.arrays[key]; a != nil {
+			a.deadline = time.UnixMicro((win + 2) * w).Add(time.Second)
+			r.array(key, at) // a deadline passed deletes at once
+		}
+	}
+	if len(r.arrays) > 64 {
+		for key := range r.arrays {
+			r.array(key, at)
+		}
+	}
+	if !r.marksEnd.IsZero() && !at.Before(r.marksEnd) {
+		clear(r.marks)
+		r.marksEnd = time.Time{}
+	}
+	if len(t.Marks) > 0 {
+		for _, m := range t.Marks {
+			r.marks[wire.MarkMember(m.Win, string(m.ID))] = wire.MarkScore(t.At.UnixMilli(), m.Flags)
+		}
+	}
+	if t.Tidy {
+		old := wire.MarkScore(t.At.Add(-t.Memory).UnixMilli(), 0)
+		maps.DeleteFunc(r.marks, func(_ string, score float64) bool { return score < old })
+		r.marksEnd = at.Add(t.Memory)
+	}
+	if t.Read {
+		from := math.Inf(-1)
+		if !t.Since.IsZero() {
+			from = wire.MarkScore(t.Since.UnixMilli(), 0)
+		}
+		type z struct {
+			m string
+			s float64
+		}
+		var zs []z
+		for m, score := range r.marks {
+			if score >= from {
+				zs = append(zs, z{m, score})
+			}
+		}
+		slices.SortFunc(zs, func(a, b z) int { return cmp.Or(cmp.Compare(a.s, b.s), strings.Compare(a.m, b.m)) })
+		for _, x := range zs[:min(len(zs), 10000)] {
+			flags, win, id, ms, _ := wire.ParseMark(x.m, x.s)
+			t.Got = append(t.Got, global.WindowMark{ID: global.KeyID(id), Flags: flags, Win: win, At: time.UnixMilli(ms)})
+		}
+	}
+}
+
+// readCost is the Redis time of t's read, once answered.
+func readCost(t *global.WindowTrip) time.Duration {
+	if !t.Read {
+		return 0
+	}
+	return coldCost.zCall + time.Duration(len(t.Got))*coldCost.zRead
+}
