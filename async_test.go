@@ -15,17 +15,21 @@ import (
 )
 
 // asyncFleet starts n servers sharing prefix with one charge-later limit "api" (Async
-// 20ms) of rate and burst, and waits until each admits a key it does not know without
-// Redis: its first low-key exchanges are answered.
+// 20ms) of rate and burst: warmFleet.
 func asyncFleet(t *testing.T, addr, prefix string, n int, rate float64, burst int, counter *redistest.Counter) []*server {
+	return warmFleet(t, addr, prefix, n, hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Policy: breaker.FailClosed,
+		MaxWait: time.Second, Async: 20 * time.Millisecond}, counter)
+}
+
+// warmFleet starts n servers sharing prefix with one limit lim (named "api"), and waits
+// until each admits a key it does not know without asking Redis (ReasonAsync): its first
+// exchange with the fleet, of low keys or of marks, is answered.
+func warmFleet(t *testing.T, addr, prefix string, n int, lim hybrid.Limit, counter *redistest.Counter) []*server {
 	t.Helper()
 	fleet := make([]*server, n)
 	for i := range fleet {
 		fleet[i] = newServer(t, addr, prefix, counter, breaker.Settings{Timeout: time.Second}, hybrid.Config{
-			FleetSize: n,
-			Limits: []hybrid.Limit{{Name: "api", Rate: rate, Burst: burst, Policy: breaker.FailClosed,
-				MaxWait: time.Second, Async: 20 * time.Millisecond}},
-		})
+			FleetSize: n, Limits: []hybrid.Limit{lim}})
 	}
 	ctx := context.Background()
 	for i, s := range fleet {
@@ -41,7 +45,7 @@ func asyncFleet(t *testing.T, addr, prefix string, n int, rate float64, burst in
 			if time.Now().After(deadline) {
 				t.Fatalf("server %d never admitted a new key without Redis: %+v", i, d)
 			}
-			time.Sleep(5 * time.Millisecond) // its next low-key exchange
+			time.Sleep(5 * time.Millisecond) // its next exchange
 		}
 	}
 	return fleet

@@ -21,13 +21,19 @@ import (
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
 )
 
-// procScenario is the per-client shape TestAsyncProcesses runs as separate processes and
-// in the simulator: burst/servers ≤ 1 at 8 and 16 servers, Zipf keys of which the
-// hottest are far over their limit, a limit that charges later.
-func procScenario(servers int) Scenario {
-	return Scenario{Name: fmt.Sprintf("procs-%d", servers), Servers: servers, Duration: 10 * time.Second, Seed: 1,
-		Rate: 5, Burst: 5, Demand: 1600, Keys: 1000, ZipfS: 1.1, GoModel: true, Policy: FailClosed,
-		Async: 100 * time.Millisecond}
+// procScenario is the per-client shape TestAsyncProcesses and TestWindowProcesses run as
+// separate processes and in the simulator: burst/servers ≤ 1 at 8 and 16 servers, Zipf
+// keys of which the hottest are far over their limit, a limit that charges later
+// (HybridAsync) or a windowed one (HybridWindow).
+func procScenario(servers int, st Strategy) Scenario {
+	sc := Scenario{Name: fmt.Sprintf("procs-%d", servers), Servers: servers, Duration: 10 * time.Second, Seed: 1,
+		Rate: 5, Burst: 5, Demand: 1600, Keys: 1000, ZipfS: 1.1, GoModel: true, Policy: FailClosed}
+	if st == HybridWindow {
+		sc.Windowed = DefaultWindowed
+	} else {
+		sc.Async = 100 * time.Millisecond
+	}
+	return sc
 }
 
 // procResult is what one limiter process counted.
@@ -37,7 +43,7 @@ type procResult struct {
 	KeyReq, KeyAdm             []int64
 }
 
-const procEnv = "FLEETLIMIT_PROC" // set in a child: "index servers addr prefix start-unix-nano out-file"
+const procEnv = "FLEETLIMIT_PROC" // set in a child: "strategy index servers addr prefix start-unix-nano out-file"
 
 // TestAsyncProcesses runs procScenario as N separate processes (N = 8 and 16), each one
 // server with its own hybrid.Limiter (Async 100ms) on a redis-server of the test's own,
@@ -45,7 +51,12 @@ const procEnv = "FLEETLIMIT_PROC" // set in a child: "index servers addr prefix 
 // the fleet's Redis calls per request and admitted share with the simulator's prediction
 // for the same parameters: each within 5%. It needs redis-server (skipped without, failed
 // under CI without), and does not run under -short.
-func TestAsyncProcesses(t *testing.T) {
+func TestAsyncProcesses(t *testing.T) { testProcesses(t, HybridAsync) }
+
+// TestWindowProcesses is TestAsyncProcesses with a windowed limit (Windowed 120ms).
+func TestWindowProcesses(t *testing.T) { testProcesses(t, HybridWindow) }
+
+func testProcesses(t *testing.T, st Strategy) {
 	if os.Getenv(procEnv) != "" {
 		procChild(t)
 		return
@@ -56,9 +67,9 @@ func TestAsyncProcesses(t *testing.T) {
 	srv := redistest.StartServer(t)
 	for _, n := range []int{8, 16} {
 		t.Run(strconv.Itoa(n), func(t *testing.T) {
-			sc := procScenario(n)
-			real := runProcs(t, srv.Addr, sc)
-			sim, err := Run(t, sc, HybridAsync)
+			sc := procScenario(n, st)
+			real := runProcs(t, srv.Addr, sc, st)
+			sim, err := Run(t, sc, st)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -90,7 +101,7 @@ func TestAsyncProcesses(t *testing.T) {
 
 // runProcs starts sc.Servers children of this test binary against the Redis at addr,
 // each one server, and sums what they counted.
-func runProcs(t *testing.T, addr string, sc Scenario) procResult {
+func runProcs(t *testing.T, addr string, sc Scenario, st Strategy) procResult {
 	t.Helper()
 	dir := t.TempDir()
 	prefix := "procs" + strconv.Itoa(sc.Servers) + ":"
@@ -99,7 +110,7 @@ func runProcs(t *testing.T, addr string, sc Scenario) procResult {
 	for i := range sc.Servers {
 		out := fmt.Sprintf("%s/%d.json", dir, i)
 		cmd := exec.Command(os.Args[0], "-test.run=^TestAsyncProcesses$", "-test.count=1", "-test.v")
-		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d %d %s %s %d %s", procEnv, i, sc.Servers, addr, prefix, start.UnixNano(), out))
+		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %d %d %s %s %d %s", procEnv, st, i, sc.Servers, addr, prefix, start.UnixNano(), out))
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -132,16 +143,16 @@ func runProcs(t *testing.T, addr string, sc Scenario) procResult {
 	return sum
 }
 
-// procChild is one server of TestAsyncProcesses: a Limiter of procScenario's limit, and
-// its share of the demand, counted.
+// procChild is one server of testProcesses: a Limiter of procScenario's limit, and its
+// share of the demand, counted.
 func procChild(t *testing.T) {
 	var idx, servers int
-	var addr, prefix, out string
+	var st, addr, prefix, out string
 	var startNS int64
-	if _, err := fmt.Sscan(os.Getenv(procEnv), &idx, &servers, &addr, &prefix, &startNS, &out); err != nil {
+	if _, err := fmt.Sscan(os.Getenv(procEnv), &st, &idx, &servers, &addr, &prefix, &startNS, &out); err != nil {
 		t.Fatalf("%s: %v", procEnv, err)
 	}
-	sc := procScenario(servers)
+	sc := procScenario(servers, Strategy(st))
 	var counter redistest.Counter
 	c := redis.NewClient(redistest.Options(addr))
 	c.AddHook(&counter)
@@ -154,19 +165,25 @@ func procChild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lim, err := hybrid.New(store, hybrid.Config{FleetSize: servers, Breaker: brk, Limits: []hybrid.Limit{{
-		Name: limitName, Rate: sc.Rate, Burst: sc.Burst, Policy: breaker.FailClosed, Async: sc.Async}}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	rng := rand.New(rand.NewPCG(uint64(idx), 7))
 	zipf := rand.NewZipf(rng, sc.ZipfS, 1, uint64(sc.Keys-1))
 	r := procResult{KeyReq: make([]int64, sc.Keys), KeyAdm: make([]int64, sc.Keys)}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	ctx := context.Background()
+	if err := c.Ping(ctx).Err(); err != nil { // dialled before the start
+		t.Fatal(err)
+	}
+	// The Limiter starts with the demand, as the simulator's servers do (a windowed
+	// limit counts its keys' rates from its start).
 	start := time.Unix(0, startNS)
 	time.Sleep(time.Until(start))
+	lim, err := hybrid.New(store, hybrid.Config{FleetSize: servers, Breaker: brk, Limits: []hybrid.Limit{{
+		Name: limitName, Rate: sc.Rate, Burst: sc.Burst, Policy: breaker.FailClosed, Async: sc.Async, Windowed: sc.Windowed}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+
 	perS := sc.Demand / float64(servers)
 	at := time.Duration(0)
 	for {

@@ -331,6 +331,10 @@ func (e *Engine) checkChange(old *shapes, c LimitConfig) (*shapes, error) {
 	if c.MaxKeys != oc.MaxKeys {
 		return nil, fmt.Errorf("limit %q: MaxKeys cannot change at run time (%d, was %d): remove the limit and add it again", c.Name, c.MaxKeys, oc.MaxKeys)
 	}
+	if (c.Windowed > 0 || oc.Windowed > 0) && (c.Windowed != oc.Windowed || c.WindowWidth != oc.WindowWidth || c.Rate != oc.Rate || c.Burst != oc.Burst) {
+		// a window's length and counters are Burst/Rate and the width: the fleet's arrays
+		return nil, fmt.Errorf("limit %q: a windowed limit's Windowed, WindowWidth, Rate and Burst cannot change at run time, nor a limit become windowed: remove the limit and add it again", c.Name)
+	}
 	ss, c, err := buildShapes(c, e.Servers())
 	if err != nil {
 		return nil, err

@@ -70,8 +70,12 @@ func (f *winFleet) serve(i int, now time.Time) {
 	}
 }
 
-// warm serves every server through its warm-up reads: from t0 to t0+50ms.
+// warm starts every server with a request at t0 (a server's schedule starts with its
+// first request) and serves it through its warm-up reads, to t0+50ms.
 func (f *winFleet) warm() {
+	for i := range f.es {
+		decide(f.es[i], t0, f.lms[i], "probe", 1)
+	}
 	for ms := 0; ms <= 50; ms += 5 {
 		for i := range f.es {
 			f.serve(i, t0.Add(time.Duration(ms)*time.Millisecond))
@@ -326,5 +330,40 @@ func TestWindowedConfig(t *testing.T) {
 	c := LimitConfig{Name: "api", Rate: 10, Burst: 10, Policy: breaker.FailClosed, Windowed: 100 * time.Millisecond}
 	if _, err := New(Config{Limits: []LimitConfig{c}, Servers: 1, NextSeq: func() uint64 { return 1 }}); err != nil {
 		t.Errorf("a valid windowed limit: %v", err)
+	}
+}
+
+// TestWindowedSetLimit: a windowed limit's policy may change at run time; its window
+// (Rate, Burst, Windowed, WindowWidth) may not, nor may a bucket become windowed.
+func TestWindowedSetLimit(t *testing.T) {
+	base := LimitConfig{Name: "api", Rate: 10, Burst: 10, Policy: breaker.FailClosed, Windowed: 100 * time.Millisecond}
+	e, err := New(Config{Limits: []LimitConfig{base}, Servers: 1, NextSeq: func() uint64 { return 1 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		mod  func(*LimitConfig)
+		ok   bool
+	}{
+		{"policy", func(c *LimitConfig) { c.Policy = breaker.FailOpen }, true},
+		{"rate", func(c *LimitConfig) { c.Rate, c.Version = 20, 1 }, false},
+		{"burst", func(c *LimitConfig) { c.Burst, c.Version = 20, 1 }, false},
+		{"report interval", func(c *LimitConfig) { c.Windowed = time.Second }, false},
+		{"width", func(c *LimitConfig) { c.WindowWidth = 1 << 12 }, false},
+		{"to a bucket", func(c *LimitConfig) { c.Windowed = 0 }, false},
+	} {
+		c := base
+		tc.mod(&c)
+		if err := e.SetLimit(t0, c); (err == nil) != tc.ok {
+			t.Errorf("%s: %v, want ok %v", tc.name, err, tc.ok)
+		}
+	}
+	b, err := New(Config{Limits: []LimitConfig{{Name: "api", Rate: 10, Burst: 10, Policy: breaker.FailClosed}}, Servers: 1, NextSeq: func() uint64 { return 1 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.SetLimit(t0, base); err == nil {
+		t.Error("a bucket became windowed at run time")
 	}
 }

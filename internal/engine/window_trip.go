@@ -568,7 +568,8 @@ func (wl *windowed) evicted(en *entry) {
 	st.grants, st.next = 0, 0
 }
 
-// stop ends the limit's asking: queued requests are denied as closed.
+// stop ends the limit's asking: queued requests are denied as closed, and what it
+// admitted without asking goes with a last report.
 func (wl *windowed) stop(pend []windowPending) []windowPending {
 	wl.mu.Lock()
 	defer wl.mu.Unlock()
@@ -582,6 +583,8 @@ func (wl *windowed) stop(pend []windowPending) []windowPending {
 		pend = wl.release(op, nil, errClosed, pend)
 	}
 	wl.ops = keep
+	// what was admitted without asking, and the marks, go with a last report
+	wl.due = len(wl.ops) > 0 || len(wl.announce) > 0
 	return pend
 }
 
