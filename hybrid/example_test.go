@@ -12,6 +12,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/hybrid/hybridtest"
 )
 
 // frozen is the system clock stopped when the example starts, so that its output does
@@ -150,6 +151,9 @@ func exampleLimiterOn(clock breaker.Clock, limits ...hybrid.Limit) (*hybrid.Limi
 		panic(err)
 	}
 	m.SetTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	if err := hybridtest.Bitfield(m); err != nil { // for Windowed limits
+		panic(err)
+	}
 	opts := &redis.Options{Addr: m.Addr()}
 	global.Configure(opts)
 	rdb := redis.NewClient(opts)
@@ -242,6 +246,32 @@ func ExampleLimiter_ReserveN() {
 func ExampleLimit_async() {
 	perClient := hybrid.Limit{Name: "client", Rate: 50, Burst: 50, Policy: breaker.FailClosed,
 		MaxWait: time.Second, Async: 20 * time.Millisecond}
+	lim, done := exampleLimiterOn(nil, perClient) // time passes: the real clock
+	defer done()
+	ctx := context.Background()
+	for i := 0; ; i++ { // until this server is warm
+		if d, _ := lim.Allow(ctx, "client", fmt.Sprint("warm-up-", i)); d.Reason == hybrid.ReasonAsync {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for _, client := range []string{"alice", "bob"} {
+		d, _ := lim.Allow(ctx, "client", client)
+		fmt.Println(client, d.Allowed, d.Reason)
+	}
+	// Output:
+	// alice true charged later
+	// bob true charged later
+}
+
+// A per-client limit over a large fleet at a tenth of the Redis work: with Windowed, a
+// client gets Burst requests per window of Burst/Rate, counted in Redis in shared
+// arrays (BITFIELD, no script) with one report per server every Windowed. A client this
+// server knows nothing against is admitted without asking Redis, once the server has
+// read the fleet's marks (25 ms after its start).
+func ExampleLimit_windowed() {
+	perClient := hybrid.Limit{Name: "client", Rate: 50, Burst: 50, Policy: breaker.FailClosed,
+		MaxWait: time.Second, Windowed: 20 * time.Millisecond}
 	lim, done := exampleLimiterOn(nil, perClient) // time passes: the real clock
 	defer done()
 	ctx := context.Background()

@@ -2,7 +2,8 @@
 // dashboards, handlers. Busy returns a Limiter over an embedded miniredis that has made
 // decisions of every tier and reason; Tally counts decisions through Config.OnDecision;
 // Metrics is the list of metrics docs/metrics.md specifies, which the adapters in
-// github.com/fleetlimit/fleetlimit/prommetrics and .../otelmetrics export.
+// github.com/fleetlimit/fleetlimit/prommetrics and .../otelmetrics export; Bitfield
+// gives an embedded miniredis the BITFIELD a Windowed limit needs.
 package hybridtest
 
 import (
@@ -17,6 +18,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/minibits"
 )
 
 // frozen is the system clock stopped at one instant: no bucket refills and no lease
@@ -177,3 +179,9 @@ var Metrics = []Metric{
 	{"fleetlimit_breaker_transitions_total", "counter", []string{"to"}},
 	{"fleetlimit_breaker_calls_total", "counter", []string{"result"}},
 }
+
+// Bitfield adds BITFIELD and BITFIELD_RO to m, an embedded miniredis, which has none: a
+// Limiter with a Windowed limit counts its windows with BITFIELD. Call it after
+// m.Start (and again after m.Restart). The command is atomic against other BITFIELD
+// calls on m, not against other commands on the same key.
+func Bitfield(m *miniredis.Miniredis) error { return minibits.Register(m) }
