@@ -54,7 +54,7 @@ func runSuites(t *testing.T, ss []suite) [][]outcome {
 		for _, hybridFirst := range []bool{true, false} {
 			for i, s := range ss {
 				for j, r := range s.runs {
-					if (r.st == Hybrid || r.st == HybridAsync) != hybridFirst {
+					if (r.st == Hybrid || r.st == HybridAsync || r.st == HybridWindow) != hybridFirst {
 						continue
 					}
 					t.Run(s.name+"/"+r.name(), func(t *testing.T) {

@@ -115,11 +115,11 @@ func suites(s scale, seed uint64) []suite {
 		return run{label: "hybrid " + string(p) + label, sc: sc, st: Hybrid}
 	}
 	return []suite{
-		{"hot-key", []run{{sc: hot, st: Naive}, {sc: hot, st: Script}, {sc: hot, st: Hybrid}, {sc: hot, st: HybridAsync}, {sc: hot, st: LocalOnly}}},
-		{"abusive-client", []run{{sc: abusive, st: Naive}, {sc: abusive, st: Script}, {sc: abusive, st: Hybrid}, {sc: abusive, st: HybridAsync}, {sc: abusive, st: LocalOnly}}},
-		{"many-keys", []run{{sc: many, st: Naive}, {sc: many, st: Script}, {sc: many, st: Hybrid}, {sc: many, st: HybridAsync}, {sc: many, st: LocalOnly}}},
+		{"hot-key", []run{{sc: hot, st: Naive}, {sc: hot, st: Script}, {sc: hot, st: Hybrid}, {sc: hot, st: HybridAsync}, {sc: hot, st: HybridWindow}, {sc: hot, st: LocalOnly}}},
+		{"abusive-client", []run{{sc: abusive, st: Naive}, {sc: abusive, st: Script}, {sc: abusive, st: Hybrid}, {sc: abusive, st: HybridAsync}, {sc: abusive, st: HybridWindow}, {sc: abusive, st: LocalOnly}}},
+		{"many-keys", []run{{sc: many, st: Naive}, {sc: many, st: Script}, {sc: many, st: Hybrid}, {sc: many, st: HybridAsync}, {sc: many, st: HybridWindow}, {sc: many, st: LocalOnly}}},
 		{"skewed-lb", []run{{sc: skewed, st: Script}, {sc: skewed, st: Hybrid}, {sc: skewed, st: LocalOnly}}},
-		{"sticky-client", []run{{sc: sticky, st: Script}, {sc: sticky, st: Hybrid}, {sc: sticky, st: HybridAsync}, {sc: sticky, st: LocalOnly}}},
+		{"sticky-client", []run{{sc: sticky, st: Script}, {sc: sticky, st: Hybrid}, {sc: sticky, st: HybridAsync}, {sc: sticky, st: HybridWindow}, {sc: sticky, st: LocalOnly}}},
 		{"bursty", []run{{sc: bursty, st: Script}, {sc: bursty, st: Hybrid}, {sc: bursty, st: LocalOnly}}},
 		{"redis-outage", []run{policy(FailOpen), policy(FailClosed), policy(FailLocal), {sc: outage, st: LocalOnly}}},
 		{"redis-partition", []run{cut(FailOpen), cut(FailClosed), cut(FailLocal)}},
