@@ -75,17 +75,41 @@ func BenchmarkBareRateAllow(b *testing.B) {
 
 func BenchmarkAllowLease(b *testing.B) {
 	l := benchLimiter(b)
+	warm(b, l, []string{"k"}, 1)
+	allowLoop(b, l, []string{"k"})
+}
+
+// allowLoop times Allow over ks in turn on l, and reports the Redis round trips per
+// decision.
+func allowLoop(b *testing.B, l *hybrid.Limiter, ks []string) {
 	ctx := context.Background()
-	if d, _ := l.Allow(ctx, "bench", "k"); !d.Allowed {
-		b.Fatal("denied")
-	}
 	before := l.Stats()
 	b.ReportAllocs()
+	i := 0
 	for b.Loop() {
-		if d, _ := l.Allow(ctx, "bench", "k"); !d.Allowed {
+		if d, _ := l.Allow(ctx, "bench", ks[i]); !d.Allowed {
 			b.Fatal("denied")
 		}
+		if i++; i == len(ks) {
+			i = 0
+		}
 	}
+	reportCalls(b, l, before)
+}
+
+// allowParallel is allowLoop's one key from GOMAXPROCS goroutines.
+func allowParallel(b *testing.B, l *hybrid.Limiter) {
+	ctx := context.Background()
+	before := l.Stats()
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if d, _ := l.Allow(ctx, "bench", "k"); !d.Allowed {
+				b.Fatal("denied")
+			}
+		}
+	})
 	reportCalls(b, l, before)
 }
 
@@ -111,21 +135,9 @@ func BenchmarkBareRateAllow10kKeys(b *testing.B) {
 
 func BenchmarkAllowLease10kKeys(b *testing.B) {
 	l := benchLimiter(b)
-	ctx := context.Background()
 	ks := keys()
 	warm(b, l, ks, 200)
-	before := l.Stats()
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		if d, _ := l.Allow(ctx, "bench", ks[i]); !d.Allowed {
-			b.Fatal("denied")
-		}
-		if i++; i == len(ks) {
-			i = 0
-		}
-	}
-	reportCalls(b, l, before)
+	allowLoop(b, l, ks)
 }
 
 func BenchmarkBareRateAllowParallel(b *testing.B) {
@@ -143,21 +155,8 @@ func BenchmarkBareRateAllowParallel(b *testing.B) {
 
 func BenchmarkAllowLeaseParallel(b *testing.B) {
 	l := benchLimiter(b)
-	ctx := context.Background()
-	if d, _ := l.Allow(ctx, "bench", "k"); !d.Allowed {
-		b.Fatal("denied")
-	}
-	before := l.Stats()
-	b.ReportAllocs()
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			if d, _ := l.Allow(ctx, "bench", "k"); !d.Allowed {
-				b.Fatal("denied")
-			}
-		}
-	})
-	reportCalls(b, l, before)
+	warm(b, l, []string{"k"}, 1)
+	allowParallel(b, l)
 }
 
 func BenchmarkAllowLease10kKeysParallel(b *testing.B) {
@@ -220,4 +219,41 @@ func BenchmarkAllowMulti(b *testing.B) {
 		}
 	}
 	reportCalls(b, l, before)
+}
+
+// windowLimiter is benchLimiter's with a Windowed limit: windows of an hour, a burst that
+// never runs dry, so that after the warm-up a key is served from the grants its server
+// holds (the common path of a key it sees often).
+func windowLimiter(b *testing.B) *hybrid.Limiter { return windowLimiterT(b) }
+
+func windowLimiterT(b testing.TB) *hybrid.Limiter {
+	_, c := redistest.Mini(b)
+	return newLimiter(b, newStore(b, c), hybrid.Config{
+		FleetSize: 1,
+		Limits: []hybrid.Limit{{Name: "bench", Rate: float64(1<<30) / 3600, Burst: 1 << 30, Policy: breaker.FailOpen,
+			MaxKeys: 2 * benchKeys, MaxWait: time.Second, Windowed: 120 * time.Millisecond}},
+	})
+}
+
+// BenchmarkAllowWindowed is AllowLease's loop on a Windowed limit: compare with
+// BareRateAllow and AllowLease in the same run.
+//
+//	go test ./hybrid -run '^$' -bench 'BareRate|AllowLease|AllowWindowed' -benchmem -count 6
+func BenchmarkAllowWindowed(b *testing.B) {
+	l := windowLimiter(b)
+	warm(b, l, []string{"k"}, 1000)
+	allowLoop(b, l, []string{"k"})
+}
+
+func BenchmarkAllowWindowed10kKeys(b *testing.B) {
+	l := windowLimiter(b)
+	ks := keys()
+	warm(b, l, ks, 20)
+	allowLoop(b, l, ks)
+}
+
+func BenchmarkAllowWindowedParallel(b *testing.B) {
+	l := windowLimiter(b)
+	warm(b, l, []string{"k"}, 1000)
+	allowParallel(b, l)
 }

@@ -257,10 +257,15 @@ func (wl *windowed) decide(o *wdecision, en *entry, now time.Time, n int) {
 	wl.begin(now)
 	st := &en.win
 	wl.key(st, en.key, now)
-	tau := 4 * wl.w
+	// This server's rate of the key: its requests, this one included, decayed over four
+	// windows (at most 4 s), over the time it has been counting every key (since its
+	// start; at least a tenth of a window or a report interval, the shorter), which
+	// weighs at most tau. A key it sees for the first time after a while is slow, not
+	// fast; a window of an hour does not make every key slow for its first minutes.
+	tau := min(4*wl.w, 4*time.Second)
 	st.ewc = st.ewc*math.Exp(-float64(now.Sub(st.ewAt))/float64(tau)) + 1
 	st.ewAt = now
-	counted := 1 - math.Exp(-float64(max(now.Sub(wl.start), wl.w/10))/float64(tau))
+	counted := 1 - math.Exp(-float64(max(now.Sub(wl.start), min(wl.w/10, wl.iv)))/float64(tau))
 	perSec := st.ewc / counted / tau.Seconds()
 	over, low := now.Before(st.over), now.Before(st.low)
 	often := wl.warm && perSec*wl.iv.Seconds() >= 1

@@ -200,37 +200,51 @@ func TestWindowedSpent(t *testing.T) {
 // from grants of its window sized by that rate; closing the server gives back what it
 // holds.
 func TestWindowedOftenGrants(t *testing.T) {
-	f := newWinFleet(t, 2, func(c *LimitConfig) { c.Rate, c.Burst = 1000, 1000 }) // windows of 1 s
-	f.warm()
-	e, lm := f.es[0], f.lms[0]
-	admitted, waited := 0, 0
-	now := t0.Add(60 * time.Millisecond)
-	key, _, _ := f.roomy("hot", now, 600*time.Millisecond)
-	for range 100 { // 200/s for half a second; the driver makes what trips are due at once
-		now = now.Add(5 * time.Millisecond)
-		d, w := decide(e, now, lm, key, 1)
-		f.serve(0, now)
-		if w != nil {
-			waited++
-			d = w.Decision()
-		}
-		if d.Allowed {
-			admitted++
-		}
-	}
-	if admitted != 100 || waited > 2 {
-		t.Fatalf("admitted %d of 100, %d waited for Redis; want every one, few waiting", admitted, waited)
-	}
-	before := f.count(key, now)
-	if before <= 100 {
-		t.Fatalf("count %d: the server held no grants", before)
-	}
-	e.Stop(now)
-	e.Drain()
-	f.serve(0, now)
-	e.Finish()
-	if after := f.count(key, now); after != 100 {
-		t.Errorf("count after close %d (before %d), want the 100 admitted: unused grants given back", after, before)
+	for _, tc := range []struct {
+		name        string
+		rate        float64
+		burst       int
+		room, every time.Duration
+	}{
+		{"windows of 1s", 1000, 1000, 600 * time.Millisecond, 5 * time.Millisecond},
+		// A key's rate is counted over at most 4 s, whatever the window: with windows of
+		// an hour, 200/s is not taken for a key seen seldom, asked for one request at a time.
+		{"windows of 1h", 1e6 / 3600, 1e6, time.Hour / 2, 5 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newWinFleet(t, 2, func(c *LimitConfig) { c.Rate, c.Burst = tc.rate, tc.burst })
+			f.warm()
+			e, lm := f.es[0], f.lms[0]
+			admitted, waited := 0, 0
+			now := t0.Add(60 * time.Millisecond)
+			key, _, _ := f.roomy("hot", now, tc.room)
+			for range 100 { // 200/s for half a second; the driver makes what trips are due at once
+				now = now.Add(tc.every)
+				d, w := decide(e, now, lm, key, 1)
+				f.serve(0, now)
+				if w != nil {
+					waited++
+					d = w.Decision()
+				}
+				if d.Allowed {
+					admitted++
+				}
+			}
+			if admitted != 100 || waited > 2 {
+				t.Fatalf("admitted %d of 100, %d waited for Redis; want every one, few waiting", admitted, waited)
+			}
+			before := f.count(key, now)
+			if before <= 100 {
+				t.Fatalf("count %d: the server held no grants", before)
+			}
+			e.Stop(now)
+			e.Drain()
+			f.serve(0, now)
+			e.Finish()
+			if after := f.count(key, now); after != 100 {
+				t.Errorf("count after close %d (before %d), want the 100 admitted: unused grants given back", after, before)
+			}
+		})
 	}
 }
 
