@@ -23,6 +23,8 @@ type winFleet struct {
 	es    []*Engine
 	lms   []*Limit
 	open  bool // the breaker is open: trips fail at once
+	trips int  // trips made
+	width int  // counters per row: 1<<10 unless a test sets more
 }
 
 func newWinFleet(t *testing.T, servers int, mod func(*LimitConfig)) *winFleet {
@@ -58,11 +60,15 @@ func (f *winFleet) serve(i int, now time.Time) {
 	e := f.es[i]
 	e.Tick(now)
 	for trip := e.Next(); trip != nil; trip = e.Next() {
+		f.trips++
 		if f.open {
 			trip.Err = breaker.ErrOpen
 		} else {
 			for j := range trip.Windows {
 				trip.WindowErrs[j] = f.store.Windows(context.Background(), &trip.Windows[j])
+				if trip.WindowErrs[j] != nil {
+					f.t.Logf("trip: %v", trip.WindowErrs[j])
+				}
 			}
 			trip.Answered = true
 		}
@@ -89,7 +95,7 @@ func (f *winFleet) count(key string, now time.Time) int {
 	lim := f.lms[0]
 	w := wire.WindowMicros(lim.Rate(), lim.Burst())
 	win := wire.WindowIndex(now.UnixMicro(), wire.WindowPhase(key, w), w)
-	trip := global.WindowTrip{Limit: global.Limit{Name: lim.Name(), Rate: lim.Rate(), Burst: lim.Burst()}, Width: 1 << 10,
+	trip := global.WindowTrip{Limit: global.Limit{Name: lim.Name(), Rate: lim.Rate(), Burst: lim.Burst()}, Width: cmpOr(f.width, 1<<10),
 		Ops: []global.WindowOp{{ID: global.KeyID(key), Win: win}}}
 	if err := f.store.Windows(context.Background(), &trip); err != nil {
 		f.t.Fatal(err)
@@ -245,6 +251,36 @@ func TestWindowedOftenGrants(t *testing.T) {
 				t.Errorf("count after close %d (before %d), want the 100 admitted: unused grants given back", after, before)
 			}
 		})
+	}
+}
+
+// TestWindowedSplitsLongReports: a report carries at most maxWindowOps counts; the rest
+// go with the next trip, at once.
+func TestWindowedSplitsLongReports(t *testing.T) {
+	f := newWinFleet(t, 2, func(c *LimitConfig) { c.WindowWidth = 1 << 16 }) // few collisions
+	f.width = 1 << 16
+	f.warm()
+	e, lm := f.es[0], f.lms[0]
+	// Two seconds in, a key seen once is seen seldom: admitted without asking, no grant.
+	now := t0.Add(2 * time.Second)
+	if _, w := decide(e, now.Add(-10*time.Millisecond), lm, "y", 1); w != nil {
+		f.serve(0, now.Add(-10*time.Millisecond)) // a trip, and with it a read: fresh marks
+	}
+	const n = maxWindowOps + 100
+	for i := range n {
+		if d, w := decide(e, now, lm, "c"+strconv.Itoa(i), 1); w != nil || !d.Allowed {
+			t.Fatalf("key %d: %+v", i, d)
+		}
+	}
+	before := f.trips
+	f.serve(0, now.Add(100*time.Millisecond))
+	if got := f.trips - before; got < 2 {
+		t.Errorf("%d trip for %d counts, want them split", got, n)
+	}
+	for _, i := range []int{0, maxWindowOps - 1, maxWindowOps, n - 1} {
+		if c := f.count("c"+strconv.Itoa(i), now); c != 1 {
+			t.Errorf("key %d counts %d, want 1", i, c)
+		}
 	}
 }
 

@@ -2,11 +2,17 @@ package engine
 
 import (
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
+
+// maxWindowOps is the most counts one trip carries for a limit (global.MaxWindowOps
+// allows more): about 1 ms of Redis's time, so that one server's report never holds
+// Redis long.
+const maxWindowOps = 4096
 
 // windowItem is what the engine keeps of one windowed limit's part of a WindowsTrip.
 type windowItem struct {
@@ -159,7 +165,15 @@ func (wl *windowed) build(now time.Time) (global.WindowTrip, windowItem, bool) {
 	t := global.WindowTrip{Limit: wl.glim, Width: wl.width, Read: read, Since: wl.since, Memory: windowMemory,
 		Clock: wl.clockAt.IsZero() || now.Sub(wl.clockAt) >= windowClock, At: now.Add(wl.offset)}
 	t.Tidy = t.Clock
-	for _, op := range wl.ops {
+	// At most maxWindowOps a trip: what is left goes with the next, at once.
+	ops := wl.ops
+	if len(ops) > maxWindowOps {
+		ops, wl.ops = ops[:maxWindowOps:maxWindowOps], slices.Clone(ops[maxWindowOps:])
+		wl.due = true
+	} else {
+		wl.ops = nil
+	}
+	for _, op := range ops {
 		// An array lives until a second after the end of the window after its own: an op
 		// of a window older than that would make it again, with no deadline.
 		if wl.end(op.win, wire.WindowPhase(op.id, wl.wUs)).Add(wl.w).Before(now) {
@@ -174,7 +188,6 @@ func (wl *windowed) build(now time.Time) (global.WindowTrip, windowItem, bool) {
 		t.Marks = append(t.Marks, global.WindowMark{ID: global.KeyID(k.id), Flags: f, Win: k.win})
 	}
 	sortMarks(t.Marks)
-	wl.ops = nil
 	wl.busy = true
 	return t, it, true
 }
