@@ -123,12 +123,22 @@ func (ev *events) trip(now time.Time, t *engine.Trip, servers int) {
 				ev.refusedBy(now, x.Err)
 			}
 		}
+	case engine.WindowsTrip:
+		// A Redis (or proxy) that refuses BITFIELD or the marks' commands sends a
+		// windowed limit's requests that must ask to its policy: say why.
+		ev.refusedBy(now, t.Err)
+		if t.Answered {
+			for _, err := range t.WindowErrs {
+				ev.refusedBy(now, err)
+			}
+		}
 	}
 	ev.breaker()
 }
 
-// refusedBy logs err if it says Redis refuses the scripts: an error that waiting will
-// not cure (global.ErrRedis: a script error, WRONGTYPE, ACL, an unreadable reply).
+// refusedBy logs err if it says Redis refuses the scripts or commands: an error that
+// waiting will not cure (global.ErrRedis: a script error, an unknown command, WRONGTYPE,
+// ACL, an unreadable reply).
 func (ev *events) refusedBy(now time.Time, err error) {
 	if err == nil || !errors.Is(err, global.ErrRedis) {
 		return

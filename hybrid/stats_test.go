@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/hybrid"
@@ -270,6 +273,30 @@ func TestLoggerHearsTheRareEvents(t *testing.T) {
 		}
 	}
 	t.Logf("%d lines: %v", len(lines), lines)
+}
+
+// TestLoggerHearsARedisWithoutBitfield: a Windowed limit on a Redis that has no BITFIELD
+// (a bare miniredis, a proxy that refuses it) sends the requests that must ask to the
+// limit's policy, and the log says why.
+func TestLoggerHearsARedisWithoutBitfield(t *testing.T) {
+	m := miniredis.RunT(t) // no BITFIELD
+	c := redis.NewClient(redistest.Options(m.Addr()))
+	t.Cleanup(func() { _ = c.Close() })
+	var logs syncBuffer
+	l := newLimiter(t, newStore(t, c), hybrid.Config{
+		FleetSize: 1,
+		Logger:    slog.New(slog.NewJSONHandler(&logs, nil)),
+		Limits: []hybrid.Limit{{Name: "api", Rate: 10, Burst: 10, Policy: breaker.FailClosed, MaxWait: time.Second,
+			Windowed: 20 * time.Millisecond}},
+	})
+	d, err := l.Allow(context.Background(), "api", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Allowed || d.Source != hybrid.SourceFallback {
+		t.Errorf("a request that asks a Redis without BITFIELD: %+v, want the policy's denial", d)
+	}
+	waitFor(t, "the refused-script line", func() bool { return logs.has(t, "Redis refused a script") })
 }
 
 // TestLoggerWarnsOfEviction: a Redis whose memory limit would evict keys (buckets have
