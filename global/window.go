@@ -34,8 +34,9 @@ const (
 	// MaxWindowBurst is the largest Burst of a windowed limit: a count may pass the burst
 	// by what servers admitted before hearing of it, and counters saturate at 2^32 - 1.
 	MaxWindowBurst = 1 << 30
-	// maxMarksRead is the most marks one read returns, the oldest first.
-	maxMarksRead = 10000
+	// MaxMarksRead is the most marks one read returns, the oldest first: a reader that
+	// got that many reads again from the last one's time.
+	MaxMarksRead = 10000
 )
 
 // WindowOp is one change to a key's count in a WindowTrip: N added to the count of key ID
@@ -106,9 +107,9 @@ type WindowTrip struct {
 }
 
 // windowExpiries remembers the arrays a Store has set a deadline on, so that it sends
-// PEXPIREAT once per array, not once per round trip. It is cleared when a trip fails: a
-// Redis that restarted has lost the deadlines with the arrays, and the arrays made again
-// need them.
+// PEXPIREAT once per array, not once per round trip (and again with trips that ask
+// Redis's time). It is cleared when a trip fails: a Redis that restarted has lost the
+// deadlines with the arrays, and the arrays made again need them.
 type windowExpiries struct {
 	mu   sync.Mutex
 	done map[string]bool
@@ -185,8 +186,9 @@ type windowArray struct {
 
 // Windows makes t's round trip: one pipeline of TIME (if t.Clock), a BITFIELD per window
 // its ops touch (OVERFLOW SAT, one INCRBY per row an op counts in), the deadline of an
-// array this Store has not set one on (PEXPIREAT at the end of the window after it, plus
-// a second, on Redis's clock, so every server sets the same), a ZADD of its marks, the
+// array this Store has not set one on, or of every array it touches if t.Clock
+// (PEXPIREAT at the end of the window after it, plus a second, on Redis's clock, so
+// every server sets the same), a ZADD of its marks, the
 // set's trim (ZREMRANGEBYSCORE) and expiry if t.Tidy, and a ZRANGEBYSCORE of the marks
 // from t.Since.
 //
@@ -236,7 +238,10 @@ func (s *Store) Windows(ctx context.Context, t *WindowTrip) error {
 		a := &arrays[i]
 		key := wire.WindowKey(s.prefix, lim.Name, w, a.win)
 		a.cmd = pipe.BitField(ctx, key, a.args...)
-		if s.windows.need(key) {
+		// Once per array and Store, and again with every trip that asks Redis's time
+		// (once a second): an array Redis lost (a restart, eviction) and made again has
+		// no deadline until then.
+		if s.windows.need(key) || t.Clock {
 			// the array is of no use once window a.win has ended for every phase
 			end := (a.win + 2) * w
 			pipe.PExpireAt(ctx, key, time.UnixMicro(end).Add(time.Second))
@@ -262,7 +267,7 @@ func (s *Store) Windows(ctx context.Context, t *WindowTrip) error {
 		if !t.Since.IsZero() {
 			from = strconv.FormatFloat(wire.MarkScore(t.Since.UnixMilli(), 0), 'f', -1, 64)
 		}
-		read = pipe.ZRangeByScoreWithScores(ctx, marks, &redis.ZRangeBy{Min: from, Max: "+inf", Count: maxMarksRead})
+		read = pipe.ZRangeByScoreWithScores(ctx, marks, &redis.ZRangeBy{Min: from, Max: "+inf", Count: MaxMarksRead})
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		s.windows.forget()

@@ -107,7 +107,8 @@ func (l *Limiter) Reserve(ctx context.Context, limit, key string) (*Reservation,
 // server's lease as AllowN would, or else as a claim on the refill of the key's bucket
 // in Redis, one round trip through the breaker that may wait at most the limit's
 // MaxWait and never past ctx. The errors are AllowN's; a Redis failure is not one, the
-// reservation is then not OK. One allocation per call.
+// reservation is then not OK. A Windowed limit has no bucket to claim from: its
+// reservation is OK only if the request is admitted now. One allocation per call.
 func (l *Limiter) ReserveN(ctx context.Context, limit, key string, n int) (*Reservation, error) {
 	d, err := l.allowN(ctx, limit, "", key, n, nil)
 	lm := l.eng.Limit(limit)
@@ -122,7 +123,9 @@ func (l *Limiter) ReserveN(ctx context.Context, limit, key string, n int) (*Rese
 		return r, nil
 	}
 	sh := lm.Shape("")
-	if d.RetryAfter >= InfDuration || n > sh.Burst() || l.brk.State() == breaker.StateOpen {
+	if d.RetryAfter >= InfDuration || n > sh.Burst() || l.brk.State() == breaker.StateOpen || lm.Windowed() {
+		// A windowed limit has no bucket to claim a refill from: its RetryAfter says
+		// when its window ends, if known spent.
 		return r, nil
 	}
 	// A claim on the bucket's refill: want n, all or nothing, down to minus the burst.

@@ -42,8 +42,8 @@ func (r *windowRedis) array(key string, at time.Time) *winArray {
 }
 
 // windowCost is the commands of t and their Redis time by coldCost, for a server that has
-// set a deadline on the arrays in touched, less the read's, which depends on what it
-// returns (readCost).
+// set a deadline on the arrays in touched (again with a trip that asks the time), less
+// the read's, which depends on what it returns (readCost).
 func windowCost(t *global.WindowTrip, touched map[string]bool) (cmds int, cost time.Duration) {
 	w := wire.WindowMicros(t.Limit.Rate, t.Limit.Burst)
 	if t.Clock {
@@ -54,7 +54,7 @@ func windowCost(t *global.WindowTrip, touched map[string]bool) (cmds int, cost t
 		if !slices.Contains(wins, op.Win) {
 			wins = append(wins, op.Win)
 			cmds, cost = cmds+1, cost+coldCost.bfCall
-			if !touched[wire.WindowKey(keyPrefix, t.Limit.Name, w, op.Win)] {
+			if t.Clock || !touched[wire.WindowKey(keyPrefix, t.Limit.Name, w, op.Win)] {
 				cmds, cost = cmds+1, cost+coldCost.zCall
 			}
 		}
@@ -76,7 +76,8 @@ func windowCost(t *global.WindowTrip, touched map[string]bool) (cmds int, cost t
 }
 
 // run carries out t at Redis's instant at, as Store.Windows would, for a server that has
-// set a deadline on the arrays in touched (it adds those it sets).
+// set a deadline on the arrays in touched (it adds those it sets, and sets every one
+// again with a trip that asks the time).
 func (r *windowRedis) run(at time.Time, t *global.WindowTrip, touched map[string]bool) {
 	lim := t.Limit
 	w := wire.WindowMicros(lim.Rate, lim.Burst)
@@ -109,7 +110,7 @@ func (r *windowRedis) run(at time.Time, t *global.WindowTrip, touched map[string
 	}
 	for _, win := range wins {
 		key := wire.WindowKey(keyPrefix, lim.Name, w, win)
-		if touched[key] {
+		if touched[key] && !t.Clock {
 			continue
 		}
 		touched[key] = true

@@ -133,6 +133,7 @@ type Engine struct {
 	expiries      expiries                 // grants by the end of their lifetime
 	busy          bool                     // a trip is out
 	lastTake      bool                     // the last trip was a TakeTrip
+	lastWindows   bool                     // the last trip was a WindowsTrip
 	stopped       bool                     // Stop was called: refills fail at once
 	finished      bool                     // Finish was called: refunds are counted lost
 	ticked        bool                     // Tick has run once
@@ -308,6 +309,10 @@ func (lm *Limit) Window() time.Duration { return lm.Shape("").window }
 
 // RefillTime is Shape("").RefillTime.
 func (lm *Limit) RefillTime(n int) time.Duration { return lm.Shape("").RefillTime(n) }
+
+// Windowed reports whether the limit is windowed (LimitConfig.Windowed): no bucket in
+// Redis to take from or refund to.
+func (lm *Limit) Windowed() bool { return lm.win != nil }
 
 // Name returns the limit's name; Rate and Burst its fleet-wide refill rate and capacity
 // (of the tier ""). Unlike Config they copy nothing, for the hot path.

@@ -42,6 +42,13 @@ func (e *Engine) Return(now time.Time, lm *Limit, key string, n int, d Decision)
 		return
 	}
 	id := wire.KeyID(key)
+	if lm.win != nil {
+		if n > 0 && lm.win.giveBackDecision(now, id, n, d) {
+			lm.stats.decisions[hashKey(id)%counterShards].returned.Add(int64(n))
+		}
+		lm.stats.givenBack.Add(1)
+		return
+	}
 	fromLease := spends(d.Reason)
 	slot := uint8(hashKey(id) % counterShards)
 	back := false // the lease took its tokens back

@@ -100,7 +100,8 @@ func (e *Engine) Next() *Trip {
 	case e.beatDue:
 		e.beatDue = false
 		t = &Trip{Kind: HeartbeatTrip, Fleet: e.fleet, TTL: 3 * e.beat}
-	case windows && e.windowTripInto(&t):
+	case windows && !(e.lastWindows && (e.lowDue || len(e.refundTrips) > 0 || len(e.refunds) > 0 || debts)) && e.windowTripInto(&t):
+		// windowed limits' trips in turn with the other work, as refills are
 	case e.lowDue:
 		t = e.lowTrip(e.lowNow)
 	case len(e.refundTrips) > 0 || len(e.refunds) > 0:
@@ -110,7 +111,7 @@ func (e *Engine) Next() *Trip {
 	default:
 		return nil
 	}
-	e.lastTake = t.Kind == TakeTrip
+	e.lastTake, e.lastWindows = t.Kind == TakeTrip, t.Kind == WindowsTrip
 	e.busy = true
 	return t
 }

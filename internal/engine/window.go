@@ -135,6 +135,7 @@ type windowed struct {
 	announce map[wmk]int // marks to send: flags by key and window
 	demOp    map[string]int
 	marks    map[string]wmark // learnt from reads
+	gone     map[string]int   // keys evicted with admissions unanswered: how many
 	started  bool
 	start    time.Time
 	busy     bool // its trip is out
@@ -160,7 +161,7 @@ func newWindowed(lm *Limit, c LimitConfig, seed uint64) *windowed {
 		lm: lm, w: time.Duration(wUs) * time.Microsecond, wUs: wUs, iv: c.Windowed,
 		width:    cmpOr(c.WindowWidth, DefaultWindowWidth),
 		glim:     global.Limit{Name: c.Name, Rate: c.Rate, Burst: c.Burst, Version: c.Version},
-		announce: map[wmk]int{}, demOp: map[string]int{}, marks: map[string]wmark{},
+		announce: map[wmk]int{}, demOp: map[string]int{}, marks: map[string]wmark{}, gone: map[string]int{},
 		rng: seed ^ 0x77696e64,
 	}
 }
@@ -196,6 +197,10 @@ func (wl *windowed) key(st *wkey, id string, now time.Time) {
 	if !st.init {
 		*st = wkey{init: true, phase: wire.WindowPhase(id, wl.wUs)}
 		st.win = wire.WindowIndex(wl.rnow(now), st.phase, wl.wUs)
+		if out, ok := wl.gone[id]; ok { // evicted with admissions unanswered
+			st.out = out
+			delete(wl.gone, id)
+		}
 	}
 	if j := wire.WindowIndex(wl.rnow(now), st.phase, wl.wUs); st.win != j {
 		st.grants = 0
@@ -253,6 +258,10 @@ func (wl *windowed) decide(o *wdecision, en *entry, now time.Time, n int) {
 	}
 	wl.mu.Lock()
 	defer wl.mu.Unlock()
+	if wl.stopped { // nothing would answer what it asks
+		o.d = Decision{Reason: ReasonClosed}
+		return
+	}
 	wl.now(now)
 	wl.begin(now)
 	st := &en.win

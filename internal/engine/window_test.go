@@ -417,3 +417,123 @@ func TestWindowedSetLimit(t *testing.T) {
 		t.Error("a bucket became windowed at run time")
 	}
 }
+
+// TestWindowedAfterReview: what a trip's partial failure, a stop, a request that gave
+// up, an undone decision and an outage across a window's end do to a windowed limit.
+func TestWindowedAfterReview(t *testing.T) {
+	t.Run("one limit's error does not resend another's counts", func(t *testing.T) {
+		f := newWinFleet(t, 1, nil)
+		e := f.es[0]
+		if err := e.AddLimit(LimitConfig{Name: "other", Rate: 10, Burst: 10, Policy: breaker.FailClosed,
+			Windowed: 100 * time.Millisecond, WindowWidth: 1 << 10}); err != nil {
+			t.Fatal(err)
+		}
+		other := e.Limit("other")
+		decide(e, t0, other, "probe", 1)
+		f.warm()
+		now := t0.Add(2 * time.Second)
+		decide(e, now.Add(-10*time.Millisecond), f.lms[0], "y", 1) // fresh marks for both
+		decide(e, now.Add(-10*time.Millisecond), other, "y", 1)
+		f.serve(0, now.Add(-10*time.Millisecond))
+		for _, lm := range []*Limit{f.lms[0], other} {
+			if d, w := decide(e, now, lm, "a", 1); w != nil || d.Reason != ReasonAsync {
+				t.Fatalf("%s: %+v", lm.Name(), d)
+			}
+		}
+		at := now.Add(150 * time.Millisecond) // both reports due: one trip
+		f.m.SetTime(at)
+		e.Tick(at)
+		trip := e.Next()
+		if trip == nil || len(trip.Windows) != 2 {
+			t.Fatalf("want one trip of both limits, got %+v", trip)
+		}
+		for j := range trip.Windows {
+			if trip.Windows[j].Limit.Name == "other" {
+				trip.WindowErrs[j] = global.ErrUnavailable
+				continue
+			}
+			trip.WindowErrs[j] = f.store.Windows(context.Background(), &trip.Windows[j])
+		}
+		trip.Answered, trip.Err = true, global.ErrUnavailable
+		e.Done(at, trip)
+		later := at.Add(200 * time.Millisecond)
+		e.Tick(later)
+		for next := e.Next(); next != nil; next = e.Next() {
+			for j, x := range next.Windows {
+				if x.Limit.Name == f.lms[0].Name() && len(x.Ops) > 0 {
+					t.Errorf("the limit that answered sends %v again", x.Ops)
+				}
+				next.WindowErrs[j] = f.store.Windows(context.Background(), &next.Windows[j])
+			}
+			next.Answered = true
+			e.Done(later, next)
+		}
+		if got := f.count("a", now); got != 1 {
+			t.Errorf("a's count in the limit that answered: %d, want 1", got)
+		}
+	})
+	t.Run("a request after Stop is closed", func(t *testing.T) {
+		f := newWinFleet(t, 1, nil)
+		f.warm()
+		f.es[0].Stop(t0.Add(time.Second))
+		if d, w := decide(f.es[0], t0.Add(time.Second), f.lms[0], "k", 1); w != nil || d.Reason != ReasonClosed {
+			t.Errorf("after Stop: %+v (waits %v), want closed", d, w != nil)
+		}
+	})
+	t.Run("a request that gave up gives its grant back", func(t *testing.T) {
+		f := newWinFleet(t, 1, nil)
+		e, lm := f.es[0], f.lms[0]
+		d, w := decide(e, t0, lm, "k", 1) // not warm: asks
+		if w == nil {
+			t.Fatalf("%+v", d)
+		}
+		e.GiveUp(t0, w, ReasonTimeout)
+		f.serve(0, t0)
+		if d, w := decide(e, t0, lm, "k", 1); w != nil || !d.Allowed || d.Reason != ReasonLease {
+			t.Errorf("the next request: %+v (waits %v), want served from the grant given back", d, w != nil)
+		}
+	})
+	t.Run("an undone admission is taken back from the count", func(t *testing.T) {
+		f := newWinFleet(t, 1, nil)
+		f.warm()
+		e, lm := f.es[0], f.lms[0]
+		now := t0.Add(2 * time.Second)
+		if _, w := decide(e, now.Add(-10*time.Millisecond), lm, "y", 1); w != nil {
+			f.serve(0, now.Add(-10*time.Millisecond))
+		}
+		d, w := decide(e, now, lm, "k", 1)
+		if w != nil || d.Reason != ReasonAsync {
+			t.Fatalf("%+v", d)
+		}
+		e.Return(now, lm, "k", 1, d)
+		f.serve(0, now.Add(100*time.Millisecond))
+		if got := f.count("k", now); got != 0 {
+			t.Errorf("count after the admission was undone: %d, want 0", got)
+		}
+	})
+	t.Run("admissions of a window that ended in an outage are counted", func(t *testing.T) {
+		f := newWinFleet(t, 1, nil)
+		f.warm()
+		e, lm := f.es[0], f.lms[0]
+		start := t0.Add(2 * time.Second)
+		key, _, end := f.roomy("k", start, 0)
+		for end.Sub(start) > 300*time.Millisecond { // a key whose window ends soon
+			start = start.Add(100 * time.Millisecond)
+			key, _, end = f.roomy("k", start, 0)
+		}
+		at := end.Add(-50 * time.Millisecond)
+		if _, w := decide(e, at.Add(-10*time.Millisecond), lm, "y", 1); w != nil {
+			f.serve(0, at.Add(-10*time.Millisecond))
+		}
+		if d, w := decide(e, at, lm, key, 1); w != nil || d.Reason != ReasonAsync {
+			t.Fatalf("%+v", d)
+		}
+		f.open = true
+		f.serve(0, end.Add(10*time.Millisecond)) // fails, once the window has ended
+		f.open = false
+		f.serve(0, end.Add(150*time.Millisecond)) // the window has ended
+		if got := f.count(key, at); got != 1 {
+			t.Errorf("the ended window counts %d, want the admission made in it", got)
+		}
+	})
+}

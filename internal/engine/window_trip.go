@@ -31,6 +31,7 @@ type windowPending struct {
 	w    *Waiter
 	d    Decision
 	fail error // decide by the policy instead, for this failure
+	win  int64 // the window whose grant d spends
 }
 
 // decideWindow is Decide for a windowed limit.
@@ -39,8 +40,8 @@ func (e *Engine) decideWindow(now time.Time, lm *Limit, key string, n int, d *De
 	var slot uint8
 	if !lm.keys.Update(now, wire.KeyID(key), func(en *entry, t time.Time) {
 		slot = en.slot
-		if en.shape == nil {
-			lm.reshape(en, lm.cur.Load().base, t)
+		if sh := lm.cur.Load().base; en.shape != sh { // new, or a new pre-check (SetLimit)
+			lm.reshape(en, sh, t)
 		}
 		lm.win.decide(&o, en, t, n)
 	}) {
@@ -70,6 +71,11 @@ func (e *Engine) windowFallback(now time.Time, lm *Limit, key string, n int, why
 		d.RetryAfter = lm.win.w / time.Duration(max(1, lm.win.glim.Burst))
 	} else if n > 0 {
 		lm.keys.Update(now, key, func(en *entry, t time.Time) {
+			if !en.pre.AllowN(t, n) { // the pre-check holds in an outage too
+				d = lm.preDenied(en, t, n)
+				d.Servers = e.Servers()
+				return
+			}
 			wl := lm.win
 			wl.mu.Lock()
 			wl.key(&en.win, en.key, t)
@@ -257,8 +263,10 @@ func (e *Engine) windowsDone(now time.Time, t *Trip) {
 	for i := range t.Windows {
 		it := &t.winItems[i]
 		x := &t.Windows[i]
+		// Answered, each item has its own answer: one limit's node being down says
+		// nothing of another's, whose counts landed.
 		err := t.Err
-		if t.Answered && err == nil {
+		if t.Answered {
 			err = t.WindowErrs[i]
 		}
 		if err != nil {
@@ -286,6 +294,9 @@ func (e *Engine) windowsDone(now time.Time, t *Trip) {
 				p.w.lim.stats.count(uint8(hashKey(p.w.key)%counterShards), &p.w.d, p.w.n)
 			}
 			p.w.mu.Unlock()
+			if !decided && p.d.Allowed { // it gave up meanwhile: its grant goes back
+				p.w.lim.win.giveBack(now, p.w.key, p.win, p.w.n)
+			}
 		}
 		if decided && e.decided != nil {
 			e.decided(p.w)
@@ -307,6 +318,9 @@ func (wl *windowed) answered(now time.Time, it *windowItem, x *global.WindowTrip
 	if it.read {
 		wl.warm = wl.warm || it.warms
 		wl.since = x.At.Add(-windowOverlap)
+		if len(x.Got) >= global.MaxMarksRead { // more to read: from the last one's time, at once
+			wl.since, wl.lastRead, wl.due = x.Got[len(x.Got)-1].At, time.Time{}, true
+		}
 		for _, m := range x.Got {
 			id := string(m.ID)
 			old := wl.marks[id]
@@ -329,11 +343,13 @@ func (wl *windowed) answered(now time.Time, it *windowItem, x *global.WindowTrip
 	k := 0
 	for _, op := range it.ops {
 		if op.dropped { // not sent: its window is long gone
-			lm.keys.Update(now, op.id, func(en *entry, t time.Time) {
+			if !lm.keys.Update(now, op.id, func(en *entry, t time.Time) {
 				wl.mu.Lock()
 				pend = wl.release(op, &en.win, errWindowGone, pend)
 				wl.mu.Unlock()
-			})
+			}) {
+				pend = wl.closed(op, pend)
+			}
 			continue
 		}
 		count := x.Ops[k].Count
@@ -341,13 +357,63 @@ func (wl *windowed) answered(now time.Time, it *windowItem, x *global.WindowTrip
 		if op.n < 0 {
 			continue
 		}
-		lm.keys.Update(now, op.id, func(en *entry, t time.Time) {
+		if !lm.keys.Update(now, op.id, func(en *entry, t time.Time) {
 			wl.mu.Lock()
 			pend = wl.answer(en, op, count, t, pend)
 			wl.mu.Unlock()
-		})
+		}) {
+			pend = wl.closed(op, pend)
+		}
 	}
 	return pend
+}
+
+// giveBack returns n of window win's grants to the key: a request that waited for them
+// gave up before they came.
+func (wl *windowed) giveBack(now time.Time, key string, win int64, n int) {
+	wl.lm.keys.Update(now, key, func(en *entry, t time.Time) {
+		wl.mu.Lock()
+		defer wl.mu.Unlock()
+		wl.key(&en.win, en.key, t)
+		if en.win.win == win {
+			en.win.grants += n
+		}
+	})
+}
+
+// giveBackDecision undoes d, a decision that admitted n of key id (a multi-limit request
+// denied by another limit, a reservation canceled): the pre-check gets its tokens back,
+// grants go back to the key's window, and an admission without asking is taken back from
+// its count with the next report. A fallback's admission, or a key no longer held, stays
+// counted, which is conservative. It reports whether anything went back.
+func (wl *windowed) giveBackDecision(now time.Time, id string, n int, d Decision) (back bool) {
+	wl.lm.keys.Peek(id, func(en *entry, last time.Time) {
+		t := later(now, last)
+		en.pre.AllowN(t, -n)
+		wl.mu.Lock()
+		defer wl.mu.Unlock()
+		st := &en.win
+		if !st.init {
+			return
+		}
+		wl.key(st, en.key, t)
+		switch d.Reason {
+		case ReasonAsync:
+			wl.ops = append(wl.ops, wop{id: en.key, win: st.win, n: -n})
+			back = true
+		case ReasonLease, ReasonGranted:
+			st.grants += n
+			back = true
+		}
+	})
+	return back
+}
+
+// closed decides the requests op held as closed: the key store was drained.
+func (wl *windowed) closed(op wop, pend []windowPending) []windowPending {
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	return wl.release(op, nil, errClosed, pend)
 }
 
 // errWindowGone fails the grants of a window that ended before they were sent.
@@ -409,12 +475,19 @@ func (wl *windowed) answer(en *entry, op wop, count int, now time.Time, pend []w
 			got = 0
 		}
 		d := Decision{Allowed: got > 0, Source: SourceGlobal, Reason: ReasonGranted}
-		if got == 0 {
+		spent := 0
+		switch {
+		case got == 0:
 			d.Reason, d.RetryAfter = ReasonPaced, wl.retry(st, now)
+		case en.pre.TokensAt(now) < float64(op.w.n): // the pre-check emptied meanwhile
+			d = wl.lm.preDenied(en, now, op.w.n)
+		default:
+			en.pre.AllowN(now, op.w.n)
+			spent = op.w.n
 		}
-		pend = append(pend, windowPending{w: op.w, d: d})
+		pend = append(pend, windowPending{w: op.w, d: d, win: op.win})
 		if cur && got > 0 {
-			st.grants += got - op.w.n
+			st.grants += got - spent
 		}
 	case op.win == st.win+1:
 		st.next += got
@@ -456,9 +529,12 @@ func (wl *windowed) answer(en *entry, op wop, count int, now time.Time, pend []w
 		op.ask.waiters = nil
 		for _, w := range ws {
 			switch {
+			case st.grants >= w.n && en.pre.TokensAt(now) < float64(w.n):
+				pend = append(pend, windowPending{w: w, d: wl.lm.preDenied(en, now, w.n)})
 			case st.grants >= w.n:
 				st.grants -= w.n
-				pend = append(pend, windowPending{w: w, d: Decision{Allowed: true, Remaining: st.grants, Source: SourceGlobal, Reason: ReasonGranted}})
+				en.pre.AllowN(now, w.n)
+				pend = append(pend, windowPending{w: w, d: Decision{Allowed: true, Remaining: st.grants, Source: SourceGlobal, Reason: ReasonGranted}, win: st.win})
 			case st.failed():
 				pend = append(pend, windowPending{w: w, d: Decision{Source: SourceGlobal, Reason: ReasonPaced, RetryAfter: wl.retry(st, now)}})
 			default:
@@ -534,21 +610,25 @@ func (wl *windowed) failed(now time.Time, it *windowItem, err error, pend []wind
 	}
 	wl.mu.Unlock()
 	for _, op := range it.ops {
-		wl.lm.keys.Update(now, op.id, func(en *entry, t time.Time) {
+		if !wl.lm.keys.Update(now, op.id, func(en *entry, t time.Time) {
 			wl.mu.Lock()
 			defer wl.mu.Unlock()
 			st := &en.win
 			wl.key(st, en.key, t)
 			switch {
 			case op.demand || op.n < 0:
-			case !op.grant && op.win >= st.win && !op.dropped:
-				wl.ops = append(wl.ops, op) // counted with the next trip
+			case !op.grant && op.win >= st.win-1 && !op.dropped:
+				// counted with the next trip: the window before the current one still
+				// has its array, and its count is the current one's debt
+				wl.ops = append(wl.ops, op)
 			case !op.grant && !op.carry:
 				st.out = max(0, st.out-op.n)
 			case op.grant:
 				pend = wl.release(op, st, err, pend)
 			}
-		})
+		}) {
+			pend = wl.closed(op, pend)
+		}
 	}
 	return pend
 }
@@ -569,6 +649,10 @@ func (wl *windowed) evicted(en *entry) {
 	}
 	wl.mu.Lock()
 	defer wl.mu.Unlock()
+	if st.out > 0 {
+		// its admissions not yet answered still count against c when it comes back
+		wl.gone[en.key] = st.out
+	}
 	if st.grants > 0 {
 		wl.ops = append(wl.ops, wop{id: en.key, win: st.win, n: -st.grants})
 	}
