@@ -270,7 +270,9 @@ func (wl *windowed) decide(o *wdecision, en *entry, now time.Time, n int) {
 	// windows (at most 4 s), over the time it has been counting every key (since its
 	// start; at least a tenth of a window or a report interval, the shorter), which
 	// weighs at most tau. A key it sees for the first time after a while is slow, not
-	// fast; a window of an hour does not make every key slow for its first minutes.
+	// fast, and a window of an hour does not make every key slow for its first minutes;
+	// in a server's first tenth of a window (or report interval) a key's first request
+	// may count as often, and ask a grant with its admission.
 	tau := min(4*wl.w, 4*time.Second)
 	st.ewc = st.ewc*math.Exp(-float64(now.Sub(st.ewAt))/float64(tau)) + 1
 	st.ewAt = now
