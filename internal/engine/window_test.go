@@ -432,11 +432,12 @@ func TestWindowedAfterReview(t *testing.T) {
 		decide(e, t0, other, "probe", 1)
 		f.warm()
 		now := t0.Add(2 * time.Second)
+		key, _, _ := f.roomy("a", now, 500*time.Millisecond)       // its window outlasts the test
 		decide(e, now.Add(-10*time.Millisecond), f.lms[0], "y", 1) // fresh marks for both
 		decide(e, now.Add(-10*time.Millisecond), other, "y", 1)
 		f.serve(0, now.Add(-10*time.Millisecond))
 		for _, lm := range []*Limit{f.lms[0], other} {
-			if d, w := decide(e, now, lm, "a", 1); w != nil || d.Reason != ReasonAsync {
+			if d, w := decide(e, now, lm, key, 1); w != nil || d.Reason != ReasonAsync {
 				t.Fatalf("%s: %+v", lm.Name(), d)
 			}
 		}
@@ -468,8 +469,8 @@ func TestWindowedAfterReview(t *testing.T) {
 			next.Answered = true
 			e.Done(later, next)
 		}
-		if got := f.count("a", now); got != 1 {
-			t.Errorf("a's count in the limit that answered: %d, want 1", got)
+		if got := f.count(key, now); got != 1 {
+			t.Errorf("%s's count in the limit that answered: %d, want 1", key, got)
 		}
 	})
 	t.Run("a request after Stop is closed", func(t *testing.T) {
@@ -529,9 +530,13 @@ func TestWindowedAfterReview(t *testing.T) {
 			t.Fatalf("%+v", d)
 		}
 		f.open = true
-		f.serve(0, end.Add(10*time.Millisecond)) // fails, once the window has ended
+		before := f.trips
+		f.serve(0, end.Add(60*time.Millisecond)) // the report fails, once the window has ended
+		if f.trips == before {
+			t.Fatal("no report went while Redis was away")
+		}
 		f.open = false
-		f.serve(0, end.Add(150*time.Millisecond)) // the window has ended
+		f.serve(0, end.Add(200*time.Millisecond))
 		if got := f.count(key, at); got != 1 {
 			t.Errorf("the ended window counts %d, want the admission made in it", got)
 		}
