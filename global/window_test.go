@@ -359,3 +359,36 @@ func TestWindowsCluster(t *testing.T) {
 		}
 	}
 }
+
+// TestWindowsAfterRestart: a redis-server that restarts loses the arrays with their
+// deadlines; the arrays the next trips make again get a deadline at the latest with the
+// first trip that asks Redis's time (once a second from a windowed limit), whether or
+// not the client saw the restart as an error.
+func TestWindowsAfterRestart(t *testing.T) {
+	srv := redistest.StartServer(t)
+	c := srv.Client()
+	ctx := context.Background()
+	s := newStore(t, c)
+	lim := winLimit(t)
+	win := nowWin(lim)
+	key := wire.WindowKey(global.DefaultPrefix, lim.Name, wire.WindowMicros(lim.Rate, lim.Burst), win)
+	trip := func(clock bool) error {
+		return s.Windows(ctx, &global.WindowTrip{Limit: lim, Width: 1 << 8, Clock: clock, Ops: []global.WindowOp{{ID: "k", Win: win, N: 1}}})
+	}
+	if err := trip(false); err != nil {
+		t.Fatal(err)
+	}
+	srv.Restart()
+	deadline := time.Now().Add(5 * time.Second)
+	for trip(false) != nil { // the first may fail on a connection the restart closed
+		if time.Now().After(deadline) {
+			t.Fatal("Redis did not come back")
+		}
+	}
+	if err := trip(true); err != nil {
+		t.Fatal(err)
+	}
+	if d := c.PTTL(ctx, key).Val(); d <= 0 {
+		t.Fatalf("array made again after the restart: TTL %v, want a deadline", d)
+	}
+}
