@@ -145,7 +145,8 @@ type windowed struct {
 	due      bool // a trip is wanted now
 	lastRead time.Time
 	since    time.Time // Redis's time the next read starts at; zero: every mark kept
-	sent     time.Time
+	sent     time.Time // when the last trip went (a report: when it was due)
+	report   time.Time // the instant of the report due, until it goes
 	nextTick time.Time
 	warmAt   [2]time.Time // the warm-up reads
 	offset   time.Duration

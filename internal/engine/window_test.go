@@ -306,7 +306,7 @@ func TestWindowedRedisDown(t *testing.T) {
 		t.Fatalf("with the breaker open: %+v, want the policy's denial", d)
 	}
 	f.open = false
-	f.serve(0, now.Add(200*time.Millisecond))
+	f.serve(0, now.Add(300*time.Millisecond)) // the next report
 	if got := f.count("a", now); got != 1 {
 		t.Errorf("count once Redis answers %d, want the one admitted without asking", got)
 	}
@@ -531,14 +531,48 @@ func TestWindowedAfterReview(t *testing.T) {
 		}
 		f.open = true
 		before := f.trips
-		f.serve(0, end.Add(60*time.Millisecond)) // the report fails, once the window has ended
+		f.serve(0, end.Add(120*time.Millisecond)) // the report fails, once the window has ended
 		if f.trips == before {
 			t.Fatal("no report went while Redis was away")
 		}
 		f.open = false
-		f.serve(0, end.Add(200*time.Millisecond))
+		f.serve(0, end.Add(300*time.Millisecond))
 		if got := f.count(key, at); got != 1 {
 			t.Errorf("the ended window counts %d, want the admission made in it", got)
 		}
 	})
+}
+
+// TestWindowedLateTicks: a server whose ticks run late by varying amounts (a busy
+// process) still reports every interval: a report is judged at the instant it was due,
+// not when its tick ran.
+func TestWindowedLateTicks(t *testing.T) {
+	f := newWinFleet(t, 1, nil)
+	f.warm()
+	e, lm := f.es[0], f.lms[0]
+	start := t0.Add(2 * time.Second)
+	if _, w := decide(e, start.Add(-10*time.Millisecond), lm, "y", 1); w != nil {
+		f.serve(0, start.Add(-10*time.Millisecond))
+	}
+	tick := func() time.Time { // the windowed limit's next report
+		lm.win.mu.Lock()
+		defer lm.win.mu.Unlock()
+		return lm.win.nextTick
+	}
+	next := tick()
+	before := f.trips
+	for i := range 10 {
+		if d, w := decide(e, next.Add(-time.Millisecond), lm, "k"+strconv.Itoa(i), 1); w != nil || !d.Allowed {
+			t.Fatalf("%+v", d)
+		}
+		late := 5 * time.Millisecond
+		if i%2 == 0 {
+			late = 40 * time.Millisecond
+		}
+		f.serve(0, next.Add(late)) // 40 and 5 ms late by turns
+		next = tick()
+	}
+	if got := f.trips - before; got < 10 {
+		t.Errorf("%d trips in 10 intervals whose ticks ran 40 and 5 ms late by turns, want a report each", got)
+	}
 }

@@ -103,11 +103,15 @@ func (wl *windowed) tick(now time.Time) bool {
 		}
 	}
 	if !now.Before(wl.nextTick) {
+		// The report is judged at the instant it was due, g, not when the tick ran: a
+		// tick that runs late (a busy process) must not make the next one skip its
+		// report as if a round trip had just gone.
+		g := wl.nextTick
 		for !now.Before(wl.nextTick) {
-			wl.nextTick = wl.nextTick.Add(wl.iv)
+			g, wl.nextTick = wl.nextTick, wl.nextTick.Add(wl.iv)
 		}
-		if now.Sub(wl.sent) >= wl.iv || !wl.warm || wl.hasCarry() {
-			wl.due = true
+		if g.Sub(wl.sent) >= wl.iv || !wl.warm || wl.hasCarry() {
+			wl.due, wl.report = true, g
 		}
 		for id, m := range wl.marks { // forget what no longer says anything
 			if now.After(m.low) && now.After(m.over) && now.Sub(m.at) > windowMemory {
@@ -164,7 +168,11 @@ func (wl *windowed) build(now time.Time) (global.WindowTrip, windowItem, bool) {
 	it.warms = read && !now.Before(wl.start.Add(windowWarm))
 	wl.announce, wl.urgent = map[wmk]int{}, false
 	clear(wl.demOp)
+	// A report counts as sent at the instant it was due; any other trip when it goes.
 	wl.sent = now
+	if !wl.report.IsZero() {
+		wl.sent, wl.report = wl.report, time.Time{}
+	}
 	if read {
 		wl.lastRead, wl.free = now, false
 	}
