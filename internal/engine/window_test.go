@@ -542,37 +542,3 @@ func TestWindowedAfterReview(t *testing.T) {
 		}
 	})
 }
-
-// TestWindowedLateTicks: a server whose ticks run late by varying amounts (a busy
-// process) still reports every interval: a report is judged at the instant it was due,
-// not when its tick ran.
-func TestWindowedLateTicks(t *testing.T) {
-	f := newWinFleet(t, 1, nil)
-	f.warm()
-	e, lm := f.es[0], f.lms[0]
-	start := t0.Add(2 * time.Second)
-	if _, w := decide(e, start.Add(-10*time.Millisecond), lm, "y", 1); w != nil {
-		f.serve(0, start.Add(-10*time.Millisecond))
-	}
-	tick := func() time.Time { // the windowed limit's next report
-		lm.win.mu.Lock()
-		defer lm.win.mu.Unlock()
-		return lm.win.nextTick
-	}
-	next := tick()
-	before := f.trips
-	for i := range 10 {
-		if d, w := decide(e, next.Add(-time.Millisecond), lm, "k"+strconv.Itoa(i), 1); w != nil || !d.Allowed {
-			t.Fatalf("%+v", d)
-		}
-		late := 5 * time.Millisecond
-		if i%2 == 0 {
-			late = 40 * time.Millisecond
-		}
-		f.serve(0, next.Add(late)) // 40 and 5 ms late by turns
-		next = tick()
-	}
-	if got := f.trips - before; got < 10 {
-		t.Errorf("%d trips in 10 intervals whose ticks ran 40 and 5 ms late by turns, want a report each", got)
-	}
-}
