@@ -239,6 +239,19 @@ func ExampleLimiter_ReserveN() {
 	// ok: true run in: 1s
 }
 
+// untilWarm asks for new keys of limit until lim admits one without asking Redis: a new
+// server of an Async or Windowed limit asks for every request until its first exchange
+// with the fleet is answered. A service does not wait so; an example's output must not
+// depend on how fast that exchange is.
+func untilWarm(ctx context.Context, lim *hybrid.Limiter, limit string) {
+	for i := 0; ; i++ {
+		if d, _ := lim.Allow(ctx, limit, fmt.Sprint("warm-up-", i)); d.Reason == hybrid.ReasonAsync {
+			return
+		}
+		time.Sleep(5 * time.Millisecond) // the exchange goes with the Limiter's timer
+	}
+}
+
 // A per-client limit over a large fleet: with Async, a client's request is admitted
 // without waiting for Redis unless this server knows the client's bucket is low, and
 // charged to it within Async. A new server waits for its first exchange of low keys
@@ -249,12 +262,7 @@ func ExampleLimit_async() {
 	lim, done := exampleLimiterOn(nil, perClient) // time passes: the real clock
 	defer done()
 	ctx := context.Background()
-	for i := 0; ; i++ { // until this server is warm
-		if d, _ := lim.Allow(ctx, "client", fmt.Sprint("warm-up-", i)); d.Reason == hybrid.ReasonAsync {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	untilWarm(ctx, lim, "client")
 	for _, client := range []string{"alice", "bob"} {
 		d, _ := lim.Allow(ctx, "client", client)
 		fmt.Println(client, d.Allowed, d.Reason)
@@ -275,12 +283,7 @@ func ExampleLimit_windowed() {
 	lim, done := exampleLimiterOn(nil, perClient) // time passes: the real clock
 	defer done()
 	ctx := context.Background()
-	for i := 0; ; i++ { // until this server is warm
-		if d, _ := lim.Allow(ctx, "client", fmt.Sprint("warm-up-", i)); d.Reason == hybrid.ReasonAsync {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	untilWarm(ctx, lim, "client")
 	for _, client := range []string{"alice", "bob"} {
 		d, _ := lim.Allow(ctx, "client", client)
 		fmt.Println(client, d.Allowed, d.Reason)

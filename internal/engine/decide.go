@@ -267,11 +267,9 @@ func (e *Engine) recheck(now time.Time, w *Waiter) bool {
 // fallback decides a request for the key of ID key under tier by the limit's failure
 // policy (the tier's current shape's), after the pre-check and the lease could not
 // (Redis did not answer, or the breaker is open). A request the policy admits still
-// spends its pre-check tokens.
+// spends its pre-check tokens, and is owed to the bucket (FailLocal's debts) or, for a
+// windowed limit, counted in the key's window with the next report.
 func (e *Engine) fallback(now time.Time, lm *Limit, tier, key string, n int, why Reason) Decision {
-	if lm.win != nil {
-		return e.windowFallback(now, lm, key, n, why)
-	}
 	servers := e.Servers()
 	sh := lm.Shape(tier)
 	d := Decision{Source: SourceFallback, Reason: why, Servers: servers}
@@ -296,9 +294,11 @@ func (e *Engine) fallback(now time.Time, lm *Limit, tier, key string, n int, why
 			if !en.pre.AllowN(t, n) {
 				d = lm.preDenied(en, t, n)
 				d.Servers = servers
+			} else if lm.win != nil {
+				lm.win.countFallback(en, t, n)
 			}
 		})
-		if d.Allowed && sh.chargesDebt() {
+		if d.Allowed && lm.win == nil && sh.chargesDebt() {
 			// No wake: debts go out with the driver's next round (a tick, a refill);
 			// they cannot go while Redis does not answer anyway.
 			e.owe(lm, sh, key, n, ref, hasRef)

@@ -43,7 +43,7 @@ func (e *Engine) Return(now time.Time, lm *Limit, key string, n int, d Decision)
 	}
 	id := wire.KeyID(key)
 	if lm.win != nil {
-		if n > 0 && lm.win.giveBackDecision(now, id, n, d) {
+		if n > 0 && lm.win.undo(now, id, n, d.Reason, -1) {
 			lm.stats.decisions[hashKey(id)%counterShards].returned.Add(int64(n))
 		}
 		lm.stats.givenBack.Add(1)

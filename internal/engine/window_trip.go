@@ -1,8 +1,10 @@
 package engine
 
 import (
+	"cmp"
 	"errors"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/global"
@@ -58,34 +60,6 @@ func (e *Engine) decideWindow(now time.Time, lm *Limit, key string, n int, d *De
 	}
 	lm.stats.count(slot, d, n)
 	return nil
-}
-
-// windowFallback is the policy's decision for a request of a windowed limit whose wait
-// failed: the limit's local fallback limit, with no debt (there is no bucket to owe);
-// what it admits is counted in the key's window with the next trip.
-func (e *Engine) windowFallback(now time.Time, lm *Limit, key string, n int, why Reason) Decision {
-	sh := lm.Shape("")
-	d := Decision{Source: SourceFallback, Reason: why, Servers: e.Servers()}
-	d.Allowed = sh.fallback.AllowN(now, key, n)
-	if !d.Allowed {
-		d.RetryAfter = lm.win.w / time.Duration(max(1, lm.win.glim.Burst))
-	} else if n > 0 {
-		lm.keys.Update(now, key, func(en *entry, t time.Time) {
-			if !en.pre.AllowN(t, n) { // the pre-check holds in an outage too
-				d = lm.preDenied(en, t, n)
-				d.Servers = e.Servers()
-				return
-			}
-			wl := lm.win
-			wl.mu.Lock()
-			wl.key(&en.win, en.key, t)
-			en.win.out += n
-			wl.ops = append(wl.ops, wop{id: en.key, win: en.win.win, n: n})
-			wl.mu.Unlock()
-		})
-	}
-	lm.stats.count(uint8(hashKey(key)%counterShards), &d, n)
-	return d
 }
 
 // tick advances the windowed limit's schedule to now and reports whether a trip is due.
@@ -188,9 +162,10 @@ func (wl *windowed) build(now time.Time) (global.WindowTrip, windowItem, bool) {
 		wl.ops = nil
 	}
 	for _, op := range ops {
-		// An array lives until a second after the end of the window after its own: an op
-		// of a window older than that would make it again, with no deadline.
-		if wl.end(op.win, wire.WindowPhase(op.id, wl.wUs)).Add(wl.w).Before(now) {
+		// An array lives until a second after the end of the window after its own, for
+		// every phase (global.Store.Windows): an op of a window that old would make it
+		// again, with no deadline.
+		if time.UnixMicro((op.win + 2) * wl.wUs).Add(-wl.offset).Before(now) {
 			op.dropped = true
 			it.ops = append(it.ops, op)
 			continue
@@ -201,18 +176,12 @@ func (wl *windowed) build(now time.Time) (global.WindowTrip, windowItem, bool) {
 	for k, f := range it.announce {
 		t.Marks = append(t.Marks, global.WindowMark{ID: global.KeyID(k.id), Flags: f, Win: k.win})
 	}
-	sortMarks(t.Marks)
+	// by key and window, so that a trip does not depend on map order
+	slices.SortFunc(t.Marks, func(a, b global.WindowMark) int {
+		return cmp.Or(strings.Compare(string(a.ID), string(b.ID)), cmp.Compare(a.Win, b.Win))
+	})
 	wl.busy = true
 	return t, it, true
-}
-
-// sortMarks orders marks by key and window, so that a trip does not depend on map order.
-func sortMarks(m []global.WindowMark) {
-	for i := 1; i < len(m); i++ {
-		for j := i; j > 0 && (m[j].ID < m[j-1].ID || m[j].ID == m[j-1].ID && m[j].Win < m[j-1].Win); j-- {
-			m[j], m[j-1] = m[j-1], m[j]
-		}
-	}
 }
 
 // windowTrip builds a WindowsTrip of every windowed limit with work due, or nil; it
@@ -303,7 +272,7 @@ func (e *Engine) windowsDone(now time.Time, t *Trip) {
 			}
 			p.w.mu.Unlock()
 			if !decided && p.d.Allowed { // it gave up meanwhile: its grant goes back
-				p.w.lim.win.giveBack(now, p.w.key, p.win, p.w.n)
+				p.w.lim.win.undo(now, p.w.key, p.w.n, ReasonGranted, p.win)
 			}
 		}
 		if decided && e.decided != nil {
@@ -376,25 +345,14 @@ func (wl *windowed) answered(now time.Time, it *windowItem, x *global.WindowTrip
 	return pend
 }
 
-// giveBack returns n of window win's grants to the key: a request that waited for them
-// gave up before they came.
-func (wl *windowed) giveBack(now time.Time, key string, win int64, n int) {
-	wl.lm.keys.Update(now, key, func(en *entry, t time.Time) {
-		wl.mu.Lock()
-		defer wl.mu.Unlock()
-		wl.key(&en.win, en.key, t)
-		if en.win.win == win {
-			en.win.grants += n
-		}
-	})
-}
-
-// giveBackDecision undoes d, a decision that admitted n of key id (a multi-limit request
-// denied by another limit, a reservation canceled): the pre-check gets its tokens back,
-// grants go back to the key's window, and an admission without asking is taken back from
-// its count with the next report. A fallback's admission, or a key no longer held, stays
-// counted, which is conservative. It reports whether anything went back.
-func (wl *windowed) giveBackDecision(now time.Time, id string, n int, d Decision) (back bool) {
+// undo gives back n of key id that a decision admitted for reason r in window win (the
+// key's current one if win < 0): a request that waited gave up before its grant came,
+// or Return undoes a decision (a multi-limit request another limit denied, a
+// reservation canceled). The pre-check gets its tokens back; grants go back to the
+// window if it is still the key's; an admission without asking is taken back from its
+// count with the next report. A fallback's admission, or a key no longer held, stays
+// counted, which is conservative. It reports whether anything went back to the window.
+func (wl *windowed) undo(now time.Time, id string, n int, r Reason, win int64) (back bool) {
 	wl.lm.keys.Peek(id, func(en *entry, last time.Time) {
 		t := later(now, last)
 		en.pre.AllowN(t, -n)
@@ -405,16 +363,30 @@ func (wl *windowed) giveBackDecision(now time.Time, id string, n int, d Decision
 			return
 		}
 		wl.key(st, en.key, t)
-		switch d.Reason {
-		case ReasonAsync:
+		if win < 0 {
+			win = st.win
+		}
+		switch {
+		case win != st.win:
+		case r == ReasonAsync:
 			wl.ops = append(wl.ops, wop{id: en.key, win: st.win, n: -n})
 			back = true
-		case ReasonLease, ReasonGranted:
+		case r == ReasonLease || r == ReasonGranted:
 			st.grants += n
 			back = true
 		}
 	})
 	return back
+}
+
+// countFallback counts n that the limit's policy admitted for the key of en, in its
+// window with the next report (there is no bucket to owe); it requires the key's lock.
+func (wl *windowed) countFallback(en *entry, t time.Time, n int) {
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	wl.key(&en.win, en.key, t)
+	en.win.out += n
+	wl.ops = append(wl.ops, wop{id: en.key, win: en.win.win, n: n})
 }
 
 // closed decides the requests op held as closed: the key store was drained.
