@@ -741,7 +741,18 @@ func (l *Limiter) close(ctx context.Context) error {
 	if l.cancelCheck != nil {
 		l.cancelCheck()
 	}
-	l.wg.Wait() // the engine is stopped, and its last round trip answered
+	// The engine is stopped, and its last round trip answered; a loop that does not get
+	// there (a Redis call that ignores its deadline) does not hold Close past ctx.
+	stopped := make(chan struct{})
+	go func() {
+		l.wg.Wait()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		return fmt.Errorf("hybrid: Close: the limiter's loop did not stop: %w", ctx.Err())
+	}
 	l.eng.Drain()
 	lost := 0
 	var firstErr error

@@ -343,7 +343,11 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 	} else {
 		lm.stats.refillErrors.Add(1)
 	}
-	if back > 0 {
+	// A grant for a key evicted meanwhile serves the requests that waited for it, in
+	// order, as far as it goes: asked again they would make the key again, and in a key
+	// store too small for its traffic evict another's, each waiting out its MaxWait.
+	gone := !found && err == nil
+	if back > 0 && !gone {
 		e.queueRefund(lm, f.shape, f.key, back)
 	}
 	if err == nil && g.Granted > back {
@@ -353,15 +357,35 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 	}
 	for _, w := range ws {
 		var decided bool
-		if err != nil {
+		switch {
+		case err != nil:
 			decided = e.decideFailed(now, w, self, err)
-		} else {
+		case gone && back >= w.n:
+			decided = e.grantGone(w, &back, g)
+		default:
 			decided = e.recheck(now, w)
 		}
 		if decided && w != self && e.decided != nil {
 			e.decided(w)
 		}
 	}
+	if gone && back > 0 {
+		e.queueRefund(lm, f.shape, f.key, back)
+	}
+}
+
+// grantGone admits w from *back, tokens granted for its key after the key's entry was
+// evicted, unless it was decided meanwhile. It reports whether it decided w.
+func (e *Engine) grantGone(w *Waiter, back *int, g Grant) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.decided {
+		return false
+	}
+	*back -= w.n
+	w.set(Decision{Allowed: true, Remaining: int(g.Remaining), Source: SourceGlobal, Reason: ReasonGranted, Servers: e.Servers()})
+	w.lim.stats.count(uint8(hashKey(w.key)%counterShards), &w.d, w.n)
+	return true
 }
 
 func later(a, b time.Time) time.Time {

@@ -349,6 +349,11 @@ func (wl *windowed) retry(st *wkey, now time.Time) time.Duration {
 	if st.failed() {
 		return max(0, wl.end(st.win, st.phase).Sub(now))
 	}
+	return wl.refill()
+}
+
+// refill is how long the limit takes to refill one request: Burst/Rate over Burst.
+func (wl *windowed) refill() time.Duration {
 	return time.Duration(float64(wl.w) / float64(wl.glim.Burst))
 }
 

@@ -542,3 +542,52 @@ func TestWindowedAfterReview(t *testing.T) {
 		}
 	})
 }
+
+// TestWindowedEvictedWhileWaiting: a key pushed out of the key store (MaxKeys 1) while
+// its request waits for a grant is not made again by the answer: the request is served
+// from its grant, the rest of the grant goes back to the window, and an admission
+// answered after its key went is forgotten (nothing left owing for it).
+func TestWindowedEvictedWhileWaiting(t *testing.T) {
+	f := newWinFleet(t, 2, func(c *LimitConfig) { c.MaxKeys = 1 })
+	e, lm := f.es[0], f.lms[0]
+	f.serve(0, t0)
+	// before the server is warm, every request asks and waits
+	_, wa := decide(e, t0, lm, "a", 1)
+	if wa == nil {
+		t.Fatal("a request before the server is warm did not wait")
+	}
+	if _, wb := decide(e, t0, lm, "b", 1); wb == nil { // evicts "a"
+		t.Fatal("a second key before the server is warm did not wait")
+	}
+	f.serve(0, t0)
+	if d := wa.Decision(); !d.Allowed || d.Reason != ReasonGranted {
+		t.Fatalf("the evicted key's request: %+v, want served from its grant", d)
+	}
+	if got := f.count("a", t0); got != 1 {
+		t.Errorf("Redis counts %d for the evicted key, want its one admission", got)
+	}
+	// admitted without asking, then evicted before the report is answered
+	f.warm()
+	now := t0.Add(60 * time.Millisecond)
+	key, _, _ := f.roomy("c", now, 500*time.Millisecond)
+	if d, w := decide(e, now, lm, key, 1); w != nil || d.Reason != ReasonAsync {
+		t.Fatalf("%+v, want admitted without asking", d)
+	}
+	decide(e, now, lm, "other", 1) // evicts key
+	lm.win.mu.Lock()
+	owing := lm.win.gone[key]
+	lm.win.mu.Unlock()
+	if owing != 1 {
+		t.Fatalf("evicted with its admission unanswered: %d owing, want 1", owing)
+	}
+	f.serve(0, now.Add(100*time.Millisecond))
+	lm.win.mu.Lock()
+	left := len(lm.win.gone)
+	lm.win.mu.Unlock()
+	if left != 0 {
+		t.Errorf("%d evicted keys still owing once their reports were answered", left)
+	}
+	if got := f.count(key, now); got != 1 {
+		t.Errorf("Redis counts %d for %s, want its one admission", got, key)
+	}
+}

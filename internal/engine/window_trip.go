@@ -319,13 +319,17 @@ func (wl *windowed) answered(now time.Time, it *windowItem, x *global.WindowTrip
 	lm := wl.lm
 	k := 0
 	for _, op := range it.ops {
+		// A key evicted while op was out is not made again (Peek): a new entry has no
+		// shape, and the key's requests are decided from op alone.
 		if op.dropped { // not sent: its window is long gone
-			if !lm.keys.Update(now, op.id, func(en *entry, t time.Time) {
+			if !lm.keys.Peek(op.id, func(en *entry, _ time.Time) {
 				wl.mu.Lock()
+				defer wl.mu.Unlock()
 				pend = wl.release(op, &en.win, errWindowGone, pend)
-				wl.mu.Unlock()
 			}) {
-				pend = wl.closed(op, pend)
+				wl.mu.Lock()
+				pend = wl.release(op, nil, errWindowGone, pend)
+				wl.mu.Unlock()
 			}
 			continue
 		}
@@ -334,15 +338,69 @@ func (wl *windowed) answered(now time.Time, it *windowItem, x *global.WindowTrip
 		if op.n < 0 {
 			continue
 		}
-		if !lm.keys.Update(now, op.id, func(en *entry, t time.Time) {
+		if !lm.keys.Peek(op.id, func(en *entry, last time.Time) {
 			wl.mu.Lock()
-			pend = wl.answer(en, op, count, t, pend)
-			wl.mu.Unlock()
+			defer wl.mu.Unlock()
+			pend = wl.answer(en, op, count, later(now, last), pend)
 		}) {
-			pend = wl.closed(op, pend)
+			wl.mu.Lock()
+			pend = wl.answerGone(op, count, pend)
+			wl.mu.Unlock()
 		}
 	}
 	return pend
+}
+
+// answerGone takes the count answered for op of a key no longer held (evicted while op
+// was out, or the store drained): its admissions are answered, its overshoot carried;
+// a grant serves the requests that waited for it, in order, as far as it goes, the rest
+// refused, and what none of them spent goes back to its window. It requires wl.mu.
+func (wl *windowed) answerGone(op wop, count int, pend []windowPending) []windowPending {
+	burst := wl.glim.Burst
+	switch {
+	case op.demand || op.carry:
+		return pend
+	case !op.grant:
+		wl.unGone(op.id, op.n)
+		if x := min(op.n, count-burst); x > 0 {
+			wl.ops = append(wl.ops, wop{id: op.id, win: op.win + 1, n: x, carry: true})
+		}
+		return pend
+	}
+	left := min(op.n, max(0, burst-(count-op.n)))
+	serve := func(w *Waiter) {
+		if left >= w.n {
+			left -= w.n
+			pend = append(pend, windowPending{w: w, d: Decision{Allowed: true, Remaining: left, Source: SourceGlobal, Reason: ReasonGranted}, win: op.win})
+			return
+		}
+		pend = append(pend, windowPending{w: w, d: Decision{Source: SourceGlobal, Reason: ReasonPaced, RetryAfter: wl.refill()}})
+	}
+	if op.w != nil {
+		serve(op.w)
+	}
+	if op.ask != nil {
+		for _, w := range op.ask.waiters {
+			serve(w)
+		}
+		op.ask.waiters = nil
+	}
+	if left > 0 { // as evicted gives back a key's grants
+		wl.ops = append(wl.ops, wop{id: op.id, win: op.win, n: -left})
+		wl.due = true
+	}
+	return pend
+}
+
+// unGone answers n admissions of key id made before its entry was evicted.
+func (wl *windowed) unGone(id string, n int) {
+	if out, ok := wl.gone[id]; ok {
+		if out -= n; out > 0 {
+			wl.gone[id] = out
+		} else {
+			delete(wl.gone, id)
+		}
+	}
 }
 
 // undo gives back n of key id that a decision admitted for reason r in window win (the
@@ -389,13 +447,6 @@ func (wl *windowed) countFallback(en *entry, t time.Time, n int) {
 	wl.ops = append(wl.ops, wop{id: en.key, win: en.win.win, n: n})
 }
 
-// closed decides the requests op held as closed: the key store was drained.
-func (wl *windowed) closed(op wop, pend []windowPending) []windowPending {
-	wl.mu.Lock()
-	defer wl.mu.Unlock()
-	return wl.release(op, nil, errClosed, pend)
-}
-
 // errWindowGone fails the grants of a window that ended before they were sent.
 var errWindowGone = errors.New("window ended before its grant was sent")
 
@@ -413,6 +464,8 @@ func (wl *windowed) release(op wop, st *wkey, fail error, pend []windowPending) 
 		if !op.grant && !op.carry && !op.demand && op.n > 0 {
 			st.out = max(0, st.out-op.n)
 		}
+	} else if !op.grant && !op.carry && !op.demand && op.n > 0 {
+		wl.unGone(op.id, op.n)
 	}
 	if op.w != nil {
 		pend = append(pend, windowPending{w: op.w, fail: fail})
@@ -590,25 +643,39 @@ func (wl *windowed) failed(now time.Time, it *windowItem, err error, pend []wind
 	}
 	wl.mu.Unlock()
 	for _, op := range it.ops {
-		if !wl.lm.keys.Update(now, op.id, func(en *entry, t time.Time) {
+		if !wl.lm.keys.Peek(op.id, func(en *entry, last time.Time) {
 			wl.mu.Lock()
 			defer wl.mu.Unlock()
 			st := &en.win
-			wl.key(st, en.key, t)
-			switch {
-			case op.demand || op.n < 0:
-			case !op.grant && op.win >= st.win-1 && !op.dropped:
-				// counted with the next trip: the window before the current one still
-				// has its array, and its count is the current one's debt
-				wl.ops = append(wl.ops, op)
-			case !op.grant && !op.carry:
-				st.out = max(0, st.out-op.n)
-			case op.grant:
-				pend = wl.release(op, st, err, pend)
-			}
+			wl.key(st, en.key, later(now, last))
+			pend = wl.unsent(op, st, st.win, err, pend)
 		}) {
-			pend = wl.closed(op, pend)
+			// evicted while op was out: its admissions still count, its requests go to
+			// the policy
+			wl.mu.Lock()
+			pend = wl.unsent(op, nil, wire.WindowIndex(wl.rnow(now), wire.WindowPhase(op.id, wl.wUs), wl.wUs), err, pend)
+			wl.mu.Unlock()
 		}
+	}
+	return pend
+}
+
+// unsent puts back op, which a failed trip carried, for a key whose current window is
+// cur and whose state is st (nil: no longer held). It requires wl.mu, and the key's lock
+// if st is set.
+func (wl *windowed) unsent(op wop, st *wkey, cur int64, err error, pend []windowPending) []windowPending {
+	switch {
+	case op.demand || op.n < 0:
+	case !op.grant && op.win >= cur-1 && !op.dropped:
+		// counted with the next trip: the window before the current one still has its
+		// array, and its count is the current one's debt
+		wl.ops = append(wl.ops, op)
+	case !op.grant && !op.carry && st != nil:
+		st.out = max(0, st.out-op.n)
+	case !op.grant && !op.carry:
+		wl.unGone(op.id, op.n)
+	case op.grant:
+		pend = wl.release(op, st, err, pend)
 	}
 	return pend
 }
