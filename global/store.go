@@ -27,7 +27,6 @@ type Store struct {
 	serverID string
 	retrying bool // the client may retry a timed-out command: AllowN refuses
 	seq      atomic.Uint64
-	windows  windowExpiries // the arrays of windowed limits this Store has set a deadline on
 }
 
 // pipeliner is implemented by every go-redis client (Client, ClusterClient, Ring).

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/internal/wire"
@@ -106,35 +105,6 @@ type WindowTrip struct {
 	Got []WindowMark
 }
 
-// windowExpiries remembers the arrays a Store has set a deadline on, so that it sends
-// PEXPIREAT once per array, not once per round trip (and again with trips that ask
-// Redis's time). It is cleared when a trip fails: a Redis that restarted has lost the
-// deadlines with the arrays, and the arrays made again need them.
-type windowExpiries struct {
-	mu   sync.Mutex
-	done map[string]bool
-}
-
-// need reports whether key needs its deadline sent, and records that it is being sent.
-func (w *windowExpiries) need(key string) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.done[key] {
-		return false
-	}
-	if w.done == nil || len(w.done) >= 1024 {
-		w.done = map[string]bool{}
-	}
-	w.done[key] = true
-	return true
-}
-
-func (w *windowExpiries) forget() {
-	w.mu.Lock()
-	w.done = nil
-	w.mu.Unlock()
-}
-
 // checkWindowTrip reports what is wrong with t, wrapping ErrInvalidLimit.
 func checkWindowTrip(t *WindowTrip) error {
 	if err := t.Limit.Validate(); err != nil {
@@ -185,12 +155,11 @@ type windowArray struct {
 }
 
 // Windows makes t's round trip: one pipeline of TIME (if t.Clock), a BITFIELD per window
-// its ops touch (OVERFLOW SAT, one INCRBY per row an op counts in), the deadline of an
-// array this Store has not set one on, or of every array it touches if t.Clock
-// (PEXPIREAT at the end of the window after it, plus a second, on Redis's clock, so
-// every server sets the same), a ZADD of its marks, the
-// set's trim (ZREMRANGEBYSCORE) and expiry if t.Tidy, and a ZRANGEBYSCORE of the marks
-// from t.Since.
+// its ops touch (OVERFLOW SAT, one INCRBY per row an op counts in), each followed by the
+// array's deadline (PEXPIREAT at the end of the window after it, plus a second, on
+// Redis's clock, so every server sets the same), a ZADD of its marks, the set's trim
+// (ZREMRANGEBYSCORE) if t.Tidy, the set's expiry (PEXPIRE Memory) with marks or t.Tidy,
+// and a ZRANGEBYSCORE of the marks from t.Since. Every key it writes expires.
 //
 // It fills in each op's Count, and t.Now and t.Got as asked. An invalid trip is
 // refused with an error wrapping ErrInvalidLimit before any call. Otherwise the error is
@@ -238,14 +207,13 @@ func (s *Store) Windows(ctx context.Context, t *WindowTrip) error {
 		a := &arrays[i]
 		key := wire.WindowKey(s.prefix, lim.Name, w, a.win)
 		a.cmd = pipe.BitField(ctx, key, a.args...)
-		// Once per array and Store, and again with every trip that asks Redis's time
-		// (once a second): an array Redis lost (a restart, eviction) and made again has
-		// no deadline until then.
-		if s.windows.need(key) || t.Clock {
-			// the array is of no use once window a.win has ended for every phase
-			end := (a.win + 2) * w
-			pipe.PExpireAt(ctx, key, time.UnixMicro(end).Add(time.Second))
-		}
+		// With every BITFIELD, right after it on the same connection: any BITFIELD may
+		// make the array (the first, or one after a restart, a FLUSHALL, an eviction, or
+		// one that ran late, after its array expired), and none may leave it without a
+		// deadline. The array is of no use once window a.win has ended for every phase; a
+		// deadline already past deletes what a late BITFIELD made.
+		end := (a.win + 2) * w
+		pipe.PExpireAt(ctx, key, time.UnixMicro(end).Add(time.Second))
 	}
 	marks := wire.MarksKey(s.prefix, lim.Name)
 	if len(t.Marks) > 0 {
@@ -259,6 +227,8 @@ func (s *Store) Windows(ctx context.Context, t *WindowTrip) error {
 	if t.Tidy {
 		old := wire.MarkScore(t.At.Add(-t.Memory).UnixMilli(), 0)
 		pipe.ZRemRangeByScore(ctx, marks, "-inf", "("+strconv.FormatFloat(old, 'f', -1, 64))
+	}
+	if len(t.Marks) > 0 || t.Tidy { // a ZADD may make the set: never without a deadline
 		pipe.PExpire(ctx, marks, t.Memory)
 	}
 	var read *redis.ZSliceCmd
@@ -270,7 +240,6 @@ func (s *Store) Windows(ctx context.Context, t *WindowTrip) error {
 		read = pipe.ZRangeByScoreWithScores(ctx, marks, &redis.ZRangeBy{Min: from, Max: "+inf", Count: MaxMarksRead})
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
-		s.windows.forget()
 		return wrap("windows", err)
 	}
 

@@ -83,8 +83,9 @@ func TestWindowsCounts(t *testing.T) {
 }
 
 // TestWindowsDeadline: a window's array lives until a second after the end of the window
-// after it, and a Store that lost a trip sets the deadline again (a Redis that restarted
-// lost the array with its deadline).
+// after it, and every trip that touches it sets that deadline again (an array made again
+// after a restart, a FLUSHALL or an eviction has none), and a trip that runs after the
+// deadline (queued during a stall) leaves nothing behind.
 func TestWindowsDeadline(t *testing.T) {
 	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
 		ctx := context.Background()
@@ -94,48 +95,41 @@ func TestWindowsDeadline(t *testing.T) {
 		if tg.Mini != nil {
 			tg.Mini.SetTime(now)
 		}
-		win := now.UnixMicro() / wire.WindowMicros(lim.Rate, lim.Burst)
-		key := wire.WindowKey(global.DefaultPrefix, lim.Name, wire.WindowMicros(lim.Rate, lim.Burst), win)
-		trip := func() error {
+		w := wire.WindowMicros(lim.Rate, lim.Burst)
+		win := now.UnixMicro() / w
+		key := wire.WindowKey(global.DefaultPrefix, lim.Name, w, win)
+		trip := func(win int64) error {
 			return s.Windows(ctx, &global.WindowTrip{Limit: lim, Width: 1 << 8, Ops: []global.WindowOp{{ID: "k", Win: win, N: 1}}})
 		}
-		if err := trip(); err != nil {
+		if err := trip(win); err != nil {
 			t.Fatal(err)
 		}
-		ttl := func() time.Duration {
+		ttl := func(key string) time.Duration {
 			if tg.Mini != nil {
+				if !tg.Mini.Exists(key) {
+					return -2 * time.Nanosecond
+				}
 				return tg.Mini.TTL(key)
 			}
 			return tg.Client.PTTL(ctx, key).Val()
 		}
-		if d := ttl(); d <= time.Second || d > 3*time.Second+100*time.Millisecond {
+		if d := ttl(key); d <= time.Second || d > 3*time.Second+100*time.Millisecond {
 			t.Fatalf("array's TTL %v, want between 1s and 3s", d)
 		}
 		tg.Client.Persist(ctx, key) // as an array made again after a restart would be
-		if err := trip(); err != nil {
+		if err := trip(win); err != nil {
 			t.Fatal(err)
 		}
-		if d := ttl(); d > 0 {
-			t.Fatalf("TTL %v: the deadline went again with a trip that did not need it", d)
+		if d := ttl(key); d <= time.Second {
+			t.Fatalf("TTL %v after a second trip: the deadline did not go again", d)
 		}
-		if tg.Mini != nil {
-			tg.Mini.SetError("LOADING Redis is loading the dataset in memory")
-			if err := trip(); !errors.Is(err, global.ErrUnavailable) {
-				t.Fatalf("trip to a loading Redis: %v, want ErrUnavailable", err)
-			}
-			tg.Mini.SetError("")
-		} else {
-			cctx, cancel := context.WithCancel(ctx)
-			cancel()
-			if err := s.Windows(cctx, &global.WindowTrip{Limit: lim, Width: 1 << 8, Ops: []global.WindowOp{{ID: "k", Win: win, N: 1}}}); err == nil {
-				t.Fatal("a trip with a cancelled context did not fail")
-			}
-		}
-		if err := trip(); err != nil {
+		// an op of a window whose array's deadline has passed
+		old := win - 10
+		if err := trip(old); err != nil {
 			t.Fatal(err)
 		}
-		if d := ttl(); d <= 0 {
-			t.Fatalf("TTL %v after a failed trip: the deadline was not sent again", d)
+		if d := ttl(wire.WindowKey(global.DefaultPrefix, lim.Name, w, old)); d != -2*time.Nanosecond && d != -2*time.Millisecond {
+			t.Fatalf("an array made after its deadline: TTL %v, want it gone", d)
 		}
 	})
 }
@@ -361,9 +355,9 @@ func TestWindowsCluster(t *testing.T) {
 }
 
 // TestWindowsAfterRestart: a redis-server that restarts loses the arrays with their
-// deadlines; the arrays the next trips make again get a deadline at the latest with the
-// first trip that asks Redis's time (once a second from a windowed limit), whether or
-// not the client saw the restart as an error.
+// deadlines; the first trip after it, whether or not the client saw the restart as an
+// error and whether or not it asks Redis's time, makes the array again with a deadline,
+// and so does one after a FLUSHALL; the set of marks too.
 func TestWindowsAfterRestart(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := srv.Client()
@@ -385,10 +379,30 @@ func TestWindowsAfterRestart(t *testing.T) {
 			t.Fatal("Redis did not come back")
 		}
 	}
-	if err := trip(true); err != nil {
-		t.Fatal(err)
-	}
 	if d := c.PTTL(ctx, key).Val(); d <= 0 {
 		t.Fatalf("array made again after the restart: TTL %v, want a deadline", d)
+	}
+	if err := c.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	marks := global.WindowTrip{Limit: lim, Width: 1 << 8, Memory: time.Minute, At: time.Now(),
+		Marks: []global.WindowMark{{ID: "k", Flags: wire.MarkLow, Win: win}}}
+	if err := s.Windows(ctx, &marks); err != nil {
+		t.Fatal(err)
+	}
+	if err := trip(false); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := c.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 2 {
+		t.Errorf("after a FLUSHALL, a trip of marks and one of counts made %q, want the set and the array", keys)
+	}
+	for _, k := range keys {
+		if d := c.PTTL(ctx, k).Val(); d <= 0 {
+			t.Errorf("%s made again after a FLUSHALL: TTL %v, want a deadline", k, d)
+		}
 	}
 }

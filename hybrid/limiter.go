@@ -128,8 +128,9 @@ type Limit struct {
 	// 2·Burst + Rate·W + servers·c, c = max(1, ceil(Burst/servers)), as with Async;
 	// keys over their limit get about 95% of it. docs/limits.md, "Windowed limits",
 	// says what it costs and when to choose it. Incompatible with Async and Tiers; Burst
-	// at most global.MaxWindowBurst. 0 (the default): a token bucket. 120ms is a good
-	// value; at least 1ms when set.
+	// at most global.MaxWindowBurst; the window Burst/Rate from 100ms to a day; Windowed
+	// at most half the window and 10s. 0 (the default): a token bucket. 120ms is a good
+	// value for windows of a quarter second or more.
 	Windowed time.Duration
 }
 

@@ -63,7 +63,8 @@ func coldDesigns() []coldDesign {
 			sc.cold.report, sc.cold.windowSample, sc.cold.windowRoute = 120*time.Millisecond, true, true
 		}},
 		{"window-array exact", WindowModel, func(sc *Scenario) { sc.cold.windowExact = true }},
-		{"hybrid-window 120ms", HybridWindow, func(sc *Scenario) { sc.Windowed = 120 * time.Millisecond }},
+		// reports every 120ms (DefaultWindowed), or half the window if shorter (hot-key's)
+		{"hybrid-window 120ms", HybridWindow, func(sc *Scenario) { sc.Windowed = 0 }},
 	}
 }
 
@@ -283,7 +284,8 @@ func TestHybridWindowColdKeys(t *testing.T) {
 // S·c; the keys over their limit 90% of burst + rate·T, and a key at four times its
 // limit sent to 40 servers 80% (the model's runs: 93.9–96.3% and 83.1–97.5% over seeds
 // 1–20); on the suites, what hybrid admits, within 1%, at no more round trips than
-// hybrid's but for the abusive client's (1.4× hybrid's: asserted at 1.5×).
+// hybrid's but for the abusive client's (1.4× hybrid's: asserted at 1.5×) and the hot
+// key's (within 1%).
 func windowedClaims(t *testing.T, label string) {
 	routed := coldDesignNamed(t, label)
 	var ss []suite
@@ -313,8 +315,14 @@ func windowedClaims(t *testing.T, label string) {
 			h, w := runs[0].res, runs[1].res
 			atLeast(t, name+": admitted per second, of hybrid's", w.AdmittedPerS/h.AdmittedPerS, 0.99)
 			trips := 1.0
-			if name == "abusive-client" {
+			switch name {
+			case "abusive-client":
 				trips = 1.5
+			case "hot-key":
+				// Its windows, 100 ms, allow reports every 50 ms at most (a report must
+				// reach Redis while its window's array lives): 1.0002× hybrid's at seed 1.
+				// At 120 ms, which the engine now refuses for such windows, 0.94×.
+				trips = 1.01
 			}
 			atMost(t, name+": round trips per request, of hybrid's", w.RedisRoundTripsPerRequest/h.RedisRoundTripsPerRequest, trips)
 			t.Logf("%s: %.0f/s at %.4f round trips per request, against hybrid's %.0f/s at %.4f", name, w.AdmittedPerS, w.RedisRoundTripsPerRequest, h.AdmittedPerS, h.RedisRoundTripsPerRequest)

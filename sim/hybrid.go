@@ -94,9 +94,6 @@ type hybridServer struct {
 	leaving bool // Close was called: the loop stops after the trip out
 	seq     uint64
 	unread  int64 // tokens Redis granted to takes whose answers came after Do gave up
-	// touched are the windowed limits' arrays this server has set a deadline on, as
-	// global.Store remembers them (forgotten when a trip fails).
-	touched map[string]bool
 }
 
 func newHybrid(f *fleet, s scripts, b *bubble) *hybridStrat {
@@ -151,7 +148,7 @@ func (h *hybridStrat) join(s *server) error {
 		return fmt.Errorf("sim: %w", err)
 	}
 	h.track(id, brk)
-	hs := &hybridServer{brk: brk, waiting: make(map[*engine.Waiter]*request), multi: make(map[*engine.Waiter]*multiReq), touched: map[string]bool{}}
+	hs := &hybridServer{brk: brk, waiting: make(map[*engine.Waiter]*request), multi: make(map[*engine.Waiter]*multiReq)}
 	cfg := engineConfig(sc, id)
 	cfg.NextSeq = func() uint64 { hs.seq++; return hs.seq }
 	cfg.BreakerOpen = func() bool {
@@ -353,7 +350,7 @@ func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next fun
 		if t.Kind == engine.WindowsTrip {
 			n, cost = 0, 0
 			for i := range t.Windows {
-				c, d := windowCost(&t.Windows[i], hs.touched)
+				c, d := windowCost(&t.Windows[i])
 				n, cost = n+c, cost+d
 			}
 		}
@@ -378,7 +375,7 @@ func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next fun
 			}
 			for i := range t.Windows {
 				x := &t.Windows[i]
-				h.wr.run(at, x, hs.touched)
+				h.wr.run(at, x)
 				// the read's time, known once Redis has it: it delays what follows
 				rc := readCost(x)
 				f.redis.busyUntil += rc
@@ -398,7 +395,6 @@ func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next fun
 	}, func(err error) {
 		t.Err, t.Answered = err, err == nil
 		if err != nil {
-			clear(hs.touched) // as global.Store forgets its deadlines when a trip fails
 			gaveUp = true
 			hs.unread += granted // granted already, the answer on its way back
 		}

@@ -48,7 +48,7 @@ func simulate(sc Scenario, st Strategy, inBubble bool, custom func(f *fleet, b *
 		sc.Async = DefaultAsync
 	}
 	if st == HybridWindow && sc.Windowed == 0 {
-		sc.Windowed = DefaultWindowed
+		sc.Windowed = min(DefaultWindowed, time.Duration(wire.WindowMicros(sc.Rate, sc.Burst))*time.Microsecond/2)
 	}
 	f := &fleet{sc: &sc, rng: rand.New(rand.NewPCG(sc.Seed, uint64(len(sc.Name))))}
 	f.redis.f = f

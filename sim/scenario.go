@@ -33,8 +33,8 @@ const (
 	// none): a request a lease cannot serve is admitted without waiting for Redis unless
 	// its server knows the key low, and charged to the bucket within Async.
 	HybridAsync Strategy = "hybrid-async"
-	// HybridWindow is Hybrid with the limit windowed (the scenario's Windowed, 120ms if
-	// it sets none): counted windows in Redis's shared arrays, no script, each server
+	// HybridWindow is Hybrid with the limit windowed (the scenario's Windowed; if it sets
+	// none, 120ms or half the window, Burst/Rate, if shorter): counted windows in Redis's shared arrays, no script, each server
 	// reporting every Windowed (hybrid.Limit.Windowed).
 	HybridWindow Strategy = "hybrid-window"
 	// LocalOnly gives each server local.FallbackLimit's share of the limit and never
@@ -45,7 +45,8 @@ const (
 // DefaultAsync is HybridAsync's Async when the scenario sets none.
 const DefaultAsync = 100 * time.Millisecond
 
-// DefaultWindowed is HybridWindow's Windowed when the scenario sets none.
+// DefaultWindowed is HybridWindow's Windowed when the scenario sets none and its window
+// is at least twice as long.
 const DefaultWindowed = 120 * time.Millisecond
 
 // Pattern is how a client's demand is spread over time.

@@ -41,33 +41,31 @@ func (r *windowRedis) array(key string, at time.Time) *winArray {
 	return a
 }
 
-// windowCost is the commands of t and their Redis time by coldCost, for a server that has
-// set a deadline on the arrays in touched (again with a trip that asks the time), less
-// the read's, which depends on what it returns (readCost).
-func windowCost(t *global.WindowTrip, touched map[string]bool) (cmds int, cost time.Duration) {
-	w := wire.WindowMicros(t.Limit.Rate, t.Limit.Burst)
+// windowCost is the commands of t and their Redis time by coldCost, less the read's,
+// which depends on what it returns (readCost).
+func windowCost(t *global.WindowTrip) (cmds int, cost time.Duration) {
 	if t.Clock {
 		cmds, cost = cmds+1, cost+coldCost.zCall
 	}
 	var wins []int64
 	for _, op := range t.Ops {
-		if !slices.Contains(wins, op.Win) {
+		if !slices.Contains(wins, op.Win) { // BITFIELD, PEXPIREAT
 			wins = append(wins, op.Win)
-			cmds, cost = cmds+1, cost+coldCost.bfCall
-			if t.Clock || !touched[wire.WindowKey(keyPrefix, t.Limit.Name, w, op.Win)] {
-				cmds, cost = cmds+1, cost+coldCost.zCall
-			}
+			cmds, cost = cmds+2, cost+coldCost.bfCall+coldCost.expire
 		}
 		cost += coldCost.bfSub
 		if !op.Demand {
 			cost += coldCost.bfSub
 		}
 	}
-	if len(t.Marks) > 0 {
+	if len(t.Marks) > 0 { // ZADD
 		cmds, cost = cmds+1, cost+coldCost.zCall+time.Duration(len(t.Marks))*coldCost.zMember
 	}
-	if t.Tidy { // ZREMRANGEBYSCORE, PEXPIRE
-		cmds, cost = cmds+2, cost+2*coldCost.zCall
+	if t.Tidy { // ZREMRANGEBYSCORE
+		cmds, cost = cmds+1, cost+coldCost.zCall
+	}
+	if len(t.Marks) > 0 || t.Tidy { // PEXPIRE
+		cmds, cost = cmds+1, cost+coldCost.zCall
 	}
 	if t.Read {
 		cmds++
@@ -75,10 +73,8 @@ func windowCost(t *global.WindowTrip, touched map[string]bool) (cmds int, cost t
 	return cmds, cost
 }
 
-// run carries out t at Redis's instant at, as Store.Windows would, for a server that has
-// set a deadline on the arrays in touched (it adds those it sets, and sets every one
-// again with a trip that asks the time).
-func (r *windowRedis) run(at time.Time, t *global.WindowTrip, touched map[string]bool) {
+// run carries out t at Redis's instant at, as Store.Windows would.
+func (r *windowRedis) run(at time.Time, t *global.WindowTrip) {
 	lim := t.Limit
 	w := wire.WindowMicros(lim.Rate, lim.Burst)
 	top := int64(1)<<wire.WindowBits(lim.Burst) - 1
@@ -110,10 +106,6 @@ func (r *windowRedis) run(at time.Time, t *global.WindowTrip, touched map[string
 	}
 	for _, win := range wins {
 		key := wire.WindowKey(keyPrefix, lim.Name, w, win)
-		if touched[key] && !t.Clock {
-			continue
-		}
-		touched[key] = true
 		if a := r.arrays[key]; a != nil {
 			a.deadline = time.UnixMicro((win + 2) * w).Add(time.Second)
 			r.array(key, at) // a deadline passed deletes at once
@@ -136,6 +128,8 @@ func (r *windowRedis) run(at time.Time, t *global.WindowTrip, touched map[string
 	if t.Tidy {
 		old := wire.MarkScore(t.At.Add(-t.Memory).UnixMilli(), 0)
 		maps.DeleteFunc(r.marks, func(_ string, score float64) bool { return score < old })
+	}
+	if len(t.Marks) > 0 || t.Tidy {
 		r.marksEnd = at.Add(t.Memory)
 	}
 	if t.Read {

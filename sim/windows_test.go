@@ -30,7 +30,6 @@ func TestWindowRedisMatches(t *testing.T) {
 		lim := global.Limit{Name: name, Rate: 200, Burst: 20} // windows of 100 ms
 		w := wire.WindowMicros(lim.Rate, lim.Burst)
 		model := newWindowRedis()
-		touched := map[string]bool{}
 		rng := rand.New(rand.NewPCG(7, 11))
 		keys := []string{"a", "b", "c", "d", string(global.IDOf(string(make([]byte, 80))))}
 		base := time.Now().Truncate(time.Millisecond)
@@ -61,7 +60,7 @@ func TestWindowRedisMatches(t *testing.T) {
 			}
 			mine := trip
 			mine.Ops = slices.Clone(trip.Ops)
-			model.run(at, &mine, touched)
+			model.run(at, &mine)
 			if err := s.Windows(ctx, &trip); err != nil {
 				t.Fatal(err)
 			}
@@ -81,6 +80,16 @@ func TestWindowRedisMatches(t *testing.T) {
 			}
 			if tg.Mini != nil && trip.Clock && !trip.Now.Equal(mine.Now) {
 				t.Fatalf("step %d: TIME %v, the model %v", step, trip.Now, mine.Now)
+			}
+		}
+		// every key the trips wrote expires
+		keys, err = tg.Client.Keys(ctx, "*"+name+"*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys {
+			if d := tg.Client.PTTL(ctx, k).Val(); d == -1 {
+				t.Errorf("%s has no TTL", k)
 			}
 		}
 	})

@@ -137,6 +137,11 @@ func buildShapes(c LimitConfig, servers int) (*shapes, LimitConfig, error) {
 	case c.WindowWidth != 0 && (c.WindowWidth < global.MinWindowWidth || c.WindowWidth > global.MaxWindowWidth || c.WindowWidth&(c.WindowWidth-1) != 0):
 		return nil, c, fmt.Errorf("limit %q: WindowWidth %d is not a power of two from %d to %d", c.Name, c.WindowWidth, global.MinWindowWidth, global.MaxWindowWidth)
 	}
+	if c.Windowed > 0 {
+		if err := checkWindow(c); err != nil {
+			return nil, c, err
+		}
+	}
 	c.MaxWait = cmpOr(c.MaxWait, DefaultMaxWait)
 	c.MaxCost = max(c.MaxCost, 1)
 	c.Tiers = slices.Clone(c.Tiers)

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"math"
 	"sync"
 	"time"
@@ -60,6 +61,42 @@ const (
 	// that reaches Redis up to this much later is still read.
 	windowOverlap = 25 * time.Millisecond
 )
+
+// Bounds of a windowed limit's window, Burst/Rate, and of its report interval.
+//
+// Redis keeps an array for each window of the limit until a second after the end of the
+// window after it, so at most 4 + ceil(1s/W) arrays at a time, each of
+// wire.WindowRows × WindowWidth counters of wire.WindowBits(Burst) bits: with the
+// default width and a burst up to 16,384, 1.5 MB an array, 21 MB a limit at MinWindow and
+// 7.5 MB at a window of a second. A window shorter than MinWindow would hold more arrays
+// than keys need; one longer than MaxWindow would keep a spent key's array past a day.
+// A report must reach Redis while the window it counts still has its array (an
+// admission counted after that is lost), so the report interval is at most half the
+// window, and at most MaxWindowReport.
+const (
+	MinWindow       = 100 * time.Millisecond
+	MaxWindow       = 24 * time.Hour
+	MaxWindowReport = 10 * time.Second
+)
+
+// checkWindow reports what is wrong with the window and report interval of the windowed
+// limit c.
+func checkWindow(c LimitConfig) error {
+	w := time.Duration(wire.WindowMicros(c.Rate, c.Burst)) * time.Microsecond
+	switch {
+	case w < MinWindow:
+		return fmt.Errorf("limit %q: a windowed limit's window, Burst/Rate = %d/%g, is %v, shorter than %v: Redis would keep up to %d arrays of it at once (raise Burst, or use a token bucket)",
+			c.Name, c.Burst, c.Rate, w, MinWindow, 4+int((time.Second+w-1)/w))
+	case w > MaxWindow:
+		return fmt.Errorf("limit %q: a windowed limit's window, Burst/Rate = %d/%g, is %v, longer than %v", c.Name, c.Burst, c.Rate, w, MaxWindow)
+	case c.Windowed > MaxWindowReport:
+		return fmt.Errorf("limit %q: Windowed %v: reports further apart than %v", c.Name, c.Windowed, MaxWindowReport)
+	case c.Windowed > w/2:
+		return fmt.Errorf("limit %q: Windowed %v is more than half the window, Burst/Rate = %v: an admission reported that late may reach Redis after its window's array is gone (report every %v or less)",
+			c.Name, c.Windowed, w, w/2)
+	}
+	return nil
+}
 
 // wkey is one key's window state on this server, in its entry.
 type wkey struct {
@@ -132,10 +169,12 @@ type windowed struct {
 	mu sync.Mutex
 	// guarded by mu:
 	ops      []wop
-	announce map[wmk]int // marks to send: flags by key and window
-	demOp    map[string]int
+	announce map[wmk]int      // marks to send: flags by key and window
+	demOp    map[string]int   // the queued demand op of a key, by index in ops
+	admOp    map[string]int   // the queued count of a key's admissions, by index in ops
 	marks    map[string]wmark // learnt from reads
 	gone     map[string]int   // keys evicted with admissions unanswered: how many
+	goneMax  int              // the most keys gone has held since it was last made
 	started  bool
 	start    time.Time
 	busy     bool // its trip is out
@@ -162,7 +201,7 @@ func newWindowed(lm *Limit, c LimitConfig, seed uint64) *windowed {
 		lm: lm, w: time.Duration(wUs) * time.Microsecond, wUs: wUs, iv: c.Windowed,
 		width:    cmpOr(c.WindowWidth, DefaultWindowWidth),
 		glim:     global.Limit{Name: c.Name, Rate: c.Rate, Burst: c.Burst, Version: c.Version},
-		announce: map[wmk]int{}, demOp: map[string]int{}, marks: map[string]wmark{}, gone: map[string]int{},
+		announce: map[wmk]int{}, demOp: map[string]int{}, admOp: map[string]int{}, marks: map[string]wmark{}, gone: map[string]int{},
 		rng: seed ^ 0x77696e64,
 	}
 }
@@ -200,7 +239,7 @@ func (wl *windowed) key(st *wkey, id string, now time.Time) {
 		st.win = wire.WindowIndex(wl.rnow(now), st.phase, wl.wUs)
 		if out, ok := wl.gone[id]; ok { // evicted with admissions unanswered
 			st.out = out
-			delete(wl.gone, id)
+			wl.forget(id)
 		}
 	}
 	if j := wire.WindowIndex(wl.rnow(now), st.phase, wl.wUs); st.win != j {
@@ -391,7 +430,26 @@ func (wl *windowed) need(st *wkey, perSec float64, d time.Duration, now time.Tim
 func (wl *windowed) admitFree(st *wkey, id string, n int) {
 	wl.free = true
 	st.out += n
-	wl.ops = append(wl.ops, wop{id: id, win: st.win, n: n})
+	wl.count(id, st.win, n)
+}
+
+// count queues n admissions of key id in window win for the next trip, added to the
+// key's count already queued for that window if there is one: the queue holds one count
+// per key and window, however many requests the key makes between two reports.
+func (wl *windowed) count(id string, win int64, n int) {
+	if i, ok := wl.admOp[id]; ok && i < len(wl.ops) {
+		if op := &wl.ops[i]; op.id == id && op.win == win && op.plain() {
+			op.n += n
+			return
+		}
+	}
+	wl.admOp[id] = len(wl.ops)
+	wl.ops = append(wl.ops, wop{id: id, win: win, n: n})
+}
+
+// plain reports whether op only counts admissions.
+func (op *wop) plain() bool {
+	return !op.grant && !op.carry && !op.demand && !op.nextWin && !op.now && op.n > 0 && op.ask == nil && op.w == nil && !op.dropped
 }
 
 // wait makes a request wait for the grant asked ahead, which then goes at once, or for

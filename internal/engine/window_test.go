@@ -369,17 +369,29 @@ func TestWindowedConfig(t *testing.T) {
 		{"burst too large", func(c *LimitConfig) { c.Burst, c.Rate = global.MaxWindowBurst+1, 1 }},
 		{"width not a power of two", func(c *LimitConfig) { c.WindowWidth = 1000 }},
 		{"width too small", func(c *LimitConfig) { c.WindowWidth = 16 }},
+		{"window of 1ms", func(c *LimitConfig) { c.Rate, c.Burst, c.Windowed = 1000, 1, time.Millisecond }},
+		{"window under MinWindow", func(c *LimitConfig) { c.Rate, c.Burst, c.Windowed = 1000, 99, 10*time.Millisecond }},
+		{"window over MaxWindow", func(c *LimitConfig) { c.Rate, c.Burst = 1e-6, 1 }},
+		{"report over half the window", func(c *LimitConfig) { c.Windowed = 501 * time.Millisecond }},
+		{"report interval of 1,000 h", func(c *LimitConfig) { c.Rate, c.Burst, c.Windowed = 1.0/86400, 1, 1000*time.Hour }},
 	} {
 		c := LimitConfig{Name: "api", Rate: 10, Burst: 10, Policy: breaker.FailClosed, Windowed: 100 * time.Millisecond}
 		tc.mod(&c)
 		_, err := New(Config{Limits: []LimitConfig{c}, Servers: 1, NextSeq: func() uint64 { return 1 }})
 		if err == nil {
 			t.Errorf("%s: no error", tc.name)
+		} else {
+			t.Logf("%s: %v", tc.name, err)
 		}
 	}
-	c := LimitConfig{Name: "api", Rate: 10, Burst: 10, Policy: breaker.FailClosed, Windowed: 100 * time.Millisecond}
-	if _, err := New(Config{Limits: []LimitConfig{c}, Servers: 1, NextSeq: func() uint64 { return 1 }}); err != nil {
-		t.Errorf("a valid windowed limit: %v", err)
+	for _, c := range []LimitConfig{
+		{Name: "api", Rate: 10, Burst: 10, Policy: breaker.FailClosed, Windowed: 100 * time.Millisecond},
+		{Name: "api", Rate: 1000, Burst: 100, Policy: breaker.FailClosed, Windowed: 50 * time.Millisecond},  // MinWindow
+		{Name: "api", Rate: 1000.0 / 86400, Burst: 1000, Policy: breaker.FailClosed, Windowed: time.Second}, // a day
+	} {
+		if _, err := New(Config{Limits: []LimitConfig{c}, Servers: 1, NextSeq: func() uint64 { return 1 }}); err != nil {
+			t.Errorf("a valid windowed limit: %v", err)
+		}
 	}
 }
 
@@ -589,5 +601,31 @@ func TestWindowedEvictedWhileWaiting(t *testing.T) {
 	}
 	if got := f.count(key, now); got != 1 {
 		t.Errorf("Redis counts %d for %s, want its one admission", got, key)
+	}
+}
+
+// TestWindowedQueueCoalesces: the queue of a report holds one count per key and window,
+// whatever the requests between two reports; a grant or a count of another window is an
+// op of its own.
+func TestWindowedQueueCoalesces(t *testing.T) {
+	f := newWinFleet(t, 2, nil)
+	wl := f.lms[0].win
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	for range 1000 {
+		wl.count("a", 7, 1)
+	}
+	wl.count("a", 8, 2)
+	wl.ops = append(wl.ops, wop{id: "a", win: 8, n: 1, grant: true})
+	wl.count("a", 8, 3)
+	wl.count("b", 7, 1)
+	want := []wop{{id: "a", win: 7, n: 1000}, {id: "a", win: 8, n: 5}, {id: "a", win: 8, n: 1, grant: true}, {id: "b", win: 7, n: 1}}
+	if len(wl.ops) != len(want) {
+		t.Fatalf("queue %+v, want %+v", wl.ops, want)
+	}
+	for i := range want {
+		if wl.ops[i] != want[i] {
+			t.Errorf("op %d: %+v, want %+v", i, wl.ops[i], want[i])
+		}
 	}
 }

@@ -141,7 +141,7 @@ func (wl *windowed) build(now time.Time) (global.WindowTrip, windowItem, bool) {
 	it := windowItem{wl: wl, announce: wl.announce, read: read, prevRead: wl.lastRead, sentAt: now}
 	it.warms = read && !now.Before(wl.start.Add(windowWarm))
 	wl.announce, wl.urgent = map[wmk]int{}, false
-	clear(wl.demOp)
+	wl.demOp, wl.admOp = emptied(wl.demOp), emptied(wl.admOp)
 	// A report counts as sent at the instant it was due; any other trip when it goes.
 	wl.sent = now
 	if !wl.report.IsZero() {
@@ -156,7 +156,8 @@ func (wl *windowed) build(now time.Time) (global.WindowTrip, windowItem, bool) {
 	// At most maxWindowOps a trip: what is left goes with the next, at once.
 	ops := wl.ops
 	if len(ops) > maxWindowOps {
-		ops, wl.ops = ops[:maxWindowOps:maxWindowOps], slices.Clone(ops[maxWindowOps:])
+		// the rest stays where it is: what is appended to it never reaches ops' part
+		ops, wl.ops = ops[:maxWindowOps:maxWindowOps], ops[maxWindowOps:]
 		wl.due = true
 	} else {
 		wl.ops = nil
@@ -398,9 +399,30 @@ func (wl *windowed) unGone(id string, n int) {
 		if out -= n; out > 0 {
 			wl.gone[id] = out
 		} else {
-			delete(wl.gone, id)
+			wl.forget(id)
 		}
 	}
+}
+
+// forget drops key id from gone, and gone's memory with its last key: a map keeps what
+// it grew to, and a burst of one-shot keys grows it to the burst's size.
+func (wl *windowed) forget(id string) {
+	delete(wl.gone, id)
+	if len(wl.gone) == 0 && wl.goneMax > smallMap {
+		wl.gone, wl.goneMax = map[string]int{}, 0
+	}
+}
+
+// smallMap is the most keys a map of a windowed limit keeps the memory of once emptied.
+const smallMap = 1024
+
+// emptied returns m emptied: cleared, or a new map if it had grown past smallMap.
+func emptied[V any](m map[string]V) map[string]V {
+	if len(m) > smallMap {
+		return map[string]V{}
+	}
+	clear(m)
+	return m
 }
 
 // undo gives back n of key id that a decision admitted for reason r in window win (the
@@ -444,7 +466,7 @@ func (wl *windowed) countFallback(en *entry, t time.Time, n int) {
 	defer wl.mu.Unlock()
 	wl.key(&en.win, en.key, t)
 	en.win.out += n
-	wl.ops = append(wl.ops, wop{id: en.key, win: en.win.win, n: n})
+	wl.count(en.key, en.win.win, n)
 }
 
 // errWindowGone fails the grants of a window that ended before they were sent.
@@ -699,7 +721,9 @@ func (wl *windowed) evicted(en *entry) {
 	if st.out > 0 {
 		// its admissions not yet answered still count against c when it comes back
 		wl.gone[en.key] = st.out
+		wl.goneMax = max(wl.goneMax, len(wl.gone))
 	}
+
 	if st.grants > 0 {
 		wl.ops = append(wl.ops, wop{id: en.key, win: st.win, n: -st.grants})
 	}

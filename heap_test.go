@@ -1,0 +1,77 @@
+package fleetlimit_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/redistest"
+)
+
+// TestHeapAfterKeyBurst: 1,000,000 one-shot keys as fast as 64 goroutines send them to
+// one server (MaxKeys 10,000), on a redis-server of the test's own; for the bucket,
+// whose every new key costs a round trip, 100,000 (its store is as full either way). A few report
+// intervals after the burst, the heap a windowed limit holds is at most twice a bucket's:
+// its queue holds one count per key and window and goes as the reports go, its record of
+// evicted keys still owing empties as their counts are answered, and what stays is the
+// key store, as for a bucket.
+func TestHeapAfterKeyBurst(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a million keys per kind")
+	}
+	srv := redistest.StartServer(t)
+	held := map[string]uint64{}
+	for _, k := range []struct {
+		name string
+		lim  hybrid.Limit
+		keys int
+	}{
+		{"bucket", hybrid.Limit{}, 100_000},
+		{"windowed", hybrid.Limit{Windowed: 50 * time.Millisecond}, 1_000_000},
+	} {
+		keys := k.keys
+		lim := k.lim
+		lim.Name, lim.Rate, lim.Burst, lim.Policy, lim.MaxWait, lim.MaxKeys = "api", 10, 10, breaker.FailClosed, time.Second, 10_000
+		before := heapInUse()
+		s := newServer(t, srv.Addr, k.name+":", nil, breaker.Settings{Timeout: time.Second}, hybrid.Config{
+			FleetSize: 4, Limits: []hybrid.Limit{lim}})
+		start := time.Now()
+		var wg sync.WaitGroup
+		for g := range 64 {
+			wg.Go(func() {
+				for i := g; i < keys; i += 64 {
+					if _, err := s.limiter.Allow(context.Background(), "api", fmt.Sprintf("%s-%d", k.name, i)); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		took := time.Since(start)
+		time.Sleep(time.Second) // twenty report intervals
+		held[k.name] = heapInUse() - min(before, heapInUse())
+		t.Logf("%s: %d keys in %v (%.0f/s), %.1f MB held a second later", k.name, keys, took.Round(time.Millisecond),
+			float64(keys)/took.Seconds(), float64(held[k.name])/1e6)
+		if err := s.limiter.Close(context.Background()); err != nil {
+			t.Log(err)
+		}
+		runtime.KeepAlive(s)
+	}
+	if held["windowed"] > 2*held["bucket"] {
+		t.Errorf("windowed holds %d bytes, more than twice the bucket's %d", held["windowed"], held["bucket"])
+	}
+}
+
+func heapInUse() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapInuse
+}
