@@ -752,7 +752,11 @@ func (l *Limiter) close(ctx context.Context) error {
 	select {
 	case <-stopped:
 	case <-ctx.Done():
-		return fmt.Errorf("hybrid: Close: the limiter's loop did not stop: %w", ctx.Err())
+		select {
+		case <-stopped: // both ready: the loop did stop
+		default:
+			return fmt.Errorf("hybrid: Close: the limiter's loop did not stop: %w", ctx.Err())
+		}
 	}
 	l.eng.Drain()
 	lost := 0

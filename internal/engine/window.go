@@ -173,7 +173,7 @@ type windowed struct {
 	demOp    map[string]int   // the queued demand op of a key, by index in ops
 	admOp    map[string]int   // the queued count of a key's admissions, by index in ops
 	marks    map[string]wmark // learnt from reads
-	gone     map[string]int   // keys evicted with admissions unanswered: how many
+	gone     map[string]int   // keys evicted with admissions unanswered: how many (below 0: answered before the eviction was)
 	goneMax  int              // the most keys gone has held since it was last made
 	started  bool
 	start    time.Time
@@ -238,7 +238,7 @@ func (wl *windowed) key(st *wkey, id string, now time.Time) {
 		*st = wkey{init: true, phase: wire.WindowPhase(id, wl.wUs)}
 		st.win = wire.WindowIndex(wl.rnow(now), st.phase, wl.wUs)
 		if out, ok := wl.gone[id]; ok { // evicted with admissions unanswered
-			st.out = out
+			st.out = max(0, out)
 			wl.forget(id)
 		}
 	}
@@ -376,7 +376,7 @@ func (wl *windowed) decide(o *wdecision, en *entry, now time.Time, n int) {
 		admit(ReasonAsync)
 	default: // ask now and wait for the answer
 		o.w = &Waiter{lim: wl.lm, key: en.key, n: n, ch: make(chan struct{})}
-		wl.ops = append(wl.ops, wop{id: en.key, win: st.win, n: n, grant: true, w: o.w, now: true})
+		wl.queue(wop{id: en.key, win: st.win, n: n, grant: true, w: o.w, now: true})
 		wl.due = true
 	}
 	o.wake = wl.due
@@ -403,7 +403,7 @@ func (wl *windowed) countDemand(st *wkey, id string, n int) {
 		return
 	}
 	wl.demOp[id] = len(wl.ops)
-	wl.ops = append(wl.ops, wop{id: id, win: st.win, n: n, demand: true})
+	wl.queue(wop{id: id, win: st.win, n: n, demand: true})
 }
 
 // odds is the chance of admitting a request of an over key this server sees seldom:
@@ -447,6 +447,16 @@ func (wl *windowed) count(id string, win int64, n int) {
 	wl.ops = append(wl.ops, wop{id: id, win: win, n: n})
 }
 
+// queue appends op, which is not a plain count, to the queue: a count queued after it
+// is not merged into one queued before it, so that Redis sees the key's ops in order
+// (a count taken back, a grant asked, then more admissions).
+func (wl *windowed) queue(op wop) {
+	if !op.demand {
+		delete(wl.admOp, op.id)
+	}
+	wl.ops = append(wl.ops, op)
+}
+
 // plain reports whether op only counts admissions.
 func (op *wop) plain() bool {
 	return !op.grant && !op.carry && !op.demand && !op.nextWin && !op.now && op.n > 0 && op.ask == nil && op.w == nil && !op.dropped
@@ -465,7 +475,7 @@ func (wl *windowed) wait(st *wkey, en *entry, n int, now time.Time) *Waiter {
 func (wl *windowed) join(st *wkey, id string, w *Waiter, now time.Time) {
 	if st.ask == nil {
 		st.ask = &wask{now: true}
-		wl.ops = append(wl.ops, wop{id: id, win: st.win, n: wl.size(st, w.n, st.perSec, now), grant: true, ask: st.ask, w: w})
+		wl.queue(wop{id: id, win: st.win, n: wl.size(st, w.n, st.perSec, now), grant: true, ask: st.ask, w: w})
 	} else {
 		st.ask.waiters = append(st.ask.waiters, w)
 		st.ask.now = true
@@ -512,7 +522,7 @@ func (wl *windowed) askNext(st *wkey, id string, n int, perSec float64, now time
 			return
 		}
 		st.nextAsked, st.skipped = true, false
-		wl.ops = append(wl.ops, wop{id: id, win: st.win + 1, n: min(x, wl.glim.Burst), grant: true, nextWin: true})
+		wl.queue(wop{id: id, win: st.win + 1, n: min(x, wl.glim.Burst), grant: true, nextWin: true})
 	}
 }
 
@@ -520,7 +530,7 @@ func (wl *windowed) askNext(st *wkey, id string, n int, perSec float64, now time
 func (wl *windowed) ask(st *wkey, id string, n int) {
 	if st.ask == nil && !st.failed() {
 		st.ask = &wask{}
-		wl.ops = append(wl.ops, wop{id: id, win: st.win, n: n, grant: true, ask: st.ask})
+		wl.queue(wop{id: id, win: st.win, n: n, grant: true, ask: st.ask})
 	}
 }
 

@@ -604,9 +604,9 @@ func TestWindowedEvictedWhileWaiting(t *testing.T) {
 	}
 }
 
-// TestWindowedQueueCoalesces: the queue of a report holds one count per key and window,
-// whatever the requests between two reports; a grant or a count of another window is an
-// op of its own.
+// TestWindowedQueueCoalesces: the queue of a report holds one count per key and window
+// between two other ops of the key, whatever the requests between two reports; a grant,
+// a count taken back or a count of another window is an op of its own, in order.
 func TestWindowedQueueCoalesces(t *testing.T) {
 	f := newWinFleet(t, 2, nil)
 	wl := f.lms[0].win
@@ -616,10 +616,14 @@ func TestWindowedQueueCoalesces(t *testing.T) {
 		wl.count("a", 7, 1)
 	}
 	wl.count("a", 8, 2)
-	wl.ops = append(wl.ops, wop{id: "a", win: 8, n: 1, grant: true})
+	wl.queue(wop{id: "a", win: 8, n: 1, grant: true})
 	wl.count("a", 8, 3)
 	wl.count("b", 7, 1)
-	want := []wop{{id: "a", win: 7, n: 1000}, {id: "a", win: 8, n: 5}, {id: "a", win: 8, n: 1, grant: true}, {id: "b", win: 7, n: 1}}
+	wl.queue(wop{id: "b", win: 7, n: -1}) // Return
+	wl.count("b", 7, 1)
+	// what follows a grant or a count taken back stays after it
+	want := []wop{{id: "a", win: 7, n: 1000}, {id: "a", win: 8, n: 2}, {id: "a", win: 8, n: 1, grant: true},
+		{id: "a", win: 8, n: 3}, {id: "b", win: 7, n: 1}, {id: "b", win: 7, n: -1}, {id: "b", win: 7, n: 1}}
 	if len(wl.ops) != len(want) {
 		t.Fatalf("queue %+v, want %+v", wl.ops, want)
 	}
@@ -627,5 +631,26 @@ func TestWindowedQueueCoalesces(t *testing.T) {
 		if wl.ops[i] != want[i] {
 			t.Errorf("op %d: %+v, want %+v", i, wl.ops[i], want[i])
 		}
+	}
+}
+
+// TestWindowedGoneEitherOrder: the store reports an eviction after letting go of the
+// key's lock, so the answer of an evicted key's count may come before the eviction is
+// recorded, or find a new entry of the key: either way nothing stays owed once both
+// have happened, and a new entry does not inherit a count already answered.
+func TestWindowedGoneEitherOrder(t *testing.T) {
+	f := newWinFleet(t, 2, nil)
+	wl := f.lms[0].win
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	wl.unGone("a", 2) // answered first
+	wl.owe("a", 2)    // then the eviction of an entry with 2 unanswered
+	wl.owe("b", 3)    // evicted first
+	wl.unGone("b", 3) // then answered
+	var st wkey       // a new entry of "c", made before the old one's eviction was recorded
+	wl.owe("c", 1)
+	wl.answerOut(&st, "c", 1) // the old entry's count, answered on the new entry
+	if len(wl.gone) != 0 || st.out != 0 {
+		t.Errorf("gone %v, new entry's out %d: want nothing owed", wl.gone, st.out)
 	}
 }

@@ -323,9 +323,10 @@ func (wl *windowed) answered(now time.Time, it *windowItem, x *global.WindowTrip
 		// A key evicted while op was out is not made again (Peek): a new entry has no
 		// shape, and the key's requests are decided from op alone.
 		if op.dropped { // not sent: its window is long gone
-			if !lm.keys.Peek(op.id, func(en *entry, _ time.Time) {
+			if !lm.keys.Peek(op.id, func(en *entry, last time.Time) {
 				wl.mu.Lock()
 				defer wl.mu.Unlock()
+				wl.key(&en.win, en.key, later(now, last))
 				pend = wl.release(op, &en.win, errWindowGone, pend)
 			}) {
 				wl.mu.Lock()
@@ -364,7 +365,7 @@ func (wl *windowed) answerGone(op wop, count int, pend []windowPending) []window
 	case !op.grant:
 		wl.unGone(op.id, op.n)
 		if x := min(op.n, count-burst); x > 0 {
-			wl.ops = append(wl.ops, wop{id: op.id, win: op.win + 1, n: x, carry: true})
+			wl.queue(wop{id: op.id, win: op.win + 1, n: x, carry: true})
 		}
 		return pend
 	}
@@ -387,20 +388,36 @@ func (wl *windowed) answerGone(op wop, count int, pend []windowPending) []window
 		op.ask.waiters = nil
 	}
 	if left > 0 { // as evicted gives back a key's grants
-		wl.ops = append(wl.ops, wop{id: op.id, win: op.win, n: -left})
+		wl.queue(wop{id: op.id, win: op.win, n: -left})
 		wl.due = true
 	}
 	return pend
 }
 
 // unGone answers n admissions of key id made before its entry was evicted.
-func (wl *windowed) unGone(id string, n int) {
-	if out, ok := wl.gone[id]; ok {
-		if out -= n; out > 0 {
-			wl.gone[id] = out
-		} else {
-			wl.forget(id)
-		}
+//
+// The store reports an eviction once the key's lock is let go, so an answer may come
+// between the two, or after a new entry of the key was made: the count it answers is then
+// owed here below zero, until the eviction adds what the evicted entry had unanswered.
+func (wl *windowed) unGone(id string, n int) { wl.owe(id, -n) }
+
+// owe adds n to what key id, no longer held, has unanswered.
+func (wl *windowed) owe(id string, n int) {
+	if out := wl.gone[id] + n; out != 0 {
+		wl.gone[id] = out
+		wl.goneMax = max(wl.goneMax, len(wl.gone))
+	} else {
+		wl.forget(id)
+	}
+}
+
+// answerOut takes n answered admissions off the unanswered ones of the key of st: what
+// st does not hold belongs to an entry of the key evicted before st was made.
+func (wl *windowed) answerOut(st *wkey, id string, n int) {
+	d := min(st.out, n)
+	st.out -= d
+	if n > d {
+		wl.unGone(id, n-d)
 	}
 }
 
@@ -449,7 +466,7 @@ func (wl *windowed) undo(now time.Time, id string, n int, r Reason, win int64) (
 		switch {
 		case win != st.win:
 		case r == ReasonAsync:
-			wl.ops = append(wl.ops, wop{id: en.key, win: st.win, n: -n})
+			wl.queue(wop{id: en.key, win: st.win, n: -n})
 			back = true
 		case r == ReasonLease || r == ReasonGranted:
 			st.grants += n
@@ -484,7 +501,7 @@ func (wl *windowed) release(op wop, st *wkey, fail error, pend []windowPending) 
 			st.nextAsked = false
 		}
 		if !op.grant && !op.carry && !op.demand && op.n > 0 {
-			st.out = max(0, st.out-op.n)
+			wl.answerOut(st, op.id, op.n)
 		}
 	} else if !op.grant && !op.carry && !op.demand && op.n > 0 {
 		wl.unGone(op.id, op.n)
@@ -524,7 +541,7 @@ func (wl *windowed) answer(en *entry, op wop, count int, now time.Time, pend []w
 	switch {
 	case op.carry:
 	case !op.grant:
-		st.out = max(0, st.out-op.n)
+		wl.answerOut(st, en.key, op.n)
 	case op.w != nil:
 		if got < op.w.n {
 			got = 0
@@ -558,7 +575,7 @@ func (wl *windowed) answer(en *entry, op wop, count int, now time.Time, pend []w
 	refused := op.grant && got < op.n
 	if x := min(op.n, count-burst); !refused && x > 0 && !op.grant {
 		// its part of an overshoot: counted in the next window as well
-		wl.ops = append(wl.ops, wop{id: en.key, win: op.win + 1, n: x, carry: true})
+		wl.queue(wop{id: en.key, win: op.win + 1, n: x, carry: true})
 	}
 	switch {
 	case op.nextWin && op.win > st.win:
@@ -691,9 +708,9 @@ func (wl *windowed) unsent(op wop, st *wkey, cur int64, err error, pend []window
 	case !op.grant && op.win >= cur-1 && !op.dropped:
 		// counted with the next trip: the window before the current one still has its
 		// array, and its count is the current one's debt
-		wl.ops = append(wl.ops, op)
+		wl.queue(op)
 	case !op.grant && !op.carry && st != nil:
-		st.out = max(0, st.out-op.n)
+		wl.answerOut(st, op.id, op.n)
 	case !op.grant && !op.carry:
 		wl.unGone(op.id, op.n)
 	case op.grant:
@@ -720,15 +737,14 @@ func (wl *windowed) evicted(en *entry) {
 	defer wl.mu.Unlock()
 	if st.out > 0 {
 		// its admissions not yet answered still count against c when it comes back
-		wl.gone[en.key] = st.out
-		wl.goneMax = max(wl.goneMax, len(wl.gone))
+		wl.owe(en.key, st.out)
 	}
 
 	if st.grants > 0 {
-		wl.ops = append(wl.ops, wop{id: en.key, win: st.win, n: -st.grants})
+		wl.queue(wop{id: en.key, win: st.win, n: -st.grants})
 	}
 	if st.next > 0 {
-		wl.ops = append(wl.ops, wop{id: en.key, win: st.win + 1, n: -st.next})
+		wl.queue(wop{id: en.key, win: st.win + 1, n: -st.next})
 	}
 	if st.grants > 0 || st.next > 0 {
 		wl.due = true
