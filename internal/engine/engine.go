@@ -184,7 +184,7 @@ type entry struct {
 	credit    float64
 	hasCredit bool
 	flight    *Flight // the refill in flight, nil if none
-	win       wkey    // a windowed limit's state of the key (window.go)
+	win       *wkey   // a windowed limit's state of the key (window.go); nil for a bucket's
 	slot      uint8   // which shard of the counters the key counts in
 	// key is the key's ID (wire.KeyID), the store's own copy: flights, waiters, refunds
 	// and expiries hold it, never the caller's string, which may pin a larger buffer.
@@ -349,7 +349,10 @@ func (lm *Limit) initEntry(en *entry, key string, now time.Time) {
 	en.shape = nil
 	en.lease = NewLease(lm.seed ^ h)
 	en.flight = nil
-	en.win = wkey{}
+	en.win = nil
+	if lm.win != nil {
+		en.win = new(wkey)
+	}
 	en.slot = uint8(h % counterShards)
 	en.key = key
 }

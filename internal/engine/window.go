@@ -304,7 +304,7 @@ func (wl *windowed) decide(o *wdecision, en *entry, now time.Time, n int) {
 	}
 	wl.now(now)
 	wl.begin(now)
-	st := &en.win
+	st := en.win
 	wl.key(st, en.key, now)
 	// This server's rate of the key: its requests, this one included, decayed over four
 	// windows (at most 4 s), over the time it has been counting every key (since its

@@ -326,8 +326,8 @@ func (wl *windowed) answered(now time.Time, it *windowItem, x *global.WindowTrip
 			if !lm.keys.Peek(op.id, func(en *entry, last time.Time) {
 				wl.mu.Lock()
 				defer wl.mu.Unlock()
-				wl.key(&en.win, en.key, later(now, last))
-				pend = wl.release(op, &en.win, errWindowGone, pend)
+				wl.key(en.win, en.key, later(now, last))
+				pend = wl.release(op, en.win, errWindowGone, pend)
 			}) {
 				wl.mu.Lock()
 				pend = wl.release(op, nil, errWindowGone, pend)
@@ -455,7 +455,7 @@ func (wl *windowed) undo(now time.Time, id string, n int, r Reason, win int64) (
 		en.pre.AllowN(t, -n)
 		wl.mu.Lock()
 		defer wl.mu.Unlock()
-		st := &en.win
+		st := en.win
 		if !st.init {
 			return
 		}
@@ -481,7 +481,7 @@ func (wl *windowed) undo(now time.Time, id string, n int, r Reason, win int64) (
 func (wl *windowed) countFallback(en *entry, t time.Time, n int) {
 	wl.mu.Lock()
 	defer wl.mu.Unlock()
-	wl.key(&en.win, en.key, t)
+	wl.key(en.win, en.key, t)
 	en.win.out += n
 	wl.count(en.key, en.win.win, n)
 }
@@ -522,7 +522,7 @@ func (wl *windowed) release(op wop, st *wkey, fail error, pend []windowPending) 
 // and wl.mu.
 func (wl *windowed) answer(en *entry, op wop, count int, now time.Time, pend []windowPending) []windowPending {
 	burst := wl.glim.Burst
-	st := &en.win
+	st := en.win
 	wl.key(st, en.key, now)
 	if op.demand {
 		if op.win >= st.demWin {
@@ -685,7 +685,7 @@ func (wl *windowed) failed(now time.Time, it *windowItem, err error, pend []wind
 		if !wl.lm.keys.Peek(op.id, func(en *entry, last time.Time) {
 			wl.mu.Lock()
 			defer wl.mu.Unlock()
-			st := &en.win
+			st := en.win
 			wl.key(st, en.key, later(now, last))
 			pend = wl.unsent(op, st, st.win, err, pend)
 		}) {
@@ -729,7 +729,7 @@ func (wl *windowed) now(t time.Time) {
 // evicted gives back the grants a key held when its entry goes (Drain, or the key store
 // full): they are counted in Redis, unused.
 func (wl *windowed) evicted(en *entry) {
-	st := &en.win
+	st := en.win
 	if !st.init {
 		return
 	}
