@@ -145,7 +145,8 @@ var faultPolicies = []struct {
 // policy's bound over the whole run (fail-closed: 2·burst + rate·T, plus a burst for
 // each loss of the bucket the servers counted; fail-local and fail-open: what the
 // servers' own buckets allow); the fault's lost buckets detected; the fallback no longer deciding by the end; and no
-// goroutine left once the limiters are closed.
+// goroutine left once the limiters are closed; and every key the fleet wrote, window
+// arrays included (a windowed limit runs beside the bucket ones), left with a TTL.
 func TestFaultMatrix(t *testing.T) {
 	healthy, after := 400*time.Millisecond, 900*time.Millisecond
 	if *fullFaults {
@@ -182,6 +183,7 @@ func cellConfig(policy breaker.Policy) hybrid.Config {
 		Limits: []hybrid.Limit{
 			{Name: "hot", Rate: hotRate, Burst: hotBurst, Policy: policy, MaxWait: cellWait},
 			{Name: "cold", Rate: 20, Burst: 20, Policy: policy, MaxWait: cellWait},
+			{Name: "cold-win", Rate: 20, Burst: 20, Policy: policy, MaxWait: cellWait, Windowed: 100 * time.Millisecond},
 		},
 	}
 }
@@ -228,6 +230,7 @@ func startLoad(fleet []*server) *fleetLoad {
 		l.wg.Go(func() { // one caller cycling through the cold keys, well within their limits
 			for n := i; time.Now().UnixNano() < l.stopAt.Load(); n++ {
 				l.decide(s.limiter, "cold", n%coldKeys)
+				l.decide(s.limiter, "cold-win", n%coldKeys)
 				time.Sleep(time.Millisecond)
 			}
 		})
@@ -257,7 +260,7 @@ func (l *fleetLoad) decide(lim *hybrid.Limiter, limit string, n int) {
 	if limit == "hot" && d.Allowed {
 		l.admitted[phase].Add(1)
 	}
-	if n >= 0 {
+	if limit == "cold" {
 		l.cold[phase][n].Add(1)
 		if d.Source == hybrid.SourceFallback {
 			l.coldFallback[phase][n].Add(1)
@@ -378,10 +381,33 @@ func runFaultCell(t *testing.T, f fault, policy breaker.Policy, healthy, after t
 		_ = s.limiter.Close(context.Background())
 		_ = s.client.Close()
 	}
+	checkExpiries(t, admin, prefix)
 	_ = admin.Close()
 	cut.close()
 	srv.Kill() // its process's waiter is the test's own goroutine
 	goleak.VerifyNone(t, ignore)
+}
+
+// checkExpiries asserts that every key under prefix expires: buckets, window arrays, the
+// marks, whatever a fault did to them.
+func checkExpiries(t *testing.T, admin *redis.Client, prefix string) {
+	t.Helper()
+	ctx := context.Background()
+	keys, err := admin.Keys(ctx, prefix+"*").Result()
+	if err != nil {
+		t.Errorf("listing the keys: %v", err)
+		return
+	}
+	wins := 0
+	for _, k := range keys {
+		if strings.Contains(k, ":win:") {
+			wins++
+		}
+		if d, err := admin.PTTL(ctx, k).Result(); err == nil && d == -1 {
+			t.Errorf("%s has no TTL", k)
+		}
+	}
+	t.Logf("%d keys left, %d of them window arrays, each with a TTL", len(keys), wins)
 }
 
 // proxy forwards TCP connections to a Redis; while cut, it forwards nothing in either
