@@ -15,12 +15,31 @@
 //
 // Its outputs are the decisions (returned by Decide and GiveUp, or, for a request that
 // waited, set on its Waiter) and the I/O it wants: Next returns one Trip at a time —
-// refills (up to MaxBatch per pipelined round trip), refunds summed per key, debts and
-// charges, a heartbeat, a low-key exchange —
+// refills (TakeTrip, up to MaxBatch per pipelined round trip), refunds summed per key and
+// debts and charges (RefundTrip), a heartbeat (HeartbeatTrip), a low-key exchange of the
+// limits with Async (LowTrip), the reports of the windowed limits (WindowsTrip) —
 // which the driver carries out and hands back to Done. The scheduling of that I/O is the
-// engine's: one round trip out at a time, refills first but never two trips of them in a
-// row while a heartbeat or refunds wait, a refund trip answered too late sent again in
-// halves with the same sequence numbers.
+// engine's: one round trip out at a time, in this order of precedence: refills, a
+// heartbeat, the windowed limits' reports, a low-key exchange, refunds, debts; but
+// neither refills nor windowed reports go twice in a row while other work waits, so none
+// starves. A refund trip answered too late is sent again in halves with the same
+// sequence numbers.
+//
+// # Kinds of limit
+//
+// A limit is one of three kinds, fixed when it is made:
+//
+//   - exact (the default): a token bucket in Redis, served from leases; a request the
+//     lease cannot serve waits for a refill;
+//   - charge-later (LimitConfig.Async): the same bucket; a request the lease cannot
+//     serve on a key not known low is admitted at once and charged with a later
+//     RefundTrip of debts (async.go, debt.go);
+//   - windowed (LimitConfig.Windowed): counted windows in shared arrays in Redis, no
+//     bucket; a server admits without asking and reports its counts with a WindowsTrip
+//     every report interval, asks grants for the keys it sees often, and asks and waits
+//     for keys the fleet found near their burst (window.go, window_trip.go). Its window,
+//     Burst/Rate, is from MinWindow to MaxWindow, its report interval at most half of it.
+//     A key's window state is allocated only for a windowed limit's keys.
 //
 // The Lease type is the pure per-key lease rule inside it (batch size, prefetch, pacing,
 // expiry), with no locks at all.
@@ -40,7 +59,13 @@
 //   - the counters are atomics, and a limit's lease configuration is an atomic pointer
 //     replaced whole when the live server count changes;
 //   - a limit's low keys (Async) by that set's own mutex, always the innermost lock: it
-//     may be taken under a key's lock or Engine.mu, and nothing is taken under it.
+//     may be taken under a key's lock or Engine.mu, and nothing is taken under it;
+//   - a windowed limit's queue of work for Redis and what it knows of the fleet (marks,
+//     Redis's clock, its reads) by that limit's windowed.mu, taken under a key's lock or
+//     Engine.mu or alone, and never around anything else. Every decision of a windowed
+//     limit takes it, so such a limit's decisions do not run in parallel on one server.
+//     An answer finds its key with Peek: a key evicted while its op was out is not made
+//     again, and its requests are decided from the op alone.
 //
 // Lock order: Waiter.mu, then a key's shard lock or Engine.mu. Decide, GiveUp and Tick may
 // be called from any goroutine; Next, Done and Stop belong to the driver's loop, one
