@@ -46,7 +46,7 @@ const (
 	// DefaultWindowWidth is the counters per row of a windowed limit's arrays: 2^18, two
 	// rows of a 16-bit sketch and a demand row, 1.5 MB per window.
 	DefaultWindowWidth = 1 << 18
-	// windowMemory is how long a key stays over, and how long the stream keeps a mark.
+	// windowMemory is how long a key stays over, and how long the set of marks keeps one.
 	windowMemory = 30 * time.Second
 	// windowRead is how often a server reads the fleet's marks while it admits without
 	// asking; its marks are fresh while its last read went within twice that.
