@@ -294,8 +294,10 @@ func (e *Engine) fallback(now time.Time, lm *Limit, tier, key string, n int, why
 			if !en.pre.AllowN(t, n) {
 				d = lm.preDenied(en, t, n)
 				d.Servers = servers
-			} else if lm.win != nil {
-				lm.win.countFallback(en, t, n)
+			} else if lm.win != nil && !lm.win.countFallback(en, t, n) {
+				// no room to count it: refused, its pre-check tokens given back
+				en.pre.AllowN(t, -n)
+				d = Decision{Source: SourceFallback, Reason: why, Servers: servers, RetryAfter: lm.win.iv}
 			}
 		})
 		if d.Allowed && lm.win == nil && sh.chargesDebt() {

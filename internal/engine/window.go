@@ -354,7 +354,10 @@ func (wl *windowed) decide(o *wdecision, en *entry, now time.Time, n int) {
 		deny()
 		wl.askGrant(st, en.key, n, perSec, urgent, now)
 	case often && fresh && !low && st.out == 0 && st.out+n <= wl.share():
-		wl.admitFree(st, en.key, n)
+		if !wl.admitFree(st, en.key, n) {
+			wl.full(o)
+			break
+		}
 		admit(ReasonAsync)
 		wl.askGrant(st, en.key, n, perSec, true, now)
 	case often:
@@ -363,7 +366,10 @@ func (wl *windowed) decide(o *wdecision, en *entry, now time.Time, n int) {
 		p := wl.odds(st, perSec, now)
 		x := float64(mix3(wl.lm.seed, hashKey(en.key), uint64(now.UnixNano()))%1e9) / 1e9
 		if x < p && st.out+n <= wl.share() {
-			wl.admitFree(st, en.key, n)
+			if !wl.admitFree(st, en.key, n) {
+				wl.full(o)
+				break
+			}
 			admit(ReasonAsync)
 		} else {
 			deny()
@@ -372,7 +378,10 @@ func (wl *windowed) decide(o *wdecision, en *entry, now time.Time, n int) {
 		deny()
 		wl.ask(st, en.key, n)
 	case !low && fresh && st.out+n <= wl.share():
-		wl.admitFree(st, en.key, n)
+		if !wl.admitFree(st, en.key, n) {
+			wl.full(o)
+			break
+		}
 		admit(ReasonAsync)
 	default: // ask now and wait for the answer
 		o.w = &Waiter{lim: wl.lm, key: en.key, n: n, ch: make(chan struct{})}
@@ -426,25 +435,46 @@ func (wl *windowed) need(st *wkey, perSec float64, d time.Duration, now time.Tim
 	return perSec * min(d, wl.end(st.win, st.phase).Sub(now)).Seconds()
 }
 
-// admitFree counts n admitted without asking in the next trip.
-func (wl *windowed) admitFree(st *wkey, id string, n int) {
+// admitFree counts n admitted without asking in the next trip, and reports whether it
+// could: not when the queue is full (count).
+func (wl *windowed) admitFree(st *wkey, id string, n int) bool {
+	if !wl.count(id, st.win, n) {
+		return false
+	}
 	wl.free = true
 	st.out += n
-	wl.count(id, st.win, n)
+	return true
+}
+
+// maxQueued is the most ops a windowed limit's queue holds for Redis (about 4 MB) before
+// it takes no new key's count: a burst of new keys faster than the reports go, or an
+// outage under FailLocal, may not grow it past that.
+const maxQueued = 1 << 16
+
+// full is the decision of a request whose admission could not be counted, the queue
+// being full: refused, to ask again once the next report has gone.
+func (wl *windowed) full(o *wdecision) {
+	o.d = Decision{Source: SourceLease, Reason: ReasonPaced, RetryAfter: wl.iv}
 }
 
 // count queues n admissions of key id in window win for the next trip, added to the
 // key's count already queued for that window if there is one: the queue holds one count
-// per key and window, however many requests the key makes between two reports.
-func (wl *windowed) count(id string, win int64, n int) {
+// per key and window, however many requests the key makes between two reports. With
+// maxQueued ops queued it only adds to a count queued already, and reports whether it
+// counted n.
+func (wl *windowed) count(id string, win int64, n int) bool {
 	if i, ok := wl.admOp[id]; ok && i < len(wl.ops) {
 		if op := &wl.ops[i]; op.id == id && op.win == win && op.plain() {
 			op.n += n
-			return
+			return true
 		}
+	}
+	if len(wl.ops) >= maxQueued {
+		return false
 	}
 	wl.admOp[id] = len(wl.ops)
 	wl.ops = append(wl.ops, wop{id: id, win: win, n: n})
+	return true
 }
 
 // queue appends op, which is not a plain count, to the queue: a count queued after it

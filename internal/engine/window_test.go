@@ -654,3 +654,31 @@ func TestWindowedGoneEitherOrder(t *testing.T) {
 		t.Errorf("gone %v, new entry's out %d: want nothing owed", wl.gone, st.out)
 	}
 }
+
+// TestWindowedQueueFull: with maxQueued ops queued, a count already queued still grows,
+// but a new key's admission without asking is refused (ReasonPaced, to ask again after
+// the next report) rather than admitted uncounted or queued without bound.
+func TestWindowedQueueFull(t *testing.T) {
+	f := newWinFleet(t, 2, nil)
+	f.warm()
+	e, lm := f.es[0], f.lms[0]
+	now := t0.Add(60 * time.Millisecond)
+	if d, w := decide(e, now, lm, "a", 1); w != nil || d.Reason != ReasonAsync {
+		t.Fatalf("%+v, want admitted without asking", d)
+	}
+	wl := lm.win
+	wl.mu.Lock()
+	win := wl.ops[len(wl.ops)-1].win
+	for i := 0; len(wl.ops) < maxQueued; i++ {
+		wl.count("x"+strconv.Itoa(i), win, 1)
+	}
+	merged, added := wl.count("x0", win, 1), wl.count("y", win, 1)
+	n := len(wl.ops)
+	wl.mu.Unlock()
+	if !merged || added || n != maxQueued {
+		t.Fatalf("full queue: merged %v, new key added %v, %d ops; want true, false, %d", merged, added, n, maxQueued)
+	}
+	if d, w := decide(e, now, lm, "b", 1); w != nil || d.Allowed || d.Reason != ReasonPaced || d.RetryAfter != wl.iv {
+		t.Fatalf("a new key with the queue full: %+v (waits: %v), want refused for a report interval", d, w != nil)
+	}
+}

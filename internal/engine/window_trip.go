@@ -477,13 +477,17 @@ func (wl *windowed) undo(now time.Time, id string, n int, r Reason, win int64) (
 }
 
 // countFallback counts n that the limit's policy admitted for the key of en, in its
-// window with the next report (there is no bucket to owe); it requires the key's lock.
-func (wl *windowed) countFallback(en *entry, t time.Time, n int) {
+// window with the next report (there is no bucket to owe), and reports whether it could:
+// not with the queue full (count). It requires the key's lock.
+func (wl *windowed) countFallback(en *entry, t time.Time, n int) bool {
 	wl.mu.Lock()
 	defer wl.mu.Unlock()
 	wl.key(en.win, en.key, t)
+	if !wl.count(en.key, en.win.win, n) {
+		return false
+	}
 	en.win.out += n
-	wl.count(en.key, en.win.win, n)
+	return true
 }
 
 // errWindowGone fails the grants of a window that ended before they were sent.
