@@ -98,28 +98,40 @@ func checkWindow(c LimitConfig) error {
 	return nil
 }
 
-// wkey is one key's window state on this server, in its entry.
+// wkey is one key's window state on this server, allocated with its entry. Its instants
+// are 8 bytes each, not a time.Time's 24: a windowed limit holds one per key.
 type wkey struct {
 	phase     int64 // µs: the key's windows start where (Redis time + phase) is a multiple of w
 	win       int64 // the window it was last decided in
 	ewc       float64
-	ewAt      time.Time
+	ewAt      instant
 	grants    int   // grants held for win
 	next      int   // grants held for win + 1
 	nextFull  int64 // a window ahead that refused a grant of it
-	passed    bool  // the last grant of a next window was refused outright
-	skipped   bool  // the last next window was refused without asking
-	nextAsked bool  // a grant of win + 1 is asked
 	spent     int64 // the last window known spent, plus one (0: none)
 	out       int   // admitted without asking, not yet answered
 	ask       *wask // the grant asked ahead, queued or on the wire; nil: none
-	often     bool  // its last request found it seen often
 	perSec    float64
 	demWin    int64 // the window of dem, the fleet's count of its requests for odds,
 	dem       int   // as the last answer said,
-	demAt     time.Time
-	low, over time.Time
+	demAt     instant
+	low, over instant // until when it is low, over
+	passed    bool    // the last grant of a next window was refused outright
+	skipped   bool    // the last next window was refused without asking
+	nextAsked bool    // a grant of win + 1 is asked
+	often     bool    // its last request found it seen often
 	init      bool
+}
+
+// instant is an instant on this server's clock, in nanoseconds since 1970 (0: never).
+type instant int64
+
+// at is t as an instant; the zero time is never.
+func at(t time.Time) instant {
+	if t.IsZero() {
+		return 0
+	}
+	return instant(t.UnixNano())
 }
 
 // wask is a grant asked ahead and the requests waiting for it.
@@ -258,7 +270,7 @@ func (wl *windowed) key(st *wkey, id string, now time.Time) {
 }
 
 func (st *wkey) learn(m wmark) {
-	st.low, st.over, st.spent = later(st.low, m.low), later(st.over, m.over), max(st.spent, m.spent)
+	st.low, st.over, st.spent = max(st.low, at(m.low)), max(st.over, at(m.over)), max(st.spent, m.spent)
 }
 
 // failed reports whether the key's current window is known spent.
@@ -314,11 +326,11 @@ func (wl *windowed) decide(o *wdecision, en *entry, now time.Time, n int) {
 	// in a server's first tenth of a window (or report interval) a key's first request
 	// may count as often, and ask a grant with its admission.
 	tau := min(4*wl.w, 4*time.Second)
-	st.ewc = st.ewc*math.Exp(-float64(now.Sub(st.ewAt))/float64(tau)) + 1
-	st.ewAt = now
+	st.ewc = st.ewc*math.Exp(-float64(at(now)-st.ewAt)/float64(tau)) + 1
+	st.ewAt = at(now)
 	counted := 1 - math.Exp(-float64(max(now.Sub(wl.start), min(wl.w/10, wl.iv)))/float64(tau))
 	perSec := st.ewc / counted / tau.Seconds()
-	over, low := now.Before(st.over), now.Before(st.low)
+	over, low := at(now) < st.over, at(now) < st.low
 	often := wl.warm && perSec*wl.iv.Seconds() >= 1
 	st.often, st.perSec = often, perSec
 	fresh := wl.fresh(now)
@@ -423,7 +435,7 @@ func (wl *windowed) odds(st *wkey, perSec float64, now time.Time) float64 {
 	burst := float64(wl.glim.Burst)
 	if st.demWin >= st.win-1 && st.dem > 0 {
 		start := wl.end(st.demWin-1, st.phase)
-		if part := float64(st.demAt.Sub(start)) / float64(wl.w); part >= 0.25 {
+		if part := float64(st.demAt-at(start)) / float64(wl.w); part >= 0.25 {
 			return min(1, burst*min(1, part)/float64(st.dem))
 		}
 	}
@@ -547,7 +559,7 @@ func (wl *windowed) askGrant(st *wkey, id string, n int, perSec float64, urgent 
 func (wl *windowed) askNext(st *wkey, id string, n int, perSec float64, now time.Time) {
 	need := perSec * min(2*wl.iv, wl.w).Seconds()
 	if x := int(math.Ceil(need - 3*math.Sqrt(need))); x >= n && !st.nextAsked && st.next == 0 && st.nextFull <= st.win {
-		if st.passed && !st.skipped && now.Before(st.over) {
+		if st.passed && !st.skipped && at(now) < st.over {
 			st.nextFull, st.skipped = st.win+1, true
 			return
 		}

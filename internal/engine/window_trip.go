@@ -530,7 +530,7 @@ func (wl *windowed) answer(en *entry, op wop, count int, now time.Time, pend []w
 	wl.key(st, en.key, now)
 	if op.demand {
 		if op.win >= st.demWin {
-			st.demWin, st.dem, st.demAt = op.win, count, now
+			st.demWin, st.dem, st.demAt = op.win, count, at(now)
 		}
 		return pend
 	}
@@ -641,7 +641,7 @@ func (wl *windowed) judge(st *wkey, id string, win int64, count int, refused boo
 // over; what changes is announced, unless this server sees the key often (it then asks
 // for it itself, and a server that sees it seldom learns from its own answers).
 func (wl *windowed) mark(st *wkey, id string, win int64, spent, over bool, now time.Time) {
-	if !now.Before(st.low) && !now.Before(st.over) && !st.failed() {
+	if at(now) >= st.low && at(now) >= st.over && !st.failed() {
 		wl.urgent = true // the key's first mark in a while goes at once
 	}
 	flags := 0
@@ -649,24 +649,24 @@ func (wl *windowed) mark(st *wkey, id string, win int64, spent, over bool, now t
 		st.spent = max(st.spent, win+1)
 		flags |= wire.MarkSpent
 	}
-	if end := wl.end(win, st.phase); end.After(st.low) {
+	if end := at(wl.end(win, st.phase)); end > st.low {
 		st.low = end
 		flags |= wire.MarkLow
 	}
-	if over && now.Add(windowMemory).Sub(st.over) > windowMemory/2 {
-		st.over = now.Add(windowMemory)
+	if over && time.Duration(at(now.Add(windowMemory))-st.over) > windowMemory/2 {
+		st.over = at(now.Add(windowMemory))
 		flags |= wire.MarkOver
 	}
 	if flags != 0 && !st.often {
 		// all this server knows of the key and window: a key has one mark per window,
 		// the last writer's
-		if !st.low.Before(wl.end(win, st.phase)) {
+		if st.low >= at(wl.end(win, st.phase)) {
 			flags |= wire.MarkLow
 		}
 		if st.spent > win {
 			flags |= wire.MarkSpent
 		}
-		if now.Before(st.over) {
+		if at(now) < st.over {
 			flags |= wire.MarkOver
 		}
 		wl.announce[wmk{id, win}] |= flags
