@@ -159,6 +159,31 @@ func BenchmarkAllowLeaseParallel(b *testing.B) {
 	allowParallel(b, l)
 }
 
+// BenchmarkBareRateAllow10kKeysParallel is AllowLease10kKeysParallel's baseline: the
+// read-only map of 10,000 bare limiters of BareRateAllow10kKeys, from GOMAXPROCS
+// goroutines, each starting at its own place in the keys.
+func BenchmarkBareRateAllow10kKeysParallel(b *testing.B) {
+	ks := keys()
+	m := make(map[string]*rate.Limiter, len(ks))
+	for _, k := range ks {
+		m[k] = rate.NewLimiter(rate.Limit(1e12), 1<<40)
+	}
+	var next atomic.Uint64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := int(next.Add(7919)) % len(ks)
+		for pb.Next() {
+			if !m[ks[i]].Allow() {
+				b.Fatal("denied")
+			}
+			if i++; i == len(ks) {
+				i = 0
+			}
+		}
+	})
+}
+
 func BenchmarkAllowLease10kKeysParallel(b *testing.B) {
 	l := benchLimiter(b)
 	ctx := context.Background()
