@@ -54,6 +54,10 @@ func (w *Waiter) Decision() Decision {
 // Limit returns the limit the request is for.
 func (w *Waiter) Limit() *Limit { return w.lim }
 
+// counted counts w's decision in its limit's counters; it requires that w.mu is held and
+// w decided.
+func (w *Waiter) counted() { w.lim.stats.count(uint8(hashKey(w.key)%counterShards), &w.d, w.n) }
+
 // set decides w; it requires that w.mu is held and w undecided.
 func (w *Waiter) set(d Decision) {
 	w.decided, w.d = true, d
@@ -228,7 +232,7 @@ func (e *Engine) GiveUp(now time.Time, w *Waiter, why Reason) Decision {
 	}
 	if why == ReasonCanceled {
 		w.set(Decision{Source: SourceFallback, Reason: ReasonCanceled, Servers: e.Servers()})
-		w.lim.stats.count(uint8(hashKey(w.key)%counterShards), &w.d, w.n)
+		w.counted()
 		return w.d
 	}
 	w.set(e.fallback(now, w.lim, w.tier, w.key, w.n, why))

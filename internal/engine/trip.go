@@ -384,7 +384,7 @@ func (e *Engine) grantGone(w *Waiter, back *int, g Grant) bool {
 	}
 	*back -= w.n
 	w.set(Decision{Allowed: true, Remaining: int(g.Remaining), Source: SourceGlobal, Reason: ReasonGranted, Servers: e.Servers()})
-	w.lim.stats.count(uint8(hashKey(w.key)%counterShards), &w.d, w.n)
+	w.counted()
 	return true
 }
 

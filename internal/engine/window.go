@@ -345,6 +345,18 @@ func (wl *windowed) decide(o *wdecision, en *entry, now time.Time, n int) {
 	deny := func() {
 		o.d = Decision{Source: SourceLease, Reason: ReasonPaced, RetryAfter: wl.retry(st, now)}
 	}
+	// free admits without asking, counted in the next report; with the queue full it
+	// refuses instead, to ask again once the next report has gone (maxQueued).
+	free := func() bool {
+		if !wl.count(en.key, st.win, n) {
+			o.d = Decision{Source: SourceLease, Reason: ReasonPaced, RetryAfter: wl.iv}
+			return false
+		}
+		wl.free = true
+		st.out += n
+		admit(ReasonAsync)
+		return true
+	}
 	switch {
 	case st.grants >= n:
 		st.grants -= n
@@ -366,23 +378,16 @@ func (wl *windowed) decide(o *wdecision, en *entry, now time.Time, n int) {
 		deny()
 		wl.askGrant(st, en.key, n, perSec, urgent, now)
 	case often && fresh && !low && st.out == 0 && st.out+n <= wl.share():
-		if !wl.admitFree(st, en.key, n) {
-			wl.full(o)
-			break
+		if free() {
+			wl.askGrant(st, en.key, n, perSec, true, now)
 		}
-		admit(ReasonAsync)
-		wl.askGrant(st, en.key, n, perSec, true, now)
 	case often:
 		o.w = wl.wait(st, en, n, now)
 	case over && fresh && !low:
 		p := wl.odds(st, perSec, now)
 		x := float64(mix3(wl.lm.seed, hashKey(en.key), uint64(now.UnixNano()))%1e9) / 1e9
 		if x < p && st.out+n <= wl.share() {
-			if !wl.admitFree(st, en.key, n) {
-				wl.full(o)
-				break
-			}
-			admit(ReasonAsync)
+			free()
 		} else {
 			deny()
 		}
@@ -390,11 +395,7 @@ func (wl *windowed) decide(o *wdecision, en *entry, now time.Time, n int) {
 		deny()
 		wl.ask(st, en.key, n)
 	case !low && fresh && st.out+n <= wl.share():
-		if !wl.admitFree(st, en.key, n) {
-			wl.full(o)
-			break
-		}
-		admit(ReasonAsync)
+		free()
 	default: // ask now and wait for the answer
 		o.w = &Waiter{lim: wl.lm, key: en.key, n: n, ch: make(chan struct{})}
 		wl.queue(wop{id: en.key, win: st.win, n: n, grant: true, w: o.w, now: true})
@@ -419,12 +420,9 @@ func (wl *windowed) refill() time.Duration {
 
 // countDemand counts n requests of an over key this server sees seldom, for odds.
 func (wl *windowed) countDemand(st *wkey, id string, n int) {
-	if i, ok := wl.demOp[id]; ok && i < len(wl.ops) && wl.ops[i].demand && wl.ops[i].id == id && wl.ops[i].win == st.win {
-		wl.ops[i].n += n
-		return
+	if op := (wop{id: id, win: st.win, n: n, demand: true}); !wl.merge(wl.demOp, op) {
+		wl.push(wl.demOp, op)
 	}
-	wl.demOp[id] = len(wl.ops)
-	wl.queue(wop{id: id, win: st.win, n: n, demand: true})
 }
 
 // odds is the chance of admitting a request of an over key this server sees seldom:
@@ -447,27 +445,10 @@ func (wl *windowed) need(st *wkey, perSec float64, d time.Duration, now time.Tim
 	return perSec * min(d, wl.end(st.win, st.phase).Sub(now)).Seconds()
 }
 
-// admitFree counts n admitted without asking in the next trip, and reports whether it
-// could: not when the queue is full (count).
-func (wl *windowed) admitFree(st *wkey, id string, n int) bool {
-	if !wl.count(id, st.win, n) {
-		return false
-	}
-	wl.free = true
-	st.out += n
-	return true
-}
-
 // maxQueued is the most ops a windowed limit's queue holds for Redis (about 4 MB) before
 // it takes no new key's count: a burst of new keys faster than the reports go, or an
 // outage under FailLocal, may not grow it past that.
 const maxQueued = 1 << 16
-
-// full is the decision of a request whose admission could not be counted, the queue
-// being full: refused, to ask again once the next report has gone.
-func (wl *windowed) full(o *wdecision) {
-	o.d = Decision{Source: SourceLease, Reason: ReasonPaced, RetryAfter: wl.iv}
-}
 
 // count queues n admissions of key id in window win for the next trip, added to the
 // key's count already queued for that window if there is one: the queue holds one count
@@ -475,18 +456,33 @@ func (wl *windowed) full(o *wdecision) {
 // maxQueued ops queued it only adds to a count queued already, and reports whether it
 // counted n.
 func (wl *windowed) count(id string, win int64, n int) bool {
-	if i, ok := wl.admOp[id]; ok && i < len(wl.ops) {
-		if op := &wl.ops[i]; op.id == id && op.win == win && op.plain() {
-			op.n += n
-			return true
-		}
+	op := wop{id: id, win: win, n: n}
+	if wl.merge(wl.admOp, op) {
+		return true
 	}
 	if len(wl.ops) >= maxQueued {
 		return false
 	}
-	wl.admOp[id] = len(wl.ops)
-	wl.ops = append(wl.ops, wop{id: id, win: win, n: n})
+	wl.push(wl.admOp, op)
 	return true
+}
+
+// merge adds op, a count, to the count of its key, window and row that idx says is
+// queued, if there is still one, and reports whether it did.
+func (wl *windowed) merge(idx map[string]int, op wop) bool {
+	if i, ok := idx[op.id]; ok && i < len(wl.ops) {
+		if q := &wl.ops[i]; q.id == op.id && q.win == op.win && q.demand == op.demand && q.tally() {
+			q.n += op.n
+			return true
+		}
+	}
+	return false
+}
+
+// push queues op, a count, and records it in idx for merge.
+func (wl *windowed) push(idx map[string]int, op wop) {
+	idx[op.id] = len(wl.ops)
+	wl.ops = append(wl.ops, op)
 }
 
 // queue appends op, which is not a plain count, to the queue: a count queued after it
@@ -499,10 +495,12 @@ func (wl *windowed) queue(op wop) {
 	wl.ops = append(wl.ops, op)
 }
 
-// plain reports whether op only counts admissions.
-func (op *wop) plain() bool {
-	return !op.grant && !op.carry && !op.demand && !op.nextWin && !op.now && op.n > 0 && op.ask == nil && op.w == nil && !op.dropped
-}
+// tally reports whether op only adds to a count: admissions, or an over key's requests
+// (demand).
+func (op *wop) tally() bool { return !op.grant && !op.carry && op.n > 0 }
+
+// admits reports whether op counts admissions: answered, they are no longer unanswered.
+func (op *wop) admits() bool { return op.tally() && !op.demand }
 
 // wait makes a request wait for the grant asked ahead, which then goes at once, or for
 // one it asks now, sized for itself and this server's rate.

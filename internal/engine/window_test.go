@@ -643,11 +643,11 @@ func TestWindowedGoneEitherOrder(t *testing.T) {
 	wl := f.lms[0].win
 	wl.mu.Lock()
 	defer wl.mu.Unlock()
-	wl.unGone("a", 2) // answered first
-	wl.owe("a", 2)    // then the eviction of an entry with 2 unanswered
-	wl.owe("b", 3)    // evicted first
-	wl.unGone("b", 3) // then answered
-	var st wkey       // a new entry of "c", made before the old one's eviction was recorded
+	wl.answerOut(nil, "a", 2) // answered first
+	wl.owe("a", 2)            // then the eviction of an entry with 2 unanswered
+	wl.owe("b", 3)            // evicted first
+	wl.answerOut(nil, "b", 3) // then answered
+	var st wkey               // a new entry of "c", made before the old one's eviction was recorded
 	wl.owe("c", 1)
 	wl.answerOut(&st, "c", 1) // the old entry's count, answered on the new entry
 	if len(wl.gone) != 0 || st.out != 0 {

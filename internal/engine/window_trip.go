@@ -269,7 +269,7 @@ func (e *Engine) windowsDone(now time.Time, t *Trip) {
 			if decided = !p.w.decided; decided {
 				p.d.Servers = e.Servers()
 				p.w.set(p.d)
-				p.w.lim.stats.count(uint8(hashKey(p.w.key)%counterShards), &p.w.d, p.w.n)
+				p.w.counted()
 			}
 			p.w.mu.Unlock()
 			if !decided && p.d.Allowed { // it gave up meanwhile: its grant goes back
@@ -358,18 +358,15 @@ func (wl *windowed) answered(now time.Time, it *windowItem, x *global.WindowTrip
 // a grant serves the requests that waited for it, in order, as far as it goes, the rest
 // refused, and what none of them spent goes back to its window. It requires wl.mu.
 func (wl *windowed) answerGone(op wop, count int, pend []windowPending) []windowPending {
-	burst := wl.glim.Burst
 	switch {
 	case op.demand || op.carry:
 		return pend
 	case !op.grant:
-		wl.unGone(op.id, op.n)
-		if x := min(op.n, count-burst); x > 0 {
-			wl.queue(wop{id: op.id, win: op.win + 1, n: x, carry: true})
-		}
+		wl.answerOut(nil, op.id, op.n)
+		wl.carry(op, count)
 		return pend
 	}
-	left := min(op.n, max(0, burst-(count-op.n)))
+	left := wl.granted(op, count)
 	serve := func(w *Waiter) {
 		if left >= w.n {
 			left -= w.n
@@ -394,14 +391,10 @@ func (wl *windowed) answerGone(op wop, count int, pend []windowPending) []window
 	return pend
 }
 
-// unGone answers n admissions of key id made before its entry was evicted.
-//
-// The store reports an eviction once the key's lock is let go, so an answer may come
-// between the two, or after a new entry of the key was made: the count it answers is then
-// owed here below zero, until the eviction adds what the evicted entry had unanswered.
-func (wl *windowed) unGone(id string, n int) { wl.owe(id, -n) }
-
-// owe adds n to what key id, no longer held, has unanswered.
+// owe adds n to what key id, no longer held, has unanswered: an eviction adds what the
+// entry had, an answer takes off what it answers. The store reports an eviction once the
+// key's lock is let go, so an answer may come between the two, or after a new entry of
+// the key was made: the key then owes below zero until the eviction is recorded.
 func (wl *windowed) owe(id string, n int) {
 	if out := wl.gone[id] + n; out != 0 {
 		wl.gone[id] = out
@@ -411,13 +404,31 @@ func (wl *windowed) owe(id string, n int) {
 	}
 }
 
-// answerOut takes n answered admissions off the unanswered ones of the key of st: what
-// st does not hold belongs to an entry of the key evicted before st was made.
+// answerOut takes n answered admissions off the unanswered ones of key id, whose state is
+// st (nil: no longer held): what st does not hold belongs to an entry of the key evicted
+// before st was made.
 func (wl *windowed) answerOut(st *wkey, id string, n int) {
-	d := min(st.out, n)
-	st.out -= d
+	d := 0
+	if st != nil {
+		d = min(st.out, n)
+		st.out -= d
+	}
 	if n > d {
-		wl.unGone(id, n-d)
+		wl.owe(id, d-n)
+	}
+}
+
+// granted is what grant op got of what it asked, the key's count answered being count:
+// as far as the count stays within the burst.
+func (wl *windowed) granted(op wop, count int) int {
+	return min(op.n, max(0, wl.glim.Burst-(count-op.n)))
+}
+
+// carry counts in the next window the part of an overshoot that op, a count answered
+// count, is responsible for.
+func (wl *windowed) carry(op wop, count int) {
+	if x := min(op.n, count-wl.glim.Burst); x > 0 {
+		wl.queue(wop{id: op.id, win: op.win + 1, n: x, carry: true})
 	}
 }
 
@@ -504,11 +515,9 @@ func (wl *windowed) release(op wop, st *wkey, fail error, pend []windowPending) 
 		if op.nextWin {
 			st.nextAsked = false
 		}
-		if !op.grant && !op.carry && !op.demand && op.n > 0 {
-			wl.answerOut(st, op.id, op.n)
-		}
-	} else if !op.grant && !op.carry && !op.demand && op.n > 0 {
-		wl.unGone(op.id, op.n)
+	}
+	if op.admits() {
+		wl.answerOut(st, op.id, op.n)
 	}
 	if op.w != nil {
 		pend = append(pend, windowPending{w: op.w, fail: fail})
@@ -540,7 +549,7 @@ func (wl *windowed) answer(en *entry, op wop, count int, now time.Time, pend []w
 	}
 	got := 0
 	if op.grant {
-		got = min(op.n, max(0, burst-(count-op.n)))
+		got = wl.granted(op, count)
 	}
 	switch {
 	case op.carry:
@@ -577,9 +586,8 @@ func (wl *windowed) answer(en *entry, op wop, count int, now time.Time, pend []w
 		st.nextAsked = false
 	}
 	refused := op.grant && got < op.n
-	if x := min(op.n, count-burst); !refused && x > 0 && !op.grant {
-		// its part of an overshoot: counted in the next window as well
-		wl.queue(wop{id: en.key, win: op.win + 1, n: x, carry: true})
+	if !op.grant {
+		wl.carry(op, count)
 	}
 	switch {
 	case op.nextWin && op.win > st.win:
@@ -713,10 +721,8 @@ func (wl *windowed) unsent(op wop, st *wkey, cur int64, err error, pend []window
 		// counted with the next trip: the window before the current one still has its
 		// array, and its count is the current one's debt
 		wl.queue(op)
-	case !op.grant && !op.carry && st != nil:
-		wl.answerOut(st, op.id, op.n)
 	case !op.grant && !op.carry:
-		wl.unGone(op.id, op.n)
+		wl.answerOut(st, op.id, op.n)
 	case op.grant:
 		pend = wl.release(op, st, err, pend)
 	}
@@ -743,7 +749,6 @@ func (wl *windowed) evicted(en *entry) {
 		// its admissions not yet answered still count against c when it comes back
 		wl.owe(en.key, st.out)
 	}
-
 	if st.grants > 0 {
 		wl.queue(wop{id: en.key, win: st.win, n: -st.grants})
 	}
