@@ -682,3 +682,18 @@ func TestWindowedQueueFull(t *testing.T) {
 		t.Fatalf("a new key with the queue full: %+v (waits: %v), want refused for a report interval", d, w != nil)
 	}
 }
+
+// TestWindowedGoneCarries: a count answered for a key no longer held carries its part of
+// an overshoot into the next window, a carry's as well, as answer does for a key held.
+func TestWindowedGoneCarries(t *testing.T) {
+	f := newWinFleet(t, 2, nil) // burst 10
+	wl := f.lms[0].win
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	wl.answerGone(wop{id: "a", win: 5, n: 3}, 12, nil)
+	wl.answerGone(wop{id: "b", win: 5, n: 4, carry: true}, 11, nil)
+	want := []wop{{id: "a", win: 6, n: 2, carry: true}, {id: "b", win: 6, n: 1, carry: true}}
+	if len(wl.ops) != len(want) || wl.ops[0] != want[0] || wl.ops[1] != want[1] {
+		t.Fatalf("queue %+v, want %+v", wl.ops, want)
+	}
+}

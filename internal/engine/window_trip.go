@@ -359,10 +359,12 @@ func (wl *windowed) answered(now time.Time, it *windowItem, x *global.WindowTrip
 // refused, and what none of them spent goes back to its window. It requires wl.mu.
 func (wl *windowed) answerGone(op wop, count int, pend []windowPending) []windowPending {
 	switch {
-	case op.demand || op.carry:
+	case op.demand:
 		return pend
-	case !op.grant:
-		wl.answerOut(nil, op.id, op.n)
+	case !op.grant: // as answer: admissions answered, and a carry's overshoot carried too
+		if op.admits() {
+			wl.answerOut(nil, op.id, op.n)
+		}
 		wl.carry(op, count)
 		return pend
 	}
