@@ -18,7 +18,7 @@ import (
 // 20ms) of rate and burst: warmFleet.
 func asyncFleet(t *testing.T, addr, prefix string, n int, rate float64, burst int, counter *redistest.Counter) []*server {
 	return warmFleet(t, addr, prefix, n, hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Policy: breaker.FailClosed,
-		MaxWait: time.Second, Async: 20 * time.Millisecond}, counter)
+		MaxWait: time.Second, Mode: hybrid.ChargeLater(20 * time.Millisecond)}, counter)
 }
 
 // warmFleet starts n servers sharing prefix with one limit lim (named "api"), and waits
@@ -51,7 +51,7 @@ func warmFleet(t *testing.T, addr, prefix string, n int, lim hybrid.Limit, count
 	return fleet
 }
 
-// TestAsyncFleet: 8 servers share one Redis with a charge-later limit (hybrid.Limit.Async).
+// TestAsyncFleet: 8 servers share one Redis with a charge-later limit (hybrid.ChargeLater).
 //
 // Cold keys: each of 100 keys gets 3 requests, at 3 random servers (a server holds one
 // admission per key uncharged: a second one within Async asks Redis). Every one is

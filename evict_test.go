@@ -19,19 +19,18 @@ import (
 func TestEvictionWithWaiters(t *testing.T) {
 	kinds := []struct {
 		name string
-		lim  hybrid.Limit
+		mode hybrid.Mode
 	}{
-		{"bucket", hybrid.Limit{}},
-		{"charge-later", hybrid.Limit{Async: 20 * time.Millisecond}},
-		{"windowed", hybrid.Limit{Windowed: 20 * time.Millisecond}},
+		{"bucket", hybrid.Exact()},
+		{"charge-later", hybrid.ChargeLater(20 * time.Millisecond)},
+		{"windowed", hybrid.Windowed(20 * time.Millisecond)},
 	}
 	targets(t, func(t *testing.T, addr string, real bool) {
 		for _, k := range kinds {
 			for _, maxKeys := range []int{1, 10} {
 				t.Run(fmt.Sprintf("%s/MaxKeys=%d", k.name, maxKeys), func(t *testing.T) {
-					lim := k.lim
-					lim.Name, lim.Rate, lim.Burst, lim.Policy = "api", 1000, 100, breaker.FailClosed
-					lim.MaxKeys, lim.MaxWait = maxKeys, time.Second
+					lim := hybrid.Limit{Name: "api", Rate: 1000, Burst: 100, Policy: breaker.FailClosed, Mode: k.mode,
+						MaxKeys: maxKeys, MaxWait: time.Second}
 					s := newServer(t, addr, randomPrefix(), nil, breaker.Settings{Timeout: time.Second},
 						hybrid.Config{FleetSize: 2, Limits: []hybrid.Limit{lim}})
 					ctx := context.Background()

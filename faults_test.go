@@ -183,7 +183,7 @@ func cellConfig(policy breaker.Policy) hybrid.Config {
 		Limits: []hybrid.Limit{
 			{Name: "hot", Rate: hotRate, Burst: hotBurst, Policy: policy, MaxWait: cellWait},
 			{Name: "cold", Rate: 20, Burst: 20, Policy: policy, MaxWait: cellWait},
-			{Name: "cold-win", Rate: 20, Burst: 20, Policy: policy, MaxWait: cellWait, Windowed: 100 * time.Millisecond},
+			{Name: "cold-win", Rate: 20, Burst: 20, Policy: policy, MaxWait: cellWait, Mode: hybrid.Windowed(100 * time.Millisecond)},
 		},
 	}
 }

@@ -28,15 +28,15 @@ func TestHeapAfterKeyBurst(t *testing.T) {
 	held := map[string]uint64{}
 	for _, k := range []struct {
 		name string
-		lim  hybrid.Limit
+		mode hybrid.Mode
 		keys int
 	}{
-		{"bucket", hybrid.Limit{}, 100_000},
-		{"windowed", hybrid.Limit{Windowed: 50 * time.Millisecond}, 1_000_000},
+		{"bucket", hybrid.Exact(), 100_000},
+		{"windowed", hybrid.Windowed(50 * time.Millisecond), 1_000_000},
 	} {
 		keys := k.keys
-		lim := k.lim
-		lim.Name, lim.Rate, lim.Burst, lim.Policy, lim.MaxWait, lim.MaxKeys = "api", 10, 10, breaker.FailClosed, time.Second, 10_000
+		lim := hybrid.Limit{Name: "api", Rate: 10, Burst: 10, Policy: breaker.FailClosed, Mode: k.mode,
+			MaxWait: time.Second, MaxKeys: 10_000}
 		before := heapInUse()
 		s := newServer(t, srv.Addr, k.name+":", nil, breaker.Settings{Timeout: time.Second}, hybrid.Config{
 			FleetSize: 4, Limits: []hybrid.Limit{lim}})

@@ -422,7 +422,7 @@ func TestNoGoroutineOutlivesClose(t *testing.T) {
 	}
 	l, err := hybrid.New(st, hybrid.Config{
 		FleetSize: 2, Fleet: "leak-test", HeartbeatInterval: 10 * time.Millisecond, Breaker: brk,
-		Limits: []hybrid.Limit{{Name: "api", Rate: 1000, Burst: 100, Policy: breaker.FailLocal(), Lifetime: 20 * time.Millisecond, MaxWait: time.Second}},
+		Limits: []hybrid.Limit{{Name: "api", Rate: 1000, Burst: 100, Policy: breaker.FailLocal(), Lease: hybrid.LeaseTuning{Lifetime: 20 * time.Millisecond}, MaxWait: time.Second}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -515,7 +515,7 @@ func TestCloseRefundsInFewRoundTrips(t *testing.T) {
 				MaxWait: 5 * time.Second, MaxKeys: 2 * keys,
 				// Long-lived leases sized for seconds of demand: every key holds spare
 				// tokens at Close, and none expire before.
-				RefillInterval: 5 * time.Second, Lifetime: time.Minute}},
+				Lease: hybrid.LeaseTuning{RefillInterval: 5 * time.Second, Lifetime: time.Minute}}},
 		})
 		ctx := context.Background()
 		var wg sync.WaitGroup
@@ -594,7 +594,7 @@ func TestRefundTimeoutResendsOnce(t *testing.T) {
 		s := newServer(t, addr, randomPrefix(), nil, breaker.Settings{Timeout: 200 * time.Millisecond}, hybrid.Config{
 			FleetSize: 1,
 			Limits: []hybrid.Limit{{Name: "api", Rate: 0.001, Burst: 100, Policy: breaker.FailClosed,
-				MaxWait: 200 * time.Millisecond, RefillInterval: 5 * time.Second, Lifetime: time.Minute}},
+				MaxWait: 200 * time.Millisecond, Lease: hybrid.LeaseTuning{RefillInterval: 5 * time.Second, Lifetime: time.Minute}}},
 		})
 		ctx := context.Background()
 		for k := range keys {
@@ -685,7 +685,7 @@ func TestRecoveryAfterLongOutage(t *testing.T) {
 	}
 	l, err := hybrid.New(st, hybrid.Config{FleetSize: 1, Breaker: brk,
 		Limits: []hybrid.Limit{{Name: "api", Rate: 100_000, Burst: 10_000, Policy: breaker.FailClosed,
-			MaxWait: 100 * time.Millisecond, Lifetime: 100 * time.Millisecond}}})
+			MaxWait: 100 * time.Millisecond, Lease: hybrid.LeaseTuning{Lifetime: 100 * time.Millisecond}}}})
 	if err != nil {
 		t.Fatal(err)
 	}

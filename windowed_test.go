@@ -19,11 +19,11 @@ import (
 // every 20ms) of rate and burst: warmFleet.
 func windowedFleet(t *testing.T, addr, prefix string, n int, rate float64, burst int, counter *redistest.Counter) []*server {
 	return warmFleet(t, addr, prefix, n, hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Policy: breaker.FailClosed,
-		MaxWait: time.Second, Windowed: 20 * time.Millisecond}, counter)
+		MaxWait: time.Second, Mode: hybrid.Windowed(20 * time.Millisecond)}, counter)
 }
 
 // TestWindowedFleet: 8 servers share one Redis with a windowed limit
-// (hybrid.Limit.Windowed), on miniredis and on a real Redis.
+// (hybrid.Windowed), on miniredis and on a real Redis.
 //
 // Cold keys: each of 100 keys gets 3 requests, at 3 random servers. Every one is admitted
 // at once, without a round trip of its own (ReasonAsync); once the servers close, Redis
@@ -120,7 +120,7 @@ func TestWindowedRedisMemory(t *testing.T) {
 	ctx := context.Background()
 	const rate, burst, keys = 1000, 100, 1000
 	s := newServer(t, srv.Addr, "mem:", nil, breaker.Settings{Timeout: time.Second}, hybrid.Config{FleetSize: 4,
-		Limits: []hybrid.Limit{{Name: "api", Rate: rate, Burst: burst, Policy: breaker.FailClosed, Windowed: 50 * time.Millisecond}}})
+		Limits: []hybrid.Limit{{Name: "api", Rate: rate, Burst: burst, Policy: breaker.FailClosed, Mode: hybrid.Windowed(50 * time.Millisecond)}}})
 	w := time.Duration(wire.WindowMicros(rate, burst)) * time.Microsecond
 	arrays := 4 + int((time.Second+w-1)/w)
 	bound := int64(arrays) * 3 * (1 << 18) * 2

@@ -539,7 +539,7 @@ func (s *Store) Heartbeat(ctx context.Context, fleet, serverID string, ttl time.
 	return n, nil
 }
 
-// Low is how the servers of a charge-later limit (hybrid.Limit.Async) tell each other
+// Low is how the servers of a charge-later limit (hybrid.ChargeLater) tell each other
 // which keys' buckets are low (lua.Low): it marks ids, keys of limit this server found
 // low, until memory from now by Redis's clock (a mark only moves later), unmarks those
 // of unmark (found no longer low), drops the marks whose time has passed,

@@ -38,7 +38,7 @@ var nop = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
 func benchLimiter(b *testing.B) *hybrid.Limiter {
 	_, c := redistest.Mini(b)
 	return newLimiter(b, redistest.Target{Client: c}, hybrid.Limit{Name: "api", Rate: 1e12, Burst: 1 << 40,
-		Policy: breaker.FailOpen, RefillInterval: time.Hour, Lifetime: 5 * time.Hour, LowWatermark: -1, MaxWait: time.Second})
+		Policy: breaker.FailOpen, Lease: hybrid.LeaseTuning{RefillInterval: time.Hour, Lifetime: 5 * time.Hour, LowWatermark: -1}, MaxWait: time.Second})
 }
 
 func benchRequest() *http.Request {

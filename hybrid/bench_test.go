@@ -36,7 +36,7 @@ func benchLimiter(b *testing.B) *hybrid.Limiter {
 	return newLimiter(b, newStore(b, c), hybrid.Config{
 		FleetSize: 1,
 		Limits: []hybrid.Limit{{Name: "bench", Rate: 1e12, Burst: 1 << 40, Policy: breaker.FailOpen,
-			MaxKeys: 2 * benchKeys, RefillInterval: time.Hour, Lifetime: 5 * time.Hour, LowWatermark: -1, MaxWait: time.Second}},
+			MaxKeys: 2 * benchKeys, Lease: hybrid.LeaseTuning{RefillInterval: time.Hour, Lifetime: 5 * time.Hour, LowWatermark: -1}, MaxWait: time.Second}},
 	})
 }
 
@@ -225,7 +225,7 @@ func BenchmarkAllowMulti(b *testing.B) {
 	_, c := redistest.Mini(b)
 	big := func(name string) hybrid.Limit {
 		return hybrid.Limit{Name: name, Rate: 1e12, Burst: 1 << 40, Policy: breaker.FailOpen,
-			RefillInterval: time.Hour, Lifetime: 5 * time.Hour, LowWatermark: -1, MaxWait: time.Second}
+			Lease: hybrid.LeaseTuning{RefillInterval: time.Hour, Lifetime: 5 * time.Hour, LowWatermark: -1}, MaxWait: time.Second}
 	}
 	l := newLimiter(b, newStore(b, c), hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{big("key"), big("tenant"), big("global")}})
 	ctx := context.Background()
@@ -256,7 +256,7 @@ func windowLimiterT(b testing.TB) *hybrid.Limiter {
 	return newLimiter(b, newStore(b, c), hybrid.Config{
 		FleetSize: 1,
 		Limits: []hybrid.Limit{{Name: "bench", Rate: float64(1<<30) / 3600, Burst: 1 << 30, Policy: breaker.FailOpen,
-			MaxKeys: 2 * benchKeys, MaxWait: time.Second, Windowed: 120 * time.Millisecond}},
+			MaxKeys: 2 * benchKeys, MaxWait: time.Second, Mode: hybrid.Windowed(120 * time.Millisecond)}},
 	})
 }
 

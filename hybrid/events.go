@@ -116,7 +116,7 @@ func (ev *events) trip(now time.Time, t *engine.Trip, servers int) {
 			ev.servers = servers
 		}
 	case engine.LowTrip:
-		// A Redis that refuses lua.Low leaves a limit with Async exact: say why.
+		// A Redis that refuses lua.Low leaves a ChargeLater limit exact: say why.
 		ev.refusedBy(now, t.Err)
 		if t.Answered {
 			for _, x := range t.Lows {

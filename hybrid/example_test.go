@@ -240,9 +240,9 @@ func ExampleLimiter_ReserveN() {
 }
 
 // untilWarm asks for new keys of limit until lim admits one without asking Redis: a new
-// server of an Async or Windowed limit asks for every request until its first exchange
-// with the fleet is answered. A service does not wait so; an example's output must not
-// depend on how fast that exchange is.
+// server of a ChargeLater or Windowed limit asks for every request until its first
+// exchange with the fleet is answered. A service does not wait so; an example's output
+// must not depend on how fast that exchange is.
 func untilWarm(ctx context.Context, lim *hybrid.Limiter, limit string) {
 	for i := 0; ; i++ {
 		if d, _ := lim.Allow(ctx, limit, fmt.Sprint("warm-up-", i)); d.Reason == hybrid.ReasonAsync {
@@ -252,13 +252,13 @@ func untilWarm(ctx context.Context, lim *hybrid.Limiter, limit string) {
 	}
 }
 
-// A per-client limit over a large fleet: with Async, a client's request is admitted
+// A per-client limit over a large fleet: with ChargeLater, a client's request is admitted
 // without waiting for Redis unless this server knows the client's bucket is low, and
-// charged to it within Async. A new server waits for its first exchange of low keys
-// with the fleet (half an Async) before it admits anything that way.
-func ExampleLimit_async() {
+// charged to it within the given time. A new server waits for its first exchange of low
+// keys with the fleet (at half that time) before it admits anything that way.
+func ExampleChargeLater() {
 	perClient := hybrid.Limit{Name: "client", Rate: 50, Burst: 50, Policy: breaker.FailClosed,
-		MaxWait: time.Second, Async: 20 * time.Millisecond}
+		MaxWait: time.Second, Mode: hybrid.ChargeLater(20 * time.Millisecond)}
 	lim, done := exampleLimiterOn(nil, perClient) // time passes: the real clock
 	defer done()
 	ctx := context.Background()
@@ -274,12 +274,12 @@ func ExampleLimit_async() {
 
 // A per-client limit over a large fleet at a tenth of the Redis work: with Windowed, a
 // client gets Burst requests per window of Burst/Rate, counted in Redis in shared
-// arrays (BITFIELD, no script) with one report per server every Windowed. A client this
-// server knows nothing against is admitted without asking Redis, once the server has
-// read the fleet's marks (25 ms after its start).
-func ExampleLimit_windowed() {
+// arrays (BITFIELD, no script) with one report per server every report interval. A
+// client this server knows nothing against is admitted without asking Redis, once the
+// server has read the fleet's marks (25 ms after its start).
+func ExampleWindowed() {
 	perClient := hybrid.Limit{Name: "client", Rate: 50, Burst: 50, Policy: breaker.FailClosed,
-		MaxWait: time.Second, Windowed: 20 * time.Millisecond}
+		MaxWait: time.Second, Mode: hybrid.Windowed(20 * time.Millisecond)}
 	lim, done := exampleLimiterOn(nil, perClient) // time passes: the real clock
 	defer done()
 	ctx := context.Background()

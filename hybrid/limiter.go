@@ -41,11 +41,12 @@ var (
 // asking for more tokens than the limit's burst.
 const InfDuration = time.Duration(math.MaxInt64)
 
-// Limit is one named fleet-wide limit: a token bucket of Burst tokens refilled at Rate
-// per second, held in Redis and shared by every server, one bucket per key (client,
-// tenant, IP, ...). Zero fields take the defaults their comments name; Name, Rate, Burst
-// and Policy are required, so the zero Limit is invalid (New says why). New validates
-// every field: a Limit it accepts never fails at request time.
+// Limit is one named fleet-wide limit: Burst tokens refilled at Rate per second, held in
+// Redis and shared by every server, one count per key (client, tenant, IP, ...); its
+// Mode says how the servers count against it. Zero fields take the defaults their
+// comments name; Name, Rate, Burst and Policy are required, so the zero Limit is invalid
+// (New says why). New validates every field: a Limit it accepts never fails at request
+// time.
 type Limit struct {
 	// Name identifies the limit in calls and in Redis keys: 1 to 64 printable ASCII bytes
 	// without space, '{', '}', ':' or '#'. Every server gives a limit the same Name, Rate
@@ -60,6 +61,10 @@ type Limit struct {
 	// breaker.FailOpen, breaker.FailClosed or breaker.FailLocal(). Required: there is no
 	// default (docs/failure-policies.md helps choose).
 	Policy breaker.Policy
+	// Mode is the limit's kind: Exact() (the default), ChargeLater(within) or
+	// Windowed(report). SetLimit refuses to make a limit Windowed or not, or to change
+	// a Windowed limit's report interval (docs/limits.md).
+	Mode Mode
 	// PreRate and PreBurst set a tighter per-server pre-check, a local bucket per key
 	// consulted before anything else, which stops a hot key on one server without Redis.
 	// 0 means the limit's own Rate and Burst: one server never admits more than the fleet
@@ -74,64 +79,38 @@ type Limit struct {
 	// MaxCost is the largest cost passed to AllowN; it sizes the FailLocal burst so that
 	// such a request is not always denied during an outage. default: 1
 	MaxCost int
-	// RefillInterval is how long one batch of leased tokens should last at the key's
-	// local demand; a batch is at most Burst / servers. default: 100ms
+	// Lease tunes the batches of tokens this server leases from a key's bucket; the zero
+	// LeaseTuning takes every default. A Windowed limit holds no leases: zero.
+	Lease LeaseTuning
+	// MaxKeys caps the keys held for this limit on this server (least recently used go
+	// first; their leased tokens are refunded). default: 100,000
+	MaxKeys int
+	// Version orders changes of Rate and Burst (the limit's or a tier's) across the
+	// fleet: each bucket runs on the highest Version a server took from it with. Give
+	// every such change a higher one (a config revision, its Unix time); SetLimit refuses
+	// one without. 0 suits a limit that never changes. At most 2^53 - 1. (docs/limits.md)
+	Version uint64
+	// Tiers are other rates and bursts for some keys, chosen per request (AllowTier,
+	// Item.Tier): a paid plan, a customer's exception. A key keeps one bucket whatever
+	// its tier (docs/limits.md). Names unique and not empty; the Limit's other fields
+	// apply to every tier. A Windowed limit has none.
+	Tiers []Tier
+}
+
+// LeaseTuning tunes a limit's leases: the batches of tokens a server takes from a key's
+// bucket in Redis and decides from without a round trip. Zero fields take the defaults
+// their comments name.
+type LeaseTuning struct {
+	// RefillInterval is how long one batch should last at the key's demand on this
+	// server; a batch is at most Burst / servers. At most 24h. default: 100ms
 	RefillInterval time.Duration
 	// Lifetime is how long leased tokens stay usable before they are refunded. At most
 	// 24h, at least 1ms. default: 1s
 	Lifetime time.Duration
 	// LowWatermark is the fraction of a batch below which a lease fetches the next one
-	// before it runs out, so the common path does not wait; negative disables it.
-	// default: 0.5
+	// before it runs out, so the common path does not wait; at most 1, negative disables
+	// it. default: 0.5
 	LowWatermark float64
-	// MaxKeys caps the keys held for this limit on this server (least recently used go
-	// first; their leased tokens are refunded). default: 100,000
-	MaxKeys int
-	// Version orders changes of Rate and Burst (the limit's or a tier's) across the
-	// fleet: a key's bucket in Redis runs on the Rate and Burst of the highest Version
-	// any server took from it with, so servers that learn of a change at different
-	// instants agree as soon as one of them has the new one. Give every such change a
-	// higher Version (a config revision, or its Unix time); SetLimit refuses one without.
-	// 0 is fine for a limit that never changes. At most 2^53 - 1. (docs/limits.md)
-	Version uint64
-	// Tiers are other rates and bursts for some keys of this limit, chosen per request
-	// (AllowTier, Item.Tier): a paid plan, a customer's exception. A key keeps one
-	// bucket in Redis whatever its tier: a request under another tier than the key's
-	// last re-shapes it (docs/limits.md says how). Names unique and not empty; the
-	// other fields of the Limit apply to every tier.
-	Tiers []Tier
-	// Async, if positive, makes this a charge-later limit, for per-client keys spread
-	// over many servers, whose leases hold too few tokens to save round trips: a
-	// request its server holds no tokens for is admitted without waiting for Redis,
-	// unless this server learnt that the key's bucket is low (holding less than one
-	// server's share of the burst, c = max(1, ceil(Burst/servers))), and charged to the
-	// bucket within Async, with every other key this server admitted so, in one
-	// pipelined round trip. A low key's requests wait for Redis, as with 0. Each server
-	// holds at most one such admission per key uncharged, of a cost of at most c, and
-	// makes none before its first exchange of low keys with the fleet (half an Async
-	// after its first request its lease could not serve) or while its breaker is open. Any window W then admits at most
-	// 2·Burst + Rate·W + servers·c; docs/limits.md states the bound and docs/design.md
-	// §11 measures it. 0 (the default): exact, every request the lease cannot serve
-	// asks Redis. At least 1ms when set.
-	Async time.Duration
-	// Windowed, if positive, makes this a windowed limit, for per-client keys at modest
-	// rates spread over many servers: each key gets Burst requests per window of
-	// Burst/Rate (each key's windows offset by a phase of its own, on Redis's clock),
-	// counted in a shared counter array per window that Redis updates with BITFIELD,
-	// no script. A server admits a key it knows nothing against without asking Redis
-	// and counts it in its next report, sent every Windowed with every other key's; a
-	// key it sees often is served from grants of its window sized by its rate, as a
-	// lease is; a key the fleet found near or past its burst in this window waits for
-	// Redis or is refused until the window ends. On the many-keys scenario (1,000 keys
-	// at 50/s over 200 servers) it costs Redis a tenth of the bucket's work, at 0.1
-	// round trips per request. Any window W admits at most
-	// 2·Burst + Rate·W + servers·c, c = max(1, ceil(Burst/servers)), as with Async;
-	// keys over their limit get about 95% of it. docs/limits.md, "Windowed limits",
-	// says what it costs and when to choose it. Incompatible with Async and Tiers; Burst
-	// at most global.MaxWindowBurst; the window Burst/Rate from 100ms to a day; Windowed
-	// at most half the window and 10s. 0 (the default): a token bucket. 120ms is a good
-	// value for windows of a quarter second or more.
-	Windowed time.Duration
 }
 
 // Tier is a named rate and burst of a Limit, for the keys a caller decides under it.
@@ -144,25 +123,42 @@ type Tier struct {
 	PreBurst int
 }
 
-// engineLimit is l as the engine runs it: the same fields.
-func engineLimit(l Limit) engine.LimitConfig {
+// engineLimit is l as the engine runs it: the same fields, the Mode as Async or
+// Windowed. The engine validates it; the error is for what the engine cannot see as the
+// user wrote it: a Lease on a Windowed limit.
+func engineLimit(l Limit) (engine.LimitConfig, error) {
+	if l.Mode.kind == modeWindowed && l.Lease != (LeaseTuning{}) {
+		return engine.LimitConfig{}, fmt.Errorf("limit %q: Lease: a Windowed limit holds no leases, so Lease must be zero", l.Name)
+	}
 	c := engine.LimitConfig{
 		Name: l.Name, Rate: l.Rate, Burst: l.Burst, Policy: l.Policy, PreRate: l.PreRate, PreBurst: l.PreBurst,
-		MaxWait: l.MaxWait, MaxCost: l.MaxCost, RefillInterval: l.RefillInterval, Lifetime: l.Lifetime,
-		LowWatermark: l.LowWatermark, MaxKeys: l.MaxKeys, Version: l.Version, Async: l.Async, Windowed: l.Windowed,
+		MaxWait: l.MaxWait, MaxCost: l.MaxCost, RefillInterval: l.Lease.RefillInterval, Lifetime: l.Lease.Lifetime,
+		LowWatermark: l.Lease.LowWatermark, MaxKeys: l.MaxKeys, Version: l.Version,
+	}
+	switch l.Mode.kind {
+	case modeChargeLater:
+		c.Async = l.Mode.d
+	case modeWindowed:
+		c.Windowed = l.Mode.d
 	}
 	for _, t := range l.Tiers {
 		c.Tiers = append(c.Tiers, engine.TierConfig(t))
 	}
-	return c
+	return c, nil
 }
 
 // limitOf is c as the user configures it.
 func limitOf(c engine.LimitConfig) Limit {
 	l := Limit{
 		Name: c.Name, Rate: c.Rate, Burst: c.Burst, Policy: c.Policy, PreRate: c.PreRate, PreBurst: c.PreBurst,
-		MaxWait: c.MaxWait, MaxCost: c.MaxCost, RefillInterval: c.RefillInterval, Lifetime: c.Lifetime,
-		LowWatermark: c.LowWatermark, MaxKeys: c.MaxKeys, Version: c.Version, Async: c.Async, Windowed: c.Windowed,
+		MaxWait: c.MaxWait, MaxCost: c.MaxCost, MaxKeys: c.MaxKeys, Version: c.Version,
+		Lease: LeaseTuning{RefillInterval: c.RefillInterval, Lifetime: c.Lifetime, LowWatermark: c.LowWatermark},
+	}
+	switch {
+	case c.Windowed != 0:
+		l.Mode = Windowed(c.Windowed)
+	case c.Async != 0:
+		l.Mode = ChargeLater(c.Async)
 	}
 	for _, t := range c.Tiers {
 		l.Tiers = append(l.Tiers, Tier(t))
@@ -276,8 +272,8 @@ const (
 	// ReasonClosed: the Limiter is closed.
 	ReasonClosed
 	// ReasonAsync: admitted without asking Redis and counted later: charged to the
-	// bucket within the limit's Async, or counted in the key's window with the next
-	// report of a Windowed limit; the key was not known low here.
+	// bucket within a ChargeLater limit's duration, or counted in the key's window with
+	// the next report of a Windowed limit; the key was not known low here.
 	ReasonAsync
 )
 
@@ -427,7 +423,10 @@ func New(store *global.Store, cfg Config) (*Limiter, error) {
 	}
 	limits := make([]engine.LimitConfig, len(cfg.Limits))
 	for i, c := range cfg.Limits {
-		limits[i] = engineLimit(c) // the engine validates them
+		var err error
+		if limits[i], err = engineLimit(c); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
 	}
 	eng, err := engine.New(engine.Config{
 		Limits:            limits,

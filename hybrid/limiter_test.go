@@ -79,8 +79,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"pre-check looser than the limit", hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{{Name: "api", Rate: 10, Burst: 10, PreRate: 20, Policy: breaker.FailOpen}}}, hybrid.ErrInvalidConfig},
 		{"max cost above burst", hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{{Name: "api", Rate: 10, Burst: 10, MaxCost: 11, Policy: breaker.FailOpen}}}, hybrid.ErrInvalidConfig},
 		{"bad fleet name", hybrid.Config{FleetSize: 1, Fleet: "a b", Limits: []hybrid.Limit{ok}}, hybrid.ErrInvalidConfig},
-		{"windows of 1ms", hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{{Name: "api", Rate: 1000, Burst: 1, Policy: breaker.FailOpen, Windowed: time.Millisecond}}}, hybrid.ErrInvalidConfig},
-		{"windowed reports over half the window", hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{{Name: "api", Rate: 10, Burst: 10, Policy: breaker.FailOpen, Windowed: time.Second}}}, hybrid.ErrInvalidConfig},
+		{"windows of 1ms", hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{{Name: "api", Rate: 1000, Burst: 1, Policy: breaker.FailOpen, Mode: hybrid.Windowed(time.Millisecond)}}}, hybrid.ErrInvalidConfig},
+		{"windowed reports over half the window", hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{{Name: "api", Rate: 10, Burst: 10, Policy: breaker.FailOpen, Mode: hybrid.Windowed(time.Second)}}}, hybrid.ErrInvalidConfig},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -296,7 +296,7 @@ func TestIdleLeaseIsRefunded(t *testing.T) {
 	l := newLimiter(t, newStore(t, c), hybrid.Config{
 		FleetSize: 1,
 		Limits: []hybrid.Limit{{Name: "api", Rate: 1, Burst: 100, Policy: breaker.FailClosed, MaxWait: time.Second,
-			Lifetime: 20 * time.Millisecond, LowWatermark: -1}},
+			Lease: hybrid.LeaseTuning{Lifetime: 20 * time.Millisecond, LowWatermark: -1}}},
 	})
 	ctx := context.Background()
 	for range 20 { // demand grows the batch: the lease ends up holding tokens
@@ -337,8 +337,8 @@ func TestExpiryFollowsEachLimitsLifetime(t *testing.T) {
 		FleetSize: 1,
 		Clock:     clockAt(func() time.Time { return time.Unix(0, now.Load()) }),
 		Limits: []hybrid.Limit{
-			{Name: "slow", Rate: 1000, Burst: 1000, Policy: breaker.FailClosed, MaxWait: time.Second, Lifetime: time.Hour, LowWatermark: -1},
-			{Name: "fast", Rate: 1000, Burst: 1000, Policy: breaker.FailClosed, MaxWait: time.Second, Lifetime: 40 * time.Millisecond, LowWatermark: -1},
+			{Name: "slow", Rate: 1000, Burst: 1000, Policy: breaker.FailClosed, MaxWait: time.Second, Lease: hybrid.LeaseTuning{Lifetime: time.Hour, LowWatermark: -1}},
+			{Name: "fast", Rate: 1000, Burst: 1000, Policy: breaker.FailClosed, MaxWait: time.Second, Lease: hybrid.LeaseTuning{Lifetime: 40 * time.Millisecond, LowWatermark: -1}},
 		},
 	})
 	ctx := context.Background()

@@ -16,8 +16,9 @@ func (l *Limiter) Limits() []Limit {
 }
 
 // SetLimit changes the limit named lim.Name while the Limiter runs: its Rate, Burst,
-// Tiers, pre-check, Policy, MaxWait and lease tuning. MaxKeys cannot change (remove the
-// limit and add it again). Nothing is dropped: requests being decided finish on the old
+// Tiers, pre-check, Policy, MaxWait and Lease. MaxKeys cannot change, nor a Windowed
+// limit's Mode, Rate and Burst, nor can a limit become Windowed (remove the limit and add
+// it again). Nothing is dropped: requests being decided finish on the old
 // configuration, later ones run on the new. Each key moves to it on its next request
 // on this server; where its Rate, Burst or pre-check changed, that server gives back the
 // tokens it leased for the key first, and the key's bucket in Redis takes the new Rate
@@ -30,7 +31,11 @@ func (l *Limiter) Limits() []Limit {
 // (docs/limits.md states the bound that holds meanwhile). A lower Version is refused.
 // The error wraps ErrInvalidConfig.
 func (l *Limiter) SetLimit(lim Limit) error {
-	if err := l.eng.SetLimit(l.clock.Now(), engineLimit(lim)); err != nil {
+	c, err := engineLimit(lim)
+	if err == nil {
+		err = l.eng.SetLimit(l.clock.Now(), c)
+	}
+	if err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	return nil
@@ -42,7 +47,11 @@ func (l *Limiter) AddLimit(lim Limit) error {
 	if l.closed.Load() {
 		return ErrClosed
 	}
-	if err := l.eng.AddLimit(engineLimit(lim)); err != nil {
+	c, err := engineLimit(lim)
+	if err == nil {
+		err = l.eng.AddLimit(c)
+	}
+	if err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	return nil
@@ -75,7 +84,11 @@ func (l *Limiter) Reconfigure(limits []Limit) error {
 		if slices.ContainsFunc(limits[:i], func(o Limit) bool { return o.Name == lim.Name }) {
 			return fmt.Errorf("%w: limit %q configured twice", ErrInvalidConfig, lim.Name)
 		}
-		if err := l.eng.CheckLimit(engineLimit(lim)); err != nil {
+		c, err := engineLimit(lim)
+		if err == nil {
+			err = l.eng.CheckLimit(c)
+		}
+		if err != nil {
 			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
 	}

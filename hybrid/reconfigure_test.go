@@ -97,13 +97,17 @@ func TestSetLimitRules(t *testing.T) {
 // TestLimitRoundTrip: Limits returns every field the Limiter was configured with.
 func TestLimitRoundTrip(t *testing.T) {
 	_, c := redistest.Mini(t)
-	lim := hybrid.Limit{Name: "api", Rate: 10, Burst: 20, Policy: breaker.FailLocal(), PreRate: 5, PreBurst: 10,
-		MaxWait: time.Second, MaxCost: 2, RefillInterval: time.Second, Lifetime: 2 * time.Second,
-		LowWatermark: 0.25, MaxKeys: 1000, Version: 7,
-		Tiers: []hybrid.Tier{{Name: "paid", Rate: 100, Burst: 200, PreRate: 50, PreBurst: 100}}}
-	l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{lim}})
-	if got := l.Limits(); len(got) != 1 || !reflect.DeepEqual(got[0], lim) {
-		t.Fatalf("Limits() = %+v, want %+v", got, lim)
+	lims := []hybrid.Limit{
+		{Name: "api", Rate: 10, Burst: 20, Policy: breaker.FailLocal(), PreRate: 5, PreBurst: 10,
+			MaxWait: time.Second, MaxCost: 2, MaxKeys: 1000, Version: 7, Mode: hybrid.ChargeLater(50 * time.Millisecond),
+			Lease: hybrid.LeaseTuning{RefillInterval: time.Second, Lifetime: 2 * time.Second, LowWatermark: 0.25},
+			Tiers: []hybrid.Tier{{Name: "paid", Rate: 100, Burst: 200, PreRate: 50, PreBurst: 100}}},
+		{Name: "win", Rate: 10, Burst: 10, Policy: breaker.FailOpen, PreRate: 5, PreBurst: 5,
+			MaxWait: time.Second, MaxCost: 2, MaxKeys: 1000, Version: 7, Mode: hybrid.Windowed(100 * time.Millisecond)},
+	}
+	l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1, Limits: lims})
+	if got := l.Limits(); !reflect.DeepEqual(got, lims) {
+		t.Fatalf("Limits() = %+v, want %+v", got, lims)
 	}
 }
 
@@ -120,7 +124,7 @@ func TestTierChangeUnderLoad(t *testing.T) {
 		// Leases as large as they come (a third of the burst each) and that never expire:
 		// at the change the servers hold nearly all of the old tier's tokens.
 		lim := hybrid.Limit{Name: "api", Rate: 1e-6, Burst: 200, Policy: breaker.FailClosed, MaxWait: 2 * time.Second,
-			RefillInterval: time.Hour, Lifetime: time.Hour,
+			Lease: hybrid.LeaseTuning{RefillInterval: time.Hour, Lifetime: time.Hour},
 			Tiers: []hybrid.Tier{{Name: "free", Rate: 1e-6, Burst: 20}}}
 		s := newStore(t, tg.Client)
 		var lims []*hybrid.Limiter
@@ -189,7 +193,7 @@ func TestTierChangeUnderLoad(t *testing.T) {
 func TestSetLimitLive(t *testing.T) {
 	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
 		lim := hybrid.Limit{Name: "api", Rate: 1e-6, Burst: 100, Policy: breaker.FailClosed, MaxWait: 2 * time.Second,
-			RefillInterval: time.Hour, Lifetime: time.Hour} // a lease of half the burst, kept
+			Lease: hybrid.LeaseTuning{RefillInterval: time.Hour, Lifetime: time.Hour}} // a lease of half the burst, kept
 		s := newStore(t, tg.Client)
 		changed := newLimiter(t, s, hybrid.Config{FleetSize: 2, Limits: []hybrid.Limit{lim}})
 		stale := newLimiter(t, s, hybrid.Config{FleetSize: 2, Limits: []hybrid.Limit{lim}})

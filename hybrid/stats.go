@@ -67,12 +67,13 @@ type LimitStats struct {
 	// under another tier than before, or after SetLimit changed them. Their leased
 	// tokens were given back.
 	Reshaped int64
-	// Owed is the tokens a FailLocal policy, or a limit with Async, admitted without the
+	// Owed is the tokens a FailLocal policy, or a ChargeLater limit, admitted without the
 	// bucket that this server has yet to charge to it (FailLocal's once Redis answers
-	// again, Async's within Async); Charged those it charged, as debts; Forgiven those it
-	// never will (more than Burst + Rate·10 s for one key, more than 100,000 keys owing,
-	// or the Limiter closed first). Redis itself forgives a FailLocal debt the refill the
-	// bucket lost meanwhile (docs/failure-policies.md); an Async charge, nothing.
+	// again, ChargeLater's within its duration); Charged those it charged, as debts;
+	// Forgiven those it never will (more than Burst + Rate·10 s for one key, more than
+	// 100,000 keys owing, or the Limiter closed first). Redis itself forgives a FailLocal
+	// debt the refill the bucket lost meanwhile (docs/failure-policies.md); a ChargeLater
+	// charge, nothing.
 	Owed, Charged, Forgiven int64
 	// Reserved is the tokens this server's reservations claimed from the buckets' refill
 	// (ReserveN, when its lease could not serve them) and did not give back.

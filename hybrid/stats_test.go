@@ -287,7 +287,7 @@ func TestLoggerHearsARedisWithoutBitfield(t *testing.T) {
 		FleetSize: 1,
 		Logger:    slog.New(slog.NewJSONHandler(&logs, nil)),
 		Limits: []hybrid.Limit{{Name: "api", Rate: 10, Burst: 10, Policy: breaker.FailClosed, MaxWait: time.Second,
-			Windowed: 20 * time.Millisecond}},
+			Mode: hybrid.Windowed(20 * time.Millisecond)}},
 	})
 	d, err := l.Allow(context.Background(), "api", "k")
 	if err != nil {
@@ -342,7 +342,7 @@ func TestLostBucketIsDetected(t *testing.T) {
 			Logger:    slog.New(slog.NewJSONHandler(&logs, nil)),
 			// Batches of one token (a tiny refill interval): every request refills.
 			Limits: []hybrid.Limit{{Name: "api", Rate: 1, Burst: 100, Policy: breaker.FailClosed,
-				MaxWait: time.Second, RefillInterval: time.Nanosecond, LowWatermark: -1}},
+				MaxWait: time.Second, Lease: hybrid.LeaseTuning{RefillInterval: time.Nanosecond, LowWatermark: -1}}},
 		})
 		ctx := context.Background()
 		allow := func() {

@@ -101,7 +101,7 @@ var RefundSource string
 //go:embed heartbeat.lua
 var HeartbeatSource string
 
-// LowSource is the low-key script of a charge-later limit (hybrid.Limit.Async):
+// LowSource is the low-key script of a charge-later limit (hybrid.ChargeLater):
 //
 //	KEYS[1] the limit's low-key set (sorted set); ARGV[1] memory ms, ARGV[2] n,
 //	ARGV[3..n+2] key IDs to mark, ARGV[n+3..] key IDs to unmark

@@ -44,7 +44,7 @@ var coldCost = struct{ call, key, bfCall, bfSub, zCall, zMember, zRead, expire t
 // compared by TestColdKeys (cold_test.go) and in docs/design.md, "Cold keys: designs
 // compared". None of them is what hybrid.Limiter runs, except HybridMultiKey, which is
 // the engine with another Redis cost model. The built-in suites never use them; the
-// design that shipped from the comparison is HybridAsync (hybrid.Limit.Async).
+// design that shipped from the comparison is HybridAsync (hybrid.ChargeLater).
 const (
 	// HybridMultiKey is the hybrid strategy (the engine, unchanged) with every round trip
 	// charged as one multi-key script call: coldOpts.callTime per call plus

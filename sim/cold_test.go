@@ -192,7 +192,7 @@ func TestColdSuites(t *testing.T) {
 	}
 }
 
-// TestAsyncColdKeys holds hybrid-async (hybrid.Limit.Async, 100ms) to its claims on the
+// TestAsyncColdKeys holds hybrid-async (hybrid.ChargeLater(100ms)) to its claims on the
 // cold-key scenarios, with one key at 100× its limit on top: every window of 10 ms to
 // 10 s of the hottest key and of the abusive key, cold start included, within
 // 2·burst + rate·W; the keys within their limit admitted (99.5%) and, but for a few,

@@ -331,8 +331,8 @@ func (serverClock) AfterFunc(d time.Duration, f func()) func() bool {
 func hybridLimit(c engine.LimitConfig) hybrid.Limit {
 	l := hybrid.Limit{
 		Name: c.Name, Rate: c.Rate, Burst: c.Burst, Policy: c.Policy, PreRate: c.PreRate, PreBurst: c.PreBurst,
-		MaxWait: c.MaxWait, MaxCost: c.MaxCost, RefillInterval: c.RefillInterval, Lifetime: c.Lifetime,
-		LowWatermark: c.LowWatermark, MaxKeys: c.MaxKeys, Version: c.Version,
+		MaxWait: c.MaxWait, MaxCost: c.MaxCost, MaxKeys: c.MaxKeys, Version: c.Version,
+		Lease: hybrid.LeaseTuning{RefillInterval: c.RefillInterval, Lifetime: c.Lifetime, LowWatermark: c.LowWatermark},
 	}
 	for _, t := range c.Tiers {
 		l.Tiers = append(l.Tiers, hybrid.Tier(t))

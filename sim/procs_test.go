@@ -178,8 +178,12 @@ func procChild(t *testing.T) {
 	// limit counts its keys' rates from its start).
 	start := time.Unix(0, startNS)
 	time.Sleep(time.Until(start))
+	mode := hybrid.ChargeLater(sc.Async) // Exact when the scenario sets no Async
+	if sc.Windowed > 0 {
+		mode = hybrid.Windowed(sc.Windowed)
+	}
 	lim, err := hybrid.New(store, hybrid.Config{FleetSize: servers, Breaker: brk, Limits: []hybrid.Limit{{
-		Name: limitName, Rate: sc.Rate, Burst: sc.Burst, Policy: breaker.FailClosed, Async: sc.Async, Windowed: sc.Windowed}}})
+		Name: limitName, Rate: sc.Rate, Burst: sc.Burst, Policy: breaker.FailClosed, Mode: mode}}})
 	if err != nil {
 		t.Fatal(err)
 	}

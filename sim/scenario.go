@@ -35,7 +35,7 @@ const (
 	HybridAsync Strategy = "hybrid-async"
 	// HybridWindow is Hybrid with the limit windowed (the scenario's Windowed; if it sets
 	// none, 120ms or half the window, Burst/Rate, if shorter): counted windows in Redis's shared arrays, no script, each server
-	// reporting every Windowed (hybrid.Limit.Windowed).
+	// reporting every Windowed (hybrid.Windowed).
 	HybridWindow Strategy = "hybrid-window"
 	// LocalOnly gives each server local.FallbackLimit's share of the limit and never
 	// talks to Redis.
@@ -217,8 +217,9 @@ type Scenario struct {
 	// Policy is the hybrid strategy's failure policy. Required, as for a hybrid.Limit:
 	// there is no default.
 	Policy Policy
-	// MaxWait, PreRate, PreBurst, RefillInterval, Lifetime, LowWatermark and MaxKeys are
-	// the hybrid.Limit fields of the same names, with the same defaults (MaxWait 10ms).
+	// MaxWait, PreRate, PreBurst and MaxKeys are the hybrid.Limit fields of the same
+	// names, RefillInterval, Lifetime and LowWatermark those of its Lease, with the same
+	// defaults (MaxWait 10ms).
 	MaxWait        time.Duration
 	PreRate        float64
 	PreBurst       int
@@ -226,11 +227,11 @@ type Scenario struct {
 	Lifetime       time.Duration
 	LowWatermark   float64
 	MaxKeys        int
-	// Async is the hybrid.Limit field of that name: when positive, a request the lease
+	// Async is hybrid.ChargeLater's duration: when positive, a request the lease
 	// cannot serve is admitted without waiting for Redis unless the server knows its key
 	// is low, and charged to the bucket within Async.
 	Async time.Duration
-	// Windowed is the hybrid.Limit field of that name: when positive, the limit is
+	// Windowed is hybrid.Windowed's report interval: when positive, the limit is
 	// windowed, each server reporting every Windowed.
 	Windowed time.Duration
 	// Breaker configures each server's breaker.Breaker, as breaker.Settings does.

@@ -85,14 +85,14 @@ func checkWindow(c LimitConfig) error {
 	w := time.Duration(wire.WindowMicros(c.Rate, c.Burst)) * time.Microsecond
 	switch {
 	case w < MinWindow:
-		return fmt.Errorf("limit %q: a windowed limit's window, Burst/Rate = %d/%g, is %v, shorter than %v: Redis would keep up to %d arrays of it at once (raise Burst, or use a token bucket)",
+		return fmt.Errorf("limit %q: Burst/Rate %d/%g: a Windowed limit's window is %v, shorter than %v: Redis would keep up to %d arrays of it at once (raise Burst, or use a token bucket)",
 			c.Name, c.Burst, c.Rate, w, MinWindow, 4+int((time.Second+w-1)/w))
 	case w > MaxWindow:
-		return fmt.Errorf("limit %q: a windowed limit's window, Burst/Rate = %d/%g, is %v, longer than %v", c.Name, c.Burst, c.Rate, w, MaxWindow)
+		return fmt.Errorf("limit %q: Burst/Rate %d/%g: a Windowed limit's window is %v, longer than %v", c.Name, c.Burst, c.Rate, w, MaxWindow)
 	case c.Windowed > MaxWindowReport:
-		return fmt.Errorf("limit %q: Windowed %v: reports further apart than %v", c.Name, c.Windowed, MaxWindowReport)
+		return fmt.Errorf("limit %q: Mode: Windowed(%v) reports further apart than %v", c.Name, c.Windowed, MaxWindowReport)
 	case c.Windowed > w/2:
-		return fmt.Errorf("limit %q: Windowed %v is more than half the window, Burst/Rate = %v: an admission reported that late may reach Redis after its window's array is gone (report every %v or less)",
+		return fmt.Errorf("limit %q: Mode: Windowed(%v) is more than half the window, Burst/Rate = %v: an admission reported that late may reach Redis after its window's array is gone (report every %v or less)",
 			c.Name, c.Windowed, w, w/2)
 	}
 	return nil
