@@ -521,7 +521,7 @@ func (l *Limiter) do(ctx context.Context, t *engine.Trip) {
 			var g global.Grant
 			t.Err = l.brk.Do(ctx, func(ctx context.Context) error {
 				var err error
-				g, err = l.store.TakeID(ctx, r.Limit, r.ID, r.Want, r.Min)
+				g, err = l.store.TakeOne(ctx, r) // a refill, or a reservation's claim (Floor)
 				return err
 			})
 			if t.Err == nil {

@@ -5,8 +5,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/fleetlimit/fleetlimit/breaker"
-	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/internal/engine"
 )
 
@@ -92,7 +90,7 @@ func (r *Reservation) CancelAt(t time.Time) {
 	}
 	r.canceled = true
 	if r.claim != nil {
-		r.l.eng.GiveBack(r.lm, r.claim, r.key, r.n)
+		r.l.eng.CancelClaim(r.lm, r.claim, r.key, r.n)
 		return
 	}
 	r.l.eng.Return(t, r.lm, r.key, r.n, r.d)
@@ -105,8 +103,8 @@ func (l *Limiter) Reserve(ctx context.Context, limit, key string) (*Reservation,
 
 // ReserveN reserves n tokens for key under the named limit (see Reservation): from this
 // server's lease as AllowN would, or else as a claim on the refill of the key's bucket
-// in Redis, one round trip through the breaker that may wait at most the limit's
-// MaxWait and never past ctx. The errors are AllowN's; a Redis failure is not one, the
+// in Redis, sent with the next refills, that waits at most the limit's MaxWait and
+// never past ctx. The errors are AllowN's; a Redis failure is not one, the
 // reservation is then not OK. A Windowed limit has no bucket to claim from: its
 // reservation is OK only if the request is admitted now. One allocation per call.
 func (l *Limiter) ReserveN(ctx context.Context, limit, key string, n int) (*Reservation, error) {
@@ -122,32 +120,23 @@ func (l *Limiter) ReserveN(ctx context.Context, limit, key string, n int) (*Rese
 		r.ok = true
 		return r, nil
 	}
-	sh := lm.Shape("")
-	if d.RetryAfter >= InfDuration || n > sh.Burst() || l.brk.State() == breaker.StateOpen || lm.Windowed() {
-		// A windowed limit has no bucket to claim a refill from: its RetryAfter says
-		// when its window ends, if known spent.
-		return r, nil
+	if !r.d.Claimable() {
+		return r, nil // it can never pass
 	}
 	// A claim on the bucket's refill: want n, all or nothing, down to minus the burst.
-	req := global.TakeRequest{Limit: sh.Global(), Key: key, Want: n, Min: n, Floor: sh.Burst()}
-	wait, cancel := context.WithTimeout(ctx, lm.Config().MaxWait)
-	defer cancel()
-	var g global.Grant
-	err = l.brk.Do(wait, func(ctx context.Context) error {
-		var err error
-		g, err = l.store.TakeOne(ctx, req)
-		return err
-	})
-	if err != nil || g.Granted != n {
-		if err == nil {
-			r.d.RetryAfter = g.Wait
+	sh := lm.Shape("")
+	var cd engine.Decision
+	if w := l.eng.Claim(l.clock.Now(), lm, key, n, &cd); w != nil {
+		cd, _ = l.await(ctx, w)
+	}
+	if !cd.Allowed {
+		if cd.Source == engine.SourceGlobal { // Redis answered: when the bucket could hold it
+			r.d.RetryAfter = cd.RetryAfter
 		}
 		return r, nil
 	}
-	now := l.clock.Now()
 	r.ok, r.claim = true, sh
-	r.act = now.Add(g.Wait)
-	r.d = engine.Decision{Allowed: true, Remaining: 0, Source: engine.SourceGlobal, Reason: engine.ReasonGranted, Servers: l.eng.Servers()}
-	l.eng.Reserved(lm, n)
+	r.act = l.clock.Now().Add(cd.RetryAfter)
+	r.d = engine.Decision{Allowed: true, Remaining: 0, Source: engine.SourceGlobal, Reason: engine.ReasonGranted, Servers: cd.Servers}
 	return r, nil
 }

@@ -91,6 +91,14 @@ var checks = map[string]func(t *testing.T, runs []outcome){
 		t.Logf("TIME: %d admitted with or without the fast server; caller clock: %d without, %d with (+%.0f, %.1f× the limit)",
 			script.Admitted, caller.Admitted, callerFast.Admitted, extra, callerFast.AdmittedOverLimit)
 	},
+	"reservations": func(t *testing.T, runs []outcome) {
+		// Admissions count at the instants their holders act: a claim takes tokens the
+		// bucket has not refilled yet, so the bound of the leases holds for them too.
+		r := pick(t, runs, "hybrid")
+		withinBound(t, "hybrid", r, 2)
+		atLeast(t, "hybrid: requests admitted by a claim on the bucket's refill", float64(r.Sources["reserved"]), 1)
+		t.Logf("%d of %d requests admitted by a claim, %d after the run", r.Sources["reserved"], r.Requests, r.AdmittedLate)
+	},
 	"churn": func(t *testing.T, runs []outcome) {
 		withinBound(t, "script", pick(t, runs, "script"), 1)
 		withinBound(t, "hybrid", pick(t, runs, "hybrid"), 2)

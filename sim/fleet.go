@@ -22,12 +22,13 @@ const (
 	srcLease
 	srcPaced
 	srcFallback
-	srcGlobal // hybrid, after waiting for a refill from the global bucket
-	srcClosed // hybrid, the server closed while the request waited (denied)
+	srcGlobal   // hybrid, after waiting for a refill from the global bucket
+	srcClosed   // hybrid, the server closed while the request waited (denied)
+	srcReserved // hybrid, a claim on the bucket's refill (Scenario.Reserve), admitted when its holder acts
 	nSources
 )
 
-var sourceNames = [nSources]string{"naive", "script", "local", "precheck", "lease", "paced", "fallback", "global", "closed"}
+var sourceNames = [nSources]string{"naive", "script", "local", "precheck", "lease", "paced", "fallback", "global", "closed", "reserved"}
 
 func (s source) String() string { return sourceNames[s] }
 

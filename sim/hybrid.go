@@ -87,6 +87,7 @@ type hybridServer struct {
 	waiting map[*engine.Waiter]*request
 	also    []*engine.Limit              // the scenario's AlsoLimits
 	multi   map[*engine.Waiter]*multiReq // requests of several limits, by the waiter of the item they wait for
+	claims  map[*engine.Waiter]claimReq  // reservations waiting for their claim's answer (Scenario.Reserve)
 	busy    bool                         // a trip is out
 	poked   bool                         // the engine queued I/O since the loop last looked
 	timer   uint64                       // generation of the armed tick timer; 0: none
@@ -148,7 +149,8 @@ func (h *hybridStrat) join(s *server) error {
 		return fmt.Errorf("sim: %w", err)
 	}
 	h.track(id, brk)
-	hs := &hybridServer{brk: brk, waiting: make(map[*engine.Waiter]*request), multi: make(map[*engine.Waiter]*multiReq)}
+	hs := &hybridServer{brk: brk, waiting: make(map[*engine.Waiter]*request), multi: make(map[*engine.Waiter]*multiReq),
+		claims: make(map[*engine.Waiter]claimReq)}
 	cfg := engineConfig(sc, id)
 	cfg.NextSeq = func() uint64 { hs.seq++; return hs.seq }
 	cfg.BreakerOpen = func() bool {
@@ -229,13 +231,13 @@ func (h *hybridStrat) handle(s *server, q *request) {
 	}
 	var d engine.Decision
 	if w := hs.eng.Decide(s.clock(f.e.now), hs.lim, "", f.keyName(q.key), q.n, &d); w == nil {
-		h.record(q, d)
+		h.settle(s, hs, q, d)
 	} else {
 		hs.waiting[w] = q
 		h.later(s, f.e.now+hs.lim.Config().MaxWait, func() { // the request's own wait timeout
 			if q, ok := hs.waiting[w]; ok {
 				delete(hs.waiting, w)
-				h.record(q, hs.eng.GiveUp(s.clock(f.e.now), w, engine.ReasonTimeout))
+				h.settle(s, hs, q, hs.eng.GiveUp(s.clock(f.e.now), w, engine.ReasonTimeout))
 			}
 		})
 	}
@@ -247,10 +249,62 @@ func (h *hybridStrat) decided(s *server, hs *hybridServer, w *engine.Waiter) {
 	if h.multiDecided(s, hs, w) {
 		return
 	}
+	if r, ok := hs.claims[w]; ok {
+		delete(hs.claims, w)
+		h.claimed(r, w.Decision())
+		return
+	}
 	if q, ok := hs.waiting[w]; ok {
 		delete(hs.waiting, w)
+		if d := w.Decision(); h.f.sc.Reserve && d.Claimable() {
+			// The claim is made once the engine call that decided w has returned (the
+			// callback must not call the engine), at the same instant.
+			h.f.e.after(0, func() { h.settle(s, hs, q, d); h.wake(s, hs) })
+			return
+		}
 		h.record(q, w.Decision())
 	}
+}
+
+// claimReq is a reservation waiting for its claim: the request, and the lease's denial.
+type claimReq struct {
+	q *request
+	d engine.Decision
+}
+
+// settle records q's decision d or, for a reservation (Scenario.Reserve) the lease
+// denied but that may pass later, makes the claim hybrid.Limiter.ReserveN makes: at most
+// the limit's MaxWait for its answer.
+func (h *hybridStrat) settle(s *server, hs *hybridServer, q *request, d engine.Decision) {
+	f := h.f
+	if !f.sc.Reserve || !d.Claimable() {
+		h.record(q, d)
+		return
+	}
+	r := claimReq{q: q, d: d}
+	var cd engine.Decision
+	w := hs.eng.Claim(s.clock(f.e.now), hs.lim, f.keyName(q.key), q.n, &cd)
+	if w == nil {
+		h.claimed(r, cd)
+		return
+	}
+	hs.claims[w] = r
+	h.later(s, f.e.now+hs.lim.Config().MaxWait, func() {
+		if r, ok := hs.claims[w]; ok {
+			delete(hs.claims, w)
+			h.claimed(r, hs.eng.GiveUp(s.clock(f.e.now), w, engine.ReasonTimeout))
+		}
+	})
+}
+
+// claimed records the reservation r once its claim was decided cd: admitted when its
+// holder acts, cd.RetryAfter from now; else denied as the lease denied it.
+func (h *hybridStrat) claimed(r claimReq, cd engine.Decision) {
+	if !cd.Allowed {
+		h.record(r.q, r.d)
+		return
+	}
+	h.f.e.after(cd.RetryAfter, func() { h.f.decide(r.q, true, srcReserved) })
 }
 
 // record counts q's decision now.

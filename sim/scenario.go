@@ -234,6 +234,12 @@ type Scenario struct {
 	// Windowed is hybrid.Windowed's report interval: when positive, the limit is
 	// windowed, each server reporting every Windowed.
 	Windowed time.Duration
+	// Reserve makes every request of the hybrid strategies a reservation, as
+	// hybrid.Limiter.ReserveN makes it: a request the lease denies but that may pass
+	// later claims its tokens from the key's bucket, below zero down to minus the burst,
+	// and is admitted when its holder acts, once the bucket is back at zero (source
+	// "reserved"); a claim Redis refuses is denied as the lease denied it.
+	Reserve bool
 	// Breaker configures each server's breaker.Breaker, as breaker.Settings does.
 	Breaker BreakerSettings
 

@@ -97,6 +97,11 @@ func suites(s scale, seed uint64) []suite {
 		{Name: "global", Rate: 5000 * f, Burst: n(5000), Keys: 1},
 		{Name: "tenant", Rate: 1000 * f, Burst: n(1000), Keys: 10},
 	}
+	// Every request of abusive-client is a reservation (hybrid.Limiter.ReserveN): the
+	// requests the lease denies claim from the key's bucket, below zero down to minus
+	// the burst, and are admitted when they act.
+	reserve := abusive
+	reserve.Name, reserve.Reserve = "reservations", true
 	raise := lower
 	raise.LimitChanges = []LimitChange{{At: at(0.2), Spread: at(0.5), Rate: 4000 * f, Burst: n(4000)}}
 
@@ -136,5 +141,6 @@ func suites(s scale, seed uint64) []suite {
 		{"churn", []run{{sc: churn, st: Script}, {sc: churn, st: Hybrid}, {sc: churn, st: LocalOnly}}},
 		{"several-limits", []run{{sc: several, st: Hybrid}}},
 		{"limit-change", []run{{label: "halved", sc: lower, st: Hybrid}, {label: "doubled", sc: raise, st: Hybrid}}},
+		{"reservations", []run{{sc: reserve, st: Hybrid}}},
 	}
 }

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/global"
@@ -25,6 +26,46 @@ import (
 // only until the charges of the servers that did not know it was low arrive. The
 // charges themselves follow the bucket, as refunds of -n, down to -(burst +
 // rate·DebtWindow).
+
+// chargeLater is the spill of the charge-later kind (a bucket kind, see kind.go): one
+// limit's low keys, and its part of the engine-wide schedule (laterSched).
+type chargeLater struct {
+	lm  *Limit
+	low lowKeys
+}
+
+// chargeLater returns the limit's charge-later state, nil for a limit of another kind.
+func (lm *Limit) chargeLater() *chargeLater {
+	if b, ok := lm.kind.(*bucket); ok {
+		c, _ := b.spill.(*chargeLater)
+		return c
+	}
+	return nil
+}
+
+// laterSched is the engine-wide part of the charge-later kind: when the low-key
+// exchanges and the charges go. Its atomics are read under a key's lock; the other
+// fields are guarded by Engine.mu.
+type laterSched struct {
+	openSeen atomic.Bool // the breaker was open when Next last asked
+	// asyncStart is the instant (Unix nanoseconds) of the first request of a
+	// charge-later limit that its lease could not serve, 0 before it: the low-key
+	// exchanges start from it. lowActive reports such a request since the last exchange.
+	asyncStart atomic.Int64
+	lowActive  atomic.Bool
+
+	charges  owed      // the charges of admissions made uncharged, owed to the buckets (debt.go)
+	asyncAt  time.Time // when the queued charges are due; zero: none queued
+	asyncDue bool      // charges are due: the debts go, whether Redis answered or not
+	lowAt    time.Time // the next low-key exchange; zero: none planned
+	lowDue   bool      // a low-key exchange is due
+	lowOut   bool      // a low-key exchange is out
+	lowNow   time.Time // the Tick that made it due
+	lowLast  time.Time // when the last one was answered
+	lowNews  bool      // a charge-later admission since the last one
+	lowPhase float64   // this server's pace of the exchanges after the last, in [0.5, 1.5): servers started together drift apart
+	lowFails int       // exchanges failed in a row
+}
 
 // lowKeys is what this server knows of one limit's keys for Async: the keys it knows
 // low, the keys it admitted and has not charged yet, the marks and unmarks it owes the
@@ -317,14 +358,14 @@ type LowExchange struct {
 	Got    []global.KeyID
 	Err    error
 
-	lim *Limit
+	cl *chargeLater
 }
 
 // asyncMin returns the shortest Async of the engine's limits, 0 if none has one.
 func (e *Engine) asyncMin() time.Duration {
 	var m time.Duration
 	for _, lm := range e.Limits() {
-		if a := lm.Config().Async; a > 0 && (m == 0 || a < m) {
+		if a := lm.Config().Async; lm.chargeLater() != nil && (m == 0 || a < m) {
 			m = a
 		}
 	}
@@ -346,38 +387,38 @@ func (e *Engine) asyncMin() time.Duration {
 // LowEvery. It requires that e.mu is held, and reports whether one is due now.
 func (e *Engine) scheduleLow(now time.Time, async time.Duration) bool {
 	if async == 0 || e.stopped {
-		e.lowAt, e.lowDue = time.Time{}, false
+		e.cl.lowAt, e.cl.lowDue = time.Time{}, false
 		return false
 	}
-	if e.lowOut {
+	if e.cl.lowOut {
 		return false
 	}
-	if e.lowAt.IsZero() && !e.lowDue {
-		start := e.asyncStart.Load()
+	if e.cl.lowAt.IsZero() && !e.cl.lowDue {
+		start := e.cl.asyncStart.Load()
 		if start == 0 {
 			return false // no request has asked more than its lease yet
 		}
-		e.lowAt = time.Unix(0, start).Add(async / 4)
+		e.cl.lowAt = time.Unix(0, start).Add(async / 4)
 	}
-	asked := e.lowActive.Load()
-	if asked && now.Before(e.lowAt) && !e.lowLast.IsZero() && now.Sub(e.lowLast) >= lowStale {
-		e.lowAt = now // asked, with stale knowledge: the exchange is due now
+	asked := e.cl.lowActive.Load()
+	if asked && now.Before(e.cl.lowAt) && !e.cl.lowLast.IsZero() && now.Sub(e.cl.lowLast) >= lowStale {
+		e.cl.lowAt = now // asked, with stale knowledge: the exchange is due now
 	}
-	if e.lowAt.IsZero() || now.Before(e.lowAt) {
+	if e.cl.lowAt.IsZero() || now.Before(e.cl.lowAt) {
 		return false
 	}
 	marks, warm, stale := e.lowState(now)
-	since := now.Sub(e.lowLast)
-	due := !warm || e.lowNews || marks && since >= e.lowPace(LowShare/2) ||
+	since := now.Sub(e.cl.lowLast)
+	due := !warm || e.cl.lowNews || marks && since >= e.lowPace(LowShare/2) ||
 		asked && (stale || since >= e.lowPace(LowShare))
 	if !due {
 		// Nothing admitted uncharged since the last exchange, and every limit warm: the
 		// fleet's news and this server's marks can wait.
-		e.lowAt = now.Add(e.lowPace(LowEvery))
+		e.cl.lowAt = now.Add(e.lowPace(LowEvery))
 		return false
 	}
-	e.lowDue, e.lowAt, e.lowNews = true, time.Time{}, false
-	e.lowActive.Store(false)
+	e.cl.lowDue, e.cl.lowAt, e.cl.lowNews = true, time.Time{}, false
+	e.cl.lowActive.Store(false)
 	return true
 }
 
@@ -386,26 +427,30 @@ func (e *Engine) scheduleLow(now time.Time, async time.Duration) bool {
 func (e *Engine) lowState(now time.Time) (marks, warm, stale bool) {
 	warm = true
 	for _, lm := range e.Limits() {
-		if lm.Config().Async > 0 {
-			m, w, st := lm.low.pending(now)
+		if cl := lm.chargeLater(); cl != nil {
+			m, w, st := cl.low.pending(now)
 			marks, warm, stale = marks || m, warm && w, stale || st
 		}
 	}
 	return marks, warm, stale
 }
 
-// lowTrip returns the low-key exchange of every limit with Async. It requires that e.mu
-// is held.
-func (e *Engine) lowTrip(now time.Time) *Trip {
+// lowDue reports whether a low-key exchange is due. It requires that e.mu is held.
+func (e *Engine) lowDue() bool { return e.cl.lowDue }
+
+// lowTrip returns the low-key exchange of every charge-later limit. It requires that
+// e.mu is held.
+func (e *Engine) lowTrip() *Trip {
+	now := e.cl.lowNow
 	t := &Trip{Kind: LowTrip}
 	for _, lm := range e.Limits() {
-		if lm.Config().Async > 0 {
-			mark, unmark := lm.low.takeMarks()
-			t.Lows = append(t.Lows, LowExchange{Limit: lm.name, Mark: mark, Unmark: unmark, lim: lm})
+		if cl := lm.chargeLater(); cl != nil {
+			mark, unmark := cl.low.takeMarks()
+			t.Lows = append(t.Lows, LowExchange{Limit: lm.name, Mark: mark, Unmark: unmark, cl: cl})
 		}
 	}
-	e.lowDue, e.lowOut = false, true
-	t.warms = !now.Before(time.Unix(0, e.asyncStart.Load()).Add(e.asyncMin() / 2))
+	e.cl.lowDue, e.cl.lowOut = false, true
+	t.warms = !now.Before(time.Unix(0, e.cl.asyncStart.Load()).Add(e.asyncMin() / 2))
 	return t
 }
 
@@ -418,31 +463,31 @@ func (e *Engine) lowDone(now time.Time, t *Trip) {
 	all := ok
 	for _, x := range t.Lows {
 		if !ok || x.Err != nil {
-			x.lim.low.requeue(x.Mark, x.Unmark)
+			x.cl.low.requeue(x.Mark, x.Unmark)
 			all = false
 			continue
 		}
-		x.lim.low.learn(x.Got, now)
+		x.cl.low.learn(x.Got, now)
 		if t.warms {
-			x.lim.low.setWarm()
+			x.cl.low.setWarm()
 		}
 	}
 	e.mu.Lock()
-	e.lowOut = false
-	e.lowPhase = 0.5 + uniform(&e.rng)
+	e.cl.lowOut = false
+	e.cl.lowPhase = 0.5 + uniform(&e.rng)
 	next := e.lowPace(LowEvery)
 	if all {
-		e.lowLast, e.lowFails = now, 0
+		e.cl.lowLast, e.cl.lowFails = now, 0
 	} else {
 		// Due again (lowNews), a quarter of an Async later, then twice as late each time.
-		e.lowNews = true
-		next = min(max(e.asyncMin()/4, time.Millisecond)<<min(e.lowFails, 16), LowEvery)
-		e.lowFails++
+		e.cl.lowNews = true
+		next = min(max(e.asyncMin()/4, time.Millisecond)<<min(e.cl.lowFails, 16), LowEvery)
+		e.cl.lowFails++
 	}
 	if _, warm, _ := e.lowState(now); all && !warm {
 		next = max(e.asyncMin()/4, time.Millisecond)
 	}
-	e.lowAt = now.Add(next)
+	e.cl.lowAt = now.Add(next)
 	e.mu.Unlock()
 }
 
@@ -450,10 +495,10 @@ func (e *Engine) lowDone(now time.Time, t *Trip) {
 // started together make their warm-up exchanges together, and would make every later one
 // together too, the Redis work of all of them at once. It requires that e.mu is held.
 func (e *Engine) lowPace(d time.Duration) time.Duration {
-	if e.lowPhase == 0 {
+	if e.cl.lowPhase == 0 {
 		return d
 	}
-	return time.Duration(float64(d) * e.lowPhase)
+	return time.Duration(float64(d) * e.cl.lowPhase)
 }
 
 // asyncShare is the largest cost a server admits of one key of shape sh without asking
@@ -467,45 +512,51 @@ func (sh *Shape) asyncShare() int {
 // trusts reports whether the request of cost n for the key of entry en, of shape sh,
 // which its lease cannot serve, is admitted now and charged later, and if so counts the
 // key uncharged; it requires that the key's lock is held. It also records, for the
-// low-key exchanges, that a request of a limit with Async asked more than its lease and
+// low-key exchanges, that a request of a charge-later limit asked more than its lease and
 // could have been admitted so (a cost within the server's share), and reports whether
 // that request was the first (started: the driver must be woken to plan them). The
 // breaker's state is the one the driver's loop last saw (Engine.open is not called
 // under a key's lock).
-func (lm *Limit) trusts(en *entry, sh *Shape, t time.Time, n int) (ok, started bool) {
-	if sh.cfg.Async <= 0 || n <= 0 || n > sh.asyncShare() {
+func (c *chargeLater) trusts(en *entry, sh *Shape, t time.Time, n int) (ok, started bool) {
+	if n <= 0 || n > sh.asyncShare() {
 		return false, false
 	}
-	if e := lm.e; !e.lowActive.Load() {
-		started = e.asyncStart.CompareAndSwap(0, t.UnixNano())
-		e.lowActive.Store(true)
+	if e := c.lm.e; !e.cl.lowActive.Load() {
+		started = e.cl.asyncStart.CompareAndSwap(0, t.UnixNano())
+		e.cl.lowActive.Store(true)
 	}
-	if en.flight != nil || lm.e.openSeen.Load() {
+	if en.flight != nil || c.lm.e.cl.openSeen.Load() {
 		return false, started
 	}
 	if en.lease.tookWithin(t, sh.lease.Load().Lifetime) {
 		return false, started // its lease is in use here: it serves the key, at no extra call
 	}
-	return lm.low.admit(en.key, t), started
+	return c.low.admit(en.key, t), started
 }
 
-// oweAsync queues the charge of n tokens the async admission of key (shape sh) at now
-// admitted, due at now + Async if no charge is due earlier.
-func (e *Engine) oweAsync(lm *Limit, sh *Shape, key string, n int, now time.Time) {
+// note records what a refill's answer said of the key's bucket (lowKeys.note).
+func (c *chargeLater) note(sh *Shape, key string, remaining float64, now time.Time) {
+	c.low.note(sh, key, remaining, now)
+}
+
+// charge queues the charge of n tokens the admission of key (shape sh) at now admitted,
+// due at now + Async if no charge is due earlier.
+func (c *chargeLater) charge(sh *Shape, key string, n int, now time.Time) {
+	lm, e := c.lm, c.lm.e
 	e.mu.Lock()
-	if e.finished || !e.addDebt(lm, sh, key, n, 0, false, true) {
+	if e.finished || !e.cl.charges.add(lm, sh, key, n, 0, false, &e.debtSeq, c) {
 		if e.finished {
 			lm.stats.forgiven.Add(int64(n))
 		}
 		e.mu.Unlock()
-		lm.low.charged(key) // forgiven: nothing will charge it
+		c.low.charged(key) // forgiven: nothing will charge it
 		return
 	}
 	lm.stats.owed.Add(int64(n))
-	e.lowNews = true
+	e.cl.lowNews = true
 	wake := false
-	if !e.asyncDue && e.asyncAt.IsZero() {
-		e.asyncAt = now.Add(sh.cfg.Async)
+	if !e.cl.asyncDue && e.cl.asyncAt.IsZero() {
+		e.cl.asyncAt = now.Add(sh.cfg.Async)
 		wake = true // the driver's next tick must come by then
 	}
 	e.mu.Unlock()
@@ -513,3 +564,75 @@ func (e *Engine) oweAsync(lm *Limit, sh *Shape, key string, n int, now time.Time
 		e.wake()
 	}
 }
+
+// charged takes the answer of a charge of key (the bucket's shape sh, nil if the limit
+// no longer has it): answered, the bucket held remaining; either way, the key may be
+// admitted uncharged again.
+func (c *chargeLater) charged(sh *Shape, key string, answered bool, remaining float64, now time.Time) {
+	if answered && sh != nil {
+		c.low.note(sh, key, remaining, now)
+	}
+	c.low.charged(key)
+}
+
+// noteOpen records the breaker's state for the charge-later admissions, which do not
+// call it (Next, under e.mu).
+func (e *Engine) noteOpen() {
+	if e.open != nil && e.asyncMin() > 0 {
+		e.cl.openSeen.Store(e.open())
+	}
+}
+
+// tickLater makes the charges due at now if their time came, and plans the low-key
+// exchanges (scheduleLow); it reports whether either is due. It requires e.mu.
+func (e *Engine) tickLater(now time.Time) bool {
+	due := false
+	if !e.cl.asyncAt.IsZero() && !now.Before(e.cl.asyncAt) {
+		e.cl.asyncDue, due = true, true
+		e.cl.asyncAt = time.Time{}
+	}
+	if e.scheduleLow(now, e.asyncMin()) {
+		e.cl.lowNow, due = now, true
+	}
+	return due
+}
+
+// laterNextTick is the earliest of t and when tickLater next has work. It requires e.mu.
+func (e *Engine) laterNextTick(t time.Time) time.Time {
+	if !e.cl.asyncAt.IsZero() && e.cl.asyncAt.Before(t) {
+		t = e.cl.asyncAt
+	}
+	if !e.cl.lowAt.IsZero() && !e.stopped && e.cl.lowAt.Before(t) {
+		t = e.cl.lowAt
+	}
+	return t
+}
+
+// stopLater ends the low-key exchanges and makes the charges due now (Stop). It
+// requires e.mu.
+func (e *Engine) stopLater() {
+	e.cl.lowDue, e.cl.lowAt = false, time.Time{}
+	if e.cl.charges.len() > 0 {
+		e.cl.asyncDue, e.cl.asyncAt = true, time.Time{}
+	}
+}
+
+// dueCharges returns the charges if they are due, nil if not. It requires e.mu.
+func (e *Engine) dueCharges() *owed {
+	if e.cl.asyncDue {
+		return &e.cl.charges
+	}
+	return nil
+}
+
+// chargesSent ends the charges' turn once none is left to send (debtTrip): the next
+// admission uncharged waits its Async again. It requires e.mu.
+func (e *Engine) chargesSent() {
+	if e.cl.charges.len() == 0 && len(e.debtRetry) == 0 {
+		e.cl.asyncDue = false
+	}
+}
+
+// forgiveCharges drops every charge not sent (Finish), counted in LimitStats.Forgiven.
+// It requires e.mu.
+func (e *Engine) forgiveCharges() { e.cl.charges.forgive() }

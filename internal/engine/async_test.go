@@ -187,7 +187,7 @@ func TestAsyncAdmitsAndCharges(t *testing.T) {
 	if d := w.Decision(); !d.Allowed || d.Source != SourceGlobal {
 		t.Fatalf("a's request after its refill: %+v", d)
 	}
-	if lm.low.low("a", t0.Add(204*time.Millisecond)) {
+	if lm.chargeLater().low.low("a", t0.Add(204*time.Millisecond)) {
 		t.Fatal("a still low after a refill found 60 of 100")
 	}
 	// Not low, but its lease took from the bucket within its lifetime: the lease serves
@@ -410,7 +410,7 @@ func TestAsyncExchangeFailsAndStales(t *testing.T) {
 	})
 	e.Tick(t0)
 	decide(e, t0, lm, "big", 26) // above the share, 25: never admitted uncharged
-	if e.asyncStart.Load() != 0 {
+	if e.cl.asyncStart.Load() != 0 {
 		t.Fatal("a request above the share started the exchanges")
 	}
 	for trip := e.Next(); trip != nil; trip = e.Next() {
@@ -526,7 +526,7 @@ func TestAsyncUnchargedOutlivesTheEntry(t *testing.T) {
 	if d, _ := decide(e, at.Add(102*time.Millisecond), lm, "j", 1); d.Reason != ReasonAsync {
 		t.Fatalf("another key: %+v", d)
 	}
-	if lm.low.admit("k", at.Add(102*time.Millisecond)) == false {
+	if lm.chargeLater().low.admit("k", at.Add(102*time.Millisecond)) == false {
 		t.Fatal("k still counted uncharged after its charge was answered under the old limit")
 	}
 }

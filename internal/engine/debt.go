@@ -18,27 +18,98 @@ const DebtWindow = 10 * time.Second
 // Redis that answers errors must not be asked in a loop.
 const debtRetry = 250 * time.Millisecond
 
-// maxDebtKeys bounds the keys with debts one engine holds: past it, new keys' debts are
-// forgiven (counted in LimitStats.Forgiven).
+// maxDebtKeys bounds the keys with debts one engine holds, and apart from them the keys
+// with charges: past it, new keys' debts are forgiven (counted in LimitStats.Forgiven).
 const maxDebtKeys = 100_000
 
-// debtKey names the bucket a debt is owed to, and which kind of debt it is: FailLocal's
-// and Async's are kept apart (a FailLocal debt is forgiven against its reference and
-// waits for Redis to answer; an Async charge is neither).
+// debtKey names the bucket a debt is owed to.
 type debtKey struct {
-	lim   *Limit
-	key   string // the key's ID
-	async bool
+	lim *Limit
+	key string // the key's ID
 }
 
 // debt is what one server owes one bucket: tokens its FailLocal fallback admitted, or
-// (async) tokens a limit with Async admitted uncharged.
+// tokens a charge-later limit admitted uncharged (a charge, whose answer goes to cl).
 type debt struct {
 	shape  *Shape // the key's shape when it was last admitted
 	n      int
 	ref    float64 // the bucket's credit at this server's last grant, if hasRef
 	hasRef bool
-	async  bool // Async admissions (async.go): it goes once due
+	seq    uint64       // the engine's count of debts and charges when this one was first owed
+	cl     *chargeLater // a charge's limit; nil for a debt of FailLocal's
+}
+
+// owed is tokens owed to buckets, one debt per bucket, in the order first owed. An
+// engine has two: FailLocal's debts (Engine.debts), which wait for Redis to answer and
+// are forgiven against their reference, and the charge-later limits' charges
+// (laterSched.charges), which go once due; one debt trip carries both, in the order
+// first owed.
+type owed struct {
+	m     map[debtKey]*debt
+	order []debtKey
+}
+
+// len is the number of debts of q (nil: none).
+func (q *owed) len() int {
+	if q == nil {
+		return 0
+	}
+	return len(q.m)
+}
+
+// add adds n tokens to what this server owes the bucket of (lm, key), of shape sh, with
+// the reference ref (hasRef: there is one); a debt new to q takes the next number of
+// *seq. It reports false when the debt was forgiven instead (maxDebtKeys keys owed).
+func (q *owed) add(lm *Limit, sh *Shape, key string, n int, ref float64, hasRef bool, seq *uint64, cl *chargeLater) bool {
+	k := debtKey{lm, key}
+	d, ok := q.m[k]
+	if !ok {
+		if len(q.m) >= maxDebtKeys {
+			lm.stats.forgiven.Add(int64(n))
+			return false
+		}
+		if q.m == nil {
+			q.m = make(map[debtKey]*debt)
+		}
+		*seq++
+		d = &debt{seq: *seq, cl: cl}
+		q.m[k] = d
+		q.order = append(q.order, k)
+	}
+	if hasRef && (!d.hasRef || ref > d.ref) {
+		d.ref, d.hasRef = ref, true
+	}
+	d.shape = sh
+	d.n = int(min(float64(d.n)+float64(n), math.MaxInt32))
+	return true
+}
+
+// head is q's debt first owed, nil if none.
+func (q *owed) head() *debt {
+	if q == nil || len(q.order) == 0 {
+		return nil
+	}
+	return q.m[q.order[0]]
+}
+
+// pop removes q's debt first owed, and returns its key.
+func (q *owed) pop() debtKey {
+	k := q.order[0]
+	delete(q.m, k)
+	if q.order = q.order[1:]; len(q.order) == 0 {
+		q.order = nil
+	}
+	return k
+}
+
+// forgive drops every debt of q, counted in LimitStats.Forgiven.
+func (q *owed) forgive() {
+	for _, k := range q.order {
+		d := q.m[k]
+		k.lim.stats.owed.Add(-int64(d.n))
+		k.lim.stats.forgiven.Add(int64(d.n))
+	}
+	q.m, q.order = nil, nil
 }
 
 // debtFloor is how far below zero s's debts may take its bucket: Burst + Rate·DebtWindow.
@@ -63,41 +134,10 @@ func (e *Engine) owe(lm *Limit, sh *Shape, key string, n int, ref float64, hasRe
 		lm.stats.forgiven.Add(int64(n))
 		return
 	}
-	if e.addDebt(lm, sh, key, n, ref, hasRef, false) {
+	if e.debts.add(lm, sh, key, n, ref, hasRef, &e.debtSeq, nil) {
 		e.debtWait = true
 		lm.stats.owed.Add(int64(n))
 	}
-}
-
-// addDebt adds n tokens to what this server owes the bucket of (lm, key), of shape sh:
-// a debt of FailLocal's (with its reference) or, if async, an admission of a limit with
-// Async. It reports false when the debt was forgiven instead (too many keys owed). It
-// requires that e.mu is held.
-func (e *Engine) addDebt(lm *Limit, sh *Shape, key string, n int, ref float64, hasRef, async bool) bool {
-	k := debtKey{lm, key, async}
-	d, ok := e.debts[k]
-	if !ok {
-		if len(e.debts) >= maxDebtKeys {
-			lm.stats.forgiven.Add(int64(n))
-			return false
-		}
-		if e.debts == nil {
-			e.debts = make(map[debtKey]*debt)
-		}
-		d = &debt{}
-		e.debts[k] = d
-		e.debtOrder = append(e.debtOrder, k)
-	}
-	if hasRef && (!d.hasRef || ref > d.ref) {
-		d.ref, d.hasRef = ref, true
-	}
-	d.shape = sh
-	d.n = int(min(float64(d.n)+float64(n), math.MaxInt32))
-	if async && !d.async {
-		d.async = true
-		e.asyncDebts++
-	}
-	return true
 }
 
 // debtsDue reports whether debts wait and can be sent: no debt trip failed in the last
@@ -110,57 +150,54 @@ func (e *Engine) debtsDue() bool {
 	if e.debtHeld || e.open != nil && e.open() {
 		return false
 	}
-	ready := !e.debtWait || e.asyncDue
-	return len(e.debtRetry) > 0 && ready || !e.debtWait && len(e.debtOrder) > e.asyncDebts || e.asyncDue && e.asyncDebts > 0
+	charges := e.dueCharges()
+	ready := !e.debtWait || charges != nil
+	return len(e.debtRetry) > 0 && ready || !e.debtWait && e.debts.len() > 0 || charges.len() > 0
 }
 
 // debtTrip returns the next trip of debts: a batch sent before that timed out goes again
 // with its sequence numbers (Redis answers a charge that ran as a replay), then up to
 // MaxBatch debts in the order they were first owed, each as a refund of -n: FailLocal's
-// once Redis answered a trip, the async admissions' once due. It requires that e.mu is
-// held.
+// once Redis answered a trip, the charges once due. It requires that e.mu is held.
 func (e *Engine) debtTrip() *Trip {
 	var batch debtBatch
 	if len(e.debtRetry) > 0 {
 		batch, e.debtRetry = e.debtRetry[0], e.debtRetry[1:]
 	} else {
-		rest := e.debtOrder[:0:0]
-		for i, k := range e.debtOrder {
-			d := e.debts[k]
-			if len(batch.reqs) == MaxBatch {
-				rest = append(rest, e.debtOrder[i:]...)
+		var debts *owed
+		if !e.debtWait {
+			debts = &e.debts
+		}
+		charges := e.dueCharges()
+		for len(batch.reqs) < MaxBatch {
+			q := debts
+			if c := charges.head(); c != nil && (q.head() == nil || c.seq < q.head().seq) {
+				q = charges
+			}
+			d := q.head()
+			if d == nil {
 				break
 			}
-			if d.async && !e.asyncDue || !d.async && e.debtWait {
-				rest = append(rest, k)
-				continue
-			}
-			delete(e.debts, k)
-			if d.async {
-				e.asyncDebts--
-			}
+			k := q.pop()
 			floor := d.shape.debtFloor()
 			batch.reqs = append(batch.reqs, global.RefundRequest{Limit: d.shape.glim, ID: global.KeyID(k.key),
 				N: -min(d.n, floor), Floor: floor, Seq: e.nextSeq(), Ref: d.ref, HasRef: d.hasRef})
-			batch.async = append(batch.async, d.async)
+			batch.charges = append(batch.charges, d.cl)
 			if over := d.n - floor; over > 0 {
 				k.lim.stats.forgiven.Add(int64(over))
 				k.lim.stats.owed.Add(-int64(over))
 			}
 		}
-		e.debtOrder = rest
 	}
-	if e.asyncDebts == 0 && len(e.debtRetry) == 0 {
-		e.asyncDue = false // the next async admission waits Async again
-	}
+	e.chargesSent()
 	return &Trip{Kind: RefundTrip, Refunds: batch.reqs, RefundResults: make([]global.RefundResult, len(batch.reqs)),
-		debts: true, asyncDebts: batch.async}
+		debts: true, charges: batch.charges}
 }
 
-// debtBatch is the items of a debt trip, and which of them are Async's charges.
+// debtBatch is the items of a debt trip, and for each a charge's limit (nil: a debt).
 type debtBatch struct {
-	reqs  []global.RefundRequest
-	async []bool
+	reqs    []global.RefundRequest
+	charges []*chargeLater
 }
 
 // charged counts the answers of a debt trip. A batch that timed out goes again whole
@@ -177,7 +214,7 @@ func (e *Engine) charged(now time.Time, t *Trip) {
 	if !t.Answered {
 		e.mu.Lock()
 		if !e.finished {
-			e.debtRetry = append(e.debtRetry, debtBatch{t.Refunds, t.asyncDebts})
+			e.debtRetry = append(e.debtRetry, debtBatch{t.Refunds, t.charges})
 			e.mu.Unlock()
 			return
 		}
@@ -192,23 +229,20 @@ func (e *Engine) charged(now time.Time, t *Trip) {
 		if lm == nil {
 			continue
 		}
-		async := t.asyncDebts[i]
+		cl := t.charges[i]
 		n := -r.N
 		lm.stats.owed.Add(-int64(n))
 		sh := lm.shapeOf(r.Limit)
 		switch {
 		case err == nil:
 			lm.stats.charged.Add(int64(n))
-			if async {
-				if sh != nil && sh.cfg.Async > 0 {
-					lm.low.note(sh, string(r.ID), t.RefundResults[i].Remaining, now)
-				}
-				lm.low.charged(string(r.ID))
+			if cl != nil {
+				cl.charged(sh, string(r.ID), true, t.RefundResults[i].Remaining, now)
 			}
 		case !t.Answered:
 			lm.stats.forgiven.Add(int64(n)) // after Finish: nothing will send it
-			if async {
-				lm.low.charged(string(r.ID))
+			if cl != nil {
+				cl.charged(sh, string(r.ID), false, 0, now)
 			}
 		default:
 			e.mu.Lock()
@@ -217,8 +251,8 @@ func (e *Engine) charged(now time.Time, t *Trip) {
 			if sh == nil {
 				sh = lm.Shape("")
 			}
-			if async {
-				e.oweAsync(lm, sh, string(r.ID), n, now)
+			if cl != nil {
+				cl.charge(sh, string(r.ID), n, now)
 			} else {
 				e.owe(lm, sh, string(r.ID), n, r.Ref, r.HasRef)
 			}
@@ -239,11 +273,8 @@ func (lm *Limit) shapeOf(g global.Limit) *Shape {
 // forgiveDebts drops every debt not sent (Finish): counted in LimitStats.Forgiven. It
 // requires that e.mu is held.
 func (e *Engine) forgiveDebts() {
-	for _, k := range e.debtOrder {
-		d := e.debts[k]
-		k.lim.stats.owed.Add(-int64(d.n))
-		k.lim.stats.forgiven.Add(int64(d.n))
-	}
+	e.debts.forgive()
+	e.forgiveCharges()
 	for _, b := range e.debtRetry {
 		for _, r := range b.reqs {
 			if lm := e.limitNamed(r.Limit.Name); lm != nil {
@@ -252,7 +283,7 @@ func (e *Engine) forgiveDebts() {
 			}
 		}
 	}
-	e.debts, e.debtOrder, e.debtRetry, e.asyncDebts = nil, nil, nil, 0
+	e.debtRetry = nil
 }
 
 // chargesDebt reports whether admissions of sh's fallback are owed to the bucket:

@@ -16,10 +16,12 @@ import (
 // Flight is one refill on its way to Redis and back, and the requests waiting for it.
 type Flight struct {
 	lim       *Limit
-	shape     *Shape // the key's shape when the refill started
-	key       string // the key's ID
+	b         *bucket // the limit's kind
+	shape     *Shape  // the key's shape when the refill started
+	key       string  // the key's ID
 	seq       uint64
 	want, min int
+	floor     int // a claim's (Engine.Claim): how far below zero it may take the bucket; 0 for a refill
 	// waiters, in the order they came. Appended under the key's store lock while the
 	// key's entry holds the flight; taken by whoever detaches the flight from the entry
 	// (its answer, its failure) or, once the entry was evicted, by its answer.
@@ -34,6 +36,9 @@ type Waiter struct {
 	key  string // the key's ID
 	n    int
 	ch   chan struct{} // closed once decided
+	// claim: the waiter of a claim (Engine.Claim), which no policy decides and no
+	// counter counts.
+	claim bool
 
 	mu sync.Mutex
 	// The fields below are guarded by mu, which is taken before the key's store lock.
@@ -70,8 +75,8 @@ type outcome struct {
 	st    Step
 	f     *Flight // a refill decide started, to send
 	w     *Waiter // the request's waiter, when it must wait
-	async int     // tokens admitted to be charged later (Async)
-	start bool    // the request started the low-key exchanges (Engine.asyncStart)
+	async int     // tokens admitted to be charged later (spill.charge)
+	start bool    // the request started the low-key exchanges (laterSched.asyncStart)
 	slot  uint8   // the key's counter shard
 	key   string  // the key's ID, as its entry holds it
 	shape *Shape  // the key's shape
@@ -99,12 +104,44 @@ func (o *outcome) refund(e *Engine, lm *Limit) {
 // number of bytes per key whatever the keys' length. Such a key costs a SHA-256 and an
 // allocation per decision.
 func (e *Engine) Decide(now time.Time, lm *Limit, tier, key string, n int, d *Decision) *Waiter {
-	if lm.win != nil {
-		return e.decideWindow(now, lm, key, n, d)
-	}
+	return lm.kind.decide(now, tier, key, n, d)
+}
+
+// bucket is the kinds of limit whose keys each have a token bucket in Redis, served from
+// leases: exact and charge-later, which differ only in what they do with a request the
+// lease cannot serve (spill). Its keys' entries hold the pre-check, the lease, the
+// refill in flight and the requests waiting for it.
+type bucket struct {
+	lm    *Limit
+	spill spill
+}
+
+// spill is what a bucket kind does with a request its lease cannot serve, before it asks
+// Redis, and with what Redis answers of a key's bucket.
+type spill interface {
+	// trusts reports whether such a request, of cost n for the key of en (shape sh), is
+	// admitted now and charged later, and whether it was the first of the engine to ask
+	// more than its lease (the driver must be woken); it requires the key's lock.
+	trusts(en *entry, sh *Shape, t time.Time, n int) (ok, started bool)
+	// charge queues the charge of n tokens of key (shape sh) that trusts admitted at now.
+	charge(sh *Shape, key string, n int, now time.Time)
+	// note records what an answer at now (a refill's) said of key's bucket: remaining.
+	note(sh *Shape, key string, remaining float64, now time.Time)
+}
+
+// exact is the spill of the exact kind: every request the lease cannot serve asks Redis.
+type exact struct{}
+
+func (exact) trusts(*entry, *Shape, time.Time, int) (bool, bool) { return false, false }
+func (exact) charge(*Shape, string, int, time.Time)              {}
+func (exact) note(*Shape, string, float64, time.Time)            {}
+
+// decide is Decide for a bucket kind.
+func (b *bucket) decide(now time.Time, tier, key string, n int, d *Decision) *Waiter {
+	lm, e := b.lm, b.lm.e
 	var o outcome
 	if !lm.keys.Update(now, wire.KeyID(key), func(en *entry, t time.Time) {
-		lm.decide(&o, en, t, tier, n, nil)
+		b.decideKey(&o, en, t, tier, n, nil)
 	}) {
 		*d = Decision{Reason: ReasonClosed, Servers: e.Servers()}
 		return nil
@@ -112,7 +149,7 @@ func (e *Engine) Decide(now time.Time, lm *Limit, tier, key string, n int, d *De
 	o.d.Servers = e.Servers()
 	o.refund(e, lm)
 	if o.async > 0 {
-		e.oweAsync(lm, o.shape, o.key, o.async, now)
+		b.spill.charge(o.shape, o.key, o.async, now)
 	}
 	if o.start {
 		e.wake() // the driver's next Tick plans the first low-key exchange
@@ -130,7 +167,7 @@ func (e *Engine) Decide(now time.Time, lm *Limit, tier, key string, n int, d *De
 	return nil
 }
 
-// decide runs the pre-check and the lease for one request under the key's lock; w is
+// decideKey runs the pre-check and the lease for one request under the key's lock; w is
 // the request's waiter when it waited for a refill already (a recheck), nil for a new
 // request. On the common path (the lease holds enough unexpired tokens) it is one pass:
 // the pre-check takes its tokens, the lease gives its own. Otherwise the pre-check is
@@ -138,7 +175,8 @@ func (e *Engine) Decide(now time.Time, lm *Limit, tier, key string, n int, d *De
 // denies or makes wait costs the pre-check nothing: for one server the default
 // pre-check (the fleet's own rate and burst) then never denies what the global bucket
 // alone would allow.
-func (lm *Limit) decide(o *outcome, en *entry, t time.Time, tier string, n int, w *Waiter) {
+func (b *bucket) decideKey(o *outcome, en *entry, t time.Time, tier string, n int, w *Waiter) {
+	lm := b.lm
 	sh := lm.cur.Load().of(tier)
 	if en.shape != sh {
 		lm.reshape(en, sh, t)
@@ -160,7 +198,7 @@ func (lm *Limit) decide(o *outcome, en *entry, t time.Time, tier string, n int, 
 		}
 		var trusted bool
 		if w == nil {
-			trusted, o.start = lm.trusts(en, sh, t, n)
+			trusted, o.start = b.spill.trusts(en, sh, t, n)
 		}
 		if trusted {
 			en.pre.AllowN(t, n)
@@ -181,7 +219,7 @@ func (lm *Limit) decide(o *outcome, en *entry, t time.Time, tier string, n int, 
 	st := &o.st
 	o.d = Decision{Allowed: st.Action == Allow, Remaining: st.Remaining, RetryAfter: st.RetryAfter, Source: SourceLease, Reason: st.Reason}
 	if st.Refill.Want > 0 {
-		o.f = &Flight{lim: lm, shape: sh, key: en.key, seq: st.Refill.Seq, want: st.Refill.Want, min: st.Refill.Min}
+		o.f = &Flight{lim: lm, b: b, shape: sh, key: en.key, seq: st.Refill.Seq, want: st.Refill.Want, min: st.Refill.Min}
 		en.flight = o.f
 	}
 	switch {
@@ -223,11 +261,16 @@ func (lm *Limit) preDenied(en *entry, t time.Time, n int) Decision {
 
 // GiveUp ends the wait of w at now, for why: ReasonTimeout when the limit's MaxWait has
 // passed (the limit's policy decides it), ReasonCanceled when its caller gave up (denied,
-// counted as canceled). If the engine decided w first, GiveUp returns that decision.
+// counted as canceled). A claim's waiter is denied for why, and not counted. If the
+// engine decided w first, GiveUp returns that decision.
 func (e *Engine) GiveUp(now time.Time, w *Waiter, why Reason) Decision {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.decided {
+		return w.d
+	}
+	if w.claim {
+		w.set(Decision{Source: SourceFallback, Reason: why, Servers: e.Servers()})
 		return w.d
 	}
 	if why == ReasonCanceled {
@@ -248,9 +291,10 @@ func (e *Engine) recheck(now time.Time, w *Waiter) bool {
 		return false
 	}
 	lm := w.lim
+	b := lm.kind.(*bucket) // a refill's waiter: the limit is a bucket kind
 	var o outcome
 	if !lm.keys.Update(now, w.key, func(en *entry, t time.Time) {
-		lm.decide(&o, en, t, w.tier, w.n, w)
+		b.decideKey(&o, en, t, w.tier, w.n, w)
 	}) {
 		w.set(Decision{Reason: ReasonClosed, Servers: e.Servers()})
 		return true
@@ -271,8 +315,8 @@ func (e *Engine) recheck(now time.Time, w *Waiter) bool {
 // fallback decides a request for the key of ID key under tier by the limit's failure
 // policy (the tier's current shape's), after the pre-check and the lease could not
 // (Redis did not answer, or the breaker is open). A request the policy admits still
-// spends its pre-check tokens, and is owed to the bucket (FailLocal's debts) or, for a
-// windowed limit, counted in the key's window with the next report.
+// spends its pre-check tokens, and its limit's kind accounts for it (admitFallback,
+// fellBack).
 func (e *Engine) fallback(now time.Time, lm *Limit, tier, key string, n int, why Reason) Decision {
 	servers := e.Servers()
 	sh := lm.Shape(tier)
@@ -298,20 +342,69 @@ func (e *Engine) fallback(now time.Time, lm *Limit, tier, key string, n int, why
 			if !en.pre.AllowN(t, n) {
 				d = lm.preDenied(en, t, n)
 				d.Servers = servers
-			} else if lm.win != nil && !lm.win.countFallback(en, t, n) {
-				// no room to count it: refused, its pre-check tokens given back
-				en.pre.AllowN(t, -n)
-				d = Decision{Source: SourceFallback, Reason: why, Servers: servers, RetryAfter: lm.win.iv}
+			} else if ok, retry := lm.kind.admitFallback(en, t, n); !ok {
+				en.pre.AllowN(t, -n) // refused: its pre-check tokens go back
+				d = Decision{Source: SourceFallback, Reason: why, Servers: servers, RetryAfter: retry}
 			}
 		})
-		if d.Allowed && lm.win == nil && sh.chargesDebt() {
-			// No wake: debts go out with the driver's next round (a tick, a refill);
-			// they cannot go while Redis does not answer anyway.
-			e.owe(lm, sh, key, n, ref, hasRef)
+		if d.Allowed {
+			lm.kind.fellBack(sh, key, n, ref, hasRef)
 		}
 	}
 	lm.stats.count(slot, &d, n)
 	return d
+}
+
+// admitFallback: a bucket kind takes every admission of its policy; fellBack owes it to
+// the bucket if the policy's admissions are (chargesDebt). No wake: debts go out with
+// the driver's next round (a tick, a refill); they cannot go while Redis does not answer
+// anyway.
+func (b *bucket) admitFallback(*entry, time.Time, int) (bool, time.Duration) { return true, 0 }
+
+func (b *bucket) fellBack(sh *Shape, key string, n int, ref float64, hasRef bool) {
+	if sh.chargesDebt() {
+		b.lm.e.owe(b.lm, sh, key, n, ref, hasRef)
+	}
+}
+
+// initKey: a bucket key's state is the entry's own fields, which initEntry makes.
+func (b *bucket) initKey(*entry) {}
+
+// evicted refunds the key's lease; the answer of a refill still in flight will be
+// refunded too (it no longer finds its flight).
+func (b *bucket) evicted(en *entry) {
+	en.flight = nil
+	if n := en.lease.Drain(); n > 0 {
+		b.lm.e.queueRefund(b.lm, en.shape, en.key, n)
+	}
+}
+
+// undo gives back what d took: leased tokens go back to the key's lease, or to Redis as
+// a refund when the key is no longer held or its tokens expired; the pre-check gets its
+// n tokens back. Tokens a fallback admitted stay spent in the policy's local limiter,
+// which is conservative.
+func (b *bucket) undo(now time.Time, id string, n int, d Decision) int {
+	lm := b.lm
+	fromLease := spends(d.Reason)
+	back := false // the lease took its tokens back
+	sh := lm.Shape("")
+	lm.keys.Peek(id, func(en *entry, last time.Time) {
+		if en.shape != nil {
+			sh = en.shape
+		}
+		t := later(now, last) // never before the entry's last use: the pre-check's clock must not go back
+		// A negative cost gives tokens back: x/time/rate adds them, and caps the level
+		// at the burst at its next use (TestPreCheckTakesTokensBack pins this).
+		en.pre.AllowN(t, -n)
+		back = fromLease && en.lease.unspend(t, n)
+	})
+	if !fromLease {
+		return 0
+	}
+	if !back {
+		lm.e.queueRefund(lm, sh, id, n) // the key is gone, or its tokens expired
+	}
+	return n
 }
 
 // reasonFor names the failure of a refill.

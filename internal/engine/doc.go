@@ -7,39 +7,59 @@
 //
 //   - Decide: a request (limit, key, cost) at now; the common path, a lease that holds
 //     tokens, is one pass under the key's lock with no allocation;
+//   - Claim: a reservation's claim on a key's bucket, for a request Decide denied;
+//   - Return: a decision undone (an all-or-nothing request another limit denied, a
+//     reservation canceled);
 //   - GiveUp: a waiting request's wait is over (MaxWait passed, or its caller left);
 //   - Done: the answers of a round trip the driver made;
-//   - Tick: time passed (lease expiry, heartbeats, the charges and low-key exchanges of a
-//     limit with Async);
+//   - Tick: time passed (lease expiry, heartbeats, the windowed reports, the charges and
+//     low-key exchanges of the charge-later limits);
 //   - Stop, Drain, Finish: shutdown.
 //
 // Its outputs are the decisions (returned by Decide and GiveUp, or, for a request that
-// waited, set on its Waiter) and the I/O it wants: Next returns one Trip at a time —
-// refills (TakeTrip, up to MaxBatch per pipelined round trip), refunds summed per key and
-// debts and charges (RefundTrip), a heartbeat (HeartbeatTrip), a low-key exchange of the
-// limits with Async (LowTrip), the reports of the windowed limits (WindowsTrip) —
-// which the driver carries out and hands back to Done. The scheduling of that I/O is the
-// engine's: one round trip out at a time, in this order of precedence: refills, a
-// heartbeat, the windowed limits' reports, a low-key exchange, refunds, debts; but
-// neither refills nor windowed reports go twice in a row while other work waits, so none
-// starves. A refund trip answered too late is sent again in halves with the same
-// sequence numbers.
+// waited, set on its Waiter) and the I/O it wants: Next returns one Trip at a time,
+// which the driver carries out and hands back to Done:
+//
+//   - TakeTrip: refills of the bucket kinds' leases, and reservations' claims on a
+//     bucket's refill (Claim), up to MaxBatch per pipelined round trip;
+//   - HeartbeatTrip: this server's announcement in its fleet, answered by the live count;
+//   - WindowsTrip: the windowed limits' reports, grants and reads;
+//   - LowTrip: the charge-later limits' exchange of low keys with the fleet;
+//   - RefundTrip: refunds summed per key, or a debt trip: FailLocal's debts and the
+//     charge-later limits' charges, in the order first owed.
+//
+// The scheduling of that I/O is the engine's: one round trip out at a time, in this
+// fixed order of precedence: refills and claims, a heartbeat, the windowed reports, a
+// low-key exchange, refunds, debts and charges; but neither refills nor windowed reports
+// go twice in a row while other work waits, so none starves. A refund trip answered too
+// late is sent again in halves with the same sequence numbers.
 //
 // # Kinds of limit
 //
-// A limit is one of three kinds, fixed when it is made:
+// A limit is one of three kinds, fixed when it is made; each is a unit of its own behind
+// one seam (kind.go), and nothing outside a kind's files asks which kind a limit is:
 //
-//   - exact (the default): a token bucket in Redis, served from leases; a request the
-//     lease cannot serve waits for a refill;
-//   - charge-later (LimitConfig.Async): the same bucket; a request the lease cannot
-//     serve on a key not known low is admitted at once and charged with a later
-//     RefundTrip of debts (async.go, debt.go);
-//   - windowed (LimitConfig.Windowed): counted windows in shared arrays in Redis, no
-//     bucket; a server admits without asking and reports its counts with a WindowsTrip
-//     every report interval, asks grants for the keys it sees often, and asks and waits
-//     for keys the fleet found near their burst (window.go, window_trip.go). Its window,
-//     Burst/Rate, is from MinWindow to MaxWindow, its report interval at most half of it.
-//     A key's window state is allocated only for a windowed limit's keys.
+//   - exact (the default; decide.go, lease.go, trip.go's refills): a token bucket in
+//     Redis, served from leases; a request the lease cannot serve waits for a refill;
+//   - charge-later (LimitConfig.Async; async.go): the same bucket; a request the lease
+//     cannot serve, on a key not known low, is admitted at once and charged with a
+//     later debt trip; it exchanges low keys with the fleet (LowTrip);
+//   - windowed (LimitConfig.Windowed; window.go, window_trip.go): counted windows in
+//     shared arrays in Redis, no bucket; a server admits without asking and reports its
+//     counts with a WindowsTrip every report interval, asks grants for the keys it sees
+//     often, and asks and waits for keys the fleet found near their burst. Its window,
+//     Burst/Rate, is from MinWindow to MaxWindow, its report interval at most half of
+//     it. It has no bucket to claim from: a reservation holds only what it admits now.
+//
+// The seam is what the engine asks of a kind for one limit: decide a request under the
+// key's lock, account for an admission of the failure policy (admitFallback, then
+// fellBack with no lock held), undo a decision (Return), claim for a reservation, make
+// and let go of a key's state. The two bucket kinds share their unit (bucket) and differ
+// only in what they do with a request the lease cannot serve (spill). A kind with
+// engine-wide work (the windowed reports, the charge-later exchanges and charges) has
+// its part of Tick, NextTick, Next, Done and Stop in its own files, called in the order
+// above. A bucket key's entry is at most 300 bytes (TestEntrySize); a windowed key's
+// holds its window state besides, allocated only for windowed limits.
 //
 // The Lease type is the pure per-key lease rule inside it (batch size, prefetch, pacing,
 // expiry), with no locks at all.
@@ -58,8 +78,9 @@
 //     held while a key's lock is taken;
 //   - the counters are atomics, and a limit's lease configuration is an atomic pointer
 //     replaced whole when the live server count changes;
-//   - a limit's low keys (Async) by that set's own mutex, always the innermost lock: it
-//     may be taken under a key's lock or Engine.mu, and nothing is taken under it;
+//   - a charge-later limit's low keys by that set's own mutex, always the innermost lock:
+//     it may be taken under a key's lock or Engine.mu, and nothing is taken under it;
+//     the charge-later schedule (laterSched) by Engine.mu, but for its atomics;
 //   - a windowed limit's queue of work for Redis and what it knows of the fleet (marks,
 //     Redis's clock, its reads) by that limit's windowed.mu, taken under a key's lock or
 //     Engine.mu or alone, and never around anything else. Every decision of a windowed

@@ -116,13 +116,8 @@ type Engine struct {
 	notify    func()
 	decided   func(w *Waiter)
 
-	servers  atomic.Int64
-	openSeen atomic.Bool // the breaker was open when Next last asked (async.go)
-	// asyncStart is the instant (Unix nanoseconds) of the first request of a limit with
-	// Async that its lease could not serve, 0 before it: the low-key exchanges start
-	// from it. lowActive reports such a request since the last exchange (async.go).
-	asyncStart atomic.Int64
-	lowActive  atomic.Bool
+	servers atomic.Int64
+	cl      laterSched // the charge-later limits' schedule (async.go)
 
 	mu sync.Mutex
 	// The fields below are guarded by mu.
@@ -143,20 +138,9 @@ type Engine struct {
 	debtHeld      bool // a debt trip failed: debts wait until debtHoldUntil
 	debtWait      bool // a debt was owed since Redis last answered a trip: debts wait for an answer
 	debtHoldUntil time.Time
-	debts         map[debtKey]*debt // FailLocal's admissions, owed to the buckets
-	debtOrder     []debtKey         // debts' keys, in the order first owed
-	debtRetry     []debtBatch       // debt trips that timed out, to send again as they were
-	asyncDebts    int               // debts holding an async admission (async.go)
-	asyncAt       time.Time         // when the queued async charges are due; zero: none queued
-	asyncDue      bool              // async charges are due: the debts go, whether Redis answered or not
-	lowAt         time.Time         // the next low-key exchange; zero: none planned
-	lowDue        bool              // a low-key exchange is due
-	lowOut        bool              // a low-key exchange is out
-	lowNow        time.Time         // the Tick that made it due
-	lowLast       time.Time         // when the last one was answered
-	lowNews       bool              // an async admission since the last one
-	lowPhase      float64           // this server's pace of the exchanges after the last, in [0.5, 1.5): servers started together drift apart
-	lowFails      int               // exchanges failed in a row
+	debts         owed        // FailLocal's admissions, owed to the buckets
+	debtSeq       uint64      // debts and charges first owed, to send them in that order
+	debtRetry     []debtBatch // debt trips that timed out, to send again as they were
 
 	stats counters
 }
@@ -169,8 +153,7 @@ type Limit struct {
 	keys  *local.Store[entry]
 	seed  uint64
 	stats limitCounters
-	low   lowKeys   // the keys known low, for Async (async.go)
-	win   *windowed // a windowed limit's state (window.go); nil for a bucket
+	kind  kind // what the limit is (kind.go), fixed when it is made
 }
 
 // entry is what one server holds for one (limit, key). It lives in the limit's bounded
@@ -254,17 +237,15 @@ func (e *Engine) newLimit(c LimitConfig, servers, shards int, seed uint64) (*Lim
 	}
 	lm := &Limit{e: e, name: c.Name, seed: seed}
 	lm.cur.Store(ss)
-	idle := ss.idleTimeout()
-	if c.Windowed > 0 {
-		lm.win = newWindowed(lm, c, seed)
-		idle = max(idle, windowMemory) // a key stays over that long
-	}
+	var keep time.Duration
+	lm.kind, keep = newKind(lm, c, seed)
+	idle := max(ss.idleTimeout(), keep)
 	lm.keys, err = local.NewStore(local.StoreConfig[entry]{
 		MaxKeys:     c.MaxKeys,
 		IdleTimeout: idle,
 		Shards:      shards,
 		Init:        lm.initEntry,
-		OnEvict:     func(key string, en *entry, _ local.EvictReason) { lm.evicted(key, en) },
+		OnEvict:     func(_ string, en *entry, _ local.EvictReason) { lm.kind.evicted(en) },
 	})
 	if err != nil {
 		return nil, fmt.Errorf("limit %q: %w", c.Name, err)
@@ -310,10 +291,6 @@ func (lm *Limit) Window() time.Duration { return lm.Shape("").window }
 // RefillTime is Shape("").RefillTime.
 func (lm *Limit) RefillTime(n int) time.Duration { return lm.Shape("").RefillTime(n) }
 
-// Windowed reports whether the limit is windowed (LimitConfig.Windowed): no bucket in
-// Redis to take from or refund to.
-func (lm *Limit) Windowed() bool { return lm.win != nil }
-
 // Name returns the limit's name; Rate and Burst its fleet-wide refill rate and capacity
 // (of the tier ""). Unlike Config they copy nothing, for the hot path.
 func (lm *Limit) Name() string  { return lm.name }
@@ -350,24 +327,9 @@ func (lm *Limit) initEntry(en *entry, key string, now time.Time) {
 	en.lease = NewLease(lm.seed ^ h)
 	en.flight = nil
 	en.win = nil
-	if lm.win != nil {
-		en.win = new(wkey)
-	}
+	lm.kind.initKey(en)
 	en.slot = uint8(h % counterShards)
 	en.key = key
-}
-
-// evicted is the key store's eviction callback: the key's lease is refunded, and the
-// answer of a refill still in flight will be too (it no longer finds its flight).
-func (lm *Limit) evicted(key string, en *entry) {
-	if lm.win != nil {
-		lm.win.evicted(en)
-		return
-	}
-	en.flight = nil
-	if n := en.lease.Drain(); n > 0 {
-		lm.e.queueRefund(lm, en.shape, key, n)
-	}
 }
 
 // hashKey is FNV-1a, to give each key its own jitter seed and counter shard.

@@ -19,9 +19,9 @@ import (
 // the Redis-call savings of the lease rules without Redis; sim/ does the same with the
 // real scripts.
 
-// bucket is the global bucket of a fleet model: lua.Take and lua.Refund on the Go model
+// modelBucket is the global bucket of a fleet model: lua.Take and lua.Refund on the Go model
 // of the scripts (internal/luamodel, held to the Lua by its differential tests), on one key.
-type bucket struct {
+type modelBucket struct {
 	m              *luamodel.Model
 	capacity, rate float64
 	seq            uint64
@@ -29,17 +29,17 @@ type bucket struct {
 
 const bucketKey = "fl:{model:k}"
 
-func newBucket(capacity int, rate float64) *bucket {
-	return &bucket{m: luamodel.New(), capacity: float64(capacity), rate: rate}
+func newBucket(capacity int, rate float64) *modelBucket {
+	return &modelBucket{m: luamodel.New(), capacity: float64(capacity), rate: rate}
 }
 
-func (b *bucket) take(now time.Time, want, minimum int) Grant {
+func (b *modelBucket) take(now time.Time, want, minimum int) Grant {
 	b.seq++
 	r := b.m.Take(now, bucketKey, b.capacity, b.rate, want, minimum, "s", b.seq, 0, 0)
 	return Grant{Granted: r.Granted, Remaining: r.Tokens, Wait: tokenbucket.FromMillis(float64(r.WaitMS))}
 }
 
-func (b *bucket) refund(now time.Time, n int) {
+func (b *modelBucket) refund(now time.Time, n int) {
 	if n > 0 {
 		b.seq++
 		b.m.Refund(now, bucketKey, b.capacity, b.rate, n, "s", b.seq, 0, int(b.capacity), math.NaN())

@@ -33,59 +33,19 @@ func (e *Engine) look(now time.Time, lm *Limit, tier, key string, n int) (Decisi
 
 // Return undoes a decision d that admitted a request of cost n for key under lm: the
 // tokens go back where they came from, and LimitStats.GivenBack counts it (the decision
-// stays counted as it was made: the counters only grow). Leased tokens go back to the
-// key's lease, or to Redis as a refund when the key is no longer held; the pre-check
-// gets its n tokens back. Tokens a fallback admitted stay spent in the policy's local
-// limiter, which is conservative. A decision that did not admit is left alone.
+// stays counted as it was made: the counters only grow); where the tokens go is the
+// limit's kind's (kind.undo). A decision that did not admit is left alone.
 func (e *Engine) Return(now time.Time, lm *Limit, key string, n int, d Decision) {
 	if !d.Allowed || d.Source >= NumSources || d.Reason >= NumReasons {
 		return
 	}
-	id := wire.KeyID(key)
-	if lm.win != nil {
-		if n > 0 && lm.win.undo(now, id, n, d.Reason, -1) {
-			lm.stats.decisions[hashKey(id)%counterShards].returned.Add(int64(n))
+	if n > 0 {
+		id := wire.KeyID(key)
+		if r := lm.kind.undo(now, id, n, d); r > 0 {
+			lm.stats.decisions[hashKey(id)%counterShards].returned.Add(int64(r))
 		}
-		lm.stats.givenBack.Add(1)
-		return
-	}
-	fromLease := spends(d.Reason)
-	slot := uint8(hashKey(id) % counterShards)
-	back := false // the lease took its tokens back
-	sh := lm.Shape("")
-	lm.keys.Peek(id, func(en *entry, last time.Time) {
-		slot = en.slot
-		if en.shape != nil {
-			sh = en.shape
-		}
-		if n <= 0 {
-			return
-		}
-		t := later(now, last) // never before the entry's last use: the pre-check's clock must not go back
-		// A negative cost gives tokens back: x/time/rate adds them, and caps the level
-		// at the burst at its next use (TestPreCheckTakesTokensBack pins this).
-		en.pre.AllowN(t, -n)
-		back = fromLease && en.lease.unspend(t, n)
-	})
-	if fromLease && n > 0 && !back {
-		e.queueRefund(lm, sh, id, n) // the key is gone, or its tokens expired
-	}
-	if fromLease && n > 0 {
-		lm.stats.decisions[slot%counterShards].returned.Add(int64(n))
 	}
 	lm.stats.givenBack.Add(1)
-}
-
-// Reserved counts n tokens that a reservation for a key of lm claimed from its bucket's
-// refill (a take with a floor the driver made), in LimitStats.Reserved.
-func (e *Engine) Reserved(lm *Limit, n int) { lm.stats.reserved.Add(int64(n)) }
-
-// GiveBack queues n tokens a reservation for key of lm claimed from its bucket (shape
-// sh) for refund: the reservation was canceled before its holder acted. Redis adds them
-// back only if the bucket still has sh's parameters.
-func (e *Engine) GiveBack(lm *Limit, sh *Shape, key string, n int) {
-	lm.stats.reserved.Add(-int64(n))
-	e.queueRefund(lm, sh, wire.KeyID(key), n)
 }
 
 // countDenied counts a denial d of a request of cost n for key under lm that look

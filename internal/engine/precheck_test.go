@@ -41,6 +41,8 @@ func TestPreCheckNeverDeniesWhatTheBucketWouldAllow(t *testing.T) {
 		sh := &Shape{cfg: LimitConfig{Rate: rateLimit, Burst: burst}, preRate: rate.Limit(rateLimit), preBurst: burst}
 		sh.lease.Store(&lc)
 		lm := &Limit{seed: uint64(seed)}
+		b := &bucket{lm: lm, spill: exact{}}
+		lm.kind = b
 		lm.cur.Store(&shapes{base: sh})
 		var en entry
 		now := t0
@@ -65,7 +67,7 @@ func TestPreCheckNeverDeniesWhatTheBucketWouldAllow(t *testing.T) {
 					t.Fatalf("seed %d step %d: no decision after 10 refills", seed, step)
 				}
 				var o outcome
-				lm.decide(&o, &en, now, "", n, w)
+				b.decideKey(&o, &en, now, "", n, w)
 				d, st, f := o.d, o.st, o.f
 				w = o.w
 				g.refund(now, st.Refund)
@@ -111,6 +113,7 @@ func TestPreCheckStartsFull(t *testing.T) {
 		burst int
 	}{{1000, 1}, {1, 100}, {1.0 / 86400, 5}, {1e-11, 1 << 20}} {
 		lm := &Limit{}
+		lm.kind = &bucket{lm: lm, spill: exact{}}
 		var en entry
 		lm.initEntry(&en, "k", t0)
 		lm.reshape(&en, &Shape{preRate: rate.Limit(tc.rate), preBurst: tc.burst}, t0)

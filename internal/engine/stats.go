@@ -42,7 +42,7 @@ type LimitStats struct {
 	// too many keys, or the engine finished).
 	Owed, Charged, Forgiven int64
 	// Reserved is the tokens reservations claimed from the buckets' refill and did not
-	// give back (Engine.Reserved, Engine.GiveBack).
+	// give back (Engine.Claim, Engine.CancelClaim).
 	Reserved int64
 }
 

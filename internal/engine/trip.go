@@ -63,13 +63,13 @@ type Trip struct {
 	Err      error
 	Answered bool
 
-	flights    []*Flight    // of a TakeTrip, by item
-	debts      bool         // a RefundTrip of debts (negative refunds)
-	asyncDebts []bool       // of a debt trip, by item: an Async charge
-	warms      bool         // a LowTrip whose answer makes the server warm
-	winItems   []windowItem // of a WindowsTrip, by item
-	lost       int          // tokens of a RefundTrip not refunded
-	firstErr   error        // the first error of a RefundTrip's lost tokens
+	flights  []*Flight      // of a TakeTrip, by item
+	debts    bool           // a RefundTrip of debts (negative refunds)
+	charges  []*chargeLater // of a debt trip, by item: a charge's limit, nil for a debt
+	warms    bool           // a LowTrip whose answer makes the server warm
+	winItems []windowItem   // of a WindowsTrip, by item
+	lost     int            // tokens of a RefundTrip not refunded
+	firstErr error          // the first error of a RefundTrip's lost tokens
 }
 
 // Lost returns, after Done, the tokens of a RefundTrip that were not refunded (they stay
@@ -84,15 +84,15 @@ func (t *Trip) Lost() (int, error) { return t.lost, t.firstErr }
 func (e *Engine) Next() *Trip {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.open != nil && e.asyncMin() > 0 {
-		e.openSeen.Store(e.open()) // for Async's admissions, which do not call it (async.go)
-	}
+	e.noteOpen()
 	if e.busy {
 		return nil
 	}
 	debts := e.debtsDue()
 	windows := e.windowsDue()
-	other := e.beatDue || e.lowDue || len(e.refundTrips) > 0 || len(e.refunds) > 0 || debts || windows
+	low := e.lowDue()
+	refunds := len(e.refundTrips) > 0 || len(e.refunds) > 0
+	other := e.beatDue || low || refunds || debts || windows
 	var t *Trip
 	switch {
 	case len(e.pending) > 0 && !(e.lastTake && other):
@@ -100,11 +100,11 @@ func (e *Engine) Next() *Trip {
 	case e.beatDue:
 		e.beatDue = false
 		t = &Trip{Kind: HeartbeatTrip, Fleet: e.fleet, TTL: 3 * e.beat}
-	case windows && !(e.lastWindows && (e.lowDue || len(e.refundTrips) > 0 || len(e.refunds) > 0 || debts)) && e.windowTripInto(&t):
+	case windows && !(e.lastWindows && (low || refunds || debts)) && e.windowTripInto(&t):
 		// windowed limits' trips in turn with the other work, as refills are
-	case e.lowDue:
-		t = e.lowTrip(e.lowNow)
-	case len(e.refundTrips) > 0 || len(e.refunds) > 0:
+	case low:
+		t = e.lowTrip()
+	case refunds:
 		t = e.refundTrip()
 	case debts:
 		t = e.debtTrip()
@@ -128,7 +128,7 @@ func (e *Engine) takeTrip() *Trip {
 	t := &Trip{Kind: TakeTrip, flights: batch,
 		Takes: make([]global.TakeRequest, len(batch)), TakeResults: make([]global.TakeResult, len(batch))}
 	for i, f := range batch {
-		t.Takes[i] = global.TakeRequest{Limit: f.shape.glim, ID: global.KeyID(f.key), Want: f.want, Min: f.min}
+		t.Takes[i] = global.TakeRequest{Limit: f.shape.glim, ID: global.KeyID(f.key), Want: f.want, Min: f.min, Floor: f.floor}
 	}
 	return t
 }
@@ -300,6 +300,10 @@ func (e *Engine) send(now time.Time, f *Flight, self *Waiter) bool {
 // key's lease, if the key still holds that flight (else the tokens go back), then decides
 // the requests that waited for it: again with the grant, or by their policy.
 func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Waiter) {
+	if f.floor > 0 {
+		e.claimed(f, g, err, self)
+		return
+	}
 	lm := f.lim
 	back, found := 0, false
 	lifetime := f.shape.lease.Load().Lifetime
@@ -337,9 +341,7 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 	}
 	if err == nil {
 		lm.stats.granted.Add(int64(g.Granted))
-		if f.shape.cfg.Async > 0 {
-			lm.low.note(f.shape, f.key, g.Remaining, now)
-		}
+		f.b.spill.note(f.shape, f.key, g.Remaining, now)
 	} else {
 		lm.stats.refillErrors.Add(1)
 	}
@@ -431,7 +433,6 @@ func (e *Engine) wake() {
 // sweep within 0.5 to 1.5 sweep intervals, the first heartbeat within a tenth of an
 // interval), so that servers started together do not sweep and beat together.
 func (e *Engine) Tick(now time.Time) {
-	async := e.asyncMin()
 	e.mu.Lock()
 	if e.debtHeld && !now.Before(e.debtHoldUntil) {
 		e.debtHeld = false
@@ -453,12 +454,8 @@ func (e *Engine) Tick(now time.Time) {
 		e.beatDue, beat = true, true
 		e.nextBeat = now.Add(e.beat)
 	}
-	if !e.asyncAt.IsZero() && !now.Before(e.asyncAt) {
-		e.asyncDue, beat = true, true
-		e.asyncAt = time.Time{}
-	}
-	if e.scheduleLow(now, async) {
-		e.lowNow, beat = now, true
+	if e.tickLater(now) {
+		beat = true
 	}
 	e.mu.Unlock()
 	if e.windowsTick(now) {
@@ -492,13 +489,7 @@ func (e *Engine) NextTick() time.Time {
 	if e.fleet != "" && !e.stopped && e.nextBeat.Before(t) {
 		t = e.nextBeat
 	}
-	if !e.asyncAt.IsZero() && e.asyncAt.Before(t) {
-		t = e.asyncAt
-	}
-	if !e.lowAt.IsZero() && !e.stopped && e.lowAt.Before(t) {
-		t = e.lowAt
-	}
-	return e.windowsNextTick(t)
+	return e.windowsNextTick(e.laterNextTick(t))
 }
 
 // Stop ends the engine's refills: the refills not yet sent fail (their requests are
@@ -508,10 +499,8 @@ func (e *Engine) NextTick() time.Time {
 func (e *Engine) Stop(now time.Time) {
 	e.mu.Lock()
 	e.stopped = true
-	e.beatDue, e.lowDue, e.lowAt = false, false, time.Time{}
-	if e.asyncDebts > 0 {
-		e.asyncDue, e.asyncAt = true, time.Time{} // the async admissions are charged now
-	}
+	e.beatDue = false
+	e.stopLater()
 	pending := e.pending
 	e.pending = nil
 	e.mu.Unlock()

@@ -207,6 +207,12 @@ type windowed struct {
 	last     time.Time // the latest instant seen: a trip is built at it
 }
 
+// windowed returns the limit's windowed state, nil if the limit is of another kind.
+func (lm *Limit) windowed() *windowed {
+	wl, _ := lm.kind.(*windowed)
+	return wl
+}
+
 func newWindowed(lm *Limit, c LimitConfig, seed uint64) *windowed {
 	wUs := wire.WindowMicros(c.Rate, c.Burst)
 	return &windowed{
@@ -290,7 +296,7 @@ type wdecision struct {
 
 // decide decides a request of cost n of the key of entry en at now; it requires the
 // key's lock and takes wl.mu.
-func (wl *windowed) decide(o *wdecision, en *entry, now time.Time, n int) {
+func (wl *windowed) decideKey(o *wdecision, en *entry, now time.Time, n int) {
 	burst := wl.glim.Burst
 	switch {
 	case n < 0:

@@ -586,16 +586,16 @@ func TestWindowedEvictedWhileWaiting(t *testing.T) {
 		t.Fatalf("%+v, want admitted without asking", d)
 	}
 	decide(e, now, lm, "other", 1) // evicts key
-	lm.win.mu.Lock()
-	owing := lm.win.gone[key]
-	lm.win.mu.Unlock()
+	lm.windowed().mu.Lock()
+	owing := lm.windowed().gone[key]
+	lm.windowed().mu.Unlock()
 	if owing != 1 {
 		t.Fatalf("evicted with its admission unanswered: %d owing, want 1", owing)
 	}
 	f.serve(0, now.Add(100*time.Millisecond))
-	lm.win.mu.Lock()
-	left := len(lm.win.gone)
-	lm.win.mu.Unlock()
+	lm.windowed().mu.Lock()
+	left := len(lm.windowed().gone)
+	lm.windowed().mu.Unlock()
 	if left != 0 {
 		t.Errorf("%d evicted keys still owing once their reports were answered", left)
 	}
@@ -609,7 +609,7 @@ func TestWindowedEvictedWhileWaiting(t *testing.T) {
 // a count taken back or a count of another window is an op of its own, in order.
 func TestWindowedQueueCoalesces(t *testing.T) {
 	f := newWinFleet(t, 2, nil)
-	wl := f.lms[0].win
+	wl := f.lms[0].windowed()
 	wl.mu.Lock()
 	defer wl.mu.Unlock()
 	for range 1000 {
@@ -640,7 +640,7 @@ func TestWindowedQueueCoalesces(t *testing.T) {
 // have happened, and a new entry does not inherit a count already answered.
 func TestWindowedGoneEitherOrder(t *testing.T) {
 	f := newWinFleet(t, 2, nil)
-	wl := f.lms[0].win
+	wl := f.lms[0].windowed()
 	wl.mu.Lock()
 	defer wl.mu.Unlock()
 	wl.answerOut(nil, "a", 2) // answered first
@@ -666,7 +666,7 @@ func TestWindowedQueueFull(t *testing.T) {
 	if d, w := decide(e, now, lm, "a", 1); w != nil || d.Reason != ReasonAsync {
 		t.Fatalf("%+v, want admitted without asking", d)
 	}
-	wl := lm.win
+	wl := lm.windowed()
 	wl.mu.Lock()
 	win := wl.ops[len(wl.ops)-1].win
 	for i := 0; len(wl.ops) < maxQueued; i++ {
@@ -687,7 +687,7 @@ func TestWindowedQueueFull(t *testing.T) {
 // an overshoot into the next window, a carry's as well, as answer does for a key held.
 func TestWindowedGoneCarries(t *testing.T) {
 	f := newWinFleet(t, 2, nil) // burst 10
-	wl := f.lms[0].win
+	wl := f.lms[0].windowed()
 	wl.mu.Lock()
 	defer wl.mu.Unlock()
 	wl.answerGone(wop{id: "a", win: 5, n: 3}, 12, nil)

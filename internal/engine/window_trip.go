@@ -36,8 +36,9 @@ type windowPending struct {
 	win  int64 // the window whose grant d spends
 }
 
-// decideWindow is Decide for a windowed limit.
-func (e *Engine) decideWindow(now time.Time, lm *Limit, key string, n int, d *Decision) *Waiter {
+// decide is Decide for a windowed limit.
+func (wl *windowed) decide(now time.Time, _, key string, n int, d *Decision) *Waiter {
+	lm, e := wl.lm, wl.lm.e
 	var o wdecision
 	var slot uint8
 	if !lm.keys.Update(now, wire.KeyID(key), func(en *entry, t time.Time) {
@@ -45,7 +46,7 @@ func (e *Engine) decideWindow(now time.Time, lm *Limit, key string, n int, d *De
 		if sh := lm.cur.Load().base; en.shape != sh { // new, or a new pre-check (SetLimit)
 			lm.reshape(en, sh, t)
 		}
-		lm.win.decide(&o, en, t, n)
+		wl.decideKey(&o, en, t, n)
 	}) {
 		*d = Decision{Reason: ReasonClosed, Servers: e.Servers()}
 		return nil
@@ -190,7 +191,7 @@ func (wl *windowed) build(now time.Time) (global.WindowTrip, windowItem, bool) {
 func (e *Engine) windowTrip() *Trip {
 	var t *Trip
 	for _, lm := range e.limits.Load().list {
-		wl := lm.win
+		wl := lm.windowed()
 		if wl == nil {
 			continue
 		}
@@ -222,7 +223,7 @@ func (e *Engine) windowTripInto(t **Trip) bool {
 // windowsDue reports whether a windowed limit wants a trip; it requires e.mu.
 func (e *Engine) windowsDue() bool {
 	for _, lm := range e.limits.Load().list {
-		if wl := lm.win; wl != nil {
+		if wl := lm.windowed(); wl != nil {
 			wl.mu.Lock()
 			due := wl.due && !wl.busy
 			wl.mu.Unlock()
@@ -273,7 +274,7 @@ func (e *Engine) windowsDone(now time.Time, t *Trip) {
 			}
 			p.w.mu.Unlock()
 			if !decided && p.d.Allowed { // it gave up meanwhile: its grant goes back
-				p.w.lim.win.undo(now, p.w.key, p.w.n, ReasonGranted, p.win)
+				p.w.lim.windowed().undoWin(now, p.w.key, p.w.n, ReasonGranted, p.win)
 			}
 		}
 		if decided && e.decided != nil {
@@ -462,7 +463,7 @@ func emptied[V any](m map[string]V) map[string]V {
 // window if it is still the key's; an admission without asking is taken back from its
 // count with the next report. A fallback's admission, or a key no longer held, stays
 // counted, which is conservative. It reports whether anything went back to the window.
-func (wl *windowed) undo(now time.Time, id string, n int, r Reason, win int64) (back bool) {
+func (wl *windowed) undoWin(now time.Time, id string, n int, r Reason, win int64) (back bool) {
 	wl.lm.keys.Peek(id, func(en *entry, last time.Time) {
 		t := later(now, last)
 		en.pre.AllowN(t, -n)
@@ -489,19 +490,41 @@ func (wl *windowed) undo(now time.Time, id string, n int, r Reason, win int64) (
 	return back
 }
 
-// countFallback counts n that the limit's policy admitted for the key of en, in its
+// admitFallback counts n that the limit's policy admitted for the key of en, in its
 // window with the next report (there is no bucket to owe), and reports whether it could:
-// not with the queue full (count). It requires the key's lock.
-func (wl *windowed) countFallback(en *entry, t time.Time, n int) bool {
+// not with the queue full (count), when the request is refused for a report interval.
+// It requires the key's lock.
+func (wl *windowed) admitFallback(en *entry, t time.Time, n int) (bool, time.Duration) {
 	wl.mu.Lock()
 	defer wl.mu.Unlock()
 	wl.key(en.win, en.key, t)
 	if !wl.count(en.key, en.win.win, n) {
-		return false
+		return false, wl.iv
 	}
 	en.win.out += n
-	return true
+	return true, 0
 }
+
+// fellBack: the admission is counted already (admitFallback); nothing is owed.
+func (wl *windowed) fellBack(*Shape, string, int, float64, bool) {}
+
+// undo is undoWin in the key's current window: it returns n if anything went back.
+func (wl *windowed) undo(now time.Time, id string, n int, d Decision) int {
+	if wl.undoWin(now, id, n, d.Reason, -1) {
+		return n
+	}
+	return 0
+}
+
+// claim: a windowed limit has no bucket to claim a refill from; a reservation holds
+// only what decide admits.
+func (wl *windowed) claim(_ time.Time, _ string, _ int, d *Decision) *Waiter {
+	*d = Decision{RetryAfter: InfDuration, Servers: wl.lm.e.Servers()}
+	return nil
+}
+
+// initKey gives a new key its window state.
+func (wl *windowed) initKey(en *entry) { en.win = new(wkey) }
 
 // errWindowGone fails the grants of a window that ended before they were sent.
 var errWindowGone = errors.New("window ended before its grant was sent")
@@ -787,7 +810,7 @@ func (wl *windowed) stop(pend []windowPending) []windowPending {
 func (e *Engine) windowsTick(now time.Time) bool {
 	due := false
 	for _, lm := range e.limits.Load().list {
-		if lm.win != nil && lm.win.tick(now) {
+		if wl := lm.windowed(); wl != nil && wl.tick(now) {
 			due = true
 		}
 	}
@@ -797,7 +820,7 @@ func (e *Engine) windowsTick(now time.Time) bool {
 // windowsNextTick is the earliest of the windowed limits' next ticks, or t.
 func (e *Engine) windowsNextTick(t time.Time) time.Time {
 	for _, lm := range e.limits.Load().list {
-		if wl := lm.win; wl != nil {
+		if wl := lm.windowed(); wl != nil {
 			wl.mu.Lock()
 			if n := wl.nextTickAt(); wl.started && !wl.stopped && n.Before(t) {
 				t = n
@@ -813,8 +836,8 @@ func (e *Engine) windowsNextTick(t time.Time) time.Time {
 func (e *Engine) windowsStop(now time.Time) {
 	var pend []windowPending
 	for _, lm := range e.limits.Load().list {
-		if lm.win != nil {
-			pend = lm.win.stop(pend)
+		if wl := lm.windowed(); wl != nil {
+			pend = wl.stop(pend)
 		}
 	}
 	for _, p := range pend {

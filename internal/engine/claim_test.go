@@ -1,0 +1,116 @@
+package engine
+
+import (
+	"testing"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+)
+
+// TestClaim: a reservation's claim goes with the refills as a take with the burst as its
+// floor, never through the key's lease; its answer decides its waiter (admitted with the
+// bucket's wait as its delay, or refused with it), counts Reserved, and nothing among
+// the decisions; a claim given up on before its answer gives its tokens back when the
+// answer comes; CancelClaim gives a granted claim's tokens back.
+func TestClaim(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		granted  int
+		wait     time.Duration
+		giveUp   bool
+		allowed  bool
+		reserved int64
+		refund   int // tokens queued back to the bucket
+	}{
+		{name: "granted", granted: 3, wait: 40 * ms, allowed: true, reserved: 3},
+		{name: "refused", granted: 0, wait: 70 * ms},
+		{name: "given up, then granted", granted: 3, wait: 40 * ms, giveUp: true, refund: 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var decided []*Waiter
+			e, lm := testEngine(t, func(c *Config) { c.Decided = func(w *Waiter) { decided = append(decided, w) } })
+			var d Decision
+			w := e.Claim(t0, lm, "k", 3, &d)
+			if w == nil {
+				t.Fatalf("Claim refused at once: %+v", d)
+			}
+			trip := e.Next()
+			if trip == nil || trip.Kind != TakeTrip || len(trip.Takes) != 1 {
+				t.Fatalf("Next = %+v, want the claim's take", trip)
+			}
+			if r := trip.Takes[0]; r.Want != 3 || r.Min != 3 || r.Floor != 100 {
+				t.Fatalf("claim's take %+v, want 3, all or nothing, floor the burst", r)
+			}
+			if tc.giveUp {
+				if g := e.GiveUp(t0.Add(10*ms), w, ReasonTimeout); g.Allowed || g.Reason != ReasonTimeout {
+					t.Fatalf("GiveUp: %+v, want a denial for the timeout, not the policy's", g)
+				}
+			}
+			trip.TakeResults[0].Granted, trip.TakeResults[0].Wait = tc.granted, tc.wait
+			trip.Answered = true
+			e.Done(t0.Add(ms), trip)
+			got := w.Decision()
+			if got.Allowed != tc.allowed || !tc.giveUp && got.RetryAfter != tc.wait {
+				t.Fatalf("claim decided %+v, want allowed %v, RetryAfter %v", got, tc.allowed, tc.wait)
+			}
+			if n := len(decided); n != 0 && tc.giveUp || n != 1 && !tc.giveUp {
+				t.Fatalf("Decided called %d times", n)
+			}
+			st := lm.Stats()
+			if st.Reserved != tc.reserved {
+				t.Fatalf("Reserved %d, want %d", st.Reserved, tc.reserved)
+			}
+			if st.Decisions != ([2][NumSources][NumReasons]int64{}) {
+				t.Fatalf("a claim counted among the decisions: %v", st.Decisions)
+			}
+			var lease Lease
+			lm.keys.Peek("k", func(en *entry, _ time.Time) { lease = en.lease })
+			if lease.Tokens() != 0 {
+				t.Fatalf("the claim's tokens went to the lease: %d", lease.Tokens())
+			}
+			refund := 0
+			if trip := e.Next(); trip != nil && trip.Kind == RefundTrip {
+				refund = trip.Refunds[0].N
+			}
+			if refund != tc.refund {
+				t.Fatalf("refunded %d, want %d", refund, tc.refund)
+			}
+			if tc.allowed {
+				e.CancelClaim(lm, lm.Shape(""), "k", 3)
+				if st := lm.Stats(); st.Reserved != 0 {
+					t.Fatalf("after CancelClaim, Reserved %d", st.Reserved)
+				}
+			}
+		})
+	}
+}
+
+// TestClaimRefusedAtOnce: no take for a cost above the burst, a windowed limit (no
+// bucket), or an open breaker; the last is refused for its reason, not by the policy.
+func TestClaimRefusedAtOnce(t *testing.T) {
+	open := false
+	e, lm := testEngine(t, func(c *Config) {
+		c.Limits = append(c.Limits, LimitConfig{Name: "win", Rate: 10, Burst: 10, Policy: breaker.FailOpen, Windowed: 100 * ms})
+		c.BreakerOpen = func() bool { return open }
+	})
+	for _, tc := range []struct {
+		name string
+		lm   *Limit
+		n    int
+		open bool
+		why  Reason
+	}{
+		{"above the burst", lm, 101, false, ReasonExceedsBurst},
+		{"windowed", e.Limit("win"), 1, false, ReasonNone},
+		{"breaker open", lm, 1, true, ReasonBreakerOpen},
+	} {
+		open = tc.open
+		var d Decision
+		if w := e.Claim(t0, tc.lm, "k", tc.n, &d); w != nil || d.Allowed || d.Reason != tc.why {
+			t.Errorf("%s: Claim = %v, %+v; want refused at once for %v", tc.name, w, d, tc.why)
+		}
+	}
+	if trip := e.Next(); trip != nil && trip.Kind == TakeTrip {
+		t.Fatalf("a take was planned: %+v", trip.Takes)
+	}
+}

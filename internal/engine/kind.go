@@ -1,0 +1,64 @@
+package engine
+
+import "time"
+
+// kind is one kind of limit: the unit a limit's requests, its failure policy's
+// admissions, its undone decisions and its keys' evictions go through. Each kind keeps
+// its state in its own files, and nothing outside them asks which kind a limit is:
+//
+//   - exact (bucket, with spill exact): a token bucket in Redis served from leases;
+//     decide.go, lease.go, debt.go;
+//   - charge-later (bucket, with spill *chargeLater): the same bucket, and a request the
+//     lease cannot serve is admitted at once and charged later; async.go;
+//   - windowed (*windowed): counted windows in shared arrays in Redis, no bucket;
+//     window.go, window_trip.go.
+//
+// A limit's kind is chosen once, when the limit is made (newKind), and never changes.
+// Besides these per-limit calls, a kind with engine-wide work has a part the engine's
+// schedule calls in a fixed order (Next): the bucket kinds' refills, refunds and debts,
+// the windowed limits' reports, the charge-later limits' low-key exchanges.
+type kind interface {
+	// decide is Engine.Decide for a request of the limit.
+	decide(now time.Time, tier, key string, n int, d *Decision) *Waiter
+	// admitFallback is called under the key's lock once the limit's failure policy
+	// admitted n for the key of en and its pre-check spent them: it accounts for the
+	// admission, or refuses it (ok false), the request to try again after retry.
+	admitFallback(en *entry, t time.Time, n int) (ok bool, retry time.Duration)
+	// fellBack is called with no lock held for such an admission of the key of ID key,
+	// of shape sh, whose bucket's credit at this server's last grant was ref (hasRef:
+	// there was one).
+	fellBack(sh *Shape, key string, n int, ref float64, hasRef bool)
+	// undo gives back what decision d took for a request of cost n > 0 for the key of
+	// ID id (Engine.Return), and returns the tokens that went back where they came from.
+	undo(now time.Time, id string, n int, d Decision) int
+	// claim is Engine.Claim for a key of ID id.
+	claim(now time.Time, id string, n int, d *Decision) *Waiter
+	// initKey makes the kind's state of a key new to this server.
+	initKey(en *entry)
+	// evicted lets go of a key's state: the key store evicted it, or Drain.
+	evicted(en *entry)
+}
+
+// newKind is the kind c asks for, for the limit lm, and the least time its keys stay
+// held without a request (the key store's idle timeout is at least that).
+func newKind(lm *Limit, c LimitConfig, seed uint64) (kind, time.Duration) {
+	switch {
+	case c.Windowed > 0:
+		return newWindowed(lm, c, seed), windowMemory // a key stays over that long
+	case c.Async > 0:
+		cl := &chargeLater{lm: lm}
+		return &bucket{lm: lm, spill: cl}, 0
+	}
+	return &bucket{lm: lm, spill: exact{}}, 0
+}
+
+// kindOf names the kind c asks for, to tell a change of kind (refused at run time).
+func kindOf(c LimitConfig) string {
+	switch {
+	case c.Windowed > 0:
+		return "windowed"
+	case c.Async > 0:
+		return "charge-later"
+	}
+	return "exact"
+}
