@@ -43,8 +43,9 @@ func TestModeValues(t *testing.T) {
 }
 
 // TestModeRefusals: every Limit a mode cannot run is refused by New, AddLimit and
-// Reconfigure, and every change at run time a Windowed limit cannot take by SetLimit and
-// Reconfigure, with an error that wraps ErrInvalidConfig and names the field.
+// Reconfigure, and every change of kind at run time, and every change a Windowed limit
+// cannot take, by SetLimit and Reconfigure, with an error that wraps ErrInvalidConfig
+// and names the field.
 func TestModeRefusals(t *testing.T) {
 	_, c := redistest.Mini(t)
 	s := newStore(t, c)
@@ -105,6 +106,8 @@ func TestModeRefusals(t *testing.T) {
 		{"windowed to exact", win, with(win, func(l *hybrid.Limit) { l.Mode = hybrid.Exact() }), "Mode: "},
 		{"windowed to charge-later", win, with(win, func(l *hybrid.Limit) { l.Mode = hybrid.ChargeLater(50 * time.Millisecond) }), "Mode: "},
 		{"exact to windowed", exact, win, "Mode: "},
+		{"exact to charge-later", exact, with(exact, func(l *hybrid.Limit) { l.Mode = hybrid.ChargeLater(50 * time.Millisecond) }), "Mode: a limit's kind cannot change at run time (charge-later, was exact)"},
+		{"charge-later to exact", with(exact, func(l *hybrid.Limit) { l.Mode = hybrid.ChargeLater(50 * time.Millisecond) }), exact, "Mode: a limit's kind cannot change at run time (exact, was charge-later)"},
 		{"rate", win, with(win, func(l *hybrid.Limit) { l.Rate, l.Version = 5, 1 }), "Rate: a Windowed limit's Rate and Burst cannot change at run time"},
 		{"burst", win, with(win, func(l *hybrid.Limit) { l.Burst, l.Version = 20, 1 }), "Rate: a Windowed limit's Rate and Burst cannot change at run time"},
 		{"lease", win, with(win, func(l *hybrid.Limit) { l.Lease.Lifetime = time.Second }), "Lease: a Windowed limit holds no leases"},

@@ -1,6 +1,9 @@
 package engine
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // kind is one kind of limit: the unit a limit's requests, its failure policy's
 // admissions, its undone decisions and its keys' evictions go through. Each kind keeps
@@ -61,4 +64,33 @@ func kindOf(c LimitConfig) string {
 		return "charge-later"
 	}
 	return "exact"
+}
+
+// checkKind reports what is wrong with the kind c asks for: its duration, or what the
+// kind cannot do (checkWindowed).
+func checkKind(c LimitConfig) error {
+	switch {
+	case c.Async != 0 && c.Async < time.Millisecond:
+		return fmt.Errorf("limit %q: Mode: ChargeLater(%v) must be at least 1ms", c.Name, c.Async)
+	case c.Windowed != 0 && c.Windowed < time.Millisecond:
+		return fmt.Errorf("limit %q: Mode: Windowed(%v) must be at least 1ms", c.Name, c.Windowed)
+	case c.Windowed > 0 && c.Async > 0:
+		return fmt.Errorf("limit %q: Mode: Windowed and ChargeLater are two modes; choose one", c.Name)
+	case c.Windowed > 0:
+		return checkWindowed(c)
+	}
+	return nil
+}
+
+// checkKindChange reports why c cannot replace oc, the configuration of a limit the
+// engine runs, for the kind: a limit's kind is fixed when it is made, and a windowed
+// limit's window is its fleet's arrays (checkWindowedChange).
+func checkKindChange(c, oc LimitConfig) error {
+	if k, ok := kindOf(c), kindOf(oc); k != ok {
+		return fmt.Errorf("limit %q: Mode: a limit's kind cannot change at run time (%s, was %s): remove the limit and add it again", c.Name, k, ok)
+	}
+	if c.Windowed > 0 {
+		return checkWindowedChange(c, oc)
+	}
+	return nil
 }

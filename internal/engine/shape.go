@@ -124,23 +124,9 @@ func buildShapes(c LimitConfig, servers int) (*shapes, LimitConfig, error) {
 		return nil, c, fmt.Errorf("limit %q: MaxCost %d must be between 1 and Burst %d", c.Name, c.MaxCost, c.Burst)
 	case c.MaxKeys < 0:
 		return nil, c, fmt.Errorf("limit %q: MaxKeys %d", c.Name, c.MaxKeys)
-	case c.Async != 0 && c.Async < time.Millisecond:
-		return nil, c, fmt.Errorf("limit %q: Mode: ChargeLater(%v) must be at least 1ms", c.Name, c.Async)
-	case c.Windowed != 0 && c.Windowed < time.Millisecond:
-		return nil, c, fmt.Errorf("limit %q: Mode: Windowed(%v) must be at least 1ms", c.Name, c.Windowed)
-	case c.Windowed > 0 && c.Async > 0:
-		return nil, c, fmt.Errorf("limit %q: Mode: Windowed and ChargeLater are two modes; choose one", c.Name)
-	case c.Windowed > 0 && len(c.Tiers) > 0:
-		return nil, c, fmt.Errorf("limit %q: Tiers: a Windowed limit has no tiers", c.Name)
-	case c.Windowed > 0 && c.Burst > global.MaxWindowBurst:
-		return nil, c, fmt.Errorf("limit %q: Burst %d: a Windowed limit counts at most %d per window", c.Name, c.Burst, global.MaxWindowBurst)
-	case c.WindowWidth != 0 && (c.WindowWidth < global.MinWindowWidth || c.WindowWidth > global.MaxWindowWidth || c.WindowWidth&(c.WindowWidth-1) != 0):
-		return nil, c, fmt.Errorf("limit %q: WindowWidth %d is not a power of two from %d to %d", c.Name, c.WindowWidth, global.MinWindowWidth, global.MaxWindowWidth)
 	}
-	if c.Windowed > 0 {
-		if err := checkWindow(c); err != nil {
-			return nil, c, err
-		}
+	if err := checkKind(c); err != nil {
+		return nil, c, err
 	}
 	c.MaxWait = cmpOr(c.MaxWait, DefaultMaxWait)
 	c.MaxCost = max(c.MaxCost, 1)
@@ -336,12 +322,8 @@ func (e *Engine) checkChange(old *shapes, c LimitConfig) (*shapes, error) {
 	if c.MaxKeys != oc.MaxKeys {
 		return nil, fmt.Errorf("limit %q: MaxKeys cannot change at run time (%d, was %d): remove the limit and add it again", c.Name, c.MaxKeys, oc.MaxKeys)
 	}
-	// a window's length and counters are Burst/Rate and the width: the fleet's arrays
-	if (c.Windowed > 0 || oc.Windowed > 0) && (c.Windowed != oc.Windowed || c.WindowWidth != oc.WindowWidth) {
-		return nil, fmt.Errorf("limit %q: Mode: a Windowed limit's Mode (and WindowWidth) cannot change at run time, nor a limit become Windowed: remove the limit and add it again", c.Name)
-	}
-	if c.Windowed > 0 && (c.Rate != oc.Rate || c.Burst != oc.Burst) {
-		return nil, fmt.Errorf("limit %q: Rate: a Windowed limit's Rate and Burst cannot change at run time; remove the limit and add it again", c.Name)
+	if err := checkKindChange(c, oc); err != nil {
+		return nil, err
 	}
 	ss, c, err := buildShapes(c, e.Servers())
 	if err != nil {

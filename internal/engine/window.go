@@ -79,6 +79,34 @@ const (
 	MaxWindowReport = 10 * time.Second
 )
 
+// checkWindowed reports what a windowed limit c asks for that the kind cannot do: tiers,
+// a burst its counters cannot hold, a width of its arrays not a power of two in range,
+// a window or report interval out of bounds (checkWindow).
+func checkWindowed(c LimitConfig) error {
+	switch {
+	case len(c.Tiers) > 0:
+		return fmt.Errorf("limit %q: Tiers: a Windowed limit has no tiers", c.Name)
+	case c.Burst > global.MaxWindowBurst:
+		return fmt.Errorf("limit %q: Burst %d: a Windowed limit counts at most %d per window", c.Name, c.Burst, global.MaxWindowBurst)
+	case c.WindowWidth != 0 && (c.WindowWidth < global.MinWindowWidth || c.WindowWidth > global.MaxWindowWidth || c.WindowWidth&(c.WindowWidth-1) != 0):
+		return fmt.Errorf("limit %q: WindowWidth %d is not a power of two from %d to %d", c.Name, c.WindowWidth, global.MinWindowWidth, global.MaxWindowWidth)
+	}
+	return checkWindow(c)
+}
+
+// checkWindowedChange reports why c cannot replace oc, both windowed: a window's length
+// and counters are Burst/Rate and the width, the fleet's arrays, and its report interval
+// is fixed with them.
+func checkWindowedChange(c, oc LimitConfig) error {
+	if c.Windowed != oc.Windowed || c.WindowWidth != oc.WindowWidth {
+		return fmt.Errorf("limit %q: Mode: a Windowed limit's Mode (and WindowWidth) cannot change at run time: remove the limit and add it again", c.Name)
+	}
+	if c.Rate != oc.Rate || c.Burst != oc.Burst {
+		return fmt.Errorf("limit %q: Rate: a Windowed limit's Rate and Burst cannot change at run time; remove the limit and add it again", c.Name)
+	}
+	return nil
+}
+
 // checkWindow reports what is wrong with the window and report interval of the windowed
 // limit c.
 func checkWindow(c LimitConfig) error {
