@@ -31,7 +31,7 @@ const benchKeys = 10_000
 // prefetch on, the 10,000-key loop prefetched ~10,000 refills as demand estimates rose,
 // and miniredis, which runs in this process, charged their Lua runs and garbage (143
 // B/op) to the hot path. Refill cost is what global's benchmarks measure.
-func benchLimiter(b *testing.B) *hybrid.Limiter {
+func benchLimiter(b testing.TB) *hybrid.Limiter {
 	_, c := redistest.Mini(b)
 	return newLimiter(b, newStore(b, c), hybrid.Config{
 		FleetSize: 1,
@@ -43,7 +43,7 @@ func benchLimiter(b *testing.B) *hybrid.Limiter {
 // warm sends rounds of requests for every key, so that each lease has seen demand and
 // holds a batch before the timing starts, then collects the garbage miniredis made
 // answering the refills, so that the timed loop does not pay for it.
-func warm(b *testing.B, l *hybrid.Limiter, ks []string, rounds int) {
+func warm(b testing.TB, l *hybrid.Limiter, ks []string, rounds int) {
 	ctx := context.Background()
 	for range rounds {
 		for _, k := range ks {
@@ -61,6 +61,34 @@ func keys() []string {
 		k[i] = "client-" + strconv.Itoa(i)
 	}
 	return k
+}
+
+// TestHotPathAllocatesNothing holds the benchmarks' hot paths to zero allocations (the
+// benchmarks report them, but nothing fails on them): a lease hit, and all-or-nothing
+// items served from leases, a windowed key served from its grants. A pointer passed
+// through an interface on the way, or a closure that escapes, fails it.
+func TestHotPathAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector's instrumentation allocates")
+	}
+	l, w := benchLimiter(t), windowLimiterT(t)
+	ctx := context.Background()
+	items := []hybrid.Item{{Limit: "bench", Key: "a"}, {Limit: "bench", Key: "b"}, {Limit: "bench", Key: "c"}}
+	warm(t, w, []string{"k"}, 1000) // seen often: served from grants of its window
+	for _, tc := range []struct {
+		name string
+		fn   func()
+	}{
+		{"Allow, a lease hit", func() { l.Allow(ctx, "bench", "k") }},
+		{"AllowN", func() { l.AllowN(ctx, "bench", "k", 2) }},
+		{"AllowMulti", func() { l.AllowMulti(ctx, items) }},
+		{"Allow, windowed", func() { w.Allow(ctx, "bench", "k") }},
+	} {
+		tc.fn() // the refills, before counting
+		if n := testing.AllocsPerRun(200, tc.fn); n != 0 {
+			t.Errorf("%s: %v allocations per call, want 0", tc.name, n)
+		}
+	}
 }
 
 func BenchmarkBareRateAllow(b *testing.B) {

@@ -106,7 +106,8 @@ func (l *Limiter) Reserve(ctx context.Context, limit, key string) (*Reservation,
 // in Redis, sent with the next refills, that waits at most the limit's MaxWait and
 // never past ctx. The errors are AllowN's; a Redis failure is not one, the
 // reservation is then not OK. A Windowed limit has no bucket to claim from: its
-// reservation is OK only if the request is admitted now. One allocation per call.
+// reservation is OK only if the request is admitted now. One allocation when the lease
+// serves it; a claim allocates its round trip's state too.
 func (l *Limiter) ReserveN(ctx context.Context, limit, key string, n int) (*Reservation, error) {
 	d, err := l.allowN(ctx, limit, "", key, n, nil)
 	lm := l.eng.Limit(limit)

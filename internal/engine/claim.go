@@ -22,7 +22,9 @@ import (
 // serves was decided (denied) first. A claim given up before its answer gives its
 // tokens back when the answer comes; CancelClaim gives back a claim's tokens later.
 func (e *Engine) Claim(now time.Time, lm *Limit, key string, n int, d *Decision) *Waiter {
-	return lm.kind.claim(now, wire.KeyID(key), n, d)
+	var w *Waiter
+	*d, w = lm.kind.claim(now, wire.KeyID(key), n)
+	return w
 }
 
 // Claimable reports whether the denial d may still be served by a claim (Claim): a
@@ -33,20 +35,18 @@ func (d *Decision) Claimable() bool {
 
 // claim is Claim for a bucket kind: the take goes as a Flight of its own, beside the
 // key's refill, never through the key's lease.
-func (b *bucket) claim(now time.Time, id string, n int, d *Decision) *Waiter {
+func (b *bucket) claim(now time.Time, id string, n int) (Decision, *Waiter) {
 	lm, e := b.lm, b.lm.e
 	sh := lm.Shape("")
 	if n < 1 || n > sh.cfg.Burst {
-		*d = Decision{Source: SourceLease, Reason: ReasonExceedsBurst, RetryAfter: InfDuration, Servers: e.Servers()}
-		return nil
+		return Decision{Source: SourceLease, Reason: ReasonExceedsBurst, RetryAfter: InfDuration, Servers: e.Servers()}, nil
 	}
 	w := &Waiter{lim: lm, key: id, n: n, claim: true, ch: make(chan struct{})}
 	f := &Flight{lim: lm, b: b, shape: sh, key: id, want: n, min: n, floor: sh.cfg.Burst, waiters: []*Waiter{w}}
 	if e.send(now, f, w) {
-		*d = w.d // refused at once
-		return nil
+		return w.d, nil // refused at once
 	}
-	return w
+	return Decision{}, w
 }
 
 // claimed decides the waiter of claim f with its answer g (or the error that failed

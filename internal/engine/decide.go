@@ -104,7 +104,9 @@ func (o *outcome) refund(e *Engine, lm *Limit) {
 // number of bytes per key whatever the keys' length. Such a key costs a SHA-256 and an
 // allocation per decision.
 func (e *Engine) Decide(now time.Time, lm *Limit, tier, key string, n int, d *Decision) *Waiter {
-	return lm.kind.decide(now, tier, key, n, d)
+	var w *Waiter
+	*d, w = lm.kind.decide(now, tier, key, n) // by value: d must not escape through the interface
+	return w
 }
 
 // bucket is the kinds of limit whose keys each have a token bucket in Redis, served from
@@ -137,14 +139,13 @@ func (exact) charge(*Shape, string, int, time.Time)              {}
 func (exact) note(*Shape, string, float64, time.Time)            {}
 
 // decide is Decide for a bucket kind.
-func (b *bucket) decide(now time.Time, tier, key string, n int, d *Decision) *Waiter {
+func (b *bucket) decide(now time.Time, tier, key string, n int) (Decision, *Waiter) {
 	lm, e := b.lm, b.lm.e
 	var o outcome
 	if !lm.keys.Update(now, wire.KeyID(key), func(en *entry, t time.Time) {
 		b.decideKey(&o, en, t, tier, n, nil)
 	}) {
-		*d = Decision{Reason: ReasonClosed, Servers: e.Servers()}
-		return nil
+		return Decision{Reason: ReasonClosed, Servers: e.Servers()}, nil
 	}
 	o.d.Servers = e.Servers()
 	o.refund(e, lm)
@@ -156,15 +157,13 @@ func (b *bucket) decide(now time.Time, tier, key string, n int, d *Decision) *Wa
 	}
 	if o.f != nil && e.send(now, o.f, o.w) && o.w != nil {
 		// The refill failed at once (breaker open, stopped): the policy decided o.w.
-		*d = o.w.d
-		return nil
+		return o.w.d, nil
 	}
-	*d = o.d
 	if o.w != nil {
-		return o.w
+		return o.d, o.w
 	}
-	lm.stats.count(o.slot, d, n)
-	return nil
+	lm.stats.count(o.slot, &o.d, n)
+	return o.d, nil
 }
 
 // decideKey runs the pre-check and the lease for one request under the key's lock; w is

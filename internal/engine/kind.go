@@ -21,8 +21,10 @@ import (
 // schedule calls in a fixed order (Next): the bucket kinds' refills, refunds and debts,
 // the windowed limits' reports, the charge-later limits' low-key exchanges.
 type kind interface {
-	// decide is Engine.Decide for a request of the limit.
-	decide(now time.Time, tier, key string, n int, d *Decision) *Waiter
+	// decide is Engine.Decide for a request of the limit. It returns the decision by
+	// value: a pointer passed through an interface escapes, and the hot path must not
+	// allocate.
+	decide(now time.Time, tier, key string, n int) (Decision, *Waiter)
 	// admitFallback is called under the key's lock once the limit's failure policy
 	// admitted n for the key of en and its pre-check spent them: it accounts for the
 	// admission, or refuses it (ok false), the request to try again after retry.
@@ -35,7 +37,7 @@ type kind interface {
 	// ID id (Engine.Return), and returns the tokens that went back where they came from.
 	undo(now time.Time, id string, n int, d Decision) int
 	// claim is Engine.Claim for a key of ID id.
-	claim(now time.Time, id string, n int, d *Decision) *Waiter
+	claim(now time.Time, id string, n int) (Decision, *Waiter)
 	// initKey makes the kind's state of a key new to this server.
 	initKey(en *entry)
 	// evicted lets go of a key's state: the key store evicted it, or Drain.

@@ -37,7 +37,7 @@ type windowPending struct {
 }
 
 // decide is Decide for a windowed limit.
-func (wl *windowed) decide(now time.Time, _, key string, n int, d *Decision) *Waiter {
+func (wl *windowed) decide(now time.Time, _, key string, n int) (Decision, *Waiter) {
 	lm, e := wl.lm, wl.lm.e
 	var o wdecision
 	var slot uint8
@@ -48,19 +48,17 @@ func (wl *windowed) decide(now time.Time, _, key string, n int, d *Decision) *Wa
 		}
 		wl.decideKey(&o, en, t, n)
 	}) {
-		*d = Decision{Reason: ReasonClosed, Servers: e.Servers()}
-		return nil
+		return Decision{Reason: ReasonClosed, Servers: e.Servers()}, nil
 	}
 	o.d.Servers = e.Servers()
 	if o.wake {
 		e.wake()
 	}
-	*d = o.d
 	if o.w != nil {
-		return o.w
+		return o.d, o.w
 	}
-	lm.stats.count(slot, d, n)
-	return nil
+	lm.stats.count(slot, &o.d, n)
+	return o.d, nil
 }
 
 // tick advances the windowed limit's schedule to now and reports whether a trip is due.
@@ -518,9 +516,8 @@ func (wl *windowed) undo(now time.Time, id string, n int, d Decision) int {
 
 // claim: a windowed limit has no bucket to claim a refill from; a reservation holds
 // only what decide admits.
-func (wl *windowed) claim(_ time.Time, _ string, _ int, d *Decision) *Waiter {
-	*d = Decision{RetryAfter: InfDuration, Servers: wl.lm.e.Servers()}
-	return nil
+func (wl *windowed) claim(time.Time, string, int) (Decision, *Waiter) {
+	return Decision{RetryAfter: InfDuration, Servers: wl.lm.e.Servers()}, nil
 }
 
 // initKey gives a new key its window state.
