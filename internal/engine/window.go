@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/global"
@@ -149,6 +150,7 @@ type wkey struct {
 	nextAsked bool    // a grant of win + 1 is asked
 	often     bool    // its last request found it seen often
 	init      bool
+	gen       uint64 // the limit's marksGen when it last learnt its marks (key)
 }
 
 // instant is an instant on this server's clock, in nanoseconds since 1970 (0: never).
@@ -206,34 +208,40 @@ type windowed struct {
 	width int
 	glim  global.Limit
 
+	// Read by a decision under its key's lock alone (fastDecide), written under mu:
+	started  atomic.Bool  // the first decision came (begin); start is set before it
+	stopped  atomic.Bool  // Stop: nothing would answer what it asks
+	warm     atomic.Bool  // a read after the warm-up was answered
+	due      atomic.Bool  // a trip is wanted now
+	offset   atomic.Int64 // Redis's clock minus this server's, in nanoseconds, as last measured
+	marksGen atomic.Uint64
+	last     atomic.Int64 // the latest instant seen, in Unix nanoseconds: a trip is built at it
+
 	mu sync.Mutex
 	// guarded by mu:
 	ops      []wop
 	announce map[wmk]int      // marks to send: flags by key and window
 	demOp    map[string]int   // the queued demand op of a key, by index in ops
 	admOp    map[string]int   // the queued count of a key's admissions, by index in ops
-	marks    map[string]wmark // learnt from reads
+	marks    map[string]wmark // learnt from reads; marksGen counts their changes
 	gone     map[string]int   // keys evicted with admissions unanswered: how many (below 0: answered before the eviction was)
 	goneMax  int              // the most keys gone has held since it was last made
-	started  bool
 	start    time.Time
 	busy     bool // its trip is out
-	warm     bool
 	free     bool // admitted without asking since the last read went
 	urgent   bool // a mark to send is a key's first in a while
-	due      bool // a trip is wanted now
 	lastRead time.Time
 	since    time.Time // Redis's time the next read starts at; zero: every mark kept
 	sent     time.Time // when the last trip went (a report: when it was due)
 	report   time.Time // the instant of the report due, until it goes
 	nextTick time.Time
 	warmAt   [2]time.Time // the warm-up reads
-	offset   time.Duration
-	clockAt  time.Time // when offset was measured; zero: never
+	clockAt  time.Time    // when offset was measured; zero: never
 	rng      uint64
-	stopped  bool
-	last     time.Time // the latest instant seen: a trip is built at it
 }
+
+// off is Redis's clock minus this server's, as last measured.
+func (wl *windowed) off() time.Duration { return time.Duration(wl.offset.Load()) }
 
 // windowed returns the limit's windowed state, nil if the limit is of another kind.
 func (lm *Limit) windowed() *windowed {
@@ -259,22 +267,23 @@ func (wl *windowed) share() int {
 }
 
 // rnow is Redis's time at this server's now, as last measured.
-func (wl *windowed) rnow(now time.Time) int64 { return now.Add(wl.offset).UnixMicro() }
+func (wl *windowed) rnow(now time.Time) int64 { return now.Add(wl.off()).UnixMicro() }
 
 // end is when window win of a key of phase ends, on this server's clock.
 func (wl *windowed) end(win, phase int64) time.Time {
-	return time.UnixMicro(wire.WindowStart(win+1, phase, wl.wUs)).Add(-wl.offset)
+	return time.UnixMicro(wire.WindowStart(win+1, phase, wl.wUs)).Add(-wl.off())
 }
 
 // begin starts the server's schedule at its first request or Tick; it requires wl.mu.
 func (wl *windowed) begin(now time.Time) {
-	if wl.started {
+	if wl.started.Load() {
 		return
 	}
-	wl.started, wl.start = true, now
+	wl.start = now
 	j := time.Duration(uniform(&wl.rng) * float64(windowWarm/4))
 	wl.warmAt = [2]time.Time{now.Add(windowWarm/2 + j), now.Add(windowWarm + j)}
 	wl.nextTick = now.Add(wl.iv + j)
+	wl.started.Store(true) // after start: a decision that sees it reads start
 }
 
 // key brings st, key id's state, to now: its window, what the marks say of it.
@@ -301,6 +310,7 @@ func (wl *windowed) key(st *wkey, id string, now time.Time) {
 	if m, ok := wl.marks[id]; ok {
 		st.learn(m)
 	}
+	st.gen = wl.marksGen.Load()
 }
 
 func (st *wkey) learn(m wmark) {
@@ -312,7 +322,7 @@ func (st *wkey) failed() bool { return st.spent > st.win }
 
 // fresh reports whether the marks are fresh enough to admit without asking.
 func (wl *windowed) fresh(now time.Time) bool {
-	return wl.warm && now.Sub(wl.lastRead) <= 2*windowRead
+	return wl.warm.Load() && now.Sub(wl.lastRead) <= 2*windowRead
 }
 
 // wdecision is what decideWindow found under the key's lock.
@@ -342,9 +352,12 @@ func (wl *windowed) decideKey(o *wdecision, en *entry, now time.Time, n int) {
 		o.d = wl.lm.preDenied(en, now, n)
 		return
 	}
+	if wl.fastDecide(o, en, now, n) {
+		return
+	}
 	wl.mu.Lock()
 	defer wl.mu.Unlock()
-	if wl.stopped { // nothing would answer what it asks
+	if wl.stopped.Load() { // nothing would answer what it asks
 		o.d = Decision{Reason: ReasonClosed}
 		return
 	}
@@ -352,20 +365,11 @@ func (wl *windowed) decideKey(o *wdecision, en *entry, now time.Time, n int) {
 	wl.begin(now)
 	st := en.win
 	wl.key(st, en.key, now)
-	// This server's rate of the key: its requests, this one included, decayed over four
-	// windows (at most 4 s), over the time it has been counting every key (since its
-	// start; at least a tenth of a window or a report interval, the shorter), which
-	// weighs at most tau. A key it sees for the first time after a while is slow, not
-	// fast, and a window of an hour does not make every key slow for its first minutes;
-	// in a server's first tenth of a window (or report interval) a key's first request
-	// may count as often, and ask a grant with its admission.
-	tau := min(4*wl.w, 4*time.Second)
-	st.ewc = st.ewc*math.Exp(-float64(at(now)-st.ewAt)/float64(tau)) + 1
+	var perSec float64
+	st.ewc, perSec = wl.rate(st, now)
 	st.ewAt = at(now)
-	counted := 1 - math.Exp(-float64(max(now.Sub(wl.start), min(wl.w/10, wl.iv)))/float64(tau))
-	perSec := st.ewc / counted / tau.Seconds()
 	over, low := at(now) < st.over, at(now) < st.low
-	often := wl.warm && perSec*wl.iv.Seconds() >= 1
+	often := wl.warm.Load() && perSec*wl.iv.Seconds() >= 1
 	st.often, st.perSec = often, perSec
 	fresh := wl.fresh(now)
 	if over && !often {
@@ -425,7 +429,7 @@ func (wl *windowed) decideKey(o *wdecision, en *entry, now time.Time, n int) {
 		} else {
 			deny()
 		}
-	case over && wl.warm:
+	case over && wl.warm.Load():
 		deny()
 		wl.ask(st, en.key, n)
 	case !low && fresh && st.out+n <= wl.share():
@@ -433,9 +437,53 @@ func (wl *windowed) decideKey(o *wdecision, en *entry, now time.Time, n int) {
 	default: // ask now and wait for the answer
 		o.w = &Waiter{lim: wl.lm, key: en.key, n: n, ch: make(chan struct{})}
 		wl.queue(wop{id: en.key, win: st.win, n: n, grant: true, w: o.w, now: true})
-		wl.due = true
+		wl.due.Store(true)
 	}
-	o.wake = wl.due
+	o.wake = wl.due.Load()
+}
+
+// rate is the key's count of requests with this one, decayed, and this server's rate of
+// it at now. It reads start: the limit must have started (begin).
+func (wl *windowed) rate(st *wkey, now time.Time) (ewc, perSec float64) {
+	// This server's rate of the key: its requests, this one included, decayed over four
+	// windows (at most 4 s), over the time it has been counting every key (since its
+	// start; at least a tenth of a window or a report interval, the shorter), which
+	// weighs at most tau. A key it sees for the first time after a while is slow, not
+	// fast, and a window of an hour does not make every key slow for its first minutes;
+	// in a server's first tenth of a window (or report interval) a key's first request
+	// may count as often, and ask a grant with its admission.
+	tau := min(4*wl.w, 4*time.Second)
+	ewc = st.ewc*math.Exp(-float64(at(now)-st.ewAt)/float64(tau)) + 1
+	counted := 1 - math.Exp(-float64(max(now.Sub(wl.start), min(wl.w/10, wl.iv)))/float64(tau))
+	return ewc, ewc / counted / tau.Seconds()
+}
+
+// fastDecide decides, under the key's lock alone, a request the key's grants serve with
+// nothing to ask, as decideKey would under the limit's lock: the limit started and not
+// stopped, the key's state current (its window, the marks it learnt), the key not over
+// its limit and, seen often, its grants after this request still what it needs for the
+// next twentieth of a report interval. It reports whether it decided; if not, it changed
+// nothing. This is the path of a key served from its grants: no decision of one key
+// there waits for another's.
+func (wl *windowed) fastDecide(o *wdecision, en *entry, now time.Time, n int) bool {
+	st := en.win
+	if !wl.started.Load() || wl.stopped.Load() || !st.init || st.gen != wl.marksGen.Load() || st.grants < n ||
+		wire.WindowIndex(wl.rnow(now), st.phase, wl.wUs) != st.win {
+		return false
+	}
+	ewc, perSec := wl.rate(st, now)
+	often := wl.warm.Load() && perSec*wl.iv.Seconds() >= 1
+	if at(now) < st.over || often && float64(st.grants-n) < wl.need(st, perSec, wl.iv/20, now) {
+		return false
+	}
+	wl.now(now)
+	st.ewc, st.ewAt = ewc, at(now)
+	st.often, st.perSec = often, perSec
+	st.grants -= n
+	en.pre.AllowN(now, n)
+	o.d = Decision{Allowed: true, Remaining: max(0, st.grants), Source: SourceLease, Reason: ReasonLease}
+	o.wake = wl.due.Load()
+	return true
 }
 
 // retry is how long a request refused for st waits before a try may pass: the end of its
@@ -554,7 +602,7 @@ func (wl *windowed) join(st *wkey, id string, w *Waiter, now time.Time) {
 		st.ask.waiters = append(st.ask.waiters, w)
 		st.ask.now = true
 	}
-	wl.due = true
+	wl.due.Store(true)
 }
 
 // size is the grant asked for a key this server sees often: what its rate wants in the
@@ -580,7 +628,7 @@ func (wl *windowed) askGrant(st *wkey, id string, n int, perSec float64, urgent 
 		wl.askNext(st, id, n, perSec, now)
 	}
 	if urgent {
-		wl.due = true
+		wl.due.Store(true)
 	}
 }
 

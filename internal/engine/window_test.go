@@ -697,3 +697,49 @@ func TestWindowedGoneCarries(t *testing.T) {
 		t.Fatalf("queue %+v, want %+v", wl.ops, want)
 	}
 }
+
+// TestWindowedGrantsWithoutTheLimitLock: a key served from its grants, with nothing to
+// ask, is decided under its own lock alone: a decision completes while another goroutine
+// holds the limit's lock (as a report being built, or another key's decision, does),
+// and it changes what the locked path would.
+func TestWindowedGrantsWithoutTheLimitLock(t *testing.T) {
+	f := newWinFleet(t, 2, func(c *LimitConfig) { c.Rate, c.Burst = 1000, 1000 })
+	f.warm()
+	e, lm := f.es[0], f.lms[0]
+	now := t0.Add(60 * time.Millisecond)
+	key, _, _ := f.roomy("hot", now, 600*time.Millisecond)
+	var grants int
+	for range 40 { // 200/s: seen often, served from grants sized by its rate
+		now = now.Add(5 * time.Millisecond)
+		if _, w := decide(e, now, lm, key, 1); w != nil {
+			<-w.Done()
+		}
+		f.serve(0, now)
+		lm.keys.Peek(key, func(en *entry, _ time.Time) { grants = en.win.grants })
+	}
+	if grants < 2 {
+		t.Fatalf("the key holds %d grants: nothing to test", grants)
+	}
+	wl := lm.windowed()
+	wl.mu.Lock()
+	done := make(chan Decision, 1)
+	go func() {
+		d, _ := decide(e, now.Add(time.Millisecond), lm, key, 1)
+		done <- d
+	}()
+	select {
+	case d := <-done:
+		wl.mu.Unlock()
+		if !d.Allowed || d.Reason != ReasonLease {
+			t.Fatalf("decided %+v, want admitted from the key's grants", d)
+		}
+	case <-time.After(10 * time.Second):
+		wl.mu.Unlock()
+		t.Fatal("a key served from its grants waited for the limit's lock")
+	}
+	lm.keys.Peek(key, func(en *entry, _ time.Time) {
+		if en.win.grants != grants-1 {
+			t.Errorf("grants %d after the decision, want %d", en.win.grants, grants-1)
+		}
+	})
+}

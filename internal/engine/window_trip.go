@@ -65,14 +65,15 @@ func (wl *windowed) decide(now time.Time, _, key string, n int) (Decision, *Wait
 func (wl *windowed) tick(now time.Time) bool {
 	wl.mu.Lock()
 	defer wl.mu.Unlock()
-	if wl.stopped {
+	if wl.stopped.Load() {
 		return false
 	}
 	wl.now(now)
 	wl.begin(now)
 	for i := range wl.warmAt {
 		if !wl.warmAt[i].IsZero() && !now.Before(wl.warmAt[i]) {
-			wl.warmAt[i], wl.due = time.Time{}, true
+			wl.warmAt[i] = time.Time{}
+			wl.due.Store(true)
 		}
 	}
 	if !now.Before(wl.nextTick) {
@@ -83,8 +84,9 @@ func (wl *windowed) tick(now time.Time) bool {
 		for !now.Before(wl.nextTick) {
 			g, wl.nextTick = wl.nextTick, wl.nextTick.Add(wl.iv)
 		}
-		if g.Sub(wl.sent) >= wl.iv || !wl.warm || wl.hasCarry() {
-			wl.due, wl.report = true, g
+		if g.Sub(wl.sent) >= wl.iv || !wl.warm.Load() || wl.hasCarry() {
+			wl.due.Store(true)
+			wl.report = g
 		}
 		for id, m := range wl.marks { // forget what no longer says anything
 			if now.After(m.low) && now.After(m.over) && now.Sub(m.at) > windowMemory {
@@ -92,7 +94,7 @@ func (wl *windowed) tick(now time.Time) bool {
 			}
 		}
 	}
-	return wl.due
+	return wl.due.Load()
 }
 
 func (wl *windowed) hasCarry() bool {
@@ -131,9 +133,9 @@ func (wl *windowed) urgentWork() bool {
 // build takes the limit's queued work into a trip's item at now, or reports false when
 // there is nothing to send or its last trip is out; it requires wl.mu.
 func (wl *windowed) build(now time.Time) (global.WindowTrip, windowItem, bool) {
-	wl.due = false
-	read := now.Sub(wl.lastRead) >= windowRead || !wl.warm
-	alone := read && (wl.free || !wl.warm)
+	wl.due.Store(false)
+	read := now.Sub(wl.lastRead) >= windowRead || !wl.warm.Load()
+	alone := read && (wl.free || !wl.warm.Load())
 	if wl.busy || (len(wl.ops) == 0 && len(wl.announce) == 0 && !alone) {
 		return global.WindowTrip{}, windowItem{}, false
 	}
@@ -150,14 +152,14 @@ func (wl *windowed) build(now time.Time) (global.WindowTrip, windowItem, bool) {
 		wl.lastRead, wl.free = now, false
 	}
 	t := global.WindowTrip{Limit: wl.glim, Width: wl.width, Read: read, Since: wl.since, Memory: windowMemory,
-		Clock: wl.clockAt.IsZero() || now.Sub(wl.clockAt) >= windowClock, At: now.Add(wl.offset)}
+		Clock: wl.clockAt.IsZero() || now.Sub(wl.clockAt) >= windowClock, At: now.Add(wl.off())}
 	t.Tidy = t.Clock
 	// At most maxWindowOps a trip: what is left goes with the next, at once.
 	ops := wl.ops
 	if len(ops) > maxWindowOps {
 		// the rest stays where it is: what is appended to it never reaches ops' part
 		ops, wl.ops = ops[:maxWindowOps:maxWindowOps], ops[maxWindowOps:]
-		wl.due = true
+		wl.due.Store(true)
 	} else {
 		wl.ops = nil
 	}
@@ -165,7 +167,7 @@ func (wl *windowed) build(now time.Time) (global.WindowTrip, windowItem, bool) {
 		// An array lives until a second after the end of the window after its own, for
 		// every phase (global.Store.Windows): an op of a window that old would make it
 		// again, with no deadline.
-		if time.UnixMicro((op.win + 2) * wl.wUs).Add(-wl.offset).Before(now) {
+		if time.UnixMicro((op.win + 2) * wl.wUs).Add(-wl.off()).Before(now) {
 			op.dropped = true
 			it.ops = append(it.ops, op)
 			continue
@@ -194,8 +196,8 @@ func (e *Engine) windowTrip() *Trip {
 			continue
 		}
 		wl.mu.Lock()
-		if wl.due {
-			if x, it, ok := wl.build(wl.last); ok {
+		if wl.due.Load() {
+			if x, it, ok := wl.build(wl.latest()); ok {
 				if t == nil {
 					t = &Trip{Kind: WindowsTrip}
 				}
@@ -223,7 +225,7 @@ func (e *Engine) windowsDue() bool {
 	for _, lm := range e.limits.Load().list {
 		if wl := lm.windowed(); wl != nil {
 			wl.mu.Lock()
-			due := wl.due && !wl.busy
+			due := wl.due.Load() && !wl.busy
 			wl.mu.Unlock()
 			if due {
 				return true
@@ -254,9 +256,9 @@ func (e *Engine) windowsDone(now time.Time, t *Trip) {
 		it.wl.mu.Lock()
 		it.wl.busy = false
 		if it.wl.urgentWork() {
-			it.wl.due = true
+			it.wl.due.Store(true)
 		}
-		wake = wake || it.wl.due
+		wake = wake || it.wl.due.Load()
 		it.wl.mu.Unlock()
 	}
 	for _, p := range pend {
@@ -290,13 +292,17 @@ func (wl *windowed) answered(now time.Time, it *windowItem, x *global.WindowTrip
 	wl.now(now)
 	if x.Clock && !x.Now.IsZero() {
 		// Redis's time less this server's at the answer: off by at most the round trip.
-		wl.offset, wl.clockAt = x.Now.Sub(now), now
+		wl.offset.Store(int64(x.Now.Sub(now)))
+		wl.clockAt = now
 	}
 	if it.read {
-		wl.warm = wl.warm || it.warms
+		if it.warms {
+			wl.warm.Store(true)
+		}
 		wl.since = x.At.Add(-windowOverlap)
 		if len(x.Got) >= global.MaxMarksRead { // more to read: from the last one's time, at once
-			wl.since, wl.lastRead, wl.due = x.Got[len(x.Got)-1].At, time.Time{}, true
+			wl.since, wl.lastRead = x.Got[len(x.Got)-1].At, time.Time{}
+			wl.due.Store(true)
 		}
 		for _, m := range x.Got {
 			id := string(m.ID)
@@ -309,10 +315,13 @@ func (wl *windowed) answered(now time.Time, it *windowItem, x *global.WindowTrip
 				old.spent = max(old.spent, m.Win+1)
 			}
 			if m.Flags&wire.MarkOver != 0 {
-				old.over = later(old.over, m.At.Add(-wl.offset).Add(windowMemory))
+				old.over = later(old.over, m.At.Add(-wl.off()).Add(windowMemory))
 			}
 			old.at = now
 			wl.marks[id] = old
+		}
+		if len(x.Got) > 0 {
+			wl.marksGen.Add(1) // a key's next decision learns them (key)
 		}
 	}
 	wl.mu.Unlock()
@@ -387,7 +396,7 @@ func (wl *windowed) answerGone(op wop, count int, pend []windowPending) []window
 	}
 	if left > 0 { // as evicted gives back a key's grants
 		wl.queue(wop{id: op.id, win: op.win, n: -left})
-		wl.due = true
+		wl.due.Store(true)
 	}
 	return pend
 }
@@ -753,9 +762,20 @@ func (wl *windowed) unsent(op wop, st *wkey, cur int64, err error, pend []window
 
 // now records the latest instant the limit has seen: a trip is built at it.
 func (wl *windowed) now(t time.Time) {
-	if t.After(wl.last) {
-		wl.last = t
+	for n := t.UnixNano(); ; {
+		old := wl.last.Load()
+		if n <= old || wl.last.CompareAndSwap(old, n) {
+			return
+		}
 	}
+}
+
+// latest is the latest instant seen (now).
+func (wl *windowed) latest() time.Time {
+	if n := wl.last.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
 }
 
 // evicted gives back the grants a key held when its entry goes (Drain, or the key store
@@ -778,7 +798,7 @@ func (wl *windowed) evicted(en *entry) {
 		wl.queue(wop{id: en.key, win: st.win + 1, n: -st.next})
 	}
 	if st.grants > 0 || st.next > 0 {
-		wl.due = true
+		wl.due.Store(true)
 	}
 	st.grants, st.next = 0, 0
 }
@@ -788,7 +808,7 @@ func (wl *windowed) evicted(en *entry) {
 func (wl *windowed) stop(pend []windowPending) []windowPending {
 	wl.mu.Lock()
 	defer wl.mu.Unlock()
-	wl.stopped = true
+	wl.stopped.Store(true)
 	keep := wl.ops[:0]
 	for _, op := range wl.ops {
 		if !op.grant {
@@ -799,7 +819,7 @@ func (wl *windowed) stop(pend []windowPending) []windowPending {
 	}
 	wl.ops = keep
 	// what was admitted without asking, and the marks, go with a last report
-	wl.due = len(wl.ops) > 0 || len(wl.announce) > 0
+	wl.due.Store(len(wl.ops) > 0 || len(wl.announce) > 0)
 	return pend
 }
 
@@ -819,7 +839,7 @@ func (e *Engine) windowsNextTick(t time.Time) time.Time {
 	for _, lm := range e.limits.Load().list {
 		if wl := lm.windowed(); wl != nil {
 			wl.mu.Lock()
-			if n := wl.nextTickAt(); wl.started && !wl.stopped && n.Before(t) {
+			if n := wl.nextTickAt(); wl.started.Load() && !wl.stopped.Load() && n.Before(t) {
 				t = n
 			}
 			wl.mu.Unlock()
