@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bytes"
 	"context"
 	"net"
 	"reflect"
@@ -18,17 +19,20 @@ import (
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/hybrid"
 	"github.com/fleetlimit/fleetlimit/internal/engine"
+	"github.com/fleetlimit/fleetlimit/internal/minibits"
 	"github.com/fleetlimit/fleetlimit/lua"
 )
 
 // limiterStrat runs every server of a simulated fleet as the production stack — a
 // hybrid.Limiter with its own global.Store, breaker and go-redis client — on the fleet,
 // demand, balancer and recorder of the simulator, inside its synctest bubble. One
-// miniredis stands for Redis; a go-redis hook gives every script round trip the
-// simulator's network and Redis: a one-way delay out, a wait for Redis (one command at a
-// time, ScriptTime each, in arrival order), the commands run with Redis's clock at that
-// instant, and the one-way delay back; during the outage, commands are neither run nor
-// answered. Each request is a goroutine calling Limiter.AllowN at its arrival instant.
+// miniredis (with BITFIELD, package minibits) stands for Redis; a go-redis hook gives
+// every round trip of scripts, and every windowed exchange, the simulator's network and
+// Redis: a one-way delay out, a wait for Redis (one command at a time, in arrival order,
+// each charged the Redis time the simulator charges it), the commands run with Redis's
+// clock at the instant Redis gets to them, and the one-way delay back; during the
+// outage, commands are neither run nor answered. Each request is a goroutine calling
+// Limiter.AllowN at its arrival instant.
 type limiterStrat struct {
 	f    *fleet
 	b    *bubble
@@ -37,7 +41,7 @@ type limiterStrat struct {
 	log  breakerLog
 	wg   sync.WaitGroup // Close calls in flight
 
-	exec sync.Mutex // one round trip runs its commands at a time
+	exec chan struct{} // one round trip runs its commands at a time
 
 	mu sync.Mutex
 	// The fields below are guarded by mu.
@@ -63,10 +67,13 @@ func newLimiterStrat(t *testing.T, f *fleet, b *bubble) strategyImpl {
 		t.Fatal(err)
 	}
 	c0.Close()
-	l := &limiterStrat{f: f, b: b, m: m, lims: map[int]*hybrid.Limiter{}}
+	if err := minibits.Register(m); err != nil { // BITFIELD, which windowed limits use
+		t.Fatal(err)
+	}
+	l := &limiterStrat{f: f, b: b, m: m, lims: map[int]*hybrid.Limiter{}, exec: make(chan struct{}, 1)}
 	// Scripts are loaded as the simulator's are, so that no EVALSHA meets NOSCRIPT.
 	c := l.client(nil)
-	for _, src := range []string{lua.TakeSource, lua.RefundSource, lua.HeartbeatSource} {
+	for _, src := range []string{lua.TakeSource, lua.RefundSource, lua.HeartbeatSource, lua.LowSource} {
 		if err := c.ScriptLoad(context.Background(), src).Err(); err != nil {
 			t.Fatal(err)
 		}
@@ -83,7 +90,7 @@ func newLimiterStrat(t *testing.T, f *fleet, b *bubble) strategyImpl {
 func (l *limiterStrat) client(hook redis.Hook) *redis.Client {
 	opts := &redis.Options{
 		Addr:                     "127.0.0.1:6379", // never dialled: the Dialer is
-		Dialer:                   func(context.Context, string, string) (net.Conn, error) { return l.m.Dial() },
+		Dialer:                   func(context.Context, string, string) (net.Conn, error) { return l.dial(), nil },
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 	}
 	global.Configure(opts)
@@ -93,6 +100,60 @@ func (l *limiterStrat) client(hook redis.Hook) *redis.Client {
 		c.AddHook(hook)
 	}
 	return c
+}
+
+// dial connects a client to miniredis over net.Pipe, as Miniredis.Dial does, but with
+// replies that never wait for the client to read them. A net.Pipe holds no bytes: over
+// it, a pipeline larger than miniredis's 4 KiB read buffer (a refund trip of some dozens
+// of keys) deadlocks, go-redis writing the rest of its commands while miniredis writes the
+// first reply, which go-redis reads only once it has written them all. A TCP connection's
+// buffers take both; replyConn takes the replies.
+func (l *limiterStrat) dial() net.Conn {
+	c, s := net.Pipe()
+	l.m.Server().ServeConn(newReplyConn(s))
+	return c
+}
+
+// replyConn is miniredis's end of a net.Pipe: its writes (the replies, one Write per
+// command) are queued and forwarded in order by a goroutine of their own, which ends
+// when the connection is closed (miniredis closes it when the client leaves and when it
+// closes).
+type replyConn struct {
+	net.Conn
+	out    chan []byte
+	closed chan struct{}
+	once   sync.Once
+}
+
+func newReplyConn(c net.Conn) *replyConn {
+	r := &replyConn{Conn: c, out: make(chan []byte, 1<<14), closed: make(chan struct{})}
+	go func() {
+		for {
+			select {
+			case p := <-r.out:
+				if _, err := r.Conn.Write(p); err != nil {
+					return
+				}
+			case <-r.closed:
+				return
+			}
+		}
+	}()
+	return r
+}
+
+func (r *replyConn) Write(p []byte) (int, error) {
+	select {
+	case r.out <- bytes.Clone(p):
+		return len(p), nil
+	case <-r.closed:
+		return 0, net.ErrClosed
+	}
+}
+
+func (r *replyConn) Close() error {
+	r.once.Do(func() { close(r.closed) })
+	return r.Conn.Close()
 }
 
 // since is the virtual instant of the bubble's clock.
@@ -183,12 +244,14 @@ func (l *limiterStrat) end() {
 
 func (l *limiterStrat) report(sc *Scenario, res *Result) { l.log.report(sc, res) }
 
-// roundTrip is one round trip of n script commands: what redisSim.roundTrip does to the
-// simulator's calls. run sends them to miniredis.
-func (l *limiterStrat) roundTrip(ctx context.Context, n int, run func(context.Context) error) error {
+// roundTrip is one round trip of n commands that keep Redis busy for cost: what
+// redisSim.roundTrip does to the simulator's calls. run sends them to miniredis and
+// returns the Redis time of what they answered (a windowed trip's read), known only
+// once they ran; as in the simulator, they run when they arrive, in arrival order, with
+// Redis's clock at the instant Redis gets to them.
+func (l *limiterStrat) roundTrip(ctx context.Context, n int, cost time.Duration, run func(context.Context) (time.Duration, error)) error {
 	sc := l.f.sc
 	oneWay := sc.RTT / 2
-	cost := time.Duration(n) * sc.ScriptTime
 	l.mu.Lock()
 	if l.since() <= sc.Duration {
 		l.calls += int64(n)
@@ -201,58 +264,122 @@ func (l *limiterStrat) roundTrip(ctx context.Context, n int, run func(context.Co
 	time.Sleep(oneWay)
 	arrive := l.since()
 	if sc.Outage.Contains(arrive) {
-		<-ctx.Done() // a black hole: only the caller's deadline ends the wait
+		// A black hole: only the caller's deadline ends the wait, and the call returns
+		// once breaker.Do has given it up, as the simulator's calls are (no answer:
+		// Trip.Answered false). Were it to return at the deadline's very instant, it would
+		// race Do's own timer, and a batch (hybrid.Limiter.doBatch) that wins that race
+		// is Answered with every item timed out, which the engine takes otherwise (a
+		// debt trip's items owed again one by one rather than the trip sent again whole).
+		<-ctx.Done()
+		time.Sleep(time.Nanosecond) // Do returns first: it is runnable at the deadline
 		return ctx.Err()
 	}
+	l.exec <- struct{}{} // a channel, not a mutex: waiting for it is durable in the bubble
 	l.mu.Lock()
 	start := max(arrive, l.busyUntil)
 	l.busyUntil = start + cost
 	if start < sc.Duration {
 		l.busy += min(cost, sc.Duration-start)
 	}
+	l.mu.Unlock()
+	l.m.SetTime(epoch.Add(start))
+	read, err := run(ctx)
+	l.mu.Lock()
+	l.busyUntil += read // delays what follows, as the simulator's readCost does
+	if arrive < sc.Duration {
+		l.busy += read
+	}
 	end := l.busyUntil
 	l.mu.Unlock()
-	time.Sleep(start - arrive)
-	l.exec.Lock()
-	l.m.SetTime(epoch.Add(start))
-	err := run(ctx)
-	l.exec.Unlock()
+	<-l.exec
 	time.Sleep(end + oneWay - l.since())
 	return err
 }
 
-// netHook sends every script round trip of a client through limiterStrat.roundTrip.
+// netHook sends every script round trip of a client, and every pipeline of a windowed
+// limit's exchange (global.Store.Windows: plain commands), through
+// limiterStrat.roundTrip, charged as the simulator charges them (hybridStrat's trip).
 type netHook struct{ l *limiterStrat }
 
 func (netHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (h netHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if !isScript(cmd) {
+		_, cost, ok := h.l.cost(cmd)
+		if !ok {
 			return next(ctx, cmd)
 		}
-		return h.l.roundTrip(ctx, 1, func(ctx context.Context) error { return next(ctx, cmd) })
+		return h.l.roundTrip(ctx, 1, cost, func(ctx context.Context) (time.Duration, error) {
+			err := next(ctx, cmd)
+			return readCostOf(cmd), err
+		})
 	}
 }
 
 func (h netHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		n := 0
+		n, cost := 0, time.Duration(0)
 		for _, c := range cmds {
-			if isScript(c) {
-				n++
+			if m, d, ok := h.l.cost(c); ok {
+				n, cost = n+m, cost+d
 			}
 		}
 		if n == 0 {
 			return next(ctx, cmds)
 		}
-		return h.l.roundTrip(ctx, n, func(ctx context.Context) error { return next(ctx, cmds) })
+		return h.l.roundTrip(ctx, n, cost, func(ctx context.Context) (time.Duration, error) {
+			err := next(ctx, cmds)
+			var read time.Duration
+			for _, c := range cmds {
+				read += readCostOf(c)
+			}
+			return read, err
+		})
 	}
 }
 
-func isScript(c redis.Cmder) bool {
-	name := strings.ToLower(c.Name())
-	return name == "evalsha" || name == "eval"
+// cost is what the simulator counts for command c (hybridStrat's trip): the calls and
+// their Redis time. A script is one call of ScriptTime; a low-key exchange (lua.Low),
+// lowCost's: a plain command's time besides for each key it marks or unmarks. The
+// commands of a windowed exchange are windowCost's; its read's time, which depends on
+// its answer, is readCostOf's. ok is false for a command the simulator does not model
+// (connection set-up), which goes straight to miniredis.
+func (l *limiterStrat) cost(c redis.Cmder) (n int, cost time.Duration, ok bool) {
+	sc := l.f.sc
+	args := c.Args()
+	switch strings.ToLower(c.Name()) {
+	case "evalsha", "eval":
+		// EVALSHA sha numkeys key memory n ids... unmark...
+		if len(args) >= 6 && (args[1] == lua.Low.Hash() || args[1] == lua.LowSource) {
+			return 1, sc.ScriptTime + time.Duration(len(args)-6)*sc.CommandTime, true
+		}
+		return 1, sc.ScriptTime, true
+	case "time", "zremrangebyscore", "pexpire":
+		return 1, coldCost.zCall, true
+	case "bitfield": // BITFIELD key OVERFLOW SAT INCRBY type offset n ...
+		cost = coldCost.bfCall
+		for _, a := range args {
+			if s, ok := a.(string); ok && strings.EqualFold(s, "incrby") {
+				cost += coldCost.bfSub
+			}
+		}
+		return 1, cost, true
+	case "pexpireat":
+		return 1, coldCost.expire, true
+	case "zadd": // ZADD key score member ...
+		return 1, coldCost.zCall + time.Duration((len(args)-2)/2)*coldCost.zMember, true
+	case "zrangebyscore":
+		return 1, 0, true
+	}
+	return 0, 0, false
+}
+
+// readCostOf is the Redis time of c's answer: readCost's for a windowed exchange's read.
+func readCostOf(c redis.Cmder) time.Duration {
+	if z, ok := c.(*redis.ZSliceCmd); ok && strings.EqualFold(c.Name(), "zrangebyscore") {
+		return coldCost.zCall + time.Duration(len(z.Val()))*coldCost.zRead
+	}
+	return 0
 }
 
 // comparable is a Result without what only one of the two runs measures: wall time and
@@ -267,7 +394,9 @@ func comparable(r Result) Result {
 // events) and once as real hybrid.Limiters (goroutines, go-redis, the breaker) in the
 // simulator's synctest bubble. Both drive the same engine at the same instants, so
 // every figure must be identical: admissions, Redis calls and round trips, the source of
-// every decision, latencies, the timeline, the breakers, the outage.
+// every decision, latencies, the timeline, the breakers, the outage. It covers the three
+// kinds of limit: exact (Hybrid), charge-later (HybridAsync: charges and low-key
+// exchanges) and windowed (HybridWindow: the windowed exchanges' pipelines).
 func TestSimTracksLimiter(t *testing.T) {
 	t.Parallel() // beside the other long tests of the package: two cores stay busy
 	outage := Window{Start: time.Second, End: 2 * time.Second}
@@ -286,18 +415,31 @@ func TestSimTracksLimiter(t *testing.T) {
 		// with heartbeats.
 		{Name: "churn", Servers: 10, Duration: 3 * time.Second, Rate: 2000, Burst: 200, Demand: 3000, Policy: FailLocal,
 			Churn: []Change{{At: 700 * time.Millisecond, Servers: 6}, {At: 1400 * time.Millisecond, Servers: 12}}, Heartbeat: 300 * time.Millisecond},
+		// The charge-later kind.
+		{Name: "charge-later keys", Servers: 10, Duration: 2 * time.Second, Rate: 50, Burst: 50, Demand: 3000, Keys: 100, Policy: FailLocal, Async: DefaultAsync},
+		{Name: "charge-later outage", Servers: 10, Duration: 3 * time.Second, Rate: 50, Burst: 50, Demand: 3000, Keys: 100, Outage: outage, Policy: FailLocal, Async: DefaultAsync},
+		// The windowed kind.
+		{Name: "windowed keys", Servers: 10, Duration: 2 * time.Second, Rate: 50, Burst: 50, Demand: 3000, Keys: 100, Policy: FailLocal, Windowed: DefaultWindowed},
+		{Name: "windowed outage", Servers: 10, Duration: 3 * time.Second, Rate: 50, Burst: 50, Demand: 3000, Keys: 100, Outage: outage, Policy: FailLocal, Windowed: DefaultWindowed},
 	}
 	for _, sc := range cases {
 		sc.Jitter = -1 // no draws from the run's random stream for the network
+		st := Hybrid
+		switch {
+		case sc.Async > 0:
+			st = HybridAsync
+		case sc.Windowed > 0:
+			st = HybridWindow
+		}
 		t.Run(sc.Name, func(t *testing.T) {
 			t.Parallel()
-			sim, err := Run(t, sc, Hybrid)
+			sim, err := Run(t, sc, st)
 			if err != nil {
 				t.Fatal(err)
 			}
 			var prod Result
 			synctest.Test(t, func(t *testing.T) {
-				prod, err = simulate(sc, Hybrid, true, func(f *fleet, b *bubble) strategyImpl { return newLimiterStrat(t, f, b) })
+				prod, err = simulate(sc, st, true, func(f *fleet, b *bubble) strategyImpl { return newLimiterStrat(t, f, b) })
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -333,6 +475,12 @@ func hybridLimit(c engine.LimitConfig) hybrid.Limit {
 		Name: c.Name, Rate: c.Rate, Burst: c.Burst, Policy: c.Policy, PreRate: c.PreRate, PreBurst: c.PreBurst,
 		MaxWait: c.MaxWait, MaxCost: c.MaxCost, MaxKeys: c.MaxKeys, Version: c.Version,
 		Lease: hybrid.LeaseTuning{RefillInterval: c.RefillInterval, Lifetime: c.Lifetime, LowWatermark: c.LowWatermark},
+	}
+	switch {
+	case c.Async > 0:
+		l.Mode = hybrid.ChargeLater(c.Async)
+	case c.Windowed > 0:
+		l.Mode = hybrid.Windowed(c.Windowed)
 	}
 	for _, t := range c.Tiers {
 		l.Tiers = append(l.Tiers, hybrid.Tier(t))
