@@ -83,10 +83,13 @@
 //     the charge-later schedule (laterSched) by Engine.mu, but for its atomics;
 //   - a windowed limit's queue of work for Redis and what it knows of the fleet (marks,
 //     Redis's clock, its reads) by that limit's windowed.mu, taken under a key's lock or
-//     Engine.mu or alone, and never around anything else. Every decision of a windowed
-//     limit takes it, so such a limit's decisions do not run in parallel on one server.
-//     An answer finds its key with Peek: a key evicted while its op was out is not made
-//     again, and its requests are decided from the op alone.
+//     Engine.mu or alone, and never around anything else. A decision takes it only when
+//     it has something to queue or learn: a key served from its grants with nothing to
+//     ask is decided under its own lock alone (fastDecide), reading the few fields of
+//     the limit it needs as atomics (whether it started, stopped or is warm, whether a
+//     trip is due, Redis's clock offset, the marks' generation). An answer finds its key
+//     with Peek: a key evicted while its op was out is not made again, and its requests
+//     are decided from the op alone.
 //
 // Lock order: Waiter.mu, then a key's shard lock or Engine.mu. Decide, GiveUp and Tick may
 // be called from any goroutine; Next, Done and Stop belong to the driver's loop, one
