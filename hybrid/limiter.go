@@ -62,8 +62,8 @@ type Limit struct {
 	// default (docs/failure-policies.md helps choose).
 	Policy breaker.Policy
 	// Mode is the limit's kind: Exact() (the default), ChargeLater(within) or
-	// Windowed(report). SetLimit refuses to make a limit Windowed or not, or to change
-	// a Windowed limit's report interval (docs/limits.md).
+	// Windowed(report). SetLimit refuses to change a limit's kind, or a Windowed limit's
+	// report interval; a ChargeLater limit's duration may change (docs/limits.md).
 	Mode Mode
 	// PreRate and PreBurst set a tighter per-server pre-check, a local bucket per key
 	// consulted before anything else, which stops a hot key on one server without Redis.

@@ -16,9 +16,9 @@ func (l *Limiter) Limits() []Limit {
 }
 
 // SetLimit changes the limit named lim.Name while the Limiter runs: its Rate, Burst,
-// Tiers, pre-check, Policy, MaxWait and Lease. MaxKeys cannot change, nor a Windowed
-// limit's Mode, Rate and Burst, nor can a limit become Windowed (remove the limit and add
-// it again). Nothing is dropped: requests being decided finish on the old
+// Tiers, pre-check, Policy, MaxWait and Lease, and a ChargeLater limit's duration.
+// MaxKeys cannot change, nor a limit's kind (its Mode), nor a Windowed limit's report
+// interval, Rate and Burst (remove the limit and add it again). Nothing is dropped: requests being decided finish on the old
 // configuration, later ones run on the new. Each key moves to it on its next request
 // on this server; where its Rate, Burst or pre-check changed, that server gives back the
 // tokens it leased for the key first, and the key's bucket in Redis takes the new Rate
