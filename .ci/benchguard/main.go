@@ -1,0 +1,150 @@
+// Command benchguard keeps the hot path from drifting: it runs hybrid's hot-path
+// benchmarks interleaved against their bare x/time/rate baselines (one test binary, runs
+// alternating, medians), prints every ratio, and fails when one is above its ceiling or
+// a hot path allocates.
+//
+//	go run ./.ci/benchguard [-runs 5] [-benchtime 300ms]
+//
+// A ceiling is the ratio the code reaches today, measured on a 2-core machine, times the
+// margin: the spread of that ratio between runs there, quiet and loaded (see -margin).
+// Lower a ceiling when the hot path gets faster; never raise one to make CI pass.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// pair is a hot path, its baseline, and the ratio of their medians it must stay under
+// (before the margin).
+type pair struct {
+	hot, base string
+	ceiling   float64
+}
+
+// pairs are the hot paths: a lease hit on one key and on 10,000, and on one key from
+// GOMAXPROCS goroutines; three items all or nothing; a windowed key served from its
+// grants. (AllowLease10kKeysParallel is left out: its warm-up alone takes 30 s.)
+// Ceilings: the median ratio of 5 interleaved runs at 04c0a38 on the project's 2-core
+// machine, quiet (2.30, 4.80, 1.72, 7.87, 3.17), rounded up to a tenth.
+var pairs = []pair{
+	{"BenchmarkAllowLease", "BenchmarkBareRateAllow", 2.4},
+	{"BenchmarkAllowLease10kKeys", "BenchmarkBareRateAllow10kKeys", 4.9},
+	{"BenchmarkAllowLeaseParallel", "BenchmarkBareRateAllowParallel", 1.8},
+	{"BenchmarkAllowMulti", "BenchmarkBareRateAllow", 7.9},
+	{"BenchmarkAllowWindowed", "BenchmarkBareRateAllow", 3.2},
+}
+
+func main() {
+	runs := flag.Int("runs", 5, "interleaved runs of every benchmark")
+	benchtime := flag.String("benchtime", "300ms", "each benchmark's -test.benchtime")
+	// With both cores of the 2-core machine kept busy by two other processes, the ratios
+	// rose by 6% (AllowMulti) to 38% (AllowWindowed) over the quiet run: 1.4 covers that.
+	margin := flag.Float64("margin", 1.4, "how far above its ceiling a ratio may be: the noise of a loaded 2-core machine")
+	flag.Parse()
+	if err := run(*runs, *benchtime, *margin); err != nil {
+		fmt.Fprintln(os.Stderr, "benchguard:", err)
+		os.Exit(1)
+	}
+}
+
+func run(runs int, benchtime string, margin float64) error {
+	dir, err := os.MkdirTemp("", "benchguard")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	bin := filepath.Join(dir, "hybrid.test")
+	if out, err := exec.Command("go", "test", "-c", "-o", bin, "./hybrid").CombinedOutput(); err != nil {
+		return fmt.Errorf("building the benchmarks: %v\n%s", err, out)
+	}
+	var names []string
+	for _, p := range pairs {
+		names = append(names, p.hot, p.base)
+	}
+	slices.Sort(names)
+	names = slices.Compact(names)
+	pattern := "^(" + strings.Join(names, "|") + ")$"
+	ns := map[string][]float64{}
+	allocs := map[string]float64{}
+	for i := range runs {
+		cmd := exec.Command(bin, "-test.run", "^$", "-test.bench", pattern, "-test.benchmem", "-test.benchtime", benchtime)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("run %d: %v\n%s", i+1, err, out)
+		}
+		if err := parse(out, ns, allocs); err != nil {
+			return fmt.Errorf("run %d: %v", i+1, err)
+		}
+	}
+	fmt.Printf("hot path against bare x/time/rate: %d interleaved runs of %s, medians; a ratio fails above ceiling × %.2f\n", runs, benchtime, margin)
+	fmt.Printf("%-36s %10s %10s %7s %8s %7s\n", "hot path", "ns/op", "bare ns", "ratio", "ceiling", "allocs")
+	var failed []string
+	for _, p := range pairs {
+		h, b := median(ns[p.hot]), median(ns[p.base])
+		if h == 0 || b == 0 {
+			return fmt.Errorf("no result for %s or %s", p.hot, p.base)
+		}
+		r := h / b
+		fmt.Printf("%-36s %10.1f %10.1f %7.2f %8.2f %7.0f\n", strings.TrimPrefix(p.hot, "Benchmark"), h, b, r, p.ceiling, allocs[p.hot])
+		if r > p.ceiling*margin {
+			failed = append(failed, fmt.Sprintf("%s is %.2f× %s, above %.2f × %.2f", p.hot, r, p.base, p.ceiling, margin))
+		}
+		if allocs[p.hot] > 0 {
+			failed = append(failed, fmt.Sprintf("%s allocates %.0f per op", p.hot, allocs[p.hot]))
+		}
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("the hot path drifted:\n  %s", strings.Join(failed, "\n  "))
+	}
+	return nil
+}
+
+// parse adds the ns/op of every benchmark line of out to ns, and its allocs/op (the
+// largest seen) to allocs.
+func parse(out []byte, ns map[string][]float64, allocs map[string]float64) error {
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 4 || !strings.HasPrefix(f[0], "Benchmark") {
+			continue
+		}
+		name := f[0]
+		if i := strings.LastIndexByte(name, '-'); i > 0 {
+			name = name[:i] // the GOMAXPROCS suffix
+		}
+		for i := 2; i+1 < len(f); i += 2 {
+			v, err := strconv.ParseFloat(f[i], 64)
+			if err != nil {
+				return fmt.Errorf("%q: %v", sc.Text(), err)
+			}
+			switch f[i+1] {
+			case "ns/op":
+				ns[name] = append(ns[name], v)
+			case "allocs/op":
+				allocs[name] = max(allocs[name], v)
+			}
+		}
+	}
+	return sc.Err()
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
