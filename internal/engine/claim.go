@@ -81,6 +81,7 @@ func (e *Engine) decideClaim(f *Flight, w, self *Waiter, d Decision, granted int
 	lm := w.lim
 	if w.decided || !d.Allowed {
 		if granted > 0 { // given up on, or (not reached: a claim is all or nothing) short
+			lm.stats.claimsBack.Add(int64(granted))
 			e.queueRefund(lm, f.shape, f.key, granted)
 		}
 		if w.decided {
@@ -98,5 +99,6 @@ func (e *Engine) decideClaim(f *Flight, w, self *Waiter, d Decision, granted int
 // only if the bucket still has sh's parameters.
 func (e *Engine) CancelClaim(lm *Limit, sh *Shape, key string, n int) {
 	lm.stats.reserved.Add(-int64(n))
+	lm.stats.claimsBack.Add(int64(n))
 	e.queueRefund(lm, sh, wire.KeyID(key), n)
 }

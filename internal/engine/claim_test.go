@@ -114,3 +114,40 @@ func TestClaimRefusedAtOnce(t *testing.T) {
 		t.Fatalf("a take was planned: %+v", trip.Takes)
 	}
 }
+
+// TestClaimKeepsHeld: a claim's tokens given back go out as refunds, but were never
+// leased: the tokens the key's lease holds (Held) stay what they were.
+func TestClaimKeepsHeld(t *testing.T) {
+	e, lm := testEngine(t, nil)
+	now := t0
+	for range 20 { // a request a millisecond: the refills grow with the demand
+		now = now.Add(ms)
+		if _, w := decide(e, now, lm, "k", 1); w != nil {
+			trip := e.Next()
+			answerAll(trip)
+			e.Done(now, trip)
+		}
+	}
+	held := lm.Stats().Held
+	if held == 0 {
+		t.Fatal("the lease holds nothing: nothing to test")
+	}
+	var d Decision
+	w := e.Claim(now, lm, "k", 3, &d)
+	trip := e.Next()
+	trip.TakeResults[0].Granted, trip.Answered = 3, true
+	e.Done(now, trip)
+	if !w.Decision().Allowed {
+		t.Fatalf("claim: %+v", w.Decision())
+	}
+	e.CancelClaim(lm, lm.Shape(""), "k", 3)
+	trip = e.Next()
+	if trip == nil || trip.Kind != RefundTrip {
+		t.Fatalf("Next = %+v, want the claim's refund", trip)
+	}
+	trip.Answered = true
+	e.Done(now, trip)
+	if st := lm.Stats(); st.Held != held || st.Refunded != 3 {
+		t.Fatalf("after a claim given back: Held %d (was %d), Refunded %d (want 3)", st.Held, held, st.Refunded)
+	}
+}

@@ -25,7 +25,8 @@ type LimitStats struct {
 	// RefundsLost those whose refund failed (they stay spent).
 	Granted, Refunded, RefundsLost int64
 	// Held is the leased tokens not yet spent, given back or lost: what this server may
-	// still admit without asking Redis (including tokens queued for a refund).
+	// still admit without asking Redis (including tokens queued for a refund, a
+	// canceled claim's among them until they go).
 	Held int64
 	// LostBuckets counts buckets found lost: a take answered that the bucket held no
 	// record of this server, which had taken from it within the record's lifetime.
@@ -66,6 +67,7 @@ type limitCounters struct {
 	reshaped                       atomic.Int64
 	owed, charged, forgiven        atomic.Int64
 	reserved                       atomic.Int64
+	claimsBack                     atomic.Int64 // claimed tokens queued back to their buckets: refunds of tokens never leased
 }
 
 // decisionCounters are one shard of a limit's decision counters. extra is the tokens
@@ -123,7 +125,8 @@ func (lm *Limit) Stats() LimitStats {
 	}
 	s.Takes, s.RefillErrors = c.takes.Load(), c.refillErrors.Load()
 	s.Granted, s.Refunded, s.RefundsLost = c.granted.Load(), c.refunded.Load(), c.refundsLost.Load()
-	s.Held = max(s.Granted-spent-s.Refunded-s.RefundsLost, 0)
+	// A claim's tokens given back go out as refunds, but were never leased.
+	s.Held = max(s.Granted-spent-s.Refunded-s.RefundsLost+c.claimsBack.Load(), 0)
 	s.Reshaped = c.reshaped.Load()
 	s.Owed, s.Charged, s.Forgiven = c.owed.Load(), c.charged.Load(), c.forgiven.Load()
 	s.Reserved = c.reserved.Load()
