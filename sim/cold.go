@@ -10,8 +10,7 @@ import (
 // one-key script call costs ScriptTime, 8 µs). Measured with TestRedisCost on redis-server
 // 7.0.15 on the 2-vCPU machine of these figures:
 //
-//	redis-server --port 6391 --save '' --daemonize yes
-//	go test ./sim -run TestRedisCost -v -args -rediscost localhost:6391
+//	go test ./sim -run TestRedisCost -v -args -rediscost
 //
 // lua.Take cost 13.6-14.2 µs per call there; the multi-key take 8.6-8.7 µs per key at
 // 64-256 keys per call (14.3 µs with one key), and the leanest charge (one string per

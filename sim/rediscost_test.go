@@ -11,10 +11,11 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fleetlimit/fleetlimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/lua"
 )
 
-var redisCostAddr = flag.String("rediscost", "", "measure the Redis cost of the take script and of a multi-key take on the redis-server at this address (TestRedisCost)")
+var redisCost = flag.Bool("rediscost", false, "measure the Redis cost of the take script and of a multi-key take on a redis-server of the test's own (TestRedisCost)")
 
 // multiTakeSource is the experimental multi-key script whose cost the cold-key strategies
 // model: for each KEYS[i], the bucket update of take.lua (HMGET tokens, ts and the server's
@@ -112,20 +113,18 @@ return out
 // TestRedisCost measures, on a real redis-server, what one script call costs Redis: the
 // lease take script (lua.Take, one key per call) and the multi-key take above with N keys
 // per call, from INFO commandstats (Redis's own time executing EVALSHA, network excluded).
-// The per-call and per-key figures of the cold-key scenarios (coldCost) come from it:
+// The per-call and per-key figures of the cold-key scenarios (coldCost) come from it. It
+// starts a redis-server of its own (the resets of its statistics and its 100,000 keys
+// touch nothing else):
 //
-//	redis-server --port 6391 --save '' --daemonize yes
-//	go test ./sim -run TestRedisCost -v -args -rediscost localhost:6391
+//	go test ./sim -run TestRedisCost -v -args -rediscost
 func TestRedisCost(t *testing.T) {
-	if *redisCostAddr == "" {
-		t.Skip("needs -rediscost ADDR of a redis-server to measure")
+	if !*redisCost {
+		t.Skip("a measurement: run it with -rediscost")
 	}
 	ctx := context.Background()
-	c := redis.NewClient(&redis.Options{Addr: *redisCostAddr})
+	c := redistest.StartServer(t).Client()
 	defer c.Close()
-	if err := c.FlushAll(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
 	stat := func(cmd string) (calls, usec float64) {
 		s, err := c.Info(ctx, "commandstats").Result()
 		if err != nil {
