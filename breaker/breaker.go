@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -440,7 +438,7 @@ func (b *Breaker) finish(done func(error), ctx, cctx context.Context, err error,
 			return fmt.Errorf("breaker: call abandoned: %w", err)
 		}
 		return err
-	case cctx.Err() != nil && isTimeout(err):
+	case cctx.Err() != nil && storeerr.IsTimeout(err):
 		// The deadline passed: the store did not answer in time.
 		b.stats.timeouts.Add(1)
 		switch {
@@ -490,15 +488,6 @@ func (e *timeoutError) Is(target error) bool {
 }
 
 func (e *timeoutError) Unwrap() error { return e.cause }
-
-// isTimeout reports whether err is a deadline or timeout error.
-func isTimeout(err error) bool {
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
-		return true
-	}
-	var netErr net.Error
-	return errors.As(err, &netErr) && netErr.Timeout()
-}
 
 // dispatch calls OnStateChange for the queued state changes, in order, with
 // no lock held; one goroutine dispatches at a time.

@@ -16,6 +16,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/internal/engine"
+	"github.com/fleetlimit/fleetlimit/internal/storeerr"
 )
 
 // Errors of the Limiter. Being denied is not an error, and neither is a Redis failure:
@@ -583,15 +584,21 @@ func (l *Limiter) do(ctx context.Context, t *engine.Trip) {
 }
 
 // doBatch runs one batch call (TakeBatch, RefundBatch, or a low-key exchange per
-// limit, writing each item's answer to its out) through the breaker. An item that found the store unavailable
-// fails the call for the breaker to count; other item errors are read from out.
-// answered reports that the call itself returned, so out holds every item's answer
-// even when err is set; if not (breaker open, deadline), out must not be read: the
-// call may still be running.
+// limit, writing each item's answer to its out) through the breaker. An item that found
+// the store unavailable fails the call for the breaker to count; other item errors are
+// read from out. answered reports that the call itself returned with answers, so out
+// holds every item's answer even when err is set; if not (breaker open, deadline), out
+// must not be read: the call may still be running. A call that returns a deadline
+// (storeerr.IsTimeout: the client's own, or the breaker's at the instant Do gives up)
+// has no answers either: what it sent may have run in Redis or not, so a refund or debt
+// trip goes again with its sequence numbers, never owed again as if refused.
 func (l *Limiter) doBatch(ctx context.Context, call func(ctx context.Context) error) (answered bool, err error) {
 	var done atomic.Bool
 	err = l.brk.Do(ctx, func(ctx context.Context) error {
 		err := call(ctx)
+		if storeerr.IsTimeout(err) {
+			return err
+		}
 		done.Store(true)
 		if global.IsUnavailable(err) {
 			return err

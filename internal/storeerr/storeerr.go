@@ -1,5 +1,6 @@
-// Package storeerr holds the error classes of fleetlimit's Redis tier and the one
-// rule that says which errors mean that the store did not answer. Package global
+// Package storeerr holds the error classes of fleetlimit's Redis tier, the one rule
+// that says which errors mean that the store did not answer, and the one that says
+// which are a deadline that passed (IsTimeout). Package global
 // exports both (global.ErrUnavailable and the other classes, global.IsUnavailable);
 // package breaker applies the rule as its default Settings.IsFailure, so a breaker
 // built by hand counts exactly the failures the hybrid limiter's own breaker counts.
@@ -8,6 +9,8 @@ package storeerr
 import (
 	"context"
 	"errors"
+	"net"
+	"os"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -67,3 +70,14 @@ func Class(err error) error {
 
 // IsUnavailable reports whether Class(err) is ErrUnavailable.
 func IsUnavailable(err error) bool { return Class(err) == ErrUnavailable }
+
+// IsTimeout reports whether err is a deadline that passed: the context's, or a
+// connection's read or write deadline. A call that ends so may have run in Redis or
+// not: its answer is unknown.
+func IsTimeout(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
+		return true
+	}
+	var netErr net.Error
+	return errors.As(err, &netErr) && netErr.Timeout()
+}
