@@ -5,17 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/breaker"
 )
 
-// TestDoBatchDeadlineIsNoAnswer: a batch call that ends in a deadline, its client's own
-// or the breaker's, has no answers (what it sent may have run in Redis): answered is
-// false, so the engine sends a refund or debt trip again with its sequence numbers
-// instead of owing its items again as if Redis had refused them. A call that returned
-// answers, with item errors or none, is answered.
+// TestDoBatchDeadlineIsNoAnswer: a batch call that returns once the breaker's deadline
+// passed, with that deadline as its error, has no answers (what it sent may have run in
+// Redis): answered is false, so the engine sends a refund or debt trip again with its
+// sequence numbers instead of owing its items again as if Redis had refused them. A
+// call that returned answers, with item errors or none (one node's read deadline
+// among them), is answered.
 func TestDoBatchDeadlineIsNoAnswer(t *testing.T) {
 	brk, err := breaker.New(breaker.Settings{Name: "t", Timeout: 50 * time.Millisecond})
 	if err != nil {
@@ -29,10 +31,14 @@ func TestDoBatchDeadlineIsNoAnswer(t *testing.T) {
 	}{
 		{"answers", func(context.Context) error { return nil }, true},
 		{"an item's Redis error", func(context.Context) error { return errors.New("ERR wrong number of arguments") }, true},
-		{"the client's read deadline", func(context.Context) error {
+		{"one node's read deadline", func(context.Context) error {
+			return fmt.Errorf("global: redis unavailable: read: %w", os.ErrDeadlineExceeded)
+		}, true},
+		{"the breaker's deadline", func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }, false},
+		{"a read deadline at the breaker's", func(ctx context.Context) error {
+			<-ctx.Done()
 			return fmt.Errorf("global: redis unavailable: read: %w", os.ErrDeadlineExceeded)
 		}, false},
-		{"the breaker's deadline", func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }, false},
 	} {
 		answered, err := l.doBatch(context.Background(), tc.call)
 		if answered != tc.answered {
@@ -41,5 +47,51 @@ func TestDoBatchDeadlineIsNoAnswer(t *testing.T) {
 		if !answered && err == nil {
 			t.Errorf("%s: not answered, and no error to say why", tc.name)
 		}
+	}
+
+	// The race itself: the call returns at the very instant its deadline passes, so the
+	// breaker finds both ready and reads the call's result one time in two. A manual
+	// clock fires the deadline from inside the call.
+	clk := &manualClock{}
+	brk, err = breaker.New(breaker.Settings{Name: "race", Timeout: time.Hour, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l = &Limiter{brk: brk}
+	for i := range 40 {
+		answered, err := l.doBatch(context.Background(), func(ctx context.Context) error {
+			clk.fire()
+			<-ctx.Done()
+			return ctx.Err()
+		})
+		if answered || err == nil {
+			t.Fatalf("try %d: a call that returned its passed deadline was answered %v (err %v)", i, answered, err)
+		}
+	}
+}
+
+// manualClock is a breaker.Clock whose timers fire when fire is called.
+type manualClock struct {
+	mu sync.Mutex
+	fs []func()
+}
+
+func (*manualClock) Now() time.Time { return time.Unix(0, 0) }
+
+func (c *manualClock) AfterFunc(_ time.Duration, f func()) func() bool {
+	c.mu.Lock()
+	c.fs = append(c.fs, f)
+	c.mu.Unlock()
+	return func() bool { return false }
+}
+
+// fire runs the timers set so far, at once.
+func (c *manualClock) fire() {
+	c.mu.Lock()
+	fs := c.fs
+	c.fs = nil
+	c.mu.Unlock()
+	for _, f := range fs {
+		f()
 	}
 }

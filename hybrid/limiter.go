@@ -588,16 +588,18 @@ func (l *Limiter) do(ctx context.Context, t *engine.Trip) {
 // the store unavailable fails the call for the breaker to count; other item errors are
 // read from out. answered reports that the call itself returned with answers, so out
 // holds every item's answer even when err is set; if not (breaker open, deadline), out
-// must not be read: the call may still be running. A call that returns a deadline
-// (storeerr.IsTimeout: the client's own, or the breaker's at the instant Do gives up)
-// has no answers either: what it sent may have run in Redis or not, so a refund or debt
-// trip goes again with its sequence numbers, never owed again as if refused.
+// must not be read: the call may still be running. A call that returns once the
+// breaker's deadline passed, with that deadline as its error, has no answers either
+// (Do may read its result as it gives up): what it sent may have run in Redis or not,
+// so a refund or debt trip goes again with its sequence numbers, never owed again as if
+// refused. A deadline of one node's items before the breaker's stays theirs: the other
+// items' answers are read.
 func (l *Limiter) doBatch(ctx context.Context, call func(ctx context.Context) error) (answered bool, err error) {
 	var done atomic.Bool
 	err = l.brk.Do(ctx, func(ctx context.Context) error {
 		err := call(ctx)
-		if storeerr.IsTimeout(err) {
-			return err
+		if ctx.Err() != nil && storeerr.IsTimeout(err) {
+			return err // the whole call ran out of time: no answers
 		}
 		done.Store(true)
 		if global.IsUnavailable(err) {
