@@ -622,7 +622,8 @@ func (l *Limiter) Allow(ctx context.Context, limit, key string) (Decision, error
 // The error is non-nil only for a misuse (ErrUnknownLimit, ErrInvalidCost), after Close
 // (ErrClosed), or when ctx ends while waiting (ctx.Err()); the Decision then denies. A
 // Redis failure is not an error: the limit's policy decides, and the Decision says so.
-// Cost 0 is allowed and spends nothing.
+// Cost 0 is allowed and spends nothing; on a key this server never asked Redis about, its
+// Remaining is the burst (nothing is known against a full bucket).
 func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (Decision, error) {
 	return l.allowN(ctx, limit, "", key, n, l.onDecision)
 }

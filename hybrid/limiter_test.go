@@ -144,6 +144,26 @@ func TestLimiterSources(t *testing.T) {
 	})
 }
 
+// TestCostZeroOnANewKey: a cost-0 request on a key this server never asked Redis about
+// knows nothing against a full bucket, and says so (Remaining the burst, Reset 0), as
+// the first real request then does (burst - 1); it spends nothing and asks nothing.
+func TestCostZeroOnANewKey(t *testing.T) {
+	_, c := redistest.Mini(t)
+	l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1,
+		Limits: []hybrid.Limit{{Name: "api", Rate: 10, Burst: 20, Policy: breaker.FailClosed, MaxWait: time.Second}}})
+	ctx := context.Background()
+	d, err := l.AllowN(ctx, "api", "never-seen", 0)
+	if err != nil || !d.Allowed || d.Remaining != 20 || d.Reset != 0 {
+		t.Fatalf("AllowN(0) on a new key = %+v, %v; want allowed, Remaining 20, Reset 0", d, err)
+	}
+	if st := l.Stats(); st.Takes != 0 {
+		t.Fatalf("a cost-0 request asked Redis: %d takes", st.Takes)
+	}
+	if d, err = l.AllowN(ctx, "api", "never-seen", 1); err != nil || !d.Allowed || d.Remaining != 19 {
+		t.Fatalf("AllowN(1) after it = %+v, %v; want allowed, Remaining 19", d, err)
+	}
+}
+
 // TestLimiterPolicies breaks Redis (miniredis SetError) and checks each policy.
 func TestLimiterPolicies(t *testing.T) {
 	m, c := redistest.Mini(t)

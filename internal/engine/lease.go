@@ -216,6 +216,7 @@ type Lease struct {
 	refills  int64
 	answered int64 // offset of the last answered take, if took
 	took     bool
+	heard    bool // a refill was answered: bucket is what Redis said then
 }
 
 // NewLease returns an empty lease whose pacing jitter is drawn from seed. Give every
@@ -346,6 +347,11 @@ func (l *Lease) decide(c *LeaseConfig, t int64, n int, st *Step) {
 		st.Refill = l.start(want, need)
 	}
 	st.Remaining = l.tokens + l.bucket
+	if !l.heard {
+		// Nothing is known of the key's bucket yet (a cost-0 request on a new key): a
+		// bucket nobody took from is full, the likeliest; a refill's answer says better.
+		st.Remaining = c.Burst
+	}
 }
 
 // prefetch starts a refill when the tokens on hand fell below the low watermark, no refill
@@ -420,7 +426,7 @@ func (l *Lease) Granted(c *LeaseConfig, now time.Time, seq uint64, g Grant) (ref
 		l.tokens += granted
 		l.expires = t + int64(c.Lifetime)
 	}
-	l.bucket = 0
+	l.bucket, l.heard = 0, true
 	if g.Remaining > 0 {
 		l.bucket = int(min(g.Remaining, math.MaxInt32))
 	}
