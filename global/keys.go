@@ -31,8 +31,7 @@ func (s *Store) Key(name, key string) string {
 // KeyID is a user key in the form a server keeps it in memory: the key itself when Key
 // stores it verbatim, else '{' and the digest Key puts in the Redis key (33 bytes). An ID
 // is at most MaxKeyLen bytes whatever the key's length, and two keys share an ID exactly
-// when they share a bucket. TakeRequest.ID, RefundRequest.ID and TakeID name a bucket by
-// it; hybrid.Limiter holds every key it keeps (its lease, the refill in flight, a queued
+// when they share a bucket. TakeRequest.ID and RefundRequest.ID name a bucket by it; hybrid.Limiter holds every key it keeps (its lease, the refill in flight, a queued
 // refund) as its ID.
 type KeyID string
 

@@ -112,8 +112,9 @@ func FuzzKey(f *testing.F) {
 	})
 }
 
-// TestTakeID: a take named by a key's ID spends from the key's own bucket, whatever the
-// key's length; an ID that IDOf cannot return is refused before any call.
+// TestTakeID: a take named by a key's ID (TakeOne, TakeBatch) spends from the key's own
+// bucket, whatever the key's length; an ID that IDOf cannot return is refused before
+// any call.
 func TestTakeID(t *testing.T) {
 	s := keyStore(t)
 	ctx := context.Background()
@@ -123,12 +124,12 @@ func TestTakeID(t *testing.T) {
 		if _, err := s.Take(ctx, lim, key, 3, 1); err != nil {
 			t.Fatal(err)
 		}
-		g, err := s.TakeID(ctx, lim, global.IDOf(key), 10, 1)
+		g, err := s.TakeOne(ctx, global.TakeRequest{Limit: lim, ID: global.IDOf(key), Want: 10, Min: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if g.Granted != 7 {
-			t.Errorf("key %.20q: TakeID after a take of 3 granted %d, want the 7 left in the key's bucket", key, g.Granted)
+			t.Errorf("key %.20q: TakeOne by ID after a take of 3 granted %d, want the 7 left in the key's bucket", key, g.Granted)
 		}
 		out := make([]global.TakeResult, 1)
 		if err := s.TakeBatch(ctx, []global.TakeRequest{{Limit: lim, ID: global.IDOf(key), Want: 1, Min: 1}}, out); err != nil || out[0].Granted != 0 {
@@ -136,8 +137,8 @@ func TestTakeID(t *testing.T) {
 		}
 	}
 	for _, bad := range []global.KeyID{"{", "{abc", global.KeyID(long)} {
-		if _, err := s.TakeID(ctx, lim, bad, 1, 1); !errors.Is(err, global.ErrInvalidLimit) {
-			t.Errorf("TakeID(%.20q): %v, want ErrInvalidLimit", bad, err)
+		if _, err := s.TakeOne(ctx, global.TakeRequest{Limit: lim, ID: bad, Want: 1, Min: 1}); !errors.Is(err, global.ErrInvalidLimit) {
+			t.Errorf("TakeOne by ID %.20q: %v, want ErrInvalidLimit", bad, err)
 		}
 	}
 }

@@ -57,19 +57,6 @@ func (s *Store) Take(ctx context.Context, lim Limit, key string, want, min int) 
 	return s.take(ctx, lim, wire.BucketKey(s.prefix, lim.Name, key), want, min, 0)
 }
 
-// TakeID is Take for the key whose KeyID is id; an id that is not a KeyID is an error
-// wrapping ErrInvalidLimit.
-func (s *Store) TakeID(ctx context.Context, lim Limit, id KeyID, want, min int) (Grant, error) {
-	if err := checkTake(lim, want, min); err != nil {
-		return Grant{}, err
-	}
-	bkey, err := s.bucket(lim.Name, id)
-	if err != nil {
-		return Grant{}, err
-	}
-	return s.take(ctx, lim, bkey, want, min, 0)
-}
-
 // TakeOne is the take of one TakeRequest, its Floor included: a take with a floor grants
 // Want if the bucket holds Want - Floor tokens or more, and may leave it below zero
 // (down to -Floor); Grant.Wait is then how long until the bucket is back at zero, when

@@ -281,16 +281,15 @@ func (e *Engine) GiveUp(now time.Time, w *Waiter, why Reason) Decision {
 	return w.d
 }
 
-// recheck decides w again after its refill was answered: served, denied, or waiting for
-// the next refill. It reports whether w is decided now.
-func (e *Engine) recheck(now time.Time, w *Waiter) bool {
+// recheck decides w again after the refill of b it waited for was answered: served,
+// denied, or waiting for the next refill. It reports whether w is decided now.
+func (e *Engine) recheck(now time.Time, b *bucket, w *Waiter) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.decided { // the driver gave up on it
 		return false
 	}
 	lm := w.lim
-	b := lm.kind.(*bucket) // a refill's waiter: the limit is a bucket kind
 	var o outcome
 	if !lm.keys.Update(now, w.key, func(en *entry, t time.Time) {
 		b.decideKey(&o, en, t, w.tier, w.n, w)

@@ -47,25 +47,32 @@ type kind interface {
 // newKind is the kind c asks for, for the limit lm, and the least time its keys stay
 // held without a request (the key store's idle timeout is at least that).
 func newKind(lm *Limit, c LimitConfig, seed uint64) (kind, time.Duration) {
-	switch {
-	case c.Windowed > 0:
+	switch kindOf(c) {
+	case kindWindowed:
 		return newWindowed(lm, c, seed), windowMemory // a key stays over that long
-	case c.Async > 0:
-		cl := &chargeLater{lm: lm}
-		return &bucket{lm: lm, spill: cl}, 0
+	case kindChargeLater:
+		return &bucket{lm: lm, spill: &chargeLater{lm: lm}}, 0
 	}
 	return &bucket{lm: lm, spill: exact{}}, 0
 }
 
-// kindOf names the kind c asks for, to tell a change of kind (refused at run time).
+// The kinds' names, as kindOf gives them.
+const (
+	kindExact       = "exact"
+	kindChargeLater = "charge-later"
+	kindWindowed    = "windowed"
+)
+
+// kindOf names the kind c asks for: the one rule newKind makes a limit by, and by which
+// a change of kind is told (refused at run time).
 func kindOf(c LimitConfig) string {
 	switch {
 	case c.Windowed > 0:
-		return "windowed"
+		return kindWindowed
 	case c.Async > 0:
-		return "charge-later"
+		return kindChargeLater
 	}
-	return "exact"
+	return kindExact
 }
 
 // checkKind reports what is wrong with the kind c asks for: its duration, or what the

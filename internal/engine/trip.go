@@ -365,7 +365,7 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 		case gone && back >= w.n:
 			decided = e.grantGone(w, &back, g)
 		default:
-			decided = e.recheck(now, w)
+			decided = e.recheck(now, f.b, w)
 		}
 		if decided && w != self && e.decided != nil {
 			e.decided(w)

@@ -325,11 +325,18 @@ func (wl *windowed) fresh(now time.Time) bool {
 	return wl.warm.Load() && now.Sub(wl.lastRead) <= 2*windowRead
 }
 
-// wdecision is what decideWindow found under the key's lock.
+// wdecision is what decide found under the key's lock.
 type wdecision struct {
 	d    Decision
 	w    *Waiter
 	wake bool
+}
+
+// admit admits a request of cost n for the key of en (state st) at now, for r: its
+// pre-check spends, and the decision says what grants the key holds after it.
+func (o *wdecision) admit(en *entry, st *wkey, now time.Time, n int, r Reason) {
+	en.pre.AllowN(now, n)
+	o.d = Decision{Allowed: true, Remaining: max(0, st.grants), Source: SourceLease, Reason: r}
 }
 
 // decide decides a request of cost n of the key of entry en at now; it requires the
@@ -376,10 +383,7 @@ func (wl *windowed) decideKey(o *wdecision, en *entry, now time.Time, n int) {
 		wl.countDemand(st, en.key, n)
 	}
 	urgent := !over || wl.w < 4*wl.iv
-	admit := func(r Reason) {
-		en.pre.AllowN(now, n)
-		o.d = Decision{Allowed: true, Remaining: max(0, st.grants), Source: SourceLease, Reason: r}
-	}
+	admit := func(r Reason) { o.admit(en, st, now, n, r) }
 	deny := func() {
 		o.d = Decision{Source: SourceLease, Reason: ReasonPaced, RetryAfter: wl.retry(st, now)}
 	}
@@ -480,8 +484,7 @@ func (wl *windowed) fastDecide(o *wdecision, en *entry, now time.Time, n int) bo
 	st.ewc, st.ewAt = ewc, at(now)
 	st.often, st.perSec = often, perSec
 	st.grants -= n
-	en.pre.AllowN(now, n)
-	o.d = Decision{Allowed: true, Remaining: max(0, st.grants), Source: SourceLease, Reason: ReasonLease}
+	o.admit(en, st, now, n, ReasonLease)
 	o.wake = wl.due.Load()
 	return true
 }
