@@ -256,13 +256,14 @@ func (h *hybridStrat) decided(s *server, hs *hybridServer, w *engine.Waiter) {
 	}
 	if q, ok := hs.waiting[w]; ok {
 		delete(hs.waiting, w)
-		if d := w.Decision(); h.f.sc.Reserve && d.Claimable() {
+		d := w.Decision()
+		if h.f.sc.Reserve && d.Claimable() {
 			// The claim is made once the engine call that decided w has returned (the
 			// callback must not call the engine), at the same instant.
 			h.f.e.after(0, func() { h.settle(s, hs, q, d); h.wake(s, hs) })
 			return
 		}
-		h.record(q, w.Decision())
+		h.record(q, d)
 	}
 }
 
