@@ -175,6 +175,7 @@ type Settings struct {
 // goroutines; it starts one goroutine per guarded call, which ends when the
 // call returns.
 type Breaker struct {
+	settings    Settings // as given to New
 	name        string
 	cb          *gobreaker.TwoStepCircuitBreaker[struct{}]
 	timeout     time.Duration
@@ -232,6 +233,7 @@ func New(st Settings) (*Breaker, error) {
 		return nil, fmt.Errorf("%w: HalfOpenProbes or FailureThreshold too large", ErrInvalidConfig)
 	}
 	b := &Breaker{
+		settings:    st,
 		name:        st.Name,
 		timeout:     cmpOr(st.Timeout, DefaultTimeout),
 		maxInFlight: int64(cmpOr(st.MaxInFlight, DefaultMaxInFlight)),
@@ -278,6 +280,11 @@ func cmpOr[T int | time.Duration](v, def T) T {
 	}
 	return v
 }
+
+// Settings returns the Settings the breaker was made with, as given to New (zero
+// fields stay zero): New(b.Settings()) makes a breaker that behaves as b does, which is
+// how a caller guarding several stores with one configuration makes one breaker each.
+func (b *Breaker) Settings() Settings { return b.settings }
 
 // Name returns Settings.Name.
 func (b *Breaker) Name() string { return b.name }

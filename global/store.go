@@ -165,6 +165,9 @@ func retries(c redis.Scripter) (int, string) {
 	return 0, ""
 }
 
+// Client returns the client the Store runs its scripts through, as given to New.
+func (s *Store) Client() redis.Scripter { return s.c }
+
 // ServerID returns the id this Store records with its takes and refunds.
 func (s *Store) ServerID() string { return s.serverID }
 

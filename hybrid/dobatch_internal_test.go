@@ -23,7 +23,6 @@ func TestDoBatchDeadlineIsNoAnswer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := &Limiter{brk: brk}
 	for _, tc := range []struct {
 		name     string
 		call     func(ctx context.Context) error
@@ -40,7 +39,7 @@ func TestDoBatchDeadlineIsNoAnswer(t *testing.T) {
 			return fmt.Errorf("global: redis unavailable: read: %w", os.ErrDeadlineExceeded)
 		}, false},
 	} {
-		answered, err := l.doBatch(context.Background(), tc.call)
+		answered, err := doBatch(context.Background(), brk, tc.call)
 		if answered != tc.answered {
 			t.Errorf("%s: answered %v (err %v), want %v", tc.name, answered, err, tc.answered)
 		}
@@ -57,9 +56,8 @@ func TestDoBatchDeadlineIsNoAnswer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l = &Limiter{brk: brk}
 	for i := range 40 {
-		answered, err := l.doBatch(context.Background(), func(ctx context.Context) error {
+		answered, err := doBatch(context.Background(), brk, func(ctx context.Context) error {
 			clk.fire()
 			<-ctx.Done()
 			return ctx.Err()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/breaker"
@@ -23,10 +24,9 @@ const evictionCheckTimeout = 2 * time.Second
 type events struct {
 	log      *slog.Logger
 	every    time.Duration
-	brk      *breaker.Breaker
+	nodes    *nodes
+	seen     map[*node]breakerSeen // each breaker as last logged
 	fleet    string
-	state    breaker.State
-	bstats   breaker.Stats
 	servers  int
 	lost     throttle
 	refused  throttle
@@ -54,31 +54,56 @@ func (t *throttle) allow(now time.Time, every time.Duration) (skipped int, ok bo
 	return skipped, true
 }
 
-func newEvents(log *slog.Logger, every time.Duration, brk *breaker.Breaker, fleet string, servers int, limits func() []*engine.Limit) *events {
-	return &events{
-		log: log, every: every, brk: brk, fleet: fleet, servers: servers, limits: limits,
-		state: brk.State(), bstats: brk.Stats(), ctx: context.Background(),
-	}
+// breakerSeen is a breaker's state and counters as last logged.
+type breakerSeen struct {
+	state breaker.State
+	stats breaker.Stats
 }
 
-// breaker logs the breaker's state changes since the last look: one line per look, with
-// how many times it opened meanwhile, so that a flapping breaker is seen as such.
+func newEvents(log *slog.Logger, every time.Duration, nodes *nodes, fleet string, servers int, limits func() []*engine.Limit) *events {
+	ev := &events{
+		log: log, every: every, nodes: nodes, seen: map[*node]breakerSeen{}, fleet: fleet, servers: servers, limits: limits,
+		ctx: context.Background(),
+	}
+	ev.seen[nodes.all] = breakerSeen{nodes.all.brk.State(), nodes.all.brk.Stats()}
+	return ev
+}
+
+// breaker logs the breakers' state changes since the last look: one line per look and
+// breaker, with how many times it opened meanwhile, so that a flapping breaker is seen
+// as such. A Cluster master's line names it (node); a master's first line says only how
+// it differs from a new, closed breaker.
 func (ev *events) breaker() {
-	state, st := ev.brk.State(), ev.brk.Stats()
-	opened := st.Opened - ev.bstats.Opened
-	changes := opened + st.HalfOpened - ev.bstats.HalfOpened + st.Closed - ev.bstats.Closed
-	if changes == 0 && state == ev.state {
-		return
+	live := ev.nodes.list()
+	for _, nd := range live {
+		state, st := nd.brk.State(), nd.brk.Stats()
+		was := ev.seen[nd] // a master not seen yet: closed, no counts
+		opened := st.Opened - was.stats.Opened
+		changes := opened + st.HalfOpened - was.stats.HalfOpened + st.Closed - was.stats.Closed
+		if changes == 0 && state == was.state {
+			ev.seen[nd] = breakerSeen{state, st}
+			continue
+		}
+		level := slog.LevelInfo
+		if state == breaker.StateOpen {
+			level = slog.LevelWarn
+		}
+		attrs := []slog.Attr{slog.String("from", was.state.String()),
+			slog.String("to", state.String()), slog.Int64("opened", opened), slog.Int64("changes", changes),
+			slog.Int64("failures", st.Failures-was.stats.Failures), slog.Int64("rejected", st.Rejected-was.stats.Rejected)}
+		if nd.addr != "" {
+			attrs = append(attrs, slog.String("node", nd.addr))
+		}
+		ev.log.LogAttrs(ev.ctx, level, "fleetlimit: Redis breaker "+state.String(), attrs...)
+		ev.seen[nd] = breakerSeen{state, st}
 	}
-	level := slog.LevelInfo
-	if state == breaker.StateOpen {
-		level = slog.LevelWarn
+	if len(ev.seen) > len(live) { // masters dropped: forget them
+		for nd := range ev.seen {
+			if !slices.Contains(live, nd) {
+				delete(ev.seen, nd)
+			}
+		}
 	}
-	ev.log.LogAttrs(ev.ctx, level, "fleetlimit: Redis breaker "+state.String(),
-		slog.String("from", ev.state.String()),
-		slog.String("to", state.String()), slog.Int64("opened", opened), slog.Int64("changes", changes),
-		slog.Int64("failures", st.Failures-ev.bstats.Failures), slog.Int64("rejected", st.Rejected-ev.bstats.Rejected))
-	ev.state, ev.bstats = state, st
 }
 
 // trip logs what trip t, just done, says: lost refunds, a refused script, a new fleet

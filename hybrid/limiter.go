@@ -17,6 +17,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/internal/engine"
 	"github.com/fleetlimit/fleetlimit/internal/storeerr"
+	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
 // Errors of the Limiter. Being denied is not an error, and neither is a Redis failure:
@@ -184,7 +185,11 @@ type Config struct {
 	// after three intervals without a heartbeat. default: 1s
 	HeartbeatInterval time.Duration
 	// Breaker guards the Redis calls. nil builds one with the breaker package's
-	// defaults; share one breaker per Redis.
+	// defaults; share one breaker per Redis. On a Redis Cluster (the store's client is
+	// a *redis.ClusterClient) the Limiter keeps one breaker per master, made with
+	// Breaker's settings (breaker.Breaker.Settings) and named after the master's
+	// address, so that a failed master fails only the keys whose slots it serves;
+	// Breaker then guards the calls for which the client knows no master.
 	Breaker *breaker.Breaker
 	// Seed seeds the pacing jitter; 0 picks a random seed.
 	Seed uint64
@@ -368,7 +373,7 @@ func (out *Decision) set(lm *engine.Limit, tier string, d *engine.Decision) {
 type Limiter struct {
 	eng   *engine.Engine
 	store *global.Store
-	brk   *breaker.Breaker
+	nodes *nodes // the breakers: Config.Breaker, and one per master of a Cluster
 	clock breaker.Clock
 
 	onDecision  func(key string, d Decision)
@@ -401,7 +406,6 @@ func New(store *global.Store, cfg Config) (*Limiter, error) {
 	}
 	l := &Limiter{
 		store:      store,
-		brk:        cfg.Breaker,
 		clock:      cfg.Clock,
 		onDecision: cfg.OnDecision,
 		wake:       make(chan struct{}, 1),
@@ -411,13 +415,15 @@ func New(store *global.Store, cfg Config) (*Limiter, error) {
 	if l.clock == nil {
 		l.clock = breaker.SystemClock{}
 	}
-	if l.brk == nil {
+	brk := cfg.Breaker
+	if brk == nil {
 		b, err := breaker.New(breaker.Settings{Clock: l.clock})
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
-		l.brk = b
+		brk = b
 	}
+	l.nodes = newNodes(brk, store.Client())
 	seed := cfg.Seed
 	if seed == 0 {
 		seed = rand.Uint64()
@@ -436,7 +442,8 @@ func New(store *global.Store, cfg Config) (*Limiter, error) {
 		HeartbeatInterval: cfg.HeartbeatInterval,
 		Seed:              seed,
 		NextSeq:           store.NextSeq,
-		BreakerOpen:       func() bool { return l.brk.State() == breaker.StateOpen },
+		BreakerOpen:       l.nodes.anyOpen,
+		KeyOpen:           l.nodes.keyOpen,
 		Notify:            l.poke,
 	})
 	if err != nil {
@@ -444,7 +451,7 @@ func New(store *global.Store, cfg Config) (*Limiter, error) {
 	}
 	l.eng = eng
 	if cfg.Logger != nil {
-		l.events = newEvents(cfg.Logger, cmp.Or(cfg.LogInterval, defaultLogInterval), l.brk, cfg.Fleet, eng.Servers(), eng.Limits)
+		l.events = newEvents(cfg.Logger, cmp.Or(cfg.LogInterval, defaultLogInterval), l.nodes, cfg.Fleet, eng.Servers(), eng.Limits)
 		// Once, at start: a Redis that may evict the buckets breaks every policy silently.
 		ctx, cancel := context.WithTimeout(context.Background(), evictionCheckTimeout)
 		l.cancelCheck = cancel
@@ -504,38 +511,59 @@ func (l *Limiter) run() {
 	}
 }
 
-// do makes the round trip t through the breaker and writes its answers into t. The
-// call's deadline is the breaker's own Timeout (or ctx's, if shorter), never a limit's
-// MaxWait: a request waits at most its MaxWait (then its policy decides), but the
-// refill may finish later and still fill the lease. With the limit's MaxWait as a caller
-// deadline, a MaxWait near or below the breaker's MinCountedTimeout would make every
-// timeout look like the caller's own impatience, and a stalled Redis would never open
-// the breaker.
+// do makes the round trip t through the breakers and writes its answers into t. Each
+// item goes through the breaker of the node that holds its key (nodes): on a Redis
+// Cluster the items of each master are a call of their own, made at once with the
+// others', and one master's failure fails only its items; the trip is answered if any
+// part was. The call's deadline is the breaker's own Timeout (or ctx's, if shorter),
+// never a limit's MaxWait: a request waits at most its MaxWait (then its policy
+// decides), but the refill may finish later and still fill the lease. With the limit's
+// MaxWait as a caller deadline, a MaxWait near or below the breaker's MinCountedTimeout
+// would make every timeout look like the caller's own impatience, and a stalled Redis
+// would never open the breaker.
 //
 // A call may outlive Do (the breaker returns at its deadline): it then writes only
 // into memory nothing reads once Do has failed.
 func (l *Limiter) do(ctx context.Context, t *engine.Trip) {
 	switch t.Kind {
 	case engine.TakeTrip:
-		if len(t.Takes) == 1 {
-			r := t.Takes[0]
-			var g global.Grant
-			t.Err = l.brk.Do(ctx, func(ctx context.Context) error {
-				var err error
-				g, err = l.store.TakeOne(ctx, r) // a refill, or a reservation's claim (Floor)
-				return err
-			})
-			if t.Err == nil {
-				t.TakeResults[0].Grant, t.Answered = g, true
+		parts := l.nodes.split(ctx, len(t.Takes), func(i int) string {
+			r := &t.Takes[i]
+			return wire.BucketKeyOfID("", r.Limit.Name, cmp.Or(string(r.ID), wire.KeyID(r.Key)))
+		})
+		run(parts, func(p *part) {
+			reqs, out := pick(t.Takes, p), pick(t.TakeResults, p)
+			if len(reqs) == 1 {
+				var g global.Grant
+				p.err = p.nd.brk.Do(ctx, func(ctx context.Context) error {
+					var err error
+					g, err = l.store.TakeOne(ctx, reqs[0]) // a refill, or a reservation's claim (Floor)
+					return err
+				})
+				if p.answered = p.err == nil; p.answered {
+					out[0].Grant, out[0].Err = g, nil
+				}
+			} else {
+				p.answered, p.err = doBatch(ctx, p.nd.brk, func(ctx context.Context) error { return l.store.TakeBatch(ctx, reqs, out) })
 			}
-			return
-		}
-		t.Answered, t.Err = l.doBatch(ctx, func(ctx context.Context) error { return l.store.TakeBatch(ctx, t.Takes, t.TakeResults) })
+			settle(t.TakeResults, p, out, func(r *global.TakeResult, err error) { r.Err = err })
+		})
+		t.Answered, t.Err = outcome(parts)
 	case engine.RefundTrip:
-		t.Answered, t.Err = l.doBatch(ctx, func(ctx context.Context) error { return l.store.RefundBatch(ctx, t.Refunds, t.RefundResults) })
+		parts := l.nodes.split(ctx, len(t.Refunds), func(i int) string {
+			r := &t.Refunds[i]
+			return wire.BucketKeyOfID("", r.Limit.Name, cmp.Or(string(r.ID), wire.KeyID(r.Key)))
+		})
+		run(parts, func(p *part) {
+			reqs, out := pick(t.Refunds, p), pick(t.RefundResults, p)
+			p.answered, p.err = doBatch(ctx, p.nd.brk, func(ctx context.Context) error { return l.store.RefundBatch(ctx, reqs, out) })
+			settle(t.RefundResults, p, out, func(r *global.RefundResult, err error) { r.Err = err })
+		})
+		t.Answered, t.Err = outcome(parts)
 	case engine.HeartbeatTrip:
+		parts := l.nodes.split(ctx, 1, func(int) string { return wire.FleetKey("", t.Fleet) })
 		var live int
-		t.Err = l.brk.Do(ctx, func(ctx context.Context) error {
+		t.Err = parts[0].nd.brk.Do(ctx, func(ctx context.Context) error {
 			var err error
 			live, err = l.store.Heartbeat(ctx, t.Fleet, l.store.ServerID(), t.TTL)
 			return err
@@ -544,59 +572,90 @@ func (l *Limiter) do(ctx context.Context, t *engine.Trip) {
 			t.Live, t.Answered = live, true
 		}
 	case engine.LowTrip:
-		// The call may outlive the breaker's deadline: it writes to its own slices, read
-		// only once it has returned (Answered).
-		got, errs := make([][]global.KeyID, len(t.Lows)), make([]error, len(t.Lows))
-		t.Answered, t.Err = l.doBatch(ctx, func(ctx context.Context) error {
-			var first error
-			for i, x := range t.Lows { // each limit on its own: one's error does not stop the rest
-				got[i], errs[i] = l.store.Low(ctx, x.Limit, x.Mark, x.Unmark, engine.LowShare)
-				first = cmp.Or(first, errs[i])
-			}
-			return first
+		// Each call works on its own slices, read only once it has returned (answered):
+		// it may outlive the breaker's deadline.
+		parts := l.nodes.split(ctx, len(t.Lows), func(i int) string { return wire.LowKey("", t.Lows[i].Limit) })
+		run(parts, func(p *part) {
+			lows := pick(t.Lows, p)
+			got, errs := make([][]global.KeyID, len(lows)), make([]error, len(lows))
+			p.answered, p.err = doBatch(ctx, p.nd.brk, func(ctx context.Context) error {
+				var first error
+				for i, x := range lows { // each limit on its own: one's error does not stop the rest
+					got[i], errs[i] = l.store.Low(ctx, x.Limit, x.Mark, x.Unmark, engine.LowShare)
+					first = cmp.Or(first, errs[i])
+				}
+				return first
+			})
+			each(p, len(lows), func(k, i int) {
+				if p.answered {
+					t.Lows[i].Got, t.Lows[i].Err = got[k], errs[k]
+				} else if p.idx != nil {
+					t.Lows[i].Err = p.err
+				}
+			})
 		})
-		if t.Answered {
-			for i := range t.Lows {
-				t.Lows[i].Got, t.Lows[i].Err = got[i], errs[i]
-			}
-		}
+		t.Answered, t.Err = outcome(parts)
 	case engine.WindowsTrip:
-		// As for LowTrip, the call works on copies, read once it has returned.
-		trips := make([]global.WindowTrip, len(t.Windows))
-		errs := make([]error, len(t.Windows))
-		for i, x := range t.Windows {
-			x.Ops = slices.Clone(x.Ops)
-			trips[i] = x
-		}
-		t.Answered, t.Err = l.doBatch(ctx, func(ctx context.Context) error {
-			var first error
-			for i := range trips { // each limit on its own: one's error does not stop the rest
-				errs[i] = l.store.Windows(ctx, &trips[i])
-				first = cmp.Or(first, errs[i])
+		// As for LowTrip, each call works on copies, read once it has returned.
+		parts := l.nodes.split(ctx, len(t.Windows), func(i int) string { return wire.WindowKey("", t.Windows[i].Limit.Name, 0, 0) })
+		run(parts, func(p *part) {
+			wins := pick(t.Windows, p)
+			trips, errs := make([]global.WindowTrip, len(wins)), make([]error, len(wins))
+			for k, x := range wins {
+				x.Ops = slices.Clone(x.Ops)
+				trips[k] = x
 			}
-			return first
+			p.answered, p.err = doBatch(ctx, p.nd.brk, func(ctx context.Context) error {
+				var first error
+				for k := range trips { // each limit on its own: one's error does not stop the rest
+					errs[k] = l.store.Windows(ctx, &trips[k])
+					first = cmp.Or(first, errs[k])
+				}
+				return first
+			})
+			each(p, len(wins), func(k, i int) {
+				if p.answered {
+					t.Windows[i], t.WindowErrs[i] = trips[k], errs[k]
+				} else if p.idx != nil {
+					t.WindowErrs[i] = p.err
+				}
+			})
 		})
-		if t.Answered {
-			copy(t.Windows, trips)
-			copy(t.WindowErrs, errs)
+		t.Answered, t.Err = outcome(parts)
+	}
+}
+
+// settle writes part p's answers (out, from pick) into the trip's results all; a part
+// of several that was not answered gets its error in each of its items (fail), so that
+// the trip, answered by the other parts, reads it there. A part that is the whole trip
+// and was not answered leaves all alone: the call may still be writing into it.
+func settle[T any](all []T, p *part, out []T, fail func(r *T, err error)) {
+	if p.idx == nil {
+		return // out is all
+	}
+	for k, i := range p.idx {
+		if p.answered {
+			all[i] = out[k]
+		} else {
+			fail(&all[i], p.err)
 		}
 	}
 }
 
 // doBatch runs one batch call (TakeBatch, RefundBatch, or a low-key exchange per
-// limit, writing each item's answer to its out) through the breaker. An item that found
-// the store unavailable fails the call for the breaker to count; other item errors are
-// read from out. answered reports that the call itself returned with answers, so out
-// holds every item's answer even when err is set; if not (breaker open, deadline), out
-// must not be read: the call may still be running. A call that returns once the
-// breaker's deadline passed, with that deadline as its error, has no answers either
-// (Do may read its result as it gives up): what it sent may have run in Redis or not,
-// so a refund or debt trip goes again with its sequence numbers, never owed again as if
-// refused. A deadline of one node's items before the breaker's stays theirs: the other
-// items' answers are read.
-func (l *Limiter) doBatch(ctx context.Context, call func(ctx context.Context) error) (answered bool, err error) {
+// limit, writing each item's answer to its out) through the breaker brk. An item that
+// found the store unavailable fails the call for the breaker to count; other item
+// errors are read from out. answered reports that the call itself returned with
+// answers, so out holds every item's answer even when err is set; if not (breaker open,
+// deadline), out must not be read: the call may still be running. A call that returns
+// once the breaker's deadline passed, with that deadline as its error, has no answers
+// either (Do may read its result as it gives up): what it sent may have run in Redis or
+// not, so a refund or debt trip goes again with its sequence numbers, never owed again
+// as if refused. A deadline of one node's items before the breaker's stays theirs: the
+// other items' answers are read.
+func doBatch(ctx context.Context, brk *breaker.Breaker, call func(ctx context.Context) error) (answered bool, err error) {
 	var done atomic.Bool
-	err = l.brk.Do(ctx, func(ctx context.Context) error {
+	err = brk.Do(ctx, func(ctx context.Context) error {
 		err := call(ctx)
 		if ctx.Err() != nil && storeerr.IsTimeout(err) {
 			return err // the whole call ran out of time: no answers

@@ -28,11 +28,25 @@ type Stats struct {
 	Servers int
 	// Breaker is the breaker's state (its String method names it), BreakerStats its
 	// counters, state changes included. A breaker shared by several Limiters counts
-	// the calls of all of them.
+	// the calls of all of them. On a Redis Cluster they fold every breaker: Config's
+	// and each master's (Nodes): the state is the worst (open, then half-open), the
+	// counters are summed (MaxInFlight is the largest).
 	Breaker      breaker.State
 	BreakerStats breaker.Stats
+	// Nodes, on a Redis Cluster, are the breakers of the masters the Limiter called
+	// and that are masters still, in the order they were first called; empty for a
+	// plain client.
+	Nodes []NodeStats
 	// Limits are the counters of each limit, in the order of Config.Limits.
 	Limits []LimitStats
+}
+
+// NodeStats are the breaker of one Redis Cluster master: a failed master fails only
+// the calls for the keys whose slots it serves.
+type NodeStats struct {
+	Addr         string // the master's address, as the cluster announces it
+	Breaker      breaker.State
+	BreakerStats breaker.Stats
 }
 
 // LimitStats are one limit's counters on this server since New.
@@ -112,11 +126,10 @@ func (l *Limiter) Stats() Stats {
 		Canceled: s.Canceled,
 		Takes:    s.Takes, RoundTrips: s.RoundTrips, RefillErrors: s.RefillErrors,
 		Granted: s.Granted, Refunded: s.Refunded, RefundsLost: s.RefundsLost, RefundCalls: s.RefundCalls,
-		Heartbeats:   s.Heartbeats,
-		Servers:      s.Servers,
-		Breaker:      l.brk.State(),
-		BreakerStats: l.brk.Stats(),
+		Heartbeats: s.Heartbeats,
+		Servers:    s.Servers,
 	}
+	out.Breaker, out.BreakerStats, out.Nodes = l.nodes.stats()
 	for _, lm := range l.eng.Limits() {
 		out.Limits = append(out.Limits, limitStats(lm))
 	}

@@ -1,11 +1,13 @@
 package engine
 
 import (
+	"errors"
 	"math"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/internal/storeerr"
 )
 
 // DebtWindow sizes how far below zero the debts of FailLocal may take a bucket: its
@@ -201,29 +203,31 @@ type debtBatch struct {
 }
 
 // charged counts the answers of a debt trip. A batch that timed out goes again whole
-// (its charges may have run); a failed item is owed again, with a fresh sequence number
-// (Redis answered that it did not run). An Async charge answered, or never to be sent,
-// lets its key be admitted uncharged again; its answer says whether the key is low.
+// (its charges may have run), and so do the items whose own answer was lost to a
+// timeout (one node's, in a Cluster), with their sequence numbers; any other failed
+// item is owed again, with a fresh sequence number (Redis answered that it did not
+// run, or the call was refused before it was sent). An Async charge answered, or never
+// to be sent, lets its key be admitted uncharged again; its answer says whether the key
+// is low.
 func (e *Engine) charged(now time.Time, t *Trip) {
 	e.stats.refundCalls.Add(1)
+	e.mu.Lock()
+	finished := e.finished
 	if t.Err != nil || !t.Answered {
-		e.mu.Lock()
 		e.debtHeld, e.debtHoldUntil = true, now.Add(debtRetry)
-		e.mu.Unlock()
 	}
-	if !t.Answered {
-		e.mu.Lock()
-		if !e.finished {
-			e.debtRetry = append(e.debtRetry, debtBatch{t.Refunds, t.charges})
-			e.mu.Unlock()
-			return
-		}
-		e.mu.Unlock()
-	}
+	e.mu.Unlock()
+	var again debtBatch
 	for i, r := range t.Refunds {
 		err := t.Err
 		if t.Answered {
 			err = t.RefundResults[i].Err
+		}
+		lost := !t.Answered || unanswered(err) // it may have run: only its own Seq may go
+		if lost && !finished {
+			again.reqs = append(again.reqs, r)
+			again.charges = append(again.charges, t.charges[i])
+			continue
 		}
 		lm := e.limitNamed(r.Limit.Name)
 		if lm == nil {
@@ -239,7 +243,7 @@ func (e *Engine) charged(now time.Time, t *Trip) {
 			if cl != nil {
 				cl.charged(sh, string(r.ID), true, t.RefundResults[i].Remaining, now)
 			}
-		case !t.Answered:
+		case lost:
 			lm.stats.forgiven.Add(int64(n)) // after Finish: nothing will send it
 			if cl != nil {
 				cl.charged(sh, string(r.ID), false, 0, now)
@@ -258,6 +262,18 @@ func (e *Engine) charged(now time.Time, t *Trip) {
 			}
 		}
 	}
+	if len(again.reqs) > 0 {
+		e.mu.Lock()
+		e.debtHeld, e.debtHoldUntil = true, now.Add(debtRetry)
+		e.debtRetry = append(e.debtRetry, again)
+		e.mu.Unlock()
+	}
+}
+
+// unanswered reports whether err, one item's of an answered call, says its answer was
+// lost to a timeout: it may have run in Redis or not.
+func unanswered(err error) bool {
+	return err != nil && (errors.Is(err, breaker.ErrTimeout) || storeerr.IsTimeout(err))
 }
 
 // shapeOf returns the current shape whose bucket is g, nil if none is.

@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/fleetlimit/fleetlimit/breaker"
 )
@@ -49,13 +50,7 @@ func TestDebtsWaitForRedis(t *testing.T) {
 	if trip := e.Next(); trip != nil && trip.debts {
 		t.Fatal("a debt trip before Redis answered anything")
 	}
-	decide(e, t0.Add(2*ms), lm, "other", 1)
-	trip = e.Next()
-	for trip != nil && !trip.debts {
-		answerAll(trip)
-		e.Done(t0.Add(2*ms), trip)
-		trip = e.Next()
-	}
+	trip = firstDebts(e, t0.Add(2*ms), lm)
 	if trip == nil || len(trip.Refunds) != 1 {
 		t.Fatalf("Next = %+v, want one debt", trip)
 	}
@@ -80,4 +75,117 @@ func TestDebtsWaitForRedis(t *testing.T) {
 	if st := lm.Stats(); st.Owed != 0 || st.Charged != int64(admitted) {
 		t.Fatalf("owed %d, charged %d; want 0 and %d", st.Owed, st.Charged, admitted)
 	}
+}
+
+// TestDebtLostToATimeoutGoesAgainWithItsSeq: a debt trip answered for some items (one
+// Cluster master's part of it timed out) charges the answered items, and sends the
+// items whose answer was lost again with their own sequence numbers, which Redis
+// recognises as replays where they ran: never owed again under new numbers, which a
+// charge that ran would be charged twice for. A refused item (breaker open: never sent)
+// is owed again.
+func TestDebtLostToATimeoutGoesAgainWithItsSeq(t *testing.T) {
+	open := false
+	e, lm := testEngine(t, func(c *Config) {
+		c.Limits[0].Policy = breaker.FailLocal()
+		c.BreakerOpen = func() bool { return open }
+	})
+	keys := []string{"ran", "lost", "refused"}
+	for _, k := range keys { // a grant of one token each
+		decide(e, t0, lm, k, 1)
+	}
+	trip := e.Next()
+	answerAll(trip)
+	for i := range trip.TakeResults {
+		trip.TakeResults[i].Granted = 1
+	}
+	e.Done(t0, trip)
+	open = true // then FailLocal admits one each
+	for _, k := range keys {
+		if d, w := decide(e, t0.Add(ms), lm, k, 1); w != nil || !d.Allowed || d.Source != SourceFallback {
+			t.Fatalf("%s: %+v, %v; want FailLocal to admit", k, d, w)
+		}
+	}
+	open = false
+	trip = firstDebts(e, t0.Add(2*ms), lm)
+	if trip == nil || len(trip.Refunds) != 3 {
+		t.Fatalf("Next = %+v, want the three debts", trip)
+	}
+	owed := lm.Stats().Owed
+	seq := map[string]uint64{}
+	trip.Answered = true
+	for i, r := range trip.Refunds {
+		seq[string(r.ID)] = r.Seq
+		switch r.ID {
+		case "lost":
+			trip.RefundResults[i].Err = breaker.ErrTimeout
+		case "refused":
+			trip.RefundResults[i].Err = breaker.ErrOpen
+		}
+	}
+	trip.Err = breaker.ErrTimeout
+	e.Done(t0.Add(3*ms), trip)
+	if st := lm.Stats(); owed != 3 || st.Charged != 1 || st.Owed != 2 {
+		t.Fatalf("owed %d before, then charged %d, owed %d; want 3, then 1 and 2", owed, st.Charged, st.Owed)
+	}
+	e.Tick(t0.Add(3*ms + debtRetry))
+	decide(e, t0.Add(3*ms+debtRetry), lm, "other2", 1) // Redis answers a trip: debts may go
+	got := map[string]uint64{}
+	for trip := e.Next(); trip != nil; trip = e.Next() {
+		if !trip.debts {
+			answerAll(trip)
+			e.Done(t0.Add(3*ms+debtRetry), trip)
+			continue
+		}
+		for _, r := range trip.Refunds {
+			got[string(r.ID)] = r.Seq
+		}
+		answerAll(trip)
+		e.Done(t0.Add(3*ms+debtRetry), trip)
+		e.Tick(t0.Add(4*ms + 2*debtRetry))
+	}
+	if got["lost"] != seq["lost"] {
+		t.Errorf("the debt whose answer was lost went again with seq %d, want its own %d", got["lost"], seq["lost"])
+	}
+	if s, ok := got["refused"]; !ok || s == seq["refused"] {
+		t.Errorf("the refused debt went again with seq %d (sent: %v), want a new one (was %d)", s, ok, seq["refused"])
+	}
+	if _, ok := got["ran"]; ok {
+		t.Error("the charged debt went again")
+	}
+	if st := lm.Stats(); st.Owed != 0 || st.Charged != 3 {
+		t.Errorf("owed %d, charged %d; want 0 and 3", st.Owed, st.Charged)
+	}
+}
+
+// TestKeyOpenFailsOnlyItsKeys: with a breaker per Redis node (KeyOpen), a refill for a
+// key whose node's breaker is open fails at once, to the policy; a key on another node
+// gets its refill queued.
+func TestKeyOpenFailsOnlyItsKeys(t *testing.T) {
+	e, lm := testEngine(t, func(c *Config) {
+		c.BreakerOpen = func() bool { return true } // some breaker is open
+		c.KeyOpen = func(limit, key string) bool { return key == "down" }
+	})
+	if d, w := decide(e, t0, lm, "down", 1); w != nil || d.Source != SourceFallback || d.Reason != ReasonBreakerOpen {
+		t.Errorf("key on the open node: %+v, %v; want the policy at once, breaker open", d, w)
+	}
+	if _, w := decide(e, t0, lm, "up", 1); w == nil {
+		t.Fatal("key on a closed node: no refill")
+	}
+	trip := e.Next()
+	if trip == nil || trip.Kind != TakeTrip || len(trip.Takes) != 1 || trip.Takes[0].ID != "up" {
+		t.Fatalf("Next = %+v, want the refill of up alone", trip)
+	}
+}
+
+// firstDebts makes Redis answer a refill at now (of a key of lm not asked before) and
+// answers every trip before the first debt trip, which it returns (nil if none comes).
+func firstDebts(e *Engine, now time.Time, lm *Limit) *Trip {
+	decide(e, now, lm, "other", 1)
+	trip := e.Next()
+	for trip != nil && !trip.debts {
+		answerAll(trip)
+		e.Done(now, trip)
+		trip = e.Next()
+	}
+	return trip
 }

@@ -75,10 +75,14 @@ type Config struct {
 	// when the refund trip is built, so that a batch answered too late can be sent
 	// again, in halves, without refunding twice. Required.
 	NextSeq func() uint64
-	// BreakerOpen reports whether the breaker is open. A refill that would be sent
-	// while it is fails at once, and its requests go to their policy without waiting.
-	// nil: never open.
+	// BreakerOpen reports whether a breaker is open: while one is, debts wait and the
+	// charge-later limits admit nothing uncharged. nil: never open.
 	BreakerOpen func() bool
+	// KeyOpen reports whether the breaker that guards the bucket of limit and key (a
+	// key's ID) is open. A refill that would be sent while it is fails at once, and its
+	// requests go to their policy without waiting. nil: BreakerOpen stands for every
+	// key's.
+	KeyOpen func(limit, key string) bool
 	// Notify is called whenever I/O is queued, so that the driver calls Next. nil: the
 	// driver polls. It runs with neither Engine's lock nor a key's held, but possibly
 	// under the mutex of a Waiter being decided: it must not call the engine.
@@ -113,6 +117,7 @@ type Engine struct {
 	tickEvery time.Duration
 	nextSeq   func() uint64
 	open      func() bool
+	keyOpen   func(limit, key string) bool
 	notify    func()
 	decided   func(w *Waiter)
 
@@ -207,6 +212,7 @@ func New(cfg Config) (*Engine, error) {
 		beat:    cmpOr(cfg.HeartbeatInterval, DefaultHeartbeatInterval),
 		nextSeq: cfg.NextSeq,
 		open:    cfg.BreakerOpen,
+		keyOpen: cfg.KeyOpen,
 		notify:  cfg.Notify,
 		decided: cfg.Decided,
 		rng:     cfg.Seed ^ 0x5eed7ac4,

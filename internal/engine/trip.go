@@ -272,12 +272,12 @@ func (e *Engine) limitNamed(name string) *Limit {
 	return nil
 }
 
-// send queues refill f, or fails it at once when the breaker is open or the engine is
+// send queues refill f, or fails it at once when its key's breaker is open or the engine is
 // stopped, and reports whether it failed. self is a waiter of f the caller holds (see
 // decideFailed).
 func (e *Engine) send(now time.Time, f *Flight, self *Waiter) bool {
 	var err error
-	if e.open != nil && e.open() {
+	if e.keyOpen != nil && e.keyOpen(f.lim.name, f.key) || e.keyOpen == nil && e.open != nil && e.open() {
 		err = breaker.ErrOpen
 	} else {
 		e.mu.Lock()

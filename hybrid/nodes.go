@@ -1,0 +1,263 @@
+package hybrid
+
+import (
+	"cmp"
+	"context"
+	"sync"
+	"sync/atomic"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/internal/wire"
+)
+
+// nodes holds the breakers of the Redis nodes the Limiter calls, so that a node that
+// fails costs only the keys it holds. A plain client (one node, or Sentinel) has one:
+// Config.Breaker. A Redis Cluster has one per master, made with Config.Breaker's
+// settings and named after the master's address, and each call goes through the breaker
+// of the master that serves its key's hash slot; a call for which the client knows no
+// master (its slot map cannot be loaded) goes through Config.Breaker.
+//
+// A master's breaker lives as long as the master: when a slot is seen served by another
+// node (a failover, a resharding), the breakers of addresses that are no longer masters
+// are dropped.
+type nodes struct {
+	all *node                // Config.Breaker's: a plain client's, or a Cluster's when no master is known
+	cc  *redis.ClusterClient // nil: a plain client
+
+	mu      sync.Mutex
+	byAddr  map[string]*node // guarded by mu
+	masters atomic.Pointer[[]*node]
+	slots   [wire.Slots]atomic.Pointer[node] // the master each slot's last call went to
+}
+
+// node is one Redis node and its breaker.
+type node struct {
+	addr string // "" for nodes.all
+	brk  *breaker.Breaker
+}
+
+func newNodes(brk *breaker.Breaker, client redis.Scripter) *nodes {
+	n := &nodes{all: &node{brk: brk}, byAddr: map[string]*node{}}
+	n.cc, _ = client.(*redis.ClusterClient)
+	n.masters.Store(&[]*node{})
+	return n
+}
+
+// route returns the node whose breaker guards a call on the Redis key key (any key with
+// the same hash tag), and reports whether it found the slot served by another master
+// than its last call's: the caller then calls prune once its calls are made. It may load
+// the client's slot map (I/O): it runs on the Limiter's goroutine, never under a lock.
+func (n *nodes) route(ctx context.Context, key string) (nd *node, moved bool) {
+	if n.cc == nil {
+		return n.all, false
+	}
+	c, err := n.cc.MasterForKey(ctx, key)
+	if err != nil {
+		return n.all, false
+	}
+	addr := c.Options().Addr
+	slot := &n.slots[wire.Slot(key)]
+	if nd = slot.Load(); nd != nil && nd.addr == addr {
+		return nd, false
+	}
+	n.mu.Lock()
+	nd = n.byAddr[addr]
+	if nd == nil {
+		st := n.all.brk.Settings()
+		st.Name = addr
+		if n.all.brk.Name() != "" {
+			st.Name = n.all.brk.Name() + " " + addr
+		}
+		b, err := breaker.New(st)
+		if err != nil { // not reached: the settings made Config.Breaker
+			n.mu.Unlock()
+			return n.all, false
+		}
+		nd = &node{addr: addr, brk: b}
+		n.byAddr[addr] = nd
+		list := append(append([]*node(nil), *n.masters.Load()...), nd)
+		n.masters.Store(&list)
+	}
+	n.mu.Unlock()
+	old := slot.Swap(nd)
+	return nd, old != nil && old != nd
+}
+
+// prune drops the breakers of the nodes that are no longer masters, by the client's
+// slot map reloaded now (I/O: on the Limiter's goroutine only), and forgets the slots
+// that went to them.
+func (n *nodes) prune(ctx context.Context) {
+	var mu sync.Mutex
+	live := map[string]bool{}
+	if n.cc.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
+		mu.Lock()
+		live[c.Options().Addr] = true
+		mu.Unlock()
+		return nil
+	}) != nil {
+		return
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var kept []*node
+	for _, nd := range *n.masters.Load() {
+		if live[nd.addr] {
+			kept = append(kept, nd)
+			continue
+		}
+		delete(n.byAddr, nd.addr)
+		for i := range n.slots {
+			n.slots[i].CompareAndSwap(nd, nil)
+		}
+	}
+	n.masters.Store(&kept)
+}
+
+// keyOpen reports whether the breaker that guards the bucket of limit and id (a key's
+// ID) is open: a refill for it would be refused. A slot no call went to yet is guarded
+// by Config.Breaker. It does no I/O.
+func (n *nodes) keyOpen(limit, id string) bool {
+	nd := n.all
+	if n.cc != nil {
+		if s := n.slots[wire.Slot(wire.BucketKeyOfID("", limit, id))].Load(); s != nil {
+			nd = s
+		}
+	}
+	return nd.brk.State() == breaker.StateOpen
+}
+
+// anyOpen reports whether any breaker is open: Config.Breaker or a master's.
+func (n *nodes) anyOpen() bool {
+	if n.all.brk.State() == breaker.StateOpen {
+		return true
+	}
+	for _, nd := range *n.masters.Load() {
+		if nd.brk.State() == breaker.StateOpen {
+			return true
+		}
+	}
+	return false
+}
+
+// list returns Config.Breaker's node, then the masters' in the order they were first
+// called.
+func (n *nodes) list() []*node {
+	return append([]*node{n.all}, *n.masters.Load()...)
+}
+
+// part is the items of one call that one node's breaker guards, and what the call said.
+type part struct {
+	nd       *node
+	idx      []int // the items' indexes in the trip; nil: every item
+	answered bool
+	err      error
+}
+
+// split routes each of count items (key(i) is item i's Redis key, or any key with its
+// hash tag) to its node: one part per node, in the order the nodes are first met. With
+// one node, the part has every item (idx nil).
+func (n *nodes) split(ctx context.Context, count int, key func(i int) string) []part {
+	if n.cc == nil {
+		return []part{{nd: n.all}}
+	}
+	var parts []part
+	moved := false
+	for i := range count {
+		nd, m := n.route(ctx, key(i))
+		moved = moved || m
+		j := 0
+		for j < len(parts) && parts[j].nd != nd {
+			j++
+		}
+		if j == len(parts) {
+			parts = append(parts, part{nd: nd})
+		}
+		parts[j].idx = append(parts[j].idx, i)
+	}
+	if moved {
+		n.prune(ctx)
+	}
+	if len(parts) == 1 {
+		parts[0].idx = nil
+	}
+	return parts
+}
+
+// run calls call for each part, through its node's breaker, all at once, and returns
+// when every part has an outcome.
+func run(parts []part, call func(p *part)) {
+	if len(parts) == 1 {
+		call(&parts[0])
+		return
+	}
+	var wg sync.WaitGroup
+	for i := range parts {
+		wg.Go(func() { call(&parts[i]) })
+	}
+	wg.Wait()
+}
+
+// outcome folds the parts' outcomes into the trip's: answered if any part was (the
+// items of the others carry their part's error), with the first part's error that has
+// one.
+func outcome(parts []part) (answered bool, err error) {
+	for _, p := range parts {
+		answered = answered || p.answered
+		err = cmp.Or(err, p.err)
+	}
+	return answered, err
+}
+
+// each calls f for the k-th of n items of part p, with i its index in the trip.
+func each(p *part, n int, f func(k, i int)) {
+	for k := range n {
+		i := k
+		if p.idx != nil {
+			i = p.idx[k]
+		}
+		f(k, i)
+	}
+}
+
+// pick returns the items of in that part p holds (all of them for idx nil).
+func pick[T any](in []T, p *part) []T {
+	if p.idx == nil {
+		return in
+	}
+	sub := make([]T, len(p.idx))
+	for k, i := range p.idx {
+		sub[k] = in[i]
+	}
+	return sub
+}
+
+// stats returns the breakers' state and counters folded (see Stats.Breaker), and each
+// master's on a Cluster.
+func (n *nodes) stats() (state breaker.State, sum breaker.Stats, masters []NodeStats) {
+	for _, nd := range n.list() {
+		st, bs := nd.brk.State(), nd.brk.Stats()
+		if nd != n.all {
+			masters = append(masters, NodeStats{Addr: nd.addr, Breaker: st, BreakerStats: bs})
+		}
+		if st == breaker.StateOpen || st == breaker.StateHalfOpen && state != breaker.StateOpen {
+			state = st
+		}
+		sum.Calls += bs.Calls
+		sum.Successes += bs.Successes
+		sum.Failures += bs.Failures
+		sum.Timeouts += bs.Timeouts
+		sum.Excluded += bs.Excluded
+		sum.Starved += bs.Starved
+		sum.Rejected += bs.Rejected
+		sum.Overloaded += bs.Overloaded
+		sum.Abandoned += bs.Abandoned
+		sum.InFlight += bs.InFlight
+		sum.MaxInFlight = max(sum.MaxInFlight, bs.MaxInFlight)
+		sum.Opened += bs.Opened
+		sum.HalfOpened += bs.HalfOpened
+		sum.Closed += bs.Closed
+	}
+	return state, sum, masters
+}
