@@ -2,11 +2,13 @@ package httplimit_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -258,7 +260,9 @@ func TestNewRejectsBadConfig(t *testing.T) {
 
 // TestMiddlewareAlso: a per-key limit and a per-tenant limit, all or nothing. The
 // tenant's limit denies the fourth request of its keys, the 429 names it, and the
-// per-key buckets are not charged for the denied requests.
+// per-key buckets are not charged for the denied requests. Every response's
+// RateLimit-Policy lists both limits, in the order of the configuration, whichever
+// decided; RateLimit names the one that decided.
 func TestMiddlewareAlso(t *testing.T) {
 	_, c := redistest.Mini(t)
 	lim := newLimiter(t, redistest.Target{Client: c},
@@ -281,13 +285,23 @@ func TestMiddlewareAlso(t *testing.T) {
 		last = httptest.NewRecorder()
 		h.ServeHTTP(last, req)
 		codes += strconv.Itoa(last.Code) + " "
+		pol, err := parseSFList(last.Header().Get("RateLimit-Policy"))
+		if err != nil || len(pol) != 2 || pol[0].Name != "api" || pol[0].Params["q"] != 5 ||
+			pol[1].Name != "tenant" || pol[1].Params["q"] != 3 {
+			t.Fatalf("response %d: RateLimit-Policy %q (%v), want api q=5 then tenant q=3", i, last.Header().Get("RateLimit-Policy"), err)
+		}
+		rl, err := parseSFList(last.Header().Get("RateLimit"))
+		// The tenant decides every answer: it denies, or it has the fewest tokens left
+		// (2, 1, 0 against the keys' 4, 4, 3).
+		if err != nil || len(rl) != 1 || rl[0].Name != "tenant" {
+			t.Fatalf("response %d: RateLimit %q (%v), want one item naming tenant", i, last.Header().Get("RateLimit"), err)
+		}
 	}
 	if codes != "200 200 200 429 429 429 " {
 		t.Fatalf("statuses %s, want three admitted by the tenant's burst of 3", codes)
 	}
-	pol, err := parseSFList(last.Header().Get("RateLimit-Policy"))
-	if err != nil || pol[0].Name != "tenant" || last.Header().Get("Retry-After") == "" {
-		t.Fatalf("429 headers %v: want the tenant's policy and a Retry-After", last.Header())
+	if last.Header().Get("Retry-After") == "" {
+		t.Fatalf("429 headers %v: want a Retry-After", last.Header())
 	}
 	st := lim.Stats()
 	if st.Limits[0].Name != "api" || st.Limits[0].Allowed() != 3 {
@@ -343,6 +357,77 @@ func TestMiddlewareTier(t *testing.T) {
 		pol, err := parseSFList(last.Header().Get("RateLimit-Policy"))
 		if err != nil || len(pol) == 0 || pol[0].Params["q"] < int64(tc.quota) {
 			t.Fatalf("%s: RateLimit-Policy %q, want q=%d", tc.key, last.Header().Get("RateLimit-Policy"), tc.quota)
+		}
+	}
+}
+
+// TestDenyStatus: DefaultDeny says why a request was denied. Over its limit: 429 of
+// type quota-exceeded. Denied by FailClosed while Redis does not answer: 503 with
+// Retry-After, of type temporary-reduced-capacity, so that clients and dashboards do
+// not read an outage as the client's fault. A cost above the burst: 400. The body is
+// problem details (RFC 9457) when the client accepts them, text otherwise.
+func TestDenyStatus(t *testing.T) {
+	m, c := redistest.Mini(t)
+	lim := newLimiter(t, redistest.Target{Client: c},
+		hybrid.Limit{Name: "api", Rate: 1e-3, Burst: 2, Policy: breaker.FailClosed, MaxWait: 50 * time.Millisecond})
+	mw, err := httplimit.New(httplimit.Config{Limiter: lim, Limit: "api", Key: httplimit.Header("X-API-Key"),
+		Cost: func(r *http.Request) int { n, _ := strconv.Atoi(r.Header.Get("X-Cost")); return n }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	ask := func(key string, cost int, problem bool) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.Header.Set("X-API-Key", key)
+		req.Header.Set("X-Cost", strconv.Itoa(cost))
+		if problem {
+			req.Header.Set("Accept", "application/json, application/problem+json;q=0.9")
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		return w
+	}
+	type problem struct {
+		Type   string
+		Title  string
+		Status int
+		Detail string
+	}
+	for _, tc := range []struct {
+		name    string
+		key     string
+		cost    int
+		down    bool
+		status  int
+		typ     string
+		retries bool
+	}{
+		{"over its limit", "k", 2, false, http.StatusTooManyRequests, httplimit.ProblemQuotaExceeded, true},
+		{"cost above the burst", "k2", 3, false, http.StatusBadRequest, "about:blank", false},
+		{"Redis away, FailClosed", "k3", 1, true, http.StatusServiceUnavailable, httplimit.ProblemTemporaryReducedCapacity, true},
+	} {
+		if tc.down {
+			m.Close()
+		} else if w := ask(tc.key, tc.cost, false); w.Code != http.StatusOK && tc.status != http.StatusBadRequest {
+			t.Fatalf("%s: first request %d, want 200", tc.name, w.Code)
+		}
+		for _, asProblem := range []bool{false, true} {
+			w := ask(tc.key, tc.cost, asProblem)
+			if w.Code != tc.status || (w.Header().Get("Retry-After") != "") != tc.retries {
+				t.Errorf("%s: %d, Retry-After %q; want %d, Retry-After %v", tc.name, w.Code, w.Header().Get("Retry-After"), tc.status, tc.retries)
+			}
+			if !asProblem {
+				if ct := w.Header().Get("Content-Type"); !strings.HasPrefix(ct, "text/plain") {
+					t.Errorf("%s: Content-Type %q, want text", tc.name, ct)
+				}
+				continue
+			}
+			var p problem
+			if ct := w.Header().Get("Content-Type"); ct != "application/problem+json" {
+				t.Errorf("%s: Content-Type %q, want application/problem+json", tc.name, ct)
+			} else if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil || p.Type != tc.typ || p.Status != tc.status || p.Title == "" || p.Detail == "" {
+				t.Errorf("%s: problem %+v (%v), want type %s, status %d", tc.name, p, err, tc.typ, tc.status)
+			}
 		}
 	}
 }

@@ -107,6 +107,14 @@ func Reset(d hybrid.Decision) (int64, bool) {
 //     known: RateLimit and X-RateLimit-Remaining/Reset are left out, the policy and
 //     Retry-After are written.
 func WriteHeaders(h http.Header, d hybrid.Decision, set Headers, now time.Time) {
+	var pols [1]Policy
+	pols[0] = PolicyOf(d)
+	writeHeaders(h, d, pols[:], set, now)
+}
+
+// writeHeaders is WriteHeaders with RateLimit-Policy listing policies, in order (d's
+// among them, from PolicyOf).
+func writeHeaders(h http.Header, d hybrid.Decision, policies []Policy, set Headers, now time.Time) {
 	// Every value goes into one buffer, then one string and one []string backing array
 	// hold them all: two allocations however many headers are written.
 	var (
@@ -130,11 +138,16 @@ func WriteHeaders(h http.Header, d hybrid.Decision, set Headers, now time.Time) 
 		remaining := min(max(int64(d.Remaining), 0), p.Quota)
 		reset, resetOK := Reset(d)
 		if set&HeadersStandard != 0 {
-			b = appendName(b, p.Name)
-			b = append(b, ";q="...)
-			b = strconv.AppendInt(b, p.Quota, 10)
-			b = append(b, ";w="...)
-			b = strconv.AppendInt(b, p.Window, 10)
+			for i, pol := range policies {
+				if i > 0 {
+					b = append(b, ", "...)
+				}
+				b = appendName(b, pol.Name)
+				b = append(b, ";q="...)
+				b = strconv.AppendInt(b, pol.Quota, 10)
+				b = append(b, ";w="...)
+				b = strconv.AppendInt(b, pol.Window, 10)
+			}
 			add("Ratelimit-Policy")
 			if known && resetOK {
 				b = appendName(b, p.Name)

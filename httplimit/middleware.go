@@ -2,10 +2,11 @@ package httplimit
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
+	"strings"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/hybrid"
@@ -42,9 +43,10 @@ type Config struct {
 	// Also are more limits the request counts against, all or nothing with Limit
 	// (hybrid.Limiter.AllowMulti): a per-tenant or a global limit beside the per-key
 	// one. Each has its own key; the cost is the request's. A request denied by any is
-	// denied and spends nothing on the others. The headers describe the limit that
-	// decided: the one that denied, or, when admitted, the one with the fewest tokens
-	// left. At most 7.
+	// denied and spends nothing on the others. RateLimit-Policy lists every limit the
+	// request counted against on every response (Limit, then Also's, in order: a stable
+	// list); RateLimit and the X- headers describe the limit that decided: the one that
+	// denied, or, when admitted, the one with the fewest tokens left. At most 7.
 	Also []Also
 	// Cost returns the request's cost in tokens (at least 0). nil: every request costs 1.
 	Cost func(r *http.Request) int
@@ -163,7 +165,11 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 				return
 			}
 		}
-		d, err := m.decide(r, key, n)
+		tier := ""
+		if m.tier != nil {
+			tier = m.tier(r)
+		}
+		d, err := m.decide(r, tier, key, n)
 		if err != nil {
 			m.onError(w, r, err)
 			return
@@ -172,7 +178,8 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 		if m.headers&HeadersXResetEpoch != 0 {
 			now = m.now()
 		}
-		WriteHeaders(w.Header(), d, m.headers, now)
+		var pols [maxAlso + 1]Policy
+		writeHeaders(w.Header(), d, m.policies(pols[:0], d, tier), m.headers, now)
 		r = r.WithContext(&decisionCtx{Context: r.Context(), d: d})
 		if d.Allowed {
 			next.ServeHTTP(w, r)
@@ -182,13 +189,36 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 	})
 }
 
-// decide decides the request r of cost n, whose key under m.limit is key: with AllowN,
-// or, with Also limits, all or nothing with AllowMulti.
-func (m *Middleware) decide(r *http.Request, key string, n int) (hybrid.Decision, error) {
-	tier := ""
-	if m.tier != nil {
-		tier = m.tier(r)
+// policies appends to dst the policy of every limit the request counted against, in
+// a stable order: Limit (of the request's tier), then Also's, in the order of Config,
+// each named once. The limit that decided (d) is stated from d; the others as they
+// are now (hybrid.Limiter.Quota). Without Also it is d's alone.
+func (m *Middleware) policies(dst []Policy, d hybrid.Decision, tier string) []Policy {
+	if len(m.also) == 0 {
+		return append(dst, PolicyOf(d))
 	}
+	add := func(limit, tier string) {
+		for _, p := range dst {
+			if p.Name == limit {
+				return
+			}
+		}
+		if limit == d.Limit {
+			dst = append(dst, PolicyOf(d))
+		} else if q, w, err := m.lim.Quota(limit, tier); err == nil {
+			dst = append(dst, PolicyOf(hybrid.Decision{Limit: limit, Quota: q, Window: w}))
+		}
+	}
+	add(m.limit, tier)
+	for _, a := range m.also {
+		add(a.Limit, "")
+	}
+	return dst
+}
+
+// decide decides the request r of cost n and tier, whose key under m.limit is key:
+// with AllowN, or, with Also limits, all or nothing with AllowMulti.
+func (m *Middleware) decide(r *http.Request, tier, key string, n int) (hybrid.Decision, error) {
 	if len(m.also) == 0 {
 		return m.lim.AllowTier(r.Context(), m.limit, tier, key, n)
 	}
@@ -236,22 +266,71 @@ func FromContext(ctx context.Context) (hybrid.Decision, bool) {
 	return hybrid.Decision{}, false
 }
 
-// DefaultDeny answers a denied request: 429 Too Many Requests with a short text body;
-// or, when the request can never pass (its cost is above the limit's burst, RetryAfter
-// hybrid.InfDuration), 400 Bad Request: retrying cannot help, and a client that treats
-// 429 as "wait and retry" would wait forever.
+// Problem types of RFC 9457 problem details that DefaultDeny answers with, from
+// draft-ietf-httpapi-ratelimit-headers.
+const (
+	// ProblemQuotaExceeded: the request is over its limit (429).
+	ProblemQuotaExceeded = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+	// ProblemTemporaryReducedCapacity: the limiter could not reach Redis and the
+	// limit's failure policy denied the request (503): the client did nothing wrong.
+	ProblemTemporaryReducedCapacity = "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+)
+
+// DefaultDeny answers a denied request, after the headers and Retry-After are written:
+//   - over its limit: 429 Too Many Requests;
+//   - denied by the limit's failure policy while Redis did not answer (FailClosed,
+//     Decision.Source is SourceFallback): 503 Service Unavailable, with Retry-After, so
+//     that an outage is not read as the client's fault;
+//   - a request that can never pass (its cost is above the limit's burst, RetryAfter
+//     hybrid.InfDuration): 400 Bad Request: retrying cannot help, and a client that
+//     treats 429 as "wait and retry" would wait forever.
+//
+// The body is a line of text, or RFC 9457 problem details (application/problem+json,
+// of type ProblemQuotaExceeded or ProblemTemporaryReducedCapacity) when the request's
+// Accept header names application/problem+json.
 func DefaultDeny(w http.ResponseWriter, r *http.Request) {
 	d, _ := FromContext(r.Context())
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	if _, ok := RetryAfter(d); !ok {
-		w.WriteHeader(http.StatusBadRequest)
-		fmt.Fprintf(w, "request cost exceeds what limit %q can ever admit; it can never pass\n", d.Limit)
+	ra, later := RetryAfter(d)
+	status, typ, title := http.StatusTooManyRequests, ProblemQuotaExceeded, "Quota Exceeded"
+	detail := fmt.Sprintf("rate limit %q exceeded; retry after %d s", d.Limit, ra)
+	switch {
+	case !later:
+		status, typ, title = http.StatusBadRequest, "about:blank", "Bad Request"
+		detail = fmt.Sprintf("request cost exceeds what limit %q can ever admit; it can never pass", d.Limit)
+	case d.Source == hybrid.SourceFallback:
+		status, typ, title = http.StatusServiceUnavailable, ProblemTemporaryReducedCapacity, "Temporary Reduced Capacity"
+		detail = fmt.Sprintf("rate limit %q cannot be checked now (%s); retry after %d s", d.Limit, d.Reason, ra)
+	}
+	h := w.Header()
+	h.Set("X-Content-Type-Options", "nosniff")
+	if !acceptsProblem(r) {
+		h.Set("Content-Type", "text/plain; charset=utf-8")
+		w.WriteHeader(status)
+		fmt.Fprintln(w, detail)
 		return
 	}
-	w.WriteHeader(http.StatusTooManyRequests)
-	ra, _ := RetryAfter(d)
-	fmt.Fprintf(w, "rate limit %q exceeded; retry after %s s\n", d.Limit, strconv.FormatInt(ra, 10))
+	h.Set("Content-Type", "application/problem+json")
+	w.WriteHeader(status)
+	body, _ := json.Marshal(struct {
+		Type   string `json:"type"`
+		Title  string `json:"title"`
+		Status int    `json:"status"`
+		Detail string `json:"detail"`
+	}{typ, title, status, detail})
+	_, _ = w.Write(append(body, '\n'))
+}
+
+// acceptsProblem reports whether r's Accept header names application/problem+json.
+func acceptsProblem(r *http.Request) bool {
+	for _, v := range r.Header.Values("Accept") {
+		for part := range strings.SplitSeq(v, ",") {
+			mt, _, _ := strings.Cut(part, ";")
+			if strings.EqualFold(strings.TrimSpace(mt), "application/problem+json") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // DefaultOnError answers a request the Middleware could not decide: 400 Bad Request when

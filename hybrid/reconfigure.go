@@ -3,6 +3,7 @@ package hybrid
 import (
 	"fmt"
 	"slices"
+	"time"
 )
 
 // Limits returns the Limiter's limits as they are now, defaults filled in, in the order
@@ -13,6 +14,23 @@ func (l *Limiter) Limits() []Limit {
 		out = append(out, limitOf(lm.Config()))
 	}
 	return out
+}
+
+// Quota returns what a Decision under the named limit and tier ("" for the limit's own
+// rate and burst) reports as its Quota and Window, as they are now: what a response
+// that lists every limit a request counted against (httplimit's RateLimit-Policy)
+// states for the limits that did not decide. ErrUnknownLimit or ErrUnknownTier if
+// there is no such limit or tier. It allocates nothing.
+func (l *Limiter) Quota(limit, tier string) (quota int, window time.Duration, err error) {
+	lm := l.eng.Limit(limit)
+	switch {
+	case lm == nil:
+		return 0, 0, ErrUnknownLimit
+	case !lm.HasTier(tier):
+		return 0, 0, ErrUnknownTier
+	}
+	sh := lm.Shape(tier)
+	return sh.Burst(), sh.Window(), nil
 }
 
 // SetLimit changes the limit named lim.Name while the Limiter runs: its Rate, Burst,
