@@ -158,3 +158,76 @@ func Example_service() {
 	// Output:
 	// 200 "api";q=200;w=2 items
 }
+
+// Health checks and metrics pass untouched; every other request needs an API key and is
+// limited.
+func ExampleConfig_skip() {
+	lim, done := exampleLimiter(hybrid.Limit{Name: "api", Rate: 100, Burst: 200, Policy: breaker.FailOpen, MaxWait: time.Second})
+	defer done()
+
+	mw, err := httplimit.New(httplimit.Config{
+		Limiter: lim, Limit: "api", Key: httplimit.Header("X-API-Key"),
+		Skip: func(r *http.Request) bool { return r.URL.Path == "/healthz" || r.URL.Path == "/metrics" },
+	})
+	if err != nil {
+		panic(err)
+	}
+	handler := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	for _, path := range []string{"/healthz", "/v1/items"} {
+		rec := httptest.NewRecorder()
+		handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil)) // no X-API-Key
+		fmt.Println(path, rec.Code)
+	}
+	// Output:
+	// /healthz 200
+	// /v1/items 400
+}
+
+// One limit, a bucket per client and endpoint: the middleware wraps each route's
+// handler, so the key carries the route's pattern, not the item's id.
+func ExampleKeyByEndpoint() {
+	lim, done := exampleLimiter(hybrid.Limit{Name: "per-endpoint", Rate: 1e-3, Burst: 1, Policy: breaker.FailOpen, MaxWait: time.Second})
+	defer done()
+
+	mw, err := httplimit.New(httplimit.Config{
+		Limiter: lim, Limit: "per-endpoint",
+		Key: httplimit.KeyByEndpoint(httplimit.Header("X-API-Key")),
+	})
+	if err != nil {
+		panic(err)
+	}
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
+	mux := http.NewServeMux()
+	mux.Handle("GET /items/{id}", mw.Wrap(ok))
+	mux.Handle("GET /orders", mw.Wrap(ok))
+	for _, path := range []string{"/items/1", "/orders", "/items/2"} {
+		req := httptest.NewRequest(http.MethodGet, path, nil)
+		req.Header.Set("X-API-Key", "key-1")
+		rec := httptest.NewRecorder()
+		mux.ServeHTTP(rec, req)
+		fmt.Println(path, rec.Code)
+	}
+	// Output:
+	// /items/1 200
+	// /orders 200
+	// /items/2 429
+}
+
+// Behind Cloudflare, the client's address is in CF-Connecting-IP; IPv6 clients are
+// counted by their /64.
+func ExampleClientIPWith() {
+	key, err := httplimit.ClientIPWith(httplimit.IPOptions{
+		Trusted:    []netip.Prefix{netip.MustParsePrefix("173.245.48.0/20")}, // Cloudflare's ranges, in full
+		Header:     "CF-Connecting-IP",
+		IPv6Prefix: 64,
+	})
+	if err != nil {
+		panic(err)
+	}
+	req := httptest.NewRequest(http.MethodGet, "/", nil)
+	req.RemoteAddr = "173.245.48.10:443"
+	req.Header.Set("CF-Connecting-IP", "2001:db8:1:2:aaaa:bbbb:cccc:dddd")
+	fmt.Println(key(req))
+	// Output:
+	// 2001:db8:1:2::/64 <nil>
+}

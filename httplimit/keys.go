@@ -1,6 +1,7 @@
 package httplimit
 
 import (
+	"cmp"
 	"fmt"
 	"net"
 	"net/http"
@@ -20,7 +21,28 @@ func Header(name string) KeyFunc {
 	}
 }
 
-// ClientIP returns a KeyFunc that keys a request by its client's IP address.
+// KeyByEndpoint returns a KeyFunc that keys a request by k's key and the route it
+// asks for, so that each endpoint of a client has a bucket of its own under one limit:
+// "<k's key> <route>". The route is the pattern the request matched on an
+// http.ServeMux (Request.Pattern, "GET /items/{id}": one bucket for every item) when
+// the Middleware runs inside the mux, as a handler's wrapper; else the method and the
+// path ("GET /items/42"), which gives every distinct path a bucket of its own: wrap
+// per route, or key by a route name of your own, where paths carry ids.
+func KeyByEndpoint(k KeyFunc) KeyFunc {
+	return func(r *http.Request) (string, error) {
+		key, err := k(r)
+		if err != nil {
+			return "", err
+		}
+		if r.Pattern != "" {
+			return key + " " + r.Pattern, nil
+		}
+		return key + " " + r.Method + " " + r.URL.Path, nil
+	}
+}
+
+// ClientIP returns a KeyFunc that keys a request by its client's IP address:
+// ClientIPWith(IPOptions{Trusted: trusted}), X-Forwarded-For from trusted proxies.
 //
 // Without trusted proxies it is the address of the peer (Request.RemoteAddr): headers
 // are ignored, since any client can write them. When the peer is in one of the trusted
@@ -30,11 +52,47 @@ func Header(name string) KeyFunc {
 // entry is trusted, the leftmost one is used.
 //
 // An entry may carry a port ("203.0.113.7:4711", "[2001:db8::1]:443"), as some proxies
-// write it; the port is dropped. IPv4-mapped IPv6 addresses are keyed as IPv4. An IPv6 client is keyed by its whole
-// address; one that rotates addresses within its /64 needs a KeyFunc of your own that
-// masks it (netip.Addr.Prefix). An unparsable address fails with ErrNoKey.
+// write it; the port is dropped. IPv4-mapped IPv6 addresses are keyed as IPv4. An IPv6
+// client is keyed by its whole address (IPOptions.IPv6Prefix groups a prefix). An
+// unparsable address fails with ErrNoKey.
 func ClientIP(trusted ...netip.Prefix) KeyFunc {
-	trusted = append([]netip.Prefix(nil), trusted...)
+	k, _ := ClientIPWith(IPOptions{Trusted: trusted}) // no error without Header and IPv6Prefix
+	return k
+}
+
+// IPOptions configures ClientIPWith.
+type IPOptions struct {
+	// Trusted are the prefixes of your proxies (load balancers, a CDN's ranges): only a
+	// peer in one of them is believed about the client. None: the peer is the client.
+	Trusted []netip.Prefix
+	// Header is where a trusted peer names the client:
+	//   - "X-Forwarded-For" (the default): a list each proxy appends to; the client is
+	//     the rightmost entry not trusted, as ClientIP says;
+	//   - "Forwarded" (RFC 7239): the same walk over its for= parameters; an entry that
+	//     is not an address ("unknown", an obfuscated "_name") fails with ErrNoKey;
+	//   - any other name ("X-Real-IP", "CF-Connecting-IP", "True-Client-IP",
+	//     "Fly-Client-IP"): one address, set by the trusted proxy in front; without it the
+	//     peer is the client.
+	Header string
+	// IPv6Prefix, if not 0, keys an IPv6 client by its prefix of that many bits: 64
+	// counts a /64, which an ISP hands to one customer and which a client can rotate
+	// addresses within, as one client. 0 keys the whole address. From 1 to 128.
+	IPv6Prefix int
+}
+
+// ClientIPWith returns a KeyFunc that keys a request by its client's IP address, read
+// as o says, or an error wrapping ErrInvalidConfig for an IPv6Prefix out of range or a
+// Header that is not a valid header name. Keys are addresses ("198.51.100.9"), or
+// prefixes with IPv6Prefix ("2001:db8:1:2::/64").
+func ClientIPWith(o IPOptions) (KeyFunc, error) {
+	if o.IPv6Prefix < 0 || o.IPv6Prefix > 128 {
+		return nil, fmt.Errorf("%w: IPv6Prefix %d, want 0 to 128", ErrInvalidConfig, o.IPv6Prefix)
+	}
+	name := http.CanonicalHeaderKey(cmp.Or(o.Header, "X-Forwarded-For"))
+	if strings.ContainsAny(name, " \t\r\n:") {
+		return nil, fmt.Errorf("%w: Header %q is not a header name", ErrInvalidConfig, o.Header)
+	}
+	trusted := append([]netip.Prefix(nil), o.Trusted...)
 	isTrusted := func(a netip.Addr) bool {
 		for _, p := range trusted {
 			if p.Contains(a) {
@@ -43,18 +101,45 @@ func ClientIP(trusted ...netip.Prefix) KeyFunc {
 		}
 		return false
 	}
+	key := func(a netip.Addr) (string, error) {
+		if o.IPv6Prefix == 0 || !a.Is6() {
+			return a.String(), nil
+		}
+		p, err := a.Prefix(o.IPv6Prefix)
+		if err != nil {
+			return "", fmt.Errorf("%w: %v", ErrNoKey, err)
+		}
+		return p.String(), nil
+	}
+	var entry func(string) (netip.Addr, error) // one hop of a list header
+	switch name {
+	case "X-Forwarded-For":
+		entry = parseHop
+	case "Forwarded":
+		entry = forwardedFor
+	}
 	return func(r *http.Request) (string, error) {
 		peer, err := parseRemoteAddr(r.RemoteAddr)
 		if err != nil {
 			return "", err
 		}
 		if len(trusted) == 0 || !isTrusted(peer) {
-			return peer.String(), nil
+			return key(peer)
+		}
+		lines := r.Header[name]
+		if entry == nil { // one address, written by the trusted proxy
+			if len(lines) == 0 || strings.TrimSpace(lines[0]) == "" {
+				return key(peer)
+			}
+			a, err := parseHop(strings.TrimSpace(lines[0]))
+			if err != nil {
+				return "", fmt.Errorf("%w: %s %q: %v", ErrNoKey, name, lines[0], err)
+			}
+			return key(a.Unmap())
 		}
 		client := peer
-		hops := r.Header["X-Forwarded-For"]
-		for i := len(hops) - 1; i >= 0; i-- {
-			line := hops[i]
+		for i := len(lines) - 1; i >= 0; i-- {
+			line := lines[i]
 			for line != "" {
 				var hop string
 				if j := strings.LastIndexByte(line, ','); j >= 0 {
@@ -62,18 +147,39 @@ func ClientIP(trusted ...netip.Prefix) KeyFunc {
 				} else {
 					line, hop = "", line
 				}
-				a, err := parseHop(strings.TrimSpace(hop))
+				a, err := entry(strings.TrimSpace(hop))
 				if err != nil {
-					return "", fmt.Errorf("%w: X-Forwarded-For entry %q: %v", ErrNoKey, hop, err)
+					return "", fmt.Errorf("%w: %s entry %q: %v", ErrNoKey, name, hop, err)
 				}
 				client = a.Unmap()
 				if !isTrusted(client) {
-					return client.String(), nil
+					return key(client)
 				}
 			}
 		}
-		return client.String(), nil
+		return key(client)
+	}, nil
+}
+
+// forwardedFor parses the for= parameter of one element of a Forwarded field (RFC 7239:
+// "for=192.0.2.60;proto=http", "for=\"[2001:db8::17]:4711\""). Quoted values never
+// hold a comma in a for= address, so the caller's split on commas is safe; an element
+// without for=, or whose for= is not an address, is an error.
+func forwardedFor(elem string) (netip.Addr, error) {
+	for pair := range strings.SplitSeq(elem, ";") {
+		k, v, ok := strings.Cut(strings.TrimSpace(pair), "=")
+		if !ok || !strings.EqualFold(k, "for") {
+			continue
+		}
+		if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
+			v = v[1 : len(v)-1]
+		}
+		if strings.HasPrefix(v, "[") && strings.HasSuffix(v, "]") { // an IPv6 address without a port
+			v = v[1 : len(v)-1]
+		}
+		return parseHop(v)
 	}
+	return netip.Addr{}, fmt.Errorf("no for= parameter")
 }
 
 // parseHop parses an X-Forwarded-For entry: an IP, or an IP with a port ("ip:port",

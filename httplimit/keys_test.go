@@ -1,6 +1,7 @@
 package httplimit_test
 
 import (
+	"cmp"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -108,4 +109,129 @@ func FuzzClientIP(f *testing.F) {
 			t.Fatalf("untrusted peer %s keyed as %s", peer, a)
 		}
 	})
+}
+
+func TestClientIPWith(t *testing.T) {
+	lb := netip.MustParsePrefix("10.0.0.0/8")
+	for _, tc := range []struct {
+		name   string
+		o      httplimit.IPOptions
+		remote string
+		header map[string][]string
+		want   string // "" means ErrNoKey
+	}{
+		{"Forwarded", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "Forwarded"}, "10.1.2.3:80",
+			map[string][]string{"Forwarded": {`for=6.6.6.6, for=198.51.100.9;proto=https;by=10.0.0.1`}}, "198.51.100.9"},
+		{"Forwarded, quoted IPv6 with a port", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "forwarded"}, "10.1.2.3:80",
+			map[string][]string{"Forwarded": {`For="[2001:db8:cafe::17]:4711"`}}, "2001:db8:cafe::17"},
+		{"Forwarded, bracketed IPv6", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "Forwarded"}, "10.1.2.3:80",
+			map[string][]string{"Forwarded": {`for="[2001:db8::1]"`}}, "2001:db8::1"},
+		{"Forwarded, trusted hops skipped", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "Forwarded"}, "10.1.2.3:80",
+			map[string][]string{"Forwarded": {`for=198.51.100.9`, `for=10.9.9.9;proto=http`}}, "198.51.100.9"},
+		{"Forwarded, unknown", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "Forwarded"}, "10.1.2.3:80",
+			map[string][]string{"Forwarded": {`for=unknown`}}, ""},
+		{"Forwarded, obfuscated", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "Forwarded"}, "10.1.2.3:80",
+			map[string][]string{"Forwarded": {`for=_hidden`}}, ""},
+		{"Forwarded, no for", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "Forwarded"}, "10.1.2.3:80",
+			map[string][]string{"Forwarded": {`proto=https`}}, ""},
+		{"Forwarded from an untrusted peer", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "Forwarded"}, "203.0.113.7:80",
+			map[string][]string{"Forwarded": {`for=1.2.3.4`}}, "203.0.113.7"},
+		{"X-Real-IP", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "X-Real-IP"}, "10.1.2.3:80",
+			map[string][]string{"X-Real-Ip": {"198.51.100.9"}}, "198.51.100.9"},
+		{"CF-Connecting-IP", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "CF-Connecting-IP"}, "10.1.2.3:80",
+			map[string][]string{"Cf-Connecting-Ip": {"2001:db8::9"}, "X-Forwarded-For": {"6.6.6.6"}}, "2001:db8::9"},
+		{"CF-Connecting-IP missing: the peer", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "CF-Connecting-IP"}, "10.1.2.3:80",
+			nil, "10.1.2.3"},
+		{"X-Real-IP garbage", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "X-Real-IP"}, "10.1.2.3:80",
+			map[string][]string{"X-Real-Ip": {"a, b"}}, ""},
+		{"X-Real-IP from an untrusted peer", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "X-Real-IP"}, "203.0.113.7:80",
+			map[string][]string{"X-Real-Ip": {"1.2.3.4"}}, "203.0.113.7"},
+		{"IPv6 /64", httplimit.IPOptions{IPv6Prefix: 64}, "[2001:db8:1:2:aaaa::1]:443", nil, "2001:db8:1:2::/64"},
+		{"IPv6 /64, another address of it", httplimit.IPOptions{IPv6Prefix: 64}, "[2001:db8:1:2:bbbb::7]:443", nil, "2001:db8:1:2::/64"},
+		{"IPv6 prefix leaves IPv4 alone", httplimit.IPOptions{IPv6Prefix: 64}, "192.0.2.1:80", nil, "192.0.2.1"},
+		{"IPv6 /56 behind a proxy", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, IPv6Prefix: 56}, "10.1.2.3:80",
+			map[string][]string{"X-Forwarded-For": {"2001:db8:1:2ff::1"}}, "2001:db8:1:200::/56"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			k, err := httplimit.ClientIPWith(tc.o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := httptest.NewRequest(http.MethodGet, "/", nil)
+			r.RemoteAddr = tc.remote
+			for h, vs := range tc.header {
+				for _, v := range vs {
+					r.Header.Add(h, v)
+				}
+			}
+			got, err := k(r)
+			if tc.want == "" {
+				if !errors.Is(err, httplimit.ErrNoKey) {
+					t.Fatalf("key = %q, %v; want ErrNoKey", got, err)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("key = %q, %v; want %q", got, err, tc.want)
+			}
+		})
+	}
+	for _, o := range []httplimit.IPOptions{{IPv6Prefix: -1}, {IPv6Prefix: 129}, {Header: "X Real IP"}, {Header: "a:b"}} {
+		if _, err := httplimit.ClientIPWith(o); !errors.Is(err, httplimit.ErrInvalidConfig) {
+			t.Errorf("ClientIPWith(%+v) = %v, want ErrInvalidConfig", o, err)
+		}
+	}
+}
+
+// FuzzClientIPWith: whatever a client or a proxy writes in X-Forwarded-For or
+// Forwarded, the key is an address or a prefix, or the error is ErrNoKey; nothing
+// panics.
+func FuzzClientIPWith(f *testing.F) {
+	for _, s := range []string{"198.51.100.9", "6.6.6.6, 10.0.0.1", `for="[2001:db8::1]:1"`, "for=unknown", `for=";,"`, "[::1]:x", ""} {
+		f.Add(s, true, uint8(0))
+		f.Add(s, false, uint8(64))
+	}
+	lb := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+	f.Fuzz(func(t *testing.T, v string, forwarded bool, bits uint8) {
+		o := httplimit.IPOptions{Trusted: lb, IPv6Prefix: int(bits % 129)}
+		if forwarded {
+			o.Header = "Forwarded"
+		}
+		k, err := httplimit.ClientIPWith(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.RemoteAddr = "10.1.2.3:80"
+		r.Header.Set(cmp.Or(o.Header, "X-Forwarded-For"), v)
+		got, err := k(r)
+		if err != nil {
+			if !errors.Is(err, httplimit.ErrNoKey) {
+				t.Fatalf("%q: error %v does not wrap ErrNoKey", v, err)
+			}
+			return
+		}
+		if _, aerr := netip.ParseAddr(got); aerr != nil {
+			if _, perr := netip.ParsePrefix(got); perr != nil {
+				t.Fatalf("%q: key %q is neither an address nor a prefix", v, got)
+			}
+		}
+	})
+}
+
+func TestKeyByEndpoint(t *testing.T) {
+	k := httplimit.KeyByEndpoint(httplimit.Header("X-API-Key"))
+	r := httptest.NewRequest(http.MethodPost, "/v1/items/42?x=1", nil)
+	r.Header.Set("X-API-Key", "key-1")
+	if got, err := k(r); err != nil || got != "key-1 POST /v1/items/42" {
+		t.Errorf("outside a mux: %q, %v; want the method and path", got, err)
+	}
+	r.Pattern = "POST /v1/items/{id}"
+	if got, err := k(r); err != nil || got != "key-1 POST /v1/items/{id}" {
+		t.Errorf("inside a mux: %q, %v; want the pattern", got, err)
+	}
+	r.Header.Del("X-API-Key")
+	if _, err := k(r); !errors.Is(err, httplimit.ErrNoKey) {
+		t.Errorf("no key: %v, want ErrNoKey", err)
+	}
 }

@@ -63,6 +63,10 @@ type Config struct {
 	OnError func(w http.ResponseWriter, r *http.Request, err error)
 	// Now is the clock X-RateLimit-Reset reads with HeadersXResetEpoch. nil: time.Now.
 	Now func() time.Time
+	// Skip, if set, lets the requests it returns true for through untouched: no key is
+	// looked for, no limit is asked, no header is written. Health checks, /metrics, a
+	// list of internal callers. nil: every request is limited.
+	Skip func(r *http.Request) bool
 }
 
 // Also is one more limit of Config.Also: a limit of the Limiter and the key the request
@@ -89,6 +93,7 @@ type Middleware struct {
 	deny    http.Handler
 	onError func(w http.ResponseWriter, r *http.Request, err error)
 	now     func() time.Time
+	skip    func(r *http.Request) bool
 }
 
 // New returns a Middleware for cfg, or an error wrapping ErrInvalidConfig. The limit
@@ -121,7 +126,7 @@ func New(cfg Config) (*Middleware, error) {
 	m := &Middleware{
 		lim: cfg.Limiter, limit: cfg.Limit, key: cfg.Key, tier: cfg.Tier, cost: cfg.Cost,
 		also:    append([]Also(nil), cfg.Also...),
-		headers: cfg.Headers, deny: cfg.Deny, onError: cfg.OnError, now: cfg.Now,
+		headers: cfg.Headers, deny: cfg.Deny, onError: cfg.OnError, now: cfg.Now, skip: cfg.Skip,
 	}
 	if m.headers == 0 {
 		m.headers = HeadersStandard
@@ -153,6 +158,10 @@ func hasLimit(l *hybrid.Limiter, name string) bool {
 // in its context (FromContext); a denied one goes to Config.Deny instead.
 func (m *Middleware) Wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if m.skip != nil && m.skip(r) {
+			next.ServeHTTP(w, r)
+			return
+		}
 		key, err := m.key(r)
 		if err != nil {
 			m.onError(w, r, err)
