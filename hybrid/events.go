@@ -18,6 +18,9 @@ const defaultLogInterval = 10 * time.Second
 // evictionCheckTimeout bounds the start-up check of Redis's eviction policy.
 const evictionCheckTimeout = 2 * time.Second
 
+// warmTimeout bounds the start-up warming of Redis and the client (Limiter.Ready).
+const warmTimeout = 5 * time.Second
+
 // events turns what the Limiter's background goroutine sees into log lines: breaker
 // state changes, lost refunds, fleet size changes and scripts Redis refuses. Only that
 // goroutine uses it.
@@ -33,6 +36,8 @@ type events struct {
 	gone     throttle               // lost buckets
 	limits   func() []*engine.Limit // to read their lost-bucket counters
 	goneSeen int64                  // lost buckets counted when last logged
+	dryLast  time.Time              // when the DryRun limits' denials were last looked at
+	drySeen  map[*engine.Limit]int64
 	ctx      context.Context
 	lostToks int // tokens lost since the last lost-refunds line
 }
@@ -63,7 +68,8 @@ type breakerSeen struct {
 func newEvents(log *slog.Logger, every time.Duration, nodes *nodes, fleet string, servers int, limits func() []*engine.Limit) *events {
 	ev := &events{
 		log: log, every: every, nodes: nodes, seen: map[*node]breakerSeen{}, fleet: fleet, servers: servers, limits: limits,
-		ctx: context.Background(),
+		drySeen: map[*engine.Limit]int64{},
+		ctx:     context.Background(),
 	}
 	ev.seen[nodes.all] = breakerSeen{nodes.all.brk.State(), nodes.all.brk.Stats()}
 	return ev
@@ -209,5 +215,31 @@ func (ev *events) lostBuckets(now time.Time) {
 		ev.log.LogAttrs(ev.ctx, slog.LevelError, "fleetlimit: Redis lost rate-limit buckets (evicted, flushed or deleted); they came back full",
 			slog.Int64("buckets", n-ev.goneSeen), slog.Any("limits", names), slog.Int("lines_skipped", skipped))
 		ev.goneSeen = n
+	}
+}
+
+// dryRuns logs, once per interval, how many requests each DryRun limit denied (and so
+// admitted) since the last line: what enforcing it would have turned away.
+func (ev *events) dryRuns(now time.Time) {
+	if !ev.dryLast.IsZero() && now.Sub(ev.dryLast) < ev.every {
+		return
+	}
+	ev.dryLast = now
+	for _, lm := range ev.limits() {
+		if !lm.Config().DryRun {
+			continue
+		}
+		var denied int64
+		st := lm.Stats()
+		for src := range st.Decisions[0] {
+			for _, n := range st.Decisions[0][src] {
+				denied += n
+			}
+		}
+		if d := denied - ev.drySeen[lm]; d > 0 {
+			ev.log.LogAttrs(ev.ctx, slog.LevelInfo, "fleetlimit: dry-run limit would have denied requests; they were admitted",
+				slog.String("limit", lm.Name()), slog.Int64("requests", d))
+		}
+		ev.drySeen[lm] = denied
 	}
 }

@@ -64,6 +64,11 @@ func Example() {
 		panic(err)
 	}
 	ctx := context.Background()
+	// Before taking traffic: scripts loaded, connections open, so the first requests
+	// cost what later ones do. The Limiter decides requests whatever it returns.
+	if err := lim.Ready(ctx); err != nil {
+		fmt.Println("Redis not ready:", err)
+	}
 	show := func(tenant string) {
 		d, err := lim.Allow(ctx, "upload", tenant)
 		if err != nil {

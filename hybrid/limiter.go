@@ -97,6 +97,13 @@ type Limit struct {
 	// its tier (docs/limits.md). Names unique and not empty; the Limit's other fields
 	// apply to every tier. A Windowed limit has none.
 	Tiers []Tier
+	// DryRun makes the limit watch without enforcing, to roll a new limit out safely:
+	// every request is decided, counted (Stats, the metrics) and told to OnDecision as
+	// usual, tokens are taken as usual, but a denial is turned into an admission with
+	// Decision.WouldDeny set; the Logger gets a line per LogInterval with how many
+	// requests it would have denied. In AllowMulti a DryRun item never blocks the
+	// others. SetLimit can turn it off, to start enforcing, at run time.
+	DryRun bool
 }
 
 // LeaseTuning tunes a limit's leases: the batches of tokens a server takes from a key's
@@ -135,7 +142,7 @@ func engineLimit(l Limit) (engine.LimitConfig, error) {
 	c := engine.LimitConfig{
 		Name: l.Name, Rate: l.Rate, Burst: l.Burst, Policy: l.Policy, PreRate: l.PreRate, PreBurst: l.PreBurst,
 		MaxWait: l.MaxWait, MaxCost: l.MaxCost, RefillInterval: l.Lease.RefillInterval, Lifetime: l.Lease.Lifetime,
-		LowWatermark: l.Lease.LowWatermark, MaxKeys: l.MaxKeys, Version: l.Version,
+		LowWatermark: l.Lease.LowWatermark, MaxKeys: l.MaxKeys, Version: l.Version, DryRun: l.DryRun,
 	}
 	switch l.Mode.kind {
 	case modeChargeLater:
@@ -153,7 +160,7 @@ func engineLimit(l Limit) (engine.LimitConfig, error) {
 func limitOf(c engine.LimitConfig) Limit {
 	l := Limit{
 		Name: c.Name, Rate: c.Rate, Burst: c.Burst, Policy: c.Policy, PreRate: c.PreRate, PreBurst: c.PreBurst,
-		MaxWait: c.MaxWait, MaxCost: c.MaxCost, MaxKeys: c.MaxKeys, Version: c.Version,
+		MaxWait: c.MaxWait, MaxCost: c.MaxCost, MaxKeys: c.MaxKeys, Version: c.Version, DryRun: c.DryRun,
 		Lease: LeaseTuning{RefillInterval: c.RefillInterval, Lifetime: c.Lifetime, LowWatermark: c.LowWatermark},
 	}
 	switch {
@@ -336,6 +343,10 @@ type Decision struct {
 	// limit's Rate: 0 when Remaining is Quota, Window when the fallback decided (the
 	// bucket's level is not known then).
 	Reset time.Duration
+	// WouldDeny reports that the limit, a DryRun one, denied the request, and that it
+	// was admitted all the same: Allowed is true, RetryAfter 0, and Source and Reason
+	// say why it would have been denied.
+	WouldDeny bool
 }
 
 // decision is d, for the limit lm, as the user sees it.
@@ -356,6 +367,9 @@ func (out *Decision) set(lm *engine.Limit, tier string, d *engine.Decision) {
 		out.Reset = out.Window
 	} else {
 		out.Reset = sh.RefillTime(out.Quota - out.Remaining)
+	}
+	if !out.Allowed && sh.DryRun() && out.Reason != ReasonInvalidCost && out.Reason != ReasonCanceled && out.Reason != ReasonClosed {
+		out.Allowed, out.WouldDeny, out.RetryAfter = true, true, 0
 	}
 }
 
@@ -378,7 +392,9 @@ type Limiter struct {
 
 	onDecision  func(key string, d Decision)
 	events      *events            // nil without a Logger
-	cancelCheck context.CancelFunc // ends the start-up eviction check; nil without a Logger
+	cancelStart context.CancelFunc // ends the start-up work: Warm, and the eviction check
+	ready       chan struct{}      // closed once Warm has returned
+	readyErr    error              // Warm's error; read after ready
 
 	closed    atomic.Bool
 	wake      chan struct{} // buffered 1: the engine has I/O queued
@@ -450,21 +466,44 @@ func New(store *global.Store, cfg Config) (*Limiter, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	l.eng = eng
+	start, cancel := context.WithCancel(context.Background())
+	l.cancelStart = cancel
+	l.ready = make(chan struct{})
+	l.wg.Go(func() { // dials and script loads now, not on the first requests' time
+		ctx, done := context.WithTimeout(start, warmTimeout)
+		defer done()
+		l.readyErr = l.store.Warm(ctx)
+		close(l.ready)
+	})
 	if cfg.Logger != nil {
 		l.events = newEvents(cfg.Logger, cmp.Or(cfg.LogInterval, defaultLogInterval), l.nodes, cfg.Fleet, eng.Servers(), eng.Limits)
 		// Once, at start: a Redis that may evict the buckets breaks every policy silently.
-		ctx, cancel := context.WithTimeout(context.Background(), evictionCheckTimeout)
-		l.cancelCheck = cancel
-		l.wg.Add(1)
-		go func() {
-			defer l.wg.Done()
-			defer cancel()
+		l.wg.Go(func() {
+			ctx, done := context.WithTimeout(start, evictionCheckTimeout)
+			defer done()
 			l.events.eviction(l.store.CheckEviction(ctx))
-		}()
+		})
 	}
 	l.wg.Add(1)
 	go l.run()
 	return l, nil
+}
+
+// Ready waits until the Limiter has readied Redis and its client for the first
+// requests (global.Store.Warm, which New starts: scripts loaded, connections open) and
+// returns what that found: nil, or the error of a node it could not ready (ctx.Err()
+// if ctx ends first). Call it before the service takes traffic, in its start-up or its
+// readiness probe, so that the first requests cost what later ones do instead of a
+// dial and a script load, which can run past the breaker's deadline on a healthy Redis
+// and send them to their policy. The Limiter decides requests whatever Ready returns,
+// before and after.
+func (l *Limiter) Ready(ctx context.Context) error {
+	select {
+	case <-l.ready:
+		return l.readyErr
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // poke wakes the background goroutine without blocking.
@@ -498,6 +537,7 @@ func (l *Limiter) run() {
 		}
 		if l.events != nil {
 			l.events.breaker()
+			l.events.dryRuns(now)
 		}
 		stop := l.clock.AfterFunc(max(l.eng.NextTick().Sub(now), time.Millisecond), l.poke)
 		select {
@@ -807,9 +847,7 @@ func (l *Limiter) Close(ctx context.Context) error {
 // close is the work of the first Close.
 func (l *Limiter) close(ctx context.Context) error {
 	close(l.stop)
-	if l.cancelCheck != nil {
-		l.cancelCheck()
-	}
+	l.cancelStart()
 	// The engine is stopped, and its last round trip answered; a loop that does not get
 	// there (a Redis call that ignores its deadline) does not hold Close past ctx.
 	stopped := make(chan struct{})

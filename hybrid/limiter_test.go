@@ -287,15 +287,9 @@ func TestFleetDiscovery(t *testing.T) {
 // pipelined round trips, fewer than the refills.
 func TestRefillsShareRoundTrips(t *testing.T) {
 	_, c := redistest.Mini(t)
-	// A batch of 200 scripts on miniredis under -race on a loaded machine takes longer
-	// than the default 10 ms deadline; what is tested here is the batching.
-	brk, err := breaker.New(breaker.Settings{Timeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
 	l := newLimiter(t, newStore(t, c), hybrid.Config{
-		FleetSize: 1, Breaker: brk,
-		Limits: []hybrid.Limit{{Name: "api", Rate: 100, Burst: 100, Policy: breaker.FailClosed, MaxWait: time.Second}},
+		FleetSize: 1,
+		Limits:    []hybrid.Limit{{Name: "api", Rate: 100, Burst: 100, Policy: breaker.FailClosed, MaxWait: time.Second}},
 	})
 	var wg sync.WaitGroup
 	for i := range 200 {

@@ -79,6 +79,11 @@ func (l *Limiter) AllowMulti(ctx context.Context, items []Item) (MultiDecision, 
 			return MultiDecision{Denied: i, RetryAfter: InfDuration, Decision: decision(lm, it.Tier, &d)}, ErrInvalidCost
 		}
 	}
+	for _, it := range items {
+		if l.eng.Limit(it.Limit).Shape(it.Tier).DryRun() {
+			return l.allowMultiDry(ctx, items)
+		}
+	}
 	var m engine.Multi
 	for _, it := range items {
 		m.Add(engine.MultiItem{Limit: l.eng.Limit(it.Limit), Tier: it.Tier, Key: it.Key, N: it.Cost})
@@ -99,6 +104,45 @@ func (l *Limiter) AllowMulti(ctx context.Context, items []Item) (MultiDecision, 
 	out.Decision.set(it.Limit, it.Tier, &m.Decision)
 	if l.onDecision != nil {
 		l.onDecision(it.Key, out.Decision)
+	}
+	return out, err
+}
+
+// allowMultiDry is AllowMulti for items some of which are of DryRun limits: the others
+// are decided all or nothing first; if they admit the request (or there are none), each
+// DryRun item is decided on its own, as AllowN would, so that it counts what enforcing
+// it would have seen and never blocks the request. The answer is the others', unless a
+// DryRun item would have denied: its Decision (WouldDeny) is then the one reported, as
+// the limit closest to its end.
+func (l *Limiter) allowMultiDry(ctx context.Context, items []Item) (MultiDecision, error) {
+	var enforced []Item
+	var at []int // enforced[k] is items[at[k]]
+	for i, it := range items {
+		if !l.eng.Limit(it.Limit).Shape(it.Tier).DryRun() {
+			enforced, at = append(enforced, it), append(at, i)
+		}
+	}
+	out := MultiDecision{Allowed: true, Denied: -1}
+	var err error
+	if len(enforced) > 0 {
+		out, err = l.AllowMulti(ctx, enforced)
+		if !out.Allowed || err != nil {
+			if out.Denied >= 0 {
+				out.Denied = at[out.Denied]
+			}
+			return out, err
+		}
+	}
+	first := len(enforced) == 0
+	for _, it := range items {
+		if !l.eng.Limit(it.Limit).Shape(it.Tier).DryRun() {
+			continue
+		}
+		d, derr := l.allowN(ctx, it.Limit, it.Tier, it.Key, it.Cost, l.onDecision)
+		err = cmp.Or(err, derr)
+		if first || d.WouldDeny && !out.Decision.WouldDeny || !out.Decision.WouldDeny && d.Remaining < out.Decision.Remaining {
+			out.Decision, first = d, false
+		}
 	}
 	return out, err
 }

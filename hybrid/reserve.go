@@ -33,8 +33,9 @@ type Reservation struct {
 	act   time.Time       // when the holder may act
 	d     engine.Decision // the decision that took the tokens
 	claim *engine.Shape   // for a claim on the bucket's refill: the key's shape
+	dry   bool            // OK because a DryRun limit admits what it denies: holds nothing
 
-	failed *Decision // AllowN's answer, when ReserveN returned its error
+	final *Decision // AllowN's answer, reported as it is: ReserveN's error's, or a DryRun admission's
 
 	mu       sync.Mutex
 	canceled bool
@@ -61,8 +62,8 @@ func (r *Reservation) DelayFrom(t time.Time) time.Duration {
 // on the bucket's refill. For a reservation that is not OK, the denial; for one ReserveN
 // returned with an error, AllowN's answer.
 func (r *Reservation) Decision() Decision {
-	if r.failed != nil {
-		return *r.failed
+	if r.final != nil {
+		return *r.final
 	}
 	var out Decision
 	out.set(r.lm, r.tier, &r.d)
@@ -80,7 +81,7 @@ func (r *Reservation) Cancel() { r.CancelAt(r.l.clock.Now()) }
 // instant to act; from then on its tokens count as used, as x/time/rate's do. A second
 // Cancel does nothing.
 func (r *Reservation) CancelAt(t time.Time) {
-	if !r.ok {
+	if !r.ok || r.dry {
 		return
 	}
 	r.mu.Lock()
@@ -112,11 +113,15 @@ func (l *Limiter) ReserveN(ctx context.Context, limit, key string, n int) (*Rese
 	d, err := l.allowN(ctx, limit, "", key, n, nil)
 	lm := l.eng.Limit(limit)
 	if err != nil {
-		return &Reservation{l: l, lm: lm, key: key, n: n, failed: &d}, err
+		return &Reservation{l: l, lm: lm, key: key, n: n, final: &d}, err
 	}
 	r := &Reservation{l: l, lm: lm, key: key, n: n, act: l.clock.Now()}
 	r.d = engine.Decision{Allowed: d.Allowed, Remaining: d.Remaining, RetryAfter: d.RetryAfter,
 		Source: engine.Source(d.Source), Reason: engine.Reason(d.Reason), Servers: d.Servers}
+	if d.WouldDeny { // a DryRun limit's: admitted, nothing taken, nothing to give back
+		r.ok, r.dry, r.final = true, true, &d
+		return r, nil
+	}
 	if d.Allowed {
 		r.ok = true
 		return r, nil

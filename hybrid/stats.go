@@ -55,6 +55,9 @@ type LimitStats struct {
 	Name  string
 	Rate  float64
 	Burst int
+	// DryRun reports that the limit only watches (Limit.DryRun): its denials in
+	// Decisions were admitted.
+	DryRun bool
 	// Decisions counts the decisions made for the limit, one entry per combination of
 	// outcome, source and reason that occurred, in a fixed order (denied before
 	// allowed, then by source and reason).
@@ -140,7 +143,7 @@ func (l *Limiter) Stats() Stats {
 func limitStats(lm *engine.Limit) LimitStats {
 	s := lm.Stats()
 	out := LimitStats{
-		Name: lm.Name(), Rate: lm.Rate(), Burst: lm.Burst(),
+		Name: lm.Name(), Rate: lm.Rate(), Burst: lm.Burst(), DryRun: lm.Config().DryRun,
 		Takes: s.Takes, RefillErrors: s.RefillErrors,
 		Granted: s.Granted, Refunded: s.Refunded, RefundsLost: s.RefundsLost, Held: s.Held,
 		LostBuckets: s.LostBuckets, GivenBack: s.GivenBack, Reshaped: s.Reshaped,

@@ -98,6 +98,8 @@ func Register(l *hybrid.Limiter, m metric.Meter, opts ...Option) (metric.Registr
 		"Fleet heartbeats attempted.")
 	servers := gauge("fleetlimit_servers", "{server}",
 		"The live fleet size the limits are divided by.")
+	dryRun := gauge("fleetlimit_limit_dry_run", "",
+		"1 for a limit that only watches (DryRun): its denials in fleetlimit_decisions were admitted.")
 	breakerState := gauge("fleetlimit_breaker_state", "",
 		"1 for the Redis breaker's current state, 0 for the others.")
 	breakerTransitions := counter("fleetlimit_breaker_transitions", "{transition}",
@@ -138,6 +140,11 @@ func Register(l *hybrid.Limiter, m metric.Meter, opts ...Option) (metric.Registr
 			o.ObserveInt64(bucketsLost, ls.LostBuckets, byLimit)
 			o.ObserveInt64(givenBack, ls.GivenBack, byLimit)
 			o.ObserveInt64(held, ls.Held, byLimit)
+			var dry int64
+			if ls.DryRun {
+				dry = 1
+			}
+			o.ObserveInt64(dryRun, dry, byLimit)
 		}
 		o.ObserveInt64(roundTrips, s.RoundTrips, total)
 		o.ObserveInt64(refundCalls, s.RefundCalls, total)
@@ -160,6 +167,6 @@ func Register(l *hybrid.Limiter, m metric.Meter, opts ...Option) (metric.Registr
 		o.ObserveInt64(breakerCalls, b.Overloaded, overloaded)
 		o.ObserveInt64(breakerCalls, b.Excluded, excluded)
 		return nil
-	}, decisions, refills, refillErrors, granted, refunded, refundLost, bucketsLost, givenBack, held,
+	}, decisions, refills, refillErrors, granted, refunded, refundLost, bucketsLost, givenBack, held, dryRun,
 		roundTrips, refundCalls, heartbeats, servers, breakerState, breakerTransitions, breakerCalls)
 }

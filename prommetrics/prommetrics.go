@@ -53,6 +53,7 @@ type Collector struct {
 	decisions, refills, refillErrors, granted, refunded, refundLost, bucketsLost, givenBack, held *prometheus.Desc
 	roundTrips, refundCalls, heartbeats, servers                                                  *prometheus.Desc
 	breakerState, breakerTransitions, breakerCalls                                                *prometheus.Desc
+	dryRun                                                                                        *prometheus.Desc
 }
 
 // New returns a Collector that reports l's counters at each scrape.
@@ -83,6 +84,8 @@ func New(l *hybrid.Limiter, opts ...Option) *Collector {
 		"Buckets found lost in Redis (evicted, flushed, deleted) while this server took from them: each came back full.", "limit")
 	c.held = desc("fleetlimit_lease_tokens_held",
 		"Tokens this server holds in leases, over every key.", "limit")
+	c.dryRun = desc("fleetlimit_limit_dry_run",
+		"1 for a limit that only watches (DryRun): its denials in fleetlimit_decisions_total were admitted.", "limit")
 	c.roundTrips = desc("fleetlimit_round_trips_total",
 		"Round trips to Redis that carried refills (several refills share one).")
 	c.refundCalls = desc("fleetlimit_refund_calls_total",
@@ -106,7 +109,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.decisions, c.refills, c.refillErrors, c.granted, c.refunded, c.refundLost, c.bucketsLost, c.givenBack, c.held,
 		c.roundTrips, c.refundCalls, c.heartbeats, c.servers,
-		c.breakerState, c.breakerTransitions, c.breakerCalls,
+		c.breakerState, c.breakerTransitions, c.breakerCalls, c.dryRun,
 	} {
 		ch <- d
 	}
@@ -133,7 +136,13 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.bucketsLost, ls.LostBuckets, ls.Name)
 		counter(c.givenBack, ls.GivenBack, ls.Name)
 		gauge(c.held, ls.Held, ls.Name)
+		var dry int64
+		if ls.DryRun {
+			dry = 1
+		}
+		gauge(c.dryRun, dry, ls.Name)
 	}
+
 	counter(c.roundTrips, s.RoundTrips)
 	counter(c.refundCalls, s.RefundCalls)
 	counter(c.heartbeats, s.Heartbeats)

@@ -171,6 +171,7 @@ var Metrics = []Metric{
 	{"fleetlimit_buckets_lost_total", "counter", []string{"limit"}},
 	{"fleetlimit_decisions_given_back_total", "counter", []string{"limit"}},
 	{"fleetlimit_lease_tokens_held", "gauge", []string{"limit"}},
+	{"fleetlimit_limit_dry_run", "gauge", []string{"limit"}},
 	{"fleetlimit_round_trips_total", "counter", nil},
 	{"fleetlimit_refund_calls_total", "counter", nil},
 	{"fleetlimit_heartbeats_total", "counter", nil},

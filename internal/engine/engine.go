@@ -54,6 +54,9 @@ type LimitConfig struct {
 	// (window.go). WindowWidth is the counters per row of its arrays (0: the default).
 	Windowed    time.Duration
 	WindowWidth int
+	// DryRun is carried for the driver, which admits what the limit denies: the engine
+	// decides and counts as for any limit.
+	DryRun bool
 }
 
 // Config configures one server's Engine.

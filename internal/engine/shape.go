@@ -61,6 +61,9 @@ func (s *Shape) Global() global.Limit { return s.glim }
 // Window returns the time the shape's bucket takes to refill from empty (Burst / Rate).
 func (s *Shape) Window() time.Duration { return s.window }
 
+// DryRun reports whether the shape's limit only watches (LimitConfig.DryRun).
+func (sh *Shape) DryRun() bool { return sh.cfg.DryRun }
+
 // RefillTime returns the time the shape's bucket takes to refill n tokens at Rate: 0 for
 // n <= 0, InfDuration when that does not fit a time.Duration.
 func (s *Shape) RefillTime(n int) time.Duration {

@@ -1,0 +1,104 @@
+package hybrid_test
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/redistest"
+)
+
+// TestDryRun: a DryRun limit decides and counts as an enforced one, but admits what it
+// denies (WouldDeny); a reservation it admits that way holds nothing to give back; in
+// AllowMulti it never blocks the enforced items and is not decided when they deny; the
+// Logger hears how many it would have denied; SetLimit turns enforcement on.
+func TestDryRun(t *testing.T) {
+	_, c := redistest.Mini(t)
+	var logs syncBuffer
+	var mu sync.Mutex
+	var heard []hybrid.Decision
+	lim := func(name string, burst int, dry bool) hybrid.Limit {
+		return hybrid.Limit{Name: name, Rate: 1e-3, Burst: burst, Policy: breaker.FailClosed, MaxWait: time.Second, DryRun: dry}
+	}
+	l := newLimiter(t, newStore(t, c), hybrid.Config{
+		FleetSize: 1, Logger: slog.New(slog.NewJSONHandler(&logs, nil)), LogInterval: time.Millisecond,
+		Limits: []hybrid.Limit{lim("new", 2, true), lim("api", 3, false), lim("tenant", 1, true)},
+		OnDecision: func(key string, d hybrid.Decision) {
+			mu.Lock()
+			heard = append(heard, d)
+			mu.Unlock()
+		},
+	})
+	ctx := context.Background()
+
+	// AllowN: two within the burst, then admitted as WouldDeny.
+	for i, want := range []bool{false, false, true, true} {
+		d, err := l.Allow(ctx, "new", "k")
+		if err != nil || !d.Allowed || d.WouldDeny != want || d.RetryAfter != 0 {
+			t.Fatalf("request %d: %+v, %v; want admitted, WouldDeny %v", i, d, err, want)
+		}
+	}
+	if denied := deniedOf(l, "new"); denied != 2 {
+		t.Errorf("the limit counted %d denials, want the 2 it would have made", denied)
+	}
+	mu.Lock()
+	if n := len(heard); n != 4 || !heard[3].WouldDeny {
+		t.Errorf("OnDecision heard %d decisions (last %+v), want 4, the last WouldDeny", n, heard[n-1])
+	}
+	mu.Unlock()
+	waitFor(t, "the dry-run line", func() bool { return logs.has(t, "dry-run limit would have denied requests") })
+
+	// A reservation admitted as WouldDeny holds nothing: cancelling it gives nothing back.
+	r, err := l.Reserve(ctx, "new", "k")
+	if err != nil || !r.OK() || r.Delay() != 0 || !r.Decision().WouldDeny {
+		t.Fatalf("Reserve: %+v, %v; want OK at once, WouldDeny", r.Decision(), err)
+	}
+	r.Cancel()
+	if d, _ := l.Allow(ctx, "new", "k"); !d.WouldDeny {
+		t.Fatalf("after a cancelled dry-run reservation: %+v, want still WouldDeny (nothing given back)", d)
+	}
+
+	// AllowMulti: the dry-run tenant limit never blocks the enforced api limit.
+	items := []hybrid.Item{{Limit: "tenant", Key: "acme", Cost: 1}, {Limit: "api", Key: "k", Cost: 1}}
+	for i := range 3 {
+		md, err := l.AllowMulti(ctx, items)
+		if err != nil || !md.Allowed || md.Decision.WouldDeny != (i > 0) {
+			t.Fatalf("multi %d: %+v, %v; want admitted by api, tenant WouldDeny from the second", i, md, err)
+		}
+	}
+	before := deniedOf(l, "tenant")
+	md, err := l.AllowMulti(ctx, items) // api's burst of 3 is spent: denied, by item 1
+	if err != nil || md.Allowed || md.Denied != 1 || md.Decision.Limit != "api" {
+		t.Fatalf("multi over api's burst: %+v, %v; want denied by item 1, api", md, err)
+	}
+	if deniedOf(l, "tenant") != before {
+		t.Error("the dry-run item was decided though the enforced items denied")
+	}
+
+	// Enforcing: SetLimit turns DryRun off.
+	if err := l.SetLimit(lim("new", 2, false)); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := l.Allow(ctx, "new", "k"); d.Allowed || d.WouldDeny {
+		t.Fatalf("enforced: %+v, want denied", d)
+	}
+}
+
+// deniedOf returns the denials the limit named name counted.
+func deniedOf(l *hybrid.Limiter, name string) int64 {
+	var n int64
+	for _, ls := range l.Stats().Limits {
+		if ls.Name == name {
+			for _, dc := range ls.Decisions {
+				if !dc.Allowed {
+					n += dc.Count
+				}
+			}
+		}
+	}
+	return n
+}

@@ -1,0 +1,80 @@
+package hybrid_test
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/redistest"
+	"github.com/fleetlimit/fleetlimit/lua"
+)
+
+// TestFirstRequestsAfterReady: a fresh Limiter, with the default breaker (10 ms) and
+// MaxWait (10 ms), over a Redis that has just started (no script cached, no connection
+// open) and answers within its timeout: once Ready has returned, the first requests of
+// 160 new keys, from 16 goroutines at once, are all decided by Redis, none by the
+// policy. Ready loaded the scripts and opened the connections first. (Under -race the
+// client is slowed past those 10 ms budgets: only the scripts are checked then.)
+func TestFirstRequestsAfterReady(t *testing.T) {
+	srv := redistest.StartServer(t)
+	opts := redistest.Options(srv.Addr)
+	global.Configure(opts)
+	c := srv.Client(func(o *redis.Options) { *o = *opts })
+	store, err := global.New(c, global.Prefix(prefix(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := hybrid.New(store, hybrid.Config{FleetSize: 1,
+		Limits: []hybrid.Limit{{Name: "api", Rate: 100, Burst: 100, Policy: breaker.FailClosed}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := l.Ready(ctx); err != nil {
+		t.Fatalf("Ready: %v", err)
+	}
+	ok, err := c.ScriptExists(ctx, lua.Take.Hash(), lua.Refund.Hash(), lua.Heartbeat.Hash(), lua.Low.Hash()).Result()
+	if err != nil || !ok[0] || !ok[1] || !ok[2] || !ok[3] {
+		t.Fatalf("scripts cached after Ready: %v, %v", ok, err)
+	}
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		fallback []hybrid.Decision
+	)
+	for g := range 16 {
+		wg.Go(func() {
+			for k := range 10 {
+				d, err := l.Allow(context.Background(), "api", "new-"+strconv.Itoa(g*10+k))
+				if err != nil {
+					t.Error(err)
+				}
+				if d.Source == hybrid.SourceFallback {
+					mu.Lock()
+					fallback = append(fallback, d)
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	st := l.Stats().BreakerStats
+	if len(fallback) > 0 && raceEnabled {
+		// The race detector slows the client several times over: a request that waits
+		// for the trip out and then its own can pass its 10 ms MaxWait, and a call its
+		// deadline, on the client's time, not Redis's.
+		t.Logf("under -race, %d of 160 first requests went to the policy (breaker: %d timeouts)", len(fallback), st.Timeouts)
+	} else if len(fallback) > 0 {
+		t.Errorf("%d of 160 first requests went to the policy on a healthy Redis (first: %+v); breaker: %d timeouts, %d starved",
+			len(fallback), fallback[0], st.Timeouts, st.Starved)
+	}
+}
