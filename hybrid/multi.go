@@ -67,8 +67,12 @@ func (l *Limiter) AllowMulti(ctx context.Context, items []Item) (MultiDecision, 
 		return MultiDecision{Denied: 0, Decision: Decision{Reason: ReasonClosed}}, ErrClosed
 	}
 	// Every item must be valid before anything is looked at or counted.
+	dry := false
+	var buf [8]*engine.Limit // the items' limits, looked up once
+	lms := buf[:0]
 	for i, it := range items {
 		lm := l.eng.Limit(it.Limit)
+		lms = append(lms, lm)
 		switch {
 		case lm == nil:
 			return MultiDecision{Denied: i, RetryAfter: InfDuration, Decision: Decision{RetryAfter: InfDuration, Limit: it.Limit, Tier: it.Tier}}, ErrUnknownLimit
@@ -78,15 +82,14 @@ func (l *Limiter) AllowMulti(ctx context.Context, items []Item) (MultiDecision, 
 			d := engine.Decision{Reason: engine.ReasonInvalidCost, RetryAfter: InfDuration}
 			return MultiDecision{Denied: i, RetryAfter: InfDuration, Decision: decision(lm, it.Tier, &d)}, ErrInvalidCost
 		}
+		dry = dry || lm.Shape(it.Tier).DryRun()
 	}
-	for _, it := range items {
-		if l.eng.Limit(it.Limit).Shape(it.Tier).DryRun() {
-			return l.allowMultiDry(ctx, items)
-		}
+	if dry {
+		return l.allowMultiDry(ctx, items)
 	}
 	var m engine.Multi
-	for _, it := range items {
-		m.Add(engine.MultiItem{Limit: l.eng.Limit(it.Limit), Tier: it.Tier, Key: it.Key, N: it.Cost})
+	for i, it := range items {
+		m.Add(engine.MultiItem{Limit: lms[i], Tier: it.Tier, Key: it.Key, N: it.Cost})
 	}
 	w, done := l.eng.StartMulti(l.clock.Now(), &m)
 	var err error
