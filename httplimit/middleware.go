@@ -158,44 +158,54 @@ func hasLimit(l *hybrid.Limiter, name string) bool {
 // in its context (FromContext); a denied one goes to Config.Deny instead.
 func (m *Middleware) Wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if m.skip != nil && m.skip(r) {
+		if r, ok := m.Check(w, r); ok {
 			next.ServeHTTP(w, r)
-			return
 		}
-		key, err := m.key(r)
-		if err != nil {
-			m.onError(w, r, err)
-			return
-		}
-		n := 1
-		if m.cost != nil {
-			if n = m.cost(r); n < 0 {
-				m.onError(w, r, fmt.Errorf("%w: cost %d", hybrid.ErrInvalidCost, n))
-				return
-			}
-		}
-		tier := ""
-		if m.tier != nil {
-			tier = m.tier(r)
-		}
-		d, err := m.decide(r, tier, key, n)
-		if err != nil {
-			m.onError(w, r, err)
-			return
-		}
-		var now time.Time
-		if m.headers&HeadersXResetEpoch != 0 {
-			now = m.now()
-		}
-		var pols [maxAlso + 1]Policy
-		writeHeaders(w.Header(), d, m.policies(pols[:0], d, tier), m.headers, now)
-		r = r.WithContext(&decisionCtx{Context: r.Context(), d: d})
-		if d.Allowed {
-			next.ServeHTTP(w, r)
-			return
-		}
-		m.deny.ServeHTTP(w, r)
 	})
+}
+
+// Check is Wrap's work for a framework of its own (gin, echo: see the ginlimit and
+// echolimit modules): it decides r, and either returns the request to go on with (its
+// Decision in its context, the headers written) and true, or answers it itself
+// (Config.Deny, Config.OnError) and returns false. A request Skip lets through comes
+// back as it is, with true.
+func (m *Middleware) Check(w http.ResponseWriter, r *http.Request) (*http.Request, bool) {
+	if m.skip != nil && m.skip(r) {
+		return r, true
+	}
+	key, err := m.key(r)
+	if err != nil {
+		m.onError(w, r, err)
+		return r, false
+	}
+	n := 1
+	if m.cost != nil {
+		if n = m.cost(r); n < 0 {
+			m.onError(w, r, fmt.Errorf("%w: cost %d", hybrid.ErrInvalidCost, n))
+			return r, false
+		}
+	}
+	tier := ""
+	if m.tier != nil {
+		tier = m.tier(r)
+	}
+	d, err := m.decide(r, tier, key, n)
+	if err != nil {
+		m.onError(w, r, err)
+		return r, false
+	}
+	var now time.Time
+	if m.headers&HeadersXResetEpoch != 0 {
+		now = m.now()
+	}
+	var pols [maxAlso + 1]Policy
+	writeHeaders(w.Header(), d, m.policies(pols[:0], d, tier), m.headers, now)
+	r = r.WithContext(&decisionCtx{Context: r.Context(), d: d})
+	if d.Allowed {
+		return r, true
+	}
+	m.deny.ServeHTTP(w, r)
+	return r, false
 }
 
 // policies appends to dst the policy of every limit the request counted against, in
