@@ -142,8 +142,11 @@ func Example_service() {
 		log.Fatal(err) // invalid limits fail here, never at request time
 	}
 	defer lim.Close(context.Background()) // gives back the tokens this server still holds
-	if err := lim.Ready(context.Background()); err != nil { // scripts loaded, connections open
-		log.Print(err) // Redis not ready: requests are decided anyway, by their policy if need be
+
+	// Before taking traffic: scripts loaded, connections open. If Redis is not ready,
+	// requests are decided anyway, by their policy if need be.
+	if err := lim.Ready(context.Background()); err != nil {
+		log.Print(err)
 	}
 
 	mw, err := httplimit.New(httplimit.Config{Limiter: lim, Limit: "api", Key: httplimit.Header("X-API-Key")})
