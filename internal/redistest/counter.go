@@ -8,7 +8,8 @@ import (
 )
 
 // Counter is a go-redis hook counting what a client sends to Redis: round trips (a
-// command, or a whole pipeline) and commands. Add it with the client's AddHook; the zero
+// command, or a whole pipeline) and commands, what decisions cost: a Limiter's one-time
+// setup (SCRIPT LOAD, PING) is not counted. Add it with the client's AddHook; the zero
 // Counter is ready to use.
 type Counter struct {
 	Trips, Cmds atomic.Int64
@@ -17,13 +18,26 @@ type Counter struct {
 // DialHook is go-redis's: dials are not counted.
 func (c *Counter) DialHook(next redis.DialHook) redis.DialHook { return next }
 
-// ProcessHook counts one round trip and one command.
+// ProcessHook counts one round trip and one command, but for a setup command.
 func (c *Counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		c.Trips.Add(1)
-		c.Cmds.Add(1)
+		if !setup(cmd) {
+			c.Trips.Add(1)
+			c.Cmds.Add(1)
+		}
 		return next(ctx, cmd)
 	}
+}
+
+// setup reports whether cmd is one a Limiter sends once, at start, to ready Redis and
+// the client (global.Store.Warm: SCRIPT LOAD, PING), not for a decision: a Counter
+// measures what decisions cost.
+func setup(cmd redis.Cmder) bool {
+	switch cmd.Name() {
+	case "script", "ping":
+		return true
+	}
+	return false
 }
 
 // ProcessPipelineHook counts one round trip and the pipeline's commands.
