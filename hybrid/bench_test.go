@@ -310,3 +310,16 @@ func BenchmarkAllowWindowedParallel(b *testing.B) {
 	warm(b, l, []string{"k"}, 1000)
 	allowParallel(b, l)
 }
+
+// BenchmarkAllowAsync is BenchmarkAllowLease for a ChargeLater limit: a key this server
+// holds a lease for is served from it, as the exact kind's is.
+func BenchmarkAllowAsync(b *testing.B) {
+	_, c := redistest.Mini(b)
+	l := newLimiter(b, newStore(b, c), hybrid.Config{
+		FleetSize: 1,
+		Limits: []hybrid.Limit{{Name: "bench", Rate: 1e12, Burst: 1 << 40, Policy: breaker.FailOpen, Mode: hybrid.ChargeLater(100 * time.Millisecond),
+			MaxKeys: 2 * benchKeys, Lease: hybrid.LeaseTuning{RefillInterval: time.Hour, Lifetime: 5 * time.Hour, LowWatermark: -1}, MaxWait: time.Second}},
+	})
+	warm(b, l, []string{"k"}, 1000)
+	allowLoop(b, l, []string{"k"})
+}

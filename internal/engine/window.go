@@ -21,9 +21,11 @@ import (
 // for:
 //
 //   - A key it knows nothing against is admitted without asking, at most c =
-//     max(1, ceil(Burst/servers)) of it unanswered, once its marks are fresh.
-//   - A key whose count came within c of the burst is low until its window ends: each
-//     request asks, and waits. A window known spent is refused until it ends.
+//     max(1, ceil(Burst/servers)) of it unanswered, once its marks are fresh; once a
+//     count was answered for its window, at most what that window had left (its
+//     allowance), so that with one server a key is decided here up to its burst.
+//   - A window known spent is refused until it ends; a key marked low (a debt carried
+//     into its window) asks for each request, and waits.
 //   - A key whose window was spent at four times its rate or more is over for
 //     windowMemory, admitted only from grants or, when this server sees it seldom, at
 //     odds of burst over the fleet's count of its requests a window.
@@ -145,6 +147,8 @@ type wkey struct {
 	dem       int   // as the last answer said,
 	demAt     instant
 	low, over instant // until when it is low, over
+	room      int     // what window roomWin had left, as the last count answered for it said
+	roomWin   int64   // 0: no count answered for the current window
 	passed    bool    // the last grant of a next window was refused outright
 	skipped   bool    // the last next window was refused without asking
 	nextAsked bool    // a grant of win + 1 is asked
@@ -264,6 +268,16 @@ func newWindowed(lm *Limit, c LimitConfig, seed uint64) *windowed {
 func (wl *windowed) share() int {
 	s := wl.lm.e.Servers()
 	return max(1, (wl.glim.Burst+s-1)/s)
+}
+
+// allowance is how many of key st's requests this server may admit without asking,
+// unanswered, in its current window: its share c, and no more than the window had left
+// at the last count answered for it (each later admission is in st.out).
+func (wl *windowed) allowance(st *wkey) int {
+	if st.roomWin != st.win {
+		return wl.share()
+	}
+	return min(wl.share(), st.room)
 }
 
 // rnow is Redis's time at this server's now, as last measured.
@@ -419,7 +433,7 @@ func (wl *windowed) decideKey(o *wdecision, en *entry, now time.Time, n int) {
 	case often && over:
 		deny()
 		wl.askGrant(st, en.key, n, perSec, urgent, now)
-	case often && fresh && !low && st.out == 0 && st.out+n <= wl.share():
+	case often && fresh && !low && st.out == 0 && st.out+n <= wl.allowance(st):
 		if free() {
 			wl.askGrant(st, en.key, n, perSec, true, now)
 		}
@@ -428,7 +442,7 @@ func (wl *windowed) decideKey(o *wdecision, en *entry, now time.Time, n int) {
 	case over && fresh && !low:
 		p := wl.odds(st, perSec, now)
 		x := float64(mix3(wl.lm.seed, hashKey(en.key), uint64(now.UnixNano()))%1e9) / 1e9
-		if x < p && st.out+n <= wl.share() {
+		if x < p && st.out+n <= wl.allowance(st) {
 			free()
 		} else {
 			deny()
@@ -436,7 +450,7 @@ func (wl *windowed) decideKey(o *wdecision, en *entry, now time.Time, n int) {
 	case over && wl.warm.Load():
 		deny()
 		wl.ask(st, en.key, n)
-	case !low && fresh && st.out+n <= wl.share():
+	case !low && fresh && st.out+n <= wl.allowance(st):
 		free()
 	default: // ask now and wait for the answer
 		o.w = &Waiter{lim: wl.lm, key: en.key, n: n, ch: make(chan struct{})}

@@ -743,3 +743,53 @@ func TestWindowedGrantsWithoutTheLimitLock(t *testing.T) {
 		}
 	})
 }
+
+// TestWindowedDecidesLocallyWhateverTheFleetSize: keys a server sees seldom, each within
+// its limit (8 or 9 requests in a window of burst 10), are admitted without waiting for
+// Redis at 1 and at 2 servers (at least 99% of their requests), and every one is
+// admitted: a count answered for a key's window bounds what a server admits of it
+// unasked (its allowance: the room the window had left, at most c), instead of making
+// the key low as soon as it is within c of the burst, which with one server (c = burst)
+// made every key with a count wait for Redis.
+func TestWindowedDecidesLocallyWhateverTheFleetSize(t *testing.T) {
+	for _, servers := range []int{1, 2} {
+		t.Run(strconv.Itoa(servers), func(t *testing.T) {
+			// arrays wide enough that no two of the keys share both counters
+			f := newWinFleet(t, servers, func(c *LimitConfig) { c.WindowWidth = 1 << 16 })
+			f.width = 1 << 16
+			f.warm()
+			const keys, every = 100, 12 // each key every 120 ms: 8 or 9 in a window of 1 s
+			start := t0.Add(time.Second)
+			waited, denied, all := 0, 0, 0
+			for step := range 300 { // 3 s in steps of 10 ms
+				now := start.Add(time.Duration(step) * 10 * time.Millisecond)
+				for k := range keys {
+					if step%every != k%every {
+						continue
+					}
+					i := (step/every + k) % servers
+					d, w := decide(f.es[i], now, f.lms[i], "c"+strconv.Itoa(k), 1)
+					all++
+					if w != nil {
+						waited++
+						f.serve(i, now)
+						d = w.Decision()
+					}
+					if !d.Allowed {
+						denied++
+					}
+				}
+				for i := range servers {
+					f.serve(i, now)
+				}
+			}
+			t.Logf("%d servers: %d requests, %d waited for Redis, %d denied", servers, all, waited, denied)
+			if waited*100 > all {
+				t.Errorf("%d of %d requests within their limit waited for Redis, want at most 1%%", waited, all)
+			}
+			if denied > 0 {
+				t.Errorf("%d of %d requests within their limit were denied", denied, all)
+			}
+		})
+	}
+}

@@ -661,12 +661,16 @@ func (wl *windowed) answer(en *entry, op wop, count int, now time.Time, pend []w
 }
 
 // judge reads a count answered for the key's window win, its current one or one ahead:
-// within c of the burst the key is low until that window ends; spent, this server
-// refuses it until then; spent at four times its rate or more, over.
+// what the current window has left bounds this server's admissions without asking
+// (allowance); spent, this server refuses it until the window ends, and low, its
+// requests ask; spent at four times its rate or more, over.
 func (wl *windowed) judge(st *wkey, id string, win int64, count int, refused bool, now time.Time) {
 	burst := wl.glim.Burst
+	if win == st.win {
+		st.room, st.roomWin = burst-count, win
+	}
 	spent := refused || count >= burst
-	if !spent && count+wl.share() <= burst {
+	if !spent {
 		return
 	}
 	// spent at four times its rate or more, over the part of the window this server has
