@@ -176,7 +176,18 @@ func (s *Store) Windows(ctx context.Context, t *WindowTrip) error {
 	}
 	lim := t.Limit
 	w := wire.WindowMicros(lim.Rate, lim.Burst)
-	typ := "u" + strconv.Itoa(wire.WindowBits(lim.Burst))
+	bits := wire.WindowBits(lim.Burst)
+	var typ any = "u" + strconv.Itoa(bits) // boxed once, not per counter
+	// Every counter's bit offset and increment, in one array, passed as pointers into
+	// it: go-redis boxes an int into an interface with an allocation, a pointer without.
+	rows := 0
+	for _, op := range t.Ops {
+		rows += 2
+		if op.Demand {
+			rows--
+		}
+	}
+	nums := make([]int, 0, 2*rows)
 	pipe := s.pipe.Pipeline()
 
 	var clock *redis.TimeCmd
@@ -190,18 +201,23 @@ func (s *Store) Windows(ctx context.Context, t *WindowTrip) error {
 			j++
 		}
 		if j == len(arrays) {
-			arrays = append(arrays, windowArray{win: op.Win, args: []any{"OVERFLOW", "SAT"}})
+			args := make([]any, 0, 2+4*rows) // room for every op, should one array take them all
+			arrays = append(arrays, windowArray{win: op.Win, args: append(args, "OVERFLOW", "SAT")})
 		}
 		a := &arrays[j]
 		a.ops = append(a.ops, i)
 		id := string(op.ID)
+		counter := func(row int) {
+			nums = append(nums, wire.WindowCounter(id, row, t.Width)*bits, op.N) // its bit offset (= "#counter")
+			k := len(nums)
+			a.args = append(a.args, "INCRBY", typ, &nums[k-2], &nums[k-1])
+		}
 		if op.Demand {
-			a.args = append(a.args, "INCRBY", typ, "#"+strconv.Itoa(wire.WindowCounter(id, wire.DemandRow, t.Width)), op.N)
+			counter(wire.DemandRow)
 			continue
 		}
-		for row := range 2 {
-			a.args = append(a.args, "INCRBY", typ, "#"+strconv.Itoa(wire.WindowCounter(id, row, t.Width)), op.N)
-		}
+		counter(0)
+		counter(1)
 	}
 	for i := range arrays {
 		a := &arrays[i]
