@@ -212,6 +212,14 @@ type Config struct {
 	// line per request; a kind of event that repeats is logged at most once per
 	// LogInterval. nil: silent.
 	Logger *slog.Logger
+	// RequireNoEviction makes New check that Redis cannot evict the buckets
+	// (global.Store.CheckEviction: every master of a Cluster) and refuse to start, with
+	// an error wrapping ErrInvalidConfig, if it may (the error wraps global.ErrEvicting
+	// too and names the fix) or if the check cannot tell (CONFIG refused, as managed
+	// services often do, or no answer within 2 s). For limits that protect something
+	// fragile: an evicted bucket comes back full, silently, and every failure policy
+	// then admits more than its limit. Without it the Logger hears of it once at start.
+	RequireNoEviction bool
 	// LogInterval is the shortest time between two lines of one kind of repeated event
 	// (lost refunds, refused scripts); the next line says how many were not logged.
 	// default: 10s
@@ -419,6 +427,14 @@ func New(store *global.Store, cfg Config) (*Limiter, error) {
 	}
 	if cfg.LogInterval < 0 {
 		return nil, fmt.Errorf("%w: LogInterval %v is negative", ErrInvalidConfig, cfg.LogInterval)
+	}
+	if cfg.RequireNoEviction {
+		ctx, cancel := context.WithTimeout(context.Background(), evictionCheckTimeout)
+		err := store.CheckEviction(ctx)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("%w: RequireNoEviction: %w", ErrInvalidConfig, err)
+		}
 	}
 	l := &Limiter{
 		store:      store,

@@ -2,6 +2,7 @@ package hybrid_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"sync"
 	"testing"
@@ -76,5 +77,48 @@ func TestFirstRequestsAfterReady(t *testing.T) {
 	} else if len(fallback) > 0 {
 		t.Errorf("%d of 160 first requests went to the policy on a healthy Redis (first: %+v); breaker: %d timeouts, %d starved",
 			len(fallback), fallback[0], st.Timeouts, st.Starved)
+	}
+}
+
+// TestRequireNoEviction: with RequireNoEviction, New refuses a Redis that may evict the
+// buckets (ErrInvalidConfig and global.ErrEvicting) and one it cannot check (miniredis
+// has no CONFIG), and starts on one that cannot evict.
+func TestRequireNoEviction(t *testing.T) {
+	srv := redistest.StartServer(t)
+	c := srv.Client()
+	ctx := context.Background()
+	cfg := hybrid.Config{FleetSize: 1, RequireNoEviction: true,
+		Limits: []hybrid.Limit{{Name: "api", Rate: 100, Burst: 100, Policy: breaker.FailClosed}}}
+	for _, tc := range []struct {
+		maxmemory, policy string
+		evicting          bool
+	}{
+		{"100mb", "allkeys-lru", true},
+		{"100mb", "volatile-ttl", true},
+		{"100mb", "noeviction", false},
+		{"0", "allkeys-lru", false},
+	} {
+		if err := c.ConfigSet(ctx, "maxmemory", tc.maxmemory).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.ConfigSet(ctx, "maxmemory-policy", tc.policy).Err(); err != nil {
+			t.Fatal(err)
+		}
+		l, err := hybrid.New(newStore(t, c), cfg)
+		if tc.evicting {
+			if !errors.Is(err, hybrid.ErrInvalidConfig) || !errors.Is(err, global.ErrEvicting) {
+				t.Errorf("maxmemory %s, %s: New = %v; want ErrInvalidConfig and ErrEvicting", tc.maxmemory, tc.policy, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("maxmemory %s, %s: New = %v; want a Limiter", tc.maxmemory, tc.policy, err)
+			continue
+		}
+		_ = l.Close(ctx)
+	}
+	_, mc := redistest.Mini(t)
+	if _, err := hybrid.New(newStore(t, mc), cfg); !errors.Is(err, hybrid.ErrInvalidConfig) || errors.Is(err, global.ErrEvicting) {
+		t.Errorf("miniredis (no CONFIG): New = %v; want ErrInvalidConfig, not ErrEvicting (it could not check)", err)
 	}
 }
