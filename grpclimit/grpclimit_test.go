@@ -1,0 +1,206 @@
+package grpclimit_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/grpclimit"
+	"github.com/fleetlimit/fleetlimit/hybrid"
+)
+
+// limiter is a Limiter of the limits over an embedded miniredis (m, to stop it), or
+// over the Redis at addr if not "".
+func limiter(tb testing.TB, addr string, limits ...hybrid.Limit) (*hybrid.Limiter, *miniredis.Miniredis) {
+	tb.Helper()
+	var m *miniredis.Miniredis
+	if addr == "" {
+		m = miniredis.RunT(tb)
+		addr = m.Addr()
+	}
+	opts := &redis.Options{Addr: addr}
+	global.Configure(opts)
+	rdb := redis.NewClient(opts)
+	tb.Cleanup(func() { _ = rdb.Close() })
+	store, err := global.New(rdb, global.Prefix("grpclimit-"+time.Now().Format("150405.000000000")+":"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	brk, err := breaker.New(breaker.Settings{Timeout: 2 * time.Second, FailureThreshold: 1})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	l, err := hybrid.New(store, hybrid.Config{FleetSize: 1, Breaker: brk, Limits: limits})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = l.Close(context.Background()) })
+	return l, m
+}
+
+// serve starts a gRPC server with the health service behind i's interceptors, and
+// returns a client connection to it.
+func serve(t *testing.T, i *grpclimit.Interceptor, client ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(i.Unary()), grpc.StreamInterceptor(i.Stream()))
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(srv, hs)
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(srv.Stop)
+	cc, err := grpc.NewClient(ln.Addr().String(), append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, client...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+	return cc
+}
+
+// TestInterceptor, end to end over a real gRPC server and client, on miniredis and, when
+// one answers at 127.0.0.1:6379, a real Redis: unary calls within the limit pass with
+// the rate-limit header metadata; the next is ResourceExhausted with a RetryInfo delay;
+// a call without a key is InvalidArgument; a stream is decided when it opens, under its
+// method's own limit; a denial by the failure policy while Redis is away is Unavailable
+// with RetryInfo.
+func TestInterceptor(t *testing.T) {
+	targets := map[string]string{"miniredis": ""}
+	if c, err := net.DialTimeout("tcp", "127.0.0.1:6379", 200*time.Millisecond); err == nil {
+		_ = c.Close()
+		targets["redis"] = "127.0.0.1:6379"
+	}
+	for name, addr := range targets {
+		t.Run(name, func(t *testing.T) {
+			lim, m := limiter(t, addr,
+				hybrid.Limit{Name: "api", Rate: 1e-3, Burst: 2, Policy: breaker.FailClosed, MaxWait: time.Second},
+				hybrid.Limit{Name: "watch", Rate: 1e-3, Burst: 1, Policy: breaker.FailClosed, MaxWait: time.Second})
+			i, err := grpclimit.New(grpclimit.Config{Limiter: lim, Limit: "api", Key: grpclimit.Metadata("x-api-key"),
+				Methods: map[string]string{"/grpc.health.v1.Health/Watch": "watch"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cc := serve(t, i)
+			hc := healthpb.NewHealthClient(cc)
+			ctx := metadata.AppendToOutgoingContext(context.Background(), "x-api-key", "k1")
+			for n := range 2 {
+				var hdr metadata.MD
+				if _, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Header(&hdr)); err != nil {
+					t.Fatalf("call %d: %v", n, err)
+				}
+				if got := hdr.Get("ratelimit-policy"); len(got) != 1 || got[0] != `"api";q=2;w=2000` {
+					t.Errorf("call %d: ratelimit-policy %q", n, got)
+				}
+			}
+			_, err = hc.Check(ctx, &healthpb.HealthCheckRequest{})
+			if status.Code(err) != codes.ResourceExhausted {
+				t.Fatalf("third call: %v, want ResourceExhausted", err)
+			}
+			if d, ok := grpclimit.RetryDelay(err); !ok || d <= 0 {
+				t.Errorf("third call: retry delay %v, %v; want one", d, ok)
+			}
+			if _, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{}); status.Code(err) != codes.InvalidArgument {
+				t.Errorf("no key: %v, want InvalidArgument", err)
+			}
+			for n, want := range []codes.Code{codes.OK, codes.ResourceExhausted} {
+				ws, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{})
+				if err == nil {
+					_, err = ws.Recv()
+				}
+				if status.Code(err) != want {
+					t.Fatalf("stream %d: %v, want %v", n, err, want)
+				}
+			}
+			if m == nil {
+				return
+			}
+			m.Close() // Redis away: FailClosed denies, and says it is not the client's doing
+			_, err = hc.Check(metadata.AppendToOutgoingContext(context.Background(), "x-api-key", "k2"), &healthpb.HealthCheckRequest{})
+			if _, ok := grpclimit.RetryDelay(err); status.Code(err) != codes.Unavailable || !ok {
+				t.Errorf("Redis away: %v, want Unavailable with RetryInfo", err)
+			}
+		})
+	}
+}
+
+// TestRetryUnary: the client interceptor waits the RetryInfo delay and calls again.
+func TestRetryUnary(t *testing.T) {
+	lim, _ := limiter(t, "", hybrid.Limit{Name: "api", Rate: 20, Burst: 1, Policy: breaker.FailClosed, MaxWait: time.Second})
+	i, err := grpclimit.New(grpclimit.Config{Limiter: lim, Limit: "api", Key: grpclimit.PeerIP()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := healthpb.NewHealthClient(serve(t, i, grpc.WithUnaryInterceptor(grpclimit.RetryUnary(3))))
+	for n := range 3 { // 20/s, burst 1: the 2nd and 3rd wait about 50 ms each
+		if _, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil {
+			t.Fatalf("call %d: %v, want it retried until admitted", n, err)
+		}
+	}
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	lim, _ := limiter(t, "", hybrid.Limit{Name: "api", Rate: 1, Burst: 1, Policy: breaker.FailOpen})
+	for _, cfg := range []grpclimit.Config{
+		{Limit: "api", Key: grpclimit.PeerIP()},
+		{Limiter: lim, Limit: "api"},
+		{Limiter: lim, Limit: "nope", Key: grpclimit.PeerIP()},
+		{Limiter: lim, Limit: "api", Key: grpclimit.PeerIP(), Methods: map[string]string{"/a.B/C": "nope"}},
+	} {
+		if _, err := grpclimit.New(cfg); !errors.Is(err, grpclimit.ErrInvalidConfig) {
+			t.Errorf("New(%+v) = %v, want ErrInvalidConfig", cfg, err)
+		}
+	}
+}
+
+// BenchmarkUnary is the interceptor's own cost: a unary call's interceptor around a
+// no-op handler, a decision from the lease, against the handler alone.
+func BenchmarkUnary(b *testing.B) {
+	lim, _ := limiter(b, "", hybrid.Limit{Name: "api", Rate: 1e12, Burst: 1 << 40, Policy: breaker.FailOpen, MaxWait: time.Second,
+		Lease: hybrid.LeaseTuning{RefillInterval: time.Hour, Lifetime: 5 * time.Hour, LowWatermark: -1}})
+	i, err := grpclimit.New(grpclimit.Config{Limiter: lim, Limit: "api", Key: grpclimit.Metadata("x-api-key")})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("x-api-key", "k"))
+	ctx = grpc.NewContextWithServerTransportStream(ctx, nopStream{}) // headers are set, as on a real call
+	info := &grpc.UnaryServerInfo{FullMethod: "/grpc.health.v1.Health/Check"}
+	handler := func(ctx context.Context, req any) (any, error) { return req, nil }
+	unary := i.Unary()
+	b.Run("handler", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_, _ = handler(ctx, nil)
+		}
+	})
+	b.Run("limited", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := unary(ctx, nil, info, handler); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// nopStream is a grpc.ServerTransportStream that drops what it is given.
+type nopStream struct{}
+
+func (nopStream) Method() string                  { return "/grpc.health.v1.Health/Check" }
+func (nopStream) SetHeader(metadata.MD) error     { return nil }
+func (nopStream) SendHeader(metadata.MD) error    { return nil }
+func (nopStream) SetTrailer(md metadata.MD) error { return nil }
