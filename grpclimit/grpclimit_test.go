@@ -1,9 +1,11 @@
 package grpclimit_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -74,16 +76,19 @@ func serve(t *testing.T, i *grpclimit.Interceptor, client ...grpc.DialOption) *g
 }
 
 // TestInterceptor, end to end over a real gRPC server and client, on miniredis and, when
-// one answers at 127.0.0.1:6379, a real Redis: unary calls within the limit pass with
+// one answers at REDIS_ADDR (default 127.0.0.1:6379; under CI it must), a real Redis: unary calls within the limit pass with
 // the rate-limit header metadata; the next is ResourceExhausted with a RetryInfo delay;
 // a call without a key is InvalidArgument; a stream is decided when it opens, under its
 // method's own limit; a denial by the failure policy while Redis is away is Unavailable
 // with RetryInfo.
 func TestInterceptor(t *testing.T) {
 	targets := map[string]string{"miniredis": ""}
-	if c, err := net.DialTimeout("tcp", "127.0.0.1:6379", 200*time.Millisecond); err == nil {
+	addr := cmp.Or(os.Getenv("REDIS_ADDR"), "127.0.0.1:6379")
+	if c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
 		_ = c.Close()
-		targets["redis"] = "127.0.0.1:6379"
+		targets["redis"] = addr
+	} else if os.Getenv("CI") != "" {
+		t.Fatalf("CI is set and no Redis answers at %s: %v", addr, err)
 	}
 	for name, addr := range targets {
 		t.Run(name, func(t *testing.T) {
