@@ -1,0 +1,21 @@
+module github.com/fleetlimit/fleetlimit/cmd/fleetlimit
+
+go 1.26.0
+
+replace github.com/fleetlimit/fleetlimit => ../..
+
+require (
+	github.com/fleetlimit/fleetlimit v0.0.0-00010101000000-000000000000
+	github.com/redis/go-redis/v9 v9.23.0
+)
+
+require (
+	github.com/alicebob/miniredis/v2 v2.40.0 // indirect
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/hashicorp/golang-lru/v2 v2.0.7 // indirect
+	github.com/sony/gobreaker/v2 v2.4.0 // indirect
+	github.com/yuin/gopher-lua v1.1.1 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/time v0.16.0 // indirect
+)

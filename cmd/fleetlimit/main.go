@@ -1,0 +1,90 @@
+// Command fleetlimit answers the questions of the people who run a fleetlimit
+// deployment, without writing Go:
+//
+//	fleetlimit doctor  -addr host:port [-cluster]
+//	    Is this Redis (or Cluster) fit to hold the limits? Each check prints PASS, WARN
+//	    or FAIL and, when it does not pass, the fix: version, eviction policy, scripts,
+//	    BITFIELD, round-trip time, and on a Cluster its state and full-coverage setting.
+//	    Exit status 1 if a check fails.
+//	fleetlimit inspect -addr host:port [-cluster] -limit NAME -key KEY [-prefix fl:]
+//	    What does Redis hold for this limit and key right now: the bucket's fields and
+//	    expiry (with -rate and -burst: the windowed limit's count in the key's window).
+//
+// go run github.com/fleetlimit/fleetlimit/cmd/fleetlimit@latest doctor -addr ...
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+func main() {
+	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run is the command with its arguments and outputs: its exit status.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, "usage: fleetlimit doctor|inspect [flags]; fleetlimit <command> -h for its flags")
+		return 2
+	}
+	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", "127.0.0.1:6379", "Redis address (for a Cluster, any node's)")
+	cluster := fs.Bool("cluster", false, "the address is a Redis Cluster node")
+	password := fs.String("password", os.Getenv("REDIS_PASSWORD"), "Redis password (default $REDIS_PASSWORD)")
+	timeout := fs.Duration("timeout", 5*time.Second, "how long the whole command may take")
+	var ins inspectFlags
+	switch args[0] {
+	case "doctor":
+	case "inspect":
+		fs.StringVar(&ins.prefix, "prefix", "fl:", "the Store's key prefix (global.Prefix)")
+		fs.StringVar(&ins.limit, "limit", "", "the limit's name")
+		fs.StringVar(&ins.key, "key", "", "the client key")
+		fs.Float64Var(&ins.rate, "rate", 0, "a windowed limit's rate per second (with -burst): read its window counts")
+		fs.IntVar(&ins.burst, "burst", 0, "a windowed limit's burst (with -rate)")
+		fs.IntVar(&ins.width, "width", 1<<18, "a windowed limit's counters per row (WindowWidth)")
+	default:
+		fmt.Fprintf(stderr, "fleetlimit: unknown command %q: doctor or inspect\n", args[0])
+		return 2
+	}
+	if err := fs.Parse(args[1:]); err != nil {
+		return 2
+	}
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	var c redis.UniversalClient
+	if *cluster {
+		c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{*addr}, Password: *password, MaxRedirects: -1})
+	} else {
+		c = redis.NewClient(&redis.Options{Addr: *addr, Password: *password, MaxRetries: -1})
+	}
+	defer c.Close()
+	var err error
+	if args[0] == "doctor" {
+		var failed bool
+		failed, err = doctor(ctx, c, *cluster, stdout)
+		if err == nil && failed {
+			return 1
+		}
+	} else {
+		err = inspect(ctx, c, ins, stdout)
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "fleetlimit:", err)
+		if errors.Is(err, errUsage) {
+			return 2
+		}
+		return 1
+	}
+	return 0
+}
+
+var errUsage = errors.New("usage")

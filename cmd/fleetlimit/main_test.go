@@ -1,0 +1,116 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/redistest"
+)
+
+// TestDoctor: on a redis-server of the test's own, every check passes; once it may
+// evict, the eviction check fails with its fix and the exit status is 1; on miniredis
+// (no CONFIG, no INFO server) the checks that cannot run warn.
+func TestDoctor(t *testing.T) {
+	srv := redistest.StartServer(t)
+	var out, errs bytes.Buffer
+	if code := run(context.Background(), []string{"doctor", "-addr", srv.Addr}, &out, &errs); code != 0 {
+		t.Fatalf("doctor: exit %d\n%s%s", code, out.String(), errs.String())
+	}
+	for _, name := range []string{"round trip", "version", "eviction", "scripts", "BITFIELD"} {
+		if !strings.Contains(out.String(), "PASS  "+name) && !strings.Contains(out.String(), "WARN  "+name) {
+			t.Errorf("no %s line:\n%s", name, out.String())
+		}
+	}
+	if !strings.Contains(out.String(), "PASS  eviction") || !strings.Contains(out.String(), "PASS  scripts") {
+		t.Errorf("a healthy Redis:\n%s", out.String())
+	}
+	c := srv.Client()
+	if err := c.ConfigSet(context.Background(), "maxmemory", "100mb").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ConfigSet(context.Background(), "maxmemory-policy", "allkeys-lru").Err(); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if code := run(context.Background(), []string{"doctor", "-addr", srv.Addr}, &out, &errs); code != 1 ||
+		!strings.Contains(out.String(), "FAIL  eviction") || !strings.Contains(out.String(), "noeviction") {
+		t.Errorf("an evicting Redis: exit %d\n%s", code, out.String())
+	}
+
+	m, _ := redistest.Mini(t)
+	out.Reset()
+	if code := run(context.Background(), []string{"doctor", "-addr", m.Addr()}, &out, &errs); code != 0 || !strings.Contains(out.String(), "WARN  eviction") ||
+		!strings.Contains(out.String(), "WARN  version") {
+		t.Errorf("miniredis: exit %d\n%s", code, out.String())
+	}
+	if code := run(context.Background(), []string{"doctor", "-addr", "127.0.0.1:1", "-timeout", time.Second.String()}, &out, &errs); code != 1 {
+		t.Errorf("no Redis: exit %d, want 1", code)
+	}
+}
+
+// TestInspect: inspect shows the bucket a Limiter took from, and a windowed limit's
+// count of the key's current window.
+func TestInspect(t *testing.T) {
+	m, c := redistest.Mini(t)
+	store, err := global.New(c, global.Prefix("t:"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	brk, err := breaker.New(breaker.Settings{Timeout: 2 * time.Second}) // room for -race
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := hybrid.New(store, hybrid.Config{FleetSize: 1, Breaker: brk,
+		Limits: []hybrid.Limit{{Name: "api", Rate: 10, Burst: 20, Policy: breaker.FailClosed, MaxWait: time.Second}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := l.Allow(context.Background(), "api", "client-1"); err != nil || !d.Allowed {
+		t.Fatalf("Allow: %+v, %v", d, err)
+	}
+	var out, errs bytes.Buffer
+	if code := run(context.Background(), []string{"inspect", "-addr", m.Addr(), "-prefix", "t:", "-limit", "api", "-key", "client-1"}, &out, &errs); code != 0 {
+		t.Fatalf("inspect: exit %d\n%s%s", code, out.String(), errs.String())
+	}
+	if s := out.String(); !strings.Contains(s, "bucket t:{api:client-1}") || !strings.Contains(s, "tokens") || !strings.Contains(s, "expires in") {
+		t.Errorf("inspect:\n%s", s)
+	}
+	_ = l.Close(context.Background())
+	out.Reset()
+	if code := run(context.Background(), []string{"inspect", "-addr", m.Addr(), "-prefix", "t:", "-limit", "api", "-key", "nobody", "-rate", "10", "-burst", "20", "-width", "1024"}, &out, &errs); code != 0 ||
+		!strings.Contains(out.String(), "none") || !strings.Contains(out.String(), "windows of 2s") {
+		t.Errorf("inspect, windowed: exit %d\n%s%s", code, out.String(), errs.String())
+	}
+	if code := run(context.Background(), []string{"inspect", "-addr", m.Addr()}, &out, &errs); code != 2 {
+		t.Errorf("inspect without -limit: exit %d, want 2", code)
+	}
+}
+
+// TestDoctorCluster: on a Cluster of the test's own (full coverage off, as
+// docs/operations.md says), every check passes; once a master requires full coverage,
+// doctor warns with the fix.
+func TestDoctorCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Cluster of six redis-servers")
+	}
+	c := redistest.StartCluster(t, redistest.ClusterConfig{NodeTimeout: time.Second})
+	var out, errs bytes.Buffer
+	if code := run(context.Background(), []string{"doctor", "-cluster", "-addr", c.Addrs()[0]}, &out, &errs); code != 0 ||
+		!strings.Contains(out.String(), "PASS  cluster") || strings.Contains(out.String(), "WARN  failover") {
+		t.Fatalf("doctor on a healthy Cluster: exit %d\n%s%s", code, out.String(), errs.String())
+	}
+	if err := c.Masters[0].Client().ConfigSet(context.Background(), "cluster-require-full-coverage", "yes").Err(); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if code := run(context.Background(), []string{"doctor", "-cluster", "-addr", c.Addrs()[0]}, &out, &errs); code != 0 ||
+		!strings.Contains(out.String(), "WARN  failover") || !strings.Contains(out.String(), "cluster-require-full-coverage no") {
+		t.Errorf("a master requiring full coverage: exit %d\n%s", code, out.String())
+	}
+}
