@@ -164,8 +164,9 @@ type Settings struct {
 	Clock Clock
 }
 
-// A Breaker guards the calls to one store (one Redis client), shared by
-// every limit that uses the store. It is a circuit breaker
+// A Breaker guards the calls to one store (one Redis server), shared by
+// every limit that uses the store; a hybrid.Limiter on a Redis Cluster keeps
+// one per master, made from one Breaker's Settings. It is a circuit breaker
 // (github.com/sony/gobreaker/v2) that counts only the store's failures,
 // plus a deadline on every call and a bound on the calls in flight, so that
 // an unresponsive store costs a request at most Timeout, and nothing while
