@@ -44,11 +44,13 @@ func Example() {
 	}
 	defer lim.Close(context.Background())
 
+	// README:start
 	rl, err := grpclimit.New(grpclimit.Config{Limiter: lim, Limit: "api", Key: grpclimit.Metadata("x-api-key")})
 	if err != nil {
-		panic(err)
+		panic(err) // a limit the Limiter does not have, no Key function
 	}
 	srv := grpc.NewServer(grpc.UnaryInterceptor(rl.Unary()), grpc.StreamInterceptor(rl.Stream()))
+	// README:end
 	healthpb.RegisterHealthServer(srv, health.NewServer()) // your services
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
