@@ -16,8 +16,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -105,25 +107,13 @@ func New(cfg Config) (*Interceptor, error) {
 	case cfg.Key == nil:
 		return nil, fmt.Errorf("%w: no Key function", ErrInvalidConfig)
 	}
-	for _, name := range append([]string{cfg.Limit}, mapValues(cfg.Methods)...) {
+	for _, name := range append([]string{cfg.Limit}, slices.Collect(maps.Values(cfg.Methods))...) {
 		if _, _, err := cfg.Limiter.Quota(name, ""); err != nil {
 			return nil, fmt.Errorf("%w: limit %q: %w", ErrInvalidConfig, name, err)
 		}
 	}
-	methods := make(map[string]string, len(cfg.Methods))
-	for m, l := range cfg.Methods {
-		methods[m] = l
-	}
-	cfg.Methods = methods
+	cfg.Methods = maps.Clone(cfg.Methods)
 	return &Interceptor{cfg: cfg}, nil
-}
-
-func mapValues(m map[string]string) []string {
-	var out []string
-	for _, v := range m {
-		out = append(out, v)
-	}
-	return out
 }
 
 // Unary returns the unary server interceptor.

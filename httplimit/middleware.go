@@ -145,12 +145,8 @@ func New(cfg Config) (*Middleware, error) {
 
 // hasLimit reports whether l has a limit named name.
 func hasLimit(l *hybrid.Limiter, name string) bool {
-	for _, ls := range l.Stats().Limits {
-		if ls.Name == name {
-			return true
-		}
-	}
-	return false
+	_, _, err := l.Quota(name, "")
+	return err == nil
 }
 
 // Wrap returns next limited: each request is decided by the Limiter before next sees

@@ -1,43 +1,16 @@
 package httplimit_test
 
 import (
-	"os"
-	"strings"
 	"testing"
+
+	"github.com/fleetlimit/fleetlimit/internal/snippet"
 )
 
 // TestREADMEMatchesExample keeps the README's use snippet equal to the code between
 // "README:start" and "README:end" in Example_service, which compiles and runs: the
 // snippet a reader copies is code that works.
 func TestREADMEMatchesExample(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := os.ReadFile("example_test.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, region, ok := strings.Cut(string(src), "// README:start\n")
-	region, _, ok2 := strings.Cut(region, "\t// README:end")
-	if !ok || !ok2 {
-		t.Fatal("example_test.go: no README:start / README:end region")
-	}
-	var want strings.Builder
-	for _, line := range strings.SplitAfter(region, "\n") {
-		want.WriteString(strings.TrimPrefix(line, "\t"))
-	}
-	const marker = "<!-- from httplimit/example_test.go Example_service"
-	_, after, ok := strings.Cut(string(readme), marker)
-	if !ok {
-		t.Fatalf("README.md: no %q marker", marker)
-	}
-	_, block, ok := strings.Cut(after, "```go\n")
-	block, _, ok2 = strings.Cut(block, "```\n")
-	if !ok || !ok2 {
-		t.Fatal("README.md: no ```go block after the marker")
-	}
-	if block != want.String() {
-		t.Errorf("README.md's use snippet differs from Example_service; put this in README.md:\n```go\n%s```", want.String())
+	if err := snippet.Check("../README.md", "example_test.go", "<!-- from httplimit/example_test.go Example_service"); err != nil {
+		t.Error(err)
 	}
 }

@@ -80,36 +80,37 @@ func newEvents(log *slog.Logger, every time.Duration, nodes *nodes, fleet string
 // as such. A Cluster master's line names it (node); a master's first line says only how
 // it differs from a new, closed breaker.
 func (ev *events) breaker() {
-	live := ev.nodes.list()
-	for _, nd := range live {
-		state, st := nd.brk.State(), nd.brk.Stats()
-		was := ev.seen[nd] // a master not seen yet: closed, no counts
-		opened := st.Opened - was.stats.Opened
-		changes := opened + st.HalfOpened - was.stats.HalfOpened + st.Closed - was.stats.Closed
-		if changes == 0 && state == was.state {
-			ev.seen[nd] = breakerSeen{state, st}
-			continue
-		}
-		level := slog.LevelInfo
-		if state == breaker.StateOpen {
-			level = slog.LevelWarn
-		}
-		attrs := []slog.Attr{slog.String("from", was.state.String()),
-			slog.String("to", state.String()), slog.Int64("opened", opened), slog.Int64("changes", changes),
-			slog.Int64("failures", st.Failures-was.stats.Failures), slog.Int64("rejected", st.Rejected-was.stats.Rejected)}
-		if nd.addr != "" {
-			attrs = append(attrs, slog.String("node", nd.addr))
-		}
-		ev.log.LogAttrs(ev.ctx, level, "fleetlimit: Redis breaker "+state.String(), attrs...)
-		ev.seen[nd] = breakerSeen{state, st}
-	}
-	if len(ev.seen) > len(live) { // masters dropped: forget them
+	live := ev.nodes.forEach(ev.breakerOf)
+	if len(ev.seen) > live { // masters dropped: forget them
 		for nd := range ev.seen {
-			if !slices.Contains(live, nd) {
+			if nd != ev.nodes.all && !slices.Contains(*ev.nodes.masters.Load(), nd) {
 				delete(ev.seen, nd)
 			}
 		}
 	}
+}
+
+// breakerOf logs nd's breaker's changes since the last look.
+func (ev *events) breakerOf(nd *node) {
+	state, st := nd.brk.State(), nd.brk.Stats()
+	was := ev.seen[nd] // a master not seen yet: closed, no counts
+	opened := st.Opened - was.stats.Opened
+	changes := opened + st.HalfOpened - was.stats.HalfOpened + st.Closed - was.stats.Closed
+	ev.seen[nd] = breakerSeen{state, st}
+	if changes == 0 && state == was.state {
+		return
+	}
+	level := slog.LevelInfo
+	if state == breaker.StateOpen {
+		level = slog.LevelWarn
+	}
+	attrs := []slog.Attr{slog.String("from", was.state.String()),
+		slog.String("to", state.String()), slog.Int64("opened", opened), slog.Int64("changes", changes),
+		slog.Int64("failures", st.Failures-was.stats.Failures), slog.Int64("rejected", st.Rejected-was.stats.Rejected)}
+	if nd.addr != "" {
+		attrs = append(attrs, slog.String("node", nd.addr))
+	}
+	ev.log.LogAttrs(ev.ctx, level, "fleetlimit: Redis breaker "+state.String(), attrs...)
 }
 
 // trip logs what trip t, just done, says: lost refunds, a refused script, a new fleet

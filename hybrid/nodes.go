@@ -141,10 +141,16 @@ func (n *nodes) anyOpen() bool {
 	return false
 }
 
-// list returns Config.Breaker's node, then the masters' in the order they were first
-// called.
-func (n *nodes) list() []*node {
-	return append([]*node{n.all}, *n.masters.Load()...)
+// forEach calls f with Config.Breaker's node, then the masters' in the order they were
+// first called, and returns how many it called f with. It allocates nothing: the
+// Limiter's loop calls it on every pass.
+func (n *nodes) forEach(f func(*node)) int {
+	f(n.all)
+	masters := *n.masters.Load()
+	for _, nd := range masters {
+		f(nd)
+	}
+	return 1 + len(masters)
 }
 
 // part is the items of one call that one node's breaker guards, and what the call said.
@@ -236,7 +242,7 @@ func pick[T any](in []T, p *part) []T {
 // stats returns the breakers' state and counters folded (see Stats.Breaker), and each
 // master's on a Cluster.
 func (n *nodes) stats() (state breaker.State, sum breaker.Stats, masters []NodeStats) {
-	for _, nd := range n.list() {
+	n.forEach(func(nd *node) {
 		st, bs := nd.brk.State(), nd.brk.Stats()
 		if nd != n.all {
 			masters = append(masters, NodeStats{Addr: nd.addr, Breaker: st, BreakerStats: bs})
@@ -258,6 +264,6 @@ func (n *nodes) stats() (state breaker.State, sum breaker.Stats, masters []NodeS
 		sum.Opened += bs.Opened
 		sum.HalfOpened += bs.HalfOpened
 		sum.Closed += bs.Closed
-	}
+	})
 	return state, sum, masters
 }

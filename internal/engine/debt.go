@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"errors"
 	"math"
 	"time"
 
@@ -223,7 +222,7 @@ func (e *Engine) charged(now time.Time, t *Trip) {
 		if t.Answered {
 			err = t.RefundResults[i].Err
 		}
-		lost := !t.Answered || unanswered(err) // it may have run: only its own Seq may go
+		lost := !t.Answered || storeerr.IsTimeout(err) // it may have run: only its own Seq may go
 		if lost && !finished {
 			again.reqs = append(again.reqs, r)
 			again.charges = append(again.charges, t.charges[i])
@@ -268,12 +267,6 @@ func (e *Engine) charged(now time.Time, t *Trip) {
 		e.debtRetry = append(e.debtRetry, again)
 		e.mu.Unlock()
 	}
-}
-
-// unanswered reports whether err, one item's of an answered call, says its answer was
-// lost to a timeout: it may have run in Redis or not.
-func unanswered(err error) bool {
-	return err != nil && (errors.Is(err, breaker.ErrTimeout) || storeerr.IsTimeout(err))
 }
 
 // shapeOf returns the current shape whose bucket is g, nil if none is.

@@ -1,7 +1,9 @@
 package engine
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -116,8 +118,8 @@ func TestDebtLostToATimeoutGoesAgainWithItsSeq(t *testing.T) {
 	for i, r := range trip.Refunds {
 		seq[string(r.ID)] = r.Seq
 		switch r.ID {
-		case "lost":
-			trip.RefundResults[i].Err = breaker.ErrTimeout
+		case "lost": // as a master's part the breaker gave up on answers it
+			trip.RefundResults[i].Err = fmt.Errorf("%w: %w", breaker.ErrTimeout, context.DeadlineExceeded)
 		case "refused":
 			trip.RefundResults[i].Err = breaker.ErrOpen
 		}

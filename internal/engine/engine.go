@@ -210,6 +210,10 @@ func New(cfg Config) (*Engine, error) {
 			return nil, fmt.Errorf("fleet name: %w", err)
 		}
 	}
+	if cfg.KeyOpen == nil && cfg.BreakerOpen != nil {
+		open := cfg.BreakerOpen
+		cfg.KeyOpen = func(string, string) bool { return open() } // one breaker for every key
+	}
 	e := &Engine{
 		fleet:   cfg.Fleet,
 		beat:    cmpOr(cfg.HeartbeatInterval, DefaultHeartbeatInterval),

@@ -277,7 +277,7 @@ func (e *Engine) limitNamed(name string) *Limit {
 // decideFailed).
 func (e *Engine) send(now time.Time, f *Flight, self *Waiter) bool {
 	var err error
-	if e.keyOpen != nil && e.keyOpen(f.lim.name, f.key) || e.keyOpen == nil && e.open != nil && e.open() {
+	if e.keyOpen != nil && e.keyOpen(f.lim.name, f.key) {
 		err = breaker.ErrOpen
 	} else {
 		e.mu.Lock()
