@@ -9,6 +9,12 @@
 //	fleetlimit inspect -addr host:port [-cluster] -limit NAME -key KEY [-prefix fl:]
 //	    What does Redis hold for this limit and key right now: the bucket's fields and
 //	    expiry (with -rate and -burst: the windowed limit's count in the key's window).
+//	fleetlimit simulate FILE -out DIR [-src DIR]
+//	    What will this configuration do on our fleet: runs the scenario FILE (a JSON
+//	    object of sim.Scenario's fields) through the fleet simulator under each strategy
+//	    and writes DIR/index.html, each run's figures and the plots of admissions and
+//	    breakers over time. It runs the simulator with the Go toolchain (go test ./sim
+//	    in fleetlimit's source: the checkout it is run in, or the module cache).
 //
 // go run github.com/fleetlimit/fleetlimit/cmd/fleetlimit@latest doctor -addr ...
 package main
@@ -32,8 +38,11 @@ func main() {
 // run is the command with its arguments and outputs: its exit status.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, "usage: fleetlimit doctor|inspect [flags]; fleetlimit <command> -h for its flags")
+		fmt.Fprintln(stderr, "usage: fleetlimit doctor|inspect|simulate [flags]; fleetlimit <command> -h for its flags")
 		return 2
+	}
+	if args[0] == "simulate" {
+		return simulate(ctx, args[1:], stdout, stderr)
 	}
 	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -52,7 +61,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fs.IntVar(&ins.burst, "burst", 0, "a windowed limit's burst (with -rate)")
 		fs.IntVar(&ins.width, "width", 1<<18, "a windowed limit's counters per row (WindowWidth)")
 	default:
-		fmt.Fprintf(stderr, "fleetlimit: unknown command %q: doctor or inspect\n", args[0])
+		fmt.Fprintf(stderr, "fleetlimit: unknown command %q: doctor, inspect or simulate\n", args[0])
 		return 2
 	}
 	if err := fs.Parse(args[1:]); err != nil {

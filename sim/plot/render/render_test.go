@@ -1,4 +1,4 @@
-package main
+package render
 
 import (
 	"bytes"
@@ -48,7 +48,7 @@ func TestRender(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := filepath.Join(dir, "plots")
-	files, err := renderFile(in, out)
+	files, err := SVG(in, out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +119,51 @@ func TestReadReportRejects(t *testing.T) {
 			t.Errorf("%s: no error", name)
 		}
 	}
-	if _, err := renderFile(filepath.Join(t.TempDir(), "none.jsonl"), t.TempDir()); err == nil {
+	if _, err := SVG(filepath.Join(t.TempDir(), "none.jsonl"), t.TempDir()); err == nil {
 		t.Error("a missing report: no error")
+	}
+}
+
+// TestHTML writes the page of a small report: a table row per run, the text given for a
+// scenario, and every plot inlined.
+func TestHTML(t *testing.T) {
+	report := strings.Join([]string{
+		reportLine("steady", "script", "", 1, false, 0),
+		reportLine("outage", "hybrid fail-open", "fail-open", 1, true, 20),
+		reportLine("outage", "local-only", "", 1, true, 0),
+	}, "\n")
+	dir := t.TempDir()
+	in := filepath.Join(dir, "report.jsonl")
+	if err := os.WriteFile(in, []byte(report), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "page")
+	files, err := HTML(in, out, Page{Title: "t <1>", Text: map[string]string{"outage": "strategy  admitted/s\n<b>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) != 4 || filepath.Base(files[3]) != "index.html" {
+		t.Fatalf("wrote %v, want three plots and index.html", files)
+	}
+	b, err := os.ReadFile(files[3])
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := string(b)
+	if n := strings.Count(page, "<svg"); n != 3 {
+		t.Errorf("%d inline SVG plots, want 3", n)
+	}
+	for _, s := range []string{
+		"<title>t &lt;1&gt;</title>", `<section id="steady">`, `<section id="outage">`,
+		"<td>hybrid fail-open</td>", "<td>local-only</td>", "strategy  admitted/s\n&lt;b&gt;",
+		"20 servers, one key, limit 1,000/s and burst 100 per key, demand 1,500/s, 1s of virtual time",
+		"Redis down 300ms-600ms",
+	} {
+		if !strings.Contains(page, s) {
+			t.Errorf("the page does not hold %q", s)
+		}
+	}
+	if strings.Contains(page, "<?xml") {
+		t.Error("an inlined plot kept its XML declaration")
 	}
 }
