@@ -11,6 +11,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/hybrid"
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
+	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
 // TestHeapAfterKeyBurst: 1,000,000 one-shot keys as fast as 64 goroutines send them to
@@ -74,4 +75,58 @@ func heapInUse() uint64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return m.HeapInuse
+}
+
+// TestWindowedRedisMemory: a windowed limit at the shortest window (100 ms, reports every
+// 50 ms), 1,000 keys for 3 s on a redis-server of the test's own. Its arrays never
+// exceed the stated bound, (4 + ⌈1 s / W⌉) arrays of 1.5 MB, and reach at least half of
+// it (the formula is what it costs, not a loose ceiling); once the limiter is closed and
+// the arrays' deadlines pass, nothing of it is left in Redis.
+func TestWindowedRedisMemory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("3 s of load")
+	}
+	srv := redistest.StartServer(t)
+	ctx := context.Background()
+	const rate, burst, keys = 1000, 100, 1000
+	s := newServer(t, srv.Addr, "mem:", nil, breaker.Settings{Timeout: time.Second}, hybrid.Config{FleetSize: 4,
+		Limits: []hybrid.Limit{{Name: "api", Rate: rate, Burst: burst, Policy: breaker.FailClosed, Mode: hybrid.Windowed(50 * time.Millisecond)}}})
+	w := time.Duration(wire.WindowMicros(rate, burst)) * time.Microsecond
+	arrays := 4 + int((time.Second+w-1)/w)
+	bound := int64(arrays) * 3 * (1 << 18) * 2
+	c := srv.Client()
+	var peak int64
+	measure := func() {
+		var sum int64
+		for _, k := range c.Keys(ctx, "mem:win:*").Val() {
+			sum += c.StrLen(ctx, k).Val()
+		}
+		peak = max(peak, sum)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for i := 0; time.Now().Before(deadline); i++ {
+		if _, err := s.limiter.Allow(ctx, "api", fmt.Sprintf("k%d", i%keys)); err != nil {
+			t.Fatal(err)
+		}
+		if i%2000 == 0 {
+			measure()
+		}
+	}
+	measure()
+	t.Logf("peak %.1f MB in arrays, bound %.1f MB (%d arrays of 1.5 MB)", float64(peak)/1e6, float64(bound)/1e6, arrays)
+	if peak > bound || peak < bound/2 {
+		t.Errorf("peak %d bytes in arrays, want within [bound/2, bound] = [%d, %d]", peak, bound/2, bound)
+	}
+	if err := s.limiter.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range c.Keys(ctx, "mem:*").Val() {
+		d := c.PTTL(ctx, k).Val()
+		if d == -2 { // expired since it was listed
+			continue
+		}
+		if d < 0 || d > 3*w+time.Second+100*time.Millisecond && k != "mem:marks:{api}" {
+			t.Errorf("%s: TTL %v after Close", k, d)
+		}
+	}
 }
