@@ -1,0 +1,260 @@
+package e2e_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/redistest"
+	"github.com/fleetlimit/fleetlimit/lua"
+)
+
+// TestNoGoroutineOutlivesClose: a limiter with traffic, refills, a fleet heartbeat and
+// expiring leases leaves no goroutine behind once Close returns.
+func TestNoGoroutineOutlivesClose(t *testing.T) {
+	m, c := redistest.Mini(t)
+	_ = c.Ping(context.Background()).Err()
+	before := goleak.IgnoreCurrent()
+	cl := redis.NewClient(redistest.Options(m.Addr()))
+	st, err := global.New(cl, global.Prefix(randomPrefix()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Not a test of timing: a breaker with room for -race on a loaded machine, where
+	// miniredis (in this process) once took over 10ms for 5 calls in a row, the default
+	// breaker opened, and Close could not refund.
+	brk, err := breaker.New(breaker.Settings{Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := hybrid.New(st, hybrid.Config{
+		FleetSize: 2, Fleet: "leak-test", HeartbeatInterval: 10 * time.Millisecond, Breaker: brk,
+		Limits: []hybrid.Limit{{Name: "api", Rate: 1000, Burst: 100, Policy: breaker.FailLocal(), Lease: hybrid.LeaseTuning{Lifetime: 20 * time.Millisecond}, MaxWait: time.Second}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 200 {
+				_, _ = l.Allow(context.Background(), "api", fmt.Sprintf("k%d", (g*200+i)%37))
+			}
+		}()
+	}
+	wg.Wait()
+	if err := l.Close(context.Background()); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := l.Close(context.Background()); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if _, err := l.Allow(context.Background(), "api", "k"); !errors.Is(err, hybrid.ErrClosed) {
+		t.Fatalf("Allow after Close: %v, want ErrClosed", err)
+	}
+	if err := cl.Close(); err != nil {
+		t.Fatal(err)
+	}
+	goleak.VerifyNone(t, before)
+}
+
+// TestCloseRefundsLeases: the tokens a server holds go back to the bucket on Close.
+func TestCloseRefundsLeases(t *testing.T) {
+	targets(t, func(t *testing.T, addr string, real bool) {
+		prefix := randomPrefix()
+		s := newServer(t, addr, prefix, nil, breaker.Settings{Timeout: time.Second}, hybrid.Config{
+			FleetSize: 1,
+			Limits:    []hybrid.Limit{{Name: "api", Rate: 0.01, Burst: 100, Policy: breaker.FailClosed, MaxWait: time.Second}},
+		})
+		ctx := context.Background()
+		// A burst of requests grows the batch: the lease ends up holding tokens.
+		for range 30 {
+			if d, _ := s.limiter.Allow(ctx, "api", "k"); !d.Allowed {
+				t.Fatalf("denied: %+v", d)
+			}
+		}
+		lim, _ := global.NewLimit("api", 0.01, 100)
+		before, err := s.store.Take(ctx, lim, "k", 1, 1) // what the bucket holds now (minus 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.limiter.Close(ctx); err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+		st := s.limiter.Stats()
+		after, err := s.store.Take(ctx, lim, "k", 1, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("bucket %.2f before Close, %.2f after; stats %+v", before.Remaining, after.Remaining, st)
+		if st.Granted-st.Refunded != 30 {
+			t.Errorf("granted %d − refunded %d != 30 admitted", st.Granted, st.Refunded)
+		}
+		if got, want := after.Remaining, before.Remaining-1+float64(st.Refunded); got < want-0.5 || got > want+0.5 {
+			t.Errorf("bucket after Close %.2f, want about %.2f (the refunds back)", got, want)
+		}
+		if after.Remaining < 100-30-2-0.5 {
+			t.Errorf("bucket after Close %.2f: leased tokens were not all refunded", after.Remaining)
+		}
+	})
+}
+
+// TestCloseRefundsInFewRoundTrips: a server holding leases for many keys gives every
+// unused token back on Close in pipelined batches, not one call per key, and every
+// bucket ends where the admitted requests left it.
+func TestCloseRefundsInFewRoundTrips(t *testing.T) {
+	const perKey = 30
+	targets(t, func(t *testing.T, addr string, real bool) {
+		keys := 1000 // miniredis runs scripts slowly: fewer keys there
+		if !real {
+			keys = 300
+		}
+		if testing.Short() {
+			keys /= 3
+		}
+		prefix := randomPrefix()
+		counter := &redistest.Counter{}
+		s := newServer(t, addr, prefix, counter, breaker.Settings{Timeout: 5 * time.Second}, hybrid.Config{
+			FleetSize: 1,
+			Limits: []hybrid.Limit{{Name: "api", Rate: 0.001, Burst: 100, Policy: breaker.FailClosed,
+				MaxWait: 5 * time.Second, MaxKeys: 2 * keys,
+				// Long-lived leases sized for seconds of demand: every key holds spare
+				// tokens at Close, and none expire before.
+				Lease: hybrid.LeaseTuning{RefillInterval: 5 * time.Second, Lifetime: time.Minute}}},
+		})
+		ctx := context.Background()
+		var wg sync.WaitGroup
+		for k := range keys {
+			wg.Go(func() {
+				// A burst of requests grows the key's batch: its lease ends up holding tokens.
+				for range perKey {
+					if d, err := s.limiter.Allow(ctx, "api", fmt.Sprint("k", k)); err != nil || !d.Allowed {
+						t.Errorf("key %d denied: %+v %v", k, d, err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		before := s.limiter.Stats()
+		trips, cmds := counter.Trips.Load(), counter.Cmds.Load()
+		if err := s.limiter.Close(ctx); err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+		closeTrips, closeCmds := counter.Trips.Load()-trips, counter.Cmds.Load()-cmds
+		st := s.limiter.Stats()
+		t.Logf("%d keys: Close refunded %d tokens with %d commands in %d round trips (%d refund calls); stats %+v",
+			keys, st.Refunded-before.Refunded, closeCmds, closeTrips, st.RefundCalls-before.RefundCalls, st)
+		if st.Granted-st.Refunded != int64(keys*perKey) || st.RefundsLost != 0 {
+			t.Errorf("granted %d − refunded %d != %d admitted (lost %d)", st.Granted, st.Refunded, keys*perKey, st.RefundsLost)
+		}
+		if closeCmds < int64(keys) {
+			t.Errorf("Close sent %d commands for %d keys: some keys held no lease, the test proves less", closeCmds, keys)
+		}
+		// One pipeline per 256 keys, plus a few for whatever was in flight (a heartbeat,
+		// an expiry tick).
+		if limit := int64((keys+255)/256 + 3); closeTrips > limit {
+			t.Errorf("Close made %d round trips for %d keys, want at most %d", closeTrips, keys, limit)
+		}
+		checkLevels(t, s.store, "api", keys, 100-perKey)
+	})
+}
+
+// slowRefunds holds back the answer of the first refund pipeline until the next refund
+// pipeline goes out: the refunds have run in Redis, but the limiter's breaker gave up on
+// them (a slow answer), and the limiter sends them again.
+type slowRefunds struct {
+	first  atomic.Bool
+	resent chan struct{}
+	once   sync.Once
+}
+
+func (h *slowRefunds) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *slowRefunds) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *slowRefunds) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) == 0 || cmds[0].Name() != "evalsha" || cmds[0].Args()[1] != lua.Refund.Hash() {
+			return next(ctx, cmds)
+		}
+		if !h.first.CompareAndSwap(false, true) {
+			h.once.Do(func() { close(h.resent) })
+			return next(ctx, cmds)
+		}
+		err := next(ctx, cmds)
+		select {
+		case <-h.resent:
+		case <-time.After(10 * time.Second): // the limiter never sent them again: the test fails below
+		}
+		return err
+	}
+}
+
+// TestRefundTimeoutResendsOnce: a refund batch whose answer comes too late for the
+// breaker is sent again with the same sequence numbers (in halves): Redis answers the
+// resend as a replay, so every bucket gets its tokens back exactly once.
+func TestRefundTimeoutResendsOnce(t *testing.T) {
+	targets(t, func(t *testing.T, addr string, real bool) {
+		const keys, perKey = 20, 30
+		hook := &slowRefunds{resent: make(chan struct{})}
+		s := newServer(t, addr, randomPrefix(), nil, breaker.Settings{Timeout: 200 * time.Millisecond}, hybrid.Config{
+			FleetSize: 1,
+			Limits: []hybrid.Limit{{Name: "api", Rate: 0.001, Burst: 100, Policy: breaker.FailClosed,
+				MaxWait: 200 * time.Millisecond, Lease: hybrid.LeaseTuning{RefillInterval: 5 * time.Second, Lifetime: time.Minute}}},
+		})
+		ctx := context.Background()
+		for k := range keys {
+			for range perKey {
+				if d, err := s.limiter.Allow(ctx, "api", fmt.Sprint("k", k)); err != nil || !d.Allowed {
+					t.Fatalf("key %d denied: %+v %v", k, d, err)
+				}
+			}
+		}
+		s.client.AddHook(hook)
+		before := s.limiter.Stats()
+		if err := s.limiter.Close(ctx); err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+		st := s.limiter.Stats()
+		t.Logf("Close: %d refund round trips, %d tokens refunded; stats %+v", st.RefundCalls-before.RefundCalls, st.Refunded-before.Refunded, st)
+		if !hook.first.Load() {
+			t.Fatal("no refund pipeline went out")
+		}
+		select {
+		case <-hook.resent:
+		default:
+			t.Fatal("the timed-out refund batch was not sent again")
+		}
+		if st.RefundsLost != 0 || st.Granted-st.Refunded != keys*perKey {
+			t.Errorf("granted %d − refunded %d != %d admitted (lost %d)", st.Granted, st.Refunded, keys*perKey, st.RefundsLost)
+		}
+		checkLevels(t, s.store, "api", keys, 100-perKey)
+	})
+}
+
+// checkLevels checks that the buckets of keys k0..k<keys-1> of limit name (rate 0.001,
+// burst 100) each hold want whole tokens: every leased token refunded exactly once.
+func checkLevels(t *testing.T, st *global.Store, name string, keys, want int) {
+	t.Helper()
+	lim, _ := global.NewLimit(name, 0.001, 100)
+	for k := range keys {
+		g, err := st.Take(context.Background(), lim, fmt.Sprint("k", k), 100, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.Granted != want {
+			t.Fatalf("bucket of key %d holds %d after Close, want %d: leases refunded twice or not at all", k, g.Granted, want)
+		}
+	}
+}
