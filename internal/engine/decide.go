@@ -188,33 +188,42 @@ func (b *bucket) decideKey(o *outcome, en *entry, t time.Time, tier string, n in
 			return
 		}
 		en.lease.acquire(c, t, n, &o.st)
-	} else {
-		// A cost above the burst can never pass: the lease says so, whatever the
-		// pre-check holds.
-		if n > 0 && n <= c.Burst && en.pre.TokensAt(t) < float64(n) {
-			o.d = lm.preDenied(en, t, n)
-			return
-		}
-		var trusted bool
-		if w == nil {
-			trusted, o.start = b.spill.trusts(en, sh, t, n)
-		}
-		if trusted {
-			en.pre.AllowN(t, n)
-			o.async = n
-			// Remaining: nothing here says the key is low, the likeliest is a full bucket.
-			o.d = Decision{Allowed: true, Remaining: c.Burst - n, Source: SourceLease, Reason: ReasonAsync}
-			return
-		}
-		if w == nil {
-			en.lease.acquire(c, t, n, &o.st)
-		} else {
-			o.st = en.lease.Recheck(c, t, n)
-		}
-		if o.st.Action == Allow {
-			en.pre.AllowN(t, n)
-		}
+		b.decided(o, en, sh, tier, n, w)
+		return
 	}
+	// A cost above the burst can never pass: the lease says so, whatever the
+	// pre-check holds.
+	if n > 0 && n <= c.Burst && en.pre.TokensAt(t) < float64(n) {
+		o.d = lm.preDenied(en, t, n)
+		return
+	}
+	var trusted bool
+	if w == nil {
+		trusted, o.start = b.spill.trusts(en, sh, t, n)
+	}
+	if trusted {
+		en.pre.AllowN(t, n)
+		o.async = n
+		// Remaining: nothing here says the key is low, the likeliest is a full bucket.
+		o.d = Decision{Allowed: true, Remaining: c.Burst - n, Source: SourceLease, Reason: ReasonAsync}
+		return
+	}
+	if w == nil {
+		en.lease.acquire(c, t, n, &o.st)
+	} else {
+		o.st = en.lease.Recheck(c, t, n)
+	}
+	if o.st.Action == Allow {
+		en.pre.AllowN(t, n)
+	}
+	b.decided(o, en, sh, tier, n, w)
+}
+
+// decided turns the lease's answer o.st to a request of cost n for the key of en (shape
+// sh) into o's decision: a refill it started, the request's wait for one, or, after a
+// wait (w), a grant. It requires the key's lock.
+func (b *bucket) decided(o *outcome, en *entry, sh *Shape, tier string, n int, w *Waiter) {
+	lm := b.lm
 	st := &o.st
 	o.d = Decision{Allowed: st.Action == Allow, Remaining: st.Remaining, RetryAfter: st.RetryAfter, Source: SourceLease, Reason: st.Reason}
 	if st.Refill.Want > 0 {
@@ -229,6 +238,48 @@ func (b *bucket) decideKey(o *outcome, en *entry, t time.Time, tier string, n in
 		if o.d.Allowed {
 			o.d.Reason = ReasonGranted
 		}
+	}
+}
+
+// hit is kind.hit for a bucket kind: the first branch of decideKey, a lease that serves
+// the request and a pre-check that has its tokens, and nothing else.
+func (b *bucket) hit(now time.Time, tier, id string, n int) (Decision, uint8, bool) {
+	lm, e := b.lm, b.lm.e
+	var o outcome
+	served := false
+	lm.keys.Update(now, id, func(en *entry, t time.Time) {
+		sh := lm.cur.Load().of(tier)
+		c := sh.lease.Load()
+		if n <= 0 || en.shape != sh || !en.lease.CanServe(c, t, n) || !en.pre.AllowN(t, n) {
+			return
+		}
+		o.slot, o.key, o.shape = en.slot, en.key, sh
+		en.lease.acquire(c, t, n, &o.st)
+		b.decided(&o, en, sh, tier, n, nil)
+		served = true
+	})
+	if !served {
+		return Decision{}, 0, false
+	}
+	o.d.Servers = e.Servers()
+	o.refund(e, lm)
+	if o.f != nil {
+		e.send(now, o.f, nil) // a refill ahead of need: nobody waits for it
+	}
+	return o.d, o.slot, true
+}
+
+// unhit undoes what hit did at now for a request of cost n for the key of ID id, its
+// demand included: the request is decided again, on the full path.
+func (b *bucket) unhit(now time.Time, id string, n int) {
+	back := false
+	b.lm.keys.Peek(id, func(en *entry, last time.Time) {
+		t := later(now, last) // the pre-check's clock must not go back
+		en.pre.AllowN(t, -n)
+		back = en.lease.unhit(t, n)
+	})
+	if !back {
+		b.lm.e.queueRefund(b.lm, b.lm.Shape(""), id, n)
 	}
 }
 

@@ -310,6 +310,13 @@ func (l *Lease) unspend(now time.Time, n int) bool {
 	return true
 }
 
+// unhit undoes an acquire of cost n > 0 at or before now that the tokens on hand served:
+// as unspend, and the request leaves the demand estimate, since it is decided again.
+func (l *Lease) unhit(now time.Time, n int) bool {
+	l.cur = max(l.cur-int64(n), 0) // a roll since moved it to prev: left there
+	return l.unspend(now, n)
+}
+
 // Recheck answers again a request that waited for a refill; unlike [Lease.Acquire] it does
 // not count the request's demand a second time.
 func (l *Lease) Recheck(c *LeaseConfig, now time.Time, n int) Step {

@@ -73,8 +73,8 @@ type MultiItem struct {
 // limit, tier and key with their costs summed): one that would certainly deny denies the
 // request. Then the items are decided in order, as Decide decides them; at the first
 // denial the tokens of the items before it go back at once (Return). The common case,
-// every item served from its lease, makes no Redis call and, with at most 8 items, no
-// allocation. Each key is touched under its own lock, one at a time, and no lock is held
+// every item served from its lease, is decided in one pass that ends as those two would
+// (Engine.hits), makes no Redis call and, with at most 8 items, no allocation. Each key is touched under its own lock, one at a time, and no lock is held
 // across items, so concurrent requests with overlapping items cannot deadlock.
 type Multi struct {
 	// The items, the first 8 held in the Multi itself: a Multi on the driver's stack
@@ -131,8 +131,10 @@ func (m *Multi) taken(i int) Decision {
 // StartMulti decides m as far as it can at now: it returns (nil, true) once m is decided,
 // or the Waiter of the item that waits for a refill and false.
 func (e *Engine) StartMulti(now time.Time, m *Multi) (*Waiter, bool) {
-	m.Allowed, m.Denied, m.Item, m.Decision, m.RetryAfter = false, -1, 0, Decision{}, 0
-	m.next, m.more = 0, m.more[:0]
+	if e.hits(now, m) {
+		return nil, true
+	}
+	m.reset()
 	// Look before spending: an item that would certainly deny denies the request. Items
 	// on the same (limit, tier, key) are looked at with their costs summed, since they
 	// spend from one bucket; a request that can never pass reports that item.
@@ -162,6 +164,46 @@ func (e *Engine) StartMulti(now time.Time, m *Multi) (*Waiter, bool) {
 		return nil, true
 	}
 	return e.spend(now, m)
+}
+
+// reset makes m undecided.
+func (m *Multi) reset() {
+	m.Allowed, m.Denied, m.Item, m.Decision, m.RetryAfter = false, -1, 0, Decision{}, 0
+	m.next, m.more = 0, m.more[:0]
+}
+
+// hits decides m in one pass when its common case holds, every item served by its
+// kind's common path (kind.hit: for a bucket, a lease hit), and reports whether it did.
+// That pass ends as the look and the spend would have: each pre-check and lease had the
+// tokens, the items are decided in order on the same states, and each decision is
+// counted once m is admitted. At the first item that is not a hit, the items before it
+// are undone (kind.unhit, uncounted) and m takes the full path: the look decides a
+// certain denial before anything is spent, and the spend the rest.
+func (e *Engine) hits(now time.Time, m *Multi) bool {
+	if m.n > len(m.small) {
+		return false
+	}
+	m.reset()
+	var slots [len(m.small)]uint8
+	for i := range m.n {
+		it := m.At(i)
+		d, slot, ok := it.Limit.kind.hit(now, it.Tier, wire.KeyID(it.Key), it.N)
+		if !ok {
+			for j := i - 1; j >= 0; j-- {
+				jt := m.At(j)
+				jt.Limit.kind.unhit(now, wire.KeyID(jt.Key), jt.N)
+			}
+			return false
+		}
+		slots[i] = slot
+		e.took(now, m, d)
+	}
+	for i := range m.n {
+		it := m.At(i)
+		it.Limit.stats.count(slots[i], &m.small[i], it.N)
+	}
+	m.Allowed = true
+	return true
 }
 
 // ResumeMulti goes on with m after the item that waited was decided d (the Waiter's

@@ -61,6 +61,15 @@ func (wl *windowed) decide(now time.Time, _, key string, n int) (Decision, *Wait
 	return o.d, nil
 }
 
+// hit: a windowed key's common path (fastDecide) runs under the key's lock beside the
+// limit's report state; StartMulti takes the full path for windowed items.
+func (wl *windowed) hit(time.Time, string, string, int) (Decision, uint8, bool) {
+	return Decision{}, 0, false
+}
+
+// unhit: hit serves nothing.
+func (wl *windowed) unhit(time.Time, string, int) {}
+
 // tick advances the windowed limit's schedule to now and reports whether a trip is due.
 func (wl *windowed) tick(now time.Time) bool {
 	wl.mu.Lock()

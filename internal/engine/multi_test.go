@@ -1,0 +1,90 @@
+package engine
+
+import (
+	"testing"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+)
+
+// TestMultiOnePass: an all-or-nothing request whose items are all lease hits is decided
+// in one pass and counted once per item; when a later item is not a hit, the hits before
+// it are undone (tokens, pre-check and demand, uncounted) and the full path decides as
+// it would have alone: here b's empty pre-check denies, and a is left as it was.
+func TestMultiOnePass(t *testing.T) {
+	e, a := testEngine(t, func(c *Config) {
+		c.Limits = []LimitConfig{
+			{Name: "api", Rate: 100, Burst: 100, Policy: breaker.FailClosed, LowWatermark: -1},
+			{Name: "b", Rate: 100, Burst: 100, PreRate: 1, PreBurst: 2, Policy: breaker.FailClosed, LowWatermark: -1},
+		}
+	})
+	b := e.Limit("b")
+	// A lease on each key: a refill of one token, granted ten.
+	for _, lm := range []*Limit{a, b} {
+		if _, w := decide(e, t0, lm, "k", 1); w == nil {
+			t.Fatal("no refill for a new key")
+		}
+		trip := e.Next()
+		answerAll(trip)
+		trip.TakeResults[0].Granted = 10
+		e.Done(t0, trip)
+		if tokens, _, _, _ := lmState(lm); tokens != 9 {
+			t.Fatalf("%s: %d tokens on hand after a grant of 10 for one request, want 9", lm.Name(), tokens)
+		}
+	}
+	state := lmState
+	multi := func() *Multi {
+		var m Multi
+		m.Add(MultiItem{Limit: a, Key: "k", N: 1})
+		m.Add(MultiItem{Limit: b, Key: "k", N: 1})
+		if w, done := e.StartMulti(t0, &m); w != nil || !done {
+			t.Fatalf("StartMulti waited (%v, %v); every item is a hit or a certain denial", w, done)
+		}
+		return &m
+	}
+
+	ta, pa, _, aa := state(a)
+	tb, _, _, ab := state(b)
+	if m := multi(); !m.Allowed || m.Denied != -1 {
+		t.Fatalf("two hits: %+v, want admitted", m)
+	}
+	ta1, pa1, _, aa1 := state(a)
+	tb1, pb1, _, ab1 := state(b)
+	if ta1 != ta-1 || tb1 != tb-1 || aa1 != aa+1 || ab1 != ab+1 || pa1 != pa-1 {
+		t.Fatalf("two hits: a %d→%d tokens, %d→%d allowed; b %d→%d tokens, %d→%d allowed; a's pre-check %v→%v",
+			ta, ta1, aa, aa1, tb, tb1, ab, ab1, pa, pa1)
+	}
+	if pb1 >= 1 {
+		t.Fatalf("b's pre-check holds %v after two requests of its burst of 2, want under 1", pb1)
+	}
+	// b's pre-check is now empty: a is a hit, b is not; a is undone and the look denies.
+	_, _, da1, _ := state(a)
+	m := multi()
+	if m.Allowed || m.Denied != 1 || m.Decision.Reason != ReasonPreCheck {
+		t.Fatalf("an empty pre-check on the second item: %+v, want denied by it", m)
+	}
+	ta2, pa2, da2, aa2 := state(a)
+	if ta2 != ta1 || pa2 != pa1 || da2 != da1 || aa2 != aa1 {
+		t.Errorf("a, undone: tokens %d→%d, pre-check %v→%v, demand %v→%v, allowed %d→%d; want unchanged",
+			ta1, ta2, pa1, pa2, da1, da2, aa1, aa2)
+	}
+	if s := a.Stats(); s.GivenBack != 0 {
+		t.Errorf("a undone hit counted as given back: %d", s.GivenBack)
+	}
+}
+
+// lmState is key k of lm: its lease's tokens on hand, its pre-check's tokens and its
+// demand estimate at t0, and the limit's admitted decisions.
+func lmState(lm *Limit) (tokens int, pre float64, demand float64, allowed int64) {
+	lm.keys.Peek("k", func(en *entry, _ time.Time) {
+		c := en.shape.lease.Load()
+		tokens, pre, demand = en.lease.Tokens(), en.pre.TokensAt(t0), en.lease.Demand(c, t0)
+	})
+	s := lm.Stats()
+	for src := range NumSources {
+		for r := range NumReasons {
+			allowed += s.Decisions[1][src][r]
+		}
+	}
+	return
+}
