@@ -35,9 +35,6 @@ type hybridStrat struct {
 	s scripts
 	b *bubble
 	breakerLog
-	// multiKey charges each round trip as one multi-key script call (coldOpts' per-call
-	// and per-key costs) instead of one script per take: the hybrid-multikey experiment.
-	multiKey bool
 	// alsoKeys are the key names of the scenario's AlsoLimits, by limit and key.
 	alsoKeys [][]string
 	// wr is the Redis of windowed limits (Scenario.Windowed).
@@ -396,9 +393,6 @@ func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next fun
 			}
 		}
 		cost := time.Duration(n) * sc.ScriptTime
-		if h.multiKey && t.Kind != engine.HeartbeatTrip {
-			cost = sc.cold.callTime + time.Duration(n)*sc.cold.keyTime
-		}
 		if t.Kind == engine.LowTrip {
 			n, cost = len(t.Lows), lowCost(sc, t)
 		}

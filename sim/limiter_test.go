@@ -355,19 +355,19 @@ func (l *limiterStrat) cost(c redis.Cmder) (n int, cost time.Duration, ok bool) 
 		}
 		return 1, sc.ScriptTime, true
 	case "time", "zremrangebyscore", "pexpire":
-		return 1, coldCost.zCall, true
+		return 1, cmdCost.zCall, true
 	case "bitfield": // BITFIELD key OVERFLOW SAT INCRBY type offset n ...
-		cost = coldCost.bfCall
+		cost = cmdCost.bfCall
 		for _, a := range args {
 			if s, ok := a.(string); ok && strings.EqualFold(s, "incrby") {
-				cost += coldCost.bfSub
+				cost += cmdCost.bfSub
 			}
 		}
 		return 1, cost, true
 	case "pexpireat":
-		return 1, coldCost.expire, true
+		return 1, cmdCost.expire, true
 	case "zadd": // ZADD key score member ...
-		return 1, coldCost.zCall + time.Duration((len(args)-2)/2)*coldCost.zMember, true
+		return 1, cmdCost.zCall + time.Duration((len(args)-2)/2)*cmdCost.zMember, true
 	case "zrangebyscore":
 		return 1, 0, true
 	}
@@ -377,7 +377,7 @@ func (l *limiterStrat) cost(c redis.Cmder) (n int, cost time.Duration, ok bool) 
 // readCostOf is the Redis time of c's answer: readCost's for a windowed exchange's read.
 func readCostOf(c redis.Cmder) time.Duration {
 	if z, ok := c.(*redis.ZSliceCmd); ok && strings.EqualFold(c.Name(), "zrangebyscore") {
-		return coldCost.zCall + time.Duration(len(z.Val()))*coldCost.zRead
+		return cmdCost.zCall + time.Duration(len(z.Val()))*cmdCost.zRead
 	}
 	return 0
 }

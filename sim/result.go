@@ -50,7 +50,7 @@ type Result struct {
 	AdmittedOverFair    float64 `json:"admitted_over_fair"`
 	HottestKeyOverBound float64 `json:"hottest_key_over_bound"`
 
-	// Cold is set only by the experimental cold-key runs (coldOpts): their extra measures.
+	// Cold is set only by the cold-key scenarios' runs (coldOpts): their extra measures.
 	Cold *ColdResult `json:"cold,omitempty"`
 
 	RedisCalls                int64            `json:"redis_calls"`

@@ -26,7 +26,7 @@ import (
 // other strategies do not use t, which may then be nil.
 func Run(t *testing.T, sc Scenario, st Strategy) (res Result, err error) {
 	start := time.Now()
-	if st != Hybrid && st != HybridMultiKey && st != HybridAsync && st != HybridWindow {
+	if st != Hybrid && st != HybridAsync && st != HybridWindow {
 		res, err = simulate(sc, st, false, nil)
 	} else {
 		synctest.Test(t, func(*testing.T) {
@@ -70,13 +70,7 @@ func simulate(sc Scenario, st Strategy, inBubble bool, custom func(f *fleet, b *
 		f.strat = &perRequest{f: f, s: newModel(), callerClock: st == ScriptCallerClock}
 	case LocalOnly:
 		f.strat = &localOnly{f: f}
-	case AsyncModel:
-		f.strat = newAsync(f)
-	case HybridShares:
-		f.strat = newShares(f)
-	case WindowModel:
-		f.strat = newWindow(f)
-	case Hybrid, HybridMultiKey, HybridAsync, HybridWindow:
+	case Hybrid, HybridAsync, HybridWindow:
 		if !inBubble {
 			return Result{}, fmt.Errorf("%w: the hybrid strategy runs in a synctest bubble", ErrInvalidScenario)
 		}
@@ -97,9 +91,6 @@ func simulate(sc Scenario, st Strategy, inBubble bool, custom func(f *fleet, b *
 			s = lua
 		}
 		f.strat = newHybrid(f, s, b)
-		if st == HybridMultiKey {
-			f.strat.(*hybridStrat).multiKey = true
-		}
 	default:
 		return Result{}, fmt.Errorf("%w: unknown strategy %q", ErrInvalidScenario, st)
 	}

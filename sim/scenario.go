@@ -274,8 +274,8 @@ type Scenario struct {
 	// result. default: 1
 	Seed uint64
 
-	// cold holds the options of the experimental cold-key comparison (cold_test.go); the
-	// zero value changes nothing.
+	// cold holds the options of the cold-key scenarios (cold_test.go); the zero value
+	// changes nothing.
 	cold coldOpts
 }
 

@@ -41,31 +41,49 @@ func (r *windowRedis) array(key string, at time.Time) *winArray {
 	return a
 }
 
-// windowCost is the commands of t and their Redis time by coldCost, less the read's,
+// cmdCost is the Redis time of the plain commands of a windowed exchange, in the
+// simulator's units (a one-key script call costs ScriptTime, 8 µs), from INFO
+// commandstats on redis-server 7.0.15 on a 2-vCPU machine where lua.Take cost 13.75 µs a
+// call (bench/rediscost measures them all on a redis-server of its own):
+//
+//	go -C bench test ./rediscost -run TestRedisCost -v -args -rediscost
+//
+// BITFIELD 0.35 µs with one sub-command, 0.144 µs per sub-command; ZADD 0.18 µs + 0.23
+// per member; ZRANGEBYSCORE WITHSCORES 0.13 µs + 0.16 per member answered; PEXPIREAT
+// after a BITFIELD 0.18-0.19 µs. Scaled by 8 / 14 and rounded up: bfCall, bfSub, zCall,
+// zMember, zRead (TIME, ZREMRANGEBYSCORE and the marks' PEXPIRE cost zCall) and expire
+// (rounded up to 10 ns).
+var cmdCost = struct{ bfCall, bfSub, zCall, zMember, zRead, expire time.Duration }{
+	bfCall: 300 * time.Nanosecond, bfSub: 100 * time.Nanosecond,
+	zCall: 300 * time.Nanosecond, zMember: 200 * time.Nanosecond, zRead: 150 * time.Nanosecond,
+	expire: 110 * time.Nanosecond,
+}
+
+// windowCost is the commands of t and their Redis time by cmdCost, less the read's,
 // which depends on what it returns (readCost).
 func windowCost(t *global.WindowTrip) (cmds int, cost time.Duration) {
 	if t.Clock {
-		cmds, cost = cmds+1, cost+coldCost.zCall
+		cmds, cost = cmds+1, cost+cmdCost.zCall
 	}
 	var wins []int64
 	for _, op := range t.Ops {
 		if !slices.Contains(wins, op.Win) { // BITFIELD, PEXPIREAT
 			wins = append(wins, op.Win)
-			cmds, cost = cmds+2, cost+coldCost.bfCall+coldCost.expire
+			cmds, cost = cmds+2, cost+cmdCost.bfCall+cmdCost.expire
 		}
-		cost += coldCost.bfSub
+		cost += cmdCost.bfSub
 		if !op.Demand {
-			cost += coldCost.bfSub
+			cost += cmdCost.bfSub
 		}
 	}
 	if len(t.Marks) > 0 { // ZADD
-		cmds, cost = cmds+1, cost+coldCost.zCall+time.Duration(len(t.Marks))*coldCost.zMember
+		cmds, cost = cmds+1, cost+cmdCost.zCall+time.Duration(len(t.Marks))*cmdCost.zMember
 	}
 	if t.Tidy { // ZREMRANGEBYSCORE
-		cmds, cost = cmds+1, cost+coldCost.zCall
+		cmds, cost = cmds+1, cost+cmdCost.zCall
 	}
 	if len(t.Marks) > 0 || t.Tidy { // PEXPIRE
-		cmds, cost = cmds+1, cost+coldCost.zCall
+		cmds, cost = cmds+1, cost+cmdCost.zCall
 	}
 	if t.Read {
 		cmds++
@@ -160,5 +178,5 @@ func readCost(t *global.WindowTrip) time.Duration {
 	if !t.Read {
 		return 0
 	}
-	return coldCost.zCall + time.Duration(len(t.Got))*coldCost.zRead
+	return cmdCost.zCall + time.Duration(len(t.Got))*cmdCost.zRead
 }
