@@ -1,12 +1,15 @@
-package sim
+package rediscost
 
 import (
 	"context"
 	"encoding/binary"
 	"flag"
 	"fmt"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -15,10 +18,10 @@ import (
 	"github.com/fleetlimit/fleetlimit/lua"
 )
 
-var redisCost = flag.Bool("rediscost", false, "measure the Redis cost of the take script and of a multi-key take on a redis-server of the test's own (TestRedisCost)")
+var redisCost = flag.Bool("rediscost", false, "measure the Redis cost of the scripts and commands on a redis-server of the test's own (TestRedisCost)")
 
-// multiTakeSource is the experimental multi-key script whose cost the cold-key strategies
-// model: for each KEYS[i], the bucket update of take.lua (HMGET tokens, ts and the server's
+// multiTakeSource is a multi-key take, measured for the cold-key designs compared in
+// docs/cold-keys.md (one multi-key script per round trip, rejected): for each KEYS[i], the bucket update of take.lua (HMGET tokens, ts and the server's
 // record; refill; take or charge; HSET of the three fields; PEXPIRE). ARGV: capacity,
 // rate, server id, then one amount per key. It answers one (granted, tokens) pair per key.
 const multiTakeSource = `
@@ -110,21 +113,28 @@ if #set > 0 then redis.call('BITFIELD', KEYS[1], unpack(set)) end
 return out
 `
 
-// TestRedisCost measures, on a real redis-server, what one script call costs Redis: the
-// lease take script (lua.Take, one key per call) and the multi-key take above with N keys
-// per call, from INFO commandstats (Redis's own time executing EVALSHA, network excluded).
-// The per-call and per-key figures of the cold-key scenarios (coldCost) come from it. It
-// starts a redis-server of its own (the resets of its statistics and its 100,000 keys
-// touch nothing else):
+// TestRedisCost measures, on a real redis-server, what Redis spends on the commands of
+// fleetlimit and of the cold-key designs compared in docs/cold-keys.md, from INFO
+// commandstats (Redis's own time executing each command, network excluded): the lease
+// take script (lua.Take, one key per call), a multi-key take and the leanest charge with
+// N keys per call, a token bucket array script, and the plain commands of a windowed
+// limit's exchange (BITFIELD, PEXPIREAT, ZADD, ZRANGEBYSCORE), whose figures the
+// simulator's cost model (sim's cmdCost) is scaled from. It runs only on a redis-server
+// it starts itself on a spare loopback port, and refuses to write to one it did not
+// start or that holds keys (ownedAndEmpty): its statistics resets and its 100,000 keys
+// touch nothing else.
 //
-//	go test ./sim -run TestRedisCost -v -args -rediscost
+//	go -C bench test ./rediscost -run TestRedisCost -v -args -rediscost
 func TestRedisCost(t *testing.T) {
 	if !*redisCost {
 		t.Skip("a measurement: run it with -rediscost")
 	}
 	ctx := context.Background()
-	c := redistest.StartServer(t).Client()
-	defer c.Close()
+	srv := redistest.StartServer(t)
+	c := srv.Client()
+	if err := ownedAndEmpty(ctx, t, c); err != nil {
+		t.Fatalf("redis-server at %s: %v: refusing to measure on it", srv.Addr, err)
+	}
 	stat := func(cmd string) (calls, usec float64) {
 		s, err := c.Info(ctx, "commandstats").Result()
 		if err != nil {
@@ -219,7 +229,7 @@ func TestRedisCost(t *testing.T) {
 	a, b = fit(xs, ys)
 	t.Logf("bucket array fit: %.2f µs per call + %.2f µs per key", a, b)
 
-	// the commands of window-array: no script
+	// the commands of a windowed limit's exchange: no script
 	xs, ys = nil, nil
 	for _, n := range []int{1, 16, 64, 256} {
 		calls := max(200000/n, 2000)
@@ -235,6 +245,13 @@ func TestRedisCost(t *testing.T) {
 	}
 	a, b = fit(xs, ys)
 	t.Logf("BITFIELD fit: %.3f µs per call + %.3f µs per sub-command", a, b)
+	// a windowed exchange sets its array's deadline after each BITFIELD
+	per := measureCmd("pexpireat", "pexpireat", 100000, func(i int, p redis.Pipeliner) {
+		p.Do(ctx, "BITFIELD", "fl:{sim}:win", "OVERFLOW", "SAT", "INCRBY", "u16", "#"+strconv.Itoa((i*7919)%(1<<18)), 1,
+			"INCRBY", "u16", "#"+strconv.Itoa((i*7919+1)%(1<<18)), 1)
+		p.Do(ctx, "PEXPIREAT", "fl:{sim}:win", 4102444800000)
+	})
+	t.Logf("PEXPIREAT after a BITFIELD of two sub-commands: %.3f µs per call", per)
 	xs, ys = nil, nil
 	for _, n := range []int{1, 16, 64} {
 		per := measureCmd(fmt.Sprintf("zadd %d", n), "zadd", 20000, func(i int, p redis.Pipeliner) {
@@ -272,4 +289,58 @@ func fit(xs, ys []float64) (a, b float64) {
 	k := float64(len(xs))
 	b = (k*sxy - sx*sy) / (k*sxx - sx*sx)
 	return (sy - b*sx) / k, b
+}
+
+// ownedAndEmpty reports why c's server is not one to write to: one this test did not start
+// (its working directory, which redistest.StartServer makes in the test's temporary
+// directory, is elsewhere), or one that holds keys.
+func ownedAndEmpty(ctx context.Context, t *testing.T, c *redis.Client) error {
+	dir, err := c.ConfigGet(ctx, "dir").Result()
+	if err != nil {
+		return fmt.Errorf("CONFIG GET dir: %w", err)
+	}
+	mine, err := filepath.EvalSymlinks(filepath.Dir(t.TempDir())) // the parent of every TempDir of t
+	if err != nil {
+		return err
+	}
+	theirs, err := filepath.EvalSymlinks(dir["dir"])
+	if err != nil || !strings.HasPrefix(theirs, mine+string(os.PathSeparator)) {
+		return fmt.Errorf("its directory %q is not in this test's %q: not the server this test started", dir["dir"], mine)
+	}
+	ks, err := c.Info(ctx, "keyspace").Result()
+	if err != nil {
+		return fmt.Errorf("INFO keyspace: %w", err)
+	}
+	for line := range strings.Lines(ks) {
+		if strings.HasPrefix(line, "db") {
+			return fmt.Errorf("it holds keys (%s)", strings.TrimSpace(line))
+		}
+	}
+	return nil
+}
+
+// TestOwnedAndEmpty: the measurement writes only to the empty redis-server its own test
+// started; another test's server, or its own once it holds a key, is refused.
+func TestOwnedAndEmpty(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.StartServer(t).Client()
+	if err := ownedAndEmpty(ctx, t, c); err != nil {
+		t.Fatalf("its own empty server refused: %v", err)
+	}
+	t.Run("another test's", func(t2 *testing.T) {
+		other := redistest.StartServer(t2).Client()
+		if err := ownedAndEmpty(ctx, t, other); err == nil {
+			t2.Error("a server another test started was not refused")
+		} else {
+			t2.Log(err)
+		}
+	})
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ownedAndEmpty(ctx, t, c); err == nil {
+		t.Error("a server holding a key was not refused")
+	} else {
+		t.Log(err)
+	}
 }
