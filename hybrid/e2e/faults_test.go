@@ -148,6 +148,7 @@ var faultPolicies = []struct {
 // goroutine left once the limiters are closed; and every key the fleet wrote, window
 // arrays included (a windowed limit runs beside the bucket ones), left with a TTL.
 func TestFaultMatrix(t *testing.T) {
+	processes(t)
 	healthy, after := 400*time.Millisecond, shortAfter
 	if *fullFaults {
 		healthy, after = time.Second, 2*time.Second
@@ -552,6 +553,7 @@ var clusterFaults = []clusterFault{
 //     its own breaker), and no server keeps an open breaker, or one for the old
 //     master, once the failover is over.
 func TestClusterFailover(t *testing.T) {
+	processes(t)
 	healthy, after := 400*time.Millisecond, shortAfter
 	if *fullFaults {
 		healthy, after = time.Second, 2*time.Second
@@ -881,6 +883,7 @@ func (h takeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 // admissions to the bucket as debts. Every window of 1 to 6 s that ends 2.5 s or more
 // after the partition admits at most 2·burst + servers·ceil(burst/servers) + rate·W.
 func TestPartitionDebtRepaid(t *testing.T) {
+	processes(t)
 	if testing.Short() {
 		t.Skip("runs 7.5 s of real time")
 	}

@@ -32,6 +32,7 @@ type phase struct {
 // ceilings asserted), the breaker opens, and after a restart (empty script cache, no
 // data) the limiter recovers by itself.
 func TestRedisDiesMidRun(t *testing.T) {
+	processes(t)
 	step := 1500 * time.Millisecond
 	if testing.Short() {
 		step = 700 * time.Millisecond
@@ -192,6 +193,7 @@ func TestRedisDiesMidRun(t *testing.T) {
 // 0.6, 1.2, 1.8, 2.4 s. Redis comes back just after the probe at 1.2 s fails, so the
 // probe at 1.8 s comes 200 ms before the pool dials again.
 func TestRecoveryAfterLongOutage(t *testing.T) {
+	processes(t)
 	const (
 		open   = 600 * time.Millisecond
 		target = open + 200*time.Millisecond
