@@ -12,7 +12,7 @@ import (
 
 // One breaker guards one store. Store failures open it; while open, calls
 // are refused at once, without touching the store, and the limit's policy
-// decides the request.
+// decides the request (here FailClosed: denied).
 func ExampleBreaker() {
 	b, err := breaker.New(breaker.Settings{
 		Timeout:          10 * time.Millisecond,
@@ -24,23 +24,18 @@ func ExampleBreaker() {
 	if err != nil {
 		panic(err)
 	}
-	fallback, err := breaker.NewFallback(breaker.FailClosed, breaker.FallbackConfig{Rate: 100, Burst: 10})
-	if err != nil {
-		panic(err)
-	}
 	down := func(ctx context.Context) error { return io.EOF } // the store's connection is gone
 	for i := range 3 {
 		err := b.Do(context.Background(), down)
 		if err != nil {
-			allowed := fallback.AllowN(time.Now(), "client-1", 1)
-			fmt.Printf("call %d: %v; open: %v; fallback allows: %v\n", i, err, errors.Is(err, breaker.ErrOpen), allowed)
+			fmt.Printf("call %d: %v; open: %v\n", i, err, errors.Is(err, breaker.ErrOpen))
 		}
 	}
 	// Output:
-	// call 0: EOF; open: false; fallback allows: false
+	// call 0: EOF; open: false
 	// breaker: closed -> open
-	// call 1: EOF; open: false; fallback allows: false
-	// call 2: breaker: open: circuit breaker is open; open: true; fallback allows: false
+	// call 1: EOF; open: false
+	// call 2: breaker: open: circuit breaker is open; open: true
 }
 
 // The zero Policy is invalid: every limit chooses one.

@@ -377,8 +377,8 @@ func runFaultCell(t *testing.T, f fault, policy breaker.Policy, healthy, after t
 	p999 := load.check(t)
 	lost, hotLost := lostBuckets(fleet)
 	admitted := load.hotAdmitted()
-	switch policy.Kind() {
-	case breaker.KindClosed:
+	switch policy {
+	case breaker.FailClosed:
 		bound := 2*hotBurst + hotRate*elapsed.Seconds()
 		if f.loses {
 			// The bucket came back full once per loss; each server that took from it
@@ -680,8 +680,8 @@ func runFailoverCell(t *testing.T, f clusterFault, policy breaker.Policy, health
 		t.Errorf("hot key: the cluster granted %d tokens net of refunds in %v, bound %.0f", granted-refunded, elapsed.Round(time.Millisecond), bound)
 	}
 	admitted := load.hotAdmitted()
-	switch policy.Kind() {
-	case breaker.KindClosed:
+	switch policy {
+	case breaker.FailClosed:
 		if bound := 2*hotBurst + hotRate*elapsed.Seconds() + extra; float64(admitted) > bound {
 			t.Errorf("hot key: %d admitted in %v, bound %.0f", admitted, elapsed.Round(time.Millisecond), bound)
 		}

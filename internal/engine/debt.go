@@ -4,8 +4,8 @@ import (
 	"math"
 	"time"
 
-	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/internal/fallback"
 	"github.com/fleetlimit/fleetlimit/internal/storeerr"
 )
 
@@ -299,4 +299,4 @@ func (e *Engine) forgiveDebts() {
 // FailLocal's are (its local share is admitted without the bucket); FailOpen admits
 // everything, so that charging it would only punish the key after the outage, and
 // FailClosed admits nothing.
-func (s *Shape) chargesDebt() bool { return s.fallback.Policy().Kind() == breaker.KindLocal }
+func (s *Shape) chargesDebt() bool { return s.fallback.Kind() == fallback.Local }

@@ -373,10 +373,9 @@ func (e *Engine) fallback(now time.Time, lm *Limit, tier, key string, n int, why
 	slot := uint8(hashKey(key) % counterShards)
 	d.Allowed = sh.fallback.AllowN(now, key, n)
 	if !d.Allowed {
-		c := &sh.cfg
-		r, _, ok := c.Policy.LocalLimit(c.Rate, c.Burst, servers, c.MaxCost)
+		r, _, ok := sh.fallback.LocalLimit(servers)
 		if !ok { // FailClosed: this server's share of the refill
-			r = rate.Limit(c.Rate / float64(servers))
+			r = rate.Limit(sh.cfg.Rate / float64(servers))
 		}
 		d.RetryAfter = tokenbucket.Duration(float64(n), float64(r))
 	}

@@ -10,8 +10,8 @@ import (
 
 	"golang.org/x/time/rate"
 
-	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/internal/fallback"
 	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
 )
 
@@ -39,7 +39,7 @@ type Shape struct {
 	cfg        LimitConfig // the tier's Rate, Burst, PreRate and PreBurst; defaults filled in
 	glim       global.Limit
 	lease      atomic.Pointer[LeaseConfig]
-	fallback   *breaker.Fallback
+	fallback   *fallback.Fallback
 	preRate    rate.Limit
 	preBurst   int
 	window     time.Duration // Burst / Rate
@@ -195,7 +195,10 @@ func newShape(c LimitConfig, t TierConfig, servers int) (*Shape, error) {
 	s.lease.Store(&lc)
 	// FailLocal: a per-key local limit of this server's share of the fleet limit (rate /
 	// servers, burst max(ceil(burst / servers), MaxCost)), resized when the count moves.
-	s.fallback, err = breaker.NewFallback(c.Policy, breaker.FallbackConfig{
+	if err := c.Policy.Validate(); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	s.fallback, err = fallback.New(fallback.Of(c.Policy), fallback.Config{
 		Rate: c.Rate, Burst: c.Burst, Servers: servers, MaxCost: c.MaxCost, MaxKeys: c.MaxKeys,
 	})
 	if err != nil {
