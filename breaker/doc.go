@@ -27,7 +27,7 @@
 // A Policy is what one limit does while the store cannot answer: FailOpen,
 // FailClosed, or FailLocal (a conservative per-server limit). The zero
 // Policy is invalid, so a limit without a chosen policy is a configuration
-// error. package hybrid applies each limit's Policy to its requests.
+// error. Package hybrid applies each limit's Policy to its requests.
 //
 // # Time
 //

@@ -269,8 +269,7 @@ const (
 	ReasonNone Reason = iota
 	// ReasonLease: served from tokens this server held.
 	ReasonLease
-	// ReasonRefill: no tokens on hand; a refill is in flight.
-	ReasonRefill
+	_ // a request waiting for a refill: never a decision's reason
 	// ReasonPaced: no tokens on hand and the key is paced after contention on the global
 	// bucket; this server does not ask again before RetryAfter.
 	ReasonPaced
@@ -299,7 +298,7 @@ const (
 )
 
 var reasonNames = [...]string{
-	ReasonNone: "none", ReasonLease: "lease", ReasonRefill: "refill in flight",
+	ReasonNone: "none", ReasonLease: "lease",
 	ReasonPaced: "paced after contention", ReasonExceedsBurst: "cost exceeds burst",
 	ReasonInvalidCost: "invalid cost", ReasonPreCheck: "pre-check bucket empty",
 	ReasonGranted: "refill granted", ReasonBreakerOpen: "breaker open", ReasonTimeout: "redis timeout",

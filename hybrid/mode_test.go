@@ -42,7 +42,7 @@ func TestModeValues(t *testing.T) {
 	}
 }
 
-// TestModeRefusals: every Limit a mode cannot run is refused by New, AddLimit and
+// TestModeRefusals: every Limit a mode cannot run is refused by New and
 // Reconfigure, and every change of kind at run time, and every change a Windowed limit
 // cannot take, by SetLimit and Reconfigure, with an error that wraps ErrInvalidConfig
 // and names the field.
@@ -88,7 +88,6 @@ func TestModeRefusals(t *testing.T) {
 			check(t, "New", err, tt.want)
 			other := hybrid.Limit{Name: "other", Rate: 1, Burst: 1, Policy: breaker.FailOpen}
 			l := newLimiter(t, s, hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{other}})
-			check(t, "AddLimit", l.AddLimit(tt.lim), tt.want)
 			check(t, "Reconfigure", l.Reconfigure([]hybrid.Limit{other, tt.lim}), tt.want)
 			if got := l.Limits(); len(got) != 1 || got[0].Name != "other" {
 				t.Errorf("a refused limit was added: %+v", got)

@@ -36,7 +36,7 @@ func (l *Limiter) Quota(limit, tier string) (quota int, window time.Duration, er
 // SetLimit changes the limit named lim.Name while the Limiter runs: its Rate, Burst,
 // Tiers, pre-check, Policy, MaxWait and Lease, and a ChargeLater limit's duration.
 // MaxKeys cannot change, nor a limit's kind (its Mode), nor a Windowed limit's report
-// interval, Rate and Burst (remove the limit and add it again). Nothing is dropped: requests being decided finish on the old
+// interval, Rate and Burst (Reconfigure without the limit, then with it). Nothing is dropped: requests being decided finish on the old
 // configuration, later ones run on the new. Each key moves to it on its next request
 // on this server; where its Rate, Burst or pre-check changed, that server gives back the
 // tokens it leased for the key first, and the key's bucket in Redis takes the new Rate
@@ -59,9 +59,9 @@ func (l *Limiter) SetLimit(lim Limit) error {
 	return nil
 }
 
-// AddLimit adds a limit to the running Limiter. Its name must be new. The error wraps
+// addLimit adds a limit to the running Limiter. Its name must be new. The error wraps
 // ErrInvalidConfig.
-func (l *Limiter) AddLimit(lim Limit) error {
+func (l *Limiter) addLimit(lim Limit) error {
 	if l.closed.Load() {
 		return ErrClosed
 	}
@@ -75,15 +75,8 @@ func (l *Limiter) AddLimit(lim Limit) error {
 	return nil
 }
 
-// RemoveLimit removes the named limit from the running Limiter: calls for it return
-// ErrUnknownLimit from now on (a request deciding at that instant may be denied with
-// ReasonClosed), the tokens this server leased for its keys are refunded, and its
-// counters leave Stats. The error wraps ErrUnknownLimit for a name the Limiter does not
-// have.
-func (l *Limiter) RemoveLimit(name string) error {
-	if l.eng.Limit(name) == nil {
-		return fmt.Errorf("%w: %q", ErrUnknownLimit, name)
-	}
+// removeLimit removes the named limit from the running Limiter (see Reconfigure).
+func (l *Limiter) removeLimit(name string) error {
 	if err := l.eng.RemoveLimit(name); err != nil {
 		return fmt.Errorf("%w: %w", ErrUnknownLimit, err)
 	}
@@ -91,9 +84,13 @@ func (l *Limiter) RemoveLimit(name string) error {
 }
 
 // Reconfigure makes the Limiter's limits those of limits, as a reloaded configuration
-// file gives them: limits it lacks are added, limits not in limits are removed, and the
-// others changed with SetLimit's rules. Every limit is checked first, and nothing is
-// changed if one is refused; the error wraps ErrInvalidConfig and names it.
+// file gives them: limits it lacks are added and decide at once; limits not in limits are
+// removed: calls for them return ErrUnknownLimit from then on (a request deciding at that
+// instant may be denied with ReasonClosed), the tokens this server leased for their keys
+// are refunded, and their counters leave Stats; the others are changed with SetLimit's
+// rules. Every limit is checked first, and nothing is changed if one is refused; the
+// error wraps ErrInvalidConfig and names it. A change SetLimit refuses (a limit's kind)
+// is two calls: without the limit, then with it.
 func (l *Limiter) Reconfigure(limits []Limit) error {
 	if len(limits) == 0 {
 		return fmt.Errorf("%w: no limits", ErrInvalidConfig)
@@ -112,7 +109,7 @@ func (l *Limiter) Reconfigure(limits []Limit) error {
 	}
 	for _, lm := range l.eng.Limits() {
 		if !slices.ContainsFunc(limits, func(o Limit) bool { return o.Name == lm.Name() }) {
-			if err := l.RemoveLimit(lm.Name()); err != nil {
+			if err := l.removeLimit(lm.Name()); err != nil {
 				return err
 			}
 		}
@@ -120,7 +117,7 @@ func (l *Limiter) Reconfigure(limits []Limit) error {
 	for _, lim := range limits {
 		var err error
 		if l.eng.Limit(lim.Name) == nil {
-			err = l.AddLimit(lim)
+			err = l.addLimit(lim)
 		} else {
 			err = l.SetLimit(lim)
 		}

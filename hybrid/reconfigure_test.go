@@ -14,7 +14,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
 )
 
-// TestSetLimitRules: what SetLimit, AddLimit, RemoveLimit and Reconfigure accept and
+// TestSetLimitRules: what SetLimit and Reconfigure accept and
 // refuse, and that a refused change changes nothing.
 func TestSetLimitRules(t *testing.T) {
 	_, c := redistest.Mini(t)
@@ -82,12 +82,6 @@ func TestSetLimitRules(t *testing.T) {
 	l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{base}})
 	if err := l.SetLimit(hybrid.Limit{Name: "nope", Rate: 1, Burst: 1, Policy: breaker.FailOpen}); err == nil {
 		t.Error("SetLimit of an unknown limit: no error")
-	}
-	if err := l.AddLimit(base); !errors.Is(err, hybrid.ErrInvalidConfig) {
-		t.Errorf("AddLimit of a name it has: %v", err)
-	}
-	if err := l.RemoveLimit("nope"); !errors.Is(err, hybrid.ErrUnknownLimit) {
-		t.Errorf("RemoveLimit of an unknown limit: %v", err)
 	}
 	if _, err := l.AllowTier(context.Background(), "api", "gold", "k", 1); !errors.Is(err, hybrid.ErrUnknownTier) {
 		t.Errorf("AllowTier of an unknown tier: %v", err)
@@ -253,15 +247,17 @@ func TestSetLimitLive(t *testing.T) {
 	})
 }
 
-// TestAddRemoveLimit: a limit added to a running Limiter decides at once; removed, its
-// calls fail with ErrUnknownLimit and its leased tokens go back to Redis.
+// TestAddRemoveLimit: a limit Reconfigure adds to a running Limiter decides at once;
+// removed, its calls fail with ErrUnknownLimit, its leased tokens go back to Redis and its
+// counters leave Stats.
 func TestAddRemoveLimit(t *testing.T) {
 	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
 		s := newStore(t, tg.Client)
 		l := newLimiter(t, s, hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{{Name: "a", Rate: 1, Burst: 1, Policy: breaker.FailOpen}}})
 		ctx := context.Background()
+		a := hybrid.Limit{Name: "a", Rate: 1, Burst: 1, Policy: breaker.FailOpen}
 		b := hybrid.Limit{Name: "b", Rate: 1e-6, Burst: 50, Policy: breaker.FailClosed, MaxWait: 2 * time.Second}
-		if err := l.AddLimit(b); err != nil {
+		if err := l.Reconfigure([]hybrid.Limit{a, b}); err != nil {
 			t.Fatal(err)
 		}
 		for range 5 {
@@ -275,7 +271,7 @@ func TestAddRemoveLimit(t *testing.T) {
 		if _, err := l.Allow(ctx, "a", "k"); !errors.Is(err, hybrid.ErrUnknownLimit) {
 			t.Fatalf("Allow on a removed limit: %v", err)
 		}
-		if err := l.RemoveLimit("b"); err != nil {
+		if err := l.Reconfigure([]hybrid.Limit{a}); err != nil { // adds "a", removes "b"
 			t.Fatal(err)
 		}
 		if _, err := l.Allow(ctx, "b", "k"); !errors.Is(err, hybrid.ErrUnknownLimit) {
@@ -287,8 +283,8 @@ func TestAddRemoveLimit(t *testing.T) {
 		if left := bucketLeft(t, s, "b", 50, "k"); left != 45 {
 			t.Fatalf("bucket holds %d after 5 admitted and the limit removed: want 45 (the lease refunded)", left)
 		}
-		if got := l.Stats().Limits; len(got) != 0 {
-			t.Errorf("Stats().Limits = %+v after every limit was removed", got)
+		if got := l.Stats().Limits; len(got) != 1 || got[0].Name != "a" {
+			t.Errorf("Stats().Limits = %+v after b was removed, want a's alone", got)
 		}
 	})
 }
