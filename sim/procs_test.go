@@ -50,7 +50,9 @@ const procEnv = "FLEETLIMIT_PROC" // set in a child: "strategy index servers add
 // each sending Demand/N Poisson requests a second over Zipf keys for 10 s, and compares
 // the fleet's Redis calls per request and admitted share with the simulator's prediction
 // for the same parameters: each within 5%. It needs redis-server (skipped without, failed
-// under CI without), and does not run under -short.
+// under CI without), and runs only with -long (not under -short): two fleets of
+// processes for 10 s of real time each, which the package's parallel tests wait for, so
+// that nothing else loads the machine meanwhile.
 func TestAsyncProcesses(t *testing.T) { testProcesses(t, HybridAsync) }
 
 // TestWindowProcesses is TestAsyncProcesses with a windowed limit (Windowed 120ms).
@@ -61,8 +63,8 @@ func testProcesses(t *testing.T, st Strategy) {
 		procChild(t)
 		return
 	}
-	if testing.Short() {
-		t.Skip("two fleets of processes, 10 s each")
+	if testing.Short() || !*longFlag {
+		t.Skip("two fleets of processes, 10 s of real time each: run with -args -long")
 	}
 	srv := redistest.StartServer(t)
 	for _, n := range []int{8, 16} {

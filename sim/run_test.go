@@ -44,9 +44,13 @@ func TestRunIsDeterministic(t *testing.T) {
 	}
 }
 
-// TestModelRunsMatchMiniredis runs the hybrid strategy on the same small scenarios twice:
-// once with the real scripts on miniredis and once on the Go model. Every figure must be
-// identical, which is what licenses GoModel for the large many-keys scenario.
+// TestModelRunsMatchMiniredis runs the hybrid strategies on the same small scenarios
+// twice: once with the real scripts on miniredis and once on the Go model. Every figure
+// must be identical, which is what licenses GoModel for the built-in suites at full scale
+// (fullScale; with -long they run on miniredis). The scenarios take every script path a
+// suite takes: leases and refunds, outages, partitions, starved servers, churn with
+// heartbeats, a server's fast clock, reservations' claims, limit changes (versions),
+// several limits at once, and charge-later's charges and low-key exchanges.
 func TestModelRunsMatchMiniredis(t *testing.T) {
 	t.Parallel() // beside the other long tests of the package: two cores stay busy
 	base := Scenario{Servers: 20, Duration: 2 * time.Second, Rate: 2000, Burst: 200, Demand: 3000, Policy: FailLocal}
@@ -62,20 +66,42 @@ func TestModelRunsMatchMiniredis(t *testing.T) {
 	starved := base
 	starved.Name, starved.Starve, starved.StarvedServers = "starved", Window{Start: 500 * time.Millisecond, End: time.Second}, 10
 	starved.StarveRun, starved.StarvePeriod = 300*time.Microsecond, 24*time.Millisecond
+	heartbeat := churn
+	heartbeat.Name, heartbeat.Heartbeat = "heartbeat", 500*time.Millisecond
+	fast := base
+	fast.Name, fast.FastServer, fast.FastBy = "fast-server", 0, 2*time.Second
+	// Ten times the limit, every request a reservation: the denied ones claim.
+	reserve := base
+	reserve.Name, reserve.Rate, reserve.Burst, reserve.Demand, reserve.Reserve = "reservations", 100, 100, 1000, true
+	change := base
+	change.Name = "limit-change"
+	change.LimitChanges = []LimitChange{{At: 400 * time.Millisecond, Spread: time.Second, Rate: 1000, Burst: 100}}
+	several := many
+	several.Name = "several-limits"
+	several.AlsoLimits = []AlsoLimit{{Name: "global", Rate: 500, Burst: 500, Keys: 1}, {Name: "tenant", Rate: 100, Burst: 100, Keys: 10}}
+	async := many
+	async.Name = "many-async"
 	base.Name = "hot"
-	for _, sc := range []Scenario{base, many, outage, partition, churn, starved} {
+	for _, sc := range []Scenario{base, many, outage, partition, churn, starved, heartbeat, fast, reserve, change, several, async} {
+		st := Hybrid
+		if sc.Name == "many-async" {
+			st = HybridAsync
+		}
 		t.Run(sc.Name, func(t *testing.T) {
-			lua, err := Run(t, sc, Hybrid)
+			lua, err := Run(t, sc, st)
 			if err != nil {
 				t.Fatal(err)
 			}
 			sc.GoModel = true
-			mod, err := Run(t, sc, Hybrid)
+			mod, err := Run(t, sc, st)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if lua.RedisCalls == 0 {
 				t.Fatal("no Redis calls: the comparison proves nothing")
+			}
+			if sc.Reserve && lua.Sources[srcReserved.String()] == 0 {
+				t.Fatal("no request admitted by a claim: the reservations' path was not taken")
 			}
 			if u := lua.Starve; sc.StarvedServers > 0 && (u == nil || u.StarvedTimeouts == 0 || u.GrantsUnread == 0) {
 				t.Fatalf("no grant answered after its deadline: the starved servers' path was not taken (%+v)", u)

@@ -17,6 +17,7 @@ var (
 	seedFlag     = flag.Uint64("seed", 1, "seed of every built-in scenario")
 	onlyFlag     = flag.String("only", "", "run only these built-in scenarios (comma-separated names)")
 	scenarioFile = flag.String("scenario", "", "run only the scenario in this JSON file (sim.Scenario's field names) under every strategy, instead of the built-ins")
+	longFlag     = flag.Bool("long", false, "also run the long suites: the real processes beside the simulator (TestAsyncProcesses, TestWindowProcesses), and the built-in suites' hybrid runs on the real scripts on miniredis instead of the Go model")
 )
 
 // selected filters the suites by -only.

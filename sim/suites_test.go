@@ -32,9 +32,19 @@ type scale struct {
 	servers  int
 	duration time.Duration
 	factor   float64 // applied to rates, bursts and demand of the large scenarios
+	// model runs every hybrid run on the Go model of the scripts (Scenario.GoModel): the
+	// same figures as the real scripts on miniredis (TestModelRunsMatchMiniredis, and
+	// TestLuaScriptsMatchModel for the scripts one by one), in a third of the time.
+	model bool
 }
 
-func fullScale() scale  { return scale{servers: 200, duration: 10 * time.Second, factor: 1} }
+// fullScale is the built-in suites' scale: 200 servers for 10 s. Its hybrid runs are on
+// the Go model of the scripts, or with -long on the real scripts on miniredis where the
+// suite does not choose the model itself.
+func fullScale() scale {
+	return scale{servers: 200, duration: 10 * time.Second, factor: 1, model: !*longFlag}
+}
+
 func shortScale() scale { return scale{servers: 20, duration: 2 * time.Second, factor: 0.1} }
 
 // suites returns the built-in scenarios at scale s.
@@ -119,7 +129,7 @@ func suites(s scale, seed uint64) []suite {
 		sc.Policy = p
 		return run{label: "hybrid " + string(p) + label, sc: sc, st: Hybrid}
 	}
-	return []suite{
+	ss := []suite{
 		{"hot-key", []run{{sc: hot, st: Naive}, {sc: hot, st: Script}, {sc: hot, st: Hybrid}, {sc: hot, st: HybridAsync}, {sc: hot, st: HybridWindow}, {sc: hot, st: LocalOnly}}},
 		{"abusive-client", []run{{sc: abusive, st: Naive}, {sc: abusive, st: Script}, {sc: abusive, st: Hybrid}, {sc: abusive, st: HybridAsync}, {sc: abusive, st: HybridWindow}, {sc: abusive, st: LocalOnly}}},
 		{"many-keys", []run{{sc: many, st: Naive}, {sc: many, st: Script}, {sc: many, st: Hybrid}, {sc: many, st: HybridAsync}, {sc: many, st: HybridWindow}, {sc: many, st: LocalOnly}}},
@@ -143,4 +153,12 @@ func suites(s scale, seed uint64) []suite {
 		{"limit-change", []run{{label: "halved", sc: lower, st: Hybrid}, {label: "doubled", sc: raise, st: Hybrid}}},
 		{"reservations", []run{{sc: reserve, st: Hybrid}}},
 	}
+	if s.model {
+		for _, x := range ss {
+			for i := range x.runs {
+				x.runs[i].sc.GoModel = true
+			}
+		}
+	}
+	return ss
 }
