@@ -26,6 +26,11 @@ type Env struct {
 	Modules       map[string]string `json:"modules"`
 	DurationS     float64           `json:"duration_s"`
 	Repeats       int               `json:"repeats"`
+	// LoadStart and LoadEnd are the machine's load averages (1, 5 and 15 minutes, from
+	// /proc/loadavg) when the measurements started and when they ended: other work on
+	// the machine slows the rows.
+	LoadStart string `json:"load_start,omitempty"`
+	LoadEnd   string `json:"load_end,omitempty"`
 }
 
 // environment describes this machine, this binary's module versions and the Redis
@@ -41,6 +46,7 @@ func environment(ctx context.Context, redisBin, redisVersion string, args []stri
 		RedisServer:  output(ctx, redisBin, "--version"),
 		RedisVersion: redisVersion,
 		Modules:      moduleVersions(),
+		LoadStart:    loadAvg(),
 	}
 	if rev := output(ctx, "git", "rev-parse", "--short=12", "HEAD"); rev != "" {
 		e.FleetlimitRev = rev
@@ -97,7 +103,24 @@ func cpuModel() string {
 	return ""
 }
 
+// loadAvg returns the load averages over 1, 5 and 15 minutes from /proc/loadavg, or "".
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
+}
+
 // String is the environment in one line, for the log.
 func (e Env) String() string {
-	return fmt.Sprintf("%s; %d CPUs; %s; redis %s", e.Date, e.CPUs, e.GoVersion, e.RedisVersion)
+	s := fmt.Sprintf("%s; %d CPUs; %s; redis %s", e.Date, e.CPUs, e.GoVersion, e.RedisVersion)
+	if e.LoadStart != "" {
+		s += "; load average " + e.LoadStart
+	}
+	return s
 }

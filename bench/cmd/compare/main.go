@@ -9,10 +9,13 @@
 //
 // Every limiter runs every scenario (a hot key far over its limit; 10,000 Zipf keys
 // within theirs) with 1 and with 32 goroutines, for -duration each, -repeats times,
-// the rows interleaved; Redis is flushed and its statistics reset before each. The report
-// gives per row the medians of decisions per second, allocations per decision, p50 and
-// p99 latency, Redis commands, round trips and Redis CPU per decision, and admitted
-// against the limit's bound.
+// the rows interleaved; Redis is flushed and its statistics reset before each.
+// fleetlimit runs each kind of limit (bucket, charge-later, windowed) on 1 and on 8
+// servers. The report gives per row the medians of decisions per second, allocations
+// per decision, p50 and p99 latency, commands, script runs, round trips, Redis
+// commands and Redis CPU per decision (counted up to the end of the limiter's Close),
+// and admitted against the limit's bound; and which kind of fleetlimit limit suits
+// per-client keys, from the rows.
 //
 // With -render it only rewrites the report and the plot from <out>/benchmarks/raw.jsonl.
 package main
@@ -92,11 +95,23 @@ func measure(ctx context.Context, out, redisBin string, d time.Duration, repeats
 	renv := &redisEnv{addr: srv.Addr}
 	rvs := rivals()
 	var runs []Run
-	total := repeats * len(scenarios) * len(goroutineCounts) * len(rvs)
+	total := 0
+	for _, sc := range scenarios {
+		for _, rv := range rvs {
+			if why := rv.whyUnfit(sc.Limit); why != "" {
+				fmt.Fprintf(logw, "compare: %s does not run %s: %s\n", rv.Name, sc.Name, why)
+				continue
+			}
+			total += repeats * len(goroutineCounts)
+		}
+	}
 	for rep := 1; rep <= repeats; rep++ {
 		for _, sc := range scenarios {
 			for _, g := range goroutineCounts {
 				for _, rv := range rvs {
+					if rv.whyUnfit(sc.Limit) != "" {
+						continue
+					}
 					r, err := runOne(ctx, ctl, renv, rv, sc, g, d, rep)
 					if err != nil {
 						return fmt.Errorf("%s, %s, %s: %w", rv.Name, sc.Name, goroutines(g), err)
@@ -107,6 +122,8 @@ func measure(ctx context.Context, out, redisBin string, d time.Duration, repeats
 			}
 		}
 	}
+	env.LoadEnd = loadAvg()
+	fmt.Fprintf(logw, "compare: load average at the end %s\n", env.LoadEnd)
 	if err := writeFile(rawPath, func(w io.Writer) error { return writeRaw(w, env, runs) }); err != nil {
 		return err
 	}
@@ -165,8 +182,9 @@ func logLine(r Run) string {
 	if r.Keys == 1 {
 		fmt.Fprintf(&b, " (bound %.0f)", r.Bound())
 	}
-	fmt.Fprintf(&b, " p50 %.1fµs p99 %.1fµs, %d Redis calls, %d round trips, Redis CPU %.3fs",
-		float64(r.P50Ns)/1e3, float64(r.P99Ns)/1e3, r.RedisCalls, r.RoundTrips, r.RedisCPUS)
+	fmt.Fprintf(&b, " p50 %.1fµs p99 %.1fµs, %d commands, %d script runs, %d round trips, %d Redis calls, Redis CPU %.3fs; Close %.1fms: %d commands, %d script runs, Redis CPU %.3fs",
+		float64(r.P50Ns)/1e3, float64(r.P99Ns)/1e3, r.CommandsSent, r.ScriptRuns, r.RoundTrips, r.RedisCalls, r.RedisCPUS,
+		r.CloseS*1e3, r.CloseCommands, r.CloseScripts, r.CloseCPUS)
 	if r.Failed+r.FellBack > 0 {
 		fmt.Fprintf(&b, ", failed %d, fell back %d", r.Failed, r.FellBack)
 	}

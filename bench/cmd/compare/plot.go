@@ -40,7 +40,8 @@ func writePlot(w io.Writer, rvs []rival, runs []Run) error {
 	}
 	labels := make([]string, len(rvs))
 	for i, rv := range rvs {
-		labels[i] = strings.Replace(rv.Name, ", ", "\n", 1)
+		// "fleetlimit charge-later, 8 servers" in three lines: the names are wider than a bar group.
+		labels[i] = strings.Replace(strings.Replace(rv.Name, ", ", "\n", 1), "fleetlimit ", "fleetlimit\n", 1)
 	}
 
 	rate := plot.New()

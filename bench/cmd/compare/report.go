@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 )
 
 // rawLine is one line of the raw JSON-lines output: the environment first, then one
@@ -71,17 +72,26 @@ type Row struct {
 	DecPerS    float64
 	AllocsDec  float64
 	P50, P99   float64 // µs
+	CmdsDec    float64 // commands sent per decision (client side, each of a pipeline)
+	ScriptsDec float64 // script runs per decision (client side: EVAL, EVALSHA, ...)
 	CallsDec   float64 // Redis commands executed per decision (INFO commandstats)
 	TripsDec   float64 // round trips per decision (client side)
 	CPUDec     float64 // Redis CPU per decision, µs
-	AdmReq     float64 // admitted / requested, median
-	AdmBound   float64 // admitted / bound, worst repeat; NaN when the rival limits nothing
-	FailShare  float64 // (failed + fell back) / requested, worst repeat
-	FirstError string
+	// CloseCmdsDec and CloseCPUDec are the part of CmdsDec and CPUDec the limiter's
+	// Close made.
+	CloseCmdsDec float64
+	CloseCPUDec  float64
+	AdmReq       float64 // admitted / requested, median
+	AdmBound     float64 // admitted / (burst + rate·T), worst repeat; NaN when the rival limits nothing
+	AdmHeld      float64 // admitted / what the rival is held to (rival.held), worst repeat; NaN likewise
+	FailShare    float64 // (failed + fell back) / requested, worst repeat
+	FirstError   string
 }
 
 // rows groups runs into rows, in the order of rivals, then scenarios, then goroutines.
-func rows(runs []Run, bounded map[string]bool) []Row {
+// held maps a rival to what it may admit of one key over a run (rival.held); a rival
+// not in it limits nothing.
+func rows(runs []Run, held map[string]func(Run) float64) []Row {
 	type id struct {
 		rival, scenario string
 		g               int
@@ -98,7 +108,7 @@ func rows(runs []Run, bounded map[string]bool) []Row {
 	out := make([]Row, 0, len(order))
 	for _, k := range order {
 		g := groups[k]
-		row := Row{Rival: k.rival, Scenario: k.scenario, Goroutines: k.g, Repeats: len(g), AdmBound: math.NaN()}
+		row := Row{Rival: k.rival, Scenario: k.scenario, Goroutines: k.g, Repeats: len(g), AdmBound: math.NaN(), AdmHeld: math.NaN()}
 		per := func(f func(Run) float64) float64 {
 			v := make([]float64, len(g))
 			for i, r := range g {
@@ -113,13 +123,18 @@ func rows(runs []Run, bounded map[string]bool) []Row {
 		row.AllocsDec = perDec(func(r Run) float64 { return float64(r.Mallocs) })
 		row.P50 = per(func(r Run) float64 { return float64(r.P50Ns) / 1e3 })
 		row.P99 = per(func(r Run) float64 { return float64(r.P99Ns) / 1e3 })
+		row.CmdsDec = perDec(func(r Run) float64 { return float64(r.CommandsSent) })
+		row.ScriptsDec = perDec(func(r Run) float64 { return float64(r.ScriptRuns) })
 		row.CallsDec = perDec(func(r Run) float64 { return float64(r.RedisCalls) })
 		row.TripsDec = perDec(func(r Run) float64 { return float64(r.RoundTrips) })
 		row.CPUDec = perDec(func(r Run) float64 { return r.RedisCPUS * 1e6 })
+		row.CloseCmdsDec = perDec(func(r Run) float64 { return float64(r.CloseCommands) })
+		row.CloseCPUDec = perDec(func(r Run) float64 { return r.CloseCPUS * 1e6 })
 		row.AdmReq = per(func(r Run) float64 { return ratio(float64(r.Admitted), float64(r.Requested())) })
 		for _, r := range g {
-			if bounded[r.Rival] && r.Keys == 1 {
+			if h := held[r.Rival]; h != nil && r.Keys == 1 {
 				row.AdmBound = nanMax(row.AdmBound, float64(r.Admitted)/r.Bound())
+				row.AdmHeld = nanMax(row.AdmHeld, float64(r.Admitted)/h(r))
 			}
 			row.FailShare = max(row.FailShare, ratio(float64(r.Failed+r.FellBack), float64(r.Requested())))
 			if row.FirstError == "" {
@@ -220,8 +235,8 @@ func table(w io.Writer, rs []Row, scenario string, hot bool) {
 	if hot {
 		last = "admitted / bound (worst)"
 	}
-	fmt.Fprintf(w, "| limiter | goroutines | decisions/s | allocs/decision | p50 µs | p99 µs | Redis commands/decision | round trips/decision | Redis CPU µs/decision | %s | failed or fell back |\n", last)
-	fmt.Fprintln(w, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+	fmt.Fprintf(w, "| limiter | goroutines | decisions/s | allocs/decision | p50 µs | p99 µs | commands/decision | script runs/decision | round trips/decision | commands Redis ran/decision | Redis CPU µs/decision | %s | failed or fell back |\n", last)
+	fmt.Fprintln(w, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
 	for _, r := range rs {
 		if r.Scenario != scenario {
 			continue
@@ -230,19 +245,21 @@ func table(w io.Writer, rs []Row, scenario string, hot bool) {
 		if hot {
 			adm = num(r.AdmBound, 3)
 		}
-		fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+		fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
 			r.Rival, r.Goroutines, num(r.DecPerS, 0), sig(r.AllocsDec), sig(r.P50), sig(r.P99),
-			sig(r.CallsDec), sig(r.TripsDec), sig(r.CPUDec), adm, percent(r.FailShare))
+			sig(r.CmdsDec), sig(r.ScriptsDec), sig(r.TripsDec), sig(r.CallsDec), sig(r.CPUDec), adm, percent(r.FailShare))
 	}
 }
 
 // writeMarkdown writes docs/benchmarks.md from the environment, the rivals and runs.
 func writeMarkdown(w io.Writer, env Env, rvs []rival, runs []Run, plotFile string) error {
-	bounded := make(map[string]bool)
+	held := make(map[string]func(Run) float64)
 	for _, rv := range rvs {
-		bounded[rv.Name] = rv.hasBound
+		if h := rv.held(); h != nil {
+			held[rv.Name] = h
+		}
 	}
-	rs := rows(runs, bounded)
+	rs := rows(runs, held)
 	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
 	p("# Benchmarks: fleetlimit and other Redis rate limiters\n\n")
 	p("Generated by the command below from the raw output beside it ([benchmarks/raw.jsonl](benchmarks/raw.jsonl), ")
@@ -263,12 +280,23 @@ func writeMarkdown(w io.Writer, env Env, rvs []rival, runs []Run, plotFile strin
 	if env.FleetlimitRev != "" {
 		p("| fleetlimit | this repository at %s |\n", env.FleetlimitRev)
 	}
-	p("| runs | every row %g s, %d repeat(s), rows interleaved; the tables give medians |\n\n", env.DurationS, env.Repeats)
-	p("The load generator, the limiters and Redis share these CPUs, as a limiter and a local Redis would on one host; ")
-	p("a decision's latency includes waiting for a CPU. The machine is shared: repeats of one row differ, so compare ratios, not the last digit.\n\n")
+	p("| runs | every row %g s, %d repeat(s), rows interleaved; the tables give medians |\n", env.DurationS, env.Repeats)
+	if env.LoadStart != "" {
+		end := env.LoadEnd
+		if end == "" {
+			end = "unknown"
+		}
+		p("| load average (1, 5, 15 min) | %s at the start, %s at the end |\n", env.LoadStart, end)
+	}
+	p("\nThe load generator, the limiters and Redis share these CPUs, as a limiter and a local Redis would on one host; ")
+	p("a decision's latency includes waiting for a CPU. The machine is shared: repeats of one row differ, so compare ratios, not the last digit. ")
+	p("Other work on the machine (its load average above) moves decisions/s and the latencies most. ")
+	p("Commands, script runs and round trips per decision are counts: they move with the load only as far as it changes how requests batch. ")
+	p("Redis CPU per decision moves little with the load (Redis's own CPU time, though a busier machine makes each system call dearer): ")
+	p("trust those columns before decisions/s.\n\n")
 
 	p("## The limiters\n\n")
-	p("| limiter | module, version pinned in bench/go.mod | per decision | admitted is compared with |\n|---|---|---|---|\n")
+	p("| limiter | module, version pinned in bench/go.mod | per decision | held to, over a run of T on one key |\n|---|---|---|---|\n")
 	for _, rv := range rvs {
 		ver := env.Modules[rv.Module]
 		if rv.Module == "github.com/fleetlimit/fleetlimit" {
@@ -284,34 +312,49 @@ func writeMarkdown(w io.Writer, env Env, rvs []rival, runs []Run, plotFile strin
 	p("fleetlimit and the article script need the client `global.Configure` sets up (no retry of a timed-out script, 100 ms read timeout), ")
 	p("with the same pool. go-redis is `%s` for all.\n", env.Modules["github.com/redis/go-redis/v9"])
 	p("`mennanov/limiters` and `go-chi/httprate-redis` were to be compared too, but the Go module proxy serves no version of either.\n\n")
+	kindsNote(p, rvs)
 
 	for i, sc := range scenarios {
 		p("## %s\n\n%s.\n\n", titles[i], upper(sc.Describe))
+		for _, rv := range rvs {
+			if why := rv.whyUnfit(sc.Limit); why != "" {
+				p("%s does not run this scenario as specified, so it has no row: %s.\n\n", rv.Name, why)
+			}
+		}
 		table(w, rs, sc.Name, sc.Keys == 1)
 		p("\n")
 	}
 	if plotFile != "" {
 		p("![decisions per second and Redis CPU per decision](%s)\n\n", plotFile)
 	}
+	perClient(p, rs, rvs)
 
 	p("## Reading the figures\n\n")
 	p("- **decisions/s**: requests decided (admitted, denied, or by fleetlimit's failure policy) per second of the run, all goroutines together.\n")
 	p("- **allocs/decision**: `runtime.MemStats.Mallocs` over the run, divided by the decisions; it includes the limiter's background goroutines and the Redis client.\n")
 	p("- **p50, p99**: of each decision's wall time, timed around the call (a histogram with 1%% buckets).\n")
-	p("- **Redis commands/decision**: `INFO commandstats` calls after `CONFIG RESETSTAT`, summed over every command, the ones a script runs included (an EVALSHA of the article script counts 5: EVALSHA, TIME, HMGET, HSET, PEXPIRE).\n")
-	p("- **round trips/decision**: commands and pipelines the go-redis clients sent, counted by a hook.\n")
+	p("- The Redis figures below count from before the first call of the measured load (before the limiter is built on the hot key; after the unmeasured warm-up on the Zipf keys) ")
+	p("to the end of the limiter's `Close`: fleetlimit's refunds of leased tokens, its last charges and its last window reports at `Close` are in them, ")
+	p("though `Close` comes after the last decision. They are divided by the decisions of the measured run.\n")
+	p("- **commands/decision**: commands the limiter's go-redis clients sent, counted by a hook: each command of a pipeline counts, and so do the commands that open a connection (HELLO, CLIENT SETINFO).\n")
+	p("- **script runs/decision**: of those, the ones that run a Lua script (EVAL, EVALSHA and their `_RO` forms, FCALL), less any EVALSHA that Redis answered NOSCRIPT (it ran nothing; the client then sends EVAL).\n")
+	p("- **round trips/decision**: commands and pipelines the clients sent, a pipeline counting one.\n")
+	p("- **commands Redis ran/decision**: `INFO commandstats` calls after `CONFIG RESETSTAT`, summed over every command, the ones a script runs included (an EVALSHA of the article script counts 5: EVALSHA, TIME, HMGET, HSET, PEXPIRE).\n")
 	p("- **Redis CPU µs/decision**: the change of `INFO cpu` `used_cpu_user + used_cpu_sys`, divided by the decisions.\n")
 	p("- **admitted / bound**: hot key only, the worst repeat. The bound is the limit's `burst + rate·T`, T the run's wall time, the most a token bucket that starts full may admit; ")
-	p("the table of limiters says what each is held to. Above 1 means the limiter let through more than its limit allows.\n")
+	p("the table of limiters says what each is held to, which for some kinds of fleetlimit limit is more (Rows to look at compares those). Above 1 means the limiter let through more than a token bucket would.\n")
 	p("- **admitted / requested**: many keys, every request within its key's limit: below 1 means requests were denied that the limit allows.\n")
-	p("- **failed or fell back**: the worst repeat's share of calls that returned an error, or that fleetlimit's failure policy decided (FailClosed: denied) because a refill did not answer within its 10 ms.\n\n")
+	p("- **failed or fell back**: the worst repeat's share of calls that returned an error, or that fleetlimit's failure policy decided (FailClosed: denied) because Redis did not answer within the limit's MaxWait, 10 ms.\n\n")
 
 	p("## Rows to look at\n\n")
 	notes := 0
 	for _, r := range rs {
 		switch {
+		case !math.IsNaN(r.AdmHeld) && r.AdmHeld > 1:
+			p("- %s, %s, %s: admitted %s × what it is held to in its worst repeat (%s × burst + rate·T).\n", r.Rival, r.Scenario, goroutines(r.Goroutines), num(r.AdmHeld, 3), num(r.AdmBound, 3))
+			notes++
 		case !math.IsNaN(r.AdmBound) && r.AdmBound > 1:
-			p("- %s, %s, %s: admitted %s × the bound in its worst repeat.\n", r.Rival, r.Scenario, goroutines(r.Goroutines), num(r.AdmBound, 3))
+			p("- %s, %s, %s: admitted %s × burst + rate·T in its worst repeat, %s × what its kind is held to (the table of limiters).\n", r.Rival, r.Scenario, goroutines(r.Goroutines), num(r.AdmBound, 3), num(r.AdmHeld, 3))
 			notes++
 		case !math.IsNaN(r.AdmBound) && r.AdmBound < 0.9:
 			p("- %s, %s, %s: admitted at most %s × the bound in any repeat.\n", r.Rival, r.Scenario, goroutines(r.Goroutines), num(r.AdmBound, 3))
@@ -321,7 +364,7 @@ func writeMarkdown(w io.Writer, env Env, rvs []rival, runs []Run, plotFile strin
 			p("- %s, %s, %s: %s of the calls failed or fell back (worst repeat)%s.\n", r.Rival, r.Scenario, goroutines(r.Goroutines), percent(r.FailShare), ifSet("; first error: `"+r.FirstError+"`", r.FirstError))
 			notes++
 		}
-		if math.IsNaN(r.AdmBound) && r.AdmReq < 0.999 && bounded[r.Rival] {
+		if math.IsNaN(r.AdmBound) && r.AdmReq < 0.999 && held[r.Rival] != nil {
 			p("- %s, %s, %s: admitted %s of the requests, all within their limits.\n", r.Rival, r.Scenario, goroutines(r.Goroutines), num(r.AdmReq, 4))
 			notes++
 		}
@@ -330,6 +373,202 @@ func writeMarkdown(w io.Writer, env Env, rvs []rival, runs []Run, plotFile strin
 		p("None: no limiter admitted more than its bound or less than 90%% of it on the hot key, none denied a request within its limit, and no call failed.\n")
 	}
 	return nil
+}
+
+// kindsNote says how the comparison sets up each kind of fleetlimit limit, and that
+// every kind gets each scenario's rate and burst as they are (or why it cannot).
+func kindsNote(p func(string, ...any), rvs []rival) {
+	p("fleetlimit runs each kind of limit, on 1 server and on %d, with each scenario's rate and burst as they are, so every kind has the same rate per key: ", fleetServers)
+	p("the bucket is `hybrid.Exact()` (the default), charge-later `hybrid.ChargeLater(%v)`, windowed `hybrid.Windowed(%v)` (the values docs/limits.md gives as its examples). ", chargeWithin, windowedReport)
+	p("A windowed limit needs a burst of at most `global.MaxWindowBurst` (2^30), a window (burst/rate) from %v to %v, and a report interval of at most half the window: ", minWindow, maxWindow)
+	var parts []string
+	for _, sc := range scenarios {
+		w := time.Duration(float64(sc.Limit.Burst) / float64(sc.Limit.Rate) * float64(time.Second))
+		parts = append(parts, fmt.Sprintf("the %s's window is %v at burst %s", sc.Name, w, num(float64(sc.Limit.Burst), 0)))
+	}
+	p("%s", strings.Join(parts, ", "))
+	var unfit []string
+	for _, sc := range scenarios {
+		for _, rv := range rvs {
+			if why := rv.whyUnfit(sc.Limit); why != "" && rv.Kind != "" {
+				unfit = append(unfit, fmt.Sprintf("%s cannot run the %s (%s)", rv.Name, sc.Name, why))
+			}
+		}
+	}
+	if len(unfit) == 0 {
+		p(", so every kind runs both scenarios as specified.\n\n")
+	} else {
+		p("; %s.\n\n", strings.Join(unfit, "; "))
+	}
+}
+
+// perClient writes which kind of fleetlimit limit to choose for per-client keys, from the
+// rows of the scenario of many keys.
+func perClient(p func(string, ...any), rs []Row, rvs []rival) {
+	var many *scenario
+	for i := range scenarios {
+		if scenarios[i].Keys > 1 {
+			many = &scenarios[i]
+			break
+		}
+	}
+	if many == nil {
+		return
+	}
+	find := func(name string, g int) (Row, bool) {
+		for _, r := range rs {
+			if r.Rival == name && r.Scenario == many.Name && r.Goroutines == g {
+				return r, true
+			}
+		}
+		return Row{}, false
+	}
+	const ref = "redis_rate"
+	var fleet []rival
+	for _, rv := range rvs {
+		if rv.Kind != "" {
+			fleet = append(fleet, rv)
+		}
+	}
+	p("## Per-client keys: which kind of fleetlimit limit\n\n")
+	p("Per-client keys (an API key, a tenant, an IP) are the %s scenario: many keys, each seen seldom, each within its limit. ", many.Name)
+	p("Its rows for %s and every kind of fleetlimit limit, with %s's Redis CPU per decision as the yardstick ", ref, ref)
+	p("(\"of %s's\": this row's Redis CPU per decision over %s's at the same goroutines; \"at Close\": the part of it that `Close` spent):\n\n", ref, ref)
+	p("| limiter | goroutines | decisions/s | Redis CPU µs/decision | of %s's | at Close | commands/decision | script runs/decision | round trips/decision | failed or fell back |\n", ref)
+	p("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	for _, g := range goroutineCounts {
+		base, hasBase := find(ref, g)
+		for _, name := range append([]string{ref}, names(fleet)...) {
+			r, ok := find(name, g)
+			if !ok {
+				continue
+			}
+			of := "–"
+			if hasBase {
+				of = fraction(r.CPUDec / base.CPUDec)
+			}
+			p("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.Rival, r.Goroutines, num(r.DecPerS, 0), sig(r.CPUDec), of,
+				sig(r.CloseCPUDec), sig(r.CmdsDec), sig(r.ScriptsDec), sig(r.TripsDec), percent(r.FailShare))
+		}
+	}
+	p("\n")
+
+	// The choice is made on the fleet's rows at the most goroutines: many servers, busy.
+	g := goroutineCounts[len(goroutineCounts)-1]
+	base, hasBase := find(ref, g)
+	pick := func(n int) (best Row, all map[string]Row) {
+		all = make(map[string]Row)
+		best.CPUDec = math.Inf(1)
+		for _, rv := range fleet {
+			if rv.Servers != n {
+				continue
+			}
+			if r, ok := find(rv.Name, g); ok && !math.IsNaN(r.CPUDec) {
+				all[rv.Kind] = r
+				if r.CPUDec < best.CPUDec {
+					best = r
+				}
+			}
+		}
+		return best, all
+	}
+	best, all := pick(fleetServers)
+	if len(all) == 0 || !hasBase {
+		p("The run has no rows of fleetlimit on %d servers, or of %s, at %s to choose from.\n\n", fleetServers, ref, goroutines(g))
+		return
+	}
+	kindOf := func(r Row) string {
+		for _, rv := range fleet {
+			if rv.Name == r.Rival {
+				return rv.Kind
+			}
+		}
+		return ""
+	}
+	bk := kindOf(best)
+	p("**For per-client keys, choose the %s kind.** ", bk)
+	p("The choice is made on Redis CPU per decision at %d servers and %s, the figure that decides how many requests a Redis serves and that moves least with the machine's load: ", fleetServers, goroutines(g))
+	p("there the %s kind spends %s µs a decision, %s (%s µs), with %s commands and %s script runs a decision", bk, sig(best.CPUDec), share(best.CPUDec/base.CPUDec, ref+"'s"), sig(base.CPUDec), sig(best.CmdsDec), sig(best.ScriptsDec))
+	var others []string
+	for _, k := range kinds {
+		if r, ok := all[k.Name]; ok && k.Name != bk {
+			others = append(others, fmt.Sprintf("the %s kind %s µs (%s; %s commands, %s script runs)", k.Name, sig(r.CPUDec), share(r.CPUDec/base.CPUDec, ref+"'s"), sig(r.CmdsDec), sig(r.ScriptsDec)))
+		}
+	}
+	if len(others) > 0 {
+		p("; %s", strings.Join(others, ", "))
+	}
+	p(".")
+	if one, oneAll := pick(1); len(oneAll) > 0 {
+		if k1 := kindOf(one); k1 == bk {
+			p(" On one server too the %s kind spends least: %s µs a decision, %s.", bk, sig(one.CPUDec), share(one.CPUDec/base.CPUDec, ref+"'s"))
+		} else {
+			p(" On one server the %s kind spends least (%s µs a decision, %s; the %s kind %s µs).", k1, sig(one.CPUDec), share(one.CPUDec/base.CPUDec, ref+"'s"), bk, sig(oneAll[bk].CPUDec))
+		}
+	}
+	p("\n\n")
+	switch bk {
+	case "windowed":
+		p("What the windowed kind gives up (docs/limits.md, \"Windowed limits\"): a key's burst is per fixed window of burst/rate, ")
+		p("so a client may spend a burst at a window's end and another at the next one's start (its bound is `2·burst + rate·W + S·c` over any window W); ")
+		p("keys over their limit get about 95%% of it rather than all; its Rate, Burst and report interval cannot change at run time; ")
+		p("and Redis holds a counter array per limit and window (1.5 MB for a burst up to 16,384, 3 MB above). ")
+		p("Keep the bucket where a key's admissions must follow a refill exactly, or where keys over their limit must get all of it.\n\n")
+	case "charge-later":
+		p("What the charge-later kind gives up (docs/limits.md, \"Charge later\"): a key that turns hot across the fleet at once may be admitted `S·c` beyond the bucket's bound before the charges land.\n\n")
+	default:
+		p("The bucket admits exactly as its token bucket allows (`2·burst + rate·W` over any window W).\n\n")
+	}
+	if b, ok := all["bucket"]; ok {
+		if c, ok := all["charge-later"]; ok {
+			ratio := c.CPUDec / b.CPUDec
+			switch {
+			case ratio > 0.8 && ratio < 1.25:
+				p("The charge-later kind spends about what the bucket does (%s Redis CPU per decision, %s against %s script runs a decision): ", share(ratio, "the bucket's"), sig(c.ScriptsDec), sig(b.ScriptsDec))
+				p("every admission is still a bucket update by script, a charge instead of a take. What it removes is waiting: ")
+				p("choose it over the bucket where a key's requests, spread over more servers than its burst, must not wait for Redis.\n\n")
+			default:
+				p("The charge-later kind spends %s Redis CPU per decision here (%s against %s script runs a decision).\n\n", share(ratio, "the bucket's"), sig(c.ScriptsDec), sig(b.ScriptsDec))
+			}
+		}
+	}
+	p("Each key's limit here (%s/s, burst %s) is far above what it asks, so nothing is denied: the rows measure the Redis work of keys within their limits, the common case of per-client keys. ",
+		num(float64(many.Limit.Rate), 0), num(float64(many.Limit.Burst), 0))
+	p("A bucket's leases are sized by what each server sees of a key, not by its burst, so a key seen seldom per server gets leases of one token whatever its limit; ")
+	p("docs/limits.md measures the kinds on modest limits (50/s, burst 50) over 200 simulated servers.\n\n")
+}
+
+// names returns the rivals' names.
+func names(rvs []rival) []string {
+	out := make([]string, len(rvs))
+	for i, rv := range rvs {
+		out[i] = rv.Name
+	}
+	return out
+}
+
+// share says what a ratio v of something of whose is: "1/N of whose" below 1, "N× whose"
+// from 1.
+func share(v float64, whose string) string {
+	f := fraction(v)
+	switch {
+	case f == "–":
+		return f
+	case v < 1:
+		return f + " of " + whose
+	}
+	return f + " " + whose
+}
+
+// fraction formats a ratio below 1 as "1/N" and one from 1 as "N×".
+func fraction(v float64) string {
+	switch {
+	case math.IsNaN(v) || math.IsInf(v, 0) || v <= 0:
+		return "–"
+	case v < 1:
+		return "1/" + sig(1/v)
+	}
+	return sig(v) + "×"
 }
 
 // titles are the section titles of the scenarios, in their order.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -54,14 +55,67 @@ type rival struct {
 	Bound string
 	// hasBound is false for a row that limits nothing (PING).
 	hasBound bool
-	build    func(ctx context.Context, env *redisEnv, s spec) (decider, error)
+	// Kind is a fleetlimit row's kind of limit (kinds), "" for the others; Servers is
+	// the fleet's size.
+	Kind    string
+	Servers int
+	// heldTo, when set, is what the rival may admit of one key over run r, when that is
+	// not burst + rate·T (Run.Bound).
+	heldTo func(r Run) float64
+	// unfit, when set, says why the rival cannot run a scenario's limit as specified
+	// ("" when it can): the row is left out and the report says why.
+	unfit func(s spec) string
+	build func(ctx context.Context, env *redisEnv, s spec) (decider, error)
 }
 
-// redisEnv makes the go-redis clients the rivals use, each counting its round trips.
+// held returns what rv may admit of one key over a run: heldTo, or burst + rate·T; nil
+// for a rival that limits nothing.
+func (rv rival) held() func(Run) float64 {
+	switch {
+	case !rv.hasBound:
+		return nil
+	case rv.heldTo != nil:
+		return rv.heldTo
+	}
+	return Run.Bound
+}
+
+// whyUnfit says why rv cannot run limit s, "" when it can.
+func (rv rival) whyUnfit(s spec) string {
+	if rv.unfit == nil {
+		return ""
+	}
+	return rv.unfit(s)
+}
+
+// redisEnv makes the go-redis clients the rivals use, each counting what it sends.
 type redisEnv struct {
-	addr       string
-	roundTrips atomic.Int64
-	clients    []*redis.Client
+	addr    string
+	calls   callCounts
+	clients []*redis.Client
+}
+
+// callCounts are what the go-redis clients of a row sent to Redis, counted by a hook,
+// connection set-up (HELLO, CLIENT SETINFO) included.
+type callCounts struct {
+	// trips counts round trips: one per command, one per pipeline.
+	trips atomic.Int64
+	// commands counts commands: one per command, each command of a pipeline too.
+	commands atomic.Int64
+	// scripts counts script runs: the commands of the EVAL family (EVAL, EVALSHA, their
+	// _RO forms, FCALL) but those Redis answered NOSCRIPT, which ran nothing.
+	scripts atomic.Int64
+}
+
+// callSnapshot is callCounts read at one instant.
+type callSnapshot struct{ trips, commands, scripts int64 }
+
+func (c *callCounts) snapshot() callSnapshot {
+	return callSnapshot{c.trips.Load(), c.commands.Load(), c.scripts.Load()}
+}
+
+func (a callSnapshot) sub(b callSnapshot) callSnapshot {
+	return callSnapshot{a.trips - b.trips, a.commands - b.commands, a.scripts - b.scripts}
 }
 
 // client returns a new go-redis client for the private Redis: go-redis's defaults, or
@@ -72,7 +126,7 @@ func (e *redisEnv) client(configured bool) *redis.Client {
 		global.Configure(o)
 	}
 	c := redis.NewClient(o)
-	c.AddHook(countHook{&e.roundTrips})
+	c.AddHook(countHook{&e.calls})
 	e.clients = append(e.clients, c)
 	return c
 }
@@ -87,23 +141,53 @@ func (e *redisEnv) closeClients() error {
 	return errors.Join(errs...)
 }
 
-// countHook counts round trips to Redis: one per command, one per pipeline.
-type countHook struct{ n *atomic.Int64 }
+// countHook counts what a client sends to Redis (callCounts).
+type countHook struct{ n *callCounts }
 
 func (h countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (h countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.n.Add(1)
-		return next(ctx, cmd)
+		h.n.trips.Add(1)
+		err := next(ctx, cmd)
+		h.count(cmd)
+		return err
 	}
 }
 
 func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.n.Add(1)
-		return next(ctx, cmds)
+		h.n.trips.Add(1)
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			h.count(cmd)
+		}
+		return err
 	}
+}
+
+// count counts one command sent, and a script run if it ran one.
+func (h countHook) count(cmd redis.Cmder) {
+	h.n.commands.Add(1)
+	if isScript(cmd.Name()) && !isNoScript(cmd.Err()) {
+		h.n.scripts.Add(1)
+	}
+}
+
+// isScript reports whether a command (its name, as go-redis gives it: lower case) runs a
+// script or a function.
+func isScript(name string) bool {
+	switch name {
+	case "eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro":
+		return true
+	}
+	return false
+}
+
+// isNoScript reports whether err is Redis's NOSCRIPT: an EVALSHA of a script it does
+// not hold, which ran nothing (the client then sends EVAL).
+func isNoScript(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
 }
 
 // fleetServers is the number of hybrid.Limiters in the fleet row.
@@ -111,7 +195,7 @@ const fleetServers = 8
 
 // rivals returns the limiters compared, in the report's order.
 func rivals() []rival {
-	return []rival{
+	rvs := []rival{
 		{
 			Name: "go-redis PING", Module: "github.com/redis/go-redis/v9",
 			Algorithm: "no limit: one PING per decision, the floor of any one-round-trip design",
@@ -177,19 +261,102 @@ func rivals() []rival {
 				return throttledDecider{l}, nil
 			},
 		},
-		{
-			Name: "fleetlimit, 1 server", Module: "github.com/fleetlimit/fleetlimit",
-			Algorithm: "hybrid.Limiter (FleetSize 1): local pre-check, tokens leased in batches by a Lua script, FailClosed",
-			Bound:     "burst + rate·T: no lease is out at the start (docs/design.md §4; 2·burst + rate·T for any window)", hasBound: true,
-			build: func(_ context.Context, env *redisEnv, s spec) (decider, error) { return newFleet(env, s, 1) },
-		},
-		{
-			Name: fmt.Sprintf("fleetlimit, %d servers", fleetServers), Module: "github.com/fleetlimit/fleetlimit",
-			Algorithm: fmt.Sprintf("%d hybrid.Limiters (FleetSize %d), each with its own client and breaker, requests spread round-robin", fleetServers, fleetServers),
-			Bound:     "burst + rate·T: no lease is out at the start (docs/design.md §4; 2·burst + rate·T for any window)", hasBound: true,
-			build: func(_ context.Context, env *redisEnv, s spec) (decider, error) { return newFleet(env, s, fleetServers) },
-		},
 	}
+	for _, k := range kinds {
+		for _, n := range []int{1, fleetServers} {
+			rvs = append(rvs, fleetRival(k, n))
+		}
+	}
+	return rvs
+}
+
+// kind is one kind of fleetlimit limit, as the comparison sets it up.
+type kind struct {
+	Name string
+	mode hybrid.Mode
+	// Algorithm and Bound are for the report's table of limiters.
+	Algorithm, Bound string
+	// over is what a fleet of n servers of this kind may admit of one key over run r
+	// beyond burst + rate·T.
+	over  func(r Run, n int) float64
+	unfit func(s spec) string
+}
+
+// unasked is S·c of docs/limits.md: what n servers that do not yet know a key low may admit
+// of it unasked, c = max(1, ⌈burst/n⌉) each.
+func unasked(burst, n int) float64 { return float64(n * max(1, (burst+n-1)/n)) }
+
+// The parameters of the kinds: ChargeLater's within and Windowed's report interval, the
+// values docs/limits.md gives as its examples.
+const (
+	chargeWithin   = 100 * time.Millisecond
+	windowedReport = 120 * time.Millisecond
+)
+
+// The bounds New puts on a windowed limit (engine.MinWindow, engine.MaxWindow).
+const (
+	minWindow = 100 * time.Millisecond
+	maxWindow = 24 * time.Hour
+)
+
+// kinds are the kinds of fleetlimit limit the comparison runs, in the report's order.
+// Every kind gets each scenario's rate and burst as they are.
+var kinds = []kind{
+	{
+		Name: "bucket", mode: hybrid.Exact(),
+		Algorithm: "the default kind (Exact): local pre-check, tokens leased from a token bucket in batches by a Lua script; a request its lease cannot serve waits for a refill",
+		Bound:     "burst + rate·T: no lease is out at the start (docs/design.md §4; 2·burst + rate·T for any window)",
+	},
+	{
+		Name: "charge-later", mode: hybrid.ChargeLater(chargeWithin),
+		Algorithm: fmt.Sprintf("ChargeLater(%v): the bucket's leases; a request its lease cannot serve is admitted at once unless its key is known low, and charged to the bucket within %v (pipelined, by script)", chargeWithin, chargeWithin),
+		Bound:     "burst + rate·T + S·c, S servers, c = max(1, ⌈burst/S⌉): no lease is out at the start, and each server admits at most c of a key uncharged (docs/limits.md, \"Charge later\"; 2·burst + rate·T + S·c for any window)",
+		over:      func(r Run, n int) float64 { return unasked(r.Burst, n) },
+	},
+	{
+		Name: "windowed", mode: hybrid.Windowed(windowedReport),
+		Algorithm: fmt.Sprintf("Windowed(%v): burst per window of burst/rate, counted in Redis by pipelined BITFIELD INCRBY every %v, no script; keys decided locally within what their window has left", windowedReport, windowedReport),
+		Bound:     "2·burst + rate·T + S·c, S servers, c = max(1, ⌈burst/S⌉): a burst per fixed window of burst/rate, at a phase of the key's own, so a run may span a window more than rate·T covers (docs/limits.md, \"Windowed limits\")",
+		over:      func(r Run, n int) float64 { return float64(r.Burst) + unasked(r.Burst, n) },
+		unfit: func(s spec) string {
+			w := time.Duration(float64(s.Burst) / float64(s.Rate) * float64(time.Second))
+			switch {
+			case s.Burst > global.MaxWindowBurst:
+				return fmt.Sprintf("burst %d is over global.MaxWindowBurst (%d)", s.Burst, global.MaxWindowBurst)
+			case w < minWindow || w > maxWindow:
+				return fmt.Sprintf("its window, burst/rate = %v, is not from %v to %v", w, minWindow, maxWindow)
+			case 2*windowedReport > w:
+				return fmt.Sprintf("its report interval %v is over half its window, burst/rate = %v", windowedReport, w)
+			}
+			return ""
+		},
+	},
+}
+
+// fleetRival is fleetlimit's row of kind k on n servers.
+func fleetRival(k kind, n int) rival {
+	rv := rival{
+		Name: fmt.Sprintf("fleetlimit %s, %s", k.Name, servers(n)), Module: "github.com/fleetlimit/fleetlimit",
+		Algorithm: fmt.Sprintf("hybrid.Limiter (FleetSize 1), FailClosed; %s", k.Algorithm),
+		Bound:     k.Bound, hasBound: true,
+		Kind: k.Name, Servers: n, unfit: k.unfit,
+		build: func(_ context.Context, env *redisEnv, s spec) (decider, error) { return newFleet(env, s, n, k.mode) },
+	}
+	if k.over != nil {
+		rv.heldTo = func(r Run) float64 { return r.Bound() + k.over(r, n) }
+	}
+	if n > 1 {
+		rv.Algorithm = fmt.Sprintf("%d hybrid.Limiters (FleetSize %d) of the %s kind, each with its own client and breaker, requests spread round-robin", n, n, k.Name)
+	}
+	return rv
+}
+
+// servers says "1 server" or "n servers".
+func servers(n int) string {
+	if n == 1 {
+		return "1 server"
+	}
+	return fmt.Sprintf("%d servers", n)
 }
 
 type pingDecider struct{ c *redis.Client }
@@ -263,7 +430,7 @@ func allowed(ok bool, err error) (verdict, error) {
 // fleet is n hybrid.Limiters, each a server with its own client, store and breaker.
 type fleet struct{ lims []*hybrid.Limiter }
 
-func newFleet(env *redisEnv, s spec, n int) (*fleet, error) {
+func newFleet(env *redisEnv, s spec, n int, mode hybrid.Mode) (*fleet, error) {
 	f := &fleet{}
 	for i := range n {
 		store, err := global.New(env.client(true))
@@ -272,7 +439,7 @@ func newFleet(env *redisEnv, s spec, n int) (*fleet, error) {
 		}
 		l, err := hybrid.New(store, hybrid.Config{
 			FleetSize: n,
-			Limits:    []hybrid.Limit{{Name: "bench", Rate: float64(s.Rate), Burst: s.Burst, Policy: breaker.FailClosed}},
+			Limits:    []hybrid.Limit{{Name: "bench", Rate: float64(s.Rate), Burst: s.Burst, Policy: breaker.FailClosed, Mode: mode}},
 		})
 		if err != nil {
 			_ = f.close(context.Background())

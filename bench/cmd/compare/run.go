@@ -66,14 +66,28 @@ type Run struct {
 	Mallocs    uint64 `json:"mallocs"`
 	P50Ns      int64  `json:"p50_ns"`
 	P99Ns      int64  `json:"p99_ns"`
-	// RoundTrips is counted by a go-redis hook: one per command, one per pipeline.
-	RoundTrips int64 `json:"round_trips"`
+	// RoundTrips, CommandsSent and ScriptRuns are counted by a go-redis hook on every
+	// client of the row: round trips (one per command, one per pipeline), commands (each
+	// command of a pipeline too) and script runs (EVAL, EVALSHA and their kin, less
+	// those answered NOSCRIPT). They, RedisCalls and RedisCPUS are counted from before
+	// the first call of the measured load (before the limiter is built when the scenario
+	// has no warm-up, after the warm-up when it has one) to the end of the limiter's
+	// Close, its refunds and last reports included.
+	RoundTrips   int64 `json:"round_trips"`
+	CommandsSent int64 `json:"commands_sent"`
+	ScriptRuns   int64 `json:"script_runs"`
 	// RedisCalls is INFO commandstats' calls summed over every command, those run
 	// inside scripts included, less this command's own INFO and CONFIG RESETSTAT.
 	RedisCalls int64            `json:"redis_calls"`
 	Commands   map[string]int64 `json:"commandstats"`
 	// RedisCPUS is the delta of INFO cpu's used_cpu_user + used_cpu_sys, in seconds.
 	RedisCPUS float64 `json:"redis_cpu_s"`
+	// CloseS is how long the limiter's Close took; CloseCommands, CloseScripts and
+	// CloseCPUS the part of CommandsSent, ScriptRuns and RedisCPUS that fell in it.
+	CloseS        float64 `json:"close_s"`
+	CloseCommands int64   `json:"close_commands"`
+	CloseScripts  int64   `json:"close_scripts"`
+	CloseCPUS     float64 `json:"close_redis_cpu_s"`
 }
 
 // Decisions is the number of requests the limiter decided (admitted, denied, or by its
@@ -92,6 +106,16 @@ func runOne(ctx context.Context, ctl *redis.Client, env *redisEnv, rv rival, sc 
 	out := Run{Rival: rv.Name, Scenario: sc.Name, Goroutines: g, Repeat: repeat, Rate: sc.Limit.Rate, Burst: sc.Limit.Burst, Keys: sc.Keys, WarmupS: sc.Warmup.Seconds()}
 	if err := ctl.FlushAll(ctx).Err(); err != nil {
 		return out, fmt.Errorf("FLUSHALL: %w", err)
+	}
+	// Counters open before the first call of the measured load: here when the scenario
+	// has no warm-up, so that they count the limiter's set-up too; after the warm-up
+	// otherwise.
+	var open counters
+	var err error
+	if sc.Warmup == 0 {
+		if open, err = openCounters(ctx, ctl, env); err != nil {
+			return out, err
+		}
 	}
 	dec, err := rv.build(ctx, env, sc.Limit)
 	if err != nil {
@@ -169,17 +193,10 @@ func runOne(ctx context.Context, ctl *redis.Client, env *redisEnv, rv rival, sc 
 	}
 	if sc.Warmup > 0 {
 		pass(sc.Warmup, 1)
+		if open, err = openCounters(ctx, ctl, env); err != nil {
+			return out, err
+		}
 	}
-
-	// Counters start now: setup and warm-up are not in them.
-	if err := ctl.ConfigResetStat(ctx).Err(); err != nil {
-		return out, fmt.Errorf("CONFIG RESETSTAT: %w", err)
-	}
-	cpu0, err := redisCPU(ctx, ctl)
-	if err != nil {
-		return out, err
-	}
-	trips0 := env.roundTrips.Load()
 	runtime.GC()
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
@@ -187,24 +204,37 @@ func runOne(ctx context.Context, ctl *redis.Client, env *redisEnv, rv rival, sc 
 	out.ElapsedS = elapsed.Seconds()
 	runtime.ReadMemStats(&m1)
 	out.Mallocs = m1.Mallocs - m0.Mallocs
-	out.RoundTrips = env.roundTrips.Load() - trips0
+
+	// Close is inside the counters: its refunds and last reports are Redis work the
+	// decisions cost.
+	atClose, err := redisCPU(ctx, ctl)
+	if err != nil {
+		return out, err
+	}
+	callsAtClose := env.calls.snapshot()
+	closed = true
+	t0 := time.Now()
+	if err := dec.close(ctx); err != nil {
+		return out, fmt.Errorf("%s: close: %w", rv.Name, err)
+	}
+	out.CloseS = time.Since(t0).Seconds()
+	if err := ctx.Err(); err != nil {
+		return out, err
+	}
 	cpu1, err := redisCPU(ctx, ctl)
 	if err != nil {
 		return out, err
 	}
-	out.RedisCPUS = cpu1 - cpu0
+	calls := env.calls.snapshot()
+	out.RedisCPUS, out.CloseCPUS = cpu1-open.cpu, cpu1-atClose
+	sent, inClose := calls.sub(open.calls), calls.sub(callsAtClose)
+	out.RoundTrips, out.CommandsSent, out.ScriptRuns = sent.trips, sent.commands, sent.scripts
+	out.CloseCommands, out.CloseScripts = inClose.commands, inClose.scripts
 	if out.Commands, err = commandStats(ctx, ctl); err != nil {
 		return out, err
 	}
 	for _, calls := range out.Commands {
 		out.RedisCalls += calls
-	}
-	closed = true
-	if err := dec.close(ctx); err != nil {
-		return out, fmt.Errorf("%s: close: %w", rv.Name, err)
-	}
-	if err := ctx.Err(); err != nil {
-		return out, err
 	}
 
 	var h histogram
@@ -221,6 +251,25 @@ func runOne(ctx context.Context, ctl *redis.Client, env *redisEnv, rv rival, sc 
 	out.P50Ns = int64(h.quantile(0.50))
 	out.P99Ns = int64(h.quantile(0.99))
 	return out, nil
+}
+
+// counters are the figures a row's Redis counts start from.
+type counters struct {
+	cpu   float64
+	calls callSnapshot
+}
+
+// openCounters resets Redis's command statistics and reads its CPU time and the
+// clients' counts: what a row's figures are counted from.
+func openCounters(ctx context.Context, ctl *redis.Client, env *redisEnv) (counters, error) {
+	if err := ctl.ConfigResetStat(ctx).Err(); err != nil {
+		return counters{}, fmt.Errorf("CONFIG RESETSTAT: %w", err)
+	}
+	cpu, err := redisCPU(ctx, ctl)
+	if err != nil {
+		return counters{}, err
+	}
+	return counters{cpu: cpu, calls: env.calls.snapshot()}, nil
 }
 
 // redisCPU returns the CPU time the Redis process has used, user and system, in seconds.
