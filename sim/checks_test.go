@@ -44,9 +44,21 @@ var checks = map[string]func(t *testing.T, runs []outcome){
 		atMost(t, "hybrid: hottest key admitted / (burst+rate·T)", hyb.HottestKeyOverBound, twoBurst(hyb)/hyb.Bound)
 		atMost(t, "hybrid-async: hottest key admitted / (burst+rate·T)", async.HottestKeyOverBound, twoBurst(async)/async.Bound)
 		// Charge later: the keys within their limit lose nothing, in half the round trips
-		// (their windows, cold start included, are checked by TestAsyncColdKeys).
+		// (their windows, cold start included, are checked below and by TestAsyncColdKeys).
 		atLeast(t, "hybrid-async: keys within their limit, admitted", async.UnderLimitAdmitted, 0.995)
 		atLeast(t, "hybrid round trips per request / hybrid-async's", hyb.RedisRoundTripsPerRequest/async.RedisRoundTripsPerRequest, 1.8)
+		// This suite is the plain cold-key scenario: its per-client claims, made at 200
+		// servers (cold_test.go).
+		if !testing.Short() {
+			for _, o := range runs {
+				switch o.st {
+				case HybridAsync:
+					asyncColdClaims(t, "many-keys", o)
+				case HybridWindow:
+					windowColdClaims(t, "many-keys", o)
+				}
+			}
+		}
 	},
 	"skewed-lb": func(t *testing.T, runs []outcome) {
 		withinBound(t, "script", pick(t, runs, "script"), 1)

@@ -59,8 +59,11 @@ func suites(s scale, seed uint64) []suite {
 		Rate: 100000 * f, Burst: n(10000), Demand: 150000 * f, Policy: FailLocal}
 	abusive := Scenario{Name: "abusive-client", Servers: s.servers, Duration: T, Seed: seed,
 		Rate: 100, Burst: 100, Demand: 10000, Policy: FailLocal}
+	// many-keys is also the plain cold-key scenario (cold_test.go): it measures what they
+	// measure, and its check holds hybrid-async and hybrid-window to their claims.
 	many := Scenario{Name: "many-keys", Servers: s.servers, Duration: T, Seed: seed,
 		Rate: 50, Burst: 50, Demand: 20000 * f, Keys: 1000, ZipfS: 1.1, GoModel: true, Policy: FailLocal}
+	many.cold.on = true
 	skewed := hot
 	skewed.Name, skewed.Balancer = "skewed-lb", Skewed
 	sticky := abusive
@@ -102,7 +105,7 @@ func suites(s scale, seed uint64) []suite {
 	// a global one, all or nothing, items in that order: the global limit binds, and the
 	// requests that a tenant's or their own key's limit then denies give its tokens back.
 	several := many
-	several.Name = "several-limits"
+	several.Name, several.cold = "several-limits", coldOpts{}
 	several.AlsoLimits = []AlsoLimit{
 		{Name: "global", Rate: 5000 * f, Burst: n(5000), Keys: 1},
 		{Name: "tenant", Rate: 1000 * f, Burst: n(1000), Keys: 10},
