@@ -69,28 +69,41 @@ func TestAsyncColdKeys(t *testing.T) {
 		t.Skip("five 200-server runs of 10 s")
 	}
 	t.Parallel()
+	coldRuns(t, coldVariants(true), HybridAsync, asyncColdClaims)
+}
+
+// coldRuns runs st on every scenario of scs but the plain many-keys one (TestFleet's
+// many-keys suite holds it to the claims), each as a suite of its own, and holds each run
+// to claims.
+func coldRuns(t *testing.T, scs []Scenario, st Strategy, claims func(t *testing.T, name string, o outcome)) {
 	var ss []suite
-	for _, sc := range coldVariants(true) {
+	for _, sc := range scs {
 		if sc.Name != "many-keys" {
-			ss = append(ss, suite{name: sc.Name, runs: []run{{sc: sc, st: HybridAsync}}})
+			ss = append(ss, suite{name: sc.Name, runs: []run{{sc: sc, st: st}}})
 		}
 	}
 	for i, runs := range runSuites(t, ss) {
-		asyncColdClaims(t, ss[i].name, runs[0])
+		claims(t, ss[i].name, runs[0])
 	}
+}
+
+// coldMeasures returns what run o of a cold-key scenario measured, or fails t.
+func coldMeasures(t *testing.T, name string, o outcome) (Result, *ColdResult) {
+	t.Helper()
+	if o.err != nil {
+		t.Fatalf("%s: %v", name, o.err)
+	}
+	if o.res.Cold == nil {
+		t.Fatalf("%s: no cold-key measures (Scenario.cold.on)", name)
+	}
+	return o.res, o.res.Cold
 }
 
 // asyncColdClaims holds o, a hybrid-async run of a cold-key scenario, to
 // TestAsyncColdKeys's claims.
 func asyncColdClaims(t *testing.T, name string, o outcome) {
 	t.Helper()
-	if o.err != nil {
-		t.Fatalf("%s: %v", name, o.err)
-	}
-	r, c := o.res, o.res.Cold
-	if c == nil {
-		t.Fatalf("%s: no cold-key measures (Scenario.cold.on)", name)
-	}
+	r, c := coldMeasures(t, name, o)
 	atMost(t, name+": hottest key's worst window / (2·burst + rate·W)", c.HotWorst, 1)
 	switch {
 	case o.sc.cold.abuseAt > 0:
@@ -131,28 +144,14 @@ func TestHybridWindowColdKeys(t *testing.T) {
 		t.Skip("seven 200-server runs of 10 s")
 	}
 	t.Parallel()
-	var ss []suite
-	for _, sc := range append(coldVariants(true), coldSpreadVariants()...) {
-		if sc.Name != "many-keys" {
-			ss = append(ss, suite{name: sc.Name, runs: []run{{sc: sc, st: HybridWindow}}})
-		}
-	}
-	for i, runs := range runSuites(t, ss) {
-		windowColdClaims(t, ss[i].name, runs[0])
-	}
+	coldRuns(t, append(coldVariants(true), coldSpreadVariants()...), HybridWindow, windowColdClaims)
 }
 
 // windowColdClaims holds o, a hybrid-window run of a cold-key scenario, to
 // TestHybridWindowColdKeys's claims.
 func windowColdClaims(t *testing.T, name string, o outcome) {
 	t.Helper()
-	if o.err != nil {
-		t.Fatalf("%s: %v", name, o.err)
-	}
-	r, c := o.res, o.res.Cold
-	if c == nil {
-		t.Fatalf("%s: no cold-key measures (Scenario.cold.on)", name)
-	}
+	r, c := coldMeasures(t, name, o)
 	atMost(t, name+": Redis busy", r.RedisBusy, 0.0078)
 	atMost(t, name+": round trips per request", r.RedisRoundTripsPerRequest, 0.1)
 	atLeast(t, name+": keys within their limit, admitted", r.UnderLimitAdmitted, 0.995)
