@@ -20,11 +20,16 @@
 // (internal/luamodel), which its differential test and fuzz hold to the Lua (on miniredis
 // and on a real Redis when one answers).
 //
-// `go test ./sim -v` prints a table per scenario; `-args -report FILE` writes one JSON
-// object per scenario and strategy; `-args -plots DIR` writes that report into DIR and
-// logs the command that draws its SVG plots there with the nested module sim/plot (a
-// module of its own, so that the plotting library stays out of this module's graph).
-// `-args -scenario FILE` runs, instead of the built-in scenarios, one read from a JSON
-// file (see Scenario.UnmarshalJSON) under every strategy: a model of the user's own fleet.
-// See docs/simulation.md for the results and what they mean.
+// `go test ./sim` runs the built-in scenarios at 200 servers and checks their claims, the
+// hybrid runs on the Go model of the scripts (TestModelRunsMatchMiniredis holds whole runs
+// on it to the Lua on miniredis, figure for figure); `-args -long` runs them on the Lua on
+// miniredis instead, and adds fleets of real processes on a redis-server of the test's own
+// (TestAsyncProcesses, TestWindowProcesses). `go test ./sim -v` prints a table per
+// scenario; `-args -report FILE` writes one JSON object per scenario and strategy;
+// `-args -plots DIR` writes that report into DIR and logs the command that draws its SVG
+// plots there with the nested module sim/plot (a module of its own, so that the plotting
+// library stays out of this module's graph). `-args -scenario FILE` runs, instead of the
+// built-in scenarios, one read from a JSON file (see Scenario.UnmarshalJSON) under every
+// strategy: a model of the user's own fleet. See docs/simulation.md for the results and
+// what they mean.
 package sim
