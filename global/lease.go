@@ -36,6 +36,9 @@ type Grant struct {
 	// Credit is the refill the bucket has lost to its cap, cumulative: the reference of
 	// a later debt (RefundRequest.Ref).
 	Credit float64
+	// Replayed reports a take Redis had run already under the same sequence number
+	// (TakeRequest.Seq): the Grant is that run's, and nothing was spent again.
+	Replayed bool
 }
 
 // Take takes up to want tokens, and at least min, from the fleet-wide bucket of lim and
@@ -54,7 +57,7 @@ func (s *Store) Take(ctx context.Context, lim Limit, key string, want, min int) 
 	if err := checkTake(lim, want, min); err != nil {
 		return Grant{}, err
 	}
-	return s.take(ctx, lim, wire.BucketKey(s.prefix, lim.Name, key), want, min, 0)
+	return s.take(ctx, lim, wire.BucketKey(s.prefix, lim.Name, key), want, min, 0, 0)
 }
 
 // TakeOne is the take of one TakeRequest, its Floor included: a take with a floor grants
@@ -70,7 +73,7 @@ func (s *Store) TakeOne(ctx context.Context, r TakeRequest) (Grant, error) {
 	if err != nil {
 		return Grant{}, err
 	}
-	return s.take(ctx, r.Limit, bkey, r.Want, r.Min, r.Floor)
+	return s.take(ctx, r.Limit, bkey, r.Want, r.Min, r.Floor, r.Seq)
 }
 
 // checkTakeRequest is checkTake with r's floor.
@@ -84,11 +87,15 @@ func checkTakeRequest(r TakeRequest) error {
 	return nil
 }
 
-// take is Take on the bucket at Redis key bkey, for a checked take.
-func (s *Store) take(ctx context.Context, lim Limit, bkey string, want, min, floor int) (Grant, error) {
+// take is Take on the bucket at Redis key bkey, for a checked take, first under seq if
+// it is not 0 (TakeRequest.Seq).
+func (s *Store) take(ctx context.Context, lim Limit, bkey string, want, min, floor int, seq uint64) (Grant, error) {
 	keys := []string{bkey}
 	for attempt := 1; ; attempt++ {
-		reply, err := lua.Take.Run(ctx, s.c, keys, lim.Burst, lim.Rate, want, min, s.serverID, s.nextSeq(), lim.Version, floor).Result()
+		if attempt > 1 || seq == 0 {
+			seq = s.nextSeq()
+		}
+		reply, err := lua.Take.Run(ctx, s.c, keys, lim.Burst, lim.Rate, want, min, s.serverID, seq, lim.Version, floor).Result()
 		if err != nil {
 			return Grant{}, wrap("take", err)
 		}
@@ -141,6 +148,7 @@ func parseGrant(reply any) (Grant, int, error) {
 		First:     r.Flag == lua.First,
 		Version:   r.Version,
 		Credit:    r.Credit,
+		Replayed:  r.Flag == lua.Replayed,
 	}, flag, nil
 }
 
@@ -237,6 +245,12 @@ type TakeRequest struct {
 	// the burst): a claim on its future refill, as a reservation makes. Grant.Wait is
 	// then the time until the bucket is back at zero. See TakeOne.
 	Floor int
+	// Seq, if not 0, is the take's sequence number (NextSeq), instead of a fresh one: a
+	// take sent again under the Seq of one whose answer was lost (it timed out) is
+	// answered from Redis's record if that one ran (Grant.Replayed), spending nothing
+	// again, and runs now if it did not. One overtaken meanwhile by a later take of this
+	// Store from the same bucket runs now under a fresh number.
+	Seq uint64
 }
 
 // TakeResult is the answer to one TakeRequest: a Grant, or an error (classified as for
@@ -275,13 +289,17 @@ func (s *Store) TakeBatch(ctx context.Context, reqs []TakeRequest, out []TakeRes
 			continue
 		}
 		if s.pipe == nil {
-			g, err := s.take(ctx, r.Limit, bkey, r.Want, r.Min, r.Floor)
+			g, err := s.take(ctx, r.Limit, bkey, r.Want, r.Min, r.Floor, r.Seq)
 			out[i] = TakeResult{Grant: g, Err: err}
 			continue
 		}
+		seq := r.Seq
+		if seq == 0 {
+			seq = s.nextSeq()
+		}
 		items[i] = batchItem{
 			keys: []string{bkey},
-			args: []any{r.Limit.Burst, r.Limit.Rate, r.Want, r.Min, s.serverID, s.nextSeq(), r.Limit.Version, r.Floor},
+			args: []any{r.Limit.Burst, r.Limit.Rate, r.Want, r.Min, s.serverID, seq, r.Limit.Version, r.Floor},
 		}
 	}
 	if s.pipe == nil || !s.runBatch(ctx, lua.Take, items) {
@@ -302,7 +320,7 @@ func (s *Store) TakeBatch(ctx context.Context, reqs []TakeRequest, out []TakeRes
 			// Overtaken by a concurrent take of the same bucket (see maxStale): it
 			// spent nothing; take again on its own.
 			r := reqs[i]
-			g, err = s.take(ctx, r.Limit, it.keys[0], r.Want, r.Min, r.Floor)
+			g, err = s.take(ctx, r.Limit, it.keys[0], r.Want, r.Min, r.Floor, 0)
 		}
 		out[i] = TakeResult{Grant: g, Err: err}
 	}

@@ -982,3 +982,57 @@ func TestTakeWaitSlowRate(t *testing.T) {
 		}
 	})
 }
+
+// TestTakeSentAgain: a take sent again under the Seq of one that ran is answered from the
+// bucket's record (Replayed, the same grant) and spends nothing; under the Seq of one that
+// never reached Redis it runs; under one older than a later take of the bucket it runs
+// under a fresh number (it was overtaken). Through TakeBatch and TakeOne alike.
+func TestTakeSentAgain(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		s := newStore(t, tg.Client)
+		lim := global.Limit{Name: lname(t), Rate: 1e-3, Burst: 10}
+		batch := func(r global.TakeRequest) global.TakeResult {
+			out := make([]global.TakeResult, 1)
+			if err := s.TakeBatch(ctx, []global.TakeRequest{r}, out); err != nil {
+				t.Fatal(err)
+			}
+			return out[0]
+		}
+		for _, via := range []struct {
+			name string
+			take func(global.TakeRequest) global.TakeResult
+		}{
+			{"TakeBatch", batch},
+			{"TakeOne", func(r global.TakeRequest) global.TakeResult {
+				g, err := s.TakeOne(ctx, r)
+				return global.TakeResult{Grant: g, Err: err}
+			}},
+		} {
+			t.Run(via.name, func(t *testing.T) {
+				key := via.name
+				ran := s.NextSeq()
+				if r := via.take(global.TakeRequest{Limit: lim, Key: key, Want: 4, Min: 1, Seq: ran}); r.Err != nil || r.Granted != 4 || r.Replayed {
+					t.Fatalf("first take: %+v", r)
+				}
+				// Its answer lost: sent again, asking for another amount.
+				r := via.take(global.TakeRequest{Limit: lim, Key: key, Want: 2, Min: 1, Seq: ran})
+				if r.Err != nil || r.Granted != 4 || !r.Replayed {
+					t.Fatalf("sent again: %+v, want the first's 4, replayed", r)
+				}
+				never := s.NextSeq() // a take that timed out before it reached Redis
+				r = via.take(global.TakeRequest{Limit: lim, Key: key, Want: 2, Min: 1, Seq: never})
+				if r.Err != nil || r.Granted != 2 || r.Replayed {
+					t.Fatalf("under the seq of a take that never ran: %+v, want 2 granted fresh", r)
+				}
+				r = via.take(global.TakeRequest{Limit: lim, Key: key, Want: 1, Min: 1, Seq: ran})
+				if r.Err != nil || r.Granted != 1 || r.Replayed {
+					t.Fatalf("under a seq older than the bucket's last take: %+v, want 1 granted fresh", r)
+				}
+				if left := 10 - 4 - 2 - 1; int(r.Remaining) != left {
+					t.Errorf("the bucket holds %v, want %d: a replay spent", r.Remaining, left)
+				}
+			})
+		}
+	})
+}

@@ -65,8 +65,12 @@ type LimitStats struct {
 	// Takes is the refills sent to Redis for the limit; RefillErrors those that failed.
 	Takes, RefillErrors int64
 	// Granted is the tokens taken from the limit's global buckets; Refunded those given
-	// back; RefundsLost those whose refund failed (they stay spent).
+	// back; RefundsLost those whose refund failed (they stay spent). Recovered is the part
+	// of Granted that refills whose answer was lost to a timeout had been granted, read
+	// back by the next refill, which goes under the lost one's sequence number (when the
+	// failure policy admitted none of the requests that waited for it).
 	Granted, Refunded, RefundsLost int64
+	Recovered                      int64
 	// Held is the leased tokens this server holds for the limit, over every key: taken
 	// from Redis and not yet spent, given back or lost.
 	Held int64
@@ -145,7 +149,7 @@ func limitStats(lm *engine.Limit) LimitStats {
 	out := LimitStats{
 		Name: lm.Name(), Rate: lm.Rate(), Burst: lm.Burst(), DryRun: lm.Config().DryRun,
 		Takes: s.Takes, RefillErrors: s.RefillErrors,
-		Granted: s.Granted, Refunded: s.Refunded, RefundsLost: s.RefundsLost, Held: s.Held,
+		Granted: s.Granted, Refunded: s.Refunded, RefundsLost: s.RefundsLost, Recovered: s.Recovered, Held: s.Held,
 		LostBuckets: s.LostBuckets, GivenBack: s.GivenBack, Reshaped: s.Reshaped,
 		Owed: s.Owed, Charged: s.Charged, Forgiven: s.Forgiven, Reserved: s.Reserved,
 	}

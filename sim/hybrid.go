@@ -377,8 +377,10 @@ func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next fun
 	n := max(len(t.Takes), len(t.Refunds), 1)
 	deadline := sc.runsAt(s.id, f.e.now+hs.brk.Timeout())
 	// granted counts the tokens Redis granted to the trip's takes; gaveUp that Do
-	// returned without the answer: such grants are spent in Redis and never leased.
-	var granted int64
+	// returned without the answer: such grants are spent in Redis and not leased, unless
+	// a later take sent under the same number (Refill.Resend) reads them back: replayed
+	// counts those, taken off the unread once this trip's answer is read.
+	var granted, replayed int64
 	gaveUp := false
 	h.b.call(hs.brk, deadline, func(answered func()) {
 		if sc.cutOff(s.id, f.e.now) {
@@ -405,11 +407,20 @@ func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next fun
 		}
 		f.redis.roundTrip(n, cost, func(at time.Time) {
 			for i, r := range t.Takes {
-				g := h.s.Take(at, wire.BucketKeyOfID(keyPrefix, r.Limit.Name, string(r.ID)), float64(r.Limit.Burst), r.Limit.Rate, r.Want, r.Min, s.name, h.seq(hs), r.Limit.Version, r.Floor)
+				bkey := wire.BucketKeyOfID(keyPrefix, r.Limit.Name, string(r.ID))
+				g := h.s.Take(at, bkey, float64(r.Limit.Burst), r.Limit.Rate, r.Want, r.Min, s.name, r.Seq, r.Limit.Version, r.Floor)
+				if g.Flag == lua.Stale { // overtaken: it runs under a fresh number, as global.Store's does
+					g = h.s.Take(at, bkey, float64(r.Limit.Burst), r.Limit.Rate, r.Want, r.Min, s.name, h.seq(hs), r.Limit.Version, r.Floor)
+				}
 				t.TakeResults[i].Granted, t.TakeResults[i].Remaining = g.Granted, g.Tokens
 				t.TakeResults[i].Wait = tokenbucket.FromMillis(float64(g.WaitMS))
 				t.TakeResults[i].First = g.Flag == lua.First
+				t.TakeResults[i].Replayed = g.Flag == lua.Replayed
 				t.TakeResults[i].Version, t.TakeResults[i].Credit = g.Version, g.Credit
+				if g.Flag == lua.Replayed {
+					replayed += int64(g.Granted) // spent when it first ran, counted unread then
+					continue
+				}
 				granted += int64(g.Granted)
 			}
 			if gaveUp {
@@ -446,6 +457,8 @@ func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next fun
 		if err != nil {
 			gaveUp = true
 			hs.unread += granted // granted already, the answer on its way back
+		} else {
+			hs.unread -= replayed
 		}
 		next()
 	})

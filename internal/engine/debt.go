@@ -2,6 +2,7 @@ package engine
 
 import (
 	"math"
+	"slices"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/global"
@@ -103,6 +104,23 @@ func (q *owed) pop() debtKey {
 	return k
 }
 
+// settle takes up to n tokens off the debt of (lm, key), and returns how many.
+func (q *owed) settle(lm *Limit, key string, n int) int {
+	k := debtKey{lm, key}
+	d := q.m[k]
+	if d == nil || n <= 0 {
+		return 0
+	}
+	x := min(n, d.n)
+	if d.n -= x; d.n == 0 {
+		delete(q.m, k)
+		if q.order = slices.DeleteFunc(q.order, func(o debtKey) bool { return o == k }); len(q.order) == 0 {
+			q.order = nil
+		}
+	}
+	return x
+}
+
 // forgive drops every debt of q, counted in LimitStats.Forgiven.
 func (q *owed) forgive() {
 	for _, k := range q.order {
@@ -139,6 +157,20 @@ func (e *Engine) owe(lm *Limit, sh *Shape, key string, n int, ref float64, hasRe
 		e.debtWait = true
 		lm.stats.owed.Add(int64(n))
 	}
+}
+
+// settle takes n tokens of key of lm, admitted by FailLocal and paid since by the grant of
+// the refill the requests had waited for (answer), off what this server owes the bucket:
+// counted as charged.
+func (e *Engine) settle(lm *Limit, key string, n int) {
+	if n <= 0 {
+		return
+	}
+	e.mu.Lock()
+	x := e.debts.settle(lm, key, n)
+	e.mu.Unlock()
+	lm.stats.owed.Add(-int64(x))
+	lm.stats.charged.Add(int64(x))
 }
 
 // debtsDue reports whether debts wait and can be sent: no debt trip failed in the last

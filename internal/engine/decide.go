@@ -19,7 +19,8 @@ type Flight struct {
 	b         *bucket // the limit's kind
 	shape     *Shape  // the key's shape when the refill started
 	key       string  // the key's ID
-	seq       uint64
+	seq       uint64  // the lease's
+	rseq      uint64  // Redis's: the take's sequence number, chosen when the trip is built
 	want, min int
 	floor     int // a claim's (Engine.Claim): how far below zero it may take the bucket; 0 for a refill
 	// waiters, in the order they came. Appended under the key's store lock while the
@@ -227,7 +228,7 @@ func (b *bucket) decided(o *outcome, en *entry, sh *Shape, tier string, n int, w
 	st := &o.st
 	o.d = Decision{Allowed: st.Action == Allow, Remaining: st.Remaining, RetryAfter: st.RetryAfter, Source: SourceLease, Reason: st.Reason}
 	if st.Refill.Want > 0 {
-		o.f = &Flight{lim: lm, b: b, shape: sh, key: en.key, seq: st.Refill.Seq, want: st.Refill.Want, min: st.Refill.Min}
+		o.f = &Flight{lim: lm, b: b, shape: sh, key: en.key, seq: st.Refill.Seq, rseq: st.Refill.Resend, want: st.Refill.Want, min: st.Refill.Min}
 		en.flight = o.f
 	}
 	switch {

@@ -397,3 +397,106 @@ func TestHeldReturnsToZeroAfterAClampedRefund(t *testing.T) {
 		t.Fatalf("granted %d, refunded %d, lost %d, held %d; want nothing held with no key", st.Granted, st.Refunded, st.RefundsLost, st.Held)
 	}
 }
+
+// TestLostTakeIsSentAgain: a take that timed out may have run in Redis, so the key's next
+// refill goes under its sequence number; Redis answers it from its record when it ran
+// (Replayed: its grant recovered, counted in Recovered), and runs it when it did not. A
+// refill that failed otherwise (the breaker open: never sent) takes a fresh number.
+func TestLostTakeIsSentAgain(t *testing.T) {
+	e, lm := testEngine(t, func(c *Config) { c.Limits[0].Policy = breaker.FailClosed })
+	_, w := decide(e, t0, lm, "k", 1)
+	if w == nil {
+		t.Fatal("no refill for a new key")
+	}
+	trip := e.Next()
+	lost := trip.Takes[0].Seq
+	if lost == 0 {
+		t.Fatal("a take without a sequence number")
+	}
+	trip.Err = fmt.Errorf("late: %w", breaker.ErrTimeout)
+	e.Done(t0.Add(10*ms), trip)
+
+	_, w = decide(e, t0.Add(20*ms), lm, "k", 1)
+	if w == nil {
+		t.Fatal("no refill after a lost one")
+	}
+	trip = e.Next()
+	if got := trip.Takes[0].Seq; got != lost {
+		t.Fatalf("the next take went under seq %d, want the lost one's %d", got, lost)
+	}
+	answerAll(trip)
+	trip.TakeResults[0].Granted, trip.TakeResults[0].Replayed = 7, true
+	e.Done(t0.Add(21*ms), trip)
+	if d := w.Decision(); !d.Allowed {
+		t.Fatalf("after the replayed grant: %+v, want admitted", d)
+	}
+	if s := lm.Stats(); s.Recovered != 7 || s.Granted != 7 {
+		t.Errorf("Recovered %d, Granted %d; want 7 and 7", s.Recovered, s.Granted)
+	}
+
+	// Not sent at all (the breaker was open): nothing to recover, a fresh number next.
+	takeTrip := func() *Trip {
+		for trip := e.Next(); trip != nil; trip = e.Next() {
+			if trip.Kind == TakeTrip {
+				return trip
+			}
+			answerAll(trip)
+			e.Done(t0.Add(30*ms), trip)
+		}
+		t.Fatal("no take trip")
+		return nil
+	}
+	decide(e, t0.Add(30*ms), lm, "k2", 1)
+	trip = takeTrip()
+	first := trip.Takes[0].Seq
+	trip.Err = breaker.ErrOpen
+	e.Done(t0.Add(30*ms), trip)
+	decide(e, t0.Add(31*ms), lm, "k2", 1)
+	if trip = takeTrip(); trip.Takes[0].Seq == first {
+		t.Errorf("a take that was never sent went again under its number %d", first)
+	}
+}
+
+// TestGrantPaysThePolicy: what the failure policy admitted to requests that waited for a
+// refill, the refill's grant paid for, if Redis ran it. A grant that arrives after they
+// gave up is spent on them first; a take whose answer was lost after the policy admitted
+// its requests is taken as having paid (not sent again), so that a server whose every
+// answer is late keeps paying for what its policy admits.
+func TestGrantPaysThePolicy(t *testing.T) {
+	e, lm := testEngine(t, func(c *Config) { c.Limits[0].Policy = breaker.FailOpen })
+	tokens := func(key string) (n int) {
+		lm.keys.Peek(key, func(en *entry, _ time.Time) { n = en.lease.Tokens() })
+		return n
+	}
+	// Two requests wait; one gives up at its MaxWait (FailOpen admits it); the grant of
+	// 10 then serves the other and pays for the first: 8 left.
+	_, w1 := decide(e, t0, lm, "late", 1)
+	_, w2 := decide(e, t0, lm, "late", 1)
+	trip := e.Next()
+	if d := e.GiveUp(t0.Add(10*ms), w1, ReasonTimeout); !d.Allowed || d.Source != SourceFallback {
+		t.Fatalf("gave up: %+v, want admitted by FailOpen", d)
+	}
+	answerAll(trip)
+	trip.TakeResults[0].Granted = 10
+	e.Done(t0.Add(11*ms), trip)
+	if d := w2.Decision(); !d.Allowed || d.Source != SourceGlobal {
+		t.Fatalf("the request that waited: %+v, want served by the grant", d)
+	}
+	if n := tokens("late"); n != 10-1-1 {
+		t.Errorf("%d tokens on hand after a grant of 10 that served one and paid for one, want 8", n)
+	}
+
+	// A lost take whose requests the policy admitted is not sent again.
+	_, w := decide(e, t0.Add(time.Second), lm, "lost", 1)
+	trip = e.Next()
+	lost := trip.Takes[0].Seq
+	trip.Err = fmt.Errorf("late: %w", breaker.ErrTimeout)
+	e.Done(t0.Add(time.Second+10*ms), trip)
+	if d := w.Decision(); !d.Allowed || d.Source != SourceFallback {
+		t.Fatalf("%+v, want admitted by FailOpen", d)
+	}
+	decide(e, t0.Add(time.Second+20*ms), lm, "lost", 1)
+	if trip = e.Next(); trip.Takes[0].Seq == lost {
+		t.Errorf("the lost take went again under %d: what it granted paid for its admitted request", lost)
+	}
+}

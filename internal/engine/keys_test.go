@@ -47,16 +47,17 @@ func TestLongKeysHoldBoundedMemory(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 
-	// The requests give up before their refill is answered (FailLocal decides them), so
-	// the grants stay on hand: the short limit's expire into the refund queue at the
-	// Tick, the long limit's stay in the expiry heap.
+	// The requests' callers give up before their refill is answered (denied: a grant
+	// pays for what the policy admitted, not for these), so the grants stay on hand: the
+	// short limit's expire into the refund queue at the Tick, the long limit's stay in
+	// the expiry heap.
 	for i := range keys / 2 {
 		lm := short
 		if i%2 == 1 {
 			lm = long
 		}
 		if _, w := decide(e, t0, lm, key(i), 1); w != nil {
-			e.GiveUp(t0, w, ReasonTimeout)
+			e.GiveUp(t0, w, ReasonCanceled)
 		}
 	}
 	sendAll(e, t0)

@@ -141,6 +141,10 @@ type Refill struct {
 	Seq  uint64
 	Want int
 	Min  int
+	// Resend, when not 0, is the Redis sequence number of a take whose answer was lost
+	// (Lease.Lost): this refill goes under it, so that Redis answers it from its record
+	// if that take ran (what it granted then) and runs this one if it did not.
+	Resend uint64
 }
 
 // Step is the core's answer to one request.
@@ -171,6 +175,9 @@ type Grant struct {
 	First bool
 	// Credit is the refill the bucket lost to its cap, cumulative (global.Grant.Credit).
 	Credit float64
+	// Replayed reports a take sent again (Refill.Resend) that Redis had run: Granted is
+	// what it granted then, recovered now.
+	Replayed bool
 }
 
 // LeaseStats are the lifetime totals of a lease. Granted == Consumed + Refunded + OnHand.
@@ -205,6 +212,8 @@ type Lease struct {
 	consumed   int64
 	inflight   bool
 	based      bool
+	took       bool
+	heard      bool // a refill was answered: bucket is what Redis said then
 
 	// Read or written at refills.
 	prev     int64 // tokens asked for in the previous window
@@ -215,8 +224,9 @@ type Lease struct {
 	refunded int64
 	refills  int64
 	answered int64 // offset of the last answered take, if took
-	took     bool
-	heard    bool // a refill was answered: bucket is what Redis said then
+	// lostSeq is the Redis sequence number of the take whose answer was lost (Lost): every
+	// refill goes under it until one is answered; 0: none.
+	lostSeq uint64
 }
 
 // NewLease returns an empty lease whose pacing jitter is drawn from seed. Give every
@@ -387,9 +397,9 @@ func (l *Lease) prefetch(c *LeaseConfig, t int64, cost int) Refill {
 func (l *Lease) start(want, minimum int) Refill {
 	l.seq++
 	l.inflight = true
-	l.want = want
 	l.refills++
-	return Refill{Seq: l.seq, Want: want, Min: minimum}
+	l.want = want
+	return Refill{Seq: l.seq, Want: want, Min: minimum, Resend: l.lostSeq}
 }
 
 // Batch returns the batch size the lease would ask for now for a request of cost n:
@@ -429,6 +439,7 @@ func (l *Lease) Granted(c *LeaseConfig, now time.Time, seq uint64, g Grant) (ref
 	}
 	t := l.at(now)
 	l.inflight = false
+	l.lostSeq = 0 // the refill went under it, if any: answered now
 	if granted > 0 {
 		l.tokens += granted
 		l.expires = t + int64(c.Lifetime)
@@ -471,6 +482,38 @@ func (l *Lease) Failed(seq uint64) {
 	}
 }
 
+// Lost fails the refill seq as Failed does, for a take whose answer was lost: it timed
+// out, so Redis may have run it. The refills after it go under its Redis sequence number
+// rseq (Refill.Resend) until one is answered: Redis answers a take it ran from its
+// record, without spending again (Grant.Replayed), so that take's grant is recovered
+// rather than lost; if it did not run, the refill runs. The grant may differ from what
+// the refill asked: the lease takes what Redis answers, and a request it does not serve
+// waits for the refill after it. Paid cancels that.
+func (l *Lease) Lost(seq, rseq uint64) {
+	if l.inflight && seq == l.seq {
+		l.inflight = false
+		l.lostSeq = rseq
+	}
+}
+
+// Paid says that the take rseq, whose answer was lost, paid for what the failure policy
+// admitted to the requests that waited for it: it is not sent again (Lost), its grant
+// left spent for them.
+func (l *Lease) Paid(rseq uint64) {
+	if l.lostSeq == rseq {
+		l.lostSeq = 0
+	}
+}
+
+// pay spends up to n tokens on hand on requests the failure policy admitted while they
+// waited for the refill that brought them, and returns how many it spent.
+func (l *Lease) pay(n int) int {
+	x := max(min(n, l.tokens), 0)
+	l.tokens -= x
+	l.consumed += int64(x)
+	return x
+}
+
 // Expire drops the tokens on hand if their lifetime has passed at now, and returns how many
 // the caller must refund.
 func (l *Lease) Expire(c *LeaseConfig, now time.Time) (refund int) {
@@ -489,6 +532,7 @@ func (l *Lease) expire(t int64) int {
 // for refund too. The demand estimate and pacing are kept.
 func (l *Lease) Drain() (refund int) {
 	l.inflight = false
+	l.lostSeq = 0
 	return l.giveBack()
 }
 

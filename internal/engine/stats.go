@@ -22,8 +22,11 @@ type LimitStats struct {
 	// Takes counts refills sent, RefillErrors those that failed.
 	Takes, RefillErrors int64
 	// Granted is the tokens leased from the global bucket, Refunded those given back,
-	// RefundsLost those whose refund failed (they stay spent).
+	// RefundsLost those whose refund failed (they stay spent). Recovered is the part of
+	// Granted that takes whose answer was lost (a timeout) had been granted, recovered
+	// by sending the take again (Lease.Lost).
 	Granted, Refunded, RefundsLost int64
+	Recovered                      int64
 	// Held is the leased tokens not yet spent, given back or lost: what this server may
 	// still admit without asking Redis (including tokens queued for a refund, a
 	// canceled claim's among them until they go).
@@ -39,8 +42,9 @@ type LimitStats struct {
 	Reshaped int64
 	// Owed is the tokens FailLocal or Async admitted without the bucket and not yet
 	// charged to it; Charged those charged (as debts: FailLocal's once Redis answered
-	// again, Async's once due); Forgiven those that never will be (past the debt floor,
-	// too many keys, or the engine finished).
+	// again, Async's once due; or paid by the grant of the refill the requests had waited
+	// for, which Redis ran); Forgiven those that never will be (past the debt floor, too
+	// many keys, or the engine finished).
 	Owed, Charged, Forgiven int64
 	// Reserved is the tokens reservations claimed from the buckets' refill and did not
 	// give back (Engine.Claim, Engine.CancelClaim).
@@ -62,6 +66,7 @@ type limitCounters struct {
 	decisions                      [counterShards]decisionCounters
 	takes, refillErrors            atomic.Int64
 	granted, refunded, refundsLost atomic.Int64
+	recovered                      atomic.Int64
 	lostBuckets                    atomic.Int64
 	givenBack                      atomic.Int64
 	reshaped                       atomic.Int64
@@ -125,6 +130,7 @@ func (lm *Limit) Stats() LimitStats {
 	}
 	s.Takes, s.RefillErrors = c.takes.Load(), c.refillErrors.Load()
 	s.Granted, s.Refunded, s.RefundsLost = c.granted.Load(), c.refunded.Load(), c.refundsLost.Load()
+	s.Recovered = c.recovered.Load()
 	// A claim's tokens given back go out as refunds, but were never leased.
 	s.Held = max(s.Granted-spent-s.Refunded-s.RefundsLost+c.claimsBack.Load(), 0)
 	s.Reshaped = c.reshaped.Load()

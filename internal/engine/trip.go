@@ -8,6 +8,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/internal/storeerr"
 )
 
 // TripKind is what a Trip carries.
@@ -128,7 +129,10 @@ func (e *Engine) takeTrip() *Trip {
 	t := &Trip{Kind: TakeTrip, flights: batch,
 		Takes: make([]global.TakeRequest, len(batch)), TakeResults: make([]global.TakeResult, len(batch))}
 	for i, f := range batch {
-		t.Takes[i] = global.TakeRequest{Limit: f.shape.glim, ID: global.KeyID(f.key), Want: f.want, Min: f.min, Floor: f.floor}
+		if f.rseq == 0 {
+			f.rseq = e.nextSeq() // kept: a take whose answer is lost goes again under it
+		}
+		t.Takes[i] = global.TakeRequest{Limit: f.shape.glim, ID: global.KeyID(f.key), Want: f.want, Min: f.min, Floor: f.floor, Seq: f.rseq}
 	}
 	return t
 }
@@ -193,7 +197,7 @@ func (e *Engine) Done(now time.Time, t *Trip) {
 				continue
 			}
 			r := t.TakeResults[i]
-			e.answer(now, f, Grant{Granted: r.Granted, Remaining: r.Remaining, Wait: r.Wait, First: r.First, Credit: r.Credit}, r.Err, nil)
+			e.answer(now, f, Grant{Granted: r.Granted, Remaining: r.Remaining, Wait: r.Wait, First: r.First, Credit: r.Credit, Replayed: r.Replayed}, r.Err, nil)
 		}
 	case RefundTrip:
 		if t.debts {
@@ -305,7 +309,8 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 		return
 	}
 	lm := f.lim
-	back, found := 0, false
+	back, paid, found := 0, 0, false
+	lost := err != nil && (errors.Is(err, breaker.ErrTimeout) || storeerr.IsTimeout(err)) // it may have run
 	lifetime := f.shape.lease.Load().Lifetime
 	var ws []*Waiter
 	lm.keys.Peek(f.key, func(en *entry, last time.Time) {
@@ -316,7 +321,11 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 		en.flight = nil
 		ws, f.waiters = f.waiters, nil
 		if err != nil {
-			en.lease.Failed(f.seq)
+			if lost {
+				en.lease.Lost(f.seq, f.rseq)
+			} else {
+				en.lease.Failed(f.seq)
+			}
 			return
 		}
 		// A bucket with no record of this server, which took from it within the time its
@@ -341,6 +350,9 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 	}
 	if err == nil {
 		lm.stats.granted.Add(int64(g.Granted))
+		if g.Replayed {
+			lm.stats.recovered.Add(int64(g.Granted))
+		}
 		f.b.spill.note(f.shape, f.key, g.Remaining, now)
 	} else {
 		lm.stats.refillErrors.Add(1)
@@ -374,6 +386,39 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 	if gone && back > 0 {
 		e.queueRefund(lm, f.shape, f.key, back)
 	}
+	// What the failure policy admitted to the requests that waited for f (they gave up,
+	// or f failed), f's grant paid for if Redis ran f: spent on them first, not kept for
+	// others, and FailLocal's debt for them settled. A lost f is taken as having paid:
+	// it is not sent again (Lease.Paid), so that a server whose every answer comes late
+	// keeps paying for what its policy admits.
+	if adm := policyAdmitted(ws, self); adm > 0 && found && (lost || err == nil) {
+		lm.keys.Peek(f.key, func(en *entry, _ time.Time) {
+			if lost {
+				en.lease.Paid(f.rseq)
+			} else {
+				paid = en.lease.pay(adm)
+			}
+		})
+		e.settle(lm, f.key, paid)
+	}
+}
+
+// policyAdmitted is the tokens the failure policy admitted among ws, self's mutex held by
+// the caller.
+func policyAdmitted(ws []*Waiter, self *Waiter) int {
+	n := 0
+	for _, w := range ws {
+		var d Decision
+		if w == self {
+			d = w.d
+		} else {
+			d = w.Decision()
+		}
+		if d.Allowed && d.Source == SourceFallback {
+			n += w.n
+		}
+	}
+	return n
 }
 
 // grantGone admits w from *back, tokens granted for its key after the key's entry was
