@@ -40,28 +40,3 @@ func ExampleFallbackLimit() {
 	fmt.Println(r, burst)
 	// Output: 5 1
 }
-
-// A Store keeps per-key state of any type, bounded, and hands evicted
-// values to a callback outside its locks.
-func ExampleStore() {
-	type session struct{ requests int }
-	store, err := local.NewStore(local.StoreConfig[session]{
-		MaxKeys: 2,
-		Shards:  1,
-		OnEvict: func(key string, s *session, why local.EvictReason) {
-			fmt.Printf("evicted %s after %d requests (%v)\n", key, s.requests, why)
-		},
-	})
-	if err != nil {
-		panic(err)
-	}
-	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	for _, key := range []string{"a", "b", "a", "c"} {
-		store.Update(now, key, func(s *session, _ time.Time) { s.requests++ })
-	}
-	store.Close()
-	// Output:
-	// evicted b after 1 requests (capacity)
-	// evicted a after 2 requests (purged)
-	// evicted c after 1 requests (purged)
-}

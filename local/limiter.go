@@ -1,6 +1,7 @@
 package local
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -8,8 +9,17 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/fleetlimit/fleetlimit/internal/keystore"
 	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
 )
+
+// ErrInvalidConfig is wrapped by every error that NewLimiter, SetLimit and
+// SetLimitAt return for a configuration they cannot honour.
+var ErrInvalidConfig = errors.New("local: invalid configuration")
+
+// DefaultMaxKeys is the number of keys a Limiter holds when its
+// configuration leaves MaxKeys at zero.
+const DefaultMaxKeys = keystore.DefaultMaxKeys
 
 // Config configures a Limiter. Rate and Burst are required.
 type Config struct {
@@ -36,7 +46,9 @@ type Config struct {
 	// start with a full bucket early. Negative is an error.
 	IdleTimeout time.Duration
 
-	// Shards is as in StoreConfig; 0 picks a default.
+	// Shards splits the keys over this many shards, each under its own mutex, with
+	// MaxKeys divided among them; 0 picks a default from GOMAXPROCS. Negative is an
+	// error.
 	Shards int
 }
 
@@ -46,7 +58,7 @@ type Config struct {
 //
 // A key's bucket is created full on first use and dropped when it has been
 // idle for the idle timeout or when the limiter is full and it is the least
-// recently used key of its shard (see Store). A dropped key that comes back
+// recently used key of its shard. A dropped key that comes back
 // starts with a full bucket again: that is token-bucket semantics, a full
 // bucket is the same as no bucket, and with the default idle timeout a
 // bucket is only dropped for idleness once it is full anyway. A bucket
@@ -62,7 +74,7 @@ type Config struct {
 // Most callers should use AllowN, or Allow. A Limiter is safe for
 // simultaneous use by multiple goroutines and starts no goroutines.
 type Limiter struct {
-	store *Store[bucket]
+	store *keystore.Store[bucket]
 	cfg   atomic.Pointer[limitConfig]
 
 	mu          sync.Mutex // serialises SetLimitAt
@@ -100,14 +112,14 @@ func NewLimiter(cfg Config) (*Limiter, error) {
 	if l.defaultIdle {
 		idle = lc.fill
 	}
-	l.store, err = NewStore(StoreConfig[bucket]{
+	l.store, err = keystore.NewStore(keystore.StoreConfig[bucket]{
 		MaxKeys:     cfg.MaxKeys,
 		IdleTimeout: idle,
 		Shards:      cfg.Shards,
 		Init:        l.initBucket,
 	})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	return l, nil
 }
@@ -147,13 +159,13 @@ func (l *Limiter) AllowN(now time.Time, key string, n int) bool {
 	if n < 0 {
 		return false
 	}
-	sh, e, ok := l.store.acquire(now, key)
+	sh, e, ok := l.store.Acquire(now, key)
 	if !ok {
 		return false
 	}
 	t := l.advance(e, now)
-	allowed := n == 0 || e.val.lim.AllowN(t, n)
-	l.store.release(sh)
+	allowed := n == 0 || e.Val.lim.AllowN(t, n)
+	l.store.Release(sh)
 	return allowed
 }
 
@@ -168,39 +180,39 @@ func (l *Limiter) Allow(key string) bool {
 // counts as that latest one, as in AllowN. It does not advance the key's
 // time, so looking at a key does not keep it from expiring when idle.
 func (l *Limiter) TokensAt(now time.Time, key string) float64 {
-	sh := l.store.shardFor(key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	e, ok := sh.lru.Peek(key)
-	if idle := l.store.IdleTimeout(); !ok || (idle > 0 && now.Sub(e.last) >= idle) {
-		return float64(l.cfg.Load().burst) // AllowN would start afresh
-	}
-	t := e.last
-	if now.After(t) {
-		t = now
-	}
-	if c := l.cfg.Load(); e.val.gen < c.gen {
-		// Applying the newer limit moves the bucket's time to when it was set;
-		// the key's time follows it (never beyond), so its idle time is not reset.
-		e.last = l.applyConfig(&e.val, c, e.last, t)
-	}
-	// rate.Limiter.TokensAt only reads: the key's time stays as it was, so
-	// looking does not keep an idle key alive.
-	return e.val.lim.TokensAt(t)
+	tokens := float64(l.cfg.Load().burst) // a key not held: AllowN would start afresh
+	l.store.Inspect(key, now, func(e *keystore.Entry[bucket]) {
+		if e == nil {
+			return
+		}
+		t := e.Last
+		if now.After(t) {
+			t = now
+		}
+		if c := l.cfg.Load(); e.Val.gen < c.gen {
+			// Applying the newer limit moves the bucket's time to when it was set;
+			// the key's time follows it (never beyond), so its idle time is not reset.
+			e.Last = l.applyConfig(&e.Val, c, e.Last, t)
+		}
+		// rate.Limiter.TokensAt only reads: the key's time stays as it was, so
+		// looking does not keep an idle key alive.
+		tokens = e.Val.lim.TokensAt(t)
+	})
+	return tokens
 }
 
 // advance moves the entry's time to max(now, its last instant), applies a
 // newer limit if there is one, and returns that time. It requires that the
 // entry's shard is locked.
-func (l *Limiter) advance(e *entry[bucket], now time.Time) time.Time {
-	prev := e.last
+func (l *Limiter) advance(e *keystore.Entry[bucket], now time.Time) time.Time {
+	prev := e.Last
 	if now.After(prev) {
-		e.last = now
+		e.Last = now
 	}
-	if c := l.cfg.Load(); e.val.gen < c.gen {
-		l.applyConfig(&e.val, c, prev, e.last)
+	if c := l.cfg.Load(); e.Val.gen < c.gen {
+		l.applyConfig(&e.Val, c, prev, e.Last)
 	}
-	return e.last
+	return e.Last
 }
 
 // applyConfig gives b the current limit if it has an older one: the old

@@ -70,7 +70,7 @@
 // one lock per key, never one per Engine. What is guarded by what:
 //
 //   - a key's entry (pre-check bucket, Lease, the refill in flight and the requests
-//     waiting for it) by that key's shard lock in the limit's local.Store;
+//     waiting for it) by that key's shard lock in the limit's keystore.Store;
 //   - a Waiter's decision by the Waiter's own mutex, taken before the key's lock: a
 //     refill's answer and the driver's GiveUp race to decide it, and exactly one does;
 //   - the outbox (pending refills, queued refunds, refund trips, the expiry heap, the

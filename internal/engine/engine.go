@@ -12,7 +12,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
-	"github.com/fleetlimit/fleetlimit/local"
+	"github.com/fleetlimit/fleetlimit/internal/keystore"
 )
 
 // Defaults of LimitConfig and Config.
@@ -70,7 +70,7 @@ type Config struct {
 	HeartbeatInterval time.Duration
 	// Seed seeds the pacing jitter of every lease.
 	Seed uint64
-	// Shards splits each limit's key store (local.StoreConfig.Shards; 0: the default).
+	// Shards splits each limit's key store (keystore.StoreConfig.Shards; 0: the default).
 	// A simulator passes 1: which keys an idle sweep or a full store lets go of then
 	// depends on nothing but the order of the requests.
 	Shards int
@@ -158,7 +158,7 @@ type Limit struct {
 	e     *Engine
 	name  string
 	cur   atomic.Pointer[shapes] // the current configuration, one shape per tier
-	keys  *local.Store[entry]
+	keys  *keystore.Store[entry]
 	seed  uint64
 	stats limitCounters
 	kind  kind // what the limit is (kind.go), fixed when it is made
@@ -253,12 +253,12 @@ func (e *Engine) newLimit(c LimitConfig, servers, shards int, seed uint64) (*Lim
 	var keep time.Duration
 	lm.kind, keep = newKind(lm, c, seed)
 	idle := max(ss.idleTimeout(), keep)
-	lm.keys, err = local.NewStore(local.StoreConfig[entry]{
+	lm.keys, err = keystore.NewStore(keystore.StoreConfig[entry]{
 		MaxKeys:     c.MaxKeys,
 		IdleTimeout: idle,
 		Shards:      shards,
 		Init:        lm.initEntry,
-		OnEvict:     func(_ string, en *entry, _ local.EvictReason) { lm.kind.evicted(en) },
+		OnEvict:     func(_ string, en *entry, _ keystore.EvictReason) { lm.kind.evicted(en) },
 	})
 	if err != nil {
 		return nil, fmt.Errorf("limit %q: %w", c.Name, err)

@@ -1,4 +1,4 @@
-package local
+package keystore
 
 import (
 	"errors"
@@ -8,6 +8,10 @@ import (
 	"testing"
 	"time"
 )
+
+var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+func at(d time.Duration) time.Time { return t0.Add(d) }
 
 type evicted struct {
 	key    string

@@ -1,4 +1,8 @@
-package local
+// Package keystore is a bounded map of per-key state, sharded under a mutex per shard:
+// a hard cap on keys with least-recently-used eviction per shard, an optional idle
+// timeout, and a callback for every key let go. local.Limiter keeps its buckets in one,
+// and the engine a limit's keys.
+package keystore
 
 import (
 	"errors"
@@ -13,12 +17,12 @@ import (
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 )
 
-// ErrInvalidConfig is wrapped by every error that NewStore, NewLimiter,
-// SetLimit and FallbackLimit return for a configuration they cannot honour.
-var ErrInvalidConfig = errors.New("local: invalid configuration")
+// ErrInvalidConfig is wrapped by every error NewStore returns for a configuration it
+// cannot honour.
+var ErrInvalidConfig = errors.New("key store")
 
-// DefaultMaxKeys is the number of keys a Store or Limiter holds when its
-// configuration leaves MaxKeys at zero.
+// DefaultMaxKeys is the number of keys a Store holds when its configuration leaves
+// MaxKeys at zero.
 const DefaultMaxKeys = 100_000
 
 // EvictReason says why a Store let go of a key.
@@ -101,9 +105,9 @@ type StoreConfig[V any] struct {
 //
 // A Store starts no goroutines. It is safe for simultaneous use by multiple
 // goroutines. The LRU bookkeeping is golang-lru's simplelru, one per shard,
-// under a mutex per shard; see the package documentation for why.
+// under a mutex per shard; docs/hot-path.md says why simplelru.
 type Store[V any] struct {
-	shards  []shard[V]
+	shards  []Shard[V]
 	mask    uint64
 	seed    maphash.Seed
 	idle    atomic.Int64 // nanoseconds; 0 = no idle expiry
@@ -119,27 +123,29 @@ const (
 	maxPending    = 1 + sweepOnInsert
 )
 
-type shard[V any] struct {
+// Shard is one lock's part of a Store.
+type Shard[V any] struct {
 	mu sync.Mutex
 	// The fields below are guarded by mu; those a hit reads come first, to
 	// share the mutex's cache line.
 	closed  bool
 	npend   int
-	lru     *simplelru.LRU[string, *entry[V]]
+	lru     *simplelru.LRU[string, *Entry[V]]
 	cap     int
 	pending [maxPending]eviction[V]
 	_       [64]byte // keep neighbouring shards' mutexes off one cache line
 }
 
-type entry[V any] struct {
-	last time.Time // the latest instant the key was used at
-	used bool      // used since it was last moved to the front of the LRU list
-	val  V
+// Entry is a key's place in a Store: its value and its latest instant.
+type Entry[V any] struct {
+	Last time.Time // the latest instant the key was used at
+	Used bool      // used since it was last moved to the front of the LRU list
+	Val  V
 }
 
 type eviction[V any] struct {
 	key    string
-	e      *entry[V]
+	e      *Entry[V]
 	reason EvictReason
 }
 
@@ -160,7 +166,7 @@ func NewStore[V any](cfg StoreConfig[V]) (*Store[V], error) {
 	}
 	n := shardCount(cfg.Shards, maxKeys)
 	s := &Store[V]{
-		shards:  make([]shard[V], n),
+		shards:  make([]Shard[V], n),
 		mask:    uint64(n - 1),
 		seed:    maphash.MakeSeed(),
 		init:    cfg.Init,
@@ -175,7 +181,7 @@ func NewStore[V any](cfg StoreConfig[V]) (*Store[V], error) {
 		// The LRU is never asked to evict by itself: acquire makes room
 		// first, so that the evicted value can be handed to OnEvict after
 		// the lock is released.
-		lru, err := simplelru.NewLRU[string, *entry[V]](c+1, nil)
+		lru, err := simplelru.NewLRU[string, *Entry[V]](c+1, nil)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
@@ -221,15 +227,15 @@ func shardCount(requested, maxKeys int) int {
 // the call causes are reported to OnEvict after the lock is released.
 // Update reports false, without calling fn, once the Store is closed.
 func (s *Store[V]) Update(now time.Time, key string, fn func(v *V, now time.Time)) bool {
-	sh, e, ok := s.acquire(now, key)
+	sh, e, ok := s.Acquire(now, key)
 	if !ok {
 		return false
 	}
-	defer s.release(sh) // a panicking fn must not leave the shard locked
-	if now.After(e.last) {
-		e.last = now
+	defer s.Release(sh) // a panicking fn must not leave the shard locked
+	if now.After(e.Last) {
+		e.Last = now
 	}
-	fn(&e.val, e.last)
+	fn(&e.Val, e.Last)
 	return true
 }
 
@@ -244,7 +250,7 @@ func (s *Store[V]) Peek(key string, fn func(v *V, last time.Time)) bool {
 	if !ok {
 		return false
 	}
-	fn(&e.val, e.last)
+	fn(&e.Val, e.Last)
 	return true
 }
 
@@ -258,7 +264,7 @@ func (s *Store[V]) Remove(key string) bool {
 		sh.lru.Remove(key)
 		sh.push(key, e, EvictRemoved)
 	}
-	s.release(sh)
+	s.Release(sh)
 	return ok
 }
 
@@ -282,7 +288,7 @@ func (s *Store[V]) Sweep(now time.Time, max int) int {
 			}
 			sh.mu.Lock()
 			n := sh.sweep(now, idle, batch)
-			s.release(sh)
+			s.Release(sh)
 			total += n
 			if n < batch {
 				break
@@ -362,34 +368,50 @@ func (s *Store[V]) purge(closing bool) int {
 		sh.mu.Unlock()
 		total += n
 		for _, ev := range out {
-			s.onEvict(ev.key, &ev.e.val, ev.reason)
+			s.onEvict(ev.key, &ev.e.Val, ev.reason)
 		}
 	}
 	return total
 }
 
-func (s *Store[V]) shardFor(key string) *shard[V] {
+// Inspect runs fn under key's shard lock with the key's entry, or with nil if the key is
+// not held or has been idle for the idle timeout; it neither creates the key nor makes it
+// more recently used.
+func (s *Store[V]) Inspect(key string, now time.Time, fn func(e *Entry[V])) {
+	sh := s.shardFor(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := sh.lru.Peek(key)
+	if idle := time.Duration(s.idle.Load()); !ok || sh.closed || idle > 0 && now.Sub(e.Last) >= idle {
+		e = nil
+	}
+	fn(e)
+}
+
+// shardFor is key's shard.
+func (s *Store[V]) shardFor(key string) *Shard[V] {
 	if s.mask == 0 {
 		return &s.shards[0]
 	}
 	return &s.shards[maphash.String(s.seed, key)&s.mask]
 }
 
-// acquire locks key's shard and returns the key's entry, created if needed
-// (with e.last = now); the caller advances e.last and must call
-// release(sh). ok is false, with nothing locked, if the Store is closed.
+// Acquire locks key's shard and returns the key's entry, created if needed
+// (with e.Last = now); the caller advances e.Last and must call
+// Release(sh). ok is false, with nothing locked, if the Store is closed.
+// It is Update without a function value, for a caller on a hot path.
 //
 // A hit does not move the key in the LRU list, which would touch two more
 // entries' memory; it marks the entry used, and the eviction code moves a
 // used entry to the front when it reaches the back (lazy promotion, as in
 // CLOCK). The cap stays exact; the order is least recently used as of each
 // key's last promotion.
-func (s *Store[V]) acquire(now time.Time, key string) (sh *shard[V], e *entry[V], ok bool) {
+func (s *Store[V]) Acquire(now time.Time, key string) (sh *Shard[V], e *Entry[V], ok bool) {
 	sh = s.shardFor(key)
 	sh.mu.Lock()
 	if e, ok = sh.lru.Peek(key); ok && !sh.closed {
-		if idle := s.idle.Load(); idle <= 0 || now.Sub(e.last) < time.Duration(idle) {
-			e.used = true
+		if idle := s.idle.Load(); idle <= 0 || now.Sub(e.Last) < time.Duration(idle) {
+			e.Used = true
 			return sh, e, true
 		}
 	}
@@ -398,7 +420,7 @@ func (s *Store[V]) acquire(now time.Time, key string) (sh *shard[V], e *entry[V]
 
 // acquireSlow is acquire for a key that is absent or idle, or a closed
 // Store; it requires that sh.mu is held.
-func (s *Store[V]) acquireSlow(sh *shard[V], now time.Time, key string) (*shard[V], *entry[V], bool) {
+func (s *Store[V]) acquireSlow(sh *Shard[V], now time.Time, key string) (*Shard[V], *Entry[V], bool) {
 	if sh.closed {
 		sh.mu.Unlock()
 		return nil, nil, false
@@ -420,16 +442,16 @@ func (s *Store[V]) acquireSlow(sh *shard[V], now time.Time, key string) (*shard[
 		sh.push(k, old, EvictCapacity)
 	}
 	key = strings.Clone(key) // do not pin the caller's buffer
-	e := &entry[V]{last: now}
+	e := &Entry[V]{Last: now}
 	if s.init != nil {
-		s.init(&e.val, key, now)
+		s.init(&e.Val, key, now)
 	}
 	sh.lru.Add(key, e)
 	return sh, e, true
 }
 
-// release unlocks sh and reports the evictions recorded under the lock.
-func (s *Store[V]) release(sh *shard[V]) {
+// Release unlocks sh and reports the evictions recorded under the lock.
+func (s *Store[V]) Release(sh *Shard[V]) {
 	if sh.npend == 0 {
 		sh.mu.Unlock()
 		return
@@ -443,13 +465,13 @@ func (s *Store[V]) release(sh *shard[V]) {
 		return
 	}
 	for _, ev := range pend[:n] {
-		s.onEvict(ev.key, &ev.e.val, ev.reason)
+		s.onEvict(ev.key, &ev.e.Val, ev.reason)
 	}
 }
 
 // push records an eviction to report once the lock is released; it
 // requires that sh.mu is held and that fewer than maxPending are recorded.
-func (sh *shard[V]) push(key string, e *entry[V], reason EvictReason) {
+func (sh *Shard[V]) push(key string, e *Entry[V], reason EvictReason) {
 	sh.pending[sh.npend] = eviction[V]{key, e, reason}
 	sh.npend++
 }
@@ -459,19 +481,19 @@ func (sh *shard[V]) push(key string, e *entry[V], reason EvictReason) {
 // neither idle nor used since its last move (a used one is moved to the
 // front, up to maxPromote of them). It requires that sh.mu is held and room
 // for max evictions.
-func (sh *shard[V]) sweep(now time.Time, idle time.Duration, max int) int {
+func (sh *Shard[V]) sweep(now time.Time, idle time.Duration, max int) int {
 	n, promoted := 0, 0
 	for n < max && sh.npend < maxPending {
 		k, e, ok := sh.lru.GetOldest()
 		switch {
 		case !ok:
 			return n
-		case now.Sub(e.last) >= idle:
+		case now.Sub(e.Last) >= idle:
 			sh.lru.Remove(k)
 			sh.push(k, e, EvictIdle)
 			n++
-		case e.used && promoted < maxPromote:
-			e.used = false
+		case e.Used && promoted < maxPromote:
+			e.Used = false
 			sh.lru.Get(k) // moves it to the front
 			promoted++
 		default:
@@ -487,13 +509,13 @@ const maxPromote = 8
 // oldest returns the least recently used entry of a non-empty shard,
 // first moving entries used since their last move to the front (at most
 // maxPromote of them); it requires that sh.mu is held.
-func (sh *shard[V]) oldest() (string, *entry[V]) {
+func (sh *Shard[V]) oldest() (string, *Entry[V]) {
 	for range maxPromote {
 		k, e, _ := sh.lru.GetOldest()
-		if !e.used {
+		if !e.Used {
 			return k, e
 		}
-		e.used = false
+		e.Used = false
 		sh.lru.Get(k) // moves it to the front
 	}
 	k, e, _ := sh.lru.GetOldest()
