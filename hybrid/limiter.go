@@ -541,6 +541,7 @@ func (l *Limiter) run() {
 		default:
 		}
 		now := l.clock.Now()
+		watch := l.nodes.recheck(context.Background(), now)
 		l.eng.Tick(now)
 		if t := l.eng.Next(); t != nil {
 			l.do(context.Background(), t)
@@ -554,7 +555,11 @@ func (l *Limiter) run() {
 			l.events.breaker()
 			l.events.dryRuns(now)
 		}
-		stop := l.clock.AfterFunc(max(l.eng.NextTick().Sub(now), time.Millisecond), l.poke)
+		wait := max(l.eng.NextTick().Sub(now), time.Millisecond)
+		if watch {
+			wait = min(wait, recheckEvery)
+		}
+		stop := l.clock.AfterFunc(wait, l.poke)
 		select {
 		case <-l.stop:
 			stop()

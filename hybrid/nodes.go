@@ -5,6 +5,7 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -30,7 +31,13 @@ type nodes struct {
 	byAddr  map[string]*node // guarded by mu
 	masters atomic.Pointer[[]*node]
 	slots   [wire.Slots]atomic.Pointer[node] // the master each slot's last call went to
+
+	nextCheck time.Time // the Limiter's goroutine's: when recheck may look again
 }
+
+// recheckEvery is how often, while a master's breaker is open, the Limiter looks at the
+// Cluster's slot map for a failover (recheck).
+const recheckEvery = 100 * time.Millisecond
 
 // node is one Redis node and its breaker.
 type node struct {
@@ -113,6 +120,35 @@ func (n *nodes) prune(ctx context.Context) {
 		}
 	}
 	n.masters.Store(&kept)
+}
+
+// recheck looks, while a master's breaker is open, at most once per recheckEvery, for a
+// failover: it asks the client to reload its slot map (in the background) and drops the
+// breakers of the addresses the map no longer lists as masters (prune). Without it, the
+// keys of a failed master stay with its open breaker after a replica took over: no call
+// goes to them, so the client has no reason to reload its map, and its half-open probe
+// goes to the address that failed. It reports whether a master's breaker is open, for
+// the Limiter to wake by then. It runs on the Limiter's goroutine only.
+func (n *nodes) recheck(ctx context.Context, now time.Time) bool {
+	if n.cc == nil || !n.masterOpen() {
+		return false
+	}
+	if !now.Before(n.nextCheck) {
+		n.nextCheck = now.Add(recheckEvery)
+		n.cc.ReloadState(ctx)
+		n.prune(ctx)
+	}
+	return true
+}
+
+// masterOpen reports whether a master's breaker is open.
+func (n *nodes) masterOpen() bool {
+	for _, nd := range *n.masters.Load() {
+		if nd.brk.State() == breaker.StateOpen {
+			return true
+		}
+	}
+	return false
 }
 
 // keyOpen reports whether the breaker that guards the bucket of limit and id (a key's

@@ -219,14 +219,17 @@ type fleetLoad struct {
 	late               atomic.Int64 // fallback decisions after quietFrom
 	lateOf             atomic.Int64 // decisions after quietFrom
 	lastFallback       atomic.Int64 // UnixNano of the latest fallback decision asked for
+	lastOpen           atomic.Int64 // the same, of an open breaker, for a key on onShard
+	onShard            *[coldKeys]bool
 	// redisAgain is the UnixNano at which the first hot-key decision of phase 2 that
 	// Redis served (from a lease or the bucket) was asked for: the end of a fault.
 	redisAgain atomic.Int64
 }
 
-// startLoad starts the callers on every server of fleet.
-func startLoad(fleet []*server) *fleetLoad {
-	l := &fleetLoad{start: time.Now()}
+// startLoad starts the callers on every server of fleet. onShard, if not nil, are the cold
+// keys whose bucket the master that fails holds, with the hot key's (openAfter).
+func startLoad(fleet []*server, onShard *[coldKeys]bool) *fleetLoad {
+	l := &fleetLoad{start: time.Now(), onShard: onShard}
 	l.stopAt.Store(l.start.Add(time.Hour).UnixNano())
 	for i, s := range fleet {
 		for range 2 { // two callers on the hot key per server
@@ -280,8 +283,10 @@ func (l *fleetLoad) decide(lim *hybrid.Limiter, limit string, n int) {
 		l.redisAgain.CompareAndSwap(0, t0.UnixNano())
 	}
 	if d.Source == hybrid.SourceFallback {
-		for at := l.lastFallback.Load(); at < t0.UnixNano() && !l.lastFallback.CompareAndSwap(at, t0.UnixNano()); at = l.lastFallback.Load() {
-		}
+		latest(&l.lastFallback, t0)
+	}
+	if d.Reason == hybrid.ReasonBreakerOpen && l.onShard != nil && (limit == "hot" || limit == "cold" && l.onShard[n]) {
+		latest(&l.lastOpen, t0)
 	}
 	if q := l.quietFrom.Load(); q != 0 && t0.UnixNano() >= q {
 		l.lateOf.Add(1)
@@ -289,6 +294,18 @@ func (l *fleetLoad) decide(lim *hybrid.Limiter, limit string, n int) {
 			l.late.Add(1)
 		}
 	}
+}
+
+// latest moves v up to t, if t is later.
+func latest(v *atomic.Int64, t time.Time) {
+	for at := v.Load(); at < t.UnixNano() && !v.CompareAndSwap(at, t.UnixNano()); at = v.Load() {
+	}
+}
+
+// openAfter is how long after end the last decision of a key on the failed master that
+// its open breaker sent to the policy was asked for: 0 if none was after end.
+func (l *fleetLoad) openAfter(end time.Time) time.Duration {
+	return max(time.Duration(l.lastOpen.Load()-end.UnixNano()), 0)
 }
 
 // stop stops the callers, waits for them, and returns how long they ran.
@@ -366,7 +383,7 @@ func runFaultCell(t *testing.T, f fault, policy breaker.Policy, healthy, after t
 		fleet = append(fleet, newServer(t, addr, prefix, nil, cellBreaker, cellConfig(policy)))
 	}
 
-	load := startLoad(fleet)
+	load := startLoad(fleet, nil)
 	time.Sleep(healthy)
 	f.inject(t, faultEnv{srv: srv, admin: admin, cut: cut})
 	faultEnd := time.Now()
@@ -617,7 +634,7 @@ func runFailoverCell(t *testing.T, f clusterFault, policy breaker.Policy, health
 		phaseOutage  // from the fault to the replica's promotion
 		phaseAfter
 	)
-	load := startLoad(fleet)
+	load := startLoad(fleet, &coldOnShard)
 	time.Sleep(healthy)
 	faultAt := time.Now()
 	load.phase.Store(phaseOutage)
@@ -726,7 +743,16 @@ func runFailoverCell(t *testing.T, f clusterFault, policy breaker.Policy, health
 		p999, lostTokens, lostTakes, oldTakes, lost, hotLost,
 		granted-refunded, float64(granted-refunded)/(hotBurst+hotRate*elapsed.Seconds()),
 		load.late.Load(), load.lateOf.Load())
-	t.Logf("last fallback decision %v after the promotion", load.recovery(promotedAt).Round(time.Millisecond))
+	// The failed master's keys leave its open breaker once the promotion shows in the
+	// slot map (the Limiter rechecks it while a master's breaker is open): before a
+	// second half-open probe, which would go to the old address and fail, opening the
+	// breaker again for another open time.
+	open := load.openAfter(promotedAt)
+	t.Logf("last fallback decision %v after the promotion; the failed master's breaker's last %v after",
+		load.recovery(promotedAt).Round(time.Millisecond), open.Round(time.Millisecond))
+	if limit := 3*cellBreaker.OpenTimeout + cellSlack; open > limit {
+		t.Errorf("the failed master's open breaker decided %v after the promotion, want at most %v", open.Round(time.Millisecond), limit)
+	}
 
 	for _, s := range fleet {
 		_ = s.limiter.Close(context.Background())
