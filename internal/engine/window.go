@@ -273,6 +273,11 @@ func (wl *windowed) share() int {
 // allowance is how many of key st's requests this server may admit without asking,
 // unanswered, in its current window: its share c, and no more than the window had left
 // at the last count answered for it (each later admission is in st.out).
+//
+// st.out is not reset when the key's window changes: c bounds what this server has
+// unanswered at any instant, not in each window. Reset at each window, a key that turns
+// hot across the fleet just before its window ends would be admitted c by each server in
+// each of the two windows before any server knows it low: 2·S·c in a moment.
 func (wl *windowed) allowance(st *wkey) int {
 	if st.roomWin != st.win {
 		return wl.share()
@@ -331,10 +336,16 @@ func (st *wkey) learn(m wmark) {
 	st.low, st.over, st.spent = max(st.low, at(m.low)), max(st.over, at(m.over)), max(st.spent, m.spent)
 }
 
-// failed reports whether the key's current window is known spent.
+// failed reports whether the key's current window is known spent: the last window known
+// spent is this one or one ahead. A window ahead is judged only from a carry's count (a
+// grant of the next window sets nextFull, not spent), and a carry into it comes only
+// from an overshoot of the current one, so one spent ahead means the current one counted
+// past its burst: twice its burst or more, but for grants of the next window counted
+// there.
 func (st *wkey) failed() bool { return st.spent > st.win }
 
-// fresh reports whether the marks are fresh enough to admit without asking.
+// fresh reports whether the marks are fresh enough to admit without asking: the server
+// is warm and its last read went within two read periods.
 func (wl *windowed) fresh(now time.Time) bool {
 	return wl.warm.Load() && now.Sub(wl.lastRead) <= 2*windowRead
 }
@@ -396,6 +407,8 @@ func (wl *windowed) decideKey(o *wdecision, en *entry, now time.Time, n int) {
 	if over && !often {
 		wl.countDemand(st, en.key, n)
 	}
+	// An over key's request is refused while its grant comes, which can then wait for the
+	// next report, unless windows are short against reports (under four report intervals).
 	urgent := !over || wl.w < 4*wl.iv
 	admit := func(r Reason) { o.admit(en, st, now, n, r) }
 	deny := func() {
@@ -440,6 +453,8 @@ func (wl *windowed) decideKey(o *wdecision, en *entry, now time.Time, n int) {
 	case often:
 		o.w = wl.wait(st, en, n, now)
 	case over && fresh && !low:
+		// admitted without asking at odds that make the fleet admit up to about a burst
+		// a window
 		p := wl.odds(st, perSec, now)
 		x := float64(mix3(wl.lm.seed, hashKey(en.key), uint64(now.UnixNano()))%1e9) / 1e9
 		if x < p && st.out+n <= wl.allowance(st) {
@@ -469,7 +484,8 @@ func (wl *windowed) rate(st *wkey, now time.Time) (ewc, perSec float64) {
 	// weighs at most tau. A key it sees for the first time after a while is slow, not
 	// fast, and a window of an hour does not make every key slow for its first minutes;
 	// in a server's first tenth of a window (or report interval) a key's first request
-	// may count as often, and ask a grant with its admission.
+	// may count as often, and ask a grant with its admission. Counting this request makes
+	// a key this server sees rarely look faster than it is.
 	tau := min(4*wl.w, 4*time.Second)
 	ewc = st.ewc*math.Exp(-float64(at(now)-st.ewAt)/float64(tau)) + 1
 	counted := 1 - math.Exp(-float64(max(now.Sub(wl.start), min(wl.w/10, wl.iv)))/float64(tau))
@@ -527,7 +543,9 @@ func (wl *windowed) countDemand(st *wkey, id string, n int) {
 // odds is the chance of admitting a request of an over key this server sees seldom:
 // burst over the fleet's count of the key's requests a window, from the count answered
 // in this window or the one before over the part of it that count covers (a quarter at
-// least); before such an answer, burst over S times this server's rate.
+// least); before such an answer, burst over S times this server's rate, as each server
+// sees about 1/S of the key's requests. This server's rate counts the request being
+// decided, which makes the odds lower than a burst a window would need, never higher.
 func (wl *windowed) odds(st *wkey, perSec float64, now time.Time) float64 {
 	burst := float64(wl.glim.Burst)
 	if st.demWin >= st.win-1 && st.dem > 0 {
@@ -625,7 +643,9 @@ func (wl *windowed) join(st *wkey, id string, w *Waiter, now time.Time) {
 // size is the grant asked for a key this server sees often: what its rate wants in the
 // next two report intervals of the window, less three standard deviations of that count
 // (what it holds at the window's end is lost), less the grants it holds; at least n, at
-// most the burst.
+// most the burst. Sized to the whole of what the rate wants, a server holds a few grants
+// unused at the end of each window (5% of a hot key's limit on the simulator's hot-key
+// suite); sized less, it asks again as its grants run out (decideKey).
 func (wl *windowed) size(st *wkey, n int, perSec float64, now time.Time) int {
 	need := wl.need(st, perSec, 2*wl.iv, now)
 	want := int(math.Ceil(need-3*math.Sqrt(need))) - st.grants
@@ -634,7 +654,12 @@ func (wl *windowed) size(st *wkey, n int, perSec float64, now time.Time) int {
 
 // askGrant asks for the grant size sizes, at once if urgent (as a lease refill goes at
 // once), else with the next report; within two report intervals of the window's end,
-// with one of the next window.
+// with one of the next window. At once, because a grant asked with the next report can
+// come a report interval later, and a report interval may be half the window.
+//
+// The grant of the next window is sized for that window's first two report intervals:
+// its first requests then find grants, and a server that sees a hot key makes about one
+// round trip for it a window instead of two.
 func (wl *windowed) askGrant(st *wkey, id string, n int, perSec float64, urgent bool, now time.Time) {
 	if st.ask != nil || st.failed() {
 		return
@@ -652,7 +677,10 @@ func (wl *windowed) askGrant(st *wkey, id string, n int, perSec float64, urgent 
 // askNext queues a grant of the window after the key's current one, sized for that
 // window's first two report intervals, unless one is asked or held or that window
 // refused one. An over key whose last such grant was refused outright is asked every
-// other window: on the other the server refuses it without asking.
+// other window: on the other the server refuses it without asking, as one known full. A
+// server that sees an abusive client among many that see it then makes a round trip for
+// it every other window, not every window; what the fleet admits of the client is the
+// burst a window either way, taken by the servers that do ask.
 func (wl *windowed) askNext(st *wkey, id string, n int, perSec float64, now time.Time) {
 	need := perSec * min(2*wl.iv, wl.w).Seconds()
 	if x := int(math.Ceil(need - 3*math.Sqrt(need))); x >= n && !st.nextAsked && st.next == 0 && st.nextFull <= st.win {
