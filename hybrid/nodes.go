@@ -166,15 +166,7 @@ func (n *nodes) keyOpen(limit, id string) bool {
 
 // anyOpen reports whether any breaker is open: Config.Breaker or a master's.
 func (n *nodes) anyOpen() bool {
-	if n.all.brk.State() == breaker.StateOpen {
-		return true
-	}
-	for _, nd := range *n.masters.Load() {
-		if nd.brk.State() == breaker.StateOpen {
-			return true
-		}
-	}
-	return false
+	return n.all.brk.State() == breaker.StateOpen || n.masterOpen()
 }
 
 // forEach calls f with Config.Breaker's node, then the masters' in the order they were

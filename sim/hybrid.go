@@ -408,9 +408,12 @@ func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next fun
 		f.redis.roundTrip(n, cost, func(at time.Time) {
 			for i, r := range t.Takes {
 				bkey := wire.BucketKeyOfID(keyPrefix, r.Limit.Name, string(r.ID))
-				g := h.s.Take(at, bkey, float64(r.Limit.Burst), r.Limit.Rate, r.Want, r.Min, s.name, r.Seq, r.Limit.Version, r.Floor)
+				take := func(seq uint64) takeReply {
+					return h.s.Take(at, bkey, float64(r.Limit.Burst), r.Limit.Rate, r.Want, r.Min, s.name, seq, r.Limit.Version, r.Floor)
+				}
+				g := take(r.Seq)
 				if g.Flag == lua.Stale { // overtaken: it runs under a fresh number, as global.Store's does
-					g = h.s.Take(at, bkey, float64(r.Limit.Burst), r.Limit.Rate, r.Want, r.Min, s.name, h.seq(hs), r.Limit.Version, r.Floor)
+					g = take(h.seq(hs))
 				}
 				t.TakeResults[i].Granted, t.TakeResults[i].Remaining = g.Granted, g.Tokens
 				t.TakeResults[i].Wait = tokenbucket.FromMillis(float64(g.WaitMS))

@@ -7,7 +7,6 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/internal/fallback"
-	"github.com/fleetlimit/fleetlimit/internal/storeerr"
 )
 
 // DebtWindow sizes how far below zero the debts of FailLocal may take a bucket: its
@@ -254,7 +253,7 @@ func (e *Engine) charged(now time.Time, t *Trip) {
 		if t.Answered {
 			err = t.RefundResults[i].Err
 		}
-		lost := !t.Answered || storeerr.IsTimeout(err) // it may have run: only its own Seq may go
+		lost := !t.Answered || mayHaveRun(err) // it may have run: only its own Seq may go
 		if lost && !finished {
 			again.reqs = append(again.reqs, r)
 			again.charges = append(again.charges, t.charges[i])

@@ -310,7 +310,7 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 	}
 	lm := f.lim
 	back, paid, found := 0, 0, false
-	lost := err != nil && (errors.Is(err, breaker.ErrTimeout) || storeerr.IsTimeout(err)) // it may have run
+	lost := mayHaveRun(err)
 	lifetime := f.shape.lease.Load().Lifetime
 	var ws []*Waiter
 	lm.keys.Peek(f.key, func(en *entry, last time.Time) {
@@ -401,6 +401,13 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 		})
 		e.settle(lm, f.key, paid)
 	}
+}
+
+// mayHaveRun reports whether a call that ended with err may have run in Redis: it timed
+// out (the breaker's deadline, a context's, a connection's), so its answer is unknown. A
+// call that failed otherwise was refused or did not run.
+func mayHaveRun(err error) bool {
+	return err != nil && (errors.Is(err, breaker.ErrTimeout) || storeerr.IsTimeout(err))
 }
 
 // policyAdmitted is the tokens the failure policy admitted among ws, self's mutex held by
