@@ -22,9 +22,9 @@
 //
 //  1. local pre-check: deny fast, no Redis;
 //  2. lease: tokens this server already took from the global bucket: allow, no Redis;
-//  3. refill: take a batch of tokens from the global bucket (global.Store.Take, one
-//     script call with a tight deadline, through the breaker; refills of many keys go
-//     out together with global.Store.TakeBatch); unused tokens are refunded;
+//  3. refill: take a batch of tokens from the global bucket (one script call with a
+//     tight deadline, through the breaker; refills of many keys go out together in one
+//     round trip); unused tokens are refunded;
 //  4. fallback: breaker open, timeout or Redis error: the limit's own failure policy
 //     (package breaker): FailOpen, FailClosed or FailLocal. There is no default.
 //

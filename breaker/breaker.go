@@ -10,16 +10,20 @@ import (
 
 	"github.com/sony/gobreaker/v2"
 
+	"github.com/fleetlimit/fleetlimit/internal/linger"
 	"github.com/fleetlimit/fleetlimit/internal/storeerr"
+	"github.com/fleetlimit/fleetlimit/internal/sysclock"
 )
 
-// Defaults for the zero fields of Settings.
+// defaultTimeout is the deadline of each guarded call when Settings.Timeout is zero.
+const defaultTimeout = 10 * time.Millisecond
+
+// Defaults for the other zero fields of Settings.
 const (
-	DefaultTimeout          = 10 * time.Millisecond
-	DefaultMaxInFlight      = 64
-	DefaultFailureThreshold = 5
-	DefaultOpenTimeout      = time.Second
-	DefaultHalfOpenProbes   = 1
+	defaultMaxInFlight      = 64
+	defaultFailureThreshold = 5
+	defaultOpenTimeout      = time.Second
+	defaultHalfOpenProbes   = 1
 )
 
 var (
@@ -41,7 +45,7 @@ var (
 
 	// ErrInvalidConfig is wrapped by every error this package returns for a
 	// configuration it cannot honour: Settings that New rejects, and a
-	// Policy that Validate rejects (ErrNoPolicy, for the zero Policy, also
+	// Policy a limit cannot run (ErrNoPolicy, for the zero Policy, also
 	// matches it).
 	ErrInvalidConfig = errors.New("breaker: invalid configuration")
 )
@@ -98,7 +102,7 @@ type Settings struct {
 
 	// Timeout is the deadline of each guarded call: Do returns by then
 	// whether or not the call has returned. The article recommends 5 to
-	// 20 ms. default: DefaultTimeout (10 ms)
+	// 20 ms. default: 10 ms
 	Timeout time.Duration
 
 	// MinCountedTimeout: a call that times out counts as a store failure
@@ -117,20 +121,24 @@ type Settings struct {
 	// Do has given up on at their deadline that have not returned yet (a
 	// stalled store holds them, and their connections). A call beyond the
 	// bound gets ErrOverloaded at once. Size it near the client's pool
-	// size. default: DefaultMaxInFlight (64)
+	// size. default: 64
 	MaxInFlight int
 
 	// FailureThreshold is the number of consecutive store failures that
-	// open the breaker. default: DefaultFailureThreshold (5)
+	// open the breaker. default: 5
 	FailureThreshold int
 
 	// OpenTimeout is how long the breaker stays open before it lets probes
-	// through (half-open). default: DefaultOpenTimeout (1 s)
+	// through (half-open). default: 1 s
 	OpenTimeout time.Duration
 
 	// HalfOpenProbes is the number of calls let through while half-open,
 	// and the number of consecutive successes that close the breaker.
-	// default: DefaultHalfOpenProbes (1)
+	// A probe's caller gets its answer or ErrTimeout by Timeout, as any
+	// caller does, but the probe's call goes on for up to ten times Timeout
+	// (at most OpenTimeout/2), and its answer, when it comes, settles the
+	// breaker's state: the first call after an outage pays a reconnect.
+	// default: 1
 	HalfOpenProbes int
 
 	// IsFailure reports whether an error a call returned means the store
@@ -155,12 +163,12 @@ type Settings struct {
 	// Clock is where Do reads the time and sets its deadlines: the start
 	// of each call, the time left before the caller's deadline (read as an
 	// instant of this clock), and the timer at which Do returns ErrTimeout.
-	// With SystemClock the context a call gets carries that deadline, which
-	// go-redis applies to the socket when ContextTimeoutEnabled is set; with
-	// any other clock it carries only the caller's deadline, and is done,
+	// With the system clock the context a call gets carries that deadline,
+	// which go-redis applies to the socket when ContextTimeoutEnabled is set;
+	// with any other clock it carries only the caller's deadline, and is done,
 	// with context.DeadlineExceeded, when this clock's timer fires. The open
 	// period (OpenTimeout) follows the system clock whatever this is (see
-	// Clock). default: SystemClock{}
+	// Clock). default: nil, the system clock (time.Now and time.AfterFunc)
 	Clock Clock
 }
 
@@ -177,9 +185,9 @@ type Settings struct {
 // call returns.
 type Breaker struct {
 	settings    Settings // as given to New
-	name        string
 	cb          *gobreaker.TwoStepCircuitBreaker[struct{}]
 	timeout     time.Duration
+	probe       time.Duration // a half-open probe's deadline: probeTimeout
 	minCounted  time.Duration
 	maxInFlight int64
 	isFailure   func(error) bool
@@ -235,17 +243,17 @@ func New(st Settings) (*Breaker, error) {
 	}
 	b := &Breaker{
 		settings:    st,
-		name:        st.Name,
-		timeout:     cmpOr(st.Timeout, DefaultTimeout),
-		maxInFlight: int64(cmpOr(st.MaxInFlight, DefaultMaxInFlight)),
+		timeout:     cmpOr(st.Timeout, defaultTimeout),
+		maxInFlight: int64(cmpOr(st.MaxInFlight, defaultMaxInFlight)),
 		isFailure:   st.IsFailure,
 		onChange:    st.OnStateChange,
 		clock:       st.Clock,
 	}
 	if b.clock == nil {
-		b.clock = SystemClock{}
+		b.clock = sysclock.Clock{}
 	}
 	b.sysClock = isSystem(b.clock)
+	b.probe = probeTimeout(b.timeout, cmpOr(st.OpenTimeout, defaultOpenTimeout))
 	b.minCounted = cmpOr(st.MinCountedTimeout, b.timeout/2)
 	if b.minCounted > b.timeout {
 		return nil, fmt.Errorf("%w: MinCountedTimeout %v exceeds Timeout %v", ErrInvalidConfig, b.minCounted, b.timeout)
@@ -253,11 +261,11 @@ func New(st Settings) (*Breaker, error) {
 	if b.isFailure == nil {
 		b.isFailure = storeerr.IsUnavailable
 	}
-	threshold := uint32(cmpOr(st.FailureThreshold, DefaultFailureThreshold))
+	threshold := uint32(cmpOr(st.FailureThreshold, defaultFailureThreshold))
 	b.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        st.Name,
-		MaxRequests: uint32(cmpOr(st.HalfOpenProbes, DefaultHalfOpenProbes)),
-		Timeout:     cmpOr(st.OpenTimeout, DefaultOpenTimeout),
+		MaxRequests: uint32(cmpOr(st.HalfOpenProbes, defaultHalfOpenProbes)),
+		Timeout:     cmpOr(st.OpenTimeout, defaultOpenTimeout),
 		ReadyToTrip: func(c gobreaker.Counts) bool {
 			return c.ConsecutiveFailures >= threshold
 		},
@@ -275,6 +283,15 @@ func New(st Settings) (*Breaker, error) {
 	return b, nil
 }
 
+// probeTimeout is the deadline of a half-open probe's call: ten times the Timeout, at
+// most half the open time, never less than the Timeout. The first call after an outage
+// pays what a healthy one does not: a new connection's dial and handshake, and, after a
+// restart, Redis loading the scripts again. Held to the Timeout, such a probe times out
+// on a store that is back, and the breaker stays open another open time for it.
+func probeTimeout(timeout, open time.Duration) time.Duration {
+	return max(timeout, min(10*timeout, open/2))
+}
+
 func cmpOr[T int | time.Duration](v, def T) T {
 	if v == 0 {
 		return def
@@ -286,12 +303,6 @@ func cmpOr[T int | time.Duration](v, def T) T {
 // fields stay zero): New(b.Settings()) makes a breaker that behaves as b does, which is
 // how a caller guarding several stores with one configuration makes one breaker each.
 func (b *Breaker) Settings() Settings { return b.settings }
-
-// Name returns Settings.Name.
-func (b *Breaker) Name() string { return b.name }
-
-// Timeout returns the deadline Do gives each call.
-func (b *Breaker) Timeout() time.Duration { return b.timeout }
 
 // State returns the breaker's state, first moving it from open to
 // half-open if OpenTimeout has passed.
@@ -321,6 +332,15 @@ type outcome struct {
 // reads after Do returns). Use a client that honours the context, or a
 // small read timeout, so abandoned calls end soon.
 //
+// A half-open probe's call (one made with no caller deadline shorter than
+// Timeout) is the exception: its context is done only at the probe's own,
+// longer deadline (Settings.HalfOpenProbes), and its outcome, when it comes
+// after Do has returned ErrTimeout, is what settles the breaker's state. A
+// hybrid.Limiter's refill is another: its call keeps its context to the same
+// longer deadline, so that an answer that comes after Do returned ErrTimeout
+// is still read (its Redis grant is spent either way); its timeout is counted
+// when Do returns, as any call's.
+//
 // The error is nil or fn's error, or:
 //   - ErrOpen (no call made) while the breaker is open or its half-open
 //     probes are in flight;
@@ -341,6 +361,10 @@ func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) er
 		return fmt.Errorf("breaker: call not started: %w", err)
 	}
 	done, err := b.cb.Allow()
+	// Half-open once Allow let the call through: it was let through as a probe (a
+	// breaker reaches half-open only from open). One a concurrent probe closed the
+	// breaker meanwhile is taken as a plain call, as gobreaker takes its outcome.
+	probe := err == nil && b.cb.State() == gobreaker.StateHalfOpen
 	if err != nil {
 		b.dispatch()
 		b.stats.rejected.Add(1)
@@ -368,30 +392,78 @@ func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) er
 	if dl, ok := ctx.Deadline(); ok && dl.Sub(start) < budget {
 		budget = dl.Sub(start)
 	}
+	// A half-open probe's call has until probeTimeout, though Do returns at budget as
+	// any call's does: the call then settles the breaker's state itself when it ends. A
+	// lingering call (internal/linger) has as long, and settles nothing when it ends.
+	callBudget := budget
+	lingers := !probe && linger.Wanted(ctx)
+	if (probe || lingers) && budget == b.timeout {
+		callBudget = b.probe
+	}
 	cctx := newCallCtx(ctx)
 	if b.sysClock {
-		cctx.deadline = start.Add(budget)
+		cctx.deadline = start.Add(callBudget)
 	}
-	stop := b.clock.AfterFunc(budget, cctx.expire)
-	defer func() {
-		stop()
-		cctx.end(context.Canceled) // the call's context ends when Do returns
-	}()
 
 	// The call's goroutine and Do race to settle it: whoever moves state
 	// from running decides whether Do reads the result (finished) or the
-	// goroutine is on its own (abandoned).
-	const running, finished, abandoned = 0, 1, 2
+	// goroutine is on its own (abandoned; a probe left to settle the
+	// breaker's state: by its end, or by its deadline if it has not ended; or
+	// a lingering call, whose context lives to its own deadline).
+	const running, finished, abandoned, left, lingering = 0, 1, 2, 3, 4
 	var state atomic.Int32
+	var settled atomic.Bool
+	settle := func(o outcome) {
+		if !settled.CompareAndSwap(false, true) {
+			return
+		}
+		if o.panicked {
+			b.report(done, errFailure)
+		} else {
+			// The caller has gone: its context's end is no longer the outcome's.
+			b.finish(done, context.Background(), cctx, o.err, callBudget, b.clock.Now().Sub(start), true)
+		}
+		cctx.end(context.Canceled)
+	}
+	stop := b.clock.AfterFunc(callBudget, func() {
+		cctx.expire()
+		if state.Load() == left {
+			settle(outcome{err: context.DeadlineExceeded})
+		}
+	})
+	wait, stopWait := cctx.done, func() bool { return false }
+	if callBudget > budget {
+		ch := make(chan struct{})
+		wait, stopWait = ch, b.clock.AfterFunc(budget, func() { close(ch) })
+	}
 	res := make(chan outcome, 1)
 	go func() {
 		defer b.inFlight.Add(-1)
 		o := call(cctx, fn)
 		res <- o // buffered: never blocks
-		if !state.CompareAndSwap(running, finished) && o.panicked {
+		if state.CompareAndSwap(running, finished) {
+			return
+		}
+		switch state.Load() {
+		case left:
+			stop()
+			settle(o)
+		case lingering:
+			stop()
+			cctx.end(context.Canceled)
+		}
+		if o.panicked {
 			// Nobody waits for this call any more: the panic goes on, as
 			// any panic on a goroutine of its own does.
 			panic(o.panicVal)
+		}
+	}()
+	handedOff := false
+	defer func() {
+		stopWait()
+		if !handedOff {
+			stop()
+			cctx.end(context.Canceled) // the call's context ends when Do returns
 		}
 	}()
 
@@ -400,14 +472,32 @@ func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) er
 	select {
 	case o = <-res:
 		answered = true
-	case <-cctx.Done(): // the deadline passed
+	case <-wait: // the deadline passed
 	case <-ctx.Done():
 		cctx.end(ctx.Err()) // unless the deadline passed first
 	}
 	if !answered {
+		if !lingers && cctx.Err() == nil && state.CompareAndSwap(running, left) {
+			// A probe past Do's deadline: the caller gets the timeout, the call goes
+			// on to its own deadline and its end settles the probe.
+			handedOff = true
+			b.stats.abandoned.Add(1)
+			b.stats.timeouts.Add(1) // Do returns at its deadline; settle counts the rest
+			if cctx.Err() != nil {  // its deadline passed meanwhile
+				settle(outcome{err: context.DeadlineExceeded})
+			}
+			return &timeoutError{budget: budget, cause: context.DeadlineExceeded}
+		}
+		if lingers && cctx.Err() == nil && state.CompareAndSwap(running, lingering) {
+			// Past Do's deadline: the timeout is counted now, and the call goes on
+			// to its own deadline for its caller to read what it answers.
+			handedOff = true
+			b.stats.abandoned.Add(1)
+			return b.finish(done, ctx, deadlinePassed{cctx}, context.DeadlineExceeded, budget, b.clock.Now().Sub(start), false)
+		}
 		if state.CompareAndSwap(running, abandoned) {
 			b.stats.abandoned.Add(1)
-			return b.finish(done, ctx, cctx, cctx.Err(), budget, b.clock.Now().Sub(start))
+			return b.finish(done, ctx, cctx, cctx.Err(), budget, b.clock.Now().Sub(start), false)
 		}
 		o = <-res // it finished: its send came before its state change
 	}
@@ -415,7 +505,7 @@ func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) er
 		b.report(done, errFailure)
 		panic(o.panicVal)
 	}
-	return b.finish(done, ctx, cctx, o.err, budget, b.clock.Now().Sub(start))
+	return b.finish(done, ctx, cctx, o.err, budget, b.clock.Now().Sub(start), false)
 }
 
 func call(ctx context.Context, fn func(context.Context) error) (o outcome) {
@@ -430,8 +520,8 @@ func call(ctx context.Context, fn func(context.Context) error) (o outcome) {
 // finish classifies the outcome of a call, reports it to gobreaker and
 // returns the error for the caller.
 // finish settles a call given budget that returned err (or was abandoned with it) after
-// took.
-func (b *Breaker) finish(done func(error), ctx, cctx context.Context, err error, budget, took time.Duration) error {
+// took; handedOff: a probe Do returned from at its deadline, counted in Timeouts then.
+func (b *Breaker) finish(done func(error), ctx, cctx context.Context, err error, budget, took time.Duration, handedOff bool) error {
 	switch {
 	case err == nil:
 		b.stats.successes.Add(1)
@@ -448,7 +538,9 @@ func (b *Breaker) finish(done func(error), ctx, cctx context.Context, err error,
 		return err
 	case cctx.Err() != nil && storeerr.IsTimeout(err):
 		// The deadline passed: the store did not answer in time.
-		b.stats.timeouts.Add(1)
+		if !handedOff {
+			b.stats.timeouts.Add(1)
+		}
 		switch {
 		case took >= 2*budget:
 			// Woken a whole budget late: this process was not running, and
@@ -479,6 +571,12 @@ func (b *Breaker) report(done func(error), marker error) {
 	done(marker)
 	b.dispatch()
 }
+
+// deadlinePassed is a lingering call's context as Do sees it when it gives up on the
+// call at Do's own deadline: past it, though the call's context lives on.
+type deadlinePassed struct{ context.Context }
+
+func (deadlinePassed) Err() error { return context.DeadlineExceeded }
 
 // timeoutError is ErrTimeout with the budget the call had; it also matches
 // the context error that ended the call.

@@ -17,6 +17,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
+
+	"github.com/fleetlimit/fleetlimit/internal/linger"
 )
 
 // store is a fake store call: it counts calls and answers with the error
@@ -332,17 +334,24 @@ func TestBreakerMaxInFlight(t *testing.T) {
 	})
 }
 
+// halfOpenStalled opens b (FailureThreshold 1, OpenTimeout 1 s) with a failed call,
+// waits out the open time in the synctest bubble, and makes the store's next calls
+// answer nil once released.
+func halfOpenStalled(b *Breaker) (s *store, release func()) {
+	s = &store{}
+	s.set(io.EOF)
+	b.Do(context.Background(), s.call)
+	time.Sleep(time.Second + time.Millisecond) // gobreaker: strictly after OpenTimeout
+	s.set(nil)
+	return s, s.stallUntilReleased()
+}
+
 // TestBreakerHalfOpenCancelledProbe: a probe the caller cancels does not
 // count, and lets another probe through.
 func TestBreakerHalfOpenCancelledProbe(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b, _ := newTestBreaker(t, Settings{FailureThreshold: 1, OpenTimeout: time.Second})
-		s := &store{}
-		s.set(io.EOF)
-		b.Do(context.Background(), s.call)
-		time.Sleep(time.Second + time.Millisecond) // gobreaker: strictly after OpenTimeout
-		s.set(nil)
-		release := s.stallUntilReleased()
+		s, release := halfOpenStalled(b)
 		ctx, cancel := context.WithCancel(context.Background())
 		time.AfterFunc(time.Millisecond, cancel)
 		if err := b.Do(ctx, s.call); !errors.Is(err, context.Canceled) {
@@ -415,8 +424,8 @@ func TestNewInvalid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b.Timeout() != DefaultTimeout || b.State() != StateClosed {
-		t.Errorf("defaults: timeout %v, state %v", b.Timeout(), b.State())
+	if b.timeout != defaultTimeout || b.State() != StateClosed {
+		t.Errorf("defaults: timeout %v, state %v", b.timeout, b.State())
 	}
 }
 
@@ -489,4 +498,142 @@ func TestBreakerConcurrent(t *testing.T) {
 		}
 		t.Logf("%d state changes; stats %+v", len(ch.list()), st)
 	})
+}
+
+// TestBreakerSlowProbe: a half-open probe returns to its caller at Timeout, as any call
+// does, but its call goes on to probeTimeout: an answer by then closes the breaker (a
+// store back after an outage, its first call paying a reconnect), silence opens it again.
+func TestBreakerSlowProbe(t *testing.T) {
+	tests := []struct {
+		name      string
+		answerIn  time.Duration // after Do returned; 0: never
+		want      State
+		successes int64
+	}{
+		{"answers after Timeout", 30 * time.Millisecond, StateClosed, 1},
+		{"answers just within probeTimeout", 89 * time.Millisecond, StateClosed, 1},
+		{"silent past probeTimeout", 0, StateOpen, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				b, ch := newTestBreaker(t, Settings{Timeout: 10 * time.Millisecond, FailureThreshold: 1, OpenTimeout: time.Second})
+				s, release := halfOpenStalled(b)
+				defer release()
+				start := time.Now()
+				if err := b.Do(context.Background(), s.call); !errors.Is(err, ErrTimeout) {
+					t.Fatalf("slow probe = %v, want ErrTimeout", err)
+				}
+				if d := time.Since(start); d != 10*time.Millisecond {
+					t.Fatalf("the probe's Do returned after %v, want Timeout", d)
+				}
+				if got := b.State(); got != StateHalfOpen {
+					t.Fatalf("while the probe's call goes on: %v, want half-open", got)
+				}
+				if err := b.Do(context.Background(), s.call); !errors.Is(err, ErrOpen) {
+					t.Fatalf("a second call while the probe goes on = %v, want ErrOpen", err)
+				}
+				if tc.answerIn > 0 {
+					time.Sleep(tc.answerIn)
+					release()
+				} else {
+					time.Sleep(200 * time.Millisecond)
+				}
+				synctest.Wait()
+				if got := b.State(); got != tc.want {
+					t.Errorf("after the probe's call ended: %v, want %v (changes %v)", got, tc.want, ch.list())
+				}
+				if st := b.Stats(); st.Successes != tc.successes || st.Abandoned != 1 || st.Timeouts != 1 {
+					t.Errorf("stats %+v, want %d successes, 1 abandoned, 1 timeout", st, tc.successes)
+				}
+				release()
+				synctest.Wait()
+				if n := b.Stats().InFlight; n != 0 {
+					t.Errorf("%d calls in flight after the store answered", n)
+				}
+			})
+		})
+	}
+}
+
+// TestLingeringCall: a call marked to linger (a refill's take) returns to its caller at
+// Timeout with ErrTimeout, counted then, as any call; its context lives on to
+// probeTimeout, so an answer by then is read by the call, and nothing it does when it
+// ends changes the breaker's counts or state.
+func TestLingeringCall(t *testing.T) {
+	tests := []struct {
+		name     string
+		answerIn time.Duration // after Do returned; 0: never
+		read     bool          // the call read an answer
+	}{
+		{"answers after Timeout", 30 * time.Millisecond, true},
+		{"answers just within probeTimeout", 89 * time.Millisecond, true},
+		{"silent past probeTimeout", 0, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				b, ch := newTestBreaker(t, Settings{Timeout: 10 * time.Millisecond, FailureThreshold: 5, OpenTimeout: time.Second})
+				answer := make(chan struct{})
+				var read, ctxDone atomic.Bool
+				var ended time.Duration
+				start := time.Now()
+				err := b.Do(linger.With(context.Background()), func(ctx context.Context) error {
+					defer func() { ended = time.Since(start) }()
+					select {
+					case <-answer:
+						read.Store(ctx.Err() == nil)
+						return nil
+					case <-ctx.Done():
+						ctxDone.Store(true)
+						return ctx.Err()
+					}
+				})
+				if !errors.Is(err, ErrTimeout) {
+					t.Fatalf("Do = %v, want ErrTimeout", err)
+				}
+				if d := time.Since(start); d != 10*time.Millisecond {
+					t.Fatalf("Do returned after %v, want Timeout", d)
+				}
+				want := Stats{Calls: 1, Failures: 1, Timeouts: 1, Abandoned: 1, InFlight: 1, MaxInFlight: 1}
+				if st := b.Stats(); st != want {
+					t.Fatalf("stats when Do returned %+v, want %+v", st, want)
+				}
+				if tc.answerIn > 0 {
+					time.Sleep(tc.answerIn)
+					close(answer)
+				} else {
+					time.Sleep(200 * time.Millisecond)
+				}
+				synctest.Wait()
+				if read.Load() != tc.read || ctxDone.Load() == tc.read {
+					t.Errorf("the call read an answer: %v, its context ended first: %v; want read %v", read.Load(), ctxDone.Load(), tc.read)
+				}
+				if !tc.read && ended != 100*time.Millisecond {
+					t.Errorf("a silent call ended after %v, want probeTimeout", ended)
+				}
+				want.InFlight = 0
+				if st := b.Stats(); st != want || b.State() != StateClosed || len(ch.list()) != 0 {
+					t.Errorf("after the call ended: %v, stats %+v, changes %v; want closed, %+v, none", b.State(), st, ch.list(), want)
+				}
+			})
+		})
+	}
+}
+
+// TestProbeTimeout: ten times the Timeout, at most half the open time, at least the
+// Timeout.
+func TestProbeTimeout(t *testing.T) {
+	ms := time.Millisecond
+	for _, tc := range []struct{ timeout, open, want time.Duration }{
+		{10 * ms, time.Second, 100 * ms},
+		{10 * ms, 200 * ms, 100 * ms},
+		{10 * ms, 50 * ms, 25 * ms},
+		{100 * ms, time.Second, 500 * ms},
+		{50 * ms, 60 * ms, 50 * ms},
+	} {
+		if got := probeTimeout(tc.timeout, tc.open); got != tc.want {
+			t.Errorf("probeTimeout(%v, %v) = %v, want %v", tc.timeout, tc.open, got, tc.want)
+		}
+	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
 )
 
@@ -164,7 +165,7 @@ func storeCases(t *testing.T) []classCase {
 		t.Fatal(err)
 	}
 	take := func(ctx context.Context, lim global.Limit) error {
-		_, err := s.Take(ctx, lim, "k", 1, 1)
+		_, err := redisstore.Of(s).Take(ctx, redisstore.Limit(lim), "k", 1, 1)
 		if err == nil {
 			t.Fatalf("Take(%+v): no error", lim)
 		}

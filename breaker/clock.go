@@ -4,15 +4,17 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/fleetlimit/fleetlimit/internal/sysclock"
 )
 
 // A Clock tells the time and runs functions after a duration. A Breaker reads
 // the time and sets its deadlines through its Clock only (Settings.Clock).
-// The default is SystemClock; a test or a simulator passes a clock of its own,
-// such as a manual clock that moves only when told to. The two methods are
-// all a timer needs, so code that drives a Breaker can put its own timers (a
-// wake-up, a wait's timeout, a sleep that ends early when a context does) on
-// the same Clock.
+// A nil Settings.Clock is the system clock (time.Now and time.AfterFunc); a
+// test or a simulator passes a clock of its own, such as a manual clock that
+// moves only when told to. The two methods are all a timer needs, so code
+// that drives a Breaker can put its own timers (a wake-up, a wait's timeout,
+// a sleep that ends early when a context does) on the same Clock.
 //
 // gobreaker, which counts the failures under a Breaker, reads time.Now itself
 // and cannot be given a Clock: the open period (Settings.OpenTimeout) follows
@@ -33,23 +35,11 @@ type Clock interface {
 	AfterFunc(d time.Duration, f func()) (stop func() bool)
 }
 
-// SystemClock is the Clock of package time: Now is time.Now and AfterFunc is
-// time.AfterFunc. A nil Settings.Clock means SystemClock{}.
-type SystemClock struct{}
-
-// Now returns time.Now().
-func (SystemClock) Now() time.Time { return time.Now() }
-
-// AfterFunc calls time.AfterFunc(d, f) and returns the timer's Stop method.
-func (SystemClock) AfterFunc(d time.Duration, f func()) (stop func() bool) {
-	return time.AfterFunc(d, f).Stop
-}
-
 // isSystem reports whether c's instants are those of the system clock, which
 // anyone can compare with time.Now (a net.Conn deadline, go-redis).
 func isSystem(c Clock) bool {
 	switch c.(type) {
-	case SystemClock, *SystemClock:
+	case sysclock.Clock, *sysclock.Clock:
 		return true
 	}
 	return false

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/fleetlimit/fleetlimit/internal/sysclock"
 )
 
 // manualClock is a Clock that moves only when the test advances it. Its
@@ -207,7 +209,7 @@ func TestCallContext(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				var clock Clock = SystemClock{}
+				var clock Clock = sysclock.Clock{}
 				manual := newManualClock()
 				if tt.manual {
 					clock = manual

@@ -19,7 +19,12 @@
 //     IsExcluded).
 //   - While open, Do returns ErrOpen without calling the store. After
 //     Settings.OpenTimeout it lets Settings.HalfOpenProbes probes through;
-//     their success closes it, a failure opens it again.
+//     their success closes it, a failure opens it again. A probe's call has
+//     ten times Settings.Timeout to answer (at most half the open time):
+//     the first call after an outage pays a new connection's dial and
+//     handshake, and after a restart Redis loading the scripts again. Do
+//     returns to the probe's caller at Timeout as for any call; the call
+//     goes on and its answer settles the breaker's state.
 //   - State changes reach Settings.OnStateChange in order, after the locks
 //     are released (gobreaker calls its own callback under its mutex, where
 //     reading the breaker deadlocks).
@@ -32,7 +37,7 @@
 // # Time
 //
 // A Breaker reads the time and sets its deadlines through one Clock
-// (Settings.Clock, SystemClock by default), an interface small enough for
+// (Settings.Clock, the system clock when nil), an interface small enough for
 // the caller's own timers too. A manual Clock makes a Breaker's deadlines
 // virtual. gobreaker, underneath, reads time.Now and cannot be given a
 // clock, so the open period follows the system clock; the tests and the

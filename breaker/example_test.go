@@ -38,17 +38,15 @@ func ExampleBreaker() {
 	// call 2: breaker: open: circuit breaker is open; open: true
 }
 
-// The zero Policy is invalid: every limit chooses one.
+// The failure policies a limit chooses from. The zero Policy is none of them:
+// hybrid.New refuses a limit without one, with an error wrapping ErrNoPolicy.
 func ExamplePolicy() {
-	var unset breaker.Policy
-	fmt.Println(unset.Validate())
 	for _, p := range []breaker.Policy{breaker.FailOpen, breaker.FailClosed, breaker.FailLocal(), breaker.FailLocalLimit(5, 2)} {
-		fmt.Println(p, p.Validate())
+		fmt.Println(p)
 	}
 	// Output:
-	// breaker: no failure policy chosen: choose FailOpen, FailClosed or FailLocal for every limit
-	// fail-open <nil>
-	// fail-closed <nil>
-	// fail-local <nil>
-	// fail-local(5/s, burst 2) <nil>
+	// fail-open
+	// fail-closed
+	// fail-local
+	// fail-local(5/s, burst 2)
 }

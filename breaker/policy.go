@@ -9,8 +9,9 @@ import (
 	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
 )
 
-// ErrNoPolicy is wrapped by the error Validate returns for the zero Policy,
-// and matches ErrInvalidConfig too. There is no default failure policy:
+// ErrNoPolicy is wrapped by the error a limit whose Policy is the zero Policy
+// gets (from hybrid.New or Limiter.Reconfigure), and matches ErrInvalidConfig
+// too. There is no default failure policy:
 // whether a limit fails open, fails closed or falls back to a local limit is
 // a decision to make per limit (the source article lists choosing one by
 // default as a common mistake).
@@ -39,12 +40,14 @@ type Policy struct {
 	burst int
 }
 
-// The engine reads a Policy's parts through package fallback, which decides by them.
+// The engine checks a Policy and reads its parts through package fallback, which
+// decides by them.
 func init() {
 	fallback.Of = func(p any) fallback.Spec {
 		q := p.(Policy)
 		return fallback.Spec{Kind: q.kind, Rate: q.rate, Burst: q.burst}
 	}
+	fallback.Validate = func(p any) error { return p.(Policy).validate() }
 }
 
 var (
@@ -61,9 +64,10 @@ var (
 
 // FailLocal decides requests by a per-key local limit while the store
 // cannot answer: this server's share of the fleet-wide limit, rate/servers
-// with a burst of max(ceil(burst/servers), largest cost), as
-// local.FallbackLimit computes it. For limits that protect something
-// fragile (a partner quota) where failing closed costs too much.
+// with a burst of max(ceil(burst/servers), largest cost), so that a small
+// burst over many servers never rounds down to 0 and the largest request
+// can still pass. For limits that protect something fragile (a partner
+// quota) where failing closed costs too much.
 func FailLocal() Policy { return Policy{kind: fallback.Local} }
 
 // FailLocalLimit is FailLocal with an explicit local limit of r tokens per
@@ -82,11 +86,11 @@ func (p Policy) String() string {
 	return p.kind.String()
 }
 
-// Validate returns nil for a usable policy, and otherwise an error wrapping
+// validate returns nil for a usable policy, and otherwise an error wrapping
 // ErrInvalidConfig: wrapping ErrNoPolicy too for the zero Policy, and saying
 // what is wrong with a FailLocalLimit whose rate is not positive (or NaN) or
 // whose burst is less than 1.
-func (p Policy) Validate() error {
+func (p Policy) validate() error {
 	switch p.kind {
 	case fallback.Open, fallback.Closed:
 		return nil

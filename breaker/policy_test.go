@@ -26,12 +26,12 @@ func TestPolicyValidate(t *testing.T) {
 		{Policy{kind: 9}, ErrInvalidConfig, "Kind(9)"},
 	}
 	for _, tt := range tests {
-		err := tt.p.Validate()
+		err := tt.p.validate()
 		if (tt.want == nil) != (err == nil) || (tt.want != nil && !errors.Is(err, tt.want)) {
-			t.Errorf("%v.Validate() = %v, want %v", tt.p, err, tt.want)
+			t.Errorf("%v.validate() = %v, want %v", tt.p, err, tt.want)
 		}
 		if err != nil && !errors.Is(err, ErrInvalidConfig) {
-			t.Errorf("%v.Validate() = %v, want it to match ErrInvalidConfig", tt.p, err)
+			t.Errorf("%v.validate() = %v, want it to match ErrInvalidConfig", tt.p, err)
 		}
 		if got := tt.p.String(); got != tt.str {
 			t.Errorf("String() = %q, want %q", got, tt.str)

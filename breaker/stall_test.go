@@ -183,10 +183,10 @@ func TestRedisStall(t *testing.T) {
 		t.Errorf("%d connections dialled during the stall, bound %d", n, min(poolSize, maxInFlight))
 	}
 	mu.Lock()
-	sawOpen := slices.Contains(changes, "closed->open")
+	sawOpen, seen := slices.Contains(changes, "closed->open"), slices.Clone(changes)
 	mu.Unlock()
 	if !sawOpen {
-		t.Errorf("the breaker never opened: %v", changes)
+		t.Errorf("the breaker never opened: %v", seen)
 	}
 
 	// Resume Redis: the breaker closes once a probe gets through.
@@ -200,7 +200,9 @@ func TestRedisStall(t *testing.T) {
 			<-time.After(openTimeout / 4) // the open period must pass in real time
 		}
 	}
+	mu.Lock() // a probe's call may still settle the breaker, and report, on its own goroutine
 	t.Logf("closed %v after SIGCONT; state changes: %v", time.Since(resumed).Round(time.Millisecond), changes)
+	mu.Unlock()
 	if err := b.Do(ctx, ping); err != nil {
 		t.Errorf("PING after recovery: %v", err)
 	}

@@ -1,8 +1,7 @@
 package global
 
 import (
-	"errors"
-
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 	"github.com/fleetlimit/fleetlimit/internal/storeerr"
 )
 
@@ -14,8 +13,8 @@ var (
 	// Redis protocol (a dialer or TLS error), or a Redis that answered that it cannot
 	// serve now (LOADING, BUSY, CLUSTERDOWN, TRYAGAIN, MASTERDOWN, READONLY, NOREPLICAS,
 	// MISCONF, OOM, MOVED/ASK that the client did not follow, max clients).
-	// A circuit breaker counts these; a timed-out take may still have been executed
-	// (takes and refunds are idempotent, so that is safe to retry).
+	// A circuit breaker counts these; a timed-out call may still have run in Redis (a
+	// hybrid.Limiter's takes and refunds are idempotent, so it sends them again safely).
 	ErrUnavailable = storeerr.ErrUnavailable
 	// ErrRedis means Redis answered with an error that will not go away by waiting
 	// (a script error, WRONGTYPE on a key the library did not create, an auth or ACL
@@ -29,6 +28,9 @@ var (
 	ErrInvalidConfig = storeerr.ErrInvalidConfig
 )
 
+// ErrEvicting is wrapped by CheckEviction's error when Redis may evict the buckets.
+var ErrEvicting = redisstore.ErrEvicting
+
 // IsUnavailable reports whether err means the store did not answer usefully (see
 // ErrUnavailable). An error that carries a class answers by its class; a raw go-redis,
 // network or context error is classified the way the Store classifies it. It is false
@@ -37,32 +39,3 @@ var (
 // breaker.Breaker counts failures by this same rule unless its Settings.IsFailure says
 // otherwise.
 func IsUnavailable(err error) bool { return storeerr.IsUnavailable(err) }
-
-// opError is what the Store returns: the operation, its class and the cause.
-type opError struct {
-	op    string
-	class error // ErrUnavailable, ErrRedis, ErrInvalidConfig, or nil for a cancellation
-	err   error
-}
-
-func (e *opError) Error() string { return "global: " + e.op + ": " + e.err.Error() }
-
-func (e *opError) Unwrap() []error {
-	if e.class == nil {
-		return []error{e.err}
-	}
-	return []error{e.class, e.err}
-}
-
-// wrap classifies a go-redis error from operation op.
-func wrap(op string, err error) error {
-	if err == nil {
-		return nil
-	}
-	return &opError{op: op, class: storeerr.Class(err), err: err}
-}
-
-// unexpected reports a reply of the wrong shape.
-func unexpected(op string, what string) error {
-	return &opError{op: op, class: ErrRedis, err: errors.New("unexpected reply: " + what)}
-}

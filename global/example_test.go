@@ -57,56 +57,6 @@ func ExampleStore_AllowN() {
 	// fl:{login:alice@example.com}
 }
 
-// Leases: take a batch of tokens, spend them locally, refund what is left.
-func ExampleStore_Take() {
-	rdb, stop := startRedis()
-	defer stop()
-	store, _ := global.New(rdb)
-	api, _ := global.NewLimit("api", 10, 100)
-	ctx := context.Background()
-
-	g, err := store.Take(ctx, api, "tenant-7", 60, 1) // up to 60, at least 1
-	fmt.Println(g.Granted, g.Remaining, g.Wait, err)
-	g, _ = store.Take(ctx, api, "tenant-7", 60, 1) // only 40 left: a partial grant
-	fmt.Println(g.Granted, g.Remaining, g.Wait)
-	g, _ = store.Take(ctx, api, "tenant-7", 60, 5) // empty: wait until 5 are there
-	fmt.Println(g.Granted, g.Remaining, g.Wait)
-
-	_ = store.Refund(ctx, api, "tenant-7", 25) // 25 were not used
-	g, _ = store.Take(ctx, api, "tenant-7", 60, 1)
-	fmt.Println(g.Granted, g.Remaining)
-	// Output:
-	// 60 40 0s <nil>
-	// 40 0 0s
-	// 0 0 500ms
-	// 25 0
-}
-
-// Refills for many keys in one round trip.
-func ExampleStore_TakeBatch() {
-	rdb, stop := startRedis()
-	defer stop()
-	store, _ := global.New(rdb)
-	api, _ := global.NewLimit("api", 10, 100)
-
-	reqs := []global.TakeRequest{
-		{Limit: api, Key: "tenant-1", Want: 20, Min: 1},
-		{Limit: api, Key: "tenant-2", Want: 100, Min: 100},
-		{Limit: api, Key: "tenant-2", Want: 10, Min: 1},
-	}
-	out := make([]global.TakeResult, len(reqs))
-	if err := store.TakeBatch(context.Background(), reqs, out); err != nil {
-		fmt.Println(err)
-	}
-	for i, r := range out {
-		fmt.Println(reqs[i].Key, r.Granted, r.Wait)
-	}
-	// Output:
-	// tenant-1 20 0s
-	// tenant-2 100 0s
-	// tenant-2 0 100ms
-}
-
 // A client that retries timed-out commands (go-redis's default) is refused, with the fix.
 func ExampleNew() {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})

@@ -1,16 +1,13 @@
 package global
 
 import (
-	"crypto/rand"
-	"encoding/hex"
-	"errors"
-	"fmt"
+	"context"
 	"runtime"
-	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 )
 
 // A Store is the Redis tier: it runs fleetlimit's scripts (package lua) against the
@@ -21,70 +18,34 @@ import (
 // with Configure (or ConfigureCluster, ConfigureUniversal), so that it does not retry
 // timed-out commands and fails fast when Redis is away.
 type Store struct {
-	c        redis.Scripter
-	pipe     pipeliner // nil when the client cannot pipeline
-	prefix   string
-	serverID string
-	retrying bool // the client may retry a timed-out command: AllowN refuses
-	seq      atomic.Uint64
+	s *redisstore.Store
 }
 
-// pipeliner is implemented by every go-redis client (Client, ClusterClient, Ring).
-type pipeliner interface {
-	Pipeline() redis.Pipeliner
+func init() {
+	redisstore.Of = func(store any) *redisstore.Store { return store.(*Store).s }
 }
 
 // An Option configures a Store.
-type Option interface{ apply(*Store) error }
+type Option struct{ o redisstore.Option }
 
-type optionFunc func(*Store) error
-
-func (f optionFunc) apply(s *Store) error { return f(s) }
-
-// Prefix sets the key prefix (default DefaultPrefix, "fl:"): at most 32 printable ASCII
+// Prefix sets the key prefix (default "fl:"): at most 32 printable ASCII
 // bytes without space, '{' or '}'. It lets several environments share one Redis.
-func Prefix(p string) Option {
-	return optionFunc(func(s *Store) error {
-		if len(p) > 32 || strings.ContainsAny(p, "{} ") {
-			return fmt.Errorf("%w: prefix %q: at most 32 bytes, no space, '{' or '}'", ErrInvalidConfig, p)
-		}
-		for i := 0; i < len(p); i++ {
-			if p[i] < ' ' || p[i] > '~' {
-				return fmt.Errorf("%w: prefix %q: byte %d is not printable ASCII", ErrInvalidConfig, p, i)
-			}
-		}
-		s.prefix = p
-		return nil
-	})
-}
+func Prefix(p string) Option { return Option{redisstore.Prefix(p)} }
 
-// ServerID names this Store in the take and refund records that make those calls
-// idempotent (default: 12 random hex digits, new for every Store). Give each process
+// ServerID names this Store in the records that make a hybrid.Limiter's takes and
+// refunds idempotent (default: 12 random hex digits, new for every Store). Give each process
 // its own id; two live Stores with one id would see each other's calls as replays. A
 // restarted process may reuse its id: sequence numbers start from the wall clock in
 // microseconds, so they keep growing across restarts.
-func ServerID(id string) Option {
-	return optionFunc(func(s *Store) error {
-		if id == "" || len(id) > MaxNameLen || strings.ContainsAny(id, " \t\r\n") {
-			return fmt.Errorf("%w: server id %q: 1 to %d bytes without white space", ErrInvalidConfig, id, MaxNameLen)
-		}
-		s.serverID = id
-		return nil
-	})
-}
+func ServerID(id string) Option { return Option{redisstore.ServerID(id)} }
 
 // RetryingClient accepts a client that retries timed-out commands (for example a
 // ClusterClient that keeps MaxRedirects > 0 to follow MOVED during resharding).
-// Take, Refund, TakeBatch and Heartbeat stay exact with such a client, because their
-// scripts recognise a replay. AllowN then returns an error wrapping ErrInvalidConfig: the
+// A hybrid.Limiter's calls stay exact with such a client, because their scripts
+// recognise a replay. AllowN then returns an error wrapping ErrInvalidConfig: the
 // source article's script cannot recognise a replay, and a retried call would be
 // charged once per attempt.
-func RetryingClient() Option {
-	return optionFunc(func(s *Store) error {
-		s.retrying = true
-		return nil
-	})
-}
+func RetryingClient() Option { return Option{redisstore.RetryingClient()} }
 
 // New returns a Store that runs the scripts through client: a *redis.Client (single
 // node or Sentinel), *redis.ClusterClient, *redis.Ring, or anything else that
@@ -96,88 +57,81 @@ func RetryingClient() Option {
 //     default (MaxRetries 3; a ClusterClient retries up to MaxRedirects 3 times), and
 //     the server may have run the script each time: one call, up to four charges. New
 //     refuses such a client with an error wrapping ErrInvalidConfig, unless
-//     RetryingClient is given (AllowN is then refused; the lease calls are idempotent
-//     and stay exact).
+//     RetryingClient is given (AllowN is then refused; a hybrid.Limiter's calls are
+//     idempotent and stay exact).
 //     New can only inspect go-redis's own client types; for any other Scripter the
 //     caller answers for it.
 //   - A short ReadTimeout and one dial attempt, so a stalled or dead Redis costs
 //     milliseconds (Configure sets these). Per-call deadlines belong to the breaker.
-//   - For TakeBatch, a Pipeline method (all go-redis clients have one); without it the
-//     batch is sent one call at a time.
+//   - A Pipeline method (all go-redis clients have one), so that a hybrid.Limiter sends
+//     the refills of many keys in one round trip; without it they go one call at a time.
 //
 // New adds a hook to a *redis.ClusterClient (a UniversalClient in cluster mode is one):
 // a call that fails unavailable makes the client reload its slot map, so that once a
 // dead master's replica has taken over, the next call goes to it, not to the dead
 // address until go-redis's periodic reload (ClusterStateReloadInterval, 60 s).
 func New(client redis.Scripter, opts ...Option) (*Store, error) {
-	if client == nil {
-		return nil, fmt.Errorf("%w: nil client", ErrInvalidConfig)
+	os := make([]redisstore.Option, len(opts))
+	for i, o := range opts {
+		os[i] = o.o
 	}
-	s := &Store{c: client, prefix: DefaultPrefix}
-	if p, ok := client.(pipeliner); ok {
-		s.pipe = p
+	s, err := redisstore.New(client, os...)
+	if err != nil {
+		return nil, err
 	}
-	for _, o := range opts {
-		if err := o.apply(s); err != nil {
-			return nil, err
-		}
-	}
-	if s.serverID == "" {
-		var b [6]byte
-		if _, err := rand.Read(b[:]); err != nil {
-			return nil, fmt.Errorf("%w: no random server id: %v", ErrInvalidConfig, err)
-		}
-		s.serverID = hex.EncodeToString(b[:])
-	}
-	if n, what := retries(client); n > 0 && !s.retrying {
-		return nil, fmt.Errorf("%w: the client retries a timed-out command (%s = %d). To share it with a "+
-			"hybrid.Limiter, pass global.RetryingClient(): the Limiter's calls recognise a replay and stay exact "+
-			"(Store.AllowN, which cannot, is then refused). Or set %s to -1 (global.Configure / ConfigureCluster / "+
-			"ConfigureUniversal do), so that every call, AllowN included, runs at most once",
-			ErrInvalidConfig, what, n, what)
-	}
-	// Sequence numbers must grow across restarts of a process that keeps its ServerID,
-	// and stay below 2^53 (Lua numbers): microseconds since 1970 do both until 2255.
-	s.seq.Store(uint64(time.Now().UnixMicro()))
-	if cc, ok := client.(*redis.ClusterClient); ok {
-		cc.AddHook(reloadOnFailure{cc}) // a failed-over master's slots are found at once
-	}
-	return s, nil
+	return &Store{s}, nil
 }
 
-// retries returns how many times the client re-sends a command whose reply timed out,
-// and the option that says so. Unknown client types answer 0.
-func retries(c redis.Scripter) (int, string) {
-	switch c := c.(type) {
-	case *redis.Client:
-		return c.Options().MaxRetries, "Options.MaxRetries" // after init: 0 means none
-	case *redis.ClusterClient:
-		o := c.Options()
-		if o.MaxRedirects > 0 {
-			return o.MaxRedirects, "ClusterOptions.MaxRedirects"
-		}
-		if o.MaxRetries > 0 {
-			return o.MaxRetries, "ClusterOptions.MaxRetries"
-		}
-	case *redis.Ring:
-		return c.Options().MaxRetries, "RingOptions.MaxRetries"
-	}
-	return 0, ""
+// Result is the answer of one per-request decision (AllowN).
+type Result struct {
+	// Allowed reports whether the request may go ahead; its cost has been spent.
+	Allowed bool
+	// Remaining is the number of tokens left in the bucket after the decision. It may be
+	// fractional; round it down for a header such as X-RateLimit-Remaining.
+	Remaining float64
+	// RetryAfter is 0 when allowed; otherwise how long until the bucket holds the
+	// request's cost, if nobody else spends meanwhile (a Retry-After header).
+	RetryAfter time.Duration
+	// ResetAfter is how long until the bucket is full again if nothing is spent.
+	ResetAfter time.Duration
 }
 
-// Client returns the client the Store runs its scripts through, as given to New.
-func (s *Store) Client() redis.Scripter { return s.c }
+// AllowN decides one request of cost n against the fleet-wide bucket of lim and key,
+// with one call of the source article's script (luascript.Bucket): Redis's clock, one atomic
+// step, no race between servers. Being denied is a Result with Allowed false, not an
+// error. Errors wrap ErrInvalidLimit (no call made), ErrUnavailable, ErrRedis, or
+// ErrInvalidConfig (a Store built with RetryingClient cannot run this non-idempotent
+// script).
+func (s *Store) AllowN(ctx context.Context, lim Limit, key string, n int) (Result, error) {
+	r, err := s.s.AllowN(ctx, redisstore.Limit(lim), key, n)
+	return Result(r), err
+}
 
-// ServerID returns the id this Store records with its takes and refunds.
-func (s *Store) ServerID() string { return s.serverID }
+// Key returns the Redis key of the bucket for limit name (a valid Limit.Name) and user
+// key, for inspecting a bucket with redis-cli:
+//
+//	<prefix>{<name>:<key>}            key of at most 64 bytes without '{' or '}'
+//	<prefix>{<name>#<sha256(key)[:16] in hex>}   any other key
+//
+// A longer key, or one with a brace, goes by its digest, so a bucket key stays short and
+// keeps its hash tag whatever the caller passes. The braces are the Redis Cluster hash
+// tag: it covers the whole bucket (limit and key), so the buckets of one limit spread
+// over every master, while everything one bucket needs lives in one slot.
+func (s *Store) Key(name, key string) string { return s.s.Key(name, key) }
 
-// nextSeq returns a fresh sequence number for one take or refund.
-func (s *Store) nextSeq() uint64 { return s.seq.Add(1) }
-
-// errRetrying is returned by AllowN on a Store built with RetryingClient.
-var errRetrying = &opError{op: "allow", class: ErrInvalidConfig, err: errors.New(
-	"the client retries timed-out commands (RetryingClient) and the per-request script cannot recognise " +
-		"a replay: configure the client with MaxRetries -1 (global.Configure) to use AllowN")}
+// CheckEviction asks Redis (CONFIG GET; every master of a Cluster) whether it may evict
+// keys: a maxmemory limit with any policy but noeviction. The buckets carry TTLs, so the
+// volatile-* policies evict them as readily as allkeys-*; an evicted bucket comes back
+// empty (its servers saw it in use), taking from its key the tokens it held, and a
+// charge-later limit's debts and low keys are not so kept. It returns
+// nil when nothing can be evicted, an error wrapping ErrEvicting that names the fix when
+// buckets can be, and another error (classified as the Store's are) when Redis does not
+// answer or refuses CONFIG, as managed services often do: then the operator must check.
+//
+// The fix: maxmemory-policy noeviction (a write over the limit then fails with OOM,
+// which the breaker counts and the limit's failure policy handles, in the open), or a
+// Redis for the limiter alone with maxmemory 0, sized by docs/operations.md.
+func (s *Store) CheckEviction(ctx context.Context) error { return s.s.CheckEviction(ctx) }
 
 // Configure sets o to the settings fleetlimit recommends for a limiter's client,
 // overwriting these fields (change any of them afterwards):
@@ -216,7 +170,7 @@ func Configure(o *redis.Options) {
 // a failover that moves slots away from a live master a call answers ErrUnavailable
 // once and the next goes to the new owner (a master that died answers nothing: see New
 // for how the Store finds its replica). If you would rather follow MOVED, keep
-// MaxRedirects and use RetryingClient (leases only).
+// MaxRedirects and use RetryingClient (a hybrid.Limiter's calls only).
 func ConfigureCluster(o *redis.ClusterOptions) {
 	o.MaxRedirects = -1
 	o.Dialer = keepDialing(o.Dialer, &o.DialTimeout, &o.TLSConfig)

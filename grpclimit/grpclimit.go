@@ -33,6 +33,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/httplimit"
 	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/quota"
 )
 
 var (
@@ -108,7 +109,7 @@ func New(cfg Config) (*Interceptor, error) {
 		return nil, fmt.Errorf("%w: no Key function", ErrInvalidConfig)
 	}
 	for _, name := range append([]string{cfg.Limit}, slices.Collect(maps.Values(cfg.Methods))...) {
-		if _, _, err := cfg.Limiter.Quota(name, ""); err != nil {
+		if _, _, err := quota.Of(cfg.Limiter, name, ""); err != nil {
 			return nil, fmt.Errorf("%w: limit %q: %w", ErrInvalidConfig, name, err)
 		}
 	}

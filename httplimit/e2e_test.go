@@ -17,6 +17,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/httplimit"
 	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/metricstest"
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
 )
 
@@ -304,8 +305,8 @@ func TestMiddlewareAlso(t *testing.T) {
 		t.Fatalf("429 headers %v: want a Retry-After", last.Header())
 	}
 	st := lim.Stats()
-	if st.Limits[0].Name != "api" || st.Limits[0].Allowed() != 3 {
-		t.Fatalf("per-key limit admitted %d, want 3: the denied requests must not spend it", st.Limits[0].Allowed())
+	if st.Limits[0].Name != "api" || metricstest.Allowed(st.Limits[0]) != 3 {
+		t.Fatalf("per-key limit admitted %d, want 3: the denied requests must not spend it", metricstest.Allowed(st.Limits[0]))
 	}
 	if _, err := httplimit.New(httplimit.Config{Limiter: lim, Limit: "api", Key: httplimit.Header("X"),
 		Also: []httplimit.Also{{Limit: "nope", Key: httplimit.Header("Y")}}}); err == nil {
@@ -402,9 +403,9 @@ func TestDenyStatus(t *testing.T) {
 		typ     string
 		retries bool
 	}{
-		{"over its limit", "k", 2, false, http.StatusTooManyRequests, httplimit.ProblemQuotaExceeded, true},
+		{"over its limit", "k", 2, false, http.StatusTooManyRequests, "https://iana.org/assignments/http-problem-types#quota-exceeded", true},
 		{"cost above the burst", "k2", 3, false, http.StatusBadRequest, "about:blank", false},
-		{"Redis away, FailClosed", "k3", 1, true, http.StatusServiceUnavailable, httplimit.ProblemTemporaryReducedCapacity, true},
+		{"Redis away, FailClosed", "k3", 1, true, http.StatusServiceUnavailable, "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity", true},
 	} {
 		if tc.down {
 			m.Close()

@@ -77,10 +77,16 @@ func ExampleClientIP() {
 	lim, done := exampleLimiter(hybrid.Limit{Name: "per-ip", Rate: 1, Burst: 2, Policy: breaker.FailOpen, MaxWait: time.Second})
 	defer done()
 
+	key, err := httplimit.ClientIP(httplimit.IPOptions{
+		Trusted: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, // the balancers
+	})
+	if err != nil {
+		panic(err)
+	}
 	mw, err := httplimit.New(httplimit.Config{
 		Limiter: lim,
 		Limit:   "per-ip",
-		Key:     httplimit.ClientIP(netip.MustParsePrefix("10.0.0.0/8")), // the balancers
+		Key:     key,
 		Headers: httplimit.HeadersStandard | httplimit.HeadersX,
 		Deny: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			d, _ := httplimit.FromContext(r.Context())
@@ -221,8 +227,8 @@ func ExampleKeyByEndpoint() {
 
 // Behind Cloudflare, the client's address is in CF-Connecting-IP; IPv6 clients are
 // counted by their /64.
-func ExampleClientIPWith() {
-	key, err := httplimit.ClientIPWith(httplimit.IPOptions{
+func ExampleClientIP_cloudflare() {
+	key, err := httplimit.ClientIP(httplimit.IPOptions{
 		Trusted:    []netip.Prefix{netip.MustParsePrefix("173.245.48.0/20")}, // Cloudflare's ranges, in full
 		Header:     "CF-Connecting-IP",
 		IPv6Prefix: 64,

@@ -26,22 +26,22 @@ const (
 	HeadersNone Headers = 1 << 7
 )
 
-// Policy is a limit as the RateLimit-Policy field states it: Quota units per Window
+// policy is a limit as the RateLimit-Policy field states it: Quota units per Window
 // seconds, both whole numbers.
-type Policy struct {
+type policy struct {
 	Name   string
 	Quota  int64
 	Window int64
 }
 
-// PolicyOf returns the policy of d's limit. A token bucket of burst b refilled at r per
+// policyOf returns the policy of d's limit. A token bucket of burst b refilled at r per
 // second has no fixed window; the policy states its long-run rate over the shortest
 // whole number of seconds in which the empty bucket refills: Window = ⌈b / r⌉ (at least
 // 1) and Quota = ⌊r · Window⌋, which is at least b. Both are capped at 15 digits, the
 // largest structured-field integer. For 100/s with burst 200 that is
 // q=200, w=2; for 1,000/s with burst 10, q=1000, w=1; for 3/s with burst 10, q=12, w=4.
-func PolicyOf(d hybrid.Decision) Policy {
-	p := Policy{Name: d.Limit, Quota: min(int64(d.Quota), maxSFInteger), Window: 1}
+func policyOf(d hybrid.Decision) policy {
+	p := policy{Name: d.Limit, Quota: min(int64(d.Quota), maxSFInteger), Window: 1}
 	if d.Window <= 0 || d.Quota <= 0 {
 		return p
 	}
@@ -71,7 +71,7 @@ func seconds(d time.Duration) int64 {
 // RetryAfter returns the Retry-After value of a denial, in whole seconds rounded up, and
 // false when d says the request can never pass (RetryAfter is hybrid.InfDuration) or
 // was allowed: no Retry-After is right then.
-func RetryAfter(d hybrid.Decision) (int64, bool) {
+func retryAfter(d hybrid.Decision) (int64, bool) {
 	if d.Allowed || d.RetryAfter >= hybrid.InfDuration || d.RetryAfter < 0 {
 		return 0, false
 	}
@@ -82,9 +82,9 @@ func RetryAfter(d hybrid.Decision) (int64, bool) {
 // denial, until the request may pass (its RetryAfter); for an admission, until the key's
 // bucket is full again (Decision.Reset). Rounded up; ok is false when there is no finite
 // answer.
-func Reset(d hybrid.Decision) (int64, bool) {
+func resetAfter(d hybrid.Decision) (int64, bool) {
 	if !d.Allowed {
-		return RetryAfter(d)
+		return retryAfter(d)
 	}
 	if d.Reset >= hybrid.InfDuration || d.Reset < 0 {
 		return 0, false
@@ -99,22 +99,25 @@ func Reset(d hybrid.Decision) (int64, bool) {
 //
 // What the fields say, for a token bucket whose level is known only approximately
 // (docs/http.md):
-//   - RateLimit-Policy: "name";q=<quota>;w=<window>, from PolicyOf.
+//   - RateLimit-Policy: "name";q=<quota>;w=<window>: w = ⌈burst / rate⌉ seconds (at
+//     least 1) and q = ⌊rate · w⌋, the limit's long-run rate over the shortest whole
+//     window in which the empty bucket refills.
 //   - RateLimit: "name";r=<remaining>;t=<seconds>: r is Decision.Remaining (tokens on
 //     hand plus what Redis reported at the last grant: other servers spend from the same
-//     bucket, so it is an estimate), capped at q; t is Reset(d).
+//     bucket, so it is an estimate), capped at q; t is, for a denial, the seconds until the request may pass, for
+//     an admission, until the key's bucket is full again (Decision.Reset), rounded up.
 //   - When the failure policy decided (Redis did not answer), the bucket's level is not
 //     known: RateLimit and X-RateLimit-Remaining/Reset are left out, the policy and
 //     Retry-After are written.
 func WriteHeaders(h http.Header, d hybrid.Decision, set Headers, now time.Time) {
-	var pols [1]Policy
-	pols[0] = PolicyOf(d)
+	var pols [1]policy
+	pols[0] = policyOf(d)
 	writeHeaders(h, d, pols[:], set, now)
 }
 
 // writeHeaders is WriteHeaders with RateLimit-Policy listing policies, in order (d's
-// among them, from PolicyOf).
-func writeHeaders(h http.Header, d hybrid.Decision, policies []Policy, set Headers, now time.Time) {
+// among them, from policyOf).
+func writeHeaders(h http.Header, d hybrid.Decision, policies []policy, set Headers, now time.Time) {
 	// Every value goes into one buffer, then one string and one []string backing array
 	// hold them all: two allocations however many headers are written.
 	var (
@@ -128,15 +131,15 @@ func writeHeaders(h http.Header, d hybrid.Decision, policies []Policy, set Heade
 		names[n], ends[n] = name, len(b)
 		n++
 	}
-	if ra, ok := RetryAfter(d); ok {
+	if ra, ok := retryAfter(d); ok {
 		b = strconv.AppendInt(b, ra, 10)
 		add("Retry-After")
 	}
 	if set&HeadersNone == 0 && d.Limit != "" {
-		p := PolicyOf(d)
+		p := policyOf(d)
 		known := d.Source != hybrid.SourceFallback
 		remaining := min(max(int64(d.Remaining), 0), p.Quota)
-		reset, resetOK := Reset(d)
+		reset, resetOK := resetAfter(d)
 		if set&HeadersStandard != 0 {
 			for i, pol := range policies {
 				if i > 0 {

@@ -41,33 +41,14 @@ func KeyByEndpoint(k KeyFunc) KeyFunc {
 	}
 }
 
-// ClientIP returns a KeyFunc that keys a request by its client's IP address:
-// ClientIPWith(IPOptions{Trusted: trusted}), X-Forwarded-For from trusted proxies.
-//
-// Without trusted proxies it is the address of the peer (Request.RemoteAddr): headers
-// are ignored, since any client can write them. When the peer is in one of the trusted
-// prefixes (your load balancers, your CDN's ranges), the client is the rightmost address
-// of X-Forwarded-For that is not trusted: proxies append the address they saw, so
-// entries to its left are whatever the client sent and cannot be trusted. If every
-// entry is trusted, the leftmost one is used.
-//
-// An entry may carry a port ("203.0.113.7:4711", "[2001:db8::1]:443"), as some proxies
-// write it; the port is dropped. IPv4-mapped IPv6 addresses are keyed as IPv4. An IPv6
-// client is keyed by its whole address (IPOptions.IPv6Prefix groups a prefix). An
-// unparsable address fails with ErrNoKey.
-func ClientIP(trusted ...netip.Prefix) KeyFunc {
-	k, _ := ClientIPWith(IPOptions{Trusted: trusted}) // no error without Header and IPv6Prefix
-	return k
-}
-
-// IPOptions configures ClientIPWith.
+// IPOptions says where ClientIP reads the client's address.
 type IPOptions struct {
 	// Trusted are the prefixes of your proxies (load balancers, a CDN's ranges): only a
 	// peer in one of them is believed about the client. None: the peer is the client.
 	Trusted []netip.Prefix
 	// Header is where a trusted peer names the client:
 	//   - "X-Forwarded-For" (the default): a list each proxy appends to; the client is
-	//     the rightmost entry not trusted, as ClientIP says;
+	//     the rightmost entry not trusted;
 	//   - "Forwarded" (RFC 7239): the same walk over its for= parameters; an entry that
 	//     is not an address ("unknown", an obfuscated "_name") fails with ErrNoKey;
 	//   - any other name ("X-Real-IP", "CF-Connecting-IP", "True-Client-IP",
@@ -80,11 +61,22 @@ type IPOptions struct {
 	IPv6Prefix int
 }
 
-// ClientIPWith returns a KeyFunc that keys a request by its client's IP address, read
-// as o says, or an error wrapping ErrInvalidConfig for an IPv6Prefix out of range or a
-// Header that is not a valid header name. Keys are addresses ("198.51.100.9"), or
-// prefixes with IPv6Prefix ("2001:db8:1:2::/64").
-func ClientIPWith(o IPOptions) (KeyFunc, error) {
+// ClientIP returns a KeyFunc that keys a request by its client's IP address, read as o
+// says, or an error wrapping ErrInvalidConfig for an IPv6Prefix out of range or a Header
+// that is not a valid header name. Keys are addresses ("198.51.100.9"), or prefixes with
+// IPv6Prefix ("2001:db8:1:2::/64").
+//
+// Without trusted proxies the client is the peer (Request.RemoteAddr): headers are
+// ignored, since any client can write them. When the peer is in one of the trusted
+// prefixes (your load balancers, your CDN's ranges), the client is the rightmost address
+// of X-Forwarded-For that is not trusted: proxies append the address they saw, so
+// entries to its left are whatever the client sent and cannot be trusted. If every
+// entry is trusted, the leftmost one is used.
+//
+// An entry may carry a port ("203.0.113.7:4711", "[2001:db8::1]:443"), as some proxies
+// write it; the port is dropped. IPv4-mapped IPv6 addresses are keyed as IPv4. An
+// unparsable address fails with ErrNoKey.
+func ClientIP(o IPOptions) (KeyFunc, error) {
 	if o.IPv6Prefix < 0 || o.IPv6Prefix > 128 {
 		return nil, fmt.Errorf("%w: IPv6Prefix %d, want 0 to 128", ErrInvalidConfig, o.IPv6Prefix)
 	}

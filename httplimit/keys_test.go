@@ -44,7 +44,11 @@ func TestClientIP(t *testing.T) {
 			for _, v := range tc.xff {
 				r.Header.Add("X-Forwarded-For", v)
 			}
-			got, err := httplimit.ClientIP(tc.trusted...)(r)
+			key, err := httplimit.ClientIP(httplimit.IPOptions{Trusted: tc.trusted})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := key(r)
 			if tc.want == "" {
 				if !errors.Is(err, httplimit.ErrNoKey) {
 					t.Fatalf("ClientIP = %q, %v; want ErrNoKey", got, err)
@@ -83,7 +87,10 @@ func FuzzClientIP(f *testing.F) {
 	f.Add("10.0.0.1:1", ",,, ,")
 	f.Add("[::1]:1", "::ffff:1.2.3.4,[::1]")
 	trusted := netip.MustParsePrefix("10.0.0.0/8")
-	key := httplimit.ClientIP(trusted)
+	key, err := httplimit.ClientIP(httplimit.IPOptions{Trusted: []netip.Prefix{trusted}})
+	if err != nil {
+		f.Fatal(err)
+	}
 	f.Fuzz(func(t *testing.T, remote, xff string) {
 		r := httptest.NewRequest(http.MethodGet, "/", nil)
 		r.RemoteAddr = remote
@@ -111,7 +118,7 @@ func FuzzClientIP(f *testing.F) {
 	})
 }
 
-func TestClientIPWith(t *testing.T) {
+func TestClientIPHeaders(t *testing.T) {
 	lb := netip.MustParsePrefix("10.0.0.0/8")
 	for _, tc := range []struct {
 		name   string
@@ -153,7 +160,7 @@ func TestClientIPWith(t *testing.T) {
 			map[string][]string{"X-Forwarded-For": {"2001:db8:1:2ff::1"}}, "2001:db8:1:200::/56"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			k, err := httplimit.ClientIPWith(tc.o)
+			k, err := httplimit.ClientIP(tc.o)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -177,16 +184,16 @@ func TestClientIPWith(t *testing.T) {
 		})
 	}
 	for _, o := range []httplimit.IPOptions{{IPv6Prefix: -1}, {IPv6Prefix: 129}, {Header: "X Real IP"}, {Header: "a:b"}} {
-		if _, err := httplimit.ClientIPWith(o); !errors.Is(err, httplimit.ErrInvalidConfig) {
-			t.Errorf("ClientIPWith(%+v) = %v, want ErrInvalidConfig", o, err)
+		if _, err := httplimit.ClientIP(o); !errors.Is(err, httplimit.ErrInvalidConfig) {
+			t.Errorf("ClientIP(%+v) = %v, want ErrInvalidConfig", o, err)
 		}
 	}
 }
 
-// FuzzClientIPWith: whatever a client or a proxy writes in X-Forwarded-For or
+// FuzzClientIPHeaders: whatever a client or a proxy writes in X-Forwarded-For or
 // Forwarded, the key is an address or a prefix, or the error is ErrNoKey; nothing
 // panics.
-func FuzzClientIPWith(f *testing.F) {
+func FuzzClientIPHeaders(f *testing.F) {
 	for _, s := range []string{"198.51.100.9", "6.6.6.6, 10.0.0.1", `for="[2001:db8::1]:1"`, "for=unknown", `for=";,"`, "[::1]:x", ""} {
 		f.Add(s, true, uint8(0))
 		f.Add(s, false, uint8(64))
@@ -197,7 +204,7 @@ func FuzzClientIPWith(f *testing.F) {
 		if forwarded {
 			o.Header = "Forwarded"
 		}
-		k, err := httplimit.ClientIPWith(o)
+		k, err := httplimit.ClientIP(o)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/quota"
 )
 
 // Errors of New and of the key functions.
@@ -145,7 +146,7 @@ func New(cfg Config) (*Middleware, error) {
 
 // hasLimit reports whether l has a limit named name.
 func hasLimit(l *hybrid.Limiter, name string) bool {
-	_, _, err := l.Quota(name, "")
+	_, _, err := quota.Of(l, name, "")
 	return err == nil
 }
 
@@ -194,7 +195,7 @@ func (m *Middleware) Check(w http.ResponseWriter, r *http.Request) (*http.Reques
 	if m.headers&HeadersXResetEpoch != 0 {
 		now = m.now()
 	}
-	var pols [maxAlso + 1]Policy
+	var pols [maxAlso + 1]policy
 	writeHeaders(w.Header(), d, m.policies(pols[:0], d, tier), m.headers, now)
 	r = r.WithContext(&decisionCtx{Context: r.Context(), d: d})
 	if d.Allowed {
@@ -208,9 +209,9 @@ func (m *Middleware) Check(w http.ResponseWriter, r *http.Request) (*http.Reques
 // a stable order: Limit (of the request's tier), then Also's, in the order of Config,
 // each named once. The limit that decided (d) is stated from d; the others as they
 // are now (hybrid.Limiter.Quota). Without Also it is d's alone.
-func (m *Middleware) policies(dst []Policy, d hybrid.Decision, tier string) []Policy {
+func (m *Middleware) policies(dst []policy, d hybrid.Decision, tier string) []policy {
 	if len(m.also) == 0 {
-		return append(dst, PolicyOf(d))
+		return append(dst, policyOf(d))
 	}
 	add := func(limit, tier string) {
 		for _, p := range dst {
@@ -219,9 +220,9 @@ func (m *Middleware) policies(dst []Policy, d hybrid.Decision, tier string) []Po
 			}
 		}
 		if limit == d.Limit {
-			dst = append(dst, PolicyOf(d))
-		} else if q, w, err := m.lim.Quota(limit, tier); err == nil {
-			dst = append(dst, PolicyOf(hybrid.Decision{Limit: limit, Quota: q, Window: w}))
+			dst = append(dst, policyOf(d))
+		} else if q, w, err := quota.Of(m.lim, limit, tier); err == nil {
+			dst = append(dst, policyOf(hybrid.Decision{Limit: limit, Quota: q, Window: w}))
 		}
 	}
 	add(m.limit, tier)
@@ -284,11 +285,11 @@ func FromContext(ctx context.Context) (hybrid.Decision, bool) {
 // Problem types of RFC 9457 problem details that DefaultDeny answers with, from
 // draft-ietf-httpapi-ratelimit-headers.
 const (
-	// ProblemQuotaExceeded: the request is over its limit (429).
-	ProblemQuotaExceeded = "https://iana.org/assignments/http-problem-types#quota-exceeded"
-	// ProblemTemporaryReducedCapacity: the limiter could not reach Redis and the
+	// problemQuotaExceeded: the request is over its limit (429).
+	problemQuotaExceeded = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+	// problemTemporaryReducedCapacity: the limiter could not reach Redis and the
 	// limit's failure policy denied the request (503): the client did nothing wrong.
-	ProblemTemporaryReducedCapacity = "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+	problemTemporaryReducedCapacity = "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
 )
 
 // DefaultDeny answers a denied request, after the headers and Retry-After are written:
@@ -300,20 +301,20 @@ const (
 //     hybrid.InfDuration): 400 Bad Request: retrying cannot help, and a client that
 //     treats 429 as "wait and retry" would wait forever.
 //
-// The body is a line of text, or RFC 9457 problem details (application/problem+json,
-// of type ProblemQuotaExceeded or ProblemTemporaryReducedCapacity) when the request's
+// The body is a line of text, or RFC 9457 problem details (application/problem+json, of
+// the IANA problem type quota-exceeded or temporary-reduced-capacity) when the request's
 // Accept header names application/problem+json.
 func DefaultDeny(w http.ResponseWriter, r *http.Request) {
 	d, _ := FromContext(r.Context())
-	ra, later := RetryAfter(d)
-	status, typ, title := http.StatusTooManyRequests, ProblemQuotaExceeded, "Quota Exceeded"
+	ra, later := retryAfter(d)
+	status, typ, title := http.StatusTooManyRequests, problemQuotaExceeded, "Quota Exceeded"
 	detail := fmt.Sprintf("rate limit %q exceeded; retry after %d s", d.Limit, ra)
 	switch {
 	case !later:
 		status, typ, title = http.StatusBadRequest, "about:blank", "Bad Request"
 		detail = fmt.Sprintf("request cost exceeds what limit %q can ever admit; it can never pass", d.Limit)
 	case d.Source == hybrid.SourceFallback:
-		status, typ, title = http.StatusServiceUnavailable, ProblemTemporaryReducedCapacity, "Temporary Reduced Capacity"
+		status, typ, title = http.StatusServiceUnavailable, problemTemporaryReducedCapacity, "Temporary Reduced Capacity"
 		detail = fmt.Sprintf("rate limit %q cannot be checked now (%s); retry after %d s", d.Limit, d.Reason, ra)
 	}
 	h := w.Header()

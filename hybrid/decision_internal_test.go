@@ -27,12 +27,12 @@ func TestDecisionValuesAreTheEngines(t *testing.T) {
 		got  Reason
 		want engine.Reason
 	}{
-		{ReasonNone, engine.ReasonNone}, {ReasonLease, engine.ReasonLease},
+		{0, engine.ReasonNone}, {ReasonLease, engine.ReasonLease},
 		{ReasonPaced, engine.ReasonPaced}, {ReasonExceedsBurst, engine.ReasonExceedsBurst},
-		{ReasonInvalidCost, engine.ReasonInvalidCost}, {ReasonPreCheck, engine.ReasonPreCheck},
+		{reasonInvalidCost, engine.ReasonInvalidCost}, {ReasonPreCheck, engine.ReasonPreCheck},
 		{ReasonGranted, engine.ReasonGranted}, {ReasonBreakerOpen, engine.ReasonBreakerOpen},
 		{ReasonTimeout, engine.ReasonTimeout}, {ReasonUnavailable, engine.ReasonUnavailable},
-		{ReasonCanceled, engine.ReasonCanceled}, {ReasonClosed, engine.ReasonClosed}, {ReasonAsync, engine.ReasonAsync},
+		{reasonCanceled, engine.ReasonCanceled}, {reasonClosed, engine.ReasonClosed}, {ReasonAsync, engine.ReasonAsync},
 	}
 	// every reason but ReasonRefill, the engine's for a request that waits: never final
 	if len(reasons) != int(engine.NumReasons)-1 {

@@ -15,7 +15,7 @@ import (
 // TestDryRun: a DryRun limit decides and counts as an enforced one, but admits what it
 // denies (WouldDeny); a reservation it admits that way holds nothing to give back; in
 // AllowMulti it never blocks the enforced items and is not decided when they deny; the
-// Logger hears how many it would have denied; SetLimit turns enforcement on.
+// Logger hears how many it would have denied; Reconfigure turns enforcement on.
 func TestDryRun(t *testing.T) {
 	_, c := redistest.Mini(t)
 	var logs syncBuffer
@@ -53,9 +53,9 @@ func TestDryRun(t *testing.T) {
 	waitFor(t, "the dry-run line", func() bool { return logs.has(t, "dry-run limit would have denied requests") })
 
 	// A reservation admitted as WouldDeny holds nothing: cancelling it gives nothing back.
-	r, err := l.Reserve(ctx, "new", "k")
+	r, err := l.ReserveN(ctx, "new", "k", 1)
 	if err != nil || !r.OK() || r.Delay() != 0 || !r.Decision().WouldDeny {
-		t.Fatalf("Reserve: %+v, %v; want OK at once, WouldDeny", r.Decision(), err)
+		t.Fatalf("ReserveN: %+v, %v; want OK at once, WouldDeny", r.Decision(), err)
 	}
 	r.Cancel()
 	if d, _ := l.Allow(ctx, "new", "k"); !d.WouldDeny {
@@ -79,8 +79,8 @@ func TestDryRun(t *testing.T) {
 		t.Error("the dry-run item was decided though the enforced items denied")
 	}
 
-	// Enforcing: SetLimit turns DryRun off.
-	if err := l.SetLimit(lim("new", 2, false)); err != nil {
+	// Enforcing: Reconfigure turns DryRun off.
+	if err := setLimit(l, lim("new", 2, false)); err != nil {
 		t.Fatal(err)
 	}
 	if d, _ := l.Allow(ctx, "new", "k"); d.Allowed || d.WouldDeny {

@@ -38,6 +38,7 @@ type events struct {
 	goneSeen int64                  // lost buckets counted when last logged
 	dryLast  time.Time              // when the DryRun limits' denials were last looked at
 	drySeen  map[*engine.Limit]int64
+	repsSeen map[*engine.Limit]int // each limit's representations as last logged (1: its own)
 	ctx      context.Context
 	lostToks int // tokens lost since the last lost-refunds line
 }
@@ -68,8 +69,8 @@ type breakerSeen struct {
 func newEvents(log *slog.Logger, every time.Duration, nodes *nodes, fleet string, servers int, limits func() []*engine.Limit) *events {
 	ev := &events{
 		log: log, every: every, nodes: nodes, seen: map[*node]breakerSeen{}, fleet: fleet, servers: servers, limits: limits,
-		drySeen: map[*engine.Limit]int64{},
-		ctx:     context.Background(),
+		drySeen: map[*engine.Limit]int64{}, repsSeen: map[*engine.Limit]int{},
+		ctx: context.Background(),
 	}
 	ev.seen[nodes.all] = breakerSeen{nodes.all.brk.State(), nodes.all.brk.Stats()}
 	return ev
@@ -142,13 +143,14 @@ func (ev *events) trip(now time.Time, t *engine.Trip, servers int) {
 		}
 	case engine.HeartbeatTrip:
 		ev.refusedBy(now, t.Err)
+		ev.reps()
 		if servers != ev.servers {
 			ev.log.LogAttrs(ev.ctx, slog.LevelInfo, "fleetlimit: live fleet size changed",
 				slog.String("fleet", ev.fleet), slog.Int("from", ev.servers), slog.Int("to", servers))
 			ev.servers = servers
 		}
 	case engine.LowTrip:
-		// A Redis that refuses lua.Low leaves a ChargeLater limit exact: say why.
+		// A Redis that refuses luascript.Low leaves a ChargeLater limit exact: say why.
 		ev.refusedBy(now, t.Err)
 		if t.Answered {
 			for _, x := range t.Lows {
@@ -156,6 +158,7 @@ func (ev *events) trip(now time.Time, t *engine.Trip, servers int) {
 			}
 		}
 	case engine.WindowsTrip:
+		ev.lostBuckets(now) // window arrays found lost
 		// A Redis (or proxy) that refuses BITFIELD or the marks' commands sends a
 		// windowed limit's requests that must ask to its policy: say why.
 		ev.refusedBy(now, t.Err)
@@ -166,6 +169,28 @@ func (ev *events) trip(now time.Time, t *engine.Trip, servers int) {
 		}
 	}
 	ev.breaker()
+}
+
+// reps logs each limit whose representations in the fleet changed in number: while
+// servers disagree on its kind or window, each of its requests is decided on every one
+// (docs/limits.md).
+func (ev *events) reps() {
+	for _, lm := range ev.limits() {
+		n := 1 + len(lm.Companions())
+		last, ok := ev.repsSeen[lm]
+		if !ok {
+			last = 1
+		}
+		if n == last {
+			continue
+		}
+		ev.repsSeen[lm] = n
+		msg := "fleetlimit: the fleet counts a limit in several representations (servers disagree on its kind or window); each request is decided on every one"
+		if n == 1 {
+			msg = "fleetlimit: the fleet counts a limit in one representation again"
+		}
+		ev.log.LogAttrs(ev.ctx, slog.LevelInfo, msg, slog.String("limit", lm.Name()), slog.Int("representations", n))
+	}
 }
 
 // refusedBy logs err if it says Redis refuses the scripts or commands: an error that
@@ -196,8 +221,9 @@ func (ev *events) eviction(err error) {
 	}
 }
 
-// lostBuckets logs buckets found lost in Redis since the last line: each is a burst the
-// fleet may admit beyond its limit.
+// lostBuckets logs buckets and window arrays found lost in Redis since the last line: a
+// bucket came back empty, its key losing the tokens it held; a window array's servers
+// count again what each knows it added.
 func (ev *events) lostBuckets(now time.Time) {
 	var n int64
 	for _, lm := range ev.limits() {
@@ -213,7 +239,7 @@ func (ev *events) lostBuckets(now time.Time) {
 				names = append(names, lm.Name())
 			}
 		}
-		ev.log.LogAttrs(ev.ctx, slog.LevelError, "fleetlimit: Redis lost rate-limit buckets (evicted, flushed or deleted); they came back full",
+		ev.log.LogAttrs(ev.ctx, slog.LevelError, "fleetlimit: Redis lost rate-limit buckets (evicted, flushed or deleted); buckets came back empty, window arrays are counted again",
 			slog.Int64("buckets", n-ev.goneSeen), slog.Any("limits", names), slog.Int("lines_skipped", skipped))
 		ev.goneSeen = n
 	}

@@ -17,12 +17,11 @@ import (
 
 // frozen is the system clock stopped when the example starts, so that its output does
 // not depend on how fast it runs. Production code leaves Config.Clock nil.
-type frozen struct {
-	breaker.SystemClock
-	at time.Time
-}
+type frozen struct{ at time.Time }
 
 func (c frozen) Now() time.Time { return c.at }
+
+func (frozen) AfterFunc(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
 
 // A limiter as a server of a fleet wires it: one go-redis client configured as the
 // library recommends, a store, a breaker, and limits that each choose their failure
@@ -82,13 +81,13 @@ func Example() {
 	for range 6 {
 		show("tenant-42")
 	}
-	// A job that would rather queue than be turned away calls Wait: it reserves the
+	// A job that would rather queue than be turned away calls WaitN: it reserves the
 	// tokens the bucket still holds (the pacing left them for other servers), and gives
 	// up at once when its turn would come after its deadline (the next upload refills a
 	// minute off).
 	for range 4 {
 		job, cancel := context.WithTimeout(ctx, time.Second)
-		_, err = lim.Wait(job, "upload", "tenant-42")
+		_, err = lim.WaitN(job, "upload", "tenant-42", 1)
 		cancel()
 		fmt.Println("wait admitted:", err == nil, "gave up at once:", errors.Is(err, hybrid.ErrWouldExceedDeadline))
 	}
@@ -133,7 +132,13 @@ func ExampleLimiter_AllowMulti() {
 		fmt.Printf("allowed=%v denied-by=%d limit=%s retry-after=%v\n", d.Allowed, d.Denied, d.Decision.Limit, d.RetryAfter)
 	}
 	for _, ls := range lim.Stats().Limits {
-		fmt.Printf("%s admitted %d\n", ls.Name, ls.Allowed())
+		admitted := int64(0)
+		for _, d := range ls.Decisions {
+			if d.Allowed {
+				admitted += d.Count
+			}
+		}
+		fmt.Printf("%s admitted %d\n", ls.Name, admitted)
 	}
 	// Output:
 	// allowed=true denied-by=-1 limit=per-tenant retry-after=0s
@@ -200,14 +205,14 @@ func ExampleLimiter_AllowTier() {
 
 // A reloaded configuration lowers a limit on a running Limiter; the new Version lets
 // servers that have not reloaded yet be held to it by Redis.
-func ExampleLimiter_SetLimit() {
+func ExampleLimiter_Reconfigure() {
 	api := hybrid.Limit{Name: "api", Rate: 1, Burst: 10, Policy: breaker.FailOpen, MaxWait: time.Second}
 	lim, done := exampleLimiter(api)
 	defer done()
 	ctx := context.Background()
 	lim.Allow(ctx, "api", "k")
 	api.Burst, api.Version = 3, 1
-	if err := lim.SetLimit(api); err != nil {
+	if err := lim.Reconfigure([]hybrid.Limit{api}); err != nil {
 		panic(err)
 	}
 	admitted := 0
@@ -218,7 +223,7 @@ func ExampleLimiter_SetLimit() {
 	}
 	fmt.Println("admitted after the change:", admitted, "quota:", lim.Limits()[0].Burst)
 	api.Burst = 20 // the same Version: refused
-	fmt.Println(errors.Is(lim.SetLimit(api), hybrid.ErrInvalidConfig))
+	fmt.Println(errors.Is(lim.Reconfigure([]hybrid.Limit{api}), hybrid.ErrInvalidConfig))
 	// Output:
 	// admitted after the change: 3 quota: 3
 	// true

@@ -16,114 +16,90 @@ import (
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/internal/engine"
+	"github.com/fleetlimit/fleetlimit/internal/linger"
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 	"github.com/fleetlimit/fleetlimit/internal/storeerr"
+	"github.com/fleetlimit/fleetlimit/internal/sysclock"
 	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
-// Errors of the Limiter. Being denied is not an error, and neither is a Redis failure:
-// the limit's failure policy decides, and the Decision says so.
+// Errors of the Limiter. A denial, or a Redis failure, is not an error.
 var (
-	// ErrInvalidConfig is wrapped by every error New returns for a configuration it
-	// cannot honour; the error also wraps global.ErrInvalidLimit for a bad rate, burst
-	// or name, and breaker.ErrNoPolicy for a limit without a failure policy.
+	// ErrInvalidConfig is wrapped by every error New returns, with global.ErrInvalidLimit
+	// or breaker.ErrNoPolicy where those say more.
 	ErrInvalidConfig = errors.New("hybrid: invalid configuration")
-	// ErrUnknownLimit is returned by Allow and AllowN for a limit name the Limiter was
-	// not configured with.
+	// ErrUnknownLimit is returned for a limit name the Limiter does not have.
 	ErrUnknownLimit = errors.New("hybrid: unknown limit")
 	// ErrInvalidCost is returned by AllowN for a negative cost.
 	ErrInvalidCost = errors.New("hybrid: invalid cost")
-	// ErrClosed is returned by Allow and AllowN once Close has been called.
+	// ErrClosed is returned once Close has been called.
 	ErrClosed = errors.New("hybrid: limiter closed")
-	// ErrUnknownTier is returned by AllowTier (and AllowMulti) for a tier the limit does
-	// not have.
+	// ErrUnknownTier is returned for a tier the limit does not have.
 	ErrUnknownTier = errors.New("hybrid: unknown tier")
 )
 
-// InfDuration is the RetryAfter of a request that can never be allowed, such as one
-// asking for more tokens than the limit's burst.
+// InfDuration is the RetryAfter of a request that can never be allowed.
 const InfDuration = time.Duration(math.MaxInt64)
 
-// Limit is one named fleet-wide limit: Burst tokens refilled at Rate per second, held in
-// Redis and shared by every server, one count per key (client, tenant, IP, ...); its
-// Mode says how the servers count against it. Zero fields take the defaults their
-// comments name; Name, Rate, Burst and Policy are required, so the zero Limit is invalid
-// (New says why). New validates every field: a Limit it accepts never fails at request
-// time.
+// Limit is one named fleet-wide limit: Burst tokens refilled at Rate per second, one
+// bucket per key (client, tenant, IP, ...) shared by every server. Name, Rate, Burst and
+// Policy are required; zero fields take the defaults their comments name. New validates
+// every field: a Limit it accepts never fails at request time.
 type Limit struct {
 	// Name identifies the limit in calls and in Redis keys: 1 to 64 printable ASCII bytes
-	// without space, '{', '}', ':' or '#'. Every server gives a limit the same Name, Rate
-	// and Burst.
+	// without space, '{', '}', ':' or '#'. Every server gives it the same Name, Rate,
+	// Burst.
 	Name string
 	// Rate is the fleet-wide refill rate, in tokens per second: finite and > 0.
 	Rate float64
-	// Burst is the fleet-wide bucket capacity, at least 1; the largest cost one request
-	// may have.
+	// Burst is the fleet-wide bucket capacity (>= 1), the largest cost of one request.
 	Burst int
-	// Policy decides requests when Redis does not answer (breaker open, timeout, error):
-	// breaker.FailOpen, breaker.FailClosed or breaker.FailLocal(). Required: there is no
-	// default (docs/failure-policies.md helps choose).
+	// Policy decides requests when Redis does not answer: breaker.FailOpen, FailClosed or
+	// FailLocal(). Required (docs/failure-policies.md helps choose).
 	Policy breaker.Policy
-	// Mode is the limit's kind: Exact() (the default), ChargeLater(within) or
-	// Windowed(report). SetLimit refuses to change a limit's kind, or a Windowed limit's
-	// report interval; a ChargeLater limit's duration may change (docs/limits.md).
+	// Mode is the limit's kind: Exact() (the default), ChargeLater or Windowed.
 	Mode Mode
-	// PreRate and PreBurst set a tighter per-server pre-check, a local bucket per key
-	// consulted before anything else, which stops a hot key on one server without Redis.
-	// 0 means the limit's own Rate and Burst: one server never admits more than the fleet
-	// may, so the default pre-check never denies what the global bucket would allow.
+	// PreRate and PreBurst set a tighter per-server pre-check per key, which stops a hot
+	// key on one server without Redis. 0: the limit's own Rate and Burst.
 	PreRate  float64
 	PreBurst int
-	// MaxWait is the longest a decision waits for Redis: a refill not answered by then
-	// sends the request to Policy. The Redis call itself runs to the breaker's Timeout, so
-	// that the breaker counts a stalled Redis whatever the limits' MaxWait; a refill
-	// answered after its requests gave up still fills the lease. default: 10ms
+	// MaxWait is the longest a decision waits for Redis before Policy decides. default:
+	// 10ms
 	MaxWait time.Duration
-	// MaxCost is the largest cost passed to AllowN; it sizes the FailLocal burst so that
-	// such a request is not always denied during an outage. default: 1
+	// MaxCost is the largest cost passed to AllowN; it sizes the FailLocal burst.
+	// default: 1
 	MaxCost int
-	// Lease tunes the batches of tokens this server leases from a key's bucket; the zero
-	// LeaseTuning takes every default. A Windowed limit holds no leases: zero.
+	// Lease tunes the batches of tokens leased from a key's bucket (zero for Windowed).
 	Lease LeaseTuning
-	// MaxKeys caps the keys held for this limit on this server (least recently used go
-	// first; their leased tokens are refunded). default: 100,000
+	// MaxKeys caps the keys held on this server, least recently used out. default:
+	// 100,000
 	MaxKeys int
-	// Version orders changes of Rate and Burst (the limit's or a tier's) across the
-	// fleet: each bucket runs on the highest Version a server took from it with. Give
-	// every such change a higher one (a config revision, its Unix time); SetLimit refuses
-	// one without. 0 suits a limit that never changes. At most 2^53 - 1. (docs/limits.md)
+	// Version orders changes of Rate and Burst across the fleet: give each change a
+	// higher one (a config revision, its Unix time). 0 suits a limit that never changes.
 	Version uint64
 	// Tiers are other rates and bursts for some keys, chosen per request (AllowTier,
-	// Item.Tier): a paid plan, a customer's exception. A key keeps one bucket whatever
-	// its tier (docs/limits.md). Names unique and not empty; the Limit's other fields
-	// apply to every tier. A Windowed limit has none.
+	// Item.Tier). Names unique and not empty. A Windowed limit has none.
 	Tiers []Tier
-	// DryRun makes the limit watch without enforcing, to roll a new limit out safely:
-	// every request is decided, counted (Stats, the metrics) and told to OnDecision as
-	// usual, tokens are taken as usual, but a denial is turned into an admission with
-	// Decision.WouldDeny set; the Logger gets a line per LogInterval with how many
-	// requests it would have denied. In AllowMulti a DryRun item never blocks the
-	// others. SetLimit can turn it off, to start enforcing, at run time.
+	// DryRun makes the limit watch without enforcing: a denial is admitted with
+	// Decision.WouldDeny set, and counted and logged as a denial.
 	DryRun bool
 }
 
-// LeaseTuning tunes a limit's leases: the batches of tokens a server takes from a key's
-// bucket in Redis and decides from without a round trip. Zero fields take the defaults
-// their comments name.
+// LeaseTuning tunes the batches of tokens a server leases from a key's bucket. Zero
+// fields take the defaults their comments name.
 type LeaseTuning struct {
-	// RefillInterval is how long one batch should last at the key's demand on this
-	// server; a batch is at most Burst / servers. At most 24h. default: 100ms
+	// RefillInterval is how long one batch should last at the key's demand. default:
+	// 100ms
 	RefillInterval time.Duration
-	// Lifetime is how long leased tokens stay usable before they are refunded. At most
-	// 24h, at least 1ms. default: 1s
+	// Lifetime is how long leased tokens stay usable before they are refunded. default:
+	// 1s
 	Lifetime time.Duration
-	// LowWatermark is the fraction of a batch below which a lease fetches the next one
-	// before it runs out, so the common path does not wait; at most 1, negative disables
-	// it. default: 0.5
+	// LowWatermark is the fraction of a batch left when the next is fetched. default: 0.5
 	LowWatermark float64
 }
 
-// Tier is a named rate and burst of a Limit, for the keys a caller decides under it.
-// Zero PreRate and PreBurst mean the tier's own Rate and Burst, as for a Limit.
+// Tier is a named rate and burst of a Limit for some keys; zero PreRate and PreBurst mean
+// its own.
 type Tier struct {
 	Name     string
 	Rate     float64
@@ -175,60 +151,37 @@ func limitOf(c engine.LimitConfig) Limit {
 	return l
 }
 
-// Config configures a Limiter. FleetSize and at least one Limit are required; the other
-// zero fields take the defaults their comments name. New copies what it needs: changing a
-// Config after New changes nothing.
+// Config configures a Limiter. FleetSize and at least one Limit are required; zero fields
+// take the defaults their comments name.
 type Config struct {
 	// Limits are the named limits; at least one, names unique.
 	Limits []Limit
-	// FleetSize is the number of servers sharing the limits. Required (>= 1). With Fleet
-	// set it is only the first guess, used until the first heartbeat answers.
+	// FleetSize is the number of servers sharing the limits (>= 1); with Fleet set, the
+	// first guess until a heartbeat answers.
 	FleetSize int
-	// Fleet, if set, names the fleet in Redis: the Limiter announces itself there every
-	// HeartbeatInterval (global.Store.Heartbeat) and divides by the live count, keeping the
-	// last known count while Redis is down.
+	// Fleet, if set, names the fleet in Redis: the Limiter announces itself there and
+	// divides the limits by the live count.
 	Fleet string
-	// HeartbeatInterval is how often the Limiter announces itself; a member is dropped
-	// after three intervals without a heartbeat. default: 1s
+	// HeartbeatInterval is how often the Limiter announces itself. default: 1s
 	HeartbeatInterval time.Duration
-	// Breaker guards the Redis calls. nil builds one with the breaker package's
-	// defaults; share one breaker per Redis. On a Redis Cluster (the store's client is
-	// a *redis.ClusterClient) the Limiter keeps one breaker per master, made with
-	// Breaker's settings (breaker.Breaker.Settings) and named after the master's
-	// address, so that a failed master fails only the keys whose slots it serves;
-	// Breaker then guards the calls for which the client knows no master.
+	// Breaker guards the Redis calls; nil builds one with the defaults. Share one per
+	// Redis. On a Redis Cluster each master gets its own, made with Breaker's settings.
 	Breaker *breaker.Breaker
 	// Seed seeds the pacing jitter; 0 picks a random seed.
 	Seed uint64
-	// Clock is where the Limiter reads the time and sets its timers (the background
-	// goroutine's wake-ups, MaxWait, Wait's sleeps); it is also the Clock of the breaker
-	// New builds when Breaker is nil. nil means breaker.SystemClock. Tests pass their
-	// own, for instance one that embeds SystemClock and freezes Now.
+	// Clock is the Limiter's time and timers, for tests. nil: the system clock.
 	Clock breaker.Clock
-	// Logger, if set, hears of the rare events an operator needs: the breaker opening
-	// and closing, leased tokens whose refund was lost, the live fleet size changing,
-	// Redis refusing the scripts (an error that waiting will not cure), and, once at
-	// start, a Redis that may evict the buckets (global.Store.CheckEviction). Never a
-	// line per request; a kind of event that repeats is logged at most once per
-	// LogInterval. nil: silent.
+	// Logger, if set, hears of the rare events an operator needs; never a line per
+	// request.
 	Logger *slog.Logger
-	// RequireNoEviction makes New check that Redis cannot evict the buckets
-	// (global.Store.CheckEviction: every master of a Cluster) and refuse to start, with
-	// an error wrapping ErrInvalidConfig, if it may (the error wraps global.ErrEvicting
-	// too and names the fix) or if the check cannot tell (CONFIG refused, as managed
-	// services often do, or no answer within 2 s). For limits that protect something
-	// fragile: an evicted bucket comes back full, silently, and every failure policy
-	// then admits more than its limit. Without it the Logger hears of it once at start.
+	// RequireNoEviction makes New refuse to start unless Redis cannot evict the buckets
+	// (global.Store.CheckEviction).
 	RequireNoEviction bool
-	// LogInterval is the shortest time between two lines of one kind of repeated event
-	// (lost refunds, refused scripts); the next line says how many were not logged.
-	// default: 10s
+	// LogInterval is the shortest time between two lines of one kind of event. default:
+	// 10s
 	LogInterval time.Duration
-	// OnDecision, if set, is called with every decision AllowN, Allow, WaitN and Wait
-	// make, and once per AllowMulti call with its MultiDecision.Decision, on the
-	// caller's goroutine, before they return; key is the request's key (the item's).
-	// It runs on the hot path: keep it short and non-blocking. The Limiter's counters
-	// (Stats) need no callback. nil: no call.
+	// OnDecision, if set, is called with every decision (once per AllowMulti call), on
+	// the caller's goroutine before it returns: keep it short.
 	OnDecision func(key string, d Decision)
 }
 
@@ -239,8 +192,7 @@ type Source uint8
 const (
 	// SourcePreCheck: the per-server pre-check denied the request; Redis was not asked.
 	SourcePreCheck Source = iota + 1
-	// SourceLease: decided from tokens this server already held (or denied while the key
-	// is paced after contention); Redis was not asked.
+	// SourceLease: decided from tokens this server held; Redis was not asked.
 	SourceLease
 	// SourceGlobal: decided after waiting for a refill from the global bucket.
 	SourceGlobal
@@ -263,20 +215,21 @@ func (s Source) String() string {
 // Reason says why a decision was made.
 type Reason uint8
 
-// Decision reasons.
+// Decision reasons. The zero Reason ("none") is that of a Decision no tier made, as one
+// returned with ErrUnknownLimit or ErrWouldExceedDeadline. A Decision returned with
+// ErrInvalidCost, ErrClosed or the context's error has a reason of its own, which String
+// names ("invalid cost", "limiter closed", "caller canceled") as the metrics label it;
+// the error is the one to check.
 const (
-	// ReasonNone is the zero Reason.
-	ReasonNone Reason = iota
+	_ Reason = iota
 	// ReasonLease: served from tokens this server held.
 	ReasonLease
 	_ // a request waiting for a refill: never a decision's reason
-	// ReasonPaced: no tokens on hand and the key is paced after contention on the global
-	// bucket; this server does not ask again before RetryAfter.
+	// ReasonPaced: no tokens on hand and the key is paced after contention.
 	ReasonPaced
 	// ReasonExceedsBurst: the request costs more than the limit's burst and can never pass.
 	ReasonExceedsBurst
-	// ReasonInvalidCost: the request's cost is negative.
-	ReasonInvalidCost
+	reasonInvalidCost // the request's cost is negative: ErrInvalidCost
 	// ReasonPreCheck: the per-server pre-check bucket of the key is empty.
 	ReasonPreCheck
 	// ReasonGranted: a refill answered and the request was served from it.
@@ -287,22 +240,18 @@ const (
 	ReasonTimeout
 	// ReasonUnavailable: the Redis call failed (connection, Redis error, overload).
 	ReasonUnavailable
-	// ReasonCanceled: the caller's context ended while waiting for Redis.
-	ReasonCanceled
-	// ReasonClosed: the Limiter is closed.
-	ReasonClosed
-	// ReasonAsync: admitted without asking Redis and counted later: charged to the
-	// bucket within a ChargeLater limit's duration, or counted in the key's window with
-	// the next report of a Windowed limit; the key was not known low here.
+	reasonCanceled // the caller's context ended while waiting for Redis: ctx.Err()
+	reasonClosed   // the Limiter is closed: ErrClosed
+	// ReasonAsync: admitted at once and counted later (ChargeLater, Windowed).
 	ReasonAsync
 )
 
 var reasonNames = [...]string{
-	ReasonNone: "none", ReasonLease: "lease",
+	0: "none", ReasonLease: "lease",
 	ReasonPaced: "paced after contention", ReasonExceedsBurst: "cost exceeds burst",
-	ReasonInvalidCost: "invalid cost", ReasonPreCheck: "pre-check bucket empty",
+	reasonInvalidCost: "invalid cost", ReasonPreCheck: "pre-check bucket empty",
 	ReasonGranted: "refill granted", ReasonBreakerOpen: "breaker open", ReasonTimeout: "redis timeout",
-	ReasonUnavailable: "redis unavailable", ReasonCanceled: "caller canceled", ReasonClosed: "limiter closed",
+	ReasonUnavailable: "redis unavailable", reasonCanceled: "caller canceled", reasonClosed: "limiter closed",
 	ReasonAsync: "charged later",
 }
 
@@ -314,45 +263,31 @@ func (r Reason) String() string {
 	return fmt.Sprintf("Reason(%d)", uint8(r))
 }
 
-// Decision is the answer to one request: a plain value, safe to keep and share. The zero
-// Decision denies, with no source or reason (what AllowN returns with an error that
-// happened before any tier was asked).
-//
-// Besides the answer it describes the limit, so that a handler can write rate-limit
-// headers without its own copy of the configuration: the limit's Name, its Quota and
-// Window (the bucket holds Quota tokens and refills them all in Window), and how long
-// until the key's bucket is full again (Reset). Package httplimit maps these onto the
-// standard HTTP headers.
+// Decision is the answer to one request: a plain value. The zero Decision denies. Besides
+// the answer it describes the limit (Quota, Window, Reset), so that a handler can write
+// rate-limit headers; package httplimit does.
 type Decision struct {
 	// Allowed reports whether the request may proceed.
 	Allowed bool
 	// Source is the tier that decided; Reason says why.
 	Source Source
 	Reason Reason
-	// Remaining is the best known count of tokens left for the key, fleet-wide: tokens
-	// this server holds plus what the bucket reported at its last grant. Other servers
-	// spend from the same bucket, so it is an estimate; 0 when the fallback decided.
+	// Remaining is an estimate of the tokens left for the key, fleet-wide.
 	Remaining int
 	// RetryAfter, when the request is denied, is when it may pass (InfDuration: never).
 	RetryAfter time.Duration
 	// Servers is the live server count the limit was divided by.
 	Servers int
-	// Limit is the name of the limit asked; Tier the tier ("" for the limit's own
-	// rate and burst).
+	// Limit and Tier name the limit and tier asked.
 	Limit string
 	Tier  string
-	// Quota is the limit's (the tier's) Burst: the most tokens the key's bucket holds.
-	Quota int
-	// Window is the time the bucket takes to refill from empty to Quota at the limit's
-	// Rate (Burst / Rate): Quota per Window is the limit's long-run rate.
+	// Quota is the limit's (tier's) Burst; Window the time it takes to refill
+	// (Burst/Rate).
+	Quota  int
 	Window time.Duration
-	// Reset is how long until the key's bucket is full again, from Remaining at the
-	// limit's Rate: 0 when Remaining is Quota, Window when the fallback decided (the
-	// bucket's level is not known then).
+	// Reset is how long until the key's bucket is full again.
 	Reset time.Duration
-	// WouldDeny reports that the limit, a DryRun one, denied the request, and that it
-	// was admitted all the same: Allowed is true, RetryAfter 0, and Source and Reason
-	// say why it would have been denied.
+	// WouldDeny reports that a DryRun limit denied the request and it was admitted.
 	WouldDeny bool
 }
 
@@ -375,25 +310,16 @@ func (out *Decision) set(lm *engine.Limit, tier string, d *engine.Decision) {
 	} else {
 		out.Reset = sh.RefillTime(out.Quota - out.Remaining)
 	}
-	if !out.Allowed && sh.DryRun() && out.Reason != ReasonInvalidCost && out.Reason != ReasonCanceled && out.Reason != ReasonClosed {
+	if !out.Allowed && sh.DryRun() && out.Reason != reasonInvalidCost && out.Reason != reasonCanceled && out.Reason != reasonClosed {
 		out.Allowed, out.WouldDeny, out.RetryAfter = true, true, 0
 	}
 }
 
-// Limiter is the two-tier limiter users call: for each request, a per-server pre-check,
-// then tokens leased from the global Redis bucket in batches, refilled in the background
-// (one refill in flight per key; refills of many keys share one pipelined round trip),
-// and the limit's failure policy when Redis does not answer. docs/design.md describes
-// the rules and the accuracy they give.
-//
-// The zero Limiter is not usable; build one with New. New starts one background
-// goroutine (refills, refunds, lease expiry, heartbeats); Close stops it and refunds every
-// unused leased token. Most callers use Allow, or Wait for work that should queue. A
-// Limiter is safe for simultaneous use by multiple goroutines: decisions for different
-// keys take no common lock.
+// Limiter is the two-tier limiter users call (docs/design.md). Build one with New and
+// stop it with Close. A Limiter is safe for concurrent use.
 type Limiter struct {
 	eng   *engine.Engine
-	store *global.Store
+	store *redisstore.Store
 	nodes *nodes // the breakers: Config.Breaker, and one per master of a Cluster
 	clock breaker.Clock
 
@@ -401,25 +327,21 @@ type Limiter struct {
 	events      *events            // nil without a Logger
 	cancelStart context.CancelFunc // ends the start-up work: Warm, and the eviction check
 	ready       chan struct{}      // closed once Warm has returned
-	readyErr    error              // Warm's error; read after ready
+	repsRead    chan struct{}      // closed once the first record of representations is done
+	repsOnce    sync.Once
+	readyErr    error // Warm's error; read after ready
 
 	closed    atomic.Bool
 	wake      chan struct{} // buffered 1: the engine has I/O queued
 	stop      chan struct{} // closed by Close
 	wg        sync.WaitGroup
-	closeDone chan struct{} // closed once the first Close has sent its refunds
-	closeErr  error         // that Close's result; read after closeDone
+	lingering sync.WaitGroup // take calls, which may outlive their Do (lateTake)
+	closeDone chan struct{}  // closed once the first Close has sent its refunds
+	closeErr  error          // that Close's result; read after closeDone
 }
 
 // New returns a Limiter for the limits in cfg over store, or an error wrapping
-// ErrInvalidConfig that says what is wrong. It starts the Limiter's background
-// goroutine; call Close to stop it.
-//
-// The store may share the application's go-redis client even if that client retries
-// timed-out commands (go-redis's default): the Limiter's calls recognise a replay and
-// stay exact. global.New refuses such a client unless given global.RetryingClient(),
-// so build the store with global.New(rdb, global.RetryingClient()). A client of its own,
-// configured by global.Configure, also bounds how long a dead Redis holds a call.
+// ErrInvalidConfig that says what is wrong. Call Close to stop it.
 func New(store *global.Store, cfg Config) (*Limiter, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
@@ -436,7 +358,7 @@ func New(store *global.Store, cfg Config) (*Limiter, error) {
 		}
 	}
 	l := &Limiter{
-		store:      store,
+		store:      redisstore.Of(store),
 		clock:      cfg.Clock,
 		onDecision: cfg.OnDecision,
 		wake:       make(chan struct{}, 1),
@@ -444,7 +366,7 @@ func New(store *global.Store, cfg Config) (*Limiter, error) {
 		closeDone:  make(chan struct{}),
 	}
 	if l.clock == nil {
-		l.clock = breaker.SystemClock{}
+		l.clock = sysclock.Clock{}
 	}
 	brk := cfg.Breaker
 	if brk == nil {
@@ -454,7 +376,7 @@ func New(store *global.Store, cfg Config) (*Limiter, error) {
 		}
 		brk = b
 	}
-	l.nodes = newNodes(brk, store.Client())
+	l.nodes = newNodes(brk, l.store.Client())
 	seed := cfg.Seed
 	if seed == 0 {
 		seed = rand.Uint64()
@@ -472,7 +394,7 @@ func New(store *global.Store, cfg Config) (*Limiter, error) {
 		Fleet:             cfg.Fleet,
 		HeartbeatInterval: cfg.HeartbeatInterval,
 		Seed:              seed,
-		NextSeq:           store.NextSeq,
+		NextSeq:           l.store.NextSeq,
 		BreakerOpen:       l.nodes.anyOpen,
 		KeyOpen:           l.nodes.keyOpen,
 		Notify:            l.poke,
@@ -484,6 +406,7 @@ func New(store *global.Store, cfg Config) (*Limiter, error) {
 	start, cancel := context.WithCancel(context.Background())
 	l.cancelStart = cancel
 	l.ready = make(chan struct{})
+	l.repsRead = make(chan struct{})
 	l.wg.Go(func() { // dials and script loads now, not on the first requests' time
 		ctx, done := context.WithTimeout(start, warmTimeout)
 		defer done()
@@ -504,22 +427,23 @@ func New(store *global.Store, cfg Config) (*Limiter, error) {
 	return l, nil
 }
 
-// Ready waits until the Limiter has readied Redis and its client for the first
-// requests (global.Store.Warm, which New starts: scripts loaded, connections open) and
-// returns what that found: nil, or the error of a node it could not ready (ctx.Err()
-// if ctx ends first). Call it before the service takes traffic, in its start-up or its
-// readiness probe, so that the first requests cost what later ones do instead of a
-// dial and a script load, which can run past the breaker's deadline on a healthy Redis
-// and send them to their policy. The Limiter decides requests whatever Ready returns,
-// before and after.
+// Ready waits until the Limiter has readied Redis for its first requests (scripts loaded,
+// connections open, the fleet's record read) and returns what it found, or ctx.Err().
+// Call it before the service takes traffic, so that the first requests cost what later
+// ones do. The Limiter decides requests whatever Ready returns.
 func (l *Limiter) Ready(ctx context.Context) error {
-	select {
-	case <-l.ready:
-		return l.readyErr
-	case <-ctx.Done():
-		return ctx.Err()
+	for _, ch := range []chan struct{}{l.repsRead, l.ready} {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
+	return l.readyErr
 }
+
+// readReps marks the first record of representations done (or the Limiter stopped).
+func (l *Limiter) readReps() { l.repsOnce.Do(func() { close(l.repsRead) }) }
 
 // poke wakes the background goroutine without blocking.
 func (l *Limiter) poke() {
@@ -533,6 +457,7 @@ func (l *Limiter) poke() {
 // one at a time, and ticks it.
 func (l *Limiter) run() {
 	defer l.wg.Done()
+	defer l.readReps()
 	for {
 		select {
 		case <-l.stop:
@@ -544,10 +469,16 @@ func (l *Limiter) run() {
 		watch := l.nodes.recheck(context.Background(), now)
 		l.eng.Tick(now)
 		if t := l.eng.Next(); t != nil {
-			l.do(context.Background(), t)
+			lates := l.do(context.Background(), t)
 			l.eng.Done(l.clock.Now(), t)
+			for _, lt := range lates {
+				lt.tripDone()
+			}
 			if l.events != nil {
 				l.events.trip(l.clock.Now(), t, l.eng.Servers())
+			}
+			if t.Reps != nil {
+				l.readReps()
 			}
 			continue
 		}
@@ -583,32 +514,75 @@ func (l *Limiter) run() {
 // would never open the breaker.
 //
 // A call may outlive Do (the breaker returns at its deadline): it then writes only
-// into memory nothing reads once Do has failed.
-func (l *Limiter) do(ctx context.Context, t *engine.Trip) {
+// into memory nothing reads once Do has failed, but for a take's: its call lingers
+// (internal/linger), and answers that come after Do gave up are read (lateTake) once
+// the engine has taken the trip as failed. do returns those calls; the caller tells
+// each once Done has run (lateTake.tripDone).
+func (l *Limiter) do(ctx context.Context, t *engine.Trip) []*lateTake {
 	switch t.Kind {
 	case engine.TakeTrip:
 		parts := l.nodes.split(ctx, len(t.Takes), func(i int) string {
 			r := &t.Takes[i]
 			return wire.BucketKeyOfID("", r.Limit.Name, cmp.Or(string(r.ID), wire.KeyID(r.Key)))
 		})
+		lctx := linger.With(ctx)
 		run(parts, func(p *part) {
 			reqs, out := pick(t.Takes, p), pick(t.TakeResults, p)
-			if len(reqs) == 1 {
-				var g global.Grant
-				p.err = p.nd.brk.Do(ctx, func(ctx context.Context) error {
-					var err error
-					g, err = l.store.TakeOne(ctx, reqs[0]) // a refill, or a reservation's claim (Floor)
-					return err
-				})
-				if p.answered = p.err == nil; p.answered {
-					out[0].Grant, out[0].Err = g, nil
-				}
-			} else {
-				p.answered, p.err = doBatch(ctx, p.nd.brk, func(ctx context.Context) error { return l.store.TakeBatch(ctx, reqs, out) })
+			lt := &lateTake{l: l, t: t, idx: p.idx}
+			mine := make([]redisstore.TakeResult, len(reqs)) // the call's own: it may outlive Do
+			// A part with refills lingers, and Close waits for it; one of reservations'
+			// claims alone does not, as nothing reads a claim's late answer.
+			cctx, lingers := ctx, slices.ContainsFunc(reqs, func(r redisstore.TakeRequest) bool { return r.Floor == 0 })
+			var started atomic.Int32 // 1: the call started; 2: Do returned first
+			if lingers {
+				cctx = lctx
+				l.lingering.Add(1)
 			}
-			settle(t.TakeResults, p, out, func(r *global.TakeResult, err error) { r.Err = err })
+			p.err = p.nd.brk.Do(cctx, func(ctx context.Context) error {
+				if lingers {
+					if !started.CompareAndSwap(0, 1) {
+						return context.Canceled // too late to start: Do has returned
+					}
+					defer l.lingering.Done()
+				}
+				if len(reqs) == 1 { // a refill, or a reservation's claim (Floor)
+					g, err := l.store.TakeOne(ctx, reqs[0])
+					if err == nil {
+						mine[0].Grant = g
+						lt.answered(mine)
+					}
+					return err
+				}
+				// As doBatch: answered unless the whole call ran out of time; an item
+				// that found the store unavailable fails the call for the breaker.
+				err := l.store.TakeBatch(ctx, reqs, mine)
+				if ctx.Err() != nil && storeerr.IsTimeout(err) {
+					return err
+				}
+				lt.answered(mine)
+				if global.IsUnavailable(err) {
+					return err
+				}
+				return nil
+			})
+			if lingers && started.CompareAndSwap(0, 2) {
+				l.lingering.Done() // the call never started (breaker open, overloaded)
+			}
+			if p.answered = lt.settle(p.err); p.answered {
+				copy(out, mine)
+			} else if errors.Is(p.err, breaker.ErrTimeout) {
+				p.late = lt
+			}
+			settle(t.TakeResults, p, out, func(r *redisstore.TakeResult, err error) { r.Err = err })
 		})
 		t.Answered, t.Err = outcome(parts)
+		var lates []*lateTake
+		for _, p := range parts {
+			if p.late != nil {
+				lates = append(lates, p.late)
+			}
+		}
+		return lates
 	case engine.RefundTrip:
 		parts := l.nodes.split(ctx, len(t.Refunds), func(i int) string {
 			r := &t.Refunds[i]
@@ -617,27 +591,52 @@ func (l *Limiter) do(ctx context.Context, t *engine.Trip) {
 		run(parts, func(p *part) {
 			reqs, out := pick(t.Refunds, p), pick(t.RefundResults, p)
 			p.answered, p.err = doBatch(ctx, p.nd.brk, func(ctx context.Context) error { return l.store.RefundBatch(ctx, reqs, out) })
-			settle(t.RefundResults, p, out, func(r *global.RefundResult, err error) { r.Err = err })
+			settle(t.RefundResults, p, out, func(r *redisstore.RefundResult, err error) { r.Err = err })
 		})
 		t.Answered, t.Err = outcome(parts)
 	case engine.HeartbeatTrip:
-		parts := l.nodes.split(ctx, 1, func(int) string { return wire.FleetKey("", t.Fleet) })
+		// The heartbeat and the record of representations, each a call of its own (their
+		// keys may be on two Cluster masters), made at once. The trip is the heartbeat's,
+		// or the record's when it carries no heartbeat; the record's outcome is its own.
+		record := func() {
+			nd := l.nodes.split(ctx, 1, func(int) string { return wire.RepsKey("") })[0].nd
+			var got []string
+			err := nd.brk.Do(ctx, func(ctx context.Context) error {
+				var err error
+				got, err = l.store.Reps(ctx, t.Reps, t.RepsLive)
+				return err
+			})
+			if t.RepsErr = err; err == nil {
+				t.RepsGot = got
+			}
+		}
+		if t.Fleet == "" {
+			record()
+			t.Err, t.Answered = t.RepsErr, t.RepsErr == nil
+			break
+		}
+		var reps sync.WaitGroup
+		if t.Reps != nil {
+			reps.Go(record)
+		}
+		nd := l.nodes.split(ctx, 1, func(int) string { return wire.FleetKey("", t.Fleet) })[0].nd
 		var live int
-		t.Err = parts[0].nd.brk.Do(ctx, func(ctx context.Context) error {
+		t.Err = nd.brk.Do(ctx, func(ctx context.Context) error {
 			var err error
 			live, err = l.store.Heartbeat(ctx, t.Fleet, l.store.ServerID(), t.TTL)
 			return err
 		})
-		if t.Err == nil {
-			t.Live, t.Answered = live, true
+		if t.Answered = t.Err == nil; t.Answered {
+			t.Live = live
 		}
+		reps.Wait()
 	case engine.LowTrip:
 		// Each call works on its own slices, read only once it has returned (answered):
 		// it may outlive the breaker's deadline.
 		parts := l.nodes.split(ctx, len(t.Lows), func(i int) string { return wire.LowKey("", t.Lows[i].Limit) })
 		run(parts, func(p *part) {
 			lows := pick(t.Lows, p)
-			got, errs := make([][]global.KeyID, len(lows)), make([]error, len(lows))
+			got, errs := make([][]redisstore.KeyID, len(lows)), make([]error, len(lows))
 			p.answered, p.err = doBatch(ctx, p.nd.brk, func(ctx context.Context) error {
 				var first error
 				for i, x := range lows { // each limit on its own: one's error does not stop the rest
@@ -656,24 +655,26 @@ func (l *Limiter) do(ctx context.Context, t *engine.Trip) {
 		})
 		t.Answered, t.Err = outcome(parts)
 	case engine.WindowsTrip:
-		// As for LowTrip, each call works on copies, read once it has returned.
-		parts := l.nodes.split(ctx, len(t.Windows), func(i int) string { return wire.WindowKey("", t.Windows[i].Limit.Name, 0, 0) })
+		// A round trip per shard of a limit with work, each on the master of its shard's
+		// slot: one master's failure fails only its shards'. As for LowTrip, each call
+		// works on copies, read once it has returned.
+		parts := l.nodes.split(ctx, len(t.Windows), func(i int) string {
+			x := &t.Windows[i]
+			return wire.MarksKey("", x.Limit.Name, x.Shards, x.Shard)
+		})
 		run(parts, func(p *part) {
-			wins := pick(t.Windows, p)
-			trips, errs := make([]global.WindowTrip, len(wins)), make([]error, len(wins))
-			for k, x := range wins {
-				x.Ops = slices.Clone(x.Ops)
-				trips[k] = x
+			trips := pick(t.Windows, p)
+			if p.idx == nil {
+				trips = slices.Clone(trips)
 			}
+			for k := range trips {
+				trips[k].Ops = slices.Clone(trips[k].Ops)
+			}
+			errs := make([]error, len(trips))
 			p.answered, p.err = doBatch(ctx, p.nd.brk, func(ctx context.Context) error {
-				var first error
-				for k := range trips { // each limit on its own: one's error does not stop the rest
-					errs[k] = l.store.Windows(ctx, &trips[k])
-					first = cmp.Or(first, errs[k])
-				}
-				return first
+				return l.store.WindowsBatch(ctx, trips, errs) // each shard on its own: one's error does not stop the rest
 			})
-			each(p, len(wins), func(k, i int) {
+			each(p, len(trips), func(k, i int) {
 				if p.answered {
 					t.Windows[i], t.WindowErrs[i] = trips[k], errs[k]
 				} else if p.idx != nil {
@@ -682,6 +683,78 @@ func (l *Limiter) do(ctx context.Context, t *engine.Trip) {
 			})
 		})
 		t.Answered, t.Err = outcome(parts)
+	}
+	return nil
+}
+
+// waited returns a channel closed once wg's Wait returns.
+func waited(wg *sync.WaitGroup) <-chan struct{} {
+	ch := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(ch)
+	}()
+	return ch
+}
+
+// lateTake is one call of a take trip (a part's), and its answers should they come
+// after Do gave up on it: they are the grants Redis spent when the takes ran, and the
+// engine reads them (Engine.Late) once it has taken the trip as failed (Done), whichever
+// of the two comes last doing it.
+type lateTake struct {
+	l   *Limiter
+	t   *engine.Trip
+	idx []int // the part's items' indexes in the trip; nil: every item
+
+	mu   sync.Mutex
+	res  []redisstore.TakeResult // the call's answers, once it has them
+	late bool                    // Do gave up on the call (its deadline)
+	done bool                    // the engine took the trip as done
+}
+
+// answered hands the call's answers res, from the call's goroutine.
+func (lt *lateTake) answered(res []redisstore.TakeResult) {
+	lt.mu.Lock()
+	lt.res = res
+	read := lt.late && lt.done
+	lt.mu.Unlock()
+	if read {
+		lt.read()
+	}
+}
+
+// settle takes Do's outcome err: it reports whether the call answered by then (its
+// answers are to be read now), and otherwise, for a timeout, marks them late.
+func (lt *lateTake) settle(err error) (answered bool) {
+	lt.mu.Lock()
+	defer lt.mu.Unlock()
+	if errors.Is(err, breaker.ErrTimeout) {
+		lt.late = true
+		return false
+	}
+	return lt.res != nil
+}
+
+// tripDone tells lt that the engine took its trip as done, on the driver's goroutine.
+func (lt *lateTake) tripDone() {
+	lt.mu.Lock()
+	lt.done = true
+	read := lt.late && lt.res != nil
+	lt.mu.Unlock()
+	if read {
+		lt.read()
+	}
+}
+
+// read hands the late answers to the engine.
+func (lt *lateTake) read() {
+	now := lt.l.clock.Now()
+	for k := range lt.res {
+		i := k
+		if lt.idx != nil {
+			i = lt.idx[k]
+		}
+		lt.l.eng.Late(now, lt.t, i, &lt.res[k])
 	}
 }
 
@@ -735,25 +808,16 @@ func (l *Limiter) Allow(ctx context.Context, limit, key string) (Decision, error
 }
 
 // AllowN decides whether a request of cost n for key may proceed under the named limit,
-// taking its n tokens atomically (all or none). It waits for Redis only when this server
-// holds no tokens for the key, at most the limit's MaxWait and never past ctx.
-//
-// The error is non-nil only for a misuse (ErrUnknownLimit, ErrInvalidCost), after Close
-// (ErrClosed), or when ctx ends while waiting (ctx.Err()); the Decision then denies. A
-// Redis failure is not an error: the limit's policy decides, and the Decision says so.
-// Cost 0 is allowed and spends nothing; on a key this server never asked Redis about, its
-// Remaining is the burst (nothing is known against a full bucket).
+// taking its n tokens atomically. It waits for Redis, at most the limit's MaxWait, only
+// when this server holds no tokens for the key. The error is non-nil only for a misuse,
+// after Close, or when ctx ends; a Redis failure is decided by the limit's policy.
 func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (Decision, error) {
 	return l.allowN(ctx, limit, "", key, n, l.onDecision)
 }
 
 // AllowTier is AllowN for a key of the named tier of the limit (Limit.Tiers; "" is the
-// limit's own rate and burst): the key's bucket holds the tier's Burst and refills at
-// its Rate. A key decided under another tier than before is re-shaped first: this
-// server gives back the tokens it leased for the key, its pre-check takes the tier's
-// rate and burst, and its bucket in Redis takes them at the next refill, on Redis's
-// clock and never adding tokens (docs/limits.md). ErrUnknownTier for a tier the limit
-// does not have.
+// limit's own rate and burst). A key keeps one bucket, re-shaped when its tier changes
+// (docs/limits.md).
 func (l *Limiter) AllowTier(ctx context.Context, limit, tier, key string, n int) (Decision, error) {
 	return l.allowN(ctx, limit, tier, key, n, l.onDecision)
 }
@@ -770,14 +834,22 @@ func (l *Limiter) allowN(ctx context.Context, limit, tier, key string, n int, ho
 		d := engine.Decision{Reason: engine.ReasonInvalidCost, RetryAfter: InfDuration}
 		return decision(lm, tier, &d), ErrInvalidCost
 	case l.closed.Load():
-		return Decision{Reason: ReasonClosed, Limit: limit, Tier: tier}, ErrClosed
+		return Decision{Reason: reasonClosed, Limit: limit, Tier: tier}, ErrClosed
+	}
+	if lm.Companions() != nil {
+		// The fleet counts the limit in more than one representation while a change of
+		// its kind or window rolls out: the request is decided on each (docs/limits.md).
+		var m engine.Multi
+		m.Add(engine.MultiItem{Limit: lm, Tier: tier, Key: key, N: n})
+		md, err := l.decideMulti(ctx, &m, hook)
+		return md.Decision, err
 	}
 	var d engine.Decision
 	if w := l.eng.Decide(l.clock.Now(), lm, tier, key, n, &d); w != nil {
 		return l.wait(ctx, lm, tier, key, w, hook)
 	}
 	if d.Reason == engine.ReasonClosed {
-		return Decision{Reason: ReasonClosed, Limit: limit, Tier: tier}, ErrClosed
+		return Decision{Reason: reasonClosed, Limit: limit, Tier: tier}, ErrClosed
 	}
 	var out Decision
 	out.set(lm, tier, &d)
@@ -790,7 +862,7 @@ func (l *Limiter) allowN(ctx context.Context, limit, tier, key string, n int, ho
 // result is d, for key under tier of lm, as AllowN returns it with err; it tells hook.
 func (l *Limiter) result(lm *engine.Limit, tier, key string, d *engine.Decision, err error, hook func(string, Decision)) (Decision, error) {
 	if d.Reason == engine.ReasonClosed {
-		return Decision{Reason: ReasonClosed, Limit: lm.Name(), Tier: tier}, ErrClosed
+		return Decision{Reason: reasonClosed, Limit: lm.Name(), Tier: tier}, ErrClosed
 	}
 	var out Decision
 	out.set(lm, tier, d)
@@ -836,15 +908,11 @@ func (l *Limiter) await(ctx context.Context, w *engine.Waiter) (engine.Decision,
 // errNotSent explains refunds queued while Close was sending the last ones.
 var errNotSent = errors.New("queued after Close sent its last refunds")
 
-// Close stops the background goroutine, fails the refills not yet sent, and gives every
-// unused leased token back to its bucket (in as few calls as it can, bounded by ctx).
-// Calls after Close return ErrClosed. The error reports tokens that could not be
-// refunded.
-//
-// Close may be called more than once, also concurrently: the first call does the work,
-// bounded by its own ctx, and every call returns only once that work is done, with the
-// same result. A call whose ctx ends first returns at once with an error wrapping
-// ctx.Err(); the refunds go on under the first call's ctx.
+// Close stops the Limiter and gives every unused leased token back to Redis, bounded by
+// ctx; the error reports tokens that could not be. It first waits for refills whose
+// answers are late (at most the breaker's probe deadline), so that what they were granted
+// is given back too. Calls after Close return ErrClosed.
+// Close may be called more than once: every call returns once the first is done.
 func (l *Limiter) Close(ctx context.Context) error {
 	if l.closed.Swap(true) {
 		select {
@@ -870,11 +938,7 @@ func (l *Limiter) close(ctx context.Context) error {
 	l.cancelStart()
 	// The engine is stopped, and its last round trip answered; a loop that does not get
 	// there (a Redis call that ignores its deadline) does not hold Close past ctx.
-	stopped := make(chan struct{})
-	go func() {
-		l.wg.Wait()
-		close(stopped)
-	}()
+	stopped := waited(&l.wg)
 	select {
 	case <-stopped:
 	case <-ctx.Done():
@@ -884,6 +948,20 @@ func (l *Limiter) close(ctx context.Context) error {
 			return fmt.Errorf("hybrid: Close: the limiter's loop did not stop: %w", ctx.Err())
 		}
 	}
+	// Take calls that outlive their Do end by the breaker's probe deadline: their late
+	// answers go to the keys' leases before the leases are refunded. Close waits for
+	// them at most half of what ctx leaves it, keeping the rest for the refunds.
+	lingered := waited(&l.lingering)
+	wait := ctx
+	if dl, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		wait, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(dl)/2))
+		defer cancel()
+	}
+	select {
+	case <-lingered:
+	case <-wait.Done():
+	}
 	l.eng.Drain()
 	lost := 0
 	var firstErr error
@@ -892,8 +970,11 @@ func (l *Limiter) close(ctx context.Context) error {
 		if t == nil {
 			break
 		}
-		l.do(ctx, t)
+		lates := l.do(ctx, t)
 		l.eng.Done(l.clock.Now(), t)
+		for _, lt := range lates {
+			lt.tripDone()
+		}
 		n, err := t.Lost()
 		lost += n
 		firstErr = cmp.Or(firstErr, err)

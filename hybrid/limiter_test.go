@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,8 +20,8 @@ import (
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/luascript"
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
-	"github.com/fleetlimit/fleetlimit/lua"
 )
 
 // prefix returns a short key prefix unique to this run (the shared Redis is never flushed).
@@ -59,6 +61,17 @@ func newLimiter(t testing.TB, s *global.Store, cfg hybrid.Config) *hybrid.Limite
 	}
 	t.Cleanup(func() { _ = l.Close(context.Background()) })
 	return l
+}
+
+// setLimit changes the limit named lim.Name, and only it, through Reconfigure.
+func setLimit(l *hybrid.Limiter, lim hybrid.Limit) error {
+	limits := l.Limits()
+	i := slices.IndexFunc(limits, func(o hybrid.Limit) bool { return o.Name == lim.Name })
+	if i < 0 {
+		return fmt.Errorf("no limit %q", lim.Name)
+	}
+	limits[i] = lim
+	return l.Reconfigure(limits)
 }
 
 func TestNewRejectsBadConfig(t *testing.T) {
@@ -420,7 +433,7 @@ type clockAt func() time.Time
 func (c clockAt) Now() time.Time { return c() }
 
 func (clockAt) AfterFunc(d time.Duration, f func()) func() bool {
-	return breaker.SystemClock{}.AfterFunc(d, f)
+	return time.AfterFunc(d, f).Stop
 }
 
 // heldRefunds is a go-redis hook that holds the first refund pipeline until release is
@@ -483,7 +496,7 @@ func TestConcurrentCloseWaitsForRefunds(t *testing.T) {
 			if st := l.Stats(); st.Granted <= 30 {
 				t.Fatalf("the lease holds no spare tokens (granted %d): nothing to refund", st.Granted)
 			}
-			hook := &heldRefunds{refundSource: lua.Refund.Hash(), fail: tc.fail,
+			hook := &heldRefunds{refundSource: luascript.Refund.Hash(), fail: tc.fail,
 				entered: make(chan struct{}), release: make(chan struct{})}
 			c.AddHook(hook)
 
@@ -556,8 +569,8 @@ func TestLongKeysKeepTheirBuckets(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct{ name, key string }{
 		{"short", "alice"},
-		{"64 bytes", strings.Repeat("k", global.MaxKeyLen)},
-		{"65 bytes", strings.Repeat("k", global.MaxKeyLen+1)},
+		{"64 bytes", strings.Repeat("k", 64)},
+		{"65 bytes", strings.Repeat("k", 65)},
 		{"brace", "a{b}"},
 		{"like an ID", "{" + strings.Repeat("0", 32)},
 		{"1 MB, a", huge + "a"},
@@ -579,6 +592,68 @@ func TestLongKeysKeepTheirBuckets(t *testing.T) {
 		}
 		if !m.Exists(st.Key("api", tc.key)) {
 			t.Errorf("%s: no bucket at %s: the key's Redis key moved (keys %v)", tc.name, st.Key("api", tc.key), m.Keys())
+		}
+	}
+}
+
+// lateTakes holds the first take until released, then sends it on the call's context:
+// it runs in Redis, and its answer reaches the Limiter, after the breaker's deadline.
+type lateTakes struct {
+	held, release chan struct{}
+	once          sync.Once
+}
+
+func (h *lateTakes) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *lateTakes) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if args := cmd.Args(); len(args) < 2 || args[0] != "evalsha" || args[1] != luascript.Take.Hash() {
+			return next(ctx, cmd)
+		}
+		first := false
+		h.once.Do(func() { first = true })
+		if first {
+			close(h.held)
+			<-h.release
+		}
+		return next(ctx, cmd) // fails at once if the call's context ended with Do
+	}
+}
+func (h *lateTakes) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestLateTakeIsRead: a take whose answer comes after the breaker's deadline is still
+// read: its call lingers, on a context that outlives Do, and the grant Redis spent goes
+// to the key's lease (LimitStats.Recovered), whose tokens serve the next requests.
+func TestLateTakeIsRead(t *testing.T) {
+	_, c := redistest.Mini(t)
+	h := &lateTakes{held: make(chan struct{}), release: make(chan struct{})}
+	c.AddHook(h)
+	brk, err := breaker.New(breaker.Settings{Timeout: 20 * time.Millisecond, FailureThreshold: 100, OpenTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1, Breaker: brk, Limits: []hybrid.Limit{
+		{Name: "api", Rate: 100, Burst: 100, Policy: breaker.FailClosed, MaxWait: time.Second},
+	}})
+	d, err := l.Allow(context.Background(), "api", "k")
+	if err != nil || d.Allowed || d.Source != hybrid.SourceFallback {
+		t.Fatalf("the request whose take timed out: %+v, %v; want denied by FailClosed", d, err)
+	}
+	<-h.held
+	close(h.release)
+	var st hybrid.LimitStats
+	waitFor(t, "the late answer to be read", func() bool {
+		st = l.Stats().Limits[0]
+		return st.Recovered > 0
+	})
+	if st.Recovered != st.Granted || st.Takes != 1 {
+		t.Errorf("recovered %d of %d granted in %d takes, want all of one take", st.Recovered, st.Granted, st.Takes)
+	}
+	// The grant is what the first take asked for, and its tokens are on hand.
+	for i := range st.Recovered {
+		if d, err := l.Allow(context.Background(), "api", "k"); err != nil || !d.Allowed || d.Source != hybrid.SourceLease {
+			t.Fatalf("request %d after the late grant of %d: %+v, %v; want served by the lease", i, st.Recovered, d, err)
 		}
 	}
 }

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/breaker"
-	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
 )
 
@@ -18,20 +18,16 @@ func TestModeValues(t *testing.T) {
 	for _, tt := range []struct {
 		m    hybrid.Mode
 		str  string
-		d    time.Duration
 		same hybrid.Mode
 	}{
-		{hybrid.Exact(), "exact", 0, hybrid.Mode{}},
-		{hybrid.ChargeLater(100 * time.Millisecond), "charge-later(100ms)", 100 * time.Millisecond, hybrid.ChargeLater(100 * time.Millisecond)},
-		{hybrid.Windowed(120 * time.Millisecond), "windowed(120ms)", 120 * time.Millisecond, hybrid.Windowed(120 * time.Millisecond)},
-		{hybrid.ChargeLater(0), "exact", 0, hybrid.Exact()},
-		{hybrid.Windowed(0), "exact", 0, hybrid.Exact()},
+		{hybrid.Exact(), "exact", hybrid.Mode{}},
+		{hybrid.ChargeLater(100 * time.Millisecond), "charge-later(100ms)", hybrid.ChargeLater(100 * time.Millisecond)},
+		{hybrid.Windowed(120 * time.Millisecond), "windowed(120ms)", hybrid.Windowed(120 * time.Millisecond)},
+		{hybrid.ChargeLater(0), "exact", hybrid.Exact()},
+		{hybrid.Windowed(0), "exact", hybrid.Exact()},
 	} {
 		if got := tt.m.String(); got != tt.str {
 			t.Errorf("String() = %q, want %q", got, tt.str)
-		}
-		if got := tt.m.Duration(); got != tt.d {
-			t.Errorf("%v: Duration() = %v, want %v", tt.m, got, tt.d)
 		}
 		if tt.m != tt.same {
 			t.Errorf("%v != %v", tt.m, tt.same)
@@ -44,7 +40,7 @@ func TestModeValues(t *testing.T) {
 
 // TestModeRefusals: every Limit a mode cannot run is refused by New and
 // Reconfigure, and every change of kind at run time, and every change a Windowed limit
-// cannot take, by SetLimit and Reconfigure, with an error that wraps ErrInvalidConfig
+// cannot take, by Reconfigure, with an error that wraps ErrInvalidConfig
 // and names the field.
 func TestModeRefusals(t *testing.T) {
 	_, c := redistest.Mini(t)
@@ -73,8 +69,8 @@ func TestModeRefusals(t *testing.T) {
 		{"ChargeLater negative", with(win, func(l *hybrid.Limit) { l.Mode = hybrid.ChargeLater(-time.Second) }), "Mode: ChargeLater(-1s)"},
 		{"Windowed under 1ms", with(win, func(l *hybrid.Limit) { l.Mode = hybrid.Windowed(500 * time.Microsecond) }), "Mode: Windowed(500µs) must be at least 1ms"},
 		{"Windowed with tiers", with(win, func(l *hybrid.Limit) { l.Tiers = []hybrid.Tier{{Name: "paid", Rate: 20, Burst: 20}} }), "Tiers: a Windowed limit has no tiers"},
-		{"Windowed burst too large", with(win, func(l *hybrid.Limit) { l.Rate, l.Burst = global.MaxWindowBurst+1, global.MaxWindowBurst+1 }),
-			fmt.Sprintf("Burst %d: a Windowed limit counts at most %d per window", global.MaxWindowBurst+1, global.MaxWindowBurst)},
+		{"Windowed burst too large", with(win, func(l *hybrid.Limit) { l.Rate, l.Burst = redisstore.MaxWindowBurst+1, redisstore.MaxWindowBurst+1 }),
+			fmt.Sprintf("Burst %d: a Windowed limit counts at most %d per window", redisstore.MaxWindowBurst+1, redisstore.MaxWindowBurst)},
 		{"Windowed with a lifetime", with(win, func(l *hybrid.Limit) { l.Lease.Lifetime = time.Second }), "Lease: a Windowed limit holds no leases"},
 		{"Windowed with a refill interval", with(win, func(l *hybrid.Limit) { l.Lease.RefillInterval = time.Second }), "Lease: a Windowed limit holds no leases"},
 		{"Windowed without prefetch", with(win, func(l *hybrid.Limit) { l.Lease.LowWatermark = -1 }), "Lease: a Windowed limit holds no leases"},
@@ -114,7 +110,6 @@ func TestModeRefusals(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			l := newLimiter(t, s, hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{tt.from}})
 			before := l.Limits()
-			check(t, "SetLimit", l.SetLimit(tt.to), tt.want)
 			check(t, "Reconfigure", l.Reconfigure([]hybrid.Limit{tt.to}), tt.want)
 			if got := l.Limits(); !reflect.DeepEqual(got, before) {
 				t.Errorf("a refused change changed the limit: %+v, was %+v", got, before)

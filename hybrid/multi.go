@@ -9,16 +9,13 @@ import (
 	"github.com/fleetlimit/fleetlimit/internal/engine"
 )
 
-// Item is one (limit, key, cost) of an AllowMulti call: a request counted against a
-// per-API-key limit, a per-tenant limit and a global one is three items.
+// Item is one (limit, tier, key, cost) of an AllowMulti call.
 type Item struct {
 	Limit string
-	// Tier is the key's tier of the limit ("" for the limit's own rate and burst), as
-	// for AllowTier.
+	// Tier is the key's tier of the limit ("" for the limit's own), as for AllowTier.
 	Tier string
 	Key  string
-	// Cost is the item's tokens, at least 0; the zero Item costs nothing and is denied
-	// only for an unknown limit.
+	// Cost is the item's tokens, at least 0.
 	Cost int
 }
 
@@ -28,43 +25,22 @@ type MultiDecision struct {
 	Allowed bool
 	// Denied is the index of the item that denied the request, -1 when it was allowed.
 	Denied int
-	// Decision is the denying item's decision; when the request was allowed, that of
-	// the item with the fewest tokens remaining (the one a rate-limit header should
-	// report).
+	// Decision is the denying item's decision, or when allowed that of the item with the
+	// fewest tokens remaining.
 	Decision Decision
-	// RetryAfter, when denied, is the longest RetryAfter among the items known to deny:
-	// the request cannot pass before then (InfDuration: never).
+	// RetryAfter, when denied, is the longest RetryAfter of the items known to deny.
 	RetryAfter time.Duration
 }
 
-// AllowMulti decides a request that counts against several items at once, all or
-// nothing: it is admitted only if every item admits it, and a denial spends nothing
-// anywhere. Items that would certainly deny (a cost above the burst, an empty
-// pre-check) are looked at first, without spending; then each item is decided in turn
-// as AllowN decides it (from its lease, or after a refill), and if one denies, the
-// tokens the items before it took go back at once: to their lease, or to Redis as a
-// refund when the lease no longer holds them; their pre-check gets them back too. A
-// refill one of them made stays in its lease for later requests. Tokens a failure
-// policy admitted during an outage stay spent in the policy's local limiter.
-//
-// The common case, every item served from its lease, makes no Redis call and no
-// allocation; items is only read. No lock is held across the items, so concurrent
-// calls with overlapping items cannot deadlock; one may be denied because another
-// holds tokens it later gives back (the same as two AllowN calls racing for the last
-// token). Errors are AllowN's, for the first item that has one (nothing is spent then);
-// an empty items is ErrInvalidCost.
-//
-// The counters (Stats) count each item decided: an item the first pass denies counts
-// as denied, the items it was not compared with are not counted, and an item whose
-// tokens went back counts as admitted and in LimitStats.GivenBack. A call racing Close
-// may give tokens back after Close has sent its refunds: they are then counted in
-// RefundsLost, not in Close's error.
+// AllowMulti decides a request that counts against several items at once, all or nothing:
+// it is admitted only if every item admits it, and a denial spends nothing. Errors are
+// AllowN's, for the first item that has one; an empty items is ErrInvalidCost.
 func (l *Limiter) AllowMulti(ctx context.Context, items []Item) (MultiDecision, error) {
 	if len(items) == 0 {
 		return MultiDecision{Denied: -1, RetryAfter: InfDuration}, fmt.Errorf("%w: no items", ErrInvalidCost)
 	}
 	if l.closed.Load() {
-		return MultiDecision{Denied: 0, Decision: Decision{Reason: ReasonClosed}}, ErrClosed
+		return MultiDecision{Denied: 0, Decision: Decision{Reason: reasonClosed}}, ErrClosed
 	}
 	// Every item must be valid before anything is looked at or counted.
 	dry := false
@@ -91,22 +67,28 @@ func (l *Limiter) AllowMulti(ctx context.Context, items []Item) (MultiDecision, 
 	for i, it := range items {
 		m.Add(engine.MultiItem{Limit: lms[i], Tier: it.Tier, Key: it.Key, N: it.Cost})
 	}
-	w, done := l.eng.StartMulti(l.clock.Now(), &m)
+	return l.decideMulti(ctx, &m, l.onDecision)
+}
+
+// decideMulti decides m, its items added, waiting as AllowMulti does, and tells hook
+// (nil: nobody) of the decision.
+func (l *Limiter) decideMulti(ctx context.Context, m *engine.Multi, hook func(string, Decision)) (MultiDecision, error) {
+	w, done := l.eng.StartMulti(l.clock.Now(), m)
 	var err error
 	for !done {
 		d, werr := l.await(ctx, w)
 		err = cmp.Or(err, werr)
-		w, done = l.eng.ResumeMulti(l.clock.Now(), &m, d)
+		w, done = l.eng.ResumeMulti(l.clock.Now(), m, d)
 	}
 	it := m.At(m.Item)
 	out := MultiDecision{Allowed: m.Allowed, Denied: m.Denied, RetryAfter: m.RetryAfter}
 	if m.Decision.Reason == engine.ReasonClosed {
-		out.Decision = Decision{Reason: ReasonClosed, Limit: it.Limit.Name(), Tier: it.Tier}
+		out.Decision = Decision{Reason: reasonClosed, Limit: it.Limit.Name(), Tier: it.Tier}
 		return out, ErrClosed
 	}
 	out.Decision.set(it.Limit, it.Tier, &m.Decision)
-	if l.onDecision != nil {
-		l.onDecision(it.Key, out.Decision)
+	if hook != nil {
+		hook(it.Key, out.Decision)
 	}
 	return out, err
 }

@@ -14,6 +14,8 @@ import (
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/metricstest"
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
 )
 
@@ -21,7 +23,7 @@ import (
 // (the bucket is then empty). The rates in these tests are so low that nothing refills.
 func bucketLeft(t *testing.T, s *global.Store, name string, b int, key string) int {
 	t.Helper()
-	g, err := s.Take(context.Background(), mustLimit(t, name, 1e-6, b), key, b, 1)
+	g, err := redisstore.Of(s).Take(context.Background(), redisstore.Limit(mustLimit(t, name, 1e-6, b)), key, b, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +62,7 @@ func TestAllowMultiSpendsNothingOnDenial(t *testing.T) {
 		}
 		// Another server drains the tenant's bucket: this server's pre-check still has
 		// tokens, so only the refill can tell.
-		if g, err := s.Take(ctx, mustLimit(t, "tenant", 1e-6, 4), "t1", 4, 1); err != nil {
+		if g, err := redisstore.Of(s).Take(ctx, redisstore.Limit(mustLimit(t, "tenant", 1e-6, 4)), "t1", 4, 1); err != nil {
 			t.Fatal(err)
 		} else if g.Granted == 0 {
 			t.Fatal("the tenant's bucket was empty already: the test would not reach Redis's answer")
@@ -84,8 +86,8 @@ func TestAllowMultiSpendsNothingOnDenial(t *testing.T) {
 			t.Fatal("no denial: the test did not exercise giving back")
 		}
 		st := l.Stats()
-		if k := st.Limits[0]; k.GivenBack != int64(denials) || k.Allowed()-k.GivenBack != int64(admitted) {
-			t.Errorf("key limit: %d admitted, %d given back; want %d given back, %d let through", k.Allowed(), k.GivenBack, denials, admitted)
+		if k := st.Limits[0]; k.GivenBack != int64(denials) || metricstest.Allowed(k)-k.GivenBack != int64(admitted) {
+			t.Errorf("key limit: %d admitted, %d given back; want %d given back, %d let through", metricstest.Allowed(k), k.GivenBack, denials, admitted)
 		}
 		if err := l.Close(ctx); err != nil {
 			t.Fatal(err)
@@ -118,7 +120,7 @@ func TestAllowMultiLooksFirst(t *testing.T) {
 	if err != nil || d.Allowed || d.Denied != 1 || d.Decision.Reason != hybrid.ReasonPreCheck || d.RetryAfter != 500*time.Millisecond {
 		t.Fatalf("AllowMulti = %+v, %v; want denied by b's pre-check, retry after 500ms", d, err)
 	}
-	if a := l.Stats().Limits[0]; a.Takes != 0 || a.Allowed() != 0 {
+	if a := l.Stats().Limits[0]; a.Takes != 0 || metricstest.Allowed(a) != 0 {
 		t.Fatalf("limit a spent on a denied call: %+v", a)
 	}
 	d, err = l.AllowMulti(ctx, []hybrid.Item{{Limit: "b", Key: "y", Cost: 2}, {Limit: "a", Key: "y", Cost: 1}})
@@ -140,8 +142,8 @@ func TestAllowMultiLooksFirst(t *testing.T) {
 	if _, err := l.AllowMulti(ctx, []hybrid.Item{{Limit: "b", Key: "x", Cost: 1}, {Limit: "nope", Key: "x"}}); !errors.Is(err, hybrid.ErrUnknownLimit) {
 		t.Fatalf("unknown limit: %v", err)
 	}
-	if after := l.Stats().Limits[1]; after.Denied() != before.Denied() {
-		t.Fatalf("a call that failed validation was counted: %d denials before, %d after", before.Denied(), after.Denied())
+	if after := l.Stats().Limits[1]; metricstest.Denied(after) != metricstest.Denied(before) {
+		t.Fatalf("a call that failed validation was counted: %d denials before, %d after", metricstest.Denied(before), metricstest.Denied(after))
 	}
 	for _, tc := range []struct {
 		items []hybrid.Item

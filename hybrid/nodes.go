@@ -74,8 +74,8 @@ func (n *nodes) route(ctx context.Context, key string) (nd *node, moved bool) {
 	if nd == nil {
 		st := n.all.brk.Settings()
 		st.Name = addr
-		if n.all.brk.Name() != "" {
-			st.Name = n.all.brk.Name() + " " + addr
+		if st.Name != "" {
+			st.Name += " " + addr
 		}
 		b, err := breaker.New(st)
 		if err != nil { // not reached: the settings made Config.Breaker
@@ -187,6 +187,7 @@ type part struct {
 	idx      []int // the items' indexes in the trip; nil: every item
 	answered bool
 	err      error
+	late     *lateTake // a take trip's part whose answers may come after Do gave up
 }
 
 // split routes each of count items (key(i) is item i's Redis key, or any key with its

@@ -12,8 +12,8 @@ import (
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/luascript"
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
-	"github.com/fleetlimit/fleetlimit/lua"
 )
 
 // TestFirstRequestsAfterReady: a fresh Limiter, with the default breaker (10 ms) and
@@ -45,7 +45,7 @@ func TestFirstRequestsAfterReady(t *testing.T) {
 	if err := l.Ready(ctx); err != nil {
 		t.Fatalf("Ready: %v", err)
 	}
-	ok, err := c.ScriptExists(ctx, lua.Take.Hash(), lua.Refund.Hash(), lua.Heartbeat.Hash(), lua.Low.Hash()).Result()
+	ok, err := c.ScriptExists(ctx, luascript.Take.Hash(), luascript.Refund.Hash(), luascript.Heartbeat.Hash(), luascript.Low.Hash()).Result()
 	if err != nil || !ok[0] || !ok[1] || !ok[2] || !ok[3] {
 		t.Fatalf("scripts cached after Ready: %v, %v", ok, err)
 	}

@@ -4,10 +4,17 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/fleetlimit/fleetlimit/internal/quota"
 )
 
-// Limits returns the Limiter's limits as they are now, defaults filled in, in the order
-// they were added: what a configuration reload compares with.
+func init() {
+	quota.Of = func(l any, limit, tier string) (int, time.Duration, error) {
+		return l.(*Limiter).quotaOf(limit, tier)
+	}
+}
+
+// Limits returns the Limiter's limits as they are now, defaults filled in.
 func (l *Limiter) Limits() []Limit {
 	var out []Limit
 	for _, lm := range l.eng.Limits() {
@@ -16,12 +23,9 @@ func (l *Limiter) Limits() []Limit {
 	return out
 }
 
-// Quota returns what a Decision under the named limit and tier ("" for the limit's own
-// rate and burst) reports as its Quota and Window, as they are now: what a response
-// that lists every limit a request counted against (httplimit's RateLimit-Policy)
-// states for the limits that did not decide. ErrUnknownLimit or ErrUnknownTier if
-// there is no such limit or tier. It allocates nothing.
-func (l *Limiter) Quota(limit, tier string) (quota int, window time.Duration, err error) {
+// quotaOf returns the Quota and Window a Decision under the named limit and tier reports,
+// for headers that list limits that did not decide (quota.Of).
+func (l *Limiter) quotaOf(limit, tier string) (burst int, window time.Duration, err error) {
 	lm := l.eng.Limit(limit)
 	switch {
 	case lm == nil:
@@ -33,22 +37,9 @@ func (l *Limiter) Quota(limit, tier string) (quota int, window time.Duration, er
 	return sh.Burst(), sh.Window(), nil
 }
 
-// SetLimit changes the limit named lim.Name while the Limiter runs: its Rate, Burst,
-// Tiers, pre-check, Policy, MaxWait and Lease, and a ChargeLater limit's duration.
-// MaxKeys cannot change, nor a limit's kind (its Mode), nor a Windowed limit's report
-// interval, Rate and Burst (Reconfigure without the limit, then with it). Nothing is dropped: requests being decided finish on the old
-// configuration, later ones run on the new. Each key moves to it on its next request
-// on this server; where its Rate, Burst or pre-check changed, that server gives back the
-// tokens it leased for the key first, and the key's bucket in Redis takes the new Rate
-// and Burst at its next refill, on Redis's clock, without gaining tokens.
-//
-// A change of Rate or Burst (the limit's or a tier's, or a tier added or removed) needs
-// a higher Version than the current one: the servers of a fleet learn of a change at
-// different instants, and each bucket keeps the highest Version it has seen, so a
-// server still on the old configuration is answered on the new one by Redis
-// (docs/limits.md states the bound that holds meanwhile). A lower Version is refused.
-// The error wraps ErrInvalidConfig.
-func (l *Limiter) SetLimit(lim Limit) error {
+// setLimit changes the limit named lim.Name (see Reconfigure). The error wraps
+// ErrInvalidConfig.
+func (l *Limiter) setLimit(lim Limit) error {
 	c, err := engineLimit(lim)
 	if err == nil {
 		err = l.eng.SetLimit(l.clock.Now(), c)
@@ -84,13 +75,14 @@ func (l *Limiter) removeLimit(name string) error {
 }
 
 // Reconfigure makes the Limiter's limits those of limits, as a reloaded configuration
-// file gives them: limits it lacks are added and decide at once; limits not in limits are
-// removed: calls for them return ErrUnknownLimit from then on (a request deciding at that
-// instant may be denied with ReasonClosed), the tokens this server leased for their keys
-// are refunded, and their counters leave Stats; the others are changed with SetLimit's
-// rules. Every limit is checked first, and nothing is changed if one is refused; the
-// error wraps ErrInvalidConfig and names it. A change SetLimit refuses (a limit's kind)
-// is two calls: without the limit, then with it.
+// gives them: new limits are added, missing ones removed (their calls then return
+// ErrUnknownLimit and their leased tokens are refunded), the others changed in any field
+// but their Mode's kind, a Windowed limit's interval, Rate and Burst, and MaxKeys.
+// Requests being decided finish on the old configuration. A change of Rate or Burst (a
+// tier's too) needs a higher Version, so that the fleet agrees on it (docs/limits.md).
+// Nothing changes if one is refused; the error wraps ErrInvalidConfig. A change refused
+// is two calls: without the limit, then with it. To change one limit, pass Limits() with
+// that one changed.
 func (l *Limiter) Reconfigure(limits []Limit) error {
 	if len(limits) == 0 {
 		return fmt.Errorf("%w: no limits", ErrInvalidConfig)
@@ -119,7 +111,7 @@ func (l *Limiter) Reconfigure(limits []Limit) error {
 		if l.eng.Limit(lim.Name) == nil {
 			err = l.addLimit(lim)
 		} else {
-			err = l.SetLimit(lim)
+			err = l.setLimit(lim)
 		}
 		if err != nil {
 			return err

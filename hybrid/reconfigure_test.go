@@ -14,9 +14,9 @@ import (
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
 )
 
-// TestSetLimitRules: what SetLimit and Reconfigure accept and
-// refuse, and that a refused change changes nothing.
-func TestSetLimitRules(t *testing.T) {
+// TestChangeRules: the changes of a limit Reconfigure accepts and refuses, and that a
+// refused change changes nothing.
+func TestChangeRules(t *testing.T) {
 	_, c := redistest.Mini(t)
 	base := hybrid.Limit{Name: "api", Rate: 10, Burst: 20, Policy: breaker.FailOpen, Version: 3,
 		Tiers: []hybrid.Tier{{Name: "paid", Rate: 100, Burst: 200}}}
@@ -50,9 +50,9 @@ func TestSetLimitRules(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{base}})
 			before := l.Limits()
-			err := l.SetLimit(tt.lim)
+			err := l.Reconfigure([]hybrid.Limit{tt.lim})
 			if (err == nil) != tt.ok {
-				t.Fatalf("SetLimit(%s) = %v, want ok %v", tt.name, err, tt.ok)
+				t.Fatalf("Reconfigure(%s) = %v, want ok %v", tt.name, err, tt.ok)
 			}
 			if err != nil {
 				if !errors.Is(err, hybrid.ErrInvalidConfig) {
@@ -61,8 +61,8 @@ func TestSetLimitRules(t *testing.T) {
 				if got := l.Limits(); !reflect.DeepEqual(got, before) {
 					t.Errorf("a refused change changed the limits: %+v, was %+v", got, before)
 				}
-				// Reconfigure refuses it too, and changes nothing either, not even the
-				// limit it would have added.
+				// Beside a new limit it is refused too, and changes nothing either, not
+				// even the limit it would have added.
 				if err := l.Reconfigure([]hybrid.Limit{tt.lim, {Name: "new", Rate: 1, Burst: 1, Policy: breaker.FailOpen}}); err == nil {
 					t.Error("Reconfigure accepted it")
 				}
@@ -74,15 +74,12 @@ func TestSetLimitRules(t *testing.T) {
 			got := l.Limits()[0]
 			if got.Rate != tt.lim.Rate || got.Version != tt.lim.Version || got.Policy != tt.lim.Policy ||
 				tt.lim.MaxWait != 0 && got.MaxWait != tt.lim.MaxWait {
-				t.Errorf("Limits() = %+v after SetLimit(%+v)", got, tt.lim)
+				t.Errorf("Limits() = %+v after Reconfigure(%+v)", got, tt.lim)
 			}
 		})
 	}
 
 	l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{base}})
-	if err := l.SetLimit(hybrid.Limit{Name: "nope", Rate: 1, Burst: 1, Policy: breaker.FailOpen}); err == nil {
-		t.Error("SetLimit of an unknown limit: no error")
-	}
 	if _, err := l.AllowTier(context.Background(), "api", "gold", "k", 1); !errors.Is(err, hybrid.ErrUnknownTier) {
 		t.Errorf("AllowTier of an unknown tier: %v", err)
 	}
@@ -181,10 +178,10 @@ func TestTierChangeUnderLoad(t *testing.T) {
 	})
 }
 
-// TestSetLimitLive: a limit's burst lowered on a running Limiter that holds a lease: the
+// TestChangeLive: a limit's burst lowered on a running Limiter that holds a lease: the
 // lease goes back, the bucket takes the new burst and version at the next refill, and a
 // server still on the old configuration is answered on the new one.
-func TestSetLimitLive(t *testing.T) {
+func TestChangeLive(t *testing.T) {
 	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
 		lim := hybrid.Limit{Name: "api", Rate: 1e-6, Burst: 100, Policy: breaker.FailClosed, MaxWait: 2 * time.Second,
 			Lease: hybrid.LeaseTuning{RefillInterval: time.Hour, Lifetime: time.Hour}} // a lease of half the burst, kept
@@ -198,7 +195,7 @@ func TestSetLimitLive(t *testing.T) {
 			}
 		}
 		lim.Burst, lim.Version = 10, 1
-		if err := changed.SetLimit(lim); err != nil {
+		if err := changed.Reconfigure([]hybrid.Limit{lim}); err != nil {
 			t.Fatal(err)
 		}
 		admitted := 0

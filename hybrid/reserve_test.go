@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/breaker"
-	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
 )
 
@@ -26,7 +26,7 @@ func TestReserve(t *testing.T) {
 			{Name: "jobs", Rate: rate, Burst: burst, Policy: breaker.FailClosed, MaxWait: time.Second}}})
 		ctx := context.Background()
 
-		r, err := l.Reserve(ctx, "jobs", "k")
+		r, err := l.ReserveN(ctx, "jobs", "k", 1)
 		if err != nil || !r.OK() || r.Delay() != 0 {
 			t.Fatalf("first reservation: ok %v, delay %v, %v; want tokens on hand", r.OK(), r.Delay(), err)
 		}
@@ -43,7 +43,7 @@ func TestReserve(t *testing.T) {
 		// Claims on the refill: the k-th waits about k tokens' refill.
 		var claims []*hybrid.Reservation
 		for k := 1; k <= burst; k++ {
-			r, err := l.Reserve(ctx, "jobs", "k")
+			r, err := l.ReserveN(ctx, "jobs", "k", 1)
 			if err != nil || !r.OK() {
 				t.Fatalf("claim %d: ok %v, %v", k, r.OK(), err)
 			}
@@ -57,7 +57,7 @@ func TestReserve(t *testing.T) {
 			claims = append(claims, r)
 		}
 		// Minus the burst claimed: no more.
-		if r, err := l.Reserve(ctx, "jobs", "k"); err != nil || r.OK() || r.Delay() != hybrid.InfDuration {
+		if r, err := l.ReserveN(ctx, "jobs", "k", 1); err != nil || r.OK() || r.Delay() != hybrid.InfDuration {
 			t.Fatalf("a claim past minus the burst: ok %v, delay %v, %v", r.OK(), r.Delay(), err)
 		}
 		if got := l.Stats().Limits[0].Reserved; got != burst {
@@ -72,7 +72,7 @@ func TestReserve(t *testing.T) {
 		if r, err := l.ReserveN(ctx, "jobs", "k", burst+1); err != nil || r.OK() {
 			t.Fatalf("a reservation above the burst: ok %v, %v", r.OK(), err)
 		}
-		if r, err := l.Reserve(ctx, "nope", "k"); !errors.Is(err, hybrid.ErrUnknownLimit) || r.OK() || r.Decision().Limit != "nope" {
+		if r, err := l.ReserveN(ctx, "nope", "k", 1); !errors.Is(err, hybrid.ErrUnknownLimit) || r.OK() || r.Decision().Limit != "nope" {
 			t.Fatalf("unknown limit: ok %v, decision %+v, %v", r.OK(), r.Decision(), err)
 		}
 		if err := l.Close(ctx); err != nil {
@@ -80,7 +80,7 @@ func TestReserve(t *testing.T) {
 		}
 		// The bucket: 4 claims stand. Read it with a claim of one: it waits for the
 		// bucket to refill from minus 4 (and what refilled since) plus one token.
-		g, err := s.TakeOne(ctx, globalTake("jobs", rate, burst, "k"))
+		g, err := redisstore.Of(s).TakeOne(ctx, globalTake("jobs", rate, burst, "k"))
 		if err != nil || g.Granted != 1 {
 			t.Fatalf("reading the bucket: %+v, %v", g, err)
 		}
@@ -92,6 +92,6 @@ func TestReserve(t *testing.T) {
 
 // globalTake is a take of one token for key that may leave the bucket down to minus its
 // burst: it reads the bucket's level after it.
-func globalTake(name string, rate float64, burst int, key string) global.TakeRequest {
-	return global.TakeRequest{Limit: global.Limit{Name: name, Rate: rate, Burst: burst}, Key: key, Want: 1, Min: 1, Floor: burst}
+func globalTake(name string, rate float64, burst int, key string) redisstore.TakeRequest {
+	return redisstore.TakeRequest{Limit: redisstore.Limit{Name: name, Rate: rate, Burst: burst}, Key: key, Want: 1, Min: 1, Floor: burst}
 }

@@ -7,14 +7,13 @@ import (
 	"time"
 )
 
-// Errors of Wait and WaitN.
+// Errors of WaitN.
 var (
-	// ErrWouldExceedDeadline is returned by WaitN, without waiting, when the denial's
-	// RetryAfter ends after ctx's deadline: the request could not pass in time.
+	// ErrWouldExceedDeadline is returned by WaitN when the request cannot pass before
+	// ctx's deadline.
 	ErrWouldExceedDeadline = errors.New("hybrid: wait would exceed the context deadline")
-	// ErrNeverAllowed is returned by WaitN for a request that can never pass: its cost
-	// is above the limit's burst or the pre-check's, or its tokens would take longer
-	// than a time.Duration holds (about 292 years) to come.
+	// ErrNeverAllowed is returned by WaitN for a request that can never pass (a cost
+	// above the burst).
 	ErrNeverAllowed = errors.New("hybrid: request can never be allowed")
 )
 
@@ -22,30 +21,11 @@ var (
 // RetryAfter of a few nanoseconds (a token due almost now) does not spin.
 const minRetry = 100 * time.Microsecond
 
-// Wait is shorthand for WaitN(ctx, limit, key, 1).
-func (l *Limiter) Wait(ctx context.Context, limit, key string) (Decision, error) {
-	return l.WaitN(ctx, limit, key, 1)
-}
-
 // WaitN blocks until a request of cost n for key may proceed under the named limit, and
-// returns the decision that admitted it. It reserves the tokens as ReserveN does and
-// sleeps until the reservation's instant to act: at once for tokens this server holds,
-// else for as long as the key's bucket needs to refill what it claimed. When no
-// reservation can be made (the bucket has more than a burst claimed, or Redis does not
-// answer and the limit's policy denies), it sleeps for the denial's RetryAfter and tries
-// again, until admitted or ctx ends.
-//
-// It does not sleep at all when it cannot succeed: it returns ErrNeverAllowed for a cost
-// no bucket can hold, and ErrWouldExceedDeadline when the reservation's delay or the
-// denial's RetryAfter ends after ctx's deadline (as x/time/rate's Wait does; the deadline
-// is read as an instant of the Limiter's Clock), giving a reservation back first. It
-// returns ctx.Err() when ctx ends while it sleeps, giving its reservation back, and
-// AllowN's errors as they are. With every error the Decision is the last denial (or
-// AllowN's answer). OnDecision hears of the decision WaitN returns.
-//
-// Denials under contention carry a jittered RetryAfter (see docs/design.md, pacing), so
-// the waiters of a fleet do not wake together. A limit that fails closed makes WaitN
-// wait through a Redis outage, until ctx ends.
+// returns the decision that admitted it: it reserves the tokens as ReserveN does and
+// sleeps until the instant to act, or for a denial's RetryAfter and tries again. It
+// returns at once with ErrNeverAllowed or ErrWouldExceedDeadline when it cannot succeed
+// in time, and ctx.Err() when ctx ends.
 func (l *Limiter) WaitN(ctx context.Context, limit, key string, n int) (Decision, error) {
 	d, err := l.waitN(ctx, limit, key, n)
 	if l.onDecision != nil && !errors.Is(err, ErrUnknownLimit) {
@@ -73,7 +53,7 @@ func (l *Limiter) waitN(ctx context.Context, limit, key string, n int) (Decision
 			}
 			if err := l.sleep(ctx, delay); err != nil {
 				r.Cancel()
-				return Decision{Limit: d.Limit, Tier: d.Tier, Quota: d.Quota, Window: d.Window, Servers: d.Servers, Reason: ReasonCanceled, Source: SourceFallback}, err
+				return Decision{Limit: d.Limit, Tier: d.Tier, Quota: d.Quota, Window: d.Window, Servers: d.Servers, Reason: reasonCanceled, Source: SourceFallback}, err
 			}
 			return d, nil
 		}

@@ -11,7 +11,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
 )
 
-// TestWaitPaces: three Waits on a bucket of one token at 20/s all pass, and cannot pass
+// TestWaitPaces: three waits on a bucket of one token at 20/s all pass, and cannot pass
 // sooner than the bucket refills twice (a lower bound: a slow machine only adds to it);
 // WaitN sleeps for the RetryAfter it is told instead of asking again and again.
 func TestWaitPaces(t *testing.T) {
@@ -23,20 +23,20 @@ func TestWaitPaces(t *testing.T) {
 	ctx := context.Background()
 	start := time.Now()
 	for i := range 3 {
-		d, err := l.Wait(ctx, "api", "k")
+		d, err := l.WaitN(ctx, "api", "k", 1)
 		if err != nil || !d.Allowed {
-			t.Fatalf("Wait %d = %+v, %v; want allowed", i, d, err)
+			t.Fatalf("WaitN %d = %+v, %v; want allowed", i, d, err)
 		}
 	}
 	elapsed := time.Since(start)
 	st := l.Stats()
 	decisions := st.PreCheck + st.Lease + st.Global + st.Fallback
-	t.Logf("3 Waits took %v and %d decisions (%+v)", elapsed.Round(time.Millisecond), decisions, st)
+	t.Logf("3 waits took %v and %d decisions (%+v)", elapsed.Round(time.Millisecond), decisions, st)
 	if elapsed < 95*time.Millisecond {
 		t.Errorf("3 tokens of a bucket of 1 at 20/s in %v; the bucket needs 100ms to refill twice", elapsed)
 	}
 	if decisions > 12 {
-		t.Errorf("%d decisions for 3 Waits: WaitN asks again before RetryAfter", decisions)
+		t.Errorf("%d decisions for 3 waits: WaitN asks again before RetryAfter", decisions)
 	}
 }
 
@@ -83,8 +83,8 @@ func TestWaitErrors(t *testing.T) {
 	if err := l.Close(bg); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.Wait(bg, "api", "k"); !errors.Is(err, hybrid.ErrClosed) {
-		t.Fatalf("Wait after Close: %v, want ErrClosed", err)
+	if _, err := l.WaitN(bg, "api", "k", 1); !errors.Is(err, hybrid.ErrClosed) {
+		t.Fatalf("WaitN after Close: %v, want ErrClosed", err)
 	}
 }
 
@@ -107,7 +107,7 @@ func TestSlowPreCheckNeverWraps(t *testing.T) {
 	}
 	short, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	if _, err := l.Wait(short, "api", "k"); !errors.Is(err, hybrid.ErrNeverAllowed) {
-		t.Fatalf("Wait = %v, want ErrNeverAllowed at once", err)
+	if _, err := l.WaitN(short, "api", "k", 1); !errors.Is(err, hybrid.ErrNeverAllowed) {
+		t.Fatalf("WaitN = %v, want ErrNeverAllowed at once", err)
 	}
 }

@@ -5,7 +5,9 @@
 // with least recently used eviction per shard, idle expiry checked on access
 // with the caller's instant, and no goroutines. The hybrid limiter uses one
 // as the conservative fallback when Redis is unavailable (FailLocal), sized
-// by FallbackLimit. Time is a parameter (AllowN(now, key, n)), so the
+// to this server's share of the fleet-wide limit: rate/servers per key, with
+// a burst of max(⌈burst/servers⌉, largest cost). Time is a parameter
+// (AllowN(now, key, n)), so the
 // simulator drives the same code in virtual time, and a clock that steps
 // back never creates tokens.
 package local

@@ -32,11 +32,3 @@ func ExampleLimiter() {
 	// bob true
 	// alice later true
 }
-
-// The conservative fallback share of a fleet-wide limit of 1000/s with a
-// burst of 100, for one server of 200.
-func ExampleFallbackLimit() {
-	r, burst := local.FallbackLimit(1000, 100, 200, 1)
-	fmt.Println(r, burst)
-	// Output: 5 1
-}

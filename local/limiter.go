@@ -13,13 +13,9 @@ import (
 	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
 )
 
-// ErrInvalidConfig is wrapped by every error that NewLimiter, SetLimit and
-// SetLimitAt return for a configuration they cannot honour.
+// ErrInvalidConfig is wrapped by every error that NewLimiter and SetLimitAt
+// return for a configuration they cannot honour.
 var ErrInvalidConfig = errors.New("local: invalid configuration")
-
-// DefaultMaxKeys is the number of keys a Limiter holds when its
-// configuration leaves MaxKeys at zero.
-const DefaultMaxKeys = keystore.DefaultMaxKeys
 
 // Config configures a Limiter. Rate and Burst are required.
 type Config struct {
@@ -35,7 +31,7 @@ type Config struct {
 	// taking one token from a full bucket leaves it full).
 	Burst int
 
-	// MaxKeys caps the number of keys held; 0 means DefaultMaxKeys.
+	// MaxKeys caps the number of keys held; 0 means 100,000.
 	MaxKeys int
 
 	// IdleTimeout drops a key's bucket after it has been unused this long.
@@ -259,30 +255,15 @@ func (l *Limiter) SetLimitAt(now time.Time, r rate.Limit, burst int) error {
 	return nil
 }
 
-// SetLimit is shorthand for SetLimitAt(time.Now(), r, burst).
-func (l *Limiter) SetLimit(r rate.Limit, burst int) error {
-	return l.SetLimitAt(time.Now(), r, burst)
-}
-
 // Limit returns the current rate and burst.
 func (l *Limiter) Limit() (rate.Limit, int) {
 	c := l.cfg.Load()
 	return c.r, c.burst
 }
 
-// IdleTimeout returns how long an unused key's bucket is kept.
-func (l *Limiter) IdleTimeout() time.Duration {
-	return l.store.IdleTimeout()
-}
-
 // Len returns the number of keys whose buckets are held.
 func (l *Limiter) Len() int {
 	return l.store.Len()
-}
-
-// Cap returns the most keys whose buckets are held at once.
-func (l *Limiter) Cap() int {
-	return l.store.Cap()
 }
 
 // Sweep drops up to max buckets (all if max <= 0) that are idle at instant
@@ -296,20 +277,4 @@ func (l *Limiter) Sweep(now time.Time, max int) int {
 // idempotent.
 func (l *Limiter) Close() {
 	l.store.Close()
-}
-
-// FallbackLimit returns the per-server share of a fleet-wide limit of rate
-// tokens per second and burst tokens, for a fleet of servers: rate/servers,
-// and a burst of max(ceil(burst/servers), maxCost), so that a small burst
-// over many servers never rounds down to 0 (which x/time/rate treats as
-// "deny everything") and the largest single request can still pass. A
-// servers or maxCost below 1 counts as 1.
-func FallbackLimit(r float64, burst, servers, maxCost int) (rate.Limit, int) {
-	servers = max(servers, 1)
-	maxCost = max(maxCost, 1)
-	share := burst / servers
-	if burst%servers > 0 {
-		share++
-	}
-	return rate.Limit(r / float64(servers)), max(share, maxCost)
 }

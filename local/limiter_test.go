@@ -158,8 +158,8 @@ func TestLimiterSetLimit(t *testing.T) {
 		r rate.Limit
 		b int
 	}{{0, 1}, {rate.Limit(math.NaN()), 1}, {1, 0}, {-1, 1}} {
-		if err := l.SetLimit(bad.r, bad.b); !errors.Is(err, ErrInvalidConfig) {
-			t.Errorf("SetLimit(%v, %d) = %v, want ErrInvalidConfig", bad.r, bad.b, err)
+		if err := l.SetLimitAt(at(5*time.Second), bad.r, bad.b); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("SetLimitAt(%v, %d) = %v, want ErrInvalidConfig", bad.r, bad.b, err)
 		}
 	}
 	if r, b := l.Limit(); r != 10 || b != 5 {
@@ -167,8 +167,8 @@ func TestLimiterSetLimit(t *testing.T) {
 	}
 	// The default idle timeout follows the limit, but does not shrink: a
 	// bucket last used under the old limit needs the old time to fill.
-	if got, want := l.IdleTimeout(), 11*time.Second; got != want {
-		t.Errorf("IdleTimeout() = %v, want %v", got, want)
+	if got, want := l.store.IdleTimeout(), 11*time.Second; got != want {
+		t.Errorf("idle timeout %v, want %v", got, want)
 	}
 }
 
@@ -249,8 +249,8 @@ func TestLimiterEvictedKeyComesBackFull(t *testing.T) {
 func TestLimiterIdleExpiry(t *testing.T) {
 	l := newTestLimiter(t, Config{Rate: 10, Burst: 5, MaxKeys: 64, Shards: 1})
 	// Default idle timeout: ceil(5/10 s × 1000) ms + 1 s.
-	if got, want := l.IdleTimeout(), 1500*time.Millisecond; got != want {
-		t.Fatalf("IdleTimeout() = %v, want %v", got, want)
+	if got, want := l.store.IdleTimeout(), 1500*time.Millisecond; got != want {
+		t.Fatalf("idle timeout %v, want %v", got, want)
 	}
 	for i := range 10 {
 		l.AllowN(at(0), strconv.Itoa(i), 1)
@@ -268,44 +268,6 @@ func TestLimiterIdleExpiry(t *testing.T) {
 	}
 	if got := l.Sweep(at(2*time.Second), 0); got != 4 {
 		t.Errorf("Sweep(all) dropped %d, want the 4 left", got)
-	}
-}
-
-func TestFallbackLimit(t *testing.T) {
-	tests := []struct {
-		rate                    float64
-		burst, servers, maxCost int
-		wantRate                rate.Limit
-		wantBurst               int
-	}{
-		{1000, 100, 200, 1, 5, 1}, // 100/200 rounds up, never to 0
-		{1000, 100, 200, 3, 5, 3}, // the largest request must fit
-		{1000, 100, 1, 1, 1000, 100},
-		{1000, 100, 3, 1, 1000.0 / 3, 34},
-		{1000, 100, 100, 1, 10, 1},
-		{1000, 100, 0, 0, 1000, 100},                        // servers and cost below 1 count as 1
-		{1000, 0, 200, 1, 5, 1},                             // an empty burst still admits one
-		{1000, math.MaxInt, 10, 1, 100, math.MaxInt/10 + 1}, // no overflow
-	}
-	for _, tt := range tests {
-		r, b := FallbackLimit(tt.rate, tt.burst, tt.servers, tt.maxCost)
-		if math.Abs(float64(r-tt.wantRate)) > 1e-9 || b != tt.wantBurst {
-			t.Errorf("FallbackLimit(%v, %d, %d, %d) = %v, %d; want %v, %d",
-				tt.rate, tt.burst, tt.servers, tt.maxCost, r, b, tt.wantRate, tt.wantBurst)
-		}
-	}
-
-	// At N = 200 with burst 100 the fallback admits, at the share's pace.
-	r, b := FallbackLimit(1000, 100, 200, 1)
-	l := newTestLimiter(t, Config{Rate: r, Burst: b})
-	allowed := 0
-	for i := range 1000 { // 1 s in 1 ms steps
-		if l.AllowN(at(time.Duration(i)*time.Millisecond), "k", 1) {
-			allowed++
-		}
-	}
-	if allowed < 5 || allowed > 6 {
-		t.Errorf("fallback for 1 server of 200 allowed %d in 1 s, want 5 or 6 (1 burst + 5/s)", allowed)
 	}
 }
 

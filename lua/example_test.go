@@ -24,18 +24,9 @@ func Example() {
 	defer rdb.Close()
 
 	ctx := context.Background()
-	reply, err := lua.Bucket.Run(ctx, rdb, []string{"fl:{api:alice}"}, 100, 10, 1).Slice()
+	bucket := redis.NewScript(lua.BucketSource)
+	reply, err := bucket.Run(ctx, rdb, []string{"fl:{api:alice}"}, 100, 10, 1).Slice()
 	fmt.Println(reply, err)
-
-	// A lease: take up to 30 tokens, at least 5, as server "s1" with sequence number 1.
-	take, err := lua.Take.Run(ctx, rdb, []string{"fl:{api:alice}"}, 100, 10, 30, 5, "s1", 1, 0).Slice()
-	fmt.Println("granted", take[0], "left", take[1], "wait ms", take[2], err)
-
-	// The same call again (a client retry) is answered from the record: nothing spent.
-	again, _ := lua.Take.Run(ctx, rdb, []string{"fl:{api:alice}"}, 100, 10, 30, 5, "s1", 1, 0).Slice()
-	fmt.Println("replayed", again[4] == int64(lua.Replayed), "granted", again[0], "left", again[1])
 	// Output:
 	// [1 99] <nil>
-	// granted 30 left 69 wait ms 0 <nil>
-	// replayed true granted 30 left 69
 }

@@ -1,13 +1,7 @@
-// Package lua holds fleetlimit's Redis scripts: the token bucket of the source article,
-// the lease take and refund that the hybrid tier uses, and a fleet heartbeat.
+// Package lua holds the source article's token bucket script, for those who run it
+// themselves (package global's Store.AllowN runs it for you).
 //
-// Each script is a .lua file in this directory, embedded with go:embed and exposed twice:
-// as its source text (for tools that load it themselves, or the simulator's miniredis)
-// and as a ready *redis.Script, whose Run sends EVALSHA and falls back to EVAL when the
-// server answers NOSCRIPT.
-//
-// The three bucket scripts (Bucket, Take, Refund) share one layout, so any of them can be
-// used on the same bucket:
+// The script is bucket.lua in this directory, embedded as BucketSource. Its layout:
 //
 //   - one hash per bucket (KEYS[1]) with fields tokens (a number, possibly fractional)
 //     and ts (milliseconds, Redis TIME);
@@ -15,34 +9,15 @@
 //   - the stored ts never moves backwards (ts = max(ts, now)), so a Redis clock that
 //     steps back (a failover to a replica whose clock lags) cannot refill a period twice;
 //   - PEXPIRE ceil(capacity/rate*1000)+1000 ms after every call, so a bucket disappears
-//     once it would be full again and memory tracks active clients (Take and Refund:
-//     ceil((capacity-tokens)/rate*1000)+1000 for a bucket left below zero).
+//     once it would be full again and memory tracks active clients.
 //
-// Take and Refund also keep the parameters in force in the field p, '<version> <capacity>
-// <rate> <now ms>', so that servers which learn of a change at different instants agree:
-// the highest version's capacity and rate are in force. A take with a lower version is
-// answered on them; one with a higher version, or the same version and other parameters,
-// re-shapes the bucket: refilled on the old rate up to now, then capped at the new
-// capacity, so a change never adds tokens. A refund never re-shapes, and gives back
-// nothing of tokens leased under other parameters than those in force. Bucket ignores p.
-//
-// Take and Refund are idempotent per (server id, seq): each records its last answer per
-// server in the bucket hash (fields "t:<server id>" and "r:<server id>"), and a replayed
-// call — a client library retrying a timed-out EVALSHA — gets the recorded answer back
-// and spends or refunds nothing. A seq lower than the recorded one (a replay that arrives
-// after a newer call) spends nothing. The records expire with the hash; when a hash
-// holds more than 256 fields, a new record first drops records older than two minutes.
-//
-// Numbers that may be fractional are returned as strings (tostring). Real Redis formats
-// them with %.14g and miniredis with Go's shortest form, so compare parsed numbers,
-// never the strings.
+// The lease scripts of the hybrid tier keep the same layout, so a bucket may be used by
+// both. The tokens left come back as a string (tostring): real Redis formats it with
+// %.14g and miniredis with Go's shortest form, so compare parsed numbers, never the
+// strings.
 package lua
 
-import (
-	_ "embed"
-
-	"github.com/redis/go-redis/v9"
-)
+import _ "embed"
 
 // BucketSource is the source article's token bucket script, unchanged in its calling
 // convention:
@@ -55,93 +30,3 @@ import (
 //
 //go:embed bucket.lua
 var BucketSource string
-
-// TakeSource is the lease take script:
-//
-//	KEYS[1] bucket key; ARGV[1] capacity, ARGV[2] refill per second, ARGV[3] want,
-//	ARGV[4] min, ARGV[5] server id, ARGV[6] seq, ARGV[7] version, ARGV[8] floor (optional)
-//	returns {granted, tostring(tokens left), wait ms, Redis now ms, replay flag, version}
-//
-// It grants want if the bucket holds want tokens, else the whole tokens it holds if that
-// is at least min, else 0; wait is 0 when granted, else the milliseconds until min tokens
-// are there. With a floor F (0 to capacity) it counts F tokens more, leaving the bucket
-// down to -F (a reservation: a claim on its future refill), and a grant's wait is the
-// time until the bucket is back at zero. The replay flag is 0 for a fresh answer, 1 for a replayed (same seq) call
-// answered from the record, 2 for a stale seq (nothing spent, 0 granted), 3 (First) for a
-// fresh answer from a bucket that held no record of this server. version is the version
-// of the parameters the call was decided on.
-//
-//go:embed take.lua
-var TakeSource string
-
-// RefundSource is the lease refund script:
-//
-//	KEYS[1] bucket key; ARGV[1] capacity, ARGV[2] refill per second, ARGV[3] amount,
-//	ARGV[4] server id, ARGV[5] seq, ARGV[6] version
-//	returns {tostring(tokens after), replay flag, version}
-//
-// It refills the bucket, adds amount and caps the result at capacity, on the parameters
-// the bucket holds (the caller's only for a bucket without p); amount counts only when
-// those are the caller's (the tokens were leased under them). A negative amount is a
-// debt (tokens a failure policy admitted without the bucket), charged against the refill
-// the bucket accrued since its last use before the cap, never below -capacity, ts left
-// where it was. The replay flag is as for TakeSource.
-//
-//go:embed refund.lua
-var RefundSource string
-
-// HeartbeatSource is the fleet membership script:
-//
-//	KEYS[1] fleet key (sorted set); ARGV[1] server id, ARGV[2] ttl ms
-//	returns the number of live servers (integer)
-//
-// It records the server as alive until Redis TIME + ttl, drops servers whose time has
-// passed, and keeps the key's TTL at least ttl.
-//
-//go:embed heartbeat.lua
-var HeartbeatSource string
-
-// LowSource is the low-key script of a charge-later limit (hybrid.ChargeLater):
-//
-//	KEYS[1] the limit's low-key set (sorted set); ARGV[1] memory ms, ARGV[2] n,
-//	ARGV[3..n+2] key IDs to mark, ARGV[n+3..] key IDs to unmark
-//	returns the key IDs marked now (array of strings, the latest first, at most 10,000)
-//
-// It marks each key of the first list as low until Redis TIME + memory (a mark only
-// moves later), unmarks those of the second, drops marks whose time has passed, keeps at
-// most 100,000, and keeps the key's TTL at least memory.
-//
-//go:embed low.lua
-var LowSource string
-
-// Replay flags returned by Take (slot 5) and Refund (slot 2).
-const (
-	// Fresh means the call was executed now.
-	Fresh = 0
-	// Replayed means the same (server id, seq) had already run; the recorded answer was
-	// returned and nothing was spent or refunded again.
-	Replayed = 1
-	// Stale means a newer seq of the same server had already run on this bucket; the
-	// call spent or refunded nothing.
-	Stale = 2
-	// First (Take only) means the call was executed now, and the bucket held no record of
-	// this server's takes: the bucket is new, expired, or was lost (evicted, flushed,
-	// deleted). A server that took from it moments ago knows which.
-	First = 3
-)
-
-// Ready scripts. Run sends EVALSHA and falls back to EVAL on NOSCRIPT. Inside a pipeline
-// that fallback does not happen (go-redis checks the error before the pipeline runs):
-// load the script and re-send failed commands yourself, as package global does.
-var (
-	// Bucket runs BucketSource.
-	Bucket = redis.NewScript(BucketSource)
-	// Take runs TakeSource.
-	Take = redis.NewScript(TakeSource)
-	// Refund runs RefundSource.
-	Refund = redis.NewScript(RefundSource)
-	// Heartbeat runs HeartbeatSource.
-	Heartbeat = redis.NewScript(HeartbeatSource)
-	// Low runs LowSource.
-	Low = redis.NewScript(LowSource)
-)

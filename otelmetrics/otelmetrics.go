@@ -86,7 +86,7 @@ func Register(l *hybrid.Limiter, m metric.Meter, opts ...Option) (metric.Registr
 	givenBack := counter("fleetlimit_decisions_given_back", "{decision}",
 		"Admitted items of all-or-nothing requests whose tokens went back because another item was denied; they stay counted in fleetlimit_decisions.")
 	bucketsLost := counter("fleetlimit_buckets_lost", "{bucket}",
-		"Buckets found lost in Redis (evicted, flushed, deleted) while this server took from them: each came back full.")
+		"Buckets and window arrays found lost in Redis (evicted, flushed, deleted) while this server used them: a bucket came back empty, an array is counted again.")
 	held, err := m.Int64ObservableUpDownCounter("fleetlimit_lease_tokens_held", metric.WithUnit("{token}"),
 		metric.WithDescription("Tokens this server holds in leases, over every key."))
 	errs = append(errs, err)

@@ -15,12 +15,13 @@ import (
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/hybrid"
 	"github.com/fleetlimit/fleetlimit/hybrid/hybridtest"
+	"github.com/fleetlimit/fleetlimit/internal/metricstest"
 	"github.com/fleetlimit/fleetlimit/otelmetrics"
 )
 
-// instrument is the OpenTelemetry name of a metric of hybridtest.Metrics: counters lose the
+// instrument is the OpenTelemetry name of a metric of metricstest.Metrics: counters lose the
 // "_total" that OpenTelemetry's Prometheus exporter adds back.
-func instrument(m hybridtest.Metric) string {
+func instrument(m metricstest.Metric) string {
 	if m.Type == "counter" {
 		return strings.TrimSuffix(m.Name, "_total")
 	}
@@ -132,7 +133,7 @@ func agree(t *testing.T, l *hybrid.Limiter, seen *hybridtest.Tally, rd *sdkmetri
 	}
 
 	heard := seen.Counts()
-	for _, k := range hybridtest.BusyOutcomes {
+	for _, k := range metricstest.BusyOutcomes {
 		if heard[k] == 0 {
 			t.Errorf("the test made no decision %+v; OnDecision heard %v", k, heard)
 		}
@@ -215,14 +216,14 @@ func TestCollectHasTheSpec(t *testing.T) {
 	l, _ := hybridtest.Busy(t)
 	rd := register(t, l, otelmetrics.WithAttributes(attribute.String("limiter", "api"), attribute.String("region", "eu")))
 	ms := collect(t, rd)
-	if len(ms) != len(hybridtest.Metrics) {
+	if len(ms) != len(metricstest.Metrics) {
 		var names []string
 		for n := range ms {
 			names = append(names, n)
 		}
-		t.Errorf("collected %d instruments %v, the hybridtest.Metrics has %d", len(ms), names, len(hybridtest.Metrics))
+		t.Errorf("collected %d instruments %v, the metricstest.Metrics has %d", len(ms), names, len(metricstest.Metrics))
 	}
-	for _, sp := range hybridtest.Metrics {
+	for _, sp := range metricstest.Metrics {
 		name := instrument(sp)
 		m, ok := ms[name]
 		if !ok {

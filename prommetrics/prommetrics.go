@@ -81,7 +81,7 @@ func New(l *hybrid.Limiter, opts ...Option) *Collector {
 	c.givenBack = desc("fleetlimit_decisions_given_back_total",
 		"Admitted items of all-or-nothing requests whose tokens went back because another item was denied; they stay counted in fleetlimit_decisions_total.", "limit")
 	c.bucketsLost = desc("fleetlimit_buckets_lost_total",
-		"Buckets found lost in Redis (evicted, flushed, deleted) while this server took from them: each came back full.", "limit")
+		"Buckets and window arrays found lost in Redis (evicted, flushed, deleted) while this server used them: a bucket came back empty, an array is counted again.", "limit")
 	c.held = desc("fleetlimit_lease_tokens_held",
 		"Tokens this server holds in leases, over every key.", "limit")
 	c.dryRun = desc("fleetlimit_limit_dry_run",

@@ -19,6 +19,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/hybrid"
 	"github.com/fleetlimit/fleetlimit/hybrid/hybridtest"
+	"github.com/fleetlimit/fleetlimit/internal/metricstest"
 	"github.com/fleetlimit/fleetlimit/prommetrics"
 )
 
@@ -127,7 +128,7 @@ func agree(t *testing.T, l *hybrid.Limiter, seen *hybridtest.Tally, reg *prometh
 
 	// Every decision the callers got is in the scrape once, under its labels.
 	heard := seen.Counts()
-	for _, k := range hybridtest.BusyOutcomes {
+	for _, k := range metricstest.BusyOutcomes {
 		if heard[k] == 0 {
 			t.Errorf("the test made no decision %+v; OnDecision heard %v", k, heard)
 		}
@@ -223,14 +224,14 @@ func TestScrapeHasTheSpec(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(prommetrics.New(l, prommetrics.ConstLabels{"limiter": "api", "region": "eu"}))
 	fams := scrape(t, reg)
-	if len(fams) != len(hybridtest.Metrics) {
+	if len(fams) != len(metricstest.Metrics) {
 		var names []string
 		for n := range fams {
 			names = append(names, n)
 		}
-		t.Errorf("scraped %d metrics %v, the hybridtest.Metrics has %d", len(fams), names, len(hybridtest.Metrics))
+		t.Errorf("scraped %d metrics %v, the metricstest.Metrics has %d", len(fams), names, len(metricstest.Metrics))
 	}
-	for _, m := range hybridtest.Metrics {
+	for _, m := range metricstest.Metrics {
 		f := fams[m.Name]
 		if f == nil {
 			t.Errorf("%s: not scraped", m.Name)

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync/atomic"
 	"testing/synctest"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/internal/linger"
 )
 
 // errShutdown ends the calls still waiting when a run is over.
@@ -42,7 +44,9 @@ type bubbleCall struct {
 	deadline time.Duration
 	reply    chan struct{}
 	done     func(err error)
-	settled  bool
+	settled  bool        // Do returned
+	replied  bool        // the answer arrived
+	read     atomic.Bool // the call's fn returned the answer (not its context's end)
 }
 
 type bubbleResult struct {
@@ -72,15 +76,28 @@ func (b *bubble) sync() {
 // call out, with the function to call when its answer arrives; done is called, at the
 // virtual instant it happens, with the call's outcome: nil, or the error of breaker.Do.
 func (b *bubble) call(brk *breaker.Breaker, deadline time.Duration, send func(answered func()), done func(err error)) {
+	b.callLate(brk, deadline, nil, send, done)
+}
+
+// callLate is call for a call that lingers (internal/linger: a take's, as
+// hybrid.Limiter makes it) when late is not nil: late is called, at the virtual instant
+// the answer arrives, when it arrives after Do gave up on the call and its call read it
+// (before the call's own, longer deadline).
+func (b *bubble) callLate(brk *breaker.Breaker, deadline time.Duration, late func(), send func(answered func()), done func(err error)) {
 	b.sync()
 	b.seq++
 	c := &bubbleCall{id: b.seq, deadline: deadline, reply: make(chan struct{}), done: done}
 	out := make(chan struct{}, 1)
+	ctx := context.Background()
+	if late != nil {
+		ctx = linger.With(ctx)
+	}
 	go func() {
-		err := brk.Do(context.Background(), func(ctx context.Context) error {
+		err := brk.Do(ctx, func(ctx context.Context) error {
 			out <- struct{}{}
 			select {
 			case <-c.reply:
+				c.read.Store(true)
 				return nil
 			case <-ctx.Done():
 				return ctx.Err()
@@ -99,13 +116,22 @@ func (b *bubble) call(brk *breaker.Breaker, deadline time.Duration, send func(an
 		}
 		b.inflight = slices.Insert(b.inflight, i, c)
 		send(func() {
-			if c.settled {
-				return // Do already returned at the deadline
+			// Also when Do returned at the deadline: a half-open probe's call goes on
+			// past it (breaker.Settings.HalfOpenProbes), and its answer settles the
+			// breaker; so does a lingering call's, read late; any other call's fn has
+			// returned, and nothing reads reply.
+			if c.replied {
+				return
 			}
+			c.replied = true
+			gaveUp := c.settled
 			b.sync()
 			close(c.reply)
 			synctest.Wait()
 			b.drain()
+			if gaveUp && late != nil && c.read.Load() {
+				late()
+			}
 		})
 	default:
 	}

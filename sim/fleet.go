@@ -189,17 +189,38 @@ func (f *fleet) sendTo(k int, sv *server) {
 	f.strat.handle(sv, q)
 }
 
-// redisSim is the one Redis of the fleet and the network to it. It runs one command at a
-// time in arrival order: a command that arrives while Redis is busy waits. During the
-// scenario's outage it is a black hole: commands arriving then are neither run nor
-// answered, and only the caller's deadline ends the wait.
+// redisSim is the Redis of the fleet, one master or a Cluster's (Scenario.Masters), and
+// the network to it. Each master runs one command at a time in arrival order: a command
+// that arrives while its master is busy waits. During the scenario's outage every master
+// is a black hole, during its MasterDown the stopped one: commands arriving then are
+// neither run nor answered, and only the caller's deadline ends the wait.
 type redisSim struct {
-	f         *fleet
+	f        *fleet
+	masters  []master
+	busy     time.Duration // service time of every master spent before the end of the run's duration
+	calls    int64         // commands sent before the end of the run's duration (a script call is one)
+	trips    int64         // round trips sent before the end (a pipeline is one; a Cluster's, one per master)
+	callsOut int64         // commands sent during the fault window (Scenario.measured)
+}
+
+// master is one Redis master's queue and load.
+type master struct {
 	busyUntil time.Duration
-	busy      time.Duration // service time spent before the end of the run's duration
-	calls     int64         // commands sent before the end of the run's duration (a script call is one)
-	trips     int64         // round trips sent before the end (a pipeline is one)
-	callsOut  int64         // commands sent during the fault window (Scenario.measured)
+	steady    time.Duration // service time spent from steadyFrom to the end of the run's duration
+	trips     int64         // round trips sent to it before the end
+}
+
+// steadyFrom is when a run's Redis load is steady: past the fleet's cold start, when every
+// server asks once for each key it sees, the hot ones included. Result.MasterBusy is
+// measured from then on.
+func (sc *Scenario) steadyFrom() time.Duration { return min(time.Second, sc.Duration/4) }
+
+// steady counts d of master ms's time from start in its steady load.
+func (r *redisSim) steady(ms *master, start, d time.Duration) {
+	sc := r.f.sc
+	if from := sc.steadyFrom(); start+d > from && start < sc.Duration {
+		ms.steady += min(start+d, sc.Duration) - max(start, from)
+	}
 }
 
 // oneWay draws a one-way network delay: RTT/2 ± Jitter/2.
@@ -212,34 +233,48 @@ func (r *redisSim) oneWay() time.Duration {
 	return d
 }
 
-// roundTrip sends cmds commands costing cost of Redis time in one round trip. exec runs
-// when Redis starts them, with Redis's clock; reply runs on the caller when the answer is
-// back. Neither runs if Redis is down when the commands arrive.
-func (r *redisSim) roundTrip(cmds int, cost time.Duration, exec func(redisNow time.Time), reply func()) {
+// roundTrip sends cmds commands costing cost of Redis time in one round trip to master m.
+// exec runs when the master starts them, with Redis's clock; reply runs on the caller
+// when the answer is back. Neither runs if the master is down when the commands arrive.
+func (r *redisSim) roundTrip(m, cmds int, cost time.Duration, exec func(redisNow time.Time), reply func()) {
 	sc := r.f.sc
+	ms := &r.masters[m]
 	if r.f.e.now <= sc.Duration {
 		r.calls += int64(cmds)
 		r.trips++
+		ms.trips++
 	}
 	if sc.measured().Contains(r.f.e.now) {
 		r.callsOut += int64(cmds)
 	}
 	e := &r.f.e
 	e.after(r.oneWay(), func() {
-		if sc.Outage.Contains(e.now) {
+		if sc.Outage.Contains(e.now) || sc.masterStopped(m, e.now) {
 			return
 		}
-		start := max(e.now, r.busyUntil)
-		r.busyUntil = start + cost
+		start := max(e.now, ms.busyUntil)
+		ms.busyUntil = start + cost
 		if start < sc.Duration {
 			r.busy += min(cost, sc.Duration-start)
 		}
+		r.steady(ms, start, cost)
 		// Commands run in arrival order: running exec now, on the state as every earlier
 		// arrival left it, with the clock at the instant Redis gets to it, is the same as
 		// running it at that instant.
 		if exec != nil {
 			exec(epoch.Add(start))
 		}
-		e.at(r.busyUntil+r.oneWay(), reply)
+		e.at(ms.busyUntil+r.oneWay(), reply)
 	})
+}
+
+// extend adds d of Redis time to master m's command that runs now (what a read costs,
+// known once it ran): it delays what follows.
+func (r *redisSim) extend(m int, d time.Duration) {
+	ms := &r.masters[m]
+	if r.f.e.now < r.f.sc.Duration {
+		r.busy += d
+	}
+	r.steady(ms, ms.busyUntil, d)
+	ms.busyUntil += d
 }

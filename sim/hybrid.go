@@ -4,15 +4,16 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/breaker"
-	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/internal/engine"
+	"github.com/fleetlimit/fleetlimit/internal/luascript"
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
 	"github.com/fleetlimit/fleetlimit/internal/wire"
-	"github.com/fleetlimit/fleetlimit/lua"
 )
 
 // limitName names the simulated limit, and fleetName the fleet, in the engine and in
@@ -46,52 +47,56 @@ type hybridStrat struct {
 type breakerLog struct {
 	mu          sync.Mutex   // guards transitions: OnStateChange runs on the calls' goroutines
 	transitions []transition // by time
-	breakers    map[int]*breaker.Breaker
+	breakers    map[brkID]*breaker.Breaker
 }
 
-// track adds server id's breaker to the report.
-func (l *breakerLog) track(id int, brk *breaker.Breaker) {
+// brkID names one breaker: server's, for master (0 on one Redis).
+type brkID struct{ server, master int }
+
+// track adds server id's breaker for master m to the report.
+func (l *breakerLog) track(id, m int, brk *breaker.Breaker) {
 	if l.breakers == nil {
-		l.breakers = map[int]*breaker.Breaker{}
+		l.breakers = map[brkID]*breaker.Breaker{}
 	}
-	l.breakers[id] = brk
+	l.breakers[brkID{id, m}] = brk
 }
 
-// onChange returns the OnStateChange of server id's breaker, which reads the virtual
-// clock as the bubble's.
-func (l *breakerLog) onChange(b *bubble, id int) func(from, to breaker.State) {
+// onChange returns the OnStateChange of server id's breaker for master m, which reads
+// the virtual clock as the bubble's.
+func (l *breakerLog) onChange(b *bubble, id, m int) func(from, to breaker.State) {
 	return func(from, to breaker.State) {
-		tr := transition{at: time.Since(b.base), server: id, from: from, to: to}
+		tr := transition{at: time.Since(b.base), brkID: brkID{id, m}, from: from, to: to}
 		l.mu.Lock()
 		l.transitions = append(l.transitions, tr)
 		l.mu.Unlock()
 	}
 }
 
-// transition is a breaker state change of one server.
+// transition is a breaker state change of one server's breaker.
 type transition struct {
-	at       time.Duration
-	server   int
+	at time.Duration
+	brkID
 	from, to breaker.State
 }
 
 // hybridServer is what one server of the hybrid strategy holds: the engine and the state
 // of the loop that drives it (hybrid.Limiter's background goroutine).
 type hybridServer struct {
-	eng     *engine.Engine
-	lim     *engine.Limit
-	brk     *breaker.Breaker
-	waiting map[*engine.Waiter]*request
-	also    []*engine.Limit              // the scenario's AlsoLimits
-	multi   map[*engine.Waiter]*multiReq // requests of several limits, by the waiter of the item they wait for
-	claims  map[*engine.Waiter]claimReq  // reservations waiting for their claim's answer (Scenario.Reserve)
-	busy    bool                         // a trip is out
-	poked   bool                         // the engine queued I/O since the loop last looked
-	timer   uint64                       // generation of the armed tick timer; 0: none
-	gen     uint64
-	leaving bool // Close was called: the loop stops after the trip out
-	seq     uint64
-	unread  int64 // tokens Redis granted to takes whose answers came after Do gave up
+	eng      *engine.Engine
+	lim      *engine.Limit
+	brks     []*breaker.Breaker // by master: one, or a Cluster's (Scenario.Masters)
+	waiting  map[*engine.Waiter]*request
+	also     []*engine.Limit              // the scenario's AlsoLimits
+	multi    map[*engine.Waiter]*multiReq // requests of several limits, by the waiter of the item they wait for
+	claims   map[*engine.Waiter]claimReq  // reservations waiting for their claim's answer (Scenario.Reserve)
+	busy     bool                         // a trip is out
+	poked    bool                         // the engine queued I/O since the loop last looked
+	timer    uint64                       // generation of the armed tick timer; 0: none
+	gen      uint64
+	leaving  bool // Close was called: the loop stops after the trip out
+	seq      uint64
+	unread   int64 // tokens Redis granted to takes whose answers came after Do gave up
+	readLate int64 // of those, the tokens read by their call after all (Engine.Late)
 }
 
 func newHybrid(f *fleet, s scripts, b *bubble) *hybridStrat {
@@ -114,7 +119,7 @@ func engineConfig(sc *Scenario, id int) engine.Config {
 		Name: limitName, Rate: sc.Rate, Burst: sc.Burst, Policy: policyOf(sc.Policy),
 		PreRate: sc.PreRate, PreBurst: sc.PreBurst, MaxWait: sc.MaxWait, MaxCost: sc.Cost,
 		RefillInterval: sc.RefillInterval, Lifetime: sc.Lifetime, LowWatermark: sc.LowWatermark,
-		MaxKeys: sc.MaxKeys, Async: sc.Async, Windowed: sc.Windowed,
+		MaxKeys: sc.MaxKeys, Async: sc.Async, Windowed: sc.Windowed, WindowShards: sc.WindowShards,
 	}
 	return engine.Config{
 		Limits:            append([]engine.LimitConfig{own}, alsoConfigs(sc, own)...),
@@ -137,23 +142,44 @@ func fleetOf(sc *Scenario) string {
 func (h *hybridStrat) join(s *server) error {
 	sc := h.f.sc
 	id := s.id
-	st := sc.Breaker.settings(s.name, h.onChange(h.b, id))
-	if id < sc.StarvedServers {
-		st.Clock = starvedClock{sc: sc, id: id, b: h.b}
-	}
-	brk, err := breaker.New(st)
-	if err != nil {
-		return fmt.Errorf("sim: %w", err)
-	}
-	h.track(id, brk)
-	hs := &hybridServer{brk: brk, waiting: make(map[*engine.Waiter]*request), multi: make(map[*engine.Waiter]*multiReq),
+	hs := &hybridServer{waiting: make(map[*engine.Waiter]*request), multi: make(map[*engine.Waiter]*multiReq),
 		claims: make(map[*engine.Waiter]claimReq)}
+	// One breaker per master, as hybrid.Limiter keeps on a Cluster, named after its
+	// server and master; on one Redis, the server's one breaker.
+	for m := range sc.Masters {
+		name := s.name
+		if sc.Masters > 1 {
+			name += " m" + strconv.Itoa(m)
+		}
+		st := sc.Breaker.settings(name, h.onChange(h.b, id, m))
+		if id < sc.StarvedServers {
+			st.Clock = starvedClock{sc: sc, id: id, b: h.b}
+		}
+		brk, err := breaker.New(st)
+		if err != nil {
+			return fmt.Errorf("sim: %w", err)
+		}
+		h.track(id, m, brk)
+		hs.brks = append(hs.brks, brk)
+	}
 	cfg := engineConfig(sc, id)
 	cfg.NextSeq = func() uint64 { hs.seq++; return hs.seq }
 	cfg.BreakerOpen = func() bool {
 		h.b.sync()
-		return brk.State() == breaker.StateOpen
+		for _, brk := range hs.brks {
+			if brk.State() == breaker.StateOpen {
+				return true
+			}
+		}
+		return false
 	}
+	if sc.Masters > 1 {
+		cfg.KeyOpen = func(limit, key string) bool { // as hybrid.Limiter's, by the key's master
+			h.b.sync()
+			return hs.brks[sc.masterOf(wire.BucketKeyOfID("", limit, key))].State() == breaker.StateOpen
+		}
+	}
+	var err error
 	cfg.Notify = func() { hs.poked = true }
 	cfg.Decided = func(w *engine.Waiter) { h.decided(s, hs, w) }
 	if hs.eng, err = engine.New(cfg); err != nil {
@@ -164,9 +190,28 @@ func (h *hybridStrat) join(s *server) error {
 		hs.also = append(hs.also, hs.eng.Limit(a.Name))
 	}
 	s.state = hs
+	h.ready(s, hs)
 	h.scheduleChanges(s, hs)
 	h.run(s, hs)
 	return nil
+}
+
+// ready is what hybrid.Limiter.Ready waits for before the server takes traffic, made
+// at once and not counted, as its dials and script loads are not: the first read of the
+// fleet's record of representations (the engine's first trip).
+func (h *hybridStrat) ready(s *server, hs *hybridServer) {
+	now := s.clock(h.f.e.now)
+	t := hs.eng.Next()
+	if t == nil {
+		return
+	}
+	if t.Kind != engine.HeartbeatTrip || t.Reps == nil || t.Fleet != "" {
+		h.f.fail(fmt.Errorf("sim: %s: the first trip is %v, not the record of representations", s.name, t.Kind))
+		return
+	}
+	t.RepsGot = h.s.Low(epoch.Add(h.f.e.now), wire.RepsKey(keyPrefix), t.RepsLive.Milliseconds(), t.Reps, nil)
+	t.Answered = true
+	hs.eng.Done(now, t)
 }
 
 // starvedClock is the breaker clock of a starved server: the bubble's time, read when the
@@ -221,7 +266,9 @@ func (h *hybridStrat) handle(s *server, q *request) {
 	}
 	hs := s.state.(*hybridServer)
 	f := h.f
-	if len(f.sc.AlsoLimits) > 0 {
+	if len(f.sc.AlsoLimits) > 0 || hs.lim.Companions() != nil {
+		// Several limits, or one the fleet counts in several representations (a
+		// change of its kind rolling out): all or nothing, as hybrid.Limiter does.
 		h.handleMulti(s, hs, q)
 		h.wake(s, hs)
 		return
@@ -365,24 +412,171 @@ func (h *hybridStrat) run(s *server, hs *hybridServer) {
 	hs.busy = true
 	h.trip(s, hs, t, func() {
 		hs.eng.Done(s.clock(f.e.now), t)
+	}, func() {
 		hs.busy = false
 		h.run(s, hs)
 	})
 }
 
 // trip makes round trip t through the server's breaker to the simulated Redis, as
-// hybrid.Limiter's do does, then calls next.
-func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next func()) {
+// hybrid.Limiter's do does, then calls done (the engine's Done) and next. On a Cluster
+// (Scenario.Masters) it splits t by master as the Limiter does: one call per master its
+// items' keys go to, each through that master's breaker, all sent at once; an item of a
+// part that was not answered carries its part's error, and done runs once every part has
+// its outcome. A take's answer that comes after Do gave up on its call is read, as the
+// Limiter reads it (lateTake): when it comes, or right after done if it came before.
+func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, done, next func()) {
+	parts := h.split(t)
+	left := len(parts)
+	tripDone := false
+	var lates []func()
+	late := func(read func()) {
+		if tripDone {
+			read()
+		} else {
+			lates = append(lates, read)
+		}
+	}
+	for i := range parts {
+		h.call(s, hs, t, &parts[i], late, func() {
+			if left--; left > 0 {
+				return
+			}
+			t.Answered, t.Err = false, nil
+			for _, p := range parts {
+				if t.Kind == engine.HeartbeatTrip && p.idx[0] == 1 {
+					if !p.answered { // as the Limiter reads it: an answer Do gave up on is none
+						t.RepsGot, t.RepsErr = nil, p.err
+					}
+					if t.Fleet != "" {
+						continue // the record's outcome is its own, not the heartbeat's
+					}
+				}
+				t.Answered = t.Answered || p.answered
+				t.Err = cmp.Or(t.Err, p.err)
+			}
+			done()
+			tripDone = true
+			for _, read := range lates {
+				read()
+			}
+			next()
+		})
+	}
+}
+
+// part is the items of a trip that go to one master (idx nil: every item), and what
+// its call said.
+type part struct {
+	m        int
+	idx      []int
+	answered bool
+	err      error
+}
+
+// split routes t's items to their masters by the Redis keys they touch, as
+// hybrid.Limiter's nodes.split does: one part per master, in the order the masters are
+// first met; one part with every item on one Redis.
+func (h *hybridStrat) split(t *engine.Trip) []part {
+	sc := h.f.sc
+	if t.Kind == engine.HeartbeatTrip {
+		// Two calls of their own, as the Limiter makes them: the heartbeat (item 0) and
+		// the record of representations (item 1).
+		var parts []part
+		if t.Fleet != "" {
+			parts = append(parts, part{m: sc.masterOf(wire.FleetKey("", t.Fleet)), idx: []int{0}})
+		}
+		if t.Reps != nil {
+			parts = append(parts, part{m: sc.masterOf(wire.RepsKey("")), idx: []int{1}})
+		}
+		return parts
+	}
+	if sc.Masters == 1 {
+		return []part{{}}
+	}
+	var n int
+	var key func(i int) string
+	switch t.Kind {
+	case engine.TakeTrip:
+		n, key = len(t.Takes), func(i int) string { return wire.BucketKeyOfID("", t.Takes[i].Limit.Name, string(t.Takes[i].ID)) }
+	case engine.RefundTrip:
+		n, key = len(t.Refunds), func(i int) string { return wire.BucketKeyOfID("", t.Refunds[i].Limit.Name, string(t.Refunds[i].ID)) }
+	case engine.LowTrip:
+		n, key = len(t.Lows), func(i int) string { return wire.LowKey("", t.Lows[i].Limit) }
+	case engine.WindowsTrip:
+		n, key = len(t.Windows), func(i int) string {
+			x := &t.Windows[i]
+			return wire.MarksKey("", x.Limit.Name, x.Shards, x.Shard)
+		}
+	default:
+		n, key = 1, func(int) string { return wire.FleetKey("", t.Fleet) }
+	}
+	var parts []part
+	for i := range n {
+		m := sc.masterOf(key(i))
+		j := slices.IndexFunc(parts, func(p part) bool { return p.m == m })
+		if j < 0 {
+			j = len(parts)
+			parts = append(parts, part{m: m})
+		}
+		parts[j].idx = append(parts[j].idx, i)
+	}
+	if len(parts) == 1 {
+		parts[0].idx = nil
+	}
+	return parts
+}
+
+// each calls f with the index in the trip of each item part p holds of n items of one
+// kind (a trip carries items of one kind: n is 0 for the others).
+func (p *part) each(n int, f func(i int)) {
+	if n == 0 {
+		return
+	}
+	if p.idx == nil {
+		for i := range n {
+			f(i)
+		}
+		return
+	}
+	for _, i := range p.idx {
+		f(i)
+	}
+}
+
+// call makes part p of trip t through master p.m's breaker, then calls done.
+func (h *hybridStrat) call(s *server, hs *hybridServer, t *engine.Trip, p *part, late func(read func()), done func()) {
 	f, sc := h.f, h.f.sc
-	n := max(len(t.Takes), len(t.Refunds), 1)
-	deadline := sc.runsAt(s.id, f.e.now+hs.brk.Timeout())
-	// granted counts the tokens Redis granted to the trip's takes; gaveUp that Do
+	brk := hs.brks[p.m]
+	deadline := sc.runsAt(s.id, f.e.now+sc.Breaker.Timeout)
+	// granted counts the tokens Redis granted to the part's takes; gaveUp that Do
 	// returned without the answer: such grants are spent in Redis and not leased, unless
 	// a later take sent under the same number (Refill.Resend) reads them back: replayed
 	// counts those, taken off the unread once this trip's answer is read.
 	var granted, replayed int64
 	gaveUp := false
-	h.b.call(hs.brk, deadline, func(answered func()) {
+	// A refill's take lingers (a part of reservations' claims alone does not): its answer,
+	// read after Do gave up on it, goes to the engine (Engine.Late), and what the engine
+	// takes of it is read after all.
+	var readLate func()
+	refills := false
+	p.each(len(t.Takes), func(i int) { refills = refills || t.Takes[i].Floor == 0 })
+	if refills {
+		readLate = func() {
+			late(func() {
+				now := s.clock(f.e.now)
+				p.each(len(t.Takes), func(i int) {
+					r := t.TakeResults[i]
+					r.Err = nil // a part's error (failPart), not Redis's answer
+					if hs.eng.Late(now, t, i, &r) {
+						hs.unread -= int64(r.Granted)
+						hs.readLate += int64(r.Granted)
+					}
+				})
+			})
+		}
+	}
+	h.b.callLate(brk, deadline, readLate, func(answered func()) {
 		if sc.cutOff(s.id, f.e.now) {
 			return // the call goes nowhere: the breaker's deadline ends it
 		}
@@ -394,92 +588,113 @@ func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, next fun
 				}
 			}
 		}
-		cost := time.Duration(n) * sc.ScriptTime
-		if t.Kind == engine.LowTrip {
-			n, cost = len(t.Lows), lowCost(sc, t)
-		}
-		if t.Kind == engine.WindowsTrip {
-			n, cost = 0, 0
-			for i := range t.Windows {
+		var n int
+		var cost time.Duration
+		switch t.Kind {
+		case engine.LowTrip:
+			p.each(len(t.Lows), func(i int) { n, cost = n+1, cost+lowCost(sc, &t.Lows[i]) })
+		case engine.WindowsTrip:
+			txs := 0
+			p.each(len(t.Windows), func(i int) {
 				c, d := windowCost(&t.Windows[i])
-				n, cost = n+c, cost+d
+				n, cost, txs = n+c, cost+d, txs+1
+			})
+			if sc.Masters == 1 {
+				txs = min(txs, 1) // one transaction for every trip (redisstore.Store.WindowsBatch)
 			}
+			n += 2 * txs // each transaction's MULTI and EXEC: counted, their Redis time is not
+		case engine.HeartbeatTrip: // the heartbeat, or the record of representations
+			n, cost = 1, sc.ScriptTime
+			if p.idx[0] == 1 { // luascript.Low: a command's time for each member
+				cost += time.Duration(len(t.Reps)) * sc.CommandTime
+			}
+		default:
+			p.each(max(len(t.Takes), len(t.Refunds), 1), func(int) { n++ })
+			cost = time.Duration(n) * sc.ScriptTime
 		}
-		f.redis.roundTrip(n, cost, func(at time.Time) {
-			for i, r := range t.Takes {
+		f.redis.roundTrip(p.m, n, cost, func(at time.Time) {
+			p.each(len(t.Takes), func(i int) {
+				r := t.Takes[i]
 				bkey := wire.BucketKeyOfID(keyPrefix, r.Limit.Name, string(r.ID))
 				take := func(seq uint64) takeReply {
-					return h.s.Take(at, bkey, float64(r.Limit.Burst), r.Limit.Rate, r.Want, r.Min, s.name, seq, r.Limit.Version, r.Floor)
+					return h.s.Take(at, bkey, float64(r.Limit.Burst), r.Limit.Rate, r.Want, r.Min, s.name, seq, r.Limit.Version, r.Floor, r.Seen)
 				}
 				g := take(r.Seq)
-				if g.Flag == lua.Stale { // overtaken: it runs under a fresh number, as global.Store's does
+				if g.Flag == luascript.Stale { // overtaken: it runs under a fresh number, as global.Store's does
 					g = take(h.seq(hs))
 				}
 				t.TakeResults[i].Granted, t.TakeResults[i].Remaining = g.Granted, g.Tokens
 				t.TakeResults[i].Wait = tokenbucket.FromMillis(float64(g.WaitMS))
-				t.TakeResults[i].First = g.Flag == lua.First
-				t.TakeResults[i].Replayed = g.Flag == lua.Replayed
+				t.TakeResults[i].First = g.Flag == luascript.First
+				t.TakeResults[i].Replayed = g.Flag == luascript.Replayed
 				t.TakeResults[i].Version, t.TakeResults[i].Credit = g.Version, g.Credit
-				if g.Flag == lua.Replayed {
+				if g.Flag == luascript.Replayed {
 					replayed += int64(g.Granted) // spent when it first ran, counted unread then
-					continue
+					return
 				}
 				granted += int64(g.Granted)
-			}
+			})
 			if gaveUp {
 				hs.unread += granted
 			}
-			for i, r := range t.Refunds {
+			p.each(len(t.Refunds), func(i int) {
+				r := t.Refunds[i]
 				g := h.s.Refund(at, wire.BucketKeyOfID(keyPrefix, r.Limit.Name, string(r.ID)), float64(r.Limit.Burst), r.Limit.Rate, r.N, s.name, r.Seq, r.Limit.Version, r.DebtFloor(), r.Reference())
 				t.RefundResults[i].Remaining, t.RefundResults[i].Seq = g.Tokens, r.Seq
-			}
-			if t.Kind == engine.HeartbeatTrip {
+			})
+			if t.Kind == engine.HeartbeatTrip && p.idx[0] == 0 {
 				t.Live = h.s.Heartbeat(at, wire.FleetKey(keyPrefix, t.Fleet), s.name, t.TTL.Milliseconds())
 			}
-			for i := range t.Windows {
+			if t.Kind == engine.HeartbeatTrip && p.idx[0] == 1 { // luascript.Low, as redisstore.Store's Reps
+				t.RepsGot = h.s.Low(at, wire.RepsKey(keyPrefix), t.RepsLive.Milliseconds(), t.Reps, nil)
+			}
+			p.each(len(t.Windows), func(i int) {
 				x := &t.Windows[i]
 				h.wr.run(at, x)
-				// the read's time, known once Redis has it: it delays what follows
-				rc := readCost(x)
-				f.redis.busyUntil += rc
-				if f.e.now < sc.Duration {
-					f.redis.busy += rc
-				}
-			}
-			for i := range t.Lows {
+				f.redis.extend(p.m, readCost(x)) // the read's time, known once Redis has it
+			})
+			p.each(len(t.Lows), func(i int) {
 				x := &t.Lows[i]
 				got := h.s.Low(at, wire.LowKey(keyPrefix, x.Limit), engine.LowShare.Milliseconds(), idStrings(x.Mark), idStrings(x.Unmark))
-				x.Got = make([]global.KeyID, len(got))
+				x.Got = make([]redisstore.KeyID, len(got))
 				for j, id := range got {
-					x.Got[j] = global.KeyID(id)
+					x.Got[j] = redisstore.KeyID(id)
 				}
-			}
+			})
 		}, answered)
 	}, func(err error) {
-		t.Err, t.Answered = err, err == nil
+		p.answered, p.err = err == nil, err
 		if err != nil {
 			gaveUp = true
 			hs.unread += granted // granted already, the answer on its way back
+			if p.idx != nil {
+				h.failPart(t, p, err)
+			}
 		} else {
 			hs.unread -= replayed
 		}
-		next()
+		done()
 	})
+}
+
+// failPart writes err into every item of part p of t, one of several parts, that was
+// not answered: the trip, answered by another part, reads its items' errors there.
+func (h *hybridStrat) failPart(t *engine.Trip, p *part, err error) {
+	p.each(len(t.Takes), func(i int) { t.TakeResults[i].Err = err })
+	p.each(len(t.Refunds), func(i int) { t.RefundResults[i].Err = err })
+	p.each(len(t.Lows), func(i int) { t.Lows[i].Err = err })
+	p.each(len(t.Windows), func(i int) { t.WindowErrs[i] = err })
 }
 
 // lowCost is the Redis time of a low-key exchange: a script call per limit (which
 // answers the marked keys), plus a plain command's time per key marked or unmarked (a
 // ZADD, a ZREM).
-func lowCost(sc *Scenario, t *engine.Trip) time.Duration {
-	cost := time.Duration(len(t.Lows)) * sc.ScriptTime
-	for _, x := range t.Lows {
-		cost += time.Duration(len(x.Mark)+len(x.Unmark)) * sc.CommandTime
-	}
-	return cost
+func lowCost(sc *Scenario, x *engine.LowExchange) time.Duration {
+	return sc.ScriptTime + time.Duration(len(x.Mark)+len(x.Unmark))*sc.CommandTime
 }
 
 // idStrings returns ids as strings.
-func idStrings(ids []global.KeyID) []string {
+func idStrings(ids []redisstore.KeyID) []string {
 	s := make([]string, len(ids))
 	for i, id := range ids {
 		s[i] = string(id)
@@ -518,8 +733,7 @@ func (h *hybridStrat) close(s *server, hs *hybridServer) {
 		}
 		h.trip(s, hs, t, func() {
 			hs.eng.Done(s.clock(f.e.now), t)
-			refund()
-		})
+		}, refund)
 	}
 	refund()
 }
@@ -530,17 +744,17 @@ func (h *breakerLog) report(sc *Scenario, res *Result) {
 	defer h.mu.Unlock()
 	slices.SortStableFunc(h.transitions, func(a, b transition) int { return cmp.Compare(a.at, b.at) })
 	res.BreakerTransitions = len(h.transitions)
-	state := map[int]breaker.State{}
+	state := map[brkID]breaker.State{}
 	notClosed := 0
 	ti := 0
 	for i := range res.Timeline {
 		end := time.Duration((res.Timeline[i].AtS + binWidth.Seconds()) * float64(time.Second))
 		for ; ti < len(h.transitions) && h.transitions[ti].at < end; ti++ {
 			tr := h.transitions[ti]
-			if state[tr.server] != breaker.StateClosed {
+			if state[tr.brkID] != breaker.StateClosed {
 				notClosed--
 			}
-			state[tr.server] = tr.to
+			state[tr.brkID] = tr.to
 			if tr.to != breaker.StateClosed {
 				notClosed++
 			}
@@ -560,12 +774,12 @@ func (h *breakerLog) report(sc *Scenario, res *Result) {
 		if tr.to == breaker.StateClosed && tr.at >= w.End {
 			o.BreakerClosedS = (tr.at - w.End).Seconds()
 		}
-		if tr.to == breaker.StateOpen && tr.at >= w.Start && sc.affected(tr.server) {
+		if tr.to == breaker.StateOpen && tr.at >= w.Start && sc.affected(tr.server, tr.master) {
 			o.BreakerOpens++
 		}
 	}
 	for id, brk := range h.breakers {
-		if sc.affected(id) {
+		if sc.affected(id.server, id.master) {
 			st := brk.Stats()
 			o.Timeouts += st.Timeouts
 			o.StarvedTimeouts += st.Starved

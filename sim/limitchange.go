@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"time"
@@ -10,16 +11,29 @@ import (
 )
 
 // LimitChange changes the limit's Rate and Burst during a run, as
-// hybrid.Limiter.SetLimit with the next Version does, and lets the fleet learn of it
+// hybrid.Limiter.Reconfigure with the next Version does, and lets the fleet learn of it
 // over Spread: server i of the Servers at the start applies it at At + Spread·i/Servers
 // (a config reload that reaches servers one after another); a server that joins later
 // applies it when it joins, if its instant At + Spread has passed. The first change is
 // Version 1, the next 2, and so on. Only the hybrid strategies see it.
+//
+// Kind, when set, also changes the limit's kind: "exact", "charge-later" or "windowed",
+// with Report its ChargeLater or Windowed duration (0: DefaultAsync, DefaultWindowed).
+// A server applies it as a release that changes a limit's kind or window rolls out: its
+// limit is removed and added anew, and while servers disagree each decides its requests
+// on every representation the fleet's record holds (docs/limits.md). A windowed limit's
+// window is Burst/Rate: a change of either changes the window. Shards, when set, is a
+// windowed limit's number of shards from the change on (engine.LimitConfig.WindowShards):
+// 1, the unsharded format a fleet on one Redis uses, to wire.WindowShards, a Cluster's,
+// changes where the limit's keys are counted as a change of window does.
 type LimitChange struct {
 	At     time.Duration
 	Spread time.Duration
 	Rate   float64
 	Burst  int
+	Kind   string
+	Report time.Duration
+	Shards int
 }
 
 // ChangeResult is how the hottest key (key 0) fared around one LimitChange: its
@@ -71,6 +85,12 @@ func (sc *Scenario) checkChanges() error {
 			return fmt.Errorf("limit change %d: %v", i, tokenbucket.Check(c.Rate, c.Burst))
 		case c.Burst < sc.Cost:
 			return fmt.Errorf("limit change %d: burst %d below the cost %d", i, c.Burst, sc.Cost)
+		case c.Kind != "" && c.Kind != kindExact && c.Kind != kindChargeLater && c.Kind != kindWindowed:
+			return fmt.Errorf("limit change %d: Kind %q: one of %q, %q, %q", i, c.Kind, kindExact, kindChargeLater, kindWindowed)
+		case c.Report < 0:
+			return fmt.Errorf("limit change %d: negative Report", i)
+		case c.Shards < 0:
+			return fmt.Errorf("limit change %d: negative Shards", i)
 		}
 		prev = c.At
 	}
@@ -85,11 +105,31 @@ func (sc *Scenario) changeAt(c LimitChange, id int) time.Duration {
 	return c.At + time.Duration(float64(c.Spread)*float64(id)/float64(sc.Servers))
 }
 
+// The kinds a LimitChange names.
+const (
+	kindExact       = "exact"
+	kindChargeLater = "charge-later"
+	kindWindowed    = "windowed"
+)
+
 // changedLimit is the limit of sc after its i-th change.
 func changedLimit(sc *Scenario, i int) engine.LimitConfig {
 	c := engineConfig(sc, 0).Limits[0]
-	ch := sc.LimitChanges[i]
-	c.Rate, c.Burst, c.Version = ch.Rate, ch.Burst, uint64(i+1)
+	for j := range i + 1 {
+		ch := sc.LimitChanges[j]
+		c.Rate, c.Burst, c.Version = ch.Rate, ch.Burst, uint64(j+1)
+		switch ch.Kind {
+		case kindExact:
+			c.Async, c.Windowed = 0, 0
+		case kindChargeLater:
+			c.Async, c.Windowed = cmp.Or(ch.Report, DefaultAsync), 0
+		case kindWindowed:
+			c.Async, c.Windowed = 0, cmp.Or(ch.Report, DefaultWindowed)
+		}
+		if ch.Shards > 0 {
+			c.WindowShards = ch.Shards
+		}
+	}
 	if c.PreRate > c.Rate || c.PreBurst > c.Burst {
 		c.PreRate, c.PreBurst = 0, 0 // a pre-check tighter than the old limit may not be under the new
 	}
@@ -106,7 +146,7 @@ func (h *hybridStrat) scheduleChanges(s *server, hs *hybridServer) {
 			if !s.alive || hs.leaving {
 				return
 			}
-			if err := hs.eng.SetLimit(s.clock(f.e.now), cfg); err != nil {
+			if err := h.change(s, hs, cfg); err != nil {
 				f.fail(fmt.Errorf("sim: %s: %w", s.name, err))
 			}
 			h.wake(s, hs)
@@ -117,6 +157,23 @@ func (h *hybridStrat) scheduleChanges(s *server, hs *hybridServer) {
 			f.e.at(at, apply)
 		}
 	}
+}
+
+// change applies cfg to server s's limit: SetLimit for a change of its rate and burst;
+// for one of its kind (or a windowed limit's window, rate or burst, which make its
+// arrays), the limit removed and added anew, as a release that changes them does.
+func (h *hybridStrat) change(s *server, hs *hybridServer, cfg engine.LimitConfig) error {
+	if hs.lim.KeepsKind(cfg) {
+		return hs.eng.SetLimit(s.clock(h.f.e.now), cfg)
+	}
+	if err := hs.eng.RemoveLimit(cfg.Name); err != nil {
+		return err
+	}
+	if err := hs.eng.AddLimit(cfg); err != nil {
+		return err
+	}
+	hs.lim = hs.eng.Limit(cfg.Name)
+	return nil
 }
 
 // lateOverBound is the largest count of key 0's admissions in a window that ends at or

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -19,8 +20,8 @@ import (
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/hybrid"
 	"github.com/fleetlimit/fleetlimit/internal/engine"
+	"github.com/fleetlimit/fleetlimit/internal/luascript"
 	"github.com/fleetlimit/fleetlimit/internal/minibits"
-	"github.com/fleetlimit/fleetlimit/lua"
 )
 
 // limiterStrat runs every server of a simulated fleet as the production stack — a
@@ -42,6 +43,10 @@ type limiterStrat struct {
 	wg   sync.WaitGroup // Close calls in flight
 
 	exec chan struct{} // one round trip runs its commands at a time
+	// setup is set while a Limiter starts: its first trip (the record of
+	// representations, which Ready waits for) runs at once and is not counted, as the
+	// simulator's servers make it (hybridStrat.ready).
+	setup atomic.Bool
 
 	mu sync.Mutex
 	// The fields below are guarded by mu.
@@ -73,7 +78,7 @@ func newLimiterStrat(t *testing.T, f *fleet, b *bubble) strategyImpl {
 	l := &limiterStrat{f: f, b: b, m: m, lims: map[int]*hybrid.Limiter{}, exec: make(chan struct{}, 1)}
 	// Scripts are loaded as the simulator's are, so that no EVALSHA meets NOSCRIPT.
 	c := l.client(nil)
-	for _, src := range []string{lua.TakeSource, lua.RefundSource, lua.HeartbeatSource, lua.LowSource} {
+	for _, src := range []string{luascript.TakeSource, luascript.RefundSource, luascript.HeartbeatSource, luascript.LowSource} {
 		if err := c.ScriptLoad(context.Background(), src).Err(); err != nil {
 			t.Fatal(err)
 		}
@@ -167,12 +172,17 @@ func (l *limiterStrat) join(s *server) error {
 	if err != nil {
 		return err
 	}
-	brk, err := breaker.New(sc.Breaker.settings(s.name, l.log.onChange(l.b, s.id)))
+	brk, err := breaker.New(sc.Breaker.settings(s.name, l.log.onChange(l.b, s.id, 0)))
 	if err != nil {
 		return err
 	}
-	l.log.track(s.id, brk)
+	l.log.track(s.id, 0, brk)
 	cfg := engineConfig(sc, s.id)
+	// Its goroutine starts, as the simulator's server does, now, and makes its first
+	// trip, which Ready waits for: set-up, made at once and not counted. setup is set
+	// before New, whose goroutine may reach Redis on another core before New returns.
+	l.setup.Store(true)
+	defer l.setup.Store(false)
 	lim, err := hybrid.New(store, hybrid.Config{
 		Limits:            []hybrid.Limit{hybridLimit(cfg.Limits[0])},
 		FleetSize:         cfg.Servers,
@@ -186,7 +196,7 @@ func (l *limiterStrat) join(s *server) error {
 		return err
 	}
 	l.lims[s.id] = lim
-	synctest.Wait() // its goroutine starts, as the simulator's server does, now
+	synctest.Wait()
 	return nil
 }
 
@@ -297,7 +307,7 @@ func (l *limiterStrat) roundTrip(ctx context.Context, n int, cost time.Duration,
 }
 
 // netHook sends every script round trip of a client, and every pipeline of a windowed
-// limit's exchange (global.Store.Windows: plain commands), through
+// limit's exchange (redisstore.Store.Windows: plain commands), through
 // limiterStrat.roundTrip, charged as the simulator charges them (hybridStrat's trip).
 type netHook struct{ l *limiterStrat }
 
@@ -307,6 +317,10 @@ func (h netHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		_, cost, ok := h.l.cost(cmd)
 		if !ok {
+			return next(ctx, cmd)
+		}
+		if h.l.setup.Load() {
+			h.l.m.SetTime(epoch.Add(h.l.since())) // Redis's clock, as the simulator's
 			return next(ctx, cmd)
 		}
 		return h.l.roundTrip(ctx, 1, cost, func(ctx context.Context) (time.Duration, error) {
@@ -339,7 +353,7 @@ func (h netHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 }
 
 // cost is what the simulator counts for command c (hybridStrat's trip): the calls and
-// their Redis time. A script is one call of ScriptTime; a low-key exchange (lua.Low),
+// their Redis time. A script is one call of ScriptTime; a low-key exchange (luascript.Low),
 // lowCost's: a plain command's time besides for each key it marks or unmarks. The
 // commands of a windowed exchange are windowCost's; its read's time, which depends on
 // its answer, is readCostOf's. ok is false for a command the simulator does not model
@@ -350,7 +364,7 @@ func (l *limiterStrat) cost(c redis.Cmder) (n int, cost time.Duration, ok bool) 
 	switch strings.ToLower(c.Name()) {
 	case "evalsha", "eval":
 		// EVALSHA sha numkeys key memory n ids... unmark...
-		if len(args) >= 6 && (args[1] == lua.Low.Hash() || args[1] == lua.LowSource) {
+		if len(args) >= 6 && (args[1] == luascript.Low.Hash() || args[1] == luascript.LowSource) {
 			return 1, sc.ScriptTime + time.Duration(len(args)-6)*sc.CommandTime, true
 		}
 		return 1, sc.ScriptTime, true
@@ -366,6 +380,8 @@ func (l *limiterStrat) cost(c redis.Cmder) (n int, cost time.Duration, ok bool) 
 		return 1, cost, true
 	case "pexpireat":
 		return 1, cmdCost.expire, true
+	case "multi", "exec": // a windowed exchange's transaction: counted, not timed (hybridStrat.call)
+		return 1, 0, true
 	case "zadd": // ZADD key score member ...
 		return 1, cmdCost.zCall + time.Duration((len(args)-2)/2)*cmdCost.zMember, true
 	case "zrangebyscore":
@@ -383,9 +399,9 @@ func readCostOf(c redis.Cmder) time.Duration {
 }
 
 // comparable is a Result without what only one of the two runs measures: wall time and
-// events of the simulator's own loop.
+// events of the simulator's own loop, and the load per master of its Redis queues.
 func comparable(r Result) Result {
-	r.WallMS, r.Events = 0, 0
+	r.WallMS, r.Events, r.MasterBusy, r.MasterRoundTrips = 0, 0, nil, nil
 	return r
 }
 
@@ -466,7 +482,7 @@ type serverClock struct {
 func (c serverClock) Now() time.Time { return c.s.clock(c.l.since()) }
 
 func (serverClock) AfterFunc(d time.Duration, f func()) func() bool {
-	return breaker.SystemClock{}.AfterFunc(d, f)
+	return time.AfterFunc(d, f).Stop
 }
 
 // hybridLimit is c as a hybrid.Limit: the same fields.

@@ -53,21 +53,32 @@ type Result struct {
 	// Cold is set only by the cold-key scenarios' runs (coldOpts): their extra measures.
 	Cold *ColdResult `json:"cold,omitempty"`
 
-	RedisCalls                int64            `json:"redis_calls"`
-	RedisRoundTrips           int64            `json:"redis_round_trips"`
-	RedisCallsPerRequest      float64          `json:"redis_calls_per_request"`
-	RedisRoundTripsPerRequest float64          `json:"redis_round_trips_per_request"`
-	RedisBusy                 float64          `json:"redis_busy"`
-	P50DecisionUS             float64          `json:"p50_decision_us"`
-	P99DecisionUS             float64          `json:"p99_decision_us"`
-	MaxDecisionUS             float64          `json:"max_decision_us"`
-	Sources                   map[string]int64 `json:"sources"`
-	Timeline                  []Bin            `json:"timeline"`
-	Outage                    *OutageResult    `json:"outage,omitempty"`
-	Partition                 *OutageResult    `json:"partition,omitempty"` // the partition window, measured as an outage is
-	LimitChanges              []ChangeResult   `json:"limit_changes,omitempty"`
-	Also                      []AlsoResult     `json:"also,omitempty"`
-	Starve                    *OutageResult    `json:"starve,omitempty"` // the starvation window, measured as an outage is
+	RedisCalls                int64   `json:"redis_calls"`
+	RedisRoundTrips           int64   `json:"redis_round_trips"`
+	RedisCallsPerRequest      float64 `json:"redis_calls_per_request"`
+	RedisRoundTripsPerRequest float64 `json:"redis_round_trips_per_request"`
+	// RedisBusy is the share of the run Redis spent executing commands: on a Cluster
+	// (Masters > 1), the masters' mean. MasterBusy is each master's share of the run
+	// past the fleet's cold start (Scenario.steadyFrom: 1 s, or a quarter of a shorter
+	// run), the steady load a Cluster is sized for; MasterRoundTrips the round trips each
+	// was sent over the run (a trip split over masters counts once for each).
+	RedisBusy        float64   `json:"redis_busy"`
+	Masters          int       `json:"masters"`
+	MasterBusy       []float64 `json:"master_busy"`
+	MasterRoundTrips []int64   `json:"master_round_trips"`
+	// PolicyShare is the share of the run's decisions the failure policy made.
+	PolicyShare   float64          `json:"policy_share"`
+	P50DecisionUS float64          `json:"p50_decision_us"`
+	P99DecisionUS float64          `json:"p99_decision_us"`
+	MaxDecisionUS float64          `json:"max_decision_us"`
+	Sources       map[string]int64 `json:"sources"`
+	Timeline      []Bin            `json:"timeline"`
+	Outage        *OutageResult    `json:"outage,omitempty"`
+	Partition     *OutageResult    `json:"partition,omitempty"` // the partition window, measured as an outage is
+	LimitChanges  []ChangeResult   `json:"limit_changes,omitempty"`
+	Also          []AlsoResult     `json:"also,omitempty"`
+	Starve        *OutageResult    `json:"starve,omitempty"`      // the starvation window, measured as an outage is
+	MasterDown    *OutageResult    `json:"master_down,omitempty"` // a master's stop, measured as an outage is
 	// GivenBack counts the admitted items of requests of several limits whose tokens
 	// went back because another item denied (hybrid only).
 	GivenBack          int64   `json:"given_back,omitempty"`
@@ -86,7 +97,8 @@ type Bin struct {
 	Servers int `json:"servers"`
 	// FallbackShare is the share of the bin's decisions that went to the failure policy.
 	FallbackShare float64 `json:"fallback_share"`
-	// BreakersOpen counts the servers whose breaker was not closed at the end of the bin.
+	// BreakersOpen counts the breakers (one per server, or per server and master on a
+	// Cluster) that were not closed at the end of the bin.
 	BreakersOpen int `json:"breakers_open"`
 }
 
@@ -109,8 +121,10 @@ type OutageResult struct {
 	// Sources counts the decisions of requests that arrived during the outage, by source
 	// and outcome ("fallback+", "paced-", ...).
 	Sources map[string]int64 `json:"sources"`
-	// PolicyShare is the share of those decisions the failure policy made.
-	PolicyShare float64 `json:"policy_share"`
+	// PolicyShare is the share of those decisions the failure policy made;
+	// MasterPolicyShare, on a Cluster, the same over the keys of each master.
+	PolicyShare       float64   `json:"policy_share"`
+	MasterPolicyShare []float64 `json:"master_policy_share,omitempty"`
 	// BreakerOpens counts the times a breaker of a server the fault acts on (every server
 	// in an outage, the cut-off or starved ones) opened, from the window's start to the
 	// end of the run. Timeouts counts their calls that timed out over the run, and
@@ -120,10 +134,14 @@ type OutageResult struct {
 	Timeouts        int64 `json:"timeouts"`
 	StarvedTimeouts int64 `json:"starved_timeouts"`
 	// GrantsUnread is the tokens Redis granted over the run to takes of those servers
-	// whose answers came back after the breaker's deadline: spent in the bucket, leased
-	// to no one. (The simulator's servers count them where the simulated Redis runs the
-	// take; the Limiters of TestSimTracksLimiter do not, and its fleets answer in time.)
-	GrantsUnread int64 `json:"grants_unread"`
+	// whose answers came back after the breaker's deadline and were never read (not by
+	// their lingering call, nor by a later take under the same number): spent in the
+	// bucket, leased to no one. GrantsReadLate is those read by their call after the
+	// breaker's deadline (engine.Engine.Late). (The simulator's servers count them where
+	// the simulated Redis runs the take; the Limiters of TestSimTracksLimiter do not, and
+	// its fleets answer in time.)
+	GrantsUnread   int64 `json:"grants_unread"`
+	GrantsReadLate int64 `json:"grants_read_late"`
 	// AfterPerS is key 0's admissions per second from 0.5 s to 2.5 s after the window:
 	// what the fleet admits once Redis answers again (a debt being repaid shows here).
 	AfterPerS float64 `json:"after_per_s"`
@@ -138,13 +156,15 @@ type OutageResult struct {
 }
 
 // fault returns the measures of the run's fault window, if it has one, and what the
-// fault is called: "outage", "partition" or "starvation".
+// fault is called: "outage", "partition", "master's stop" or "starvation".
 func (r *Result) fault() (*OutageResult, string) {
 	switch {
 	case r.Outage != nil:
 		return r.Outage, "outage"
 	case r.Partition != nil:
 		return r.Partition, "partition"
+	case r.MasterDown != nil:
+		return r.MasterDown, "master's stop"
 	case r.Starve != nil:
 		return r.Starve, "starvation"
 	}
@@ -171,6 +191,11 @@ type recorder struct {
 	hotAt                    []time.Duration         // admission instants of key 0, in runs with LimitChanges
 	outReq, outAdm           int64
 	outSources               [nSources][2]int64 // [source][allowed]
+	// keyMaster is the master of each key's bucket (a windowed limit's key: of its
+	// shard), on a Cluster; outMaster counts the decisions of the fault window's requests
+	// by their key's master: [decided, policy].
+	keyMaster []uint8
+	outMaster [][2]int64
 }
 
 type binAcc struct {
@@ -231,6 +256,13 @@ func (r *recorder) decide(q *request, now time.Duration, allowed bool, src sourc
 			a = 1
 		}
 		r.outSources[src][a]++
+		if r.keyMaster != nil {
+			c := &r.outMaster[r.keyMaster[q.key]]
+			c[0]++
+			if src == srcFallback {
+				c[1]++
+			}
+		}
 	}
 	b := r.bin(now)
 	if b != nil {
@@ -279,10 +311,15 @@ func (r *recorder) result(st Strategy) Result {
 		Bound: sc.bound(), Floor: 0.9 * sc.Rate * T,
 		Sources: map[string]int64{},
 	}
+	var decided int64
 	for src, n := range r.sources {
 		if n > 0 {
 			res.Sources[source(src).String()] = n
 		}
+		decided += n
+	}
+	if decided > 0 {
+		res.PolicyShare = float64(r.sources[srcFallback]) / float64(decided)
 	}
 	if st == Hybrid || st == HybridAsync || st == HybridWindow {
 		res.Policy = string(sc.Policy)
@@ -354,6 +391,9 @@ func (r *recorder) result(st Strategy) Result {
 		if all > 0 {
 			u.PolicyShare = float64(policy) / float64(all)
 		}
+		for _, c := range r.outMaster {
+			u.MasterPolicyShare = append(u.MasterPolicyShare, float64(c[1])/float64(max(c[0], 1)))
+		}
 		u.OverLimit = u.AdmittedPerS / sc.Rate
 		u.AfterPerS = r.hotRate(w.End+500*time.Millisecond, min(w.End+2500*time.Millisecond, sc.Duration))
 		u.ThroughPerS = r.hotRate(w.Start, min(w.End+2500*time.Millisecond, sc.Duration))
@@ -363,6 +403,8 @@ func (r *recorder) result(st Strategy) Result {
 			res.Outage = u
 		case sc.Partition:
 			res.Partition = u
+		case sc.MasterDown:
+			res.MasterDown = u
 		default:
 			res.Starve = u
 		}

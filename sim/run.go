@@ -52,6 +52,7 @@ func simulate(sc Scenario, st Strategy, inBubble bool, custom func(f *fleet, b *
 	}
 	f := &fleet{sc: &sc, rng: rand.New(rand.NewPCG(sc.Seed, uint64(len(sc.Name))))}
 	f.redis.f = f
+	f.redis.masters = make([]master, sc.Masters)
 	f.arriveFn = f.arrive
 	f.rec = newRecorder(&sc)
 	f.keys = make([]string, sc.Keys)
@@ -59,6 +60,15 @@ func simulate(sc Scenario, st Strategy, inBubble bool, custom func(f *fleet, b *
 	for k := range f.keys {
 		f.keys[k] = "k" + strconv.Itoa(k)
 		f.bkeys[k] = wire.BucketKey(keyPrefix, limitName, f.keys[k])
+	}
+	if sc.Masters > 1 && sc.Masters <= 256 {
+		f.rec.keyMaster, f.rec.outMaster = make([]uint8, sc.Keys), make([][2]int64, sc.Masters)
+		for k, b := range f.bkeys {
+			if sc.Windowed > 0 { // a windowed key is counted in its shard, on the shard's master
+				b = wire.MarksKey("", limitName, sc.WindowShards, wire.WindowShard(f.keys[k], sc.WindowShards))
+			}
+			f.rec.keyMaster[k] = uint8(sc.masterOf(b))
+		}
 	}
 	if zk := sc.Keys - sc.cold.abuseKeys(); zk > 1 {
 		f.zipf = rand.NewZipf(f.rng, sc.ZipfS, 1, uint64(zk-1))
@@ -113,7 +123,12 @@ func simulate(sc Scenario, st Strategy, inBubble bool, custom func(f *fleet, b *
 		res.RedisCallsPerRequest = float64(res.RedisCalls) / float64(res.Requests)
 		res.RedisRoundTripsPerRequest = float64(res.RedisRoundTrips) / float64(res.Requests)
 	}
-	res.RedisBusy = f.redis.busy.Seconds() / sc.Duration.Seconds()
+	res.RedisBusy = f.redis.busy.Seconds() / sc.Duration.Seconds() / float64(sc.Masters)
+	res.Masters = sc.Masters
+	for _, m := range f.redis.masters {
+		res.MasterBusy = append(res.MasterBusy, m.steady.Seconds()/(sc.Duration-sc.steadyFrom()).Seconds())
+		res.MasterRoundTrips = append(res.MasterRoundTrips, m.trips)
+	}
 	if u, _ := res.fault(); u != nil {
 		u.CallsDuring = f.redis.callsOut
 	}

@@ -1,10 +1,13 @@
 package sim
 
 import (
+	"context"
 	"errors"
 	"reflect"
 	"testing"
 	"time"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
 )
 
 // same reports whether two results are identical but for wall time.
@@ -21,17 +24,7 @@ func TestRunIsDeterministic(t *testing.T) {
 		Keys: 10, Balancer: Skewed, Policy: FailLocal, Outage: Window{Start: 300 * time.Millisecond, End: 500 * time.Millisecond},
 		Churn: []Change{{At: 600 * time.Millisecond, Servers: 15}, {At: 800 * time.Millisecond, Servers: 25}}}
 	for _, st := range []Strategy{Naive, Script, ScriptCallerClock, Hybrid, LocalOnly} {
-		a, err := Run(t, sc, st)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := Run(t, sc, st)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !same(a, b) {
-			t.Errorf("%s: two runs of the same seed differ:\n%+v\n%+v", st, a, b)
-		}
+		a := runTwice(t, sc, st)
 		sc2 := sc
 		sc2.Seed = 2
 		c, err := Run(t, sc2, st)
@@ -42,6 +35,24 @@ func TestRunIsDeterministic(t *testing.T) {
 			t.Errorf("%s: seeds 1 and 2 gave identical results; the seed is not used", st)
 		}
 	}
+}
+
+// runTwice runs sc under st twice, fails t unless the two results are the same, and
+// returns the first.
+func runTwice(t *testing.T, sc Scenario, st Strategy) Result {
+	t.Helper()
+	a, err := Run(t, sc, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Run(t, sc, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !same(a, b) {
+		t.Errorf("%s: two runs of the same seed differ:\n%+v\n%+v", st, a, b)
+	}
+	return a
 }
 
 // TestModelRunsMatchMiniredis runs the hybrid strategies on the same small scenarios
@@ -103,7 +114,7 @@ func TestModelRunsMatchMiniredis(t *testing.T) {
 			if sc.Reserve && lua.Sources[srcReserved.String()] == 0 {
 				t.Fatal("no request admitted by a claim: the reservations' path was not taken")
 			}
-			if u := lua.Starve; sc.StarvedServers > 0 && (u == nil || u.StarvedTimeouts == 0 || u.GrantsUnread == 0) {
+			if u := lua.Starve; sc.StarvedServers > 0 && (u == nil || u.StarvedTimeouts == 0 || u.GrantsReadLate == 0) {
 				t.Fatalf("no grant answered after its deadline: the starved servers' path was not taken (%+v)", u)
 			}
 			if !same(lua, mod) {
@@ -111,6 +122,33 @@ func TestModelRunsMatchMiniredis(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestBreakerTimeout: a breaker made with a zero Timeout sets each call's deadline timer
+// breakerTimeout after its start, so the scenarios' default deadline is the breaker's.
+func TestBreakerTimeout(t *testing.T) {
+	var c timerClock
+	b, err := breaker.New(breaker.Settings{Clock: &c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Do(context.Background(), func(context.Context) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if c.d != breakerTimeout {
+		t.Errorf("the breaker's call deadline is %v after its start; breakerTimeout is %v", c.d, breakerTimeout)
+	}
+}
+
+// timerClock is a breaker.Clock at a fixed instant that records the duration of the last
+// timer set and never fires it.
+type timerClock struct{ d time.Duration }
+
+func (*timerClock) Now() time.Time { return time.Unix(0, 0) }
+
+func (c *timerClock) AfterFunc(d time.Duration, _ func()) func() bool {
+	c.d = d
+	return func() bool { return true }
 }
 
 func TestScenarioValidation(t *testing.T) {

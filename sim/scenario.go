@@ -9,6 +9,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/internal/engine"
 	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
+	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
 // Strategy is a way of enforcing one fleet-wide limit from every server of a fleet.
@@ -20,14 +21,14 @@ const (
 	// and writes it back (HSET + PEXPIRE): two round trips that other servers' commands
 	// interleave with, the race of the source article's trace.
 	Naive Strategy = "naive"
-	// Script runs the seed script (lua.Bucket, Redis TIME) on every request.
+	// Script runs the seed script (luascript.Bucket, Redis TIME) on every request.
 	Script Strategy = "script"
 	// ScriptCallerClock runs the article's script changed to trust the caller's clock
 	// (now passed as an argument, ts = now): the mistake the article warns about.
 	ScriptCallerClock Strategy = "script-caller-clock"
 	// Hybrid is fleetlimit's two tiers, as hybrid.Limiter runs them on every server (the
-	// same engine): a local pre-check, token leases from the global bucket (lua.Take and
-	// lua.Refund on miniredis), and the failure policy when Redis does not answer in time.
+	// same engine): a local pre-check, token leases from the global bucket (luascript.Take and
+	// luascript.Refund on miniredis), and the failure policy when Redis does not answer in time.
 	Hybrid Strategy = "hybrid"
 	// HybridAsync is Hybrid with the limit's Async set (the scenario's, 100ms if it sets
 	// none): a request a lease cannot serve is admitted without waiting for Redis unless
@@ -37,8 +38,8 @@ const (
 	// none, 120ms or half the window, Burst/Rate, if shorter): counted windows in Redis's shared arrays, no script, each server
 	// reporting every Windowed (hybrid.Windowed).
 	HybridWindow Strategy = "hybrid-window"
-	// LocalOnly gives each server local.FallbackLimit's share of the limit and never
-	// talks to Redis.
+	// LocalOnly gives each server its share of the limit (rate/servers, burst
+	// max(⌈burst/servers⌉, cost)), as FailLocal does, and never talks to Redis.
 	LocalOnly Strategy = "local-only"
 )
 
@@ -85,8 +86,8 @@ const (
 	FailOpen Policy = "fail-open"
 	// FailClosed denies every request the global tier cannot decide.
 	FailClosed Policy = "fail-closed"
-	// FailLocal decides with a conservative local limit: local.FallbackLimit's share of
-	// the fleet-wide limit on each server.
+	// FailLocal decides with a conservative local limit: each server's share of the
+	// fleet-wide limit, rate/servers with a burst of max(⌈burst/servers⌉, cost).
 	FailLocal Policy = "fail-local"
 )
 
@@ -99,27 +100,47 @@ type Window struct {
 func (w Window) Contains(t time.Duration) bool { return t >= w.Start && t < w.End }
 
 // measured returns the window a Result measures apart: the outage, else the partition,
-// else the starvation (a scenario has at most one of them).
+// else the stopped master, else the starvation (a scenario has at most one of them).
 func (sc *Scenario) measured() Window {
 	switch {
 	case sc.Outage.End > sc.Outage.Start:
 		return sc.Outage
 	case sc.Partition.End > sc.Partition.Start:
 		return sc.Partition
+	case sc.MasterDown.End > sc.MasterDown.Start:
+		return sc.MasterDown
 	}
 	return sc.Starve
 }
 
-// affected reports whether server id is one the measured fault acts on: every server in
-// an outage, the cut-off ones in a partition, the starved ones in a starvation.
-func (sc *Scenario) affected(id int) bool {
+// affected reports whether the breaker of server id for master m (0 on one Redis) is one
+// the measured fault acts on: every server's in an outage, the cut-off ones' in a
+// partition, the stopped master's in a master's stop, the starved ones' in a starvation.
+func (sc *Scenario) affected(id, m int) bool {
 	switch {
 	case sc.Outage.End > sc.Outage.Start:
 		return true
 	case sc.Partition.End > sc.Partition.Start:
 		return id < sc.PartitionServers
+	case sc.MasterDown.End > sc.MasterDown.Start:
+		return m == sc.DownMaster
 	}
 	return id < sc.StarvedServers
+}
+
+// masterOf returns the master that serves Redis key key: the one whose slot range holds
+// its hash slot (wire.Slot), the slots cut into Masters contiguous ranges in order, as
+// CLUSTER ADDSLOTSRANGE gives a new Cluster's masters their slots.
+func (sc *Scenario) masterOf(key string) int {
+	if sc.Masters <= 1 {
+		return 0
+	}
+	return wire.Slot(key) * sc.Masters / wire.Slots
+}
+
+// masterStopped reports whether master m answers nothing at virtual instant t.
+func (sc *Scenario) masterStopped(m int, t time.Duration) bool {
+	return m == sc.DownMaster && sc.MasterDown.Contains(t)
 }
 
 // cutOff reports whether server id is cut off from Redis at virtual instant t.
@@ -200,6 +221,23 @@ type Scenario struct {
 	// outage is, in Result.Partition.
 	Partition        Window
 	PartitionServers int
+	// Masters is the number of Redis masters: more than one makes Redis a Cluster, each
+	// Redis key served by the master whose contiguous range of the 16384 hash slots holds
+	// the slot of its hash tag (wire.Slot), each master a queue of its own. A hybrid
+	// server then has a breaker per master, as hybrid.Limiter has on a Cluster: a round
+	// trip is split by master, each part through its master's breaker, and a key whose
+	// master's breaker is open goes to the policy without waiting. Result.MasterBusy
+	// gives each master's busy share. default: 1
+	Masters int
+	// WindowShards is the number of shards a windowed limit is counted in
+	// (engine.LimitConfig.WindowShards): hybrid.Limiter counts in one on one Redis and
+	// in wire.WindowShards on a Cluster, of any number of masters. default: 1
+	WindowShards int
+	// MasterDown stops master DownMaster (0-based) during its window: it answers nothing,
+	// as an outage does, and the other masters run on. It is measured as an outage is,
+	// in Result.MasterDown.
+	MasterDown Window
+	DownMaster int
 	// Starve makes the first StarvedServers servers CPU-starved during its window, while
 	// Redis and the network stay healthy: the process of a starved server is scheduled
 	// only StarveRun at the start of every StarvePeriod (both required with Starve), as
@@ -291,6 +329,11 @@ type BreakerSettings struct {
 	HalfOpenProbes    int
 }
 
+// breakerTimeout is a breaker's Timeout when Settings.Timeout is zero, the call deadline
+// a scenario's servers run with unless it sets one (TestBreakerTimeout holds it to
+// package breaker's).
+const breakerTimeout = 10 * time.Millisecond
+
 // settings returns s as breaker.Settings for server name, its state changes told to
 // onChange.
 func (s BreakerSettings) settings(name string, onChange func(from, to breaker.State)) breaker.Settings {
@@ -344,10 +387,13 @@ func (sc Scenario) withDefaults() (Scenario, error) {
 		sc.MaxWait = engine.DefaultMaxWait
 	}
 	if sc.Breaker.Timeout == 0 {
-		sc.Breaker.Timeout = breaker.DefaultTimeout
+		sc.Breaker.Timeout = breakerTimeout
 	}
 	if sc.Seed == 0 {
 		sc.Seed = 1
+	}
+	if sc.Masters == 0 {
+		sc.Masters = 1
 	}
 	bad := func(format string, args ...any) (Scenario, error) {
 		return sc, fmt.Errorf("%w: %s", ErrInvalidScenario, fmt.Sprintf(format, args...))
@@ -398,6 +444,14 @@ func (sc Scenario) withDefaults() (Scenario, error) {
 		return bad("StarveRun and StarvePeriod without a starvation (StarvedServers and Starve)")
 	case sc.Starve.End > sc.Starve.Start && (sc.Outage.End > sc.Outage.Start || sc.Partition.End > sc.Partition.Start):
 		return bad("a starvation and an outage or partition in one run: measure one at a time")
+	case sc.Masters < 1 || sc.Masters > wire.Slots:
+		return bad("masters %d: want 1 to %d", sc.Masters, wire.Slots)
+	case sc.DownMaster < 0 || sc.DownMaster >= sc.Masters:
+		return bad("down master %d is not one of the %d masters", sc.DownMaster, sc.Masters)
+	case sc.MasterDown.End > sc.MasterDown.Start && sc.Masters < 2:
+		return bad("a stopped master needs a Cluster: Masters %d", sc.Masters)
+	case sc.MasterDown.End > sc.MasterDown.Start && (sc.Outage.End > sc.Outage.Start || sc.Partition.End > sc.Partition.Start || sc.Starve.End > sc.Starve.Start):
+		return bad("a stopped master and another fault in one run: measure one at a time")
 	}
 	for _, c := range sc.Churn {
 		if c.Servers < 1 || c.At < 0 {

@@ -17,7 +17,7 @@ import (
 // the virtual instant the command executes at.
 type scripts = luamodel.Scripts
 
-// takeReply is lua.Take's answer.
+// takeReply is luascript.Take's answer.
 type takeReply = wire.TakeReply
 
 var _ scripts = (*luaScripts)(nil)
@@ -69,8 +69,8 @@ func (r *luaScripts) BucketCallerClock(now time.Time, key string, capacity, rate
 	return r.lua().BucketCallerClock(now, key, capacity, rate, cost, callerMillis)
 }
 
-func (r *luaScripts) Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq, version uint64, floor int) takeReply {
-	return r.lua().Take(now, key, capacity, rate, want, minimum, server, seq, version, floor)
+func (r *luaScripts) Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq, version uint64, floor int, seen wire.Seen) takeReply {
+	return r.lua().Take(now, key, capacity, rate, want, minimum, server, seq, version, floor, seen)
 }
 
 func (r *luaScripts) Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq, version uint64, floor int, ref float64) wire.RefundReply {

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
+	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
 // TestLuaScriptsMatchModel: the simulator's two ways into a Redis, straight into
@@ -30,16 +31,16 @@ func TestLuaScriptsMatchModel(t *testing.T) {
 		{51 * time.Millisecond, false, func(s scripts, now time.Time) any {
 			return s.BucketCallerClock(now, b, 10, 3, 4, 1772366400000+2051)
 		}},
-		{60 * time.Millisecond, false, func(s scripts, now time.Time) any { return s.Take(now, a, 100, 10, 40, 1, "s1", 7, 0, 0) }},
-		{60 * time.Millisecond, false, func(s scripts, now time.Time) any { return s.Take(now, a, 100, 10, 40, 1, "s1", 7, 0, 0) }}, // replay
-		{61 * time.Millisecond, true, func(s scripts, now time.Time) any { return s.Take(now, a, 100, 10, 80, 80, "s2", 1, 0, 0) }},
-		{62 * time.Millisecond, false, func(s scripts, now time.Time) any { return s.Take(now, a, 100, 10, 5, 5, "s1", 6, 0, 0) }}, // stale
+		{60 * time.Millisecond, false, func(s scripts, now time.Time) any { return s.Take(now, a, 100, 10, 40, 1, "s1", 7, 0, 0, wire.Seen{}) }},
+		{60 * time.Millisecond, false, func(s scripts, now time.Time) any { return s.Take(now, a, 100, 10, 40, 1, "s1", 7, 0, 0, wire.Seen{}) }}, // replay
+		{61 * time.Millisecond, true, func(s scripts, now time.Time) any { return s.Take(now, a, 100, 10, 80, 80, "s2", 1, 0, 0, wire.Seen{}) }},
+		{62 * time.Millisecond, false, func(s scripts, now time.Time) any { return s.Take(now, a, 100, 10, 5, 5, "s1", 6, 0, 0, wire.Seen{}) }}, // stale
 		{70 * time.Millisecond, true, func(s scripts, now time.Time) any { return s.Refund(now, a, 100, 10, 30, "s1", 8, 0, 100, math.NaN()) }},
 		{70 * time.Millisecond, false, func(s scripts, now time.Time) any { return s.Refund(now, a, 100, 10, 30, "s1", 8, 0, 100, math.NaN()) }}, // replay
 		{80 * time.Millisecond, true, func(s scripts, now time.Time) any { return s.Heartbeat(now, fleet, "s1", 1000) }},
 		{90 * time.Millisecond, false, func(s scripts, now time.Time) any { return s.Heartbeat(now, fleet, "s2", 100) }},
-		{500 * time.Millisecond, false, func(s scripts, now time.Time) any { return s.Heartbeat(now, fleet, "s1", 1000) }}, // s2 gone
-		{time.Hour, false, func(s scripts, now time.Time) any { return s.Take(now, a, 100, 10, 100, 1, "s1", 9, 0, 0) }},   // expired: full
+		{500 * time.Millisecond, false, func(s scripts, now time.Time) any { return s.Heartbeat(now, fleet, "s1", 1000) }},            // s2 gone
+		{time.Hour, false, func(s scripts, now time.Time) any { return s.Take(now, a, 100, 10, 100, 1, "s1", 9, 0, 0, wire.Seen{}) }}, // expired: full
 	}
 	ctx := context.Background()
 	mrD, cD := redistest.Mini(t)

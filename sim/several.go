@@ -169,8 +169,9 @@ func (h *hybridStrat) report(sc *Scenario, res *Result) {
 			for _, lm := range hs.eng.Limits() {
 				res.GivenBack += lm.Stats().GivenBack
 			}
-			if fault != nil && sc.affected(s.id) {
+			if fault != nil && sc.affected(s.id, sc.DownMaster) { // a stopped master: every server's
 				fault.GrantsUnread += hs.unread
+				fault.GrantsReadLate += hs.readLate
 			}
 		}
 	}

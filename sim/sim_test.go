@@ -20,16 +20,21 @@ var (
 	longFlag     = flag.Bool("long", false, "also run the long suites: the real processes beside the simulator (TestAsyncProcesses, TestWindowProcesses), and the built-in suites' hybrid runs on the real scripts on miniredis instead of the Go model")
 )
 
-// selected filters the suites by -only.
+// selected filters the suites by -only, which names suites or their groups; without
+// it, every suite but the opt-in ones.
 func selected(ss []suite) []suite {
-	if *onlyFlag == "" {
-		return ss
-	}
 	var out []suite
 	for _, s := range ss {
-		for _, n := range strings.Split(*onlyFlag, ",") {
-			if s.name == strings.TrimSpace(n) {
+		if *onlyFlag == "" {
+			if !s.optIn {
 				out = append(out, s)
+			}
+			continue
+		}
+		for _, n := range strings.Split(*onlyFlag, ",") {
+			if n = strings.TrimSpace(n); s.name == n || s.group != "" && s.group == n {
+				out = append(out, s)
+				break
 			}
 		}
 	}
@@ -216,6 +221,12 @@ func header(name string, o outcome) string {
 	if w := sc.Partition; w.End > w.Start {
 		fmt.Fprintf(&b, ", %d servers cut off from Redis %v-%v, call deadline %v, max wait %v", sc.PartitionServers, w.Start, w.End, sc.Breaker.Timeout, sc.MaxWait)
 	}
+	if sc.Masters > 1 {
+		fmt.Fprintf(&b, ", %d Redis masters", sc.Masters)
+	}
+	if w := sc.MasterDown; w.End > w.Start {
+		fmt.Fprintf(&b, ", master %d down %v-%v, call deadline %v, max wait %v", sc.DownMaster, w.Start, w.End, sc.Breaker.Timeout, sc.MaxWait)
+	}
 	if w := sc.Starve; w.End > w.Start {
 		fmt.Fprintf(&b, ", %d servers scheduled %v in every %v from %v to %v, call deadline %v, max wait %v",
 			sc.StarvedServers, sc.StarveRun, sc.StarvePeriod, w.Start, w.End, sc.Breaker.Timeout, sc.MaxWait)
@@ -266,6 +277,19 @@ func table(name string, runs []outcome) string {
 		}
 	}
 	for _, o := range runs {
+		if r := o.res; r.Masters > 1 {
+			fmt.Fprintf(&b, "  %-30s masters busy", o.name()+":")
+			for _, x := range r.MasterBusy {
+				fmt.Fprintf(&b, " %.1f%%", 100*x)
+			}
+			fmt.Fprintf(&b, ", busiest/mean %.2f, round trips", busiestOverMean(r.MasterBusy))
+			for _, x := range r.MasterRoundTrips {
+				fmt.Fprintf(&b, " %s", num(float64(x)))
+			}
+			fmt.Fprintf(&b, ", policy %.2f%%\n", 100*r.PolicyShare)
+		}
+	}
+	for _, o := range runs {
 		r := o.res
 		if u, during := r.fault(); u != nil {
 			ratio := "" // one key's limit says nothing of the admissions of many
@@ -279,8 +303,14 @@ func table(name string, runs []outcome) string {
 				fmt.Fprintf(&b, ", first breaker open after %.0f ms, last closed %.2f s after", 1000*u.BreakerOpenS, u.BreakerClosedS)
 			}
 			if r.Policy != "" { // a hybrid run: the others have no policy and no breaker
-				fmt.Fprintf(&b, "\n    policy decided %.2f%%; the servers it acts on: breakers opened %d times, %d timeouts of which %d starved (not counted), %s granted tokens unread",
-					100*u.PolicyShare, u.BreakerOpens, u.Timeouts, u.StarvedTimeouts, num(float64(u.GrantsUnread)))
+				fmt.Fprintf(&b, "\n    policy decided %.2f%%; the servers it acts on: breakers opened %d times, %d timeouts of which %d starved (not counted), %s granted tokens unread (%s read late)",
+					100*u.PolicyShare, u.BreakerOpens, u.Timeouts, u.StarvedTimeouts, num(float64(u.GrantsUnread)), num(float64(u.GrantsReadLate)))
+				if len(u.MasterPolicyShare) > 0 {
+					b.WriteString("; policy share by master's keys:")
+					for _, x := range u.MasterPolicyShare {
+						fmt.Fprintf(&b, " %.2f%%", 100*x)
+					}
+				}
 			}
 			fmt.Fprintf(&b, "\n    decisions: %v\n", u.Sources)
 		}

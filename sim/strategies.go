@@ -5,6 +5,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/fleetlimit/fleetlimit/internal/fallback"
 	"github.com/fleetlimit/fleetlimit/internal/luamodel"
 	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
 	"github.com/fleetlimit/fleetlimit/internal/wire"
@@ -28,7 +29,7 @@ func (n *naive) handle(s *server, q *request) {
 	capacity, r := float64(sc.Burst), sc.Rate
 	var tokens, ts float64
 	var okT, okTS bool
-	f.redis.roundTrip(1, sc.CommandTime, func(at time.Time) {
+	f.redis.roundTrip(sc.masterOf(key), 1, sc.CommandTime, func(at time.Time) {
 		tokens, ts, okT, okTS = n.m.HMGet(at, key)
 	}, func() {
 		now := luamodel.NowMillis(s.clock(f.e.now))
@@ -44,7 +45,7 @@ func (n *naive) handle(s *server, q *request) {
 			tokens -= float64(q.n)
 		}
 		t := tokens
-		f.redis.roundTrip(2, 2*sc.CommandTime, func(at time.Time) {
+		f.redis.roundTrip(sc.masterOf(key), 2, 2*sc.CommandTime, func(at time.Time) {
 			n.m.HSetExpire(at, key, t, now, tokenbucket.TTLMillis(capacity, r))
 		}, func() {
 			f.decide(q, allowed, srcNaive)
@@ -52,7 +53,7 @@ func (n *naive) handle(s *server, q *request) {
 	})
 }
 
-// perRequest runs one bucket script per request: lua.Bucket (Redis TIME), or the
+// perRequest runs one bucket script per request: luascript.Bucket (Redis TIME), or the
 // caller-clock variant.
 type perRequest struct {
 	f           *fleet
@@ -68,7 +69,7 @@ func (p *perRequest) handle(s *server, q *request) {
 	key := f.bucketKeyOf(q.key)
 	sent := luamodel.NowMillis(s.clock(f.e.now)) // the caller's clock, read when it sends
 	var r wire.BucketReply
-	f.redis.roundTrip(1, sc.ScriptTime, func(at time.Time) {
+	f.redis.roundTrip(sc.masterOf(key), 1, sc.ScriptTime, func(at time.Time) {
 		if p.callerClock {
 			r = p.s.BucketCallerClock(at, key, float64(sc.Burst), sc.Rate, float64(q.n), sent)
 			return
@@ -79,15 +80,16 @@ func (p *perRequest) handle(s *server, q *request) {
 	})
 }
 
-// localOnly gives every server local.FallbackLimit's share of the limit, for the fleet
-// size it was configured with, and never talks to Redis.
+// localOnly gives every server its share of the limit, as FailLocal does (rate/servers,
+// burst max(⌈burst/servers⌉, cost)), for the fleet size it was configured with, and never
+// talks to Redis.
 type localOnly struct {
 	f *fleet
 }
 
 func (l *localOnly) join(s *server) error {
 	sc := l.f.sc
-	r, b := local.FallbackLimit(sc.Rate, sc.Burst, sc.Servers, sc.Cost)
+	r, b := fallback.Share(sc.Rate, sc.Burst, sc.Servers, sc.Cost)
 	lim, err := local.NewLimiter(local.Config{Rate: r, Burst: b, MaxKeys: max(sc.Keys, 1024)})
 	if err != nil {
 		return fmt.Errorf("sim: local limiter: %w", err)

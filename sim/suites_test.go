@@ -1,7 +1,11 @@
 package sim
 
 import (
+	"fmt"
+	"strconv"
 	"time"
+
+	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
 // run is one simulated run of a suite.
@@ -23,6 +27,10 @@ func (r run) name() string {
 type suite struct {
 	name string
 	runs []run
+	// group, if set, is the name -only selects the suite by besides its own.
+	group string
+	// optIn keeps the suite out of the default run: -only names it (or its group).
+	optIn bool
 }
 
 // scale shrinks a scenario for -short: a tenth of the fleet, of the limit and of the
@@ -133,17 +141,17 @@ func suites(s scale, seed uint64) []suite {
 		return run{label: "hybrid " + string(p) + label, sc: sc, st: Hybrid}
 	}
 	ss := []suite{
-		{"hot-key", []run{{sc: hot, st: Naive}, {sc: hot, st: Script}, {sc: hot, st: Hybrid}, {sc: hot, st: HybridAsync}, {sc: hot, st: HybridWindow}, {sc: hot, st: LocalOnly}}},
-		{"abusive-client", []run{{sc: abusive, st: Naive}, {sc: abusive, st: Script}, {sc: abusive, st: Hybrid}, {sc: abusive, st: HybridAsync}, {sc: abusive, st: HybridWindow}, {sc: abusive, st: LocalOnly}}},
-		{"many-keys", []run{{sc: many, st: Naive}, {sc: many, st: Script}, {sc: many, st: Hybrid}, {sc: many, st: HybridAsync}, {sc: many, st: HybridWindow}, {sc: many, st: LocalOnly}}},
-		{"skewed-lb", []run{{sc: skewed, st: Script}, {sc: skewed, st: Hybrid}, {sc: skewed, st: LocalOnly}}},
-		{"sticky-client", []run{{sc: sticky, st: Script}, {sc: sticky, st: Hybrid}, {sc: sticky, st: HybridAsync}, {sc: sticky, st: HybridWindow}, {sc: sticky, st: LocalOnly}}},
-		{"bursty", []run{{sc: bursty, st: Script}, {sc: bursty, st: Hybrid}, {sc: bursty, st: LocalOnly}}},
-		{"redis-outage", []run{policy(FailOpen), policy(FailClosed), policy(FailLocal), {sc: outage, st: LocalOnly}}},
-		{"redis-partition", []run{cut(FailOpen), cut(FailClosed), cut(FailLocal)}},
-		{"starved-server", []run{starve(starved, FailOpen, ""), starve(starved, FailClosed, ""), starve(starved, FailLocal, ""),
+		{name: "hot-key", runs: []run{{sc: hot, st: Naive}, {sc: hot, st: Script}, {sc: hot, st: Hybrid}, {sc: hot, st: HybridAsync}, {sc: hot, st: HybridWindow}, {sc: hot, st: LocalOnly}}},
+		{name: "abusive-client", runs: []run{{sc: abusive, st: Naive}, {sc: abusive, st: Script}, {sc: abusive, st: Hybrid}, {sc: abusive, st: HybridAsync}, {sc: abusive, st: HybridWindow}, {sc: abusive, st: LocalOnly}}},
+		{name: "many-keys", runs: []run{{sc: many, st: Naive}, {sc: many, st: Script}, {sc: many, st: Hybrid}, {sc: many, st: HybridAsync}, {sc: many, st: HybridWindow}, {sc: many, st: LocalOnly}}},
+		{name: "skewed-lb", runs: []run{{sc: skewed, st: Script}, {sc: skewed, st: Hybrid}, {sc: skewed, st: LocalOnly}}},
+		{name: "sticky-client", runs: []run{{sc: sticky, st: Script}, {sc: sticky, st: Hybrid}, {sc: sticky, st: HybridAsync}, {sc: sticky, st: HybridWindow}, {sc: sticky, st: LocalOnly}}},
+		{name: "bursty", runs: []run{{sc: bursty, st: Script}, {sc: bursty, st: Hybrid}, {sc: bursty, st: LocalOnly}}},
+		{name: "redis-outage", runs: []run{policy(FailOpen), policy(FailClosed), policy(FailLocal), {sc: outage, st: LocalOnly}}},
+		{name: "redis-partition", runs: []run{cut(FailOpen), cut(FailClosed), cut(FailLocal)}},
+		{name: "starved-server", runs: []run{starve(starved, FailOpen, ""), starve(starved, FailClosed, ""), starve(starved, FailLocal, ""),
 			starve(starvedNear, FailLocal, ", 15ms")}},
-		{"clock-skew", []run{
+		{name: "clock-skew", runs: []run{
 			{label: "script (TIME)", sc: skew, st: Script},
 			{label: "script (TIME), srv0 +2s", sc: fast, st: Script},
 			{label: "caller clock", sc: skew, st: ScriptCallerClock},
@@ -151,11 +159,12 @@ func suites(s scale, seed uint64) []suite {
 			{label: "hybrid", sc: skew, st: Hybrid},
 			{label: "hybrid, srv0 +2s", sc: fast, st: Hybrid},
 		}},
-		{"churn", []run{{sc: churn, st: Script}, {sc: churn, st: Hybrid}, {sc: churn, st: LocalOnly}}},
-		{"several-limits", []run{{sc: several, st: Hybrid}}},
-		{"limit-change", []run{{label: "halved", sc: lower, st: Hybrid}, {label: "doubled", sc: raise, st: Hybrid}}},
-		{"reservations", []run{{sc: reserve, st: Hybrid}}},
+		{name: "churn", runs: []run{{sc: churn, st: Script}, {sc: churn, st: Hybrid}, {sc: churn, st: LocalOnly}}},
+		{name: "several-limits", runs: []run{{sc: several, st: Hybrid}}},
+		{name: "limit-change", runs: []run{{label: "halved", sc: lower, st: Hybrid}, {label: "doubled", sc: raise, st: Hybrid}}},
+		{name: "reservations", runs: []run{{sc: reserve, st: Hybrid}}},
 	}
+	ss = append(ss, clusterSuites(seed)...)
 	if s.model {
 		for _, x := range ss {
 			for i := range x.runs {
@@ -164,4 +173,53 @@ func suites(s scale, seed uint64) []suite {
 		}
 	}
 	return ss
+}
+
+// clusterSuites are the Redis Cluster suites (docs/operations.md, "Sizing a Redis
+// Cluster"): 1,000 servers, 1,000,000 per-client keys with a Zipf spread plus one hot
+// key, each kind of limit on one master, 3 and 10, and on 3 with the master that holds
+// the hot key (and the limit's shared structures) stopped from a fifth of the run on.
+// They take minutes, so only -only cluster runs them, at this scale whatever -short says:
+// the spread of a Zipf demand over slots is the measure, and a smaller one is lumpier.
+func clusterSuites(seed uint64) []suite {
+	const T = 4 * time.Second
+	const servers, keys, demand = 1000, 1000000, 60000.0
+	base := Scenario{Name: "cluster", Servers: servers, Duration: T, Seed: seed,
+		Rate: 50, Burst: 50, Demand: demand * 0.95, Keys: keys + 1, ZipfS: 1.1, GoModel: true, Policy: FailLocal,
+		WindowShards: wire.WindowShards} // a windowed limit's shards on a Cluster, as hybrid.Limiter counts it there
+	base.cold.abuse = demand * 0.05 // the hot key, the last: 5% of the demand
+	var all []run
+	kinds := []Strategy{Hybrid, HybridAsync, HybridWindow}
+	for _, st := range kinds {
+		for _, m := range clusterMasters {
+			sc := base
+			sc.Masters = m
+			all = append(all, run{label: fmt.Sprintf("%s, %d master%s", st, m, plural(m)), sc: sc, st: st})
+		}
+	}
+	var down []run
+	for _, st := range kinds {
+		sc := base
+		sc.Name, sc.Masters = "cluster-master-down", 3
+		sc.MasterDown = Window{Start: T / 5, End: T}
+		sc.DownMaster = sc.masterOf(wire.BucketKey("", limitName, hotKey(keys)))
+		down = append(down, run{label: fmt.Sprintf("%s, master %d of 3 down", st, sc.DownMaster), sc: sc, st: st})
+	}
+	return []suite{
+		{name: "cluster", runs: all, optIn: true},
+		{name: "cluster-master-down", runs: down, group: "cluster", optIn: true},
+	}
+}
+
+// clusterMasters are the master counts the cluster suite runs on.
+var clusterMasters = []int{1, 3, 10}
+
+// hotKey is the name of the hot key of a cluster suite of keys Zipf keys: the last.
+func hotKey(keys int) string { return "k" + strconv.Itoa(keys) }
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
 }

@@ -8,18 +8,23 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
-// windowRedis is the simulated Redis of windowed limits: what global.Store.Windows's
+// windowRedis is the simulated Redis of windowed limits: what redisstore.Store.Windows's
 // commands do (TIME, BITFIELD OVERFLOW SAT INCRBY, PEXPIREAT, ZADD, ZREMRANGEBYSCORE,
 // PEXPIRE, ZRANGEBYSCORE), on Go maps, with the key names, counters and members of
 // package wire. TestWindowRedisMatches holds it to a real Redis.
 type windowRedis struct {
-	arrays   map[string]*winArray
-	marks    map[string]float64 // the marks' sorted set of the one limit: member, score
-	marksEnd time.Time          // its expiry (PEXPIRE); zero: none
+	arrays map[string]*winArray
+	marks  map[string]*marksSet // by key: a shard's sorted set of marks
+}
+
+// marksSet is a sorted set of marks: member, score.
+type marksSet struct {
+	m   map[string]float64
+	end time.Time // its expiry (PEXPIRE); zero: none
 }
 
 type winArray struct {
@@ -28,7 +33,7 @@ type winArray struct {
 }
 
 func newWindowRedis() *windowRedis {
-	return &windowRedis{arrays: map[string]*winArray{}, marks: map[string]float64{}}
+	return &windowRedis{arrays: map[string]*winArray{}, marks: map[string]*marksSet{}}
 }
 
 // array returns the live array of key at at, or nil.
@@ -43,7 +48,7 @@ func (r *windowRedis) array(key string, at time.Time) *winArray {
 
 // cmdCost is the Redis time of the plain commands of a windowed exchange, in the
 // simulator's units (a one-key script call costs ScriptTime, 8 µs), from INFO
-// commandstats on redis-server 7.0.15 on a 2-vCPU machine where lua.Take cost 13.75 µs a
+// commandstats on redis-server 7.0.15 on a 2-vCPU machine where luascript.Take cost 13.75 µs a
 // call (bench/rediscost measures them all on a redis-server of its own):
 //
 //	go -C bench test ./rediscost -run TestRedisCost -v -args -rediscost
@@ -61,7 +66,7 @@ var cmdCost = struct{ bfCall, bfSub, zCall, zMember, zRead, expire time.Duration
 
 // windowCost is the commands of t and their Redis time by cmdCost, less the read's,
 // which depends on what it returns (readCost).
-func windowCost(t *global.WindowTrip) (cmds int, cost time.Duration) {
+func windowCost(t *redisstore.WindowTrip) (cmds int, cost time.Duration) {
 	if t.Clock {
 		cmds, cost = cmds+1, cost+cmdCost.zCall
 	}
@@ -92,8 +97,9 @@ func windowCost(t *global.WindowTrip) (cmds int, cost time.Duration) {
 }
 
 // run carries out t at Redis's instant at, as Store.Windows would.
-func (r *windowRedis) run(at time.Time, t *global.WindowTrip) {
+func (r *windowRedis) run(at time.Time, t *redisstore.WindowTrip) {
 	lim := t.Limit
+	shards := max(1, t.Shards)
 	w := wire.WindowMicros(lim.Rate, lim.Burst)
 	top := int64(1)<<wire.WindowBits(lim.Burst) - 1
 	if t.Clock {
@@ -102,7 +108,7 @@ func (r *windowRedis) run(at time.Time, t *global.WindowTrip) {
 	var wins []int64
 	for i := range t.Ops {
 		op := &t.Ops[i]
-		key := wire.WindowKey(keyPrefix, lim.Name, w, op.Win)
+		key := wire.WindowKey(keyPrefix, lim.Name, shards, t.Shard, w, op.Win)
 		a := r.array(key, at)
 		if a == nil {
 			a = &winArray{c: make([]uint32, wire.WindowRows*t.Width)}
@@ -123,7 +129,7 @@ func (r *windowRedis) run(at time.Time, t *global.WindowTrip) {
 		}
 	}
 	for _, win := range wins {
-		key := wire.WindowKey(keyPrefix, lim.Name, w, win)
+		key := wire.WindowKey(keyPrefix, lim.Name, shards, t.Shard, w, win)
 		if a := r.arrays[key]; a != nil {
 			a.deadline = time.UnixMicro((win + 2) * w).Add(time.Second)
 			r.array(key, at) // a deadline passed deletes at once
@@ -134,23 +140,27 @@ func (r *windowRedis) run(at time.Time, t *global.WindowTrip) {
 			r.array(key, at)
 		}
 	}
-	if !r.marksEnd.IsZero() && !at.Before(r.marksEnd) {
-		clear(r.marks)
-		r.marksEnd = time.Time{}
+	mkey := wire.MarksKey(keyPrefix, lim.Name, shards, t.Shard)
+	set := r.marks[mkey]
+	if set != nil && !set.end.IsZero() && !at.Before(set.end) {
+		delete(r.marks, mkey)
+		set = nil
 	}
-	if len(t.Marks) > 0 {
-		for _, m := range t.Marks {
-			r.marks[wire.MarkMember(m.Win, string(m.ID))] = wire.MarkScore(t.At.UnixMilli(), m.Flags)
-		}
+	if set == nil && len(t.Marks) > 0 {
+		set = &marksSet{m: map[string]float64{}}
+		r.marks[mkey] = set
 	}
-	if t.Tidy {
+	for _, m := range t.Marks {
+		set.m[wire.MarkMember(m.Win, string(m.ID))] = wire.MarkScore(t.At.UnixMilli(), m.Flags)
+	}
+	if t.Tidy && set != nil {
 		old := wire.MarkScore(t.At.Add(-t.Memory).UnixMilli(), 0)
-		maps.DeleteFunc(r.marks, func(_ string, score float64) bool { return score < old })
+		maps.DeleteFunc(set.m, func(_ string, score float64) bool { return score < old })
 	}
-	if len(t.Marks) > 0 || t.Tidy {
-		r.marksEnd = at.Add(t.Memory)
+	if (len(t.Marks) > 0 || t.Tidy) && set != nil {
+		set.end = at.Add(t.Memory)
 	}
-	if t.Read {
+	if t.Read && set != nil {
 		from := math.Inf(-1)
 		if !t.Since.IsZero() {
 			from = wire.MarkScore(t.Since.UnixMilli(), 0)
@@ -160,7 +170,7 @@ func (r *windowRedis) run(at time.Time, t *global.WindowTrip) {
 			s float64
 		}
 		var zs []z
-		for m, score := range r.marks {
+		for m, score := range set.m {
 			if score >= from {
 				zs = append(zs, z{m, score})
 			}
@@ -168,13 +178,13 @@ func (r *windowRedis) run(at time.Time, t *global.WindowTrip) {
 		slices.SortFunc(zs, func(a, b z) int { return cmp.Or(cmp.Compare(a.s, b.s), strings.Compare(a.m, b.m)) })
 		for _, x := range zs[:min(len(zs), 10000)] {
 			flags, win, id, ms, _ := wire.ParseMark(x.m, x.s)
-			t.Got = append(t.Got, global.WindowMark{ID: global.KeyID(id), Flags: flags, Win: win, At: time.UnixMilli(ms)})
+			t.Got = append(t.Got, redisstore.WindowMark{ID: redisstore.KeyID(id), Flags: flags, Win: win, At: time.UnixMilli(ms)})
 		}
 	}
 }
 
 // readCost is the Redis time of t's read, once answered.
-func readCost(t *global.WindowTrip) time.Duration {
+func readCost(t *redisstore.WindowTrip) time.Duration {
 	if !t.Read {
 		return 0
 	}

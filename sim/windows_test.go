@@ -8,30 +8,31 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
 // TestWindowRedisMatches runs random windowed-limit trips (counts and take-backs in a few
 // windows, demand counts, marks with their tidying, reads from an instant) through the
-// simulator's windowRedis and through global.Store.Windows, on miniredis and on a real
+// simulator's windowRedis and through redisstore.Store.Windows, on miniredis and on a real
 // Redis, and requires the same answers: every count, every mark read (key, flags,
 // window, time) in order, Redis's time where asked. The arrays of windows long past are
-// counted, then dropped by their deadline, in both.
+// counted, then dropped by their deadline, in both. Half the trips are of the unsharded
+// format, half of one shard of 4, each shard's keys its own.
 func TestWindowRedisMatches(t *testing.T) {
 	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
 		ctx := context.Background()
 		name := fmt.Sprintf("wm%d", rand.Uint64()%1e9)
-		s, err := global.New(tg.Client, global.Prefix(keyPrefix))
+		s, err := redisstore.New(tg.Client, redisstore.Prefix(keyPrefix))
 		if err != nil {
 			t.Fatal(err)
 		}
-		lim := global.Limit{Name: name, Rate: 200, Burst: 20} // windows of 100 ms
+		lim := redisstore.Limit{Name: name, Rate: 200, Burst: 20} // windows of 100 ms
 		w := wire.WindowMicros(lim.Rate, lim.Burst)
 		model := newWindowRedis()
 		rng := rand.New(rand.NewPCG(7, 11))
-		keys := []string{"a", "b", "c", "d", string(global.IDOf(string(make([]byte, 80))))}
+		keys := []string{"a", "b", "c", "d", string(redisstore.IDOf(string(make([]byte, 80))))}
 		base := time.Now().Truncate(time.Millisecond)
 		for step := range 300 {
 			// the real Redis's clock runs on; miniredis's is set to it
@@ -41,18 +42,26 @@ func TestWindowRedisMatches(t *testing.T) {
 			} else {
 				at = time.Now()
 			}
-			trip := global.WindowTrip{Limit: lim, Width: 1 << 8, Memory: 200 * time.Millisecond, Clock: rng.IntN(4) == 0, At: at}
-			for range rng.IntN(6) {
-				k := keys[rng.IntN(len(keys))]
+			trip := redisstore.WindowTrip{Limit: lim, Width: 1 << 8, Memory: 200 * time.Millisecond, Clock: rng.IntN(4) == 0, At: at}
+			ks := keys
+			if step%2 == 1 {
+				trip.Shards, trip.Shard = 4, rng.IntN(4)
+				ks = slices.DeleteFunc(slices.Clone(keys), func(k string) bool { return wire.WindowShard(k, 4) != trip.Shard })
+				if len(ks) == 0 {
+					ks = nil
+				}
+			}
+			for range rng.IntN(6) * min(1, len(ks)) {
+				k := ks[rng.IntN(len(ks))]
 				win := wire.WindowIndex(at.UnixMicro(), wire.WindowPhase(k, w), w) + int64(rng.IntN(3)) - 1
 				if rng.IntN(10) == 0 {
 					win -= 100 // past its deadline: the array goes once counted
 				}
-				trip.Ops = append(trip.Ops, global.WindowOp{ID: global.KeyID(k), Win: win, N: rng.IntN(9) - 2, Demand: rng.IntN(5) == 0})
+				trip.Ops = append(trip.Ops, redisstore.WindowOp{ID: redisstore.KeyID(k), Win: win, N: rng.IntN(9) - 2, Demand: rng.IntN(5) == 0})
 			}
-			for range rng.IntN(3) {
-				k := keys[rng.IntN(len(keys))]
-				trip.Marks = append(trip.Marks, global.WindowMark{ID: global.KeyID(k), Flags: 1 + rng.IntN(7), Win: int64(rng.IntN(4))})
+			for range rng.IntN(3) * min(1, len(ks)) {
+				k := ks[rng.IntN(len(ks))]
+				trip.Marks = append(trip.Marks, redisstore.WindowMark{ID: redisstore.KeyID(k), Flags: 1 + rng.IntN(7), Win: int64(rng.IntN(4))})
 			}
 			trip.Tidy = rng.IntN(3) == 0
 			if trip.Read = rng.IntN(2) == 0; trip.Read && rng.IntN(3) > 0 {

@@ -14,8 +14,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fleetlimit/fleetlimit/internal/luascript"
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
-	"github.com/fleetlimit/fleetlimit/lua"
 )
 
 var redisCost = flag.Bool("rediscost", false, "measure the Redis cost of the scripts and commands on a redis-server of the test's own (TestRedisCost)")
@@ -116,7 +116,7 @@ return out
 // TestRedisCost measures, on a real redis-server, what Redis spends on the commands of
 // fleetlimit and of the cold-key designs compared in docs/cold-keys.md, from INFO
 // commandstats (Redis's own time executing each command, network excluded): the lease
-// take script (lua.Take, one key per call), a multi-key take and the leanest charge with
+// take script (luascript.Take, one key per call), a multi-key take and the leanest charge with
 // N keys per call, a token bucket array script, and the plain commands of a windowed
 // limit's exchange (BITFIELD, PEXPIREAT, ZADD, ZRANGEBYSCORE), whose figures the
 // simulator's cost model (sim's cmdCost) is scaled from. It runs only on a redis-server
@@ -167,12 +167,12 @@ func TestRedisCost(t *testing.T) {
 	measure := func(name string, calls int, run func(i int, p redis.Pipeliner)) float64 {
 		return measureCmd(name, "evalsha", calls, run)
 	}
-	take := lua.Take
+	take := luascript.Take
 	_ = take.Load(ctx, c)
 	perTake := measure("take", 50000, func(i int, p redis.Pipeliner) {
 		take.EvalSha(ctx, p, []string{key(i * 7919)}, 50, 50, 1, 1, "srv"+strconv.Itoa(i%200), i+1, 1)
 	})
-	t.Logf("lua.Take, one key per call: %.2f µs per call", perTake)
+	t.Logf("luascript.Take, one key per call: %.2f µs per call", perTake)
 	multi := redis.NewScript(multiTakeSource)
 	_ = multi.Load(ctx, c)
 	var xs, ys []float64

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 )
 
 // verdict is a check's outcome.
@@ -81,7 +82,8 @@ func doctor(ctx context.Context, c redis.UniversalClient, cluster bool, w io.Wri
 	if err != nil {
 		return false, err
 	}
-	// Eviction: an evicted bucket comes back full.
+	// Eviction: an evicted bucket comes back empty, and a charge-later limit's debts and
+	// low keys go too.
 	switch err := store.CheckEviction(ctx); {
 	case err == nil:
 		add(check{v: pass, name: "eviction", detail: "Redis cannot evict the buckets"})
@@ -91,7 +93,7 @@ func doctor(ctx context.Context, c redis.UniversalClient, cluster bool, w io.Wri
 		add(check{v: warn, name: "eviction", detail: "could not check: " + err.Error(), fix: "make sure maxmemory-policy is noeviction (managed services show it in their console)"})
 	}
 	// Scripts, on every master: SCRIPT LOAD of each.
-	if err := store.Warm(ctx); err != nil {
+	if err := redisstore.Of(store).Warm(ctx); err != nil {
 		add(check{v: fail, name: "scripts", detail: err.Error(), fix: "allow SCRIPT LOAD and EVALSHA for the limiter's user (ACL +@scripting)"})
 	} else {
 		add(check{v: pass, name: "scripts", detail: "every script loads (every master)"})

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
@@ -18,6 +19,7 @@ type inspectFlags struct {
 	prefix, limit, key string
 	rate               float64
 	burst, width       int
+	shards             int // a windowed limit's: 1 on one Redis, wire.WindowShards on a Cluster, as hybrid.Limiter counts
 }
 
 // inspect prints what Redis holds for the limit and key: the bucket's hash and expiry,
@@ -64,15 +66,17 @@ func inspect(ctx context.Context, c redis.UniversalClient, f inspectFlags, w io.
 	if err != nil {
 		return fmt.Errorf("TIME: %w", err)
 	}
-	id := global.IDOf(f.key)
+	id := redisstore.IDOf(f.key)
 	wus := wire.WindowMicros(f.rate, f.burst)
 	phase := wire.WindowPhase(string(id), wus)
 	cur := wire.WindowIndex(now.UnixMicro(), phase, wus)
-	trip := global.WindowTrip{Limit: lim, Width: f.width}
+	shards := max(f.shards, 1)
+	trip := redisstore.WindowTrip{Limit: redisstore.Limit(lim), Width: max(f.width/shards, redisstore.MinWindowWidth),
+		Shards: shards, Shard: wire.WindowShard(string(id), shards)}
 	for win := cur - 1; win <= cur; win++ {
-		trip.Ops = append(trip.Ops, global.WindowOp{ID: id, Win: win}) // N 0: a read
+		trip.Ops = append(trip.Ops, redisstore.WindowOp{ID: id, Win: win}) // N 0: a read
 	}
-	if err := store.Windows(ctx, &trip); err != nil {
+	if err := redisstore.Of(store).Windows(ctx, &trip); err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "windowed, windows of %v:\n", time.Duration(wus)*time.Microsecond)

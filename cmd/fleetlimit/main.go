@@ -29,6 +29,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
 func main() {
@@ -70,7 +72,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	var c redis.UniversalClient
-	if *cluster {
+	if ins.shards = 1; *cluster {
+		ins.shards = wire.WindowShards
 		c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{*addr}, Password: *password, MaxRedirects: -1})
 	} else {
 		c = redis.NewClient(&redis.Options{Addr: *addr, Password: *password, MaxRetries: -1})

@@ -15,8 +15,9 @@ import (
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/luascript"
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
-	"github.com/fleetlimit/fleetlimit/lua"
 )
 
 // TestNoGoroutineOutlivesClose: a limiter with traffic, refills, a fleet heartbeat and
@@ -85,8 +86,8 @@ func TestCloseRefundsLeases(t *testing.T) {
 				t.Fatalf("denied: %+v", d)
 			}
 		}
-		lim, _ := global.NewLimit("api", 0.01, 100)
-		before, err := s.store.Take(ctx, lim, "k", 1, 1) // what the bucket holds now (minus 1)
+		lim := redisstore.Limit{Name: "api", Rate: 0.01, Burst: 100}
+		before, err := redisstore.Of(s.store).Take(ctx, lim, "k", 1, 1) // what the bucket holds now (minus 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -94,7 +95,7 @@ func TestCloseRefundsLeases(t *testing.T) {
 			t.Fatalf("Close: %v", err)
 		}
 		st := s.limiter.Stats()
-		after, err := s.store.Take(ctx, lim, "k", 1, 1)
+		after, err := redisstore.Of(s.store).Take(ctx, lim, "k", 1, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -185,7 +186,7 @@ func (h *slowRefunds) DialHook(next redis.DialHook) redis.DialHook          { re
 func (h *slowRefunds) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
 func (h *slowRefunds) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if len(cmds) == 0 || cmds[0].Name() != "evalsha" || cmds[0].Args()[1] != lua.Refund.Hash() {
+		if len(cmds) == 0 || cmds[0].Name() != "evalsha" || cmds[0].Args()[1] != luascript.Refund.Hash() {
 			return next(ctx, cmds)
 		}
 		if !h.first.CompareAndSwap(false, true) {
@@ -249,7 +250,7 @@ func checkLevels(t *testing.T, st *global.Store, name string, keys, want int) {
 	t.Helper()
 	lim, _ := global.NewLimit(name, 0.001, 100)
 	for k := range keys {
-		g, err := st.Take(context.Background(), lim, fmt.Sprint("k", k), 100, 1)
+		g, err := redisstore.Of(st).Take(context.Background(), redisstore.Limit(lim), fmt.Sprint("k", k), 100, 1)
 		if err != nil {
 			t.Fatal(err)
 		}

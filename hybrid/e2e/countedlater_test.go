@@ -11,6 +11,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
@@ -78,7 +79,7 @@ func chargedOnce(t *testing.T, r coldRun) {
 	}
 	lim, _ := global.NewLimit("api", r.rate, r.burst)
 	for k := range r.keys {
-		g, err := r.fleet[0].store.Take(context.Background(), lim, fmt.Sprintf("k%d", k), 1, 1)
+		g, err := redisstore.Of(r.fleet[0].store).Take(context.Background(), redisstore.Limit(lim), fmt.Sprintf("k%d", k), 1, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -92,17 +93,17 @@ func chargedOnce(t *testing.T, r coldRun) {
 // countedOnce: Redis counts each key's perKey admissions in its windows, no more (the
 // servers gave back the grants they held).
 func countedOnce(t *testing.T, r coldRun) {
-	lim := global.Limit{Name: "api", Rate: r.rate, Burst: r.burst}
+	lim := redisstore.Limit{Name: "api", Rate: r.rate, Burst: r.burst}
 	w := wire.WindowMicros(r.rate, r.burst)
 	for k := range r.keys {
 		// the key's windows from the run's start to now, read with an add of 0
-		id := global.IDOf(fmt.Sprintf("k%d", k))
+		id := redisstore.IDOf(fmt.Sprintf("k%d", k))
 		phase := wire.WindowPhase(string(id), w)
-		trip := global.WindowTrip{Limit: lim, Width: 1 << 18}
+		trip := redisstore.WindowTrip{Limit: lim, Width: 1 << 18}
 		for win := wire.WindowIndex(r.start.UnixMicro(), phase, w) - 1; win <= wire.WindowIndex(time.Now().UnixMicro(), phase, w)+1; win++ {
-			trip.Ops = append(trip.Ops, global.WindowOp{ID: id, Win: win})
+			trip.Ops = append(trip.Ops, redisstore.WindowOp{ID: id, Win: win})
 		}
-		if err := r.fleet[0].store.Windows(context.Background(), &trip); err != nil {
+		if err := redisstore.Of(r.fleet[0].store).Windows(context.Background(), &trip); err != nil {
 			t.Fatal(err)
 		}
 		sum := 0

@@ -1,9 +1,7 @@
 // Package hybridtest helps test code that reads a hybrid.Limiter: metrics exporters,
 // dashboards, handlers. Busy returns a Limiter over an embedded miniredis that has made
 // decisions of every tier and reason; Tally counts decisions through Config.OnDecision;
-// Metrics is the list of metrics docs/metrics.md specifies, which the adapters in
-// github.com/fleetlimit/fleetlimit/prommetrics and .../otelmetrics export; Bitfield
-// gives an embedded miniredis the BITFIELD a Windowed limit needs.
+// Bitfield gives an embedded miniredis the BITFIELD a Windowed limit needs.
 package hybridtest
 
 import (
@@ -19,12 +17,13 @@ import (
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/hybrid"
 	"github.com/fleetlimit/fleetlimit/internal/minibits"
+	"github.com/fleetlimit/fleetlimit/internal/sysclock"
 )
 
 // frozen is the system clock stopped at one instant: no bucket refills and no lease
 // expires while a test runs, so the decisions it makes are the ones it expects.
 type frozen struct {
-	breaker.SystemClock
+	sysclock.Clock
 	at time.Time
 }
 
@@ -137,48 +136,6 @@ func Busy(t testing.TB) (*hybrid.Limiter, *Tally) {
 		t.Fatalf("breaker %v after Redis went away, want open", got)
 	}
 	return l, seen
-}
-
-// BusyOutcomes are the kinds of decision Busy's Limiter has made, each at least once: a
-// refill granted, leases, a pre-check denial, a cost above the burst, Redis refusing
-// commands under fail-open and fail-closed, and the breaker open under both.
-var BusyOutcomes = []Outcome{
-	{Limit: "api", Allowed: true, Source: hybrid.SourceGlobal, Reason: hybrid.ReasonGranted},
-	{Limit: "api", Allowed: true, Source: hybrid.SourceLease, Reason: hybrid.ReasonLease},
-	{Limit: "tight", Allowed: false, Source: hybrid.SourcePreCheck, Reason: hybrid.ReasonPreCheck},
-	{Limit: "tight", Allowed: false, Source: hybrid.SourceLease, Reason: hybrid.ReasonExceedsBurst},
-	{Limit: "api", Allowed: true, Source: hybrid.SourceFallback, Reason: hybrid.ReasonUnavailable},
-	{Limit: "tight", Allowed: false, Source: hybrid.SourceFallback, Reason: hybrid.ReasonUnavailable},
-	{Limit: "api", Allowed: true, Source: hybrid.SourceFallback, Reason: hybrid.ReasonBreakerOpen},
-	{Limit: "tight", Allowed: false, Source: hybrid.SourceFallback, Reason: hybrid.ReasonBreakerOpen},
-}
-
-// Metric is one row of docs/metrics.md: a Prometheus name, its type ("counter" or
-// "gauge") and its labels.
-type Metric struct {
-	Name, Type string
-	Labels     []string
-}
-
-// Metrics is the table of docs/metrics.md: what every metrics adapter exports.
-var Metrics = []Metric{
-	{"fleetlimit_decisions_total", "counter", []string{"limit", "allowed", "source", "reason"}},
-	{"fleetlimit_refills_total", "counter", []string{"limit"}},
-	{"fleetlimit_refill_errors_total", "counter", []string{"limit"}},
-	{"fleetlimit_tokens_granted_total", "counter", []string{"limit"}},
-	{"fleetlimit_tokens_refunded_total", "counter", []string{"limit"}},
-	{"fleetlimit_tokens_refund_lost_total", "counter", []string{"limit"}},
-	{"fleetlimit_buckets_lost_total", "counter", []string{"limit"}},
-	{"fleetlimit_decisions_given_back_total", "counter", []string{"limit"}},
-	{"fleetlimit_lease_tokens_held", "gauge", []string{"limit"}},
-	{"fleetlimit_limit_dry_run", "gauge", []string{"limit"}},
-	{"fleetlimit_round_trips_total", "counter", nil},
-	{"fleetlimit_refund_calls_total", "counter", nil},
-	{"fleetlimit_heartbeats_total", "counter", nil},
-	{"fleetlimit_servers", "gauge", nil},
-	{"fleetlimit_breaker_state", "gauge", []string{"state"}},
-	{"fleetlimit_breaker_transitions_total", "counter", []string{"to"}},
-	{"fleetlimit_breaker_calls_total", "counter", []string{"result"}},
 }
 
 // Bitfield adds BITFIELD and BITFIELD_RO to m, an embedded miniredis, which has none: a

@@ -1,7 +1,7 @@
 // Package limitconf reads a Limiter's limits from a JSON document, a file or an
 // environment variable, for hybrid.New's Config.Limits or Limiter.Reconfigure: rates as
-// people write them ("100/s", "1000/h", "5/10m", ulule's "10-S"), policies and modes as
-// words, durations as Go writes them ("10ms"), and errors that name the line.
+// people write them, policies and modes as words, durations as Go writes them ("10ms"),
+// and errors that name the line.
 //
 //	{"limits": [
 //	  {"name": "api", "rate": "100/s", "burst": 200, "policy": "local", "max_wait": "10ms",
@@ -9,6 +9,15 @@
 //	  {"name": "signup", "rate": "5/h", "burst": 5, "policy": "closed", "dry_run": true},
 //	  {"name": "per-client", "rate": "20/s", "burst": 20, "policy": "open", "mode": "windowed 50ms"}
 //	]}
+//
+// A rate ("rate", "pre_rate") is one of
+//
+//	"100/s", "100/sec", "100/second"   100 a second (also m, min, minute; h, hour; d, day)
+//	"5/10m", "5/1h30m"                 5 per that duration (time.ParseDuration)
+//	"10-S", "1000-H", "100-M", "5-D"   ulule/limiter's form
+//	"2.5"                              a plain number: per second
+//
+// and its count and its value per second must be positive and finite.
 //
 // A field it does not know is an error, so a typo fails at load, not in production.
 // What the fields mean, and what New checks of them, is hybrid.Limit's documentation.
@@ -30,7 +39,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/hybrid"
 )
 
-// ErrInvalid is wrapped by every error of Parse, Load and LoadEnv, and of ParseRate.
+// ErrInvalid is wrapped by every error of Parse, Load and LoadEnv.
 var ErrInvalid = errors.New("limitconf: invalid configuration")
 
 // document is the JSON form.
@@ -238,23 +247,8 @@ func parseMode(s string) (hybrid.Mode, error) {
 	return hybrid.Mode{}, fmt.Errorf(`mode %q: want "exact", "charge-later <duration>" or "windowed <duration>"`, s)
 }
 
-// ParseRate reads a rate as people write it and returns it per second:
-//
-//	"100/s", "100/sec", "100/second"   100 a second (also m, min, minute; h, hour; d, day)
-//	"5/10m", "5/1h30m"                 5 per that duration (time.ParseDuration)
-//	"10-S", "1000-H", "100-M", "5-D"   ulule/limiter's form
-//	"2.5"                              a plain number: per second
-//
-// The count and the result must be positive and finite. An error wraps ErrInvalid.
-func ParseRate(s string) (float64, error) {
-	r, err := parseRate(s)
-	if err != nil {
-		return 0, fmt.Errorf("%w: %v", ErrInvalid, err)
-	}
-	return r, nil
-}
-
-// parseRate is ParseRate with plain errors, for Parse to wrap once.
+// parseRate reads a rate as the package doc writes it and returns it per second, with
+// plain errors for Parse to wrap once.
 func parseRate(s string) (float64, error) {
 	s = strings.TrimSpace(s)
 	n, per, ok := strings.Cut(s, "/")

@@ -3,6 +3,7 @@ package limitconf_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -17,7 +18,9 @@ import (
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
 )
 
-func TestParseRate(t *testing.T) {
+// TestRates: the rates the package doc lists are read per second, and the others fail
+// with ErrInvalid.
+func TestRates(t *testing.T) {
 	for _, tc := range []struct {
 		in   string
 		want float64 // 0: an error
@@ -29,15 +32,15 @@ func TestParseRate(t *testing.T) {
 		{"", 0}, {"0/s", 0}, {"-1/s", 0}, {"x/s", 0}, {"100/y", 0}, {"100/0s", 0}, {"100/-1s", 0},
 		{"NaN", 0}, {"Inf/s", 0}, {"10-X", 0}, {"1e308/1ns", 0},
 	} {
-		got, err := limitconf.ParseRate(tc.in)
+		lims, err := limitconf.Parse(fmt.Appendf(nil, `{"limits": [{"name": "a", "rate": %q, "burst": 1, "policy": "open"}]}`, tc.in))
 		if tc.want == 0 {
 			if !errors.Is(err, limitconf.ErrInvalid) {
-				t.Errorf("ParseRate(%q) = %v, %v; want ErrInvalid", tc.in, got, err)
+				t.Errorf("rate %q: %v, %v; want ErrInvalid", tc.in, lims, err)
 			}
 			continue
 		}
-		if err != nil || math.Abs(got-tc.want) > 1e-12*tc.want {
-			t.Errorf("ParseRate(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+		if err != nil || math.Abs(lims[0].Rate-tc.want) > 1e-12*tc.want {
+			t.Errorf("rate %q: %v, %v; want %v", tc.in, lims, err, tc.want)
 		}
 	}
 }

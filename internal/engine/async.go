@@ -5,7 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 )
 
 // A limit with Async set ("charge later") admits a request its lease cannot serve
@@ -72,7 +72,7 @@ type laterSched struct {
 // fleet's low-key set, and whether it has heard from that set since it started.
 //
 // A key is low when the last answer this server had for it (a refill's or a charge's)
-// found its bucket below c (asyncShare), or when the fleet's low-key set (lua.Low) says
+// found its bucket below c (asyncShare), or when the fleet's low-key set (luascript.Low) says
 // some server did and this server's own answers have not said otherwise for LowShare. A
 // key stays low until an answer finds c tokens or more in its bucket (a refill's: a low
 // key's requests go the exact way, which asks), until the fleet's set no longer marks a
@@ -111,7 +111,7 @@ type lowMark struct{ at, shared, high time.Time }
 const (
 	// lowMemory is how long a server remembers a key low after the last news of it.
 	lowMemory = 30 * time.Second
-	// LowShare is how long the fleet's set keeps a mark (lua.Low's memory); a server
+	// LowShare is how long the fleet's set keeps a mark (luascript.Low's memory); a server
 	// marks a key it still finds low again after half of it, and an answer of its own
 	// that found c tokens or more in the bucket outweighs the set for that long.
 	LowShare = 10 * time.Second
@@ -127,7 +127,7 @@ const (
 	// maxLowKeys bounds the low keys one limit remembers; past it, the keys not yet low
 	// are not noted (their next requests are admitted, and charged: what a key forgets
 	// costs an admission per server, as a new key does). maxLowMarks bounds the marks
-	// and unmarks waiting for the next exchange. maxLowReply is the most keys lua.Low
+	// and unmarks waiting for the next exchange. maxLowReply is the most keys luascript.Low
 	// answers.
 	maxLowKeys  = 100_000
 	maxLowMarks = 10_000
@@ -208,7 +208,7 @@ func (s *lowKeys) note(sh *Shape, key string, remaining float64, now time.Time) 
 // server's own answer found it holding c tokens or more within LowShare. A key this
 // server knew low from the set only, and that the set no longer marks, is not, unless
 // the answer was cut at maxLowReply keys.
-func (s *lowKeys) learn(ids []global.KeyID, now time.Time) {
+func (s *lowKeys) learn(ids []redisstore.KeyID, now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.heard = now
@@ -298,7 +298,7 @@ func (s *lowKeys) unqueue(key string) {
 }
 
 // takeMarks returns the keys to mark and to unmark in the fleet's set, and forgets them.
-func (s *lowKeys) takeMarks() (mark, unmark []global.KeyID) {
+func (s *lowKeys) takeMarks() (mark, unmark []redisstore.KeyID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, k := range s.pendOrder {
@@ -307,9 +307,9 @@ func (s *lowKeys) takeMarks() (mark, unmark []global.KeyID) {
 			continue // dropped, or sent already (a key queued again after a drop)
 		}
 		if w {
-			mark = append(mark, global.KeyID(k))
+			mark = append(mark, redisstore.KeyID(k))
 		} else {
-			unmark = append(unmark, global.KeyID(k))
+			unmark = append(unmark, redisstore.KeyID(k))
 		}
 		delete(s.pend, k)
 	}
@@ -320,10 +320,10 @@ func (s *lowKeys) takeMarks() (mark, unmark []global.KeyID) {
 
 // requeue puts back the marks and unmarks of an exchange that failed, but for the keys
 // found since, whose last word is newer.
-func (s *lowKeys) requeue(mark, unmark []global.KeyID) {
+func (s *lowKeys) requeue(mark, unmark []redisstore.KeyID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for i, ids := range [][]global.KeyID{mark, unmark} {
+	for i, ids := range [][]redisstore.KeyID{mark, unmark} {
 		for _, id := range ids {
 			if _, ok := s.pend[string(id)]; !ok {
 				s.queue(string(id), i == 0)
@@ -349,13 +349,13 @@ func (s *lowKeys) setWarm() {
 
 // LowExchange is one limit's part of a LowTrip: the keys this server found low, to mark
 // in the fleet's set, and those it found holding their share c or more, to unmark there
-// (global.Store.Low with memory LowShare), and, written by the driver once the call
+// (redisstore.Store.Low with memory LowShare), and, written by the driver once the call
 // returned, the keys the set marks (Got) or the error.
 type LowExchange struct {
 	Limit  string
-	Mark   []global.KeyID
-	Unmark []global.KeyID
-	Got    []global.KeyID
+	Mark   []redisstore.KeyID
+	Unmark []redisstore.KeyID
+	Got    []redisstore.KeyID
 	Err    error
 
 	cl *chargeLater

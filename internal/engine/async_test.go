@@ -2,7 +2,7 @@ package engine
 
 import (
 	"github.com/fleetlimit/fleetlimit/breaker"
-	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 	"strconv"
 	"testing"
 	"time"
@@ -21,7 +21,7 @@ func asyncEngine(t *testing.T, open *bool) (*Engine, *Limit) {
 
 // exchange answers the low-key exchange due at now with the keys the fleet marks, and
 // returns the keys this server marked; it fails if none is due.
-func exchange(t *testing.T, e *Engine, now time.Time, fleet ...global.KeyID) []global.KeyID {
+func exchange(t *testing.T, e *Engine, now time.Time, fleet ...redisstore.KeyID) []redisstore.KeyID {
 	t.Helper()
 	e.Tick(now)
 	trip := e.Next()
@@ -240,7 +240,7 @@ func TestAsyncLowIsRemembered(t *testing.T) {
 	// low when the set forgets it.
 	var f lowKeys
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
-	f.learn([]global.KeyID{"learnt", "mine"}, at(0))
+	f.learn([]redisstore.KeyID{"learnt", "mine"}, at(0))
 	f.note(sh, "mine", 0, at(time.Millisecond))
 	if !f.low("learnt", at(time.Millisecond)) || !f.low("mine", at(time.Millisecond)) {
 		t.Fatal("keys the fleet marks not low")
@@ -249,18 +249,18 @@ func TestAsyncLowIsRemembered(t *testing.T) {
 	if f.low("learnt", at(time.Second)) || !f.low("mine", at(time.Second)) {
 		t.Fatal("after the set forgot them: the learnt key must go, the one found low here stay")
 	}
-	f.learn([]global.KeyID{"high"}, at(time.Second))
+	f.learn([]redisstore.KeyID{"high"}, at(time.Second))
 	f.note(sh, "high", 80, at(time.Second+time.Millisecond))
 	f.note(sh, "fresh", 10, at(time.Second+time.Millisecond))
 	// mine: the fleet had heard it low (learn) a millisecond before this server did.
 	if mark, unmark := f.takeMarks(); len(mark) != 1 || mark[0] != "fresh" || len(unmark) != 1 || unmark[0] != "high" {
 		t.Fatalf("marks %q, unmarks %q; want fresh marked, high unmarked", mark, unmark)
 	}
-	f.learn([]global.KeyID{"high"}, at(2*time.Second))
+	f.learn([]redisstore.KeyID{"high"}, at(2*time.Second))
 	if f.low("high", at(2*time.Second)) {
 		t.Fatal("the set outweighed this server's own answer within LowShare")
 	}
-	f.learn([]global.KeyID{"high"}, at(time.Second+LowShare+time.Millisecond))
+	f.learn([]redisstore.KeyID{"high"}, at(time.Second+LowShare+time.Millisecond))
 	if !f.low("high", at(time.Second+LowShare+time.Millisecond)) {
 		t.Fatal("the set not heard LowShare after this server's own answer")
 	}

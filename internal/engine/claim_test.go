@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
+	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
 // TestClaim: a reservation's claim goes with the refills as a take with the burst as its
@@ -149,5 +151,48 @@ func TestClaimKeepsHeld(t *testing.T) {
 	e.Done(now, trip)
 	if st := lm.Stats(); st.Held != held || st.Refunded != 3 {
 		t.Fatalf("after a claim given back: Held %d (was %d), Refunded %d (want 3)", st.Held, held, st.Refunded)
+	}
+}
+
+// TestTakesCarrySeen: a key's takes, its refills and its reservations' claims alike,
+// carry what its lease last heard of the bucket (the level, floored at zero, and Redis's
+// clock then), so that a take that finds the bucket lost starts it empty; a key this
+// server has heard nothing of carries nothing.
+func TestTakesCarrySeen(t *testing.T) {
+	e, lm := testEngine(t, nil)
+	take := func(trip *Trip) redisstore.TakeRequest {
+		t.Helper()
+		if trip == nil || trip.Kind != TakeTrip || len(trip.Takes) != 1 {
+			t.Fatalf("Next = %+v, want one take", trip)
+		}
+		return trip.Takes[0]
+	}
+	if _, w := decide(e, t0, lm, "k", 1); w == nil {
+		t.Fatal("a new key's request did not wait for a refill")
+	}
+	trip := e.Next()
+	if r := take(trip); r.Seen.Known {
+		t.Fatalf("a new key's refill carries %+v, want nothing heard", r.Seen)
+	}
+	heard := t0.Add(3 * ms)
+	trip.TakeResults[0] = redisstore.TakeResult{Grant: redisstore.Grant{Granted: 1, Remaining: -2.5, Now: heard}}
+	trip.Answered = true
+	e.Done(t0.Add(ms), trip)
+	want := wire.Seen{Known: true, Level: 0, AtMS: heard.UnixMilli()}
+	var d Decision
+	if w := e.Claim(t0.Add(ms), lm, "k", 3, &d); w == nil {
+		t.Fatalf("Claim refused at once: %+v", d)
+	}
+	trip = e.Next()
+	if r := take(trip); r.Seen != want {
+		t.Errorf("the claim carries %+v, want %+v", r.Seen, want)
+	}
+	trip.Answered = true
+	e.Done(t0.Add(ms), trip)
+	if w := e.Claim(t0.Add(ms), lm, "other", 3, &d); w == nil {
+		t.Fatalf("Claim refused at once: %+v", d)
+	}
+	if r := take(e.Next()); r.Seen.Known {
+		t.Errorf("a claim for a key never heard of carries %+v, want nothing", r.Seen)
 	}
 }

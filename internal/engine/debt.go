@@ -5,8 +5,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/internal/fallback"
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 )
 
 // DebtWindow sizes how far below zero the debts of FailLocal may take a bucket: its
@@ -133,7 +133,7 @@ func (q *owed) forgive() {
 // debtFloor is how far below zero s's debts may take its bucket: Burst + Rate·DebtWindow.
 func (s *Shape) debtFloor() int {
 	f := float64(s.cfg.Burst) + s.cfg.Rate*DebtWindow.Seconds()
-	return int(min(f, float64(global.MaxDebt)))
+	return int(min(f, float64(redisstore.MaxDebt)))
 }
 
 // owe records n tokens the FailLocal fallback of shape sh admitted for key of lm without
@@ -143,7 +143,7 @@ func (s *Shape) debtFloor() int {
 //
 // ref is the credit the bucket answered at this server's last grant for the key (hasRef:
 // there was one): the refill the bucket loses to its cap from there on is forgiven
-// first (lua.Refund), which is what a full outage costs nothing by. With several, the
+// first (luascript.Refund), which is what a full outage costs nothing by. With several, the
 // latest is kept: it forgives the least.
 func (e *Engine) owe(lm *Limit, sh *Shape, key string, n int, ref float64, hasRef bool) {
 	e.mu.Lock()
@@ -212,7 +212,7 @@ func (e *Engine) debtTrip() *Trip {
 			}
 			k := q.pop()
 			floor := d.shape.debtFloor()
-			batch.reqs = append(batch.reqs, global.RefundRequest{Limit: d.shape.glim, ID: global.KeyID(k.key),
+			batch.reqs = append(batch.reqs, redisstore.RefundRequest{Limit: d.shape.glim, ID: redisstore.KeyID(k.key),
 				N: -min(d.n, floor), Floor: floor, Seq: e.nextSeq(), Ref: d.ref, HasRef: d.hasRef})
 			batch.charges = append(batch.charges, d.cl)
 			if over := d.n - floor; over > 0 {
@@ -222,13 +222,13 @@ func (e *Engine) debtTrip() *Trip {
 		}
 	}
 	e.chargesSent()
-	return &Trip{Kind: RefundTrip, Refunds: batch.reqs, RefundResults: make([]global.RefundResult, len(batch.reqs)),
+	return &Trip{Kind: RefundTrip, Refunds: batch.reqs, RefundResults: make([]redisstore.RefundResult, len(batch.reqs)),
 		debts: true, charges: batch.charges}
 }
 
 // debtBatch is the items of a debt trip, and for each a charge's limit (nil: a debt).
 type debtBatch struct {
-	reqs    []global.RefundRequest
+	reqs    []redisstore.RefundRequest
 	charges []*chargeLater
 }
 
@@ -301,7 +301,7 @@ func (e *Engine) charged(now time.Time, t *Trip) {
 }
 
 // shapeOf returns the current shape whose bucket is g, nil if none is.
-func (lm *Limit) shapeOf(g global.Limit) *Shape {
+func (lm *Limit) shapeOf(g redisstore.Limit) *Shape {
 	for _, s := range lm.cur.Load().all() {
 		if s.glim == g {
 			return s

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -23,6 +24,16 @@ type Flight struct {
 	rseq      uint64  // Redis's: the take's sequence number, chosen when the trip is built
 	want, min int
 	floor     int // a claim's (Engine.Claim): how far below zero it may take the bucket; 0 for a refill
+	seen      wire.Seen
+	// lost: its take timed out, so Redis may have run it, and its answer may still come
+	// (Engine.Late), which clears it; owed is then what the failure policy admitted to
+	// its waiters, which that answer pays for first, and resend that its number is sent
+	// again (Lease.Lost) so that a later take may read the grant instead. owed and
+	// resend are written under the key's lock.
+	lost   atomic.Bool
+	owed   int
+	resend bool
+	again  bool // sent again under the number of a take whose answer was lost (Refill.Resend)
 	// waiters, in the order they came. Appended under the key's store lock while the
 	// key's entry holds the flight; taken by whoever detaches the flight from the entry
 	// (its answer, its failure) or, once the entry was evicted, by its answer.
@@ -228,7 +239,7 @@ func (b *bucket) decided(o *outcome, en *entry, sh *Shape, tier string, n int, w
 	st := &o.st
 	o.d = Decision{Allowed: st.Action == Allow, Remaining: st.Remaining, RetryAfter: st.RetryAfter, Source: SourceLease, Reason: st.Reason}
 	if st.Refill.Want > 0 {
-		o.f = &Flight{lim: lm, b: b, shape: sh, key: en.key, seq: st.Refill.Seq, rseq: st.Refill.Resend, want: st.Refill.Want, min: st.Refill.Min}
+		o.f = &Flight{lim: lm, b: b, shape: sh, key: en.key, seq: st.Refill.Seq, rseq: st.Refill.Resend, again: st.Refill.Resend != 0, want: st.Refill.Want, min: st.Refill.Min, seen: en.lease.seen()}
 		en.flight = o.f
 	}
 	switch {

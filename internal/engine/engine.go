@@ -11,8 +11,8 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/fleetlimit/fleetlimit/breaker"
-	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/internal/keystore"
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 )
 
 // Defaults of LimitConfig and Config.
@@ -43,7 +43,7 @@ type LimitConfig struct {
 	LowWatermark   float64
 	MaxKeys        int
 	// Version orders changes of the bucket's parameters across the fleet
-	// (global.Limit.Version); Tiers are the limit's other rates and bursts, per key.
+	// (redisstore.Limit.Version); Tiers are the limit's other rates and bursts, per key.
 	Version uint64
 	Tiers   []TierConfig
 	// Async, if positive, admits a request the lease cannot serve without asking Redis
@@ -51,9 +51,12 @@ type LimitConfig struct {
 	Async time.Duration
 	// Windowed, if positive, makes the limit windowed: Burst requests per window of
 	// Burst/Rate, counted in Redis's shared arrays, each server reporting every Windowed
-	// (window.go). WindowWidth is the counters per row of its arrays (0: the default).
-	Windowed    time.Duration
-	WindowWidth int
+	// (window.go). WindowWidth is the counters per row of its arrays (0: the default),
+	// shared by its WindowShards shards (0 or 1: one, the unsharded format; the driver
+	// sets wire.WindowShards on a Redis Cluster).
+	Windowed     time.Duration
+	WindowWidth  int
+	WindowShards int
 	// DryRun is carried for the driver, which admits what the limit denies: the engine
 	// decides and counts as for any limit.
 	DryRun bool
@@ -74,7 +77,7 @@ type Config struct {
 	// A simulator passes 1: which keys an idle sweep or a full store lets go of then
 	// depends on nothing but the order of the requests.
 	Shards int
-	// NextSeq returns the sequence number of a refund (global.Store.NextSeq): chosen
+	// NextSeq returns the sequence number of a refund (redisstore.Store.NextSeq): chosen
 	// when the refund trip is built, so that a batch answered too late can be sent
 	// again, in halves, without refunding twice. Required.
 	NextSeq func() uint64
@@ -129,20 +132,23 @@ type Engine struct {
 
 	mu sync.Mutex
 	// The fields below are guarded by mu.
-	rng           uint64                   // splitmix64 state: the schedule's phase
-	pending       []*Flight                // refills waiting to be sent
-	refunds       []refund                 // tokens waiting to be refunded
-	refundTrips   [][]global.RefundRequest // refunds summed and numbered, one trip each
-	expiries      expiries                 // grants by the end of their lifetime
-	busy          bool                     // a trip is out
-	lastTake      bool                     // the last trip was a TakeTrip
-	lastWindows   bool                     // the last trip was a WindowsTrip
-	stopped       bool                     // Stop was called: refills fail at once
-	finished      bool                     // Finish was called: refunds are counted lost
-	ticked        bool                     // Tick has run once
+	rng           uint64                       // splitmix64 state: the schedule's phase
+	pending       []*Flight                    // refills waiting to be sent
+	refunds       []refund                     // tokens waiting to be refunded
+	refundTrips   [][]redisstore.RefundRequest // refunds summed and numbered, one trip each
+	expiries      expiries                     // grants by the end of their lifetime
+	busy          bool                         // a trip is out
+	lastTake      bool                         // the last trip was a TakeTrip
+	lastWindows   bool                         // the last trip was a WindowsTrip
+	stopped       bool                         // Stop was called: refills fail at once
+	finished      bool                         // Finish was called: refunds are counted lost
+	ticked        bool                         // Tick has run once
 	nextExpiry    time.Time
 	nextBeat      time.Time
 	beatDue       bool
+	repsDue       bool // the record of representations is to be written and read (reps.go)
+	firstReps     bool // and it was never answered
+	nextReps      time.Time
 	debtHeld      bool // a debt trip failed: debts wait until debtHoldUntil
 	debtWait      bool // a debt was owed since Redis last answered a trip: debts wait for an answer
 	debtHoldUntil time.Time
@@ -162,6 +168,11 @@ type Limit struct {
 	seed  uint64
 	stats limitCounters
 	kind  kind // what the limit is (kind.go), fixed when it is made
+
+	// also are the companions of a limit the engine runs (reps.go), nil if none; rep is
+	// a companion's representation.
+	also atomic.Pointer[[]*Limit]
+	rep  string
 }
 
 // entry is what one server holds for one (limit, key). It lives in the limit's bounded
@@ -170,7 +181,7 @@ type entry struct {
 	pre   rate.Limiter
 	lease Lease
 	shape *Shape // the shape the key was last decided on; nil for a new key
-	// credit is the bucket's credit (global.Grant.Credit) at the key's last grant on
+	// credit is the bucket's credit (redisstore.Grant.Credit) at the key's last grant on
 	// this server, if hasCredit: the reference of a debt its fallback runs up.
 	credit    float64
 	hasCredit bool
@@ -190,7 +201,7 @@ type refund struct {
 }
 
 // New returns an Engine for cfg, or an error that says what is wrong with it (wrapping
-// global.ErrInvalidLimit or breaker.ErrNoPolicy where those say more). The driver wraps
+// storeerr.ErrInvalidLimit or breaker.ErrNoPolicy where those say more). The driver wraps
 // it in its own configuration error.
 func New(cfg Config) (*Engine, error) {
 	if len(cfg.Limits) == 0 {
@@ -206,7 +217,7 @@ func New(cfg Config) (*Engine, error) {
 		return nil, errors.New("no NextSeq")
 	}
 	if cfg.Fleet != "" {
-		if _, err := global.NewLimit(cfg.Fleet, 1, 1); err != nil { // a fleet name follows the limit-name rules
+		if _, err := redisstore.NewLimit(cfg.Fleet, 1, 1); err != nil { // a fleet name follows the limit-name rules
 			return nil, fmt.Errorf("fleet name: %w", err)
 		}
 	}
@@ -238,8 +249,9 @@ func New(cfg Config) (*Engine, error) {
 		}
 		list = append(list, lm)
 	}
-	e.limits.Store(newLimitTable(list))
+	e.limits.Store(newLimitTable(list, nil))
 	e.tickEvery = e.tickInterval()
+	e.repsDue, e.firstReps = true, true // read the record of representations before serving (reps.go)
 	return e, nil
 }
 
@@ -280,7 +292,7 @@ func (e *Engine) Limit(name string) *Limit {
 	if t.byName != nil {
 		return t.byName[name]
 	}
-	for _, lm := range t.list {
+	for _, lm := range t.prim {
 		if lm.name == name {
 			return lm
 		}
@@ -312,7 +324,7 @@ func (lm *Limit) Burst() int    { return lm.Shape("").cfg.Burst }
 
 // Limits returns the engine's limits, in the order they were configured; the slice is
 // the engine's own, not to be modified.
-func (e *Engine) Limits() []*Limit { return e.limits.Load().list }
+func (e *Engine) Limits() []*Limit { return e.limits.Load().prim }
 
 // Servers returns the live server count the limits are divided by.
 func (e *Engine) Servers() int { return int(e.servers.Load()) }

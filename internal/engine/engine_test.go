@@ -7,11 +7,13 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/breaker"
-	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
+	"github.com/fleetlimit/fleetlimit/internal/storeerr"
 )
 
 // testEngine is an engine of one limit for the tests of this file: rate 100/s, burst
-// 100 over one server, prefetch off.
+// 100 over one server, prefetch off, its first trip (the record of representations)
+// made, and the next an hour later: out of the way of tests that count trips.
 func testEngine(t *testing.T, mod func(*Config)) (*Engine, *Limit) {
 	t.Helper()
 	var seq uint64
@@ -22,6 +24,8 @@ func testEngine(t *testing.T, mod func(*Config)) (*Engine, *Limit) {
 		Seed:    1,
 		Shards:  1,
 		NextSeq: func() uint64 { seq++; return seq },
+
+		HeartbeatInterval: time.Hour,
 	}
 	if mod != nil {
 		mod(&cfg)
@@ -30,7 +34,20 @@ func testEngine(t *testing.T, mod func(*Config)) (*Engine, *Limit) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	readReps(t, e, t0)
 	return e, e.Limit("api")
+}
+
+// readReps makes the first trip of a new engine, which a driver makes before it serves
+// requests: the record of representations, answered with this engine's own.
+func readReps(t *testing.T, e *Engine, now time.Time) {
+	t.Helper()
+	trip := e.Next()
+	if trip == nil || trip.Kind != HeartbeatTrip || trip.Reps == nil {
+		t.Fatalf("a new engine's first trip is %+v, want the record of representations", trip)
+	}
+	trip.RepsGot, trip.Answered = trip.Reps, true
+	e.Done(now, trip)
 }
 
 // decide is Decide returning the decision.
@@ -194,7 +211,7 @@ func TestSlowRefundTripIsSentAgainInHalves(t *testing.T) {
 		e.queueRefund(lm, nil, fmt.Sprint("k", i), 1)
 	}
 	trip := e.Next()
-	seqs := map[global.KeyID]uint64{}
+	seqs := map[redisstore.KeyID]uint64{}
 	for _, r := range trip.Refunds {
 		seqs[r.ID] = r.Seq
 	}
@@ -265,7 +282,7 @@ func TestShutdown(t *testing.T) {
 }
 
 func TestHeartbeatDividesTheLimits(t *testing.T) {
-	e, lm := testEngine(t, func(c *Config) { c.Fleet = "api-servers"; c.Servers = 4 })
+	e, lm := testEngine(t, func(c *Config) { c.Fleet, c.HeartbeatInterval, c.Servers = "api-servers", time.Second, 4 })
 	if !e.NextTick().IsZero() {
 		t.Fatal("NextTick before the first Tick")
 	}
@@ -306,7 +323,7 @@ func TestHeartbeatDividesTheLimits(t *testing.T) {
 // leave behind, must still go out.
 func TestSteadyRefillsDoNotStarveTheRest(t *testing.T) {
 	e, lm := testEngine(t, func(c *Config) {
-		c.Fleet = "api-servers"
+		c.Fleet, c.HeartbeatInterval = "api-servers", time.Second
 		c.Limits[0].Rate = 1e6
 		c.Limits[0].Burst = 1e6
 		c.Limits[0].LowWatermark = 0 // prefetch: a grant leaves tokens to expire
@@ -352,9 +369,9 @@ func TestNewRejects(t *testing.T) {
 		{"no seq", Config{Limits: []LimitConfig{ok}, Servers: 1}, nil},
 		{"twice", Config{Limits: []LimitConfig{ok, ok}, Servers: 1, NextSeq: seq}, nil},
 		{"tuning", Config{Limits: []LimitConfig{{Name: "a", Rate: 1, Burst: 1, Policy: breaker.FailOpen, Lifetime: -1}}, Servers: 1, NextSeq: seq}, nil},
-		{"rate", Config{Limits: []LimitConfig{{Name: "a", Rate: 0, Burst: 1, Policy: breaker.FailOpen}}, Servers: 1, NextSeq: seq}, global.ErrInvalidLimit},
+		{"rate", Config{Limits: []LimitConfig{{Name: "a", Rate: 0, Burst: 1, Policy: breaker.FailOpen}}, Servers: 1, NextSeq: seq}, storeerr.ErrInvalidLimit},
 		{"policy", Config{Limits: []LimitConfig{{Name: "a", Rate: 1, Burst: 1}}, Servers: 1, NextSeq: seq}, breaker.ErrNoPolicy},
-		{"fleet", Config{Limits: []LimitConfig{ok}, Servers: 1, NextSeq: seq, Fleet: "a b"}, global.ErrInvalidLimit},
+		{"fleet", Config{Limits: []LimitConfig{ok}, Servers: 1, NextSeq: seq, Fleet: "a b"}, storeerr.ErrInvalidLimit},
 		{"async", Config{Limits: []LimitConfig{{Name: "a", Rate: 1, Burst: 1, Policy: breaker.FailOpen, Async: time.Microsecond}}, Servers: 1, NextSeq: seq}, nil},
 	} {
 		_, err := New(tc.cfg)
@@ -489,9 +506,7 @@ func TestGrantPaysThePolicy(t *testing.T) {
 	// A lost take whose requests the policy admitted is not sent again.
 	_, w := decide(e, t0.Add(time.Second), lm, "lost", 1)
 	trip = e.Next()
-	lost := trip.Takes[0].Seq
-	trip.Err = fmt.Errorf("late: %w", breaker.ErrTimeout)
-	e.Done(t0.Add(time.Second+10*ms), trip)
+	lost := lose(e, trip, t0.Add(time.Second+10*ms))
 	if d := w.Decision(); !d.Allowed || d.Source != SourceFallback {
 		t.Fatalf("%+v, want admitted by FailOpen", d)
 	}
@@ -499,4 +514,263 @@ func TestGrantPaysThePolicy(t *testing.T) {
 	if trip = e.Next(); trip.Takes[0].Seq == lost {
 		t.Errorf("the lost take went again under %d: what it granted paid for its admitted request", lost)
 	}
+}
+
+// TestLateGrant: the answer of a take that came after its call had failed by timeout is
+// read (Engine.Late): it pays first for what the failure policy admitted to the requests
+// that waited for it, and the rest is on hand in the key's lease; while a take under the
+// same sequence number is out, that take reads the grant, not the late answer.
+func TestLateGrant(t *testing.T) {
+	tests := []struct {
+		name    string
+		policy  breaker.Policy
+		giveUp  bool // the request gives up at its MaxWait before the take fails
+		resend  bool // the next refill (under the lost take's number) is out when the answer comes
+		took    bool
+		tokens  int   // on hand after the late answer of 10
+		nextSeq bool  // the next refill goes under the lost take's number
+		recov   int64 // LimitStats.Recovered
+	}{
+		{"nothing owed", breaker.FailClosed, false, false, true, 10, false, 10},
+		{"owed to the policy", breaker.FailOpen, true, false, true, 9, false, 10},
+		{"the resend is out", breaker.FailClosed, false, true, false, 0, true, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e, lm := testEngine(t, func(c *Config) { c.Limits[0].Policy = tc.policy })
+			_, w := decide(e, t0, lm, "k", 1)
+			if w == nil {
+				t.Fatal("no refill for a new key")
+			}
+			trip := e.Next()
+			if tc.giveUp {
+				if d := e.GiveUp(t0.Add(10*ms), w, ReasonTimeout); !d.Allowed || d.Source != SourceFallback {
+					t.Fatalf("gave up: %+v, want admitted by the policy", d)
+				}
+			}
+			lost := lose(e, trip, t0.Add(10*ms))
+			var out *Trip
+			if tc.resend {
+				if _, w := decide(e, t0.Add(15*ms), lm, "k", 1); w == nil {
+					t.Fatal("no refill after the lost one")
+				}
+				if out = e.Next(); out.Takes[0].Seq != lost {
+					t.Fatalf("the refill went under %d, want the lost take's %d", out.Takes[0].Seq, lost)
+				}
+			}
+			answerAll(trip)
+			trip.TakeResults[0].Granted = 10
+			if got := e.Late(t0.Add(20*ms), trip, 0, &trip.TakeResults[0]); got != tc.took {
+				t.Fatalf("Late = %v, want %v", got, tc.took)
+			}
+			if e.Late(t0.Add(21*ms), trip, 0, &trip.TakeResults[0]) {
+				t.Error("the same late answer was taken twice")
+			}
+			var tokens int
+			lm.keys.Peek("k", func(en *entry, _ time.Time) { tokens = en.lease.Tokens() })
+			if tokens != tc.tokens {
+				t.Errorf("%d tokens on hand, want %d", tokens, tc.tokens)
+			}
+			if s := lm.Stats(); s.Recovered != tc.recov {
+				t.Errorf("Recovered %d, want %d", s.Recovered, tc.recov)
+			}
+			if out != nil {
+				return
+			}
+			// Served from the lease now; once it is spent, the next refill goes under a
+			// fresh number: the lost take was read.
+			for i := range tc.tokens {
+				if d, w := decide(e, t0.Add(30*ms), lm, "k", 1); w != nil || !d.Allowed {
+					t.Fatalf("request %d after the late grant: %+v (waits: %v), want served by the lease", i, d, w != nil)
+				}
+			}
+			decide(e, t0.Add(40*ms), lm, "k", 1)
+			for next := e.Next(); next != nil; next = e.Next() {
+				if next.Kind == TakeTrip {
+					if got := next.Takes[0].Seq == lost; got != tc.nextSeq {
+						t.Errorf("the next refill under the lost take's number: %v, want %v", got, tc.nextSeq)
+					}
+					break
+				}
+				answerAll(next)
+				e.Done(t0.Add(40*ms), next)
+			}
+		})
+	}
+}
+
+// TestLateGrantReadOnce: a take's grant is read once, whichever take reads it. A refill
+// that starts while the requests of a lost take are decided goes under a number of its
+// own, so the lost take's late answer is its only reader; a lost take sent again, and
+// read back by the resend, is not read again by its late answer, the key's entry gone
+// or not.
+func TestLateGrantReadOnce(t *testing.T) {
+	t.Run("refill while its requests are decided", func(t *testing.T) {
+		var e *Engine
+		var lm *Limit
+		var again *Waiter
+		e, lm = testEngine(t, func(c *Config) {
+			c.Limits[0].Policy = breaker.FailOpen
+			c.Decided = func(*Waiter) {
+				if again == nil {
+					_, again = decide(e, t0.Add(10*ms), lm, "k", 1)
+				}
+			}
+		})
+		_, w := decide(e, t0, lm, "k", 1)
+		trip := e.Next()
+		lost := lose(e, trip, t0.Add(10*ms))
+		if d := w.Decision(); !d.Allowed || d.Source != SourceFallback || again == nil {
+			t.Fatalf("%+v (a refill started meanwhile: %v), want admitted by FailOpen", d, again != nil)
+		}
+		next := e.Next()
+		if next.Takes[0].Seq == lost {
+			t.Fatalf("the refill that started meanwhile went under the lost take's number %d", lost)
+		}
+		answerAll(trip)
+		trip.TakeResults[0].Granted = 10
+		if !e.Late(t0.Add(20*ms), trip, 0, &trip.TakeResults[0]) {
+			t.Fatal("the lost take's late answer, its grant's only reader, was not taken")
+		}
+		answerAll(next)
+		next.TakeResults[0].Granted = 5
+		e.Done(t0.Add(21*ms), next)
+		if s := lm.Stats(); s.Granted != 15 || s.Recovered != 10 {
+			t.Errorf("granted %d, recovered %d; want 15 and 10 (two grants, each read once)", s.Granted, s.Recovered)
+		}
+	})
+	for _, drain := range []bool{false, true} {
+		t.Run(fmt.Sprintf("read back by a resend, drained %v", drain), func(t *testing.T) {
+			e, lm := testEngine(t, nil) // FailClosed: the lost take is sent again
+			decide(e, t0, lm, "k", 1)
+			trip := e.Next()
+			lost := lose(e, trip, t0.Add(10*ms))
+			decide(e, t0.Add(15*ms), lm, "k", 1)
+			resend := e.Next()
+			if resend.Takes[0].Seq != lost {
+				t.Fatalf("the refill went under %d, want the lost take's %d", resend.Takes[0].Seq, lost)
+			}
+			answerAll(resend)
+			resend.TakeResults[0].Granted, resend.TakeResults[0].Replayed = 10, true
+			e.Done(t0.Add(16*ms), resend)
+			refunded := 0
+			if drain {
+				e.Stop(t0.Add(17 * ms))
+				e.Drain()
+			}
+			answerAll(trip)
+			trip.TakeResults[0].Granted = 10
+			if e.Late(t0.Add(20*ms), trip, 0, &trip.TakeResults[0]) {
+				t.Error("the late answer of a grant its resend read back was taken")
+			}
+			for x := e.Next(); x != nil; x = e.Next() {
+				for _, r := range x.Refunds {
+					refunded += r.N
+				}
+				answerAll(x)
+				e.Done(t0.Add(30*ms), x)
+			}
+			if want := map[bool]int{false: 0, true: 10 - 1}[drain]; refunded != want {
+				t.Errorf("refunded %d, want %d", refunded, want)
+			}
+			if s := lm.Stats(); s.Granted != 10 {
+				t.Errorf("granted %d, want 10: one grant, read once", s.Granted)
+			}
+		})
+	}
+}
+
+// TestLateGrantReadOnceMore: a late answer read while the take sent again under its
+// number is being failed leaves nothing to send again, and the resend's own late answer,
+// Redis's replay of the same grant, is not read; a take whose key was evicted while it
+// was out gives its late grant back.
+func TestLateGrantReadOnceMore(t *testing.T) {
+	t.Run("read while its resend fails", func(t *testing.T) {
+		var e *Engine
+		var first *Trip
+		armed := false
+		e, lm := testEngine(t, func(c *Config) {
+			c.Decided = func(*Waiter) { // between the resend's failure and its waiters' decisions
+				if !armed {
+					return
+				}
+				armed = false
+				answerAll(first)
+				first.TakeResults[0].Granted = 10
+				if !e.Late(t0.Add(20*ms), first, 0, &first.TakeResults[0]) {
+					t.Error("the lost take's late answer, nothing out under its number, was not taken")
+				}
+			}
+		})
+		decide(e, t0, lm, "k", 1)
+		first = e.Next()
+		lost := lose(e, first, t0.Add(10*ms))
+		decide(e, t0.Add(15*ms), lm, "k", 1)
+		resend := e.Next()
+		if resend.Takes[0].Seq != lost {
+			t.Fatalf("the refill went under %d, want the lost take's %d", resend.Takes[0].Seq, lost)
+		}
+		armed = true
+		lose(e, resend, t0.Add(25*ms))
+		if armed {
+			t.Fatal("no waiter of the resend was decided")
+		}
+		// Another take of the key, lost and read late, before the resend's answer.
+		if _, w := decide(e, t0.Add(26*ms), lm, "k", 11); w == nil {
+			t.Fatal("no refill for a cost above the tokens on hand")
+		}
+		other := e.Next()
+		lose(e, other, t0.Add(27*ms))
+		answerAll(other)
+		other.TakeResults[0].Granted = 11
+		if !e.Late(t0.Add(28*ms), other, 0, &other.TakeResults[0]) {
+			t.Error("another take's late answer was not taken")
+		}
+		answerAll(resend)
+		resend.TakeResults[0].Granted, resend.TakeResults[0].Replayed = 10, true
+		if e.Late(t0.Add(30*ms), resend, 0, &resend.TakeResults[0]) {
+			t.Error("the resend's late answer, a replay of a grant read already, was taken")
+		}
+		if s := lm.Stats(); s.Granted != 21 {
+			t.Errorf("granted %d, want 21: two grants, each read once", s.Granted)
+		}
+		for x := e.Next(); x != nil; x = e.Next() {
+			if x.Kind == TakeTrip && x.Takes[0].Seq == lost {
+				t.Error("the grant read late was sent for again under its number")
+			}
+			answerAll(x)
+			e.Done(t0.Add(40*ms), x)
+		}
+	})
+	t.Run("evicted while out", func(t *testing.T) {
+		e, lm := testEngine(t, nil)
+		decide(e, t0, lm, "k", 1)
+		trip := e.Next()
+		lm.keys.Remove("k")
+		lose(e, trip, t0.Add(10*ms))
+		answerAll(trip)
+		trip.TakeResults[0].Granted = 10
+		if !e.Late(t0.Add(20*ms), trip, 0, &trip.TakeResults[0]) {
+			t.Fatal("the late answer of a take whose key was evicted was not taken")
+		}
+		refunded := 0
+		for x := e.Next(); x != nil; x = e.Next() {
+			for _, r := range x.Refunds {
+				refunded += r.N
+			}
+			answerAll(x)
+			e.Done(t0.Add(30*ms), x)
+		}
+		if refunded != 10 {
+			t.Errorf("refunded %d, want the late grant's 10", refunded)
+		}
+	})
+}
+
+// lose fails take trip t at now as the breaker's timeout does (its answer lost, Redis
+// may have run it) and returns its first take's Redis sequence number.
+func lose(e *Engine, t *Trip, now time.Time) uint64 {
+	t.Err = fmt.Errorf("late: %w", breaker.ErrTimeout)
+	e.Done(now, t)
+	return t.Takes[0].Seq
 }

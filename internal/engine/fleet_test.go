@@ -11,6 +11,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/internal/luamodel"
 	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
+	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
 // This file is a small deterministic model of a fleet in virtual time: many servers, each
@@ -19,7 +20,7 @@ import (
 // the Redis-call savings of the lease rules without Redis; sim/ does the same with the
 // real scripts.
 
-// modelBucket is the global bucket of a fleet model: lua.Take and lua.Refund on the Go model
+// modelBucket is the global bucket of a fleet model: luascript.Take and luascript.Refund on the Go model
 // of the scripts (internal/luamodel, held to the Lua by its differential tests), on one key.
 type modelBucket struct {
 	m              *luamodel.Model
@@ -35,7 +36,7 @@ func newBucket(capacity int, rate float64) *modelBucket {
 
 func (b *modelBucket) take(now time.Time, want, minimum int) Grant {
 	b.seq++
-	r := b.m.Take(now, bucketKey, b.capacity, b.rate, want, minimum, "s", b.seq, 0, 0)
+	r := b.m.Take(now, bucketKey, b.capacity, b.rate, want, minimum, "s", b.seq, 0, 0, wire.Seen{})
 	return Grant{Granted: r.Granted, Remaining: r.Tokens, Wait: tokenbucket.FromMillis(float64(r.WaitMS))}
 }
 

@@ -99,6 +99,11 @@ func checkKind(c LimitConfig) error {
 	return nil
 }
 
+// KeepsKind reports whether SetLimit may give lm the configuration c as far as its kind
+// goes: the same kind and, for a windowed limit, the same windows (checkKindChange). A
+// change that does not is made by removing the limit and adding it again.
+func (lm *Limit) KeepsKind(c LimitConfig) bool { return checkKindChange(c, lm.Config()) == nil }
+
 // checkKindChange reports why c cannot replace oc, the configuration of a limit the
 // engine runs, for the kind: a limit's kind is fixed when it is made, and a windowed
 // limit's window is its fleet's arrays (checkWindowedChange).

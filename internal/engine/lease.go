@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
+	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
 // Lease defaults, applied by [LeaseConfig.Normalize] to zero fields.
@@ -64,7 +65,7 @@ type LeaseConfig struct {
 
 // Normalize returns c with defaults filled in, or an error for a tuning it cannot
 // honour. Rate and Burst are not checked here: they come from a
-// limit global.Limit.Validate accepted.
+// limit redisstore.Limit.Validate accepted.
 func (c LeaseConfig) Normalize() (LeaseConfig, error) {
 	switch {
 	case c.Servers < 0:
@@ -171,13 +172,15 @@ type Grant struct {
 	Remaining float64
 	// Wait is, when Granted is 0, how long until Min tokens are available.
 	Wait time.Duration
-	// First reports that the bucket held no record of this server's takes (lua.First).
+	// First reports that the bucket held no record of this server's takes (luascript.First).
 	First bool
-	// Credit is the refill the bucket lost to its cap, cumulative (global.Grant.Credit).
+	// Credit is the refill the bucket lost to its cap, cumulative (redisstore.Grant.Credit).
 	Credit float64
 	// Replayed reports a take sent again (Refill.Resend) that Redis had run: Granted is
 	// what it granted then, recovered now.
 	Replayed bool
+	// At is Redis's clock at the take (for a replay, at the take it replays).
+	At time.Time
 }
 
 // LeaseStats are the lifetime totals of a lease. Granted == Consumed + Refunded + OnHand.
@@ -214,16 +217,25 @@ type Lease struct {
 	based      bool
 	took       bool
 	heard      bool // a refill was answered: bucket is what Redis said then
+	// read is readMark of the Redis sequence number of the take whose grant a late answer
+	// was last read from (Late): no later answer under that number is read, nor is the
+	// number sent again (Lost); 0: none.
+	read uint32
 
 	// Read or written at refills.
-	prev     int64 // tokens asked for in the previous window
-	seq      uint64
-	bucket   int    // bucket level at the last grant, floored
+	prev   int64 // tokens asked for in the previous window
+	seq    uint64
+	bucket int32 // bucket level at the last grant, floored
+	// owe is what the failure policy admitted to requests that waited for takes whose
+	// answers came late, that those answers could not pay for (Late): the next late
+	// answers pay it first. An answer in time ends it (Granted).
+	owe      int32
 	rng      uint64 // splitmix64 state for pacing jitter
 	granted  int64
 	refunded int64
 	refills  int64
 	answered int64 // offset of the last answered take, if took
+	heardAt  int64 // Redis's clock at the take heard last, Unix ms; 0: none
 	// lostSeq is the Redis sequence number of the take whose answer was lost (Lost): every
 	// refill goes under it until one is answered; 0: none.
 	lostSeq uint64
@@ -363,7 +375,7 @@ func (l *Lease) decide(c *LeaseConfig, t int64, n int, st *Step) {
 		st.Action, st.Reason = Wait, ReasonRefill
 		st.Refill = l.start(want, need)
 	}
-	st.Remaining = l.tokens + l.bucket
+	st.Remaining = l.tokens + int(l.bucket)
 	if !l.heard {
 		// Nothing is known of the key's bucket yet (a cost-0 request on a new key): a
 		// bucket nobody took from is full, the likeliest; a refill's answer says better.
@@ -400,6 +412,16 @@ func (l *Lease) start(want, minimum int) Refill {
 	l.refills++
 	l.want = want
 	return Refill{Seq: l.seq, Want: want, Min: minimum, Resend: l.lostSeq}
+}
+
+// seen is what the lease last heard of its bucket, for a take (a refill's, a claim's) to
+// re-create it from if Redis lost it (redisstore.TakeRequest.Seen): the level, floored
+// at zero (a lost bucket comes back empty), and Redis's clock then.
+func (l *Lease) seen() wire.Seen {
+	if !l.heard || l.heardAt == 0 {
+		return wire.Seen{}
+	}
+	return wire.Seen{Known: true, Level: float64(l.bucket), AtMS: l.heardAt}
 }
 
 // Batch returns the batch size the lease would ask for now for a request of cost n:
@@ -440,13 +462,17 @@ func (l *Lease) Granted(c *LeaseConfig, now time.Time, seq uint64, g Grant) (ref
 	t := l.at(now)
 	l.inflight = false
 	l.lostSeq = 0 // the refill went under it, if any: answered now
+	l.owe = 0     // Redis answers in time again: what its late answers could not pay stays unpaid
 	if granted > 0 {
 		l.tokens += granted
 		l.expires = t + int64(c.Lifetime)
 	}
 	l.bucket, l.heard = 0, true
+	if !g.At.IsZero() {
+		l.heardAt = g.At.UnixMilli()
+	}
 	if g.Remaining > 0 {
-		l.bucket = int(min(g.Remaining, math.MaxInt32))
+		l.bucket = int32(min(g.Remaining, math.MaxInt32))
 	}
 	full := float64(l.want) * float64(c.servers()) // one round: every server asks for want
 	switch {
@@ -482,28 +508,76 @@ func (l *Lease) Failed(seq uint64) {
 	}
 }
 
-// Lost fails the refill seq as Failed does, for a take whose answer was lost: it timed
-// out, so Redis may have run it. The refills after it go under its Redis sequence number
-// rseq (Refill.Resend) until one is answered: Redis answers a take it ran from its
-// record, without spending again (Grant.Replayed), so that take's grant is recovered
-// rather than lost; if it did not run, the refill runs. The grant may differ from what
-// the refill asked: the lease takes what Redis answers, and a request it does not serve
-// waits for the refill after it. Paid cancels that.
-func (l *Lease) Lost(seq, rseq uint64) {
-	if l.inflight && seq == l.seq {
-		l.inflight = false
-		l.lostSeq = rseq
+// Lost says, once its waiters are decided, that the refill seq, which failed (Failed),
+// was a take whose answer was lost: it timed out, so Redis may have run it. Unless the
+// policy admitted some of its waiters (paid: its grant paid for them, and is not read
+// back), the refills after it go under its Redis sequence number rseq (Refill.Resend)
+// until one is answered: Redis answers a take it ran from its record, without spending
+// again (Grant.Replayed), so that take's grant is recovered rather than lost; if it did
+// not run, the refill runs. The grant may differ from what the refill asked: the lease
+// takes what Redis answers, and a request it does not serve waits for the refill after
+// it. A refill started since the failure went under the number in force then; a take
+// that was itself sent again under rseq (again) whose number is no longer the one in
+// force was read or let go meanwhile, and is not sent again. Lost reports whether a
+// refill may read the take's grant back (resent), in which case its late answer must not
+// (Late).
+func (l *Lease) Lost(seq, rseq uint64, again, paid bool) (resent bool) {
+	since := l.inflight || seq != l.seq // a refill started since
+	switch {
+	case again && l.lostSeq != rseq:
+		return true // its grant was read, or let go: its late answer meets lostSeq != rseq
+	case l.read == readMark(rseq):
+		return false // a late answer of the same take read its grant: nothing is left to read back
+	case l.lostSeq == rseq && since:
+		return true // the take was itself sent again under rseq, and so was that refill
+	case paid:
+		if l.lostSeq == rseq {
+			l.lostSeq = 0
+		}
+		return false
+	case since:
+		return false
 	}
+	l.lostSeq = rseq
+	return true
 }
 
-// Paid says that the take rseq, whose answer was lost, paid for what the failure policy
-// admitted to the requests that waited for it: it is not sent again (Lost), its grant
-// left spent for them.
-func (l *Lease) Paid(rseq uint64) {
-	if l.lostSeq == rseq {
+// Late takes the grant g of the take rseq, whose answer came after its call had failed
+// by timeout, at now, and reports whether it took it. owed is what the failure policy
+// admitted to the requests that waited for that take: its tokens pay for that first,
+// and for what earlier late answers could not pay, and are returned as paid; the rest
+// are on hand until Lifetime from now. A take sent again under its number (resent: Lost
+// reported so) reads the grant instead, so the lease takes it only while none is out
+// and none was answered; and it takes one late answer under a number, the others being
+// Redis's replays of it.
+func (l *Lease) Late(c *LeaseConfig, now time.Time, rseq uint64, resent bool, owed int, g Grant) (paid int, ok bool) {
+	if l.read == readMark(rseq) {
+		return 0, false // a late answer under the same number was read: this one is its replay
+	}
+	if resent {
+		if l.lostSeq != rseq || l.inflight {
+			return 0, false
+		}
 		l.lostSeq = 0
 	}
+	l.read = readMark(rseq)
+	t := l.at(now)
+	granted := max(g.Granted, 0)
+	l.granted += int64(granted)
+	owe := int(l.owe) + max(owed, 0)
+	paid = min(owe, granted)
+	l.owe = int32(min(owe-paid, math.MaxInt32))
+	l.consumed += int64(paid)
+	if rest := granted - paid; rest > 0 {
+		l.tokens += rest
+		l.expires = max(l.expires, t+int64(c.Lifetime))
+	}
+	return paid, true
 }
+
+// readMark is what Lease.read holds for the Redis sequence number rseq: its low 32 bits,
+// never 0 (none).
+func readMark(rseq uint64) uint32 { return max(uint32(rseq), 1) }
 
 // pay spends up to n tokens on hand on requests the failure policy admitted while they
 // waited for the refill that brought them, and returns how many it spent.

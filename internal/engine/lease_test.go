@@ -287,7 +287,7 @@ func repeatOps(n int, rest, first op) []op {
 }
 
 // TestLeaseConfigNormalize checks the tuning; a limit's rate and burst are checked by
-// global.Limit.Validate before a LeaseConfig is built (TestNewRejectsBadConfig).
+// redisstore.Limit.Validate before a LeaseConfig is built (TestNewRejectsBadConfig).
 func TestLeaseConfigNormalize(t *testing.T) {
 	bad := []LeaseConfig{
 		{Rate: 1, Burst: 1, Servers: -1},

@@ -99,6 +99,12 @@ type Multi struct {
 	next  int
 	small [8]Decision
 	more  []Decision
+
+	// users is the number of items the driver added, set when m is first started; the
+	// items after them are the companions' (reps.go), orig[i-users] the item item i
+	// was added for.
+	users int
+	orig  []int
 }
 
 // Add adds an item to m, before StartMulti.
@@ -111,7 +117,8 @@ func (m *Multi) Add(it MultiItem) {
 	m.n++
 }
 
-// Len is the number of items; At returns item i.
+// Len is the number of items (with, once started, those of the limits' companions); At
+// returns item i.
 func (m *Multi) Len() int { return m.n }
 func (m *Multi) At(i int) MultiItem {
 	if i < len(m.items) {
@@ -131,6 +138,16 @@ func (m *Multi) taken(i int) Decision {
 // StartMulti decides m as far as it can at now: it returns (nil, true) once m is decided,
 // or the Waiter of the item that waits for a refill and false.
 func (e *Engine) StartMulti(now time.Time, m *Multi) (*Waiter, bool) {
+	m.expand()
+	w, done := e.startMulti(now, m)
+	if done {
+		m.finish()
+	}
+	return w, done
+}
+
+// startMulti is StartMulti on m's items, companions' included.
+func (e *Engine) startMulti(now time.Time, m *Multi) (*Waiter, bool) {
 	if e.hits(now, m) {
 		return nil, true
 	}
@@ -209,10 +226,14 @@ func (e *Engine) hits(now time.Time, m *Multi) bool {
 // ResumeMulti goes on with m after the item that waited was decided d (the Waiter's
 // decision, or GiveUp's), at now.
 func (e *Engine) ResumeMulti(now time.Time, m *Multi, d Decision) (*Waiter, bool) {
-	if e.took(now, m, d) {
-		return nil, true
+	w, done := (*Waiter)(nil), e.took(now, m, d)
+	if !done {
+		w, done = e.spend(now, m)
 	}
-	return e.spend(now, m)
+	if done {
+		m.finish()
+	}
+	return w, done
 }
 
 // spend decides m's items from m.next on, until one waits or m is decided.

@@ -10,8 +10,8 @@ import (
 
 	"golang.org/x/time/rate"
 
-	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/internal/fallback"
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
 )
 
@@ -37,7 +37,7 @@ type TierConfig struct {
 type Shape struct {
 	tier       string
 	cfg        LimitConfig // the tier's Rate, Burst, PreRate and PreBurst; defaults filled in
-	glim       global.Limit
+	glim       redisstore.Limit
 	lease      atomic.Pointer[LeaseConfig]
 	fallback   *fallback.Fallback
 	preRate    rate.Limit
@@ -56,7 +56,7 @@ func (s *Shape) Burst() int    { return s.cfg.Burst }
 
 // Global is the shape's bucket as package global names it: the limit's name, the
 // shape's rate and burst, and the limit's version.
-func (s *Shape) Global() global.Limit { return s.glim }
+func (s *Shape) Global() redisstore.Limit { return s.glim }
 
 // Window returns the time the shape's bucket takes to refill from empty (Burst / Rate).
 func (s *Shape) Window() time.Duration { return s.window }
@@ -111,13 +111,13 @@ func (ss *shapes) all() []*Shape { return append([]*Shape{ss.base}, ss.tiers...)
 // buildShapes validates c and returns its shapes for a fleet of servers, with c's
 // defaults filled in.
 func buildShapes(c LimitConfig, servers int) (*shapes, LimitConfig, error) {
-	if _, err := global.NewLimit(c.Name, c.Rate, c.Burst); err != nil {
+	if _, err := redisstore.NewLimit(c.Name, c.Rate, c.Burst); err != nil {
 		return nil, c, err
 	}
-	if c.Version > global.MaxVersion {
-		return nil, c, fmt.Errorf("limit %q: Version %d above %d", c.Name, c.Version, uint64(global.MaxVersion))
+	if c.Version > redisstore.MaxVersion {
+		return nil, c, fmt.Errorf("limit %q: Version %d above %d", c.Name, c.Version, uint64(redisstore.MaxVersion))
 	}
-	if err := c.Policy.Validate(); err != nil {
+	if err := fallback.Validate(c.Policy); err != nil {
 		return nil, c, fmt.Errorf("limit %q: %w", c.Name, err)
 	}
 	switch {
@@ -141,13 +141,13 @@ func buildShapes(c LimitConfig, servers int) (*shapes, LimitConfig, error) {
 	}
 	c.PreRate, c.PreBurst = ss.base.cfg.PreRate, ss.base.cfg.PreBurst
 	for i, t := range c.Tiers {
-		if t.Name == "" || len(t.Name) > global.MaxNameLen {
-			return nil, c, fmt.Errorf("limit %q: tier %d: name %q must be 1 to %d bytes", c.Name, i, t.Name, global.MaxNameLen)
+		if t.Name == "" || len(t.Name) > redisstore.MaxNameLen {
+			return nil, c, fmt.Errorf("limit %q: tier %d: name %q must be 1 to %d bytes", c.Name, i, t.Name, redisstore.MaxNameLen)
 		}
 		if slices.ContainsFunc(c.Tiers[:i], func(o TierConfig) bool { return o.Name == t.Name }) {
 			return nil, c, fmt.Errorf("limit %q: tier %q configured twice", c.Name, t.Name)
 		}
-		if _, err := global.NewLimit(c.Name, t.Rate, t.Burst); err != nil {
+		if _, err := redisstore.NewLimit(c.Name, t.Rate, t.Burst); err != nil {
 			return nil, c, fmt.Errorf("tier %q: %w", t.Name, err)
 		}
 		s, err := newShape(c, t, servers)
@@ -187,7 +187,7 @@ func newShape(c LimitConfig, t TierConfig, servers int) (*Shape, error) {
 	}
 	s := &Shape{
 		tier: t.Name, cfg: c,
-		glim:    global.Limit{Name: c.Name, Rate: c.Rate, Burst: c.Burst, Version: c.Version},
+		glim:    redisstore.Limit{Name: c.Name, Rate: c.Rate, Burst: c.Burst, Version: c.Version},
 		preRate: rate.Limit(c.PreRate), preBurst: c.PreBurst,
 		window: tokenbucket.Duration(float64(c.Burst), c.Rate), perToken: float64(time.Second) / c.Rate,
 	}
@@ -195,7 +195,7 @@ func newShape(c LimitConfig, t TierConfig, servers int) (*Shape, error) {
 	s.lease.Store(&lc)
 	// FailLocal: a per-key local limit of this server's share of the fleet limit (rate /
 	// servers, burst max(ceil(burst / servers), MaxCost)), resized when the count moves.
-	if err := c.Policy.Validate(); err != nil {
+	if err := fallback.Validate(c.Policy); err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	s.fallback, err = fallback.New(fallback.Of(c.Policy), fallback.Config{
@@ -260,22 +260,32 @@ func (lm *Limit) reshape(en *entry, s *Shape, t time.Time) {
 	}
 }
 
-// limitTable is the engine's limits: replaced whole when a limit is added or removed.
+// limitTable is the engine's limits: replaced whole when a limit is added or removed,
+// or a companion (reps.go). prim are the limits of the configuration, the ones Limit
+// finds by name; list is those and their companions, every limit whose keys and
+// schedule the engine runs.
 type limitTable struct {
+	prim   []*Limit
 	list   []*Limit
 	byName map[string]*Limit // nil when there are few limits: a scan is faster
 }
 
-func newLimitTable(list []*Limit) *limitTable {
-	t := &limitTable{list: list}
-	if len(list) > 8 {
-		t.byName = make(map[string]*Limit, len(list))
-		for _, lm := range list {
+func newLimitTable(prim, comps []*Limit) *limitTable {
+	t := &limitTable{prim: prim, list: prim}
+	if len(comps) > 0 {
+		t.list = append(slices.Clip(prim), comps...)
+	}
+	if len(prim) > 8 {
+		t.byName = make(map[string]*Limit, len(prim))
+		for _, lm := range prim {
 			t.byName[lm.name] = lm
 		}
 	}
 	return t
 }
+
+// companions returns the companions in t.
+func (t *limitTable) companions() []*Limit { return t.list[len(t.prim):] }
 
 // errVersion is wrapped by SetLimit's error for a change that needs a higher Version.
 var errVersion = errors.New("a change of a bucket's rate or burst needs a higher Version")
@@ -386,11 +396,16 @@ func (e *Engine) AddLimit(c LimitConfig) error {
 		return fmt.Errorf("limit %q configured twice", c.Name)
 	}
 	t := e.limits.Load()
-	lm, err := e.newLimit(c, e.Servers(), e.shards, e.seed+uint64(len(t.list))*0x9e3779b97f4a7c15)
+	lm, err := e.newLimit(c, e.Servers(), e.shards, e.seed+uint64(len(t.prim))*0x9e3779b97f4a7c15)
 	if err != nil {
 		return err
 	}
-	e.limits.Store(newLimitTable(append(slices.Clip(t.list), lm)))
+	e.limits.Store(newLimitTable(append(slices.Clip(t.prim), lm), t.companions()))
+	e.mu.Lock()
+	// Record the new limit's representation and read the others' at once, not with
+	// the next heartbeat: its requests are decided on them.
+	e.repsDue, e.firstReps = true, true
+	e.mu.Unlock()
 	e.mu.Lock()
 	e.tickEvery = e.tickInterval()
 	e.mu.Unlock()
@@ -408,7 +423,20 @@ func (e *Engine) RemoveLimit(name string) error {
 		return fmt.Errorf("limit %q: no such limit", name)
 	}
 	t := e.limits.Load()
-	e.limits.Store(newLimitTable(slices.DeleteFunc(slices.Clone(t.list), func(l *Limit) bool { return l == lm })))
+	comps := lm.Companions()
+	e.limits.Store(newLimitTable(slices.DeleteFunc(slices.Clone(t.prim), func(l *Limit) bool { return l == lm }),
+		slices.DeleteFunc(slices.Clone(t.companions()), func(l *Limit) bool { return slices.Contains(comps, l) })))
+	e.dropLimit(lm)
+	for _, c := range comps {
+		e.dropLimit(c)
+	}
+	e.wake()
+	return nil
+}
+
+// dropLimit lets go of lm, no longer in the engine's table: its keys (their leased
+// tokens are queued for refund) and its fallbacks; its refunds may still be out.
+func (e *Engine) dropLimit(lm *Limit) {
 	e.removedMu.Lock()
 	e.removed = append(e.removed, lm)
 	e.removedMu.Unlock()
@@ -416,8 +444,6 @@ func (e *Engine) RemoveLimit(name string) error {
 	for _, s := range lm.cur.Load().all() {
 		s.fallback.Close()
 	}
-	e.wake()
-	return nil
 }
 
 // tickInterval is the lease-expiry sweep's interval: a quarter of the shortest lease

@@ -23,8 +23,8 @@ type LimitStats struct {
 	Takes, RefillErrors int64
 	// Granted is the tokens leased from the global bucket, Refunded those given back,
 	// RefundsLost those whose refund failed (they stay spent). Recovered is the part of
-	// Granted that takes whose answer was lost (a timeout) had been granted, recovered
-	// by sending the take again (Lease.Lost).
+	// Granted that takes whose answer was lost (a timeout) had been granted, read when
+	// the answer came late (Engine.Late) or by sending the take again (Lease.Lost).
 	Granted, Refunded, RefundsLost int64
 	Recovered                      int64
 	// Held is the leased tokens not yet spent, given back or lost: what this server may
@@ -32,7 +32,8 @@ type LimitStats struct {
 	// canceled claim's among them until they go).
 	Held int64
 	// LostBuckets counts buckets found lost: a take answered that the bucket held no
-	// record of this server, which had taken from it within the record's lifetime.
+	// record of this server, which had taken from it within the record's lifetime; and
+	// window arrays found lost: a count answered below what this server alone added.
 	LostBuckets int64
 	// GivenBack counts admitted decisions undone by Engine.Return (another item of an
 	// all-or-nothing request was denied). They stay counted in Decisions as admitted.

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/breaker"
-	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 	"github.com/fleetlimit/fleetlimit/internal/storeerr"
 )
 
@@ -16,16 +16,17 @@ type TripKind uint8
 
 // Trip kinds.
 const (
-	// TakeTrip carries refills: one global.Store.Take, or a TakeBatch of up to MaxBatch.
+	// TakeTrip carries refills: one redisstore.Store.Take, or a TakeBatch of up to MaxBatch.
 	TakeTrip TripKind = iota + 1
 	// RefundTrip carries refunds, summed per key: a RefundBatch of up to MaxBatch.
 	RefundTrip
-	// HeartbeatTrip announces this server in its fleet (global.Store.Heartbeat).
+	// HeartbeatTrip announces this server in its fleet (redisstore.Store.Heartbeat), and
+	// records and reads the representations of the limits (reps.go).
 	HeartbeatTrip
 	// LowTrip exchanges the low keys of the limits with Async with the fleet
-	// (global.Store.Low, once per LowExchange).
+	// (redisstore.Store.Low, once per LowExchange).
 	LowTrip
-	// WindowsTrip is the report of the windowed limits (global.Store.Windows, once per
+	// WindowsTrip is the report of the windowed limits (redisstore.Store.Windows, once per
 	// item of Windows).
 	WindowsTrip
 )
@@ -37,25 +38,34 @@ type Trip struct {
 	Kind TripKind
 	// Takes are the refills of a TakeTrip; the driver writes the answer to Takes[i] in
 	// TakeResults[i].
-	Takes       []global.TakeRequest
-	TakeResults []global.TakeResult
+	Takes       []redisstore.TakeRequest
+	TakeResults []redisstore.TakeResult
 	// Refunds are the refunds of a RefundTrip, each with its sequence number already
 	// chosen (a trip sent again after a timeout keeps them, so Redis answers a second
 	// run as a replay); the answers go to RefundResults[i].
-	Refunds       []global.RefundRequest
-	RefundResults []global.RefundResult
+	Refunds       []redisstore.RefundRequest
+	RefundResults []redisstore.RefundResult
 	// Fleet and TTL are the heartbeat of a HeartbeatTrip; the driver writes the live
 	// count it answers to Live.
 	Fleet string
 	TTL   time.Duration
 	Live  int
+	// Reps, when not nil, are the representations of this server's limits to record
+	// in the fleet's record (wire.RepsKey), each live for RepsLive, in the same trip;
+	// the driver writes every live member it reads back to RepsGot (which holds Reps
+	// once answered), or the error of that call to RepsErr; nil RepsGot is no answer.
+	// Fleet is "" when only they are due.
+	Reps     []string
+	RepsLive time.Duration
+	RepsGot  []string
+	RepsErr  error
 	// Lows are the exchanges of a LowTrip, one per limit with Async; the driver writes
 	// each answer to Lows[i].Got, or its error to Lows[i].Err.
 	Lows []LowExchange
 	// Windows are the round trips of a WindowsTrip, one per windowed limit with work;
-	// the driver makes each with global.Store.Windows, which writes the answers into it,
+	// the driver makes each with redisstore.Store.Windows, which writes the answers into it,
 	// and writes its error to WindowErrs[i].
-	Windows    []global.WindowTrip
+	Windows    []redisstore.WindowTrip
 	WindowErrs []error
 	// Err is the error of the call as a whole. Answered reports that the call returned,
 	// so that the results hold every item's answer even when Err is set (one item's
@@ -93,14 +103,23 @@ func (e *Engine) Next() *Trip {
 	windows := e.windowsDue()
 	low := e.lowDue()
 	refunds := len(e.refundTrips) > 0 || len(e.refunds) > 0
-	other := e.beatDue || low || refunds || debts || windows
+	// The record of representations rides on the next heartbeat, if the engine beats,
+	// save the first.
+	reps := e.repsDue && (e.fleet == "" || e.firstReps)
+	other := e.beatDue || reps || low || refunds || debts || windows
 	var t *Trip
 	switch {
 	case len(e.pending) > 0 && !(e.lastTake && other):
 		t = e.takeTrip()
-	case e.beatDue:
-		e.beatDue = false
-		t = &Trip{Kind: HeartbeatTrip, Fleet: e.fleet, TTL: 3 * e.beat}
+	case e.beatDue || reps:
+		t = &Trip{Kind: HeartbeatTrip}
+		if e.beatDue {
+			t.Fleet, t.TTL = e.fleet, 3*e.beat
+		}
+		if e.repsDue {
+			t.Reps, t.RepsLive = e.repsMembers(), e.repsLive()
+		}
+		e.beatDue, e.repsDue = false, false
 	case windows && !(e.lastWindows && (low || refunds || debts)) && e.windowTripInto(&t):
 		// windowed limits' trips in turn with the other work, as refills are
 	case low:
@@ -127,12 +146,12 @@ func (e *Engine) takeTrip() *Trip {
 		e.pending = nil
 	}
 	t := &Trip{Kind: TakeTrip, flights: batch,
-		Takes: make([]global.TakeRequest, len(batch)), TakeResults: make([]global.TakeResult, len(batch))}
+		Takes: make([]redisstore.TakeRequest, len(batch)), TakeResults: make([]redisstore.TakeResult, len(batch))}
 	for i, f := range batch {
 		if f.rseq == 0 {
 			f.rseq = e.nextSeq() // kept: a take whose answer is lost goes again under it
 		}
-		t.Takes[i] = global.TakeRequest{Limit: f.shape.glim, ID: global.KeyID(f.key), Want: f.want, Min: f.min, Floor: f.floor, Seq: f.rseq}
+		t.Takes[i] = redisstore.TakeRequest{Limit: f.shape.glim, ID: redisstore.KeyID(f.key), Want: f.want, Min: f.min, Floor: f.floor, Seq: f.rseq, Seen: f.seen}
 	}
 	return t
 }
@@ -147,7 +166,7 @@ func (e *Engine) refundTrip() *Trip {
 			key string
 		}
 		at := make(map[bucketKey]int, len(e.refunds)) // index in reqs
-		reqs := make([]global.RefundRequest, 0, len(e.refunds))
+		reqs := make([]redisstore.RefundRequest, 0, len(e.refunds))
 		lims := make([]*Limit, 0, len(e.refunds))
 		for _, r := range e.refunds {
 			k := bucketKey{r.lim, r.key}
@@ -155,7 +174,7 @@ func (e *Engine) refundTrip() *Trip {
 			if !ok {
 				i = len(reqs)
 				at[k] = i
-				reqs = append(reqs, global.RefundRequest{ID: global.KeyID(r.key), Seq: e.nextSeq()})
+				reqs = append(reqs, redisstore.RefundRequest{ID: redisstore.KeyID(r.key), Seq: e.nextSeq()})
 				lims = append(lims, r.lim)
 			}
 			reqs[i].Limit = r.shape.glim // the key's latest shape
@@ -177,7 +196,7 @@ func (e *Engine) refundTrip() *Trip {
 	}
 	reqs := e.refundTrips[0]
 	e.refundTrips = e.refundTrips[1:]
-	return &Trip{Kind: RefundTrip, Refunds: reqs, RefundResults: make([]global.RefundResult, len(reqs))}
+	return &Trip{Kind: RefundTrip, Refunds: reqs, RefundResults: make([]redisstore.RefundResult, len(reqs))}
 }
 
 // Done takes the answers of trip t, made by the driver, at now: grants fill their leases
@@ -196,8 +215,8 @@ func (e *Engine) Done(now time.Time, t *Trip) {
 				e.answer(now, f, Grant{}, t.Err, nil)
 				continue
 			}
-			r := t.TakeResults[i]
-			e.answer(now, f, Grant{Granted: r.Granted, Remaining: r.Remaining, Wait: r.Wait, First: r.First, Credit: r.Credit, Replayed: r.Replayed}, r.Err, nil)
+			r := &t.TakeResults[i]
+			e.answer(now, f, grantOf(r), r.Err, nil)
 		}
 	case RefundTrip:
 		if t.debts {
@@ -206,9 +225,14 @@ func (e *Engine) Done(now time.Time, t *Trip) {
 			e.refunded(t)
 		}
 	case HeartbeatTrip:
-		e.stats.heartbeats.Add(1)
-		if t.Err == nil && t.Live >= 1 {
+		if t.Fleet != "" {
+			e.stats.heartbeats.Add(1)
+		}
+		if t.Fleet != "" && t.Err == nil && t.Live >= 1 {
 			e.setServers(now, t.Live)
+		}
+		if t.Reps != nil {
+			e.repsDone(now, t.RepsGot, t.RepsErr)
 		}
 	case LowTrip:
 		e.lowDone(now, t)
@@ -230,7 +254,7 @@ func (e *Engine) refunded(t *Trip) {
 	if !t.Answered && errors.Is(t.Err, breaker.ErrTimeout) && len(t.Refunds) > 1 {
 		half := len(t.Refunds) / 2
 		e.mu.Lock()
-		e.refundTrips = append([][]global.RefundRequest{t.Refunds[:half:half], t.Refunds[half:]}, e.refundTrips...)
+		e.refundTrips = append([][]redisstore.RefundRequest{t.Refunds[:half:half], t.Refunds[half:]}, e.refundTrips...)
 		e.mu.Unlock()
 		return
 	}
@@ -321,16 +345,16 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 		en.flight = nil
 		ws, f.waiters = f.waiters, nil
 		if err != nil {
-			if lost {
-				en.lease.Lost(f.seq, f.rseq)
-			} else {
-				en.lease.Failed(f.seq)
-			}
+			// A lost take is sent again under its number (Lease.Lost) only once its
+			// waiters are decided, below: if the policy admitted some, its grant pays for
+			// them and nothing may read it back.
+			en.lease.Failed(f.seq)
+			f.lost.Store(lost)
 			return
 		}
 		// A bucket with no record of this server, which took from it within the time its
-		// records surely live: the bucket was lost (evicted, flushed, deleted) and came
-		// back full.
+		// records surely live: the bucket was lost (evicted, flushed, deleted), and the
+		// take started it empty (Refill.Seen).
 		sh := en.shape
 		if en.lease.answeredWithin(later(now, last), sh.lostWindow) && g.First {
 			lm.stats.lostBuckets.Add(1)
@@ -342,11 +366,13 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 	})
 	if !found {
 		// The key was evicted (or the store closed) while f was out: no request can join
-		// f any more, and Peek's lock orders this read after the last that did.
+		// f any more, and Peek's lock orders this read after the last that did. A lost
+		// f's late answer goes back to Redis (Late).
 		ws, f.waiters = f.waiters, nil
 		if err == nil {
 			back = g.Granted
 		}
+		f.lost.Store(lost)
 	}
 	if err == nil {
 		lm.stats.granted.Add(int64(g.Granted))
@@ -388,19 +414,81 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 	}
 	// What the failure policy admitted to the requests that waited for f (they gave up,
 	// or f failed), f's grant paid for if Redis ran f: spent on them first, not kept for
-	// others, and FailLocal's debt for them settled. A lost f is taken as having paid:
-	// it is not sent again (Lease.Paid), so that a server whose every answer comes late
-	// keeps paying for what its policy admits.
-	if adm := policyAdmitted(ws, self); adm > 0 && found && (lost || err == nil) {
+	// others, and FailLocal's debt for them settled. A lost f is taken as having paid,
+	// and is not sent again, so that a server whose every answer comes late keeps paying
+	// for what its policy admits; its answer, if it comes late (Late), pays for them
+	// then. A lost f whose requests the policy all denied is sent again under its number
+	// (Lease.Lost), unless a refill started meanwhile, under a number of its own.
+	adm := policyAdmitted(ws, self)
+	switch {
+	case !found:
+	case lost:
 		lm.keys.Peek(f.key, func(en *entry, _ time.Time) {
-			if lost {
-				en.lease.Paid(f.rseq)
-			} else {
-				paid = en.lease.pay(adm)
-			}
+			f.owed = adm
+			f.resend = en.lease.Lost(f.seq, f.rseq, f.again, adm > 0)
 		})
+	case adm > 0 && err == nil:
+		lm.keys.Peek(f.key, func(en *entry, _ time.Time) { paid = en.lease.pay(adm) })
 		e.settle(lm, f.key, paid)
 	}
+}
+
+// Late takes the answer r of item i of take trip t, answered after its call had failed
+// by timeout and Done had taken the item as lost, at now: the grant Redis spent when the
+// take ran. It pays first for what the failure policy admitted to the requests that
+// waited for the item's refill (FailLocal's debt for them settled), and the rest goes to
+// the key's lease until its Lifetime from now, as a refill's grant does, or back to
+// Redis if the key is gone. It reports whether it took the grant: not for a reservation's
+// claim, nor while a later take under the same sequence number is out, or once one was
+// answered (Lease.Lost): that take reads the same grant from Redis's record. Call it
+// after Done(t), from any goroutine; an item's answer is taken at most once.
+func (e *Engine) Late(now time.Time, t *Trip, i int, r *redisstore.TakeResult) bool {
+	if t.Kind != TakeTrip || i < 0 || i >= len(t.flights) || r.Err != nil {
+		return false
+	}
+	f := t.flights[i]
+	if f.floor > 0 || !f.lost.CompareAndSwap(true, false) { // a claim, or not lost, or read
+		return false
+	}
+	lm, g := f.lim, grantOf(r)
+	took, found, paid, back := false, false, 0, 0
+	lifetime := f.shape.lease.Load().Lifetime
+	lm.keys.Peek(f.key, func(en *entry, last time.Time) {
+		found = true
+		lc := en.shape.lease.Load()
+		lifetime = lc.Lifetime
+		paid, took = en.lease.Late(lc, later(now, last), f.rseq, f.resend, f.owed, g)
+		back = max(g.Granted, 0) - paid
+	})
+	if !found && !f.resend {
+		// Evicted meanwhile, and no take read the grant back: what the policy admitted
+		// is paid, the rest goes back. (One sent again under f's number may have read
+		// it into the lease the eviction refunded.)
+		paid = min(f.owed, max(g.Granted, 0))
+		back, took = max(g.Granted, 0)-paid, true
+		if back > 0 {
+			e.queueRefund(lm, f.shape, f.key, back)
+		}
+	}
+	if !took {
+		return false
+	}
+	lm.stats.granted.Add(int64(g.Granted))
+	lm.stats.recovered.Add(int64(g.Granted))
+	e.settle(lm, f.key, paid)
+	e.mu.Lock()
+	if found && back > 0 {
+		heap.Push(&e.expiries, expiry{lim: lm, key: f.key, at: now.Add(lifetime)})
+	}
+	e.debtWait = false // Redis runs what it is sent, if late: FailLocal's debts may go
+	e.mu.Unlock()
+	e.wake()
+	return true
+}
+
+// grantOf is the grant a take answered.
+func grantOf(r *redisstore.TakeResult) Grant {
+	return Grant{Granted: r.Granted, Remaining: r.Remaining, Wait: r.Wait, First: r.First, Credit: r.Credit, Replayed: r.Replayed, At: r.Now}
 }
 
 // mayHaveRun reports whether a call that ended with err may have run in Redis: it timed
@@ -493,6 +581,7 @@ func (e *Engine) Tick(now time.Time) {
 		e.ticked = true
 		e.nextExpiry = now.Add(time.Duration(float64(e.tickEvery) * (0.5 + uniform(&e.rng))))
 		e.nextBeat = now.Add(time.Duration(float64(e.beat) / 10 * uniform(&e.rng)))
+		e.nextReps = now.Add(time.Duration(float64(e.repsEvery()) * (0.5 + uniform(&e.rng))))
 	}
 	var due []expiry
 	if !now.Before(e.nextExpiry) {
@@ -505,6 +594,10 @@ func (e *Engine) Tick(now time.Time) {
 	if e.fleet != "" && !e.stopped && !now.Before(e.nextBeat) {
 		e.beatDue, beat = true, true
 		e.nextBeat = now.Add(e.beat)
+	}
+	if !e.stopped && !now.Before(e.nextReps) {
+		e.repsDue, beat = true, true
+		e.nextReps = now.Add(e.repsEvery())
 	}
 	if e.tickLater(now) {
 		beat = true
@@ -541,6 +634,9 @@ func (e *Engine) NextTick() time.Time {
 	if e.fleet != "" && !e.stopped && e.nextBeat.Before(t) {
 		t = e.nextBeat
 	}
+	if !e.stopped && e.nextReps.Before(t) {
+		t = e.nextReps
+	}
 	return e.windowsNextTick(e.laterNextTick(t))
 }
 
@@ -551,7 +647,7 @@ func (e *Engine) NextTick() time.Time {
 func (e *Engine) Stop(now time.Time) {
 	e.mu.Lock()
 	e.stopped = true
-	e.beatDue = false
+	e.beatDue, e.repsDue = false, false
 	e.stopLater()
 	pending := e.pending
 	e.pending = nil
@@ -566,7 +662,7 @@ func (e *Engine) Stop(now time.Time) {
 // fallbacks; requests are then denied with ReasonClosed. Call it after Stop, once no
 // Trip is out.
 func (e *Engine) Drain() {
-	for _, lm := range e.Limits() {
+	for _, lm := range e.limits.Load().list {
 		lm.keys.Close() // drains every lease through evicted
 		for _, s := range lm.cur.Load().all() {
 			s.fallback.Close()

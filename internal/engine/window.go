@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
@@ -35,6 +35,14 @@ import (
 //   - A count answered over the burst is carried: the server whose increment it answered
 //     counts its own part of the excess in the key's next window as well.
 //
+// Shards: a limit counted in several (LimitConfig.WindowShards; the driver counts in
+// wire.WindowShards on a Redis Cluster) keeps a key's arrays in its shard and its marks
+// in its shard's group's (wire.WindowMarksShard), each under a hash tag of its own. A
+// trip is then a round trip per shard with work, each on its master; a shard that fails
+// puts back its counts and marks to go again and lets its marks go stale (fresh is per
+// set of marks), and the other shards' answers stand. Servers that count a limit in
+// another number of shards write other keys: another representation (reps.go).
+//
 // Bound: 2·Burst + Rate·W + S·c over any window W, argued in docs/design.md §11 and
 // measured by the simulator (sim.HybridWindow).
 //
@@ -46,9 +54,12 @@ import (
 
 // Constants of windowed limits.
 const (
-	// DefaultWindowWidth is the counters per row of a windowed limit's arrays: 2^18, two
-	// rows of a 16-bit sketch and a demand row, 1.5 MB per window.
+	// DefaultWindowWidth is the counters per row of a windowed limit's arrays, over all
+	// its shards: 2^18, two rows of a 16-bit sketch and a demand row, 1.5 MB per window
+	// (on a Cluster, wire.WindowShards arrays of 2^12 counters a row).
 	DefaultWindowWidth = 1 << 18
+	// minWindowWidth is the smallest LimitConfig.WindowWidth.
+	minWindowWidth = 1 << 8
 	// windowMemory is how long a key stays over, and how long the set of marks keeps one.
 	windowMemory = 30 * time.Second
 	// windowRead is how often a server reads the fleet's marks while it admits without
@@ -89,10 +100,12 @@ func checkWindowed(c LimitConfig) error {
 	switch {
 	case len(c.Tiers) > 0:
 		return fmt.Errorf("limit %q: Tiers: a Windowed limit has no tiers", c.Name)
-	case c.Burst > global.MaxWindowBurst:
-		return fmt.Errorf("limit %q: Burst %d: a Windowed limit counts at most %d per window", c.Name, c.Burst, global.MaxWindowBurst)
-	case c.WindowWidth != 0 && (c.WindowWidth < global.MinWindowWidth || c.WindowWidth > global.MaxWindowWidth || c.WindowWidth&(c.WindowWidth-1) != 0):
-		return fmt.Errorf("limit %q: WindowWidth %d is not a power of two from %d to %d", c.Name, c.WindowWidth, global.MinWindowWidth, global.MaxWindowWidth)
+	case c.Burst > redisstore.MaxWindowBurst:
+		return fmt.Errorf("limit %q: Burst %d: a Windowed limit counts at most %d per window", c.Name, c.Burst, redisstore.MaxWindowBurst)
+	case c.WindowShards < 0 || c.WindowShards > redisstore.MaxWindowShards || c.WindowShards&(c.WindowShards-1) != 0:
+		return fmt.Errorf("limit %q: WindowShards %d is not a power of two up to %d", c.Name, c.WindowShards, redisstore.MaxWindowShards)
+	case c.WindowWidth != 0 && (c.WindowWidth < minWindowWidth || c.WindowWidth > redisstore.MaxWindowWidth || c.WindowWidth&(c.WindowWidth-1) != 0):
+		return fmt.Errorf("limit %q: WindowWidth %d is not a power of two from %d to %d", c.Name, c.WindowWidth, minWindowWidth, redisstore.MaxWindowWidth)
 	}
 	return checkWindow(c)
 }
@@ -101,8 +114,8 @@ func checkWindowed(c LimitConfig) error {
 // and counters are Burst/Rate and the width, the fleet's arrays, and its report interval
 // is fixed with them.
 func checkWindowedChange(c, oc LimitConfig) error {
-	if c.Windowed != oc.Windowed || c.WindowWidth != oc.WindowWidth {
-		return fmt.Errorf("limit %q: Mode: a Windowed limit's Mode (and WindowWidth) cannot change at run time: remove the limit and add it again", c.Name)
+	if c.Windowed != oc.Windowed || c.WindowWidth != oc.WindowWidth || max(c.WindowShards, 1) != max(oc.WindowShards, 1) {
+		return fmt.Errorf("limit %q: Mode: a Windowed limit's Mode (and WindowWidth, WindowShards) cannot change at run time: remove the limit and add it again", c.Name)
 	}
 	if c.Rate != oc.Rate || c.Burst != oc.Burst {
 		return fmt.Errorf("limit %q: Rate: a Windowed limit's Rate and Burst cannot change at run time; remove the limit and add it again", c.Name)
@@ -155,6 +168,10 @@ type wkey struct {
 	often     bool    // its last request found it seen often
 	init      bool
 	gen       uint64 // the limit's marksGen when it last learnt its marks (key)
+	// mine is what this server's answered ops added to the key's count in window
+	// mineWin: a count answered below it means the window's array was lost (own).
+	mine    int
+	mineWin int64
 }
 
 // instant is an instant on this server's clock, in nanoseconds since 1970 (0: never).
@@ -205,12 +222,13 @@ type wmark struct {
 
 // windowed is a windowed limit's server-wide state.
 type windowed struct {
-	lm    *Limit
-	w     time.Duration // the window: Burst / Rate
-	wUs   int64
-	iv    time.Duration // report interval (LimitConfig.Windowed)
-	width int
-	glim  global.Limit
+	lm     *Limit
+	w      time.Duration // the window: Burst / Rate
+	wUs    int64
+	iv     time.Duration // report interval (LimitConfig.Windowed)
+	width  int           // counters per row of a shard's array: the limit's width over its shards, at least redisstore.MinWindowWidth
+	shards int           // LimitConfig.WindowShards
+	glim   redisstore.Limit
 
 	// Read by a decision under its key's lock alone (fastDecide), written under mu:
 	started  atomic.Bool  // the first decision came (begin); start is set before it
@@ -231,13 +249,14 @@ type windowed struct {
 	gone     map[string]int   // keys evicted with admissions unanswered: how many (below 0: answered before the eviction was)
 	goneMax  int              // the most keys gone has held since it was last made
 	start    time.Time
-	busy     bool // its trip is out
-	free     bool // admitted without asking since the last read went
-	urgent   bool // a mark to send is a key's first in a while
-	lastRead time.Time
-	since    time.Time // Redis's time the next read starts at; zero: every mark kept
-	sent     time.Time // when the last trip went (a report: when it was due)
-	report   time.Time // the instant of the report due, until it goes
+	busy     bool        // its trip is out
+	free     bool        // admitted without asking since the last read went
+	urgent   bool        // a mark to send is a key's first in a while
+	lastRead []time.Time // by shard that holds marks: when its last read went
+	since    []time.Time // by shard that holds marks: Redis's time its next read starts at; zero: every mark kept
+	tidyAt   []time.Time // by shard that holds marks: when its last tidy went
+	sent     time.Time   // when the last trip went (a report: when it was due)
+	report   time.Time   // the instant of the report due, until it goes
 	nextTick time.Time
 	warmAt   [2]time.Time // the warm-up reads
 	clockAt  time.Time    // when offset was measured; zero: never
@@ -255,10 +274,12 @@ func (lm *Limit) windowed() *windowed {
 
 func newWindowed(lm *Limit, c LimitConfig, seed uint64) *windowed {
 	wUs := wire.WindowMicros(c.Rate, c.Burst)
+	shards := max(c.WindowShards, 1)
 	return &windowed{
 		lm: lm, w: time.Duration(wUs) * time.Microsecond, wUs: wUs, iv: c.Windowed,
-		width:    cmpOr(c.WindowWidth, DefaultWindowWidth),
-		glim:     global.Limit{Name: c.Name, Rate: c.Rate, Burst: c.Burst, Version: c.Version},
+		width:  max(cmpOr(c.WindowWidth, DefaultWindowWidth)/shards, redisstore.MinWindowWidth),
+		shards: shards, lastRead: make([]time.Time, shards), since: make([]time.Time, shards), tidyAt: make([]time.Time, shards),
+		glim:     redisstore.Limit{Name: c.Name, Rate: c.Rate, Burst: c.Burst, Version: c.Version},
 		announce: map[wmk]int{}, demOp: map[string]int{}, admOp: map[string]int{}, marks: map[string]wmark{}, gone: map[string]int{},
 		rng: seed ^ 0x77696e64,
 	}
@@ -344,10 +365,12 @@ func (st *wkey) learn(m wmark) {
 // there.
 func (st *wkey) failed() bool { return st.spent > st.win }
 
-// fresh reports whether the marks are fresh enough to admit without asking: the server
-// is warm and its last read went within two read periods.
-func (wl *windowed) fresh(now time.Time) bool {
-	return wl.warm.Load() && now.Sub(wl.lastRead) <= 2*windowRead
+// fresh reports whether the marks of key id (its shard's, wire.WindowMarksShard) are
+// fresh enough to admit it without
+// asking: the server is warm and its last read of the shard went within two read
+// periods. A shard whose master does not answer goes stale alone.
+func (wl *windowed) fresh(now time.Time, id string) bool {
+	return wl.warm.Load() && now.Sub(wl.lastRead[wire.WindowMarksShard(id, wl.shards)]) <= 2*windowRead
 }
 
 // wdecision is what decide found under the key's lock.
@@ -403,7 +426,7 @@ func (wl *windowed) decideKey(o *wdecision, en *entry, now time.Time, n int) {
 	over, low := at(now) < st.over, at(now) < st.low
 	often := wl.warm.Load() && perSec*wl.iv.Seconds() >= 1
 	st.often, st.perSec = often, perSec
-	fresh := wl.fresh(now)
+	fresh := wl.fresh(now, en.key)
 	if over && !often {
 		wl.countDemand(st, en.key, n)
 	}

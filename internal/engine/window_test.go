@@ -9,17 +9,18 @@ import (
 	"github.com/alicebob/miniredis/v2"
 
 	"github.com/fleetlimit/fleetlimit/breaker"
-	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
+	"github.com/fleetlimit/fleetlimit/internal/storeerr"
 	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
 // winFleet is servers of one windowed limit (rate 10/s, burst 10: windows of 1 s,
-// reports every 100ms) sharing one miniredis through global.Store, its clock the test's.
+// reports every 100ms) sharing one miniredis through redisstore.Store, its clock the test's.
 type winFleet struct {
 	t     *testing.T
 	m     *miniredis.Miniredis
-	store *global.Store
+	store *redisstore.Store
 	es    []*Engine
 	lms   []*Limit
 	open  bool // the breaker is open: trips fail at once
@@ -31,7 +32,7 @@ func newWinFleet(t *testing.T, servers int, mod func(*LimitConfig)) *winFleet {
 	t.Helper()
 	m, c := redistest.Mini(t)
 	m.SetTime(t0)
-	s, err := global.New(c)
+	s, err := redisstore.New(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,6 +44,7 @@ func newWinFleet(t *testing.T, servers int, mod func(*LimitConfig)) *winFleet {
 			c.Limits[0].Rate, c.Limits[0].Burst = 10, 10
 			c.Limits[0].Windowed = 100 * time.Millisecond
 			c.Limits[0].WindowWidth = 1 << 10
+			c.Limits[0].WindowShards = wire.WindowShards // as on a Cluster
 			if mod != nil {
 				mod(&c.Limits[0])
 			}
@@ -95,8 +97,9 @@ func (f *winFleet) count(key string, now time.Time) int {
 	lim := f.lms[0]
 	w := wire.WindowMicros(lim.Rate(), lim.Burst())
 	win := wire.WindowIndex(now.UnixMicro(), wire.WindowPhase(key, w), w)
-	trip := global.WindowTrip{Limit: global.Limit{Name: lim.Name(), Rate: lim.Rate(), Burst: lim.Burst()}, Width: cmpOr(f.width, 1<<10),
-		Ops: []global.WindowOp{{ID: global.KeyID(key), Win: win}}}
+	trip := redisstore.WindowTrip{Limit: redisstore.Limit{Name: lim.Name(), Rate: lim.Rate(), Burst: lim.Burst()},
+		Width: max(cmpOr(f.width, 1<<10)/wire.WindowShards, redisstore.MinWindowWidth), Shards: wire.WindowShards, Shard: wire.WindowShard(key, wire.WindowShards),
+		Ops: []redisstore.WindowOp{{ID: redisstore.KeyID(key), Win: win}}}
 	if err := f.store.Windows(context.Background(), &trip); err != nil {
 		f.t.Fatal(err)
 	}
@@ -167,8 +170,12 @@ func TestWindowedSpent(t *testing.T) {
 	if _, w := decide(f.es[0], now.Add(-10*time.Millisecond), f.lms[0], "y", 1); w != nil {
 		f.serve(0, now.Add(-10*time.Millisecond)) // a trip, and with it a read: fresh marks
 	}
-	glim := global.Limit{Name: lim.Name(), Rate: lim.Rate(), Burst: lim.Burst()}
-	fill := global.WindowTrip{Limit: glim, Width: 1 << 10, Ops: []global.WindowOp{{ID: global.KeyID(key), Win: win, N: 10}}}
+	glim := redisstore.Limit{Name: lim.Name(), Rate: lim.Rate(), Burst: lim.Burst()}
+	shard := func(ops ...redisstore.WindowOp) redisstore.WindowTrip { // key's shard's trip, as the engine makes it
+		return redisstore.WindowTrip{Limit: glim, Width: max((1<<10)/wire.WindowShards, redisstore.MinWindowWidth),
+			Shards: wire.WindowShards, Shard: wire.WindowShard(key, wire.WindowShards), Ops: ops}
+	}
+	fill := shard(redisstore.WindowOp{ID: redisstore.KeyID(key), Win: win, N: 10})
 	if err := f.store.Windows(context.Background(), &fill); err != nil { // the fleet spent the window
 		t.Fatal(err)
 	}
@@ -182,7 +189,7 @@ func TestWindowedSpent(t *testing.T) {
 		t.Fatalf("%s once its window is known spent: %+v, want refused until the window ends in %v", key, d, end.Sub(later))
 	}
 	f.serve(0, later.Add(100*time.Millisecond)) // the carry
-	next := global.WindowTrip{Limit: glim, Width: 1 << 10, Ops: []global.WindowOp{{ID: global.KeyID(key), Win: win + 1}}}
+	next := shard(redisstore.WindowOp{ID: redisstore.KeyID(key), Win: win + 1})
 	if err := f.store.Windows(context.Background(), &next); err != nil {
 		t.Fatal(err)
 	}
@@ -366,9 +373,11 @@ func TestWindowedConfig(t *testing.T) {
 		{"too short", func(c *LimitConfig) { c.Windowed = time.Microsecond }},
 		{"and Async", func(c *LimitConfig) { c.Async = time.Second }},
 		{"with tiers", func(c *LimitConfig) { c.Tiers = []TierConfig{{Name: "gold", Rate: 1, Burst: 1}} }},
-		{"burst too large", func(c *LimitConfig) { c.Burst, c.Rate = global.MaxWindowBurst+1, 1 }},
+		{"burst too large", func(c *LimitConfig) { c.Burst, c.Rate = redisstore.MaxWindowBurst+1, 1 }},
 		{"width not a power of two", func(c *LimitConfig) { c.WindowWidth = 1000 }},
 		{"width too small", func(c *LimitConfig) { c.WindowWidth = 16 }},
+		{"shards not a power of two", func(c *LimitConfig) { c.WindowShards = 48 }},
+		{"too many shards", func(c *LimitConfig) { c.WindowShards = 2 * redisstore.MaxWindowShards }},
 		{"window of 1ms", func(c *LimitConfig) { c.Rate, c.Burst, c.Windowed = 1000, 1, time.Millisecond }},
 		{"window under MinWindow", func(c *LimitConfig) { c.Rate, c.Burst, c.Windowed = 1000, 99, 10*time.Millisecond }},
 		{"window over MaxWindow", func(c *LimitConfig) { c.Rate, c.Burst = 1e-6, 1 }},
@@ -413,6 +422,7 @@ func TestWindowedSetLimit(t *testing.T) {
 		{"burst", func(c *LimitConfig) { c.Burst, c.Version = 20, 1 }, false},
 		{"report interval", func(c *LimitConfig) { c.Windowed = time.Second }, false},
 		{"width", func(c *LimitConfig) { c.WindowWidth = 1 << 12 }, false},
+		{"shards", func(c *LimitConfig) { c.WindowShards = 64 }, false},
 		{"to a bucket", func(c *LimitConfig) { c.Windowed = 0 }, false},
 	} {
 		c := base
@@ -462,12 +472,12 @@ func TestWindowedAfterReview(t *testing.T) {
 		}
 		for j := range trip.Windows {
 			if trip.Windows[j].Limit.Name == "other" {
-				trip.WindowErrs[j] = global.ErrUnavailable
+				trip.WindowErrs[j] = storeerr.ErrUnavailable
 				continue
 			}
 			trip.WindowErrs[j] = f.store.Windows(context.Background(), &trip.Windows[j])
 		}
-		trip.Answered, trip.Err = true, global.ErrUnavailable
+		trip.Answered, trip.Err = true, storeerr.ErrUnavailable
 		e.Done(at, trip)
 		later := at.Add(200 * time.Millisecond)
 		e.Tick(later)
@@ -483,6 +493,62 @@ func TestWindowedAfterReview(t *testing.T) {
 		}
 		if got := f.count(key, now); got != 1 {
 			t.Errorf("%s's count in the limit that answered: %d, want 1", key, got)
+		}
+	})
+	t.Run("one shard's error fails its keys alone", func(t *testing.T) {
+		// A trip of a limit counted in shards is a round trip per shard, on its master:
+		// a shard whose master fails puts back its counts, which go again, and goes stale
+		// alone; another shard's counts land once and its keys are still admitted
+		// without asking.
+		f := newWinFleet(t, 1, nil)
+		e := f.es[0]
+		f.warm()
+		now := t0.Add(2 * time.Second)
+		a, _, _ := f.roomy("a", now, 600*time.Millisecond)
+		var b string
+		for i := 0; b == ""; i++ {
+			// b's shard holds its marks, and neither a's counts nor a's marks
+			k, _, _ := f.roomy("b"+strconv.Itoa(i), now, 600*time.Millisecond)
+			if s := wire.WindowShard(k, wire.WindowShards); s == wire.WindowMarksShard(k, wire.WindowShards) &&
+				s != wire.WindowShard(a, wire.WindowShards) && s != wire.WindowMarksShard(a, wire.WindowShards) {
+				b = k
+			}
+		}
+		bad := wire.WindowShard(b, wire.WindowShards)
+		decide(e, now.Add(-10*time.Millisecond), f.lms[0], "y", 1)
+		f.serve(0, now.Add(-10*time.Millisecond)) // fresh marks
+		for _, k := range []string{a, b} {
+			if d, w := decide(e, now, f.lms[0], k, 1); w != nil || d.Reason != ReasonAsync {
+				t.Fatalf("%s: %+v", k, d)
+			}
+		}
+		at := now.Add(300 * time.Millisecond) // the report, and a read of every shard
+		f.m.SetTime(at)
+		e.Tick(at)
+		trip := e.Next()
+		if sets := wire.WindowShards / wire.WindowMarksGroup(wire.WindowShards); trip == nil || len(trip.Windows) < sets {
+			t.Fatalf("want a round trip per shard with marks to read (%d) or counts, got %+v", sets, trip)
+		}
+		for j := range trip.Windows {
+			if trip.Windows[j].Shard == bad {
+				trip.WindowErrs[j] = storeerr.ErrUnavailable
+				continue
+			}
+			trip.WindowErrs[j] = f.store.Windows(context.Background(), &trip.Windows[j])
+		}
+		trip.Answered = true
+		e.Done(at, trip)
+		if f.count(a, now) != 1 || f.count(b, now) != 0 {
+			t.Fatalf("counts %d and %d, want 1 for %s (its shard answered), 0 for %s", f.count(a, now), f.count(b, now), a, b)
+		}
+		wl := f.lms[0].windowed()
+		if fa, fb := wl.fresh(at, a), wl.fresh(at.Add(300*time.Millisecond), b); !fa || fb {
+			t.Errorf("fresh: %v for the shard that answered, %v for the one that failed, 300ms on", fa, fb)
+		}
+		later := at.Add(100 * time.Millisecond)
+		f.serve(0, later)
+		if f.count(a, now) != 1 || f.count(b, now) != 1 {
+			t.Errorf("once the failed shard answers: counts %d and %d, want 1 and 1", f.count(a, now), f.count(b, now))
 		}
 	})
 	t.Run("a request after Stop is closed", func(t *testing.T) {
@@ -789,6 +855,103 @@ func TestWindowedDecidesLocallyWhateverTheFleetSize(t *testing.T) {
 			}
 			if denied > 0 {
 				t.Errorf("%d of %d requests within their limit were denied", denied, all)
+			}
+		})
+	}
+}
+
+// TestWindowedLostArray: a window's array lost while the fleet counts in it (a FLUSHALL
+// here; an eviction or an empty restart alike) is found by the next answer of a server
+// that counted there, a count below what that server alone added: it counts the loss
+// (LimitStats.LostBuckets) and adds its part again, so that the window does not start
+// over empty. A count at or above its part (another server's admissions) is no loss.
+func TestWindowedLostArray(t *testing.T) {
+	f := newWinFleet(t, 2, nil)
+	f.warm()
+	now := t0.Add(2 * time.Second)
+	key, _, _ := f.roomy("k", now, 800*time.Millisecond)
+	if _, w := decide(f.es[0], now.Add(-10*time.Millisecond), f.lms[0], "y", 1); w != nil {
+		f.serve(0, now.Add(-10*time.Millisecond)) // fresh marks: admits without asking
+	}
+	admitted := 0
+	for i := range 3 { // three admissions of key, each counted with a report
+		at := now.Add(time.Duration(i) * 100 * time.Millisecond)
+		if d, w := decide(f.es[0], at, f.lms[0], key, 1); w == nil && d.Allowed {
+			admitted++
+		}
+		f.serve(0, at.Add(50*time.Millisecond))
+	}
+	if got := f.count(key, now.Add(250*time.Millisecond)); got != admitted || admitted == 0 {
+		t.Fatalf("count %d after %d admissions", got, admitted)
+	}
+	if n := f.lms[0].LostBuckets(); n != 0 {
+		t.Fatalf("%d arrays counted lost before any was", n)
+	}
+	f.m.FlushAll()
+	at := now.Add(300 * time.Millisecond)
+	if d, w := decide(f.es[0], at, f.lms[0], key, 1); w == nil && d.Allowed {
+		admitted++
+	}
+	f.serve(0, at.Add(50*time.Millisecond))  // its answer: 1, below the server's part
+	f.serve(0, at.Add(100*time.Millisecond)) // the part added again
+	if n := f.lms[0].LostBuckets(); n != 1 {
+		t.Errorf("%d arrays counted lost, want 1", n)
+	}
+	if got := f.count(key, at.Add(100*time.Millisecond)); got != admitted {
+		t.Errorf("count %d after the loss, want the server's %d admissions", got, admitted)
+	}
+	// The other server's admissions only raise the count: no loss found by server 0.
+	if _, w := decide(f.es[1], at, f.lms[1], "x", 1); w != nil {
+		f.serve(1, at)
+	}
+	if d, w := decide(f.es[1], at.Add(110*time.Millisecond), f.lms[1], key, 1); w == nil && d.Allowed {
+		f.serve(1, at.Add(160*time.Millisecond))
+	}
+	if d, w := decide(f.es[0], at.Add(200*time.Millisecond), f.lms[0], key, 1); w == nil && d.Allowed {
+		f.serve(0, at.Add(250*time.Millisecond))
+	}
+	if n := f.lms[0].LostBuckets() + f.lms[1].LostBuckets(); n != 1 {
+		t.Errorf("%d arrays counted lost in all, want 1", n)
+	}
+}
+
+// TestWindowedStalledTrip: a grant whose trip goes only after its window and the next
+// have ended (a stalled client) is not sent, and, Redis being healthy, its request is not
+// the failure policy's: it waits again for a grant of its key's current window, or, its
+// key evicted meanwhile, is refused to try again.
+func TestWindowedStalledTrip(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		evict bool
+		want  Decision
+	}{
+		{"held", false, Decision{Allowed: true, Source: SourceGlobal, Reason: ReasonGranted}},
+		{"evicted", true, Decision{Source: SourceGlobal, Reason: ReasonPaced}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newWinFleet(t, 2, func(c *LimitConfig) { c.MaxKeys = 1 })
+			e, lm := f.es[0], f.lms[0]
+			f.serve(0, t0)
+			_, w := decide(e, t0, lm, "a", 1) // before the server is warm: it asks and waits
+			if w == nil {
+				t.Fatal("a request before the server is warm did not wait")
+			}
+			late := t0.Add(3 * time.Second) // the window of t0 and the next have ended
+			if tc.evict {
+				if _, wb := decide(e, late, lm, "b", 1); wb == nil {
+					t.Fatal("a second key did not wait")
+				}
+			}
+			f.serve(0, late)
+			d := w.Decision()
+			if d.Allowed != tc.want.Allowed || d.Source != tc.want.Source || d.Reason != tc.want.Reason {
+				t.Fatalf("the stalled request: %+v, want %+v", d, tc.want)
+			}
+			if got, want := f.count("a", late), 0; tc.evict && got != want {
+				t.Errorf("Redis counts %d for the evicted key's current window, want %d", got, want)
+			}
+			if got, want := f.count("a", late), 1; !tc.evict && got != want {
+				t.Errorf("Redis counts %d for the key's current window, want its grant's %d", got, want)
 			}
 		})
 	}

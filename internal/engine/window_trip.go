@@ -2,29 +2,30 @@ package engine
 
 import (
 	"cmp"
-	"errors"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/fleetlimit/fleetlimit/global"
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
-// maxWindowOps is the most counts one trip carries for a limit (global.MaxWindowOps
+// maxWindowOps is the most counts one trip carries for a limit (redisstore.MaxWindowOps
 // allows more): about 1 ms of Redis's time, so that one server's report never holds
 // Redis long.
 const maxWindowOps = 4096
 
-// windowItem is what the engine keeps of one windowed limit's part of a WindowsTrip.
+// windowItem is what the engine keeps of one windowed limit's part of a WindowsTrip:
+// its round trips, one per shard with work, are t.Windows[first:first+n].
 type windowItem struct {
 	wl       *windowed
 	ops      []wop
 	announce map[wmk]int
-	read     bool
-	warms    bool // its read, answered, makes the server warm
-	prevRead time.Time
+	warms    bool        // its reads, answered, make the server warm
+	prevRead []time.Time // by shard: lastRead before the reads it sent
 	sentAt   time.Time
+	first, n int
+	trip     []int // by shard: the index of its trip among the item's, -1: none
 }
 
 // windowPending is one decision the answers of a trip made for a waiting request, made
@@ -147,19 +148,28 @@ func (wl *windowed) urgentWork() bool {
 	return false
 }
 
-// build takes the limit's queued work into a trip's item at now, or reports false when
-// there is nothing to send or its last trip is out; it requires wl.mu.
-func (wl *windowed) build(now time.Time) (global.WindowTrip, windowItem, bool) {
+// build takes the limit's queued work into a trip's item at now: a round trip per shard
+// with ops, marks or a read due (a shard that holds marks: wire.WindowMarksShard; the
+// first also asks Redis's time when it is due), or
+// reports false when there is nothing to send or its last trip is out; it requires
+// wl.mu.
+func (wl *windowed) build(now time.Time) ([]redisstore.WindowTrip, windowItem, bool) {
 	wl.due.Store(false)
-	read := now.Sub(wl.lastRead) >= windowRead || !wl.warm.Load()
+	warm := wl.warm.Load()
+	read := make([]bool, wl.shards)
+	anyRead := false
+	for i := 0; i < wl.shards; i += wire.WindowMarksGroup(wl.shards) { // the shards that hold marks
+		read[i] = now.Sub(wl.lastRead[i]) >= windowRead || !warm
+		anyRead = anyRead || read[i]
+	}
 	// A read makes a trip of its own only while the server admits without asking, which
 	// only fresh marks allow; otherwise it goes with trips that go anyway.
-	alone := read && (wl.free || !wl.warm.Load())
+	alone := anyRead && (wl.free || !warm)
 	if wl.busy || (len(wl.ops) == 0 && len(wl.announce) == 0 && !alone) {
-		return global.WindowTrip{}, windowItem{}, false
+		return nil, windowItem{}, false
 	}
-	it := windowItem{wl: wl, announce: wl.announce, read: read, prevRead: wl.lastRead, sentAt: now}
-	it.warms = read && !now.Before(wl.start.Add(windowWarm))
+	it := windowItem{wl: wl, announce: wl.announce, prevRead: slices.Clone(wl.lastRead), sentAt: now, trip: make([]int, wl.shards)}
+	it.warms = anyRead && !now.Before(wl.start.Add(windowWarm))
 	wl.announce, wl.urgent = map[wmk]int{}, false
 	wl.demOp, wl.admOp = emptied(wl.demOp), emptied(wl.admOp)
 	// A report counts as sent at the instant it was due; any other trip when it goes.
@@ -167,12 +177,25 @@ func (wl *windowed) build(now time.Time) (global.WindowTrip, windowItem, bool) {
 	if !wl.report.IsZero() {
 		wl.sent, wl.report = wl.report, time.Time{}
 	}
-	if read {
-		wl.lastRead, wl.free = now, false
+	if anyRead {
+		wl.free = false
 	}
-	t := global.WindowTrip{Limit: wl.glim, Width: wl.width, Read: read, Since: wl.since, Memory: windowMemory,
-		Clock: wl.clockAt.IsZero() || now.Sub(wl.clockAt) >= windowClock, At: now.Add(wl.off())}
-	t.Tidy = t.Clock
+	var trips []redisstore.WindowTrip
+	tripOf := func(shard int) *redisstore.WindowTrip {
+		if k := it.trip[shard] - 1; k >= 0 {
+			return &trips[k]
+		}
+		trips = append(trips, redisstore.WindowTrip{Limit: wl.glim, Width: wl.width, Shards: wl.shards, Shard: shard,
+			Since: wl.since[shard], Memory: windowMemory, At: now.Add(wl.off())})
+		it.trip[shard] = len(trips)
+		return &trips[len(trips)-1]
+	}
+	for i, r := range read {
+		if r {
+			tripOf(i).Read = true
+			wl.lastRead[i] = now
+		}
+	}
 	// At most maxWindowOps a trip: what is left goes with the next, at once.
 	ops := wl.ops
 	if len(ops) > maxWindowOps {
@@ -184,7 +207,7 @@ func (wl *windowed) build(now time.Time) (global.WindowTrip, windowItem, bool) {
 	}
 	for _, op := range ops {
 		// An array lives until a second after the end of the window after its own, for
-		// every phase (global.Store.Windows): an op of a window that old would make it
+		// every phase (redisstore.Store.Windows): an op of a window that old would make it
 		// again, with no deadline.
 		if time.UnixMicro((op.win + 2) * wl.wUs).Add(-wl.off()).Before(now) {
 			op.dropped = true
@@ -192,17 +215,35 @@ func (wl *windowed) build(now time.Time) (global.WindowTrip, windowItem, bool) {
 			continue
 		}
 		it.ops = append(it.ops, op)
-		t.Ops = append(t.Ops, global.WindowOp{ID: global.KeyID(op.id), Win: op.win, N: op.n, Demand: op.demand})
+		x := tripOf(wire.WindowShard(op.id, wl.shards))
+		x.Ops = append(x.Ops, redisstore.WindowOp{ID: redisstore.KeyID(op.id), Win: op.win, N: op.n, Demand: op.demand})
 	}
 	for k, f := range it.announce {
-		t.Marks = append(t.Marks, global.WindowMark{ID: global.KeyID(k.id), Flags: f, Win: k.win})
+		x := tripOf(wire.WindowMarksShard(k.id, wl.shards))
+		x.Marks = append(x.Marks, redisstore.WindowMark{ID: redisstore.KeyID(k.id), Flags: f, Win: k.win})
 	}
-	// by key and window, so that a trip does not depend on map order
-	slices.SortFunc(t.Marks, func(a, b global.WindowMark) int {
-		return cmp.Or(strings.Compare(string(a.ID), string(b.ID)), cmp.Compare(a.Win, b.Win))
-	})
+	if len(trips) == 0 { // dropped ops alone: a trip still goes, for their answers' turn
+		tripOf(0)
+	}
+	trips[0].Clock = wl.clockAt.IsZero() || now.Sub(wl.clockAt) >= windowClock
+	for k := range trips {
+		x := &trips[k]
+		// by key and window, so that a trip does not depend on map order
+		slices.SortFunc(x.Marks, func(a, b redisstore.WindowMark) int {
+			return cmp.Or(strings.Compare(string(a.ID), string(b.ID)), cmp.Compare(a.Win, b.Win))
+		})
+		// A shard's set of marks grows only by what is added to it: it is trimmed with
+		// its marks, at most once a windowClock by this server.
+		if len(x.Marks) > 0 && now.Sub(wl.tidyAt[x.Shard]) >= windowClock {
+			x.Tidy, wl.tidyAt[x.Shard] = true, now
+		}
+	}
+	for i := range it.trip {
+		it.trip[i]--
+	}
+	it.n = len(trips)
 	wl.busy = true
-	return t, it, true
+	return trips, it, true
 }
 
 // windowTrip builds a WindowsTrip of every windowed limit with work due, or nil; it
@@ -216,11 +257,12 @@ func (e *Engine) windowTrip() *Trip {
 		}
 		wl.mu.Lock()
 		if wl.due.Load() {
-			if x, it, ok := wl.build(wl.latest()); ok {
+			if xs, it, ok := wl.build(wl.latest()); ok {
 				if t == nil {
 					t = &Trip{Kind: WindowsTrip}
 				}
-				t.Windows = append(t.Windows, x)
+				it.first = len(t.Windows)
+				t.Windows = append(t.Windows, xs...)
 				t.winItems = append(t.winItems, it)
 			}
 		}
@@ -258,20 +300,18 @@ func (e *Engine) windowsDue() bool {
 func (e *Engine) windowsDone(now time.Time, t *Trip) {
 	var pend []windowPending
 	wake := false
-	for i := range t.Windows {
+	for i := range t.winItems {
 		it := &t.winItems[i]
-		x := &t.Windows[i]
-		// Answered, each item has its own answer: one limit's node being down says
+		// Answered, each round trip has its own answer: one shard's node being down says
 		// nothing of another's, whose counts landed.
-		err := t.Err
-		if t.Answered {
-			err = t.WindowErrs[i]
+		errs := make([]error, it.n)
+		for k := range errs {
+			errs[k] = t.Err
+			if t.Answered {
+				errs[k] = t.WindowErrs[it.first+k]
+			}
 		}
-		if err != nil {
-			pend = it.wl.failed(now, it, err, pend)
-		} else {
-			pend = it.wl.answered(now, it, x, pend)
-		}
+		pend = it.wl.done(now, it, t.Windows[it.first:it.first+it.n], errs, pend)
 		it.wl.mu.Lock()
 		it.wl.busy = false
 		if it.wl.urgentWork() {
@@ -305,47 +345,36 @@ func (e *Engine) windowsDone(now time.Time, t *Trip) {
 	}
 }
 
-// answered takes the answers of its item of a trip.
-func (wl *windowed) answered(now time.Time, it *windowItem, x *global.WindowTrip, pend []windowPending) []windowPending {
+// done takes the answers of its item of a trip, xs its round trips and errs their
+// errors: what a shard's failed trip carried is put back (failed), the rest answered.
+func (wl *windowed) done(now time.Time, it *windowItem, xs []redisstore.WindowTrip, errs []error, pend []windowPending) []windowPending {
 	wl.mu.Lock()
 	wl.now(now)
-	if x.Clock && !x.Now.IsZero() {
-		// Redis's time less this server's at the answer: off by at most the round trip.
-		wl.offset.Store(int64(x.Now.Sub(now)))
-		wl.clockAt = now
+	for k := range xs {
+		x := &xs[k]
+		if errs[k] != nil {
+			if x.Read && wl.lastRead[x.Shard].Equal(it.sentAt) {
+				wl.lastRead[x.Shard] = it.prevRead[x.Shard]
+			}
+			continue
+		}
+		if x.Clock && !x.Now.IsZero() {
+			// Redis's time less this server's at the answer: off by at most the round trip.
+			wl.offset.Store(int64(x.Now.Sub(now)))
+			wl.clockAt = now
+		}
+		if x.Read {
+			wl.read(now, it, x)
+		}
 	}
-	if it.read {
-		if it.warms {
-			wl.warm.Store(true)
-		}
-		wl.since = x.At.Add(-windowOverlap)
-		if len(x.Got) >= global.MaxMarksRead { // more to read: from the last one's time, at once
-			wl.since, wl.lastRead = x.Got[len(x.Got)-1].At, time.Time{}
-			wl.due.Store(true)
-		}
-		for _, m := range x.Got {
-			id := string(m.ID)
-			old := wl.marks[id]
-			phase := wire.WindowPhase(id, wl.wUs)
-			if m.Flags&wire.MarkLow != 0 {
-				old.low = later(old.low, wl.end(m.Win, phase))
-			}
-			if m.Flags&wire.MarkSpent != 0 {
-				old.spent = max(old.spent, m.Win+1)
-			}
-			if m.Flags&wire.MarkOver != 0 {
-				old.over = later(old.over, m.At.Add(-wl.off()).Add(windowMemory))
-			}
-			old.at = now
-			wl.marks[id] = old
-		}
-		if len(x.Got) > 0 {
-			wl.marksGen.Add(1) // a key's next decision learns them (key)
+	for k, f := range it.announce { // a failed shard's marks go again
+		if errs[it.trip[wire.WindowMarksShard(k.id, wl.shards)]] != nil {
+			wl.announce[k] |= f
 		}
 	}
 	wl.mu.Unlock()
 	lm := wl.lm
-	k := 0
+	pos := make([]int, len(xs)) // the next op of each trip
 	for _, op := range it.ops {
 		// A key evicted while op was out is not made again (Peek): a new entry has no
 		// shape, and the key's requests are decided from op alone.
@@ -354,17 +383,30 @@ func (wl *windowed) answered(now time.Time, it *windowItem, x *global.WindowTrip
 				wl.mu.Lock()
 				defer wl.mu.Unlock()
 				wl.key(en.win, en.key, later(now, last))
-				pend = wl.release(op, en.win, errWindowGone, pend)
+				pend = wl.rejoin(op, en, later(now, last), pend)
 			}) {
 				wl.mu.Lock()
-				pend = wl.release(op, nil, errWindowGone, pend)
+				pend = wl.rejoin(op, nil, now, pend)
 				wl.mu.Unlock()
 			}
 			continue
 		}
-		count := x.Ops[k].Count
-		k++
-		if op.n < 0 {
+		k := it.trip[wire.WindowShard(op.id, wl.shards)]
+		j := pos[k]
+		pos[k]++
+		if err := errs[k]; err != nil {
+			pend = wl.failed(now, op, err, pend)
+			continue
+		}
+		count := xs[k].Ops[j].Count
+		if op.n < 0 { // a give-back: it takes off what this server counted
+			lm.keys.Peek(op.id, func(en *entry, _ time.Time) {
+				wl.mu.Lock()
+				defer wl.mu.Unlock()
+				if st := en.win; st != nil && op.win == st.mineWin {
+					st.mine = max(st.mine+op.n, 0)
+				}
+			})
 			continue
 		}
 		if !lm.keys.Peek(op.id, func(en *entry, last time.Time) {
@@ -378,6 +420,59 @@ func (wl *windowed) answered(now time.Time, it *windowItem, x *global.WindowTrip
 		}
 	}
 	return pend
+}
+
+// read takes the marks x, a shard's round trip, read; it requires wl.mu.
+func (wl *windowed) read(now time.Time, it *windowItem, x *redisstore.WindowTrip) {
+	if it.warms {
+		wl.warm.Store(true)
+	}
+	wl.since[x.Shard] = x.At.Add(-windowOverlap)
+	if len(x.Got) >= redisstore.MaxMarksRead { // more to read: from the last one's time, at once
+		wl.since[x.Shard], wl.lastRead[x.Shard] = x.Got[len(x.Got)-1].At, time.Time{}
+		wl.due.Store(true)
+	}
+	for _, m := range x.Got {
+		id := string(m.ID)
+		old := wl.marks[id]
+		phase := wire.WindowPhase(id, wl.wUs)
+		if m.Flags&wire.MarkLow != 0 {
+			old.low = later(old.low, wl.end(m.Win, phase))
+		}
+		if m.Flags&wire.MarkSpent != 0 {
+			old.spent = max(old.spent, m.Win+1)
+		}
+		if m.Flags&wire.MarkOver != 0 {
+			old.over = later(old.over, m.At.Add(-wl.off()).Add(windowMemory))
+		}
+		old.at = now
+		wl.marks[id] = old
+	}
+	if len(x.Got) > 0 {
+		wl.marksGen.Add(1) // a key's next decision learns them (key)
+	}
+}
+
+// own adds what op added to the key's count to what this server counted in window
+// op.win (st.mine), and returns how much of that the count answered misses, 0 if none:
+// a count is never below what one server alone added to it (counters only grow but by
+// that server's own give-backs, and the smaller of two counters is at least the key's
+// count), unless the array was lost. It then takes the count as this server's part from
+// now on, so that the ops answered after it in the same trip do not find the loss again.
+// It requires wl.mu.
+func (wl *windowed) own(st *wkey, op wop, count int) int {
+	switch {
+	case op.win > st.mineWin:
+		st.mineWin, st.mine = op.win, 0
+	case op.win < st.mineWin:
+		return 0
+	}
+	st.mine += op.n
+	if miss := st.mine - count; miss > 0 {
+		st.mine = count
+		return miss
+	}
+	return 0
 }
 
 // answerGone takes the count answered for op of a key no longer held (evicted while op
@@ -556,8 +651,42 @@ func (wl *windowed) claim(time.Time, string, int) (Decision, *Waiter) {
 // initKey gives a new key its window state.
 func (wl *windowed) initKey(en *entry) { en.win = new(wkey) }
 
-// errWindowGone fails the grants of a window that ended before they were sent.
-var errWindowGone = errors.New("window ended before its grant was sent")
+// rejoin takes back op, not sent because its window ended long before its trip went
+// (a stalled client): Redis is healthy, so its requests are not the failure policy's.
+// They wait again for a grant of the key's current window; a key no longer held (en nil)
+// has none to ask, and its requests are refused, to try again after a refill, as those a
+// grant of a key gone does not cover (answerGone). It requires wl.mu, and the key's lock
+// if en is set.
+func (wl *windowed) rejoin(op wop, en *entry, now time.Time, pend []windowPending) []windowPending {
+	var st *wkey
+	if en != nil {
+		st = en.win
+	}
+	if wl.stopped.Load() { // nothing would answer a new grant: closed, as stop decides
+		return wl.release(op, st, errClosed, pend)
+	}
+	w := op.w
+	var ws []*Waiter
+	if op.ask != nil {
+		ws, op.ask.waiters = op.ask.waiters, nil
+	}
+	op.w = nil
+	pend = wl.release(op, st, nil, pend)
+	decide := func(w *Waiter) {
+		if st == nil {
+			pend = append(pend, windowPending{w: w, d: Decision{Source: SourceGlobal, Reason: ReasonPaced, RetryAfter: wl.refill()}})
+			return
+		}
+		pend = wl.serve(en, w, now, pend)
+	}
+	if w != nil {
+		decide(w)
+	}
+	for _, w := range ws {
+		decide(w)
+	}
+	return pend
+}
 
 // release ends what op held when it got no answer: its requests are decided for fail
 // (by the policy, or closed), its key (st, nil if not at hand) asks again, and an
@@ -598,6 +727,15 @@ func (wl *windowed) answer(en *entry, op wop, count int, now time.Time, pend []w
 		}
 		return pend
 	}
+	if miss := wl.own(st, op, count); miss > 0 {
+		// The window's array was lost (evicted, flushed, Redis restarted empty): count
+		// again what this server knows it added there, as the other servers do when
+		// their answers show the loss, so that the window does not start over empty.
+		wl.lm.stats.lostBuckets.Add(1)
+		wl.queue(wop{id: en.key, win: op.win, n: miss, carry: true})
+		wl.due.Store(true)
+	}
+
 	cur := st.win == op.win
 	if op.ask != nil && st.ask == op.ask {
 		st.ask = nil
@@ -675,20 +813,28 @@ func (wl *windowed) answer(en *entry, op wop, count int, now time.Time, pend []w
 		ws := op.ask.waiters
 		op.ask.waiters = nil
 		for _, w := range ws {
-			switch {
-			case st.grants >= w.n && en.pre.TokensAt(now) < float64(w.n):
-				pend = append(pend, windowPending{w: w, d: wl.lm.preDenied(en, now, w.n)})
-			case st.grants >= w.n:
-				st.grants -= w.n
-				en.pre.AllowN(now, w.n)
-				pend = append(pend, windowPending{w: w, d: Decision{Allowed: true, Remaining: st.grants, Source: SourceGlobal, Reason: ReasonGranted}, win: st.win})
-			case st.failed():
-				pend = append(pend, windowPending{w: w, d: Decision{Source: SourceGlobal, Reason: ReasonPaced, RetryAfter: wl.retry(st, now)}})
-			default:
-				wl.join(st, en.key, w, now)
-			}
+			pend = wl.serve(en, w, now, pend)
 		}
 	}
+	return pend
+}
+
+// serve decides w, a request of the key of en that waited for a grant that did not
+// cover it, from the grants the key holds, or refuses it if its window is known spent,
+// or makes it wait for the next grant. It requires the key's lock and wl.mu.
+func (wl *windowed) serve(en *entry, w *Waiter, now time.Time, pend []windowPending) []windowPending {
+	st := en.win
+	switch {
+	case st.grants >= w.n && en.pre.TokensAt(now) < float64(w.n):
+		return append(pend, windowPending{w: w, d: wl.lm.preDenied(en, now, w.n)})
+	case st.grants >= w.n:
+		st.grants -= w.n
+		en.pre.AllowN(now, w.n)
+		return append(pend, windowPending{w: w, d: Decision{Allowed: true, Remaining: st.grants, Source: SourceGlobal, Reason: ReasonGranted}, win: st.win})
+	case st.failed():
+		return append(pend, windowPending{w: w, d: Decision{Source: SourceGlobal, Reason: ReasonPaced, RetryAfter: wl.retry(st, now)}})
+	}
+	wl.join(st, en.key, w, now)
 	return pend
 }
 
@@ -748,32 +894,21 @@ func (wl *windowed) mark(st *wkey, id string, win int64, spent, over bool, now t
 	}
 }
 
-// failed puts back what a failed trip carried: admissions and carries of windows still
-// open go again, marks too; requests waiting for its grants go to the policy.
-func (wl *windowed) failed(now time.Time, it *windowItem, err error, pend []windowPending) []windowPending {
-	wl.mu.Lock()
-	wl.now(now)
-	if it.read && wl.lastRead.Equal(it.sentAt) {
-		wl.lastRead = it.prevRead
-	}
-	for k, f := range it.announce {
-		wl.announce[k] |= f
-	}
-	wl.mu.Unlock()
-	for _, op := range it.ops {
-		if !wl.lm.keys.Peek(op.id, func(en *entry, last time.Time) {
-			wl.mu.Lock()
-			defer wl.mu.Unlock()
-			st := en.win
-			wl.key(st, en.key, later(now, last))
-			pend = wl.unsent(op, st, st.win, err, pend)
-		}) {
-			// evicted while op was out: its admissions still count, its requests go to
-			// the policy
-			wl.mu.Lock()
-			pend = wl.unsent(op, nil, wire.WindowIndex(wl.rnow(now), wire.WindowPhase(op.id, wl.wUs), wl.wUs), err, pend)
-			wl.mu.Unlock()
-		}
+// failed puts back op, which a failed round trip carried: admissions and carries of
+// windows still open go again; requests waiting for its grants go to the policy.
+func (wl *windowed) failed(now time.Time, op wop, err error, pend []windowPending) []windowPending {
+	if !wl.lm.keys.Peek(op.id, func(en *entry, last time.Time) {
+		wl.mu.Lock()
+		defer wl.mu.Unlock()
+		st := en.win
+		wl.key(st, en.key, later(now, last))
+		pend = wl.unsent(op, st, st.win, err, pend)
+	}) {
+		// evicted while op was out: its admissions still count, its requests go to
+		// the policy
+		wl.mu.Lock()
+		pend = wl.unsent(op, nil, wire.WindowIndex(wl.rnow(now), wire.WindowPhase(op.id, wl.wUs), wl.wUs), err, pend)
+		wl.mu.Unlock()
 	}
 	return pend
 }

@@ -54,9 +54,29 @@ type Spec struct {
 // a Policy is passed as any because breaker imports this package.
 var Of func(policy any) Spec
 
+// Validate returns nil for a breaker.Policy a limit can run, and otherwise an error
+// wrapping breaker.ErrInvalidConfig (and breaker.ErrNoPolicy for the zero Policy). Package
+// breaker sets it, as it sets Of.
+var Validate func(policy any) error
+
+// Share returns the per-server share of a fleet-wide limit of r tokens per second and
+// burst tokens, for a fleet of servers: r/servers, and a burst of max(⌈burst/servers⌉,
+// maxCost), so that a small burst over many servers never rounds down to 0 (which
+// x/time/rate treats as "deny everything") and the largest single request can still
+// pass. A servers or maxCost below 1 counts as 1.
+func Share(r float64, burst, servers, maxCost int) (rate.Limit, int) {
+	servers = max(servers, 1)
+	maxCost = max(maxCost, 1)
+	share := burst / servers
+	if burst%servers > 0 {
+		share++
+	}
+	return rate.Limit(r / float64(servers)), max(share, maxCost)
+}
+
 // LocalLimit returns the per-server, per-key limit a Local policy applies for a fleet-wide
 // limit of globalRate tokens per second and globalBurst tokens, on a fleet of servers
-// whose largest request costs maxCost: the explicit limit, or local.FallbackLimit. ok is
+// whose largest request costs maxCost: the explicit limit, or the fleet Share. ok is
 // false for other kinds.
 func (s Spec) LocalLimit(globalRate float64, globalBurst, servers, maxCost int) (r rate.Limit, burst int, ok bool) {
 	if s.Kind != Local {
@@ -65,7 +85,7 @@ func (s Spec) LocalLimit(globalRate float64, globalBurst, servers, maxCost int) 
 	if s.Rate != 0 || s.Burst != 0 {
 		return s.Rate, max(s.Burst, maxCost), true
 	}
-	r, burst = local.FallbackLimit(globalRate, globalBurst, servers, maxCost)
+	r, burst = Share(globalRate, globalBurst, servers, maxCost)
 	return r, burst, true
 }
 
@@ -75,7 +95,7 @@ type Config struct {
 	Burst   int     // fleet-wide bucket size
 	Servers int     // live servers sharing the limit; below 1 counts as 1
 	MaxCost int     // the largest n passed to AllowN; below 1 counts as 1
-	MaxKeys int     // keys the local limiter holds; 0 means local.DefaultMaxKeys
+	MaxKeys int     // keys the local limiter holds; 0 means local's default (100,000)
 }
 
 // A Fallback decides requests by a policy while the store cannot answer. It is safe for
@@ -127,7 +147,7 @@ func (f *Fallback) SetServersAt(now time.Time, n int) error {
 	if f.lim == nil || f.spec.Rate != 0 {
 		return nil
 	}
-	r, burst := local.FallbackLimit(f.cfg.Rate, f.cfg.Burst, n, f.cfg.MaxCost)
+	r, burst := Share(f.cfg.Rate, f.cfg.Burst, n, f.cfg.MaxCost)
 	return f.lim.SetLimitAt(now, r, burst)
 }
 

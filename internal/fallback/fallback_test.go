@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/internal/fallback"
 	"github.com/fleetlimit/fleetlimit/local"
@@ -50,6 +52,49 @@ func TestDecisions(t *testing.T) {
 	}
 	if _, err := fallback.New(fallback.Of(breaker.FailLocal()), fallback.Config{Rate: math.NaN(), Burst: 1}); !errors.Is(err, local.ErrInvalidConfig) {
 		t.Errorf("New with a NaN rate = %v, want local.ErrInvalidConfig", err)
+	}
+}
+
+func TestShare(t *testing.T) {
+	tests := []struct {
+		rate                    float64
+		burst, servers, maxCost int
+		wantRate                rate.Limit
+		wantBurst               int
+	}{
+		{1000, 100, 200, 1, 5, 1}, // 100/200 rounds up, never to 0
+		{1000, 100, 200, 3, 5, 3}, // the largest request must fit
+		{1000, 100, 1, 1, 1000, 100},
+		{1000, 100, 3, 1, 1000.0 / 3, 34},
+		{1000, 100, 100, 1, 10, 1},
+		{1000, 100, 0, 0, 1000, 100},                        // servers and cost below 1 count as 1
+		{1000, 0, 200, 1, 5, 1},                             // an empty burst still admits one
+		{1000, math.MaxInt, 10, 1, 100, math.MaxInt/10 + 1}, // no overflow
+	}
+	for _, tt := range tests {
+		r, b := fallback.Share(tt.rate, tt.burst, tt.servers, tt.maxCost)
+		if math.Abs(float64(r-tt.wantRate)) > 1e-9 || b != tt.wantBurst {
+			t.Errorf("Share(%v, %d, %d, %d) = %v, %d; want %v, %d",
+				tt.rate, tt.burst, tt.servers, tt.maxCost, r, b, tt.wantRate, tt.wantBurst)
+		}
+	}
+
+	// At N = 200 with burst 100 the share admits, at its pace.
+	r, b := fallback.Share(1000, 100, 200, 1)
+	l, err := local.NewLimiter(local.Config{Rate: r, Burst: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	allowed := 0
+	for i := range 1000 { // 1 s in 1 ms steps
+		if l.AllowN(start.Add(time.Duration(i)*time.Millisecond), "k", 1) {
+			allowed++
+		}
+	}
+	if allowed < 5 || allowed > 6 {
+		t.Errorf("the share of 1 server of 200 allowed %d in 1 s, want 5 or 6 (1 burst + 5/s)", allowed)
 	}
 }
 

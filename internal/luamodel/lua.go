@@ -8,6 +8,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fleetlimit/fleetlimit/internal/luascript"
 	"github.com/fleetlimit/fleetlimit/internal/wire"
 	"github.com/fleetlimit/fleetlimit/lua"
 )
@@ -15,18 +16,18 @@ import (
 // Scripts is what the model and the real scripts both answer, call for call: a Model, or
 // the Lua of package lua on a Redis (Lua). now is the instant the command runs at.
 type Scripts interface {
-	// Bucket runs lua.Bucket.
+	// Bucket runs luascript.Bucket.
 	Bucket(now time.Time, key string, capacity, rate, cost float64) wire.BucketReply
 	// BucketCallerClock runs CallerClockSource.
 	BucketCallerClock(now time.Time, key string, capacity, rate, cost, callerMillis float64) wire.BucketReply
-	// Take runs lua.Take.
-	Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq, version uint64, floor int) wire.TakeReply
-	// Refund runs lua.Refund.
+	// Take runs luascript.Take.
+	Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq, version uint64, floor int, seen wire.Seen) wire.TakeReply
+	// Refund runs luascript.Refund.
 	// A NaN ref is none: the script gets no ARGV[8].
 	Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq, version uint64, floor int, ref float64) wire.RefundReply
-	// Heartbeat runs lua.Heartbeat.
+	// Heartbeat runs luascript.Heartbeat.
 	Heartbeat(now time.Time, key, server string, ttlMS int64) int
-	// Low runs lua.Low: mark ids, unmark unmark.
+	// Low runs luascript.Low: mark ids, unmark unmark.
 	Low(now time.Time, key string, memoryMS int64, ids, unmark []string) []string
 }
 
@@ -76,9 +77,9 @@ func call[T any](l *Lua, now time.Time, script *redis.Script, parse func(any) (T
 	return out
 }
 
-// Bucket runs lua.Bucket.
+// Bucket runs luascript.Bucket.
 func (l *Lua) Bucket(now time.Time, key string, capacity, rate, cost float64) wire.BucketReply {
-	return call(l, now, lua.Bucket, wire.ParseBucket, key, capacity, rate, cost)
+	return call(l, now, luascript.Bucket, wire.ParseBucket, key, capacity, rate, cost)
 }
 
 // BucketCallerClock runs CallerClockSource.
@@ -86,25 +87,26 @@ func (l *Lua) BucketCallerClock(now time.Time, key string, capacity, rate, cost,
 	return call(l, now, callerClockScript, wire.ParseBucket, key, capacity, rate, cost, callerMillis)
 }
 
-// Take runs lua.Take.
-func (l *Lua) Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq, version uint64, floor int) wire.TakeReply {
-	return call(l, now, lua.Take, wire.ParseTake, key, capacity, rate, want, minimum, server, seq, version, floor)
+// Take runs luascript.Take.
+func (l *Lua) Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq, version uint64, floor int, seen wire.Seen) wire.TakeReply {
+	args := append([]any{capacity, rate, want, minimum, server, seq, version, floor}, seen.Args()...)
+	return call(l, now, luascript.Take, wire.ParseTake, key, args...)
 }
 
-// Refund runs lua.Refund.
+// Refund runs luascript.Refund.
 func (l *Lua) Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq, version uint64, floor int, ref float64) wire.RefundReply {
 	if math.IsNaN(ref) {
-		return call(l, now, lua.Refund, wire.ParseRefund, key, capacity, rate, amount, server, seq, version, floor)
+		return call(l, now, luascript.Refund, wire.ParseRefund, key, capacity, rate, amount, server, seq, version, floor)
 	}
-	return call(l, now, lua.Refund, wire.ParseRefund, key, capacity, rate, amount, server, seq, version, floor, ref)
+	return call(l, now, luascript.Refund, wire.ParseRefund, key, capacity, rate, amount, server, seq, version, floor, ref)
 }
 
-// Heartbeat runs lua.Heartbeat.
+// Heartbeat runs luascript.Heartbeat.
 func (l *Lua) Heartbeat(now time.Time, key, server string, ttlMS int64) int {
-	return call(l, now, lua.Heartbeat, wire.ParseHeartbeat, key, server, ttlMS)
+	return call(l, now, luascript.Heartbeat, wire.ParseHeartbeat, key, server, ttlMS)
 }
 
-// Low runs lua.Low.
+// Low runs luascript.Low.
 func (l *Lua) Low(now time.Time, key string, memoryMS int64, ids, unmark []string) []string {
 	args := make([]any, 0, 2+len(ids)+len(unmark))
 	args = append(args, memoryMS, len(ids))
@@ -114,24 +116,24 @@ func (l *Lua) Low(now time.Time, key string, memoryMS int64, ids, unmark []strin
 	for _, id := range unmark {
 		args = append(args, id)
 	}
-	return call(l, now, lua.Low, wire.ParseLow, key, args...)
+	return call(l, now, luascript.Low, wire.ParseLow, key, args...)
 }
 
-// Source returns the Lua text of a script that Lua runs (lua.Bucket, lua.Take,
-// lua.Refund, lua.Heartbeat, or the caller-clock variant), for an Eval that loads scripts
+// Source returns the Lua text of a script that Lua runs (luascript.Bucket, luascript.Take,
+// luascript.Refund, luascript.Heartbeat, or the caller-clock variant), for an Eval that loads scripts
 // itself; ok is false for any other script.
 func Source(s *redis.Script) (src string, ok bool) {
 	switch s {
-	case lua.Bucket:
+	case luascript.Bucket:
 		return lua.BucketSource, true
-	case lua.Take:
-		return lua.TakeSource, true
-	case lua.Refund:
-		return lua.RefundSource, true
-	case lua.Heartbeat:
-		return lua.HeartbeatSource, true
-	case lua.Low:
-		return lua.LowSource, true
+	case luascript.Take:
+		return luascript.TakeSource, true
+	case luascript.Refund:
+		return luascript.RefundSource, true
+	case luascript.Heartbeat:
+		return luascript.HeartbeatSource, true
+	case luascript.Low:
+		return luascript.LowSource, true
 	case callerClockScript:
 		return CallerClockSource, true
 	}

@@ -270,7 +270,7 @@ func (m *Model) storeTTL(key string, ttl float64, tokens, ts string, field, reco
 	m.pexpire(key, ttl)
 }
 
-// Bucket runs lua.Bucket: the source article's script with ts = max(ts, now).
+// Bucket runs luascript.Bucket: the source article's script with ts = max(ts, now).
 func (m *Model) Bucket(now time.Time, key string, capacity, rate, cost float64) wire.BucketReply {
 	m.tick(now)
 	ms := NowMillis(now)
@@ -283,7 +283,7 @@ func (m *Model) Bucket(now time.Time, key string, capacity, rate, cost float64) 
 	return wire.BucketReply{Allowed: allowed, Tokens: tokens}
 }
 
-// BucketCallerClock runs CallerClockSource: lua.Bucket as it would be if it trusted the
+// BucketCallerClock runs CallerClockSource: luascript.Bucket as it would be if it trusted the
 // caller's clock, callerMillis, instead of Redis TIME, and stored ts = now as the source
 // article does. It is the mistake the article warns about, kept for the simulator's
 // clock-skew scenario.
@@ -351,14 +351,20 @@ func (m *Model) open(now time.Time, key string, caller Params, field string, n i
 	return ms, p, tokens, ts, rec, found
 }
 
-// Take runs lua.Take: up to want tokens, at least minimum, idempotent per (server, seq),
-// on the parameters of the highest version, leaving the bucket no lower than -floor.
-func (m *Model) Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq, version uint64, floor int) wire.TakeReply {
+// Take runs luascript.Take: up to want tokens, at least minimum, idempotent per (server, seq),
+// on the parameters of the highest version, leaving the bucket no lower than -floor; a
+// bucket that does not exist although the caller saw it within capacity/rate + 500 ms starts
+// empty (or at the level seen, if below zero).
+func (m *Model) Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq, version uint64, floor int, seen wire.Seen) wire.TakeReply {
 	field := "t:" + server
 	m.tick(now)
 	held, force := m.get(key).params(Params{capacity, rate, version})
 	credit := m.get(key).credit(force.Capacity, force.Rate, held.Capacity, held.Rate, NowMillis(now))
+	_, stored := tonumber(m.get(key).field("tokens"))
 	ms, p, tokens, ts, rec, found := m.open(now, key, Params{capacity, rate, version}, field, 5)
+	if !stored && seen.Known && NowMillis(now)-float64(seen.AtMS) < force.Capacity/force.Rate*1000+500 {
+		tokens, ts = math.Min(seen.Level, 0), ms
+	}
 	capacity, rate, version = p.Capacity, p.Rate, p.Version
 	switch {
 	case found && rec[0] == float64(seq):
@@ -387,15 +393,16 @@ func (m *Model) Take(now time.Time, key string, capacity, rate float64, want, mi
 	m.get(key).fields["c"] = creditField(credit, ms)
 	flag := 0
 	if !found {
-		flag = 3 // lua.First
+		flag = 3 // luascript.First
 	}
 	return wire.TakeReply{Granted: int(granted), Tokens: tokens, WaitMS: int64(wait), NowMS: int64(ms), Flag: flag, Version: version, Credit: credit}
 }
 
-// Refund runs lua.Refund: amount tokens back, capped at capacity, idempotent per (server,
+// Refund runs luascript.Refund: amount tokens back, capped at capacity, idempotent per (server,
 // seq), on the parameters the bucket holds (the caller's if it holds none); nothing back
-// when those are not the caller's. A negative amount is a debt: forgiven first what the
-// bucket's credit grew since ref (none when ref is NaN), then charged, never below -floor.
+// when those are not the caller's; nothing, and nothing written, to a bucket that does
+// not exist. A negative amount is a debt: forgiven first what the bucket's credit grew
+// since ref (none when ref is NaN), then charged, never below -floor.
 func (m *Model) Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq, version uint64, floor int, ref float64) wire.RefundReply {
 	field := "r:" + server
 	m.tick(now)
@@ -409,6 +416,9 @@ func (m *Model) Refund(now time.Time, key string, capacity, rate float64, amount
 		p = held // a refund never re-shapes
 	}
 	capacity, rate = p.Capacity, p.Rate
+	if _, stored := tonumber(e.field("tokens")); !stored && amount > 0 {
+		return wire.RefundReply{Tokens: capacity, Version: p.Version}
+	}
 	credit := e.credit(capacity, rate, capacity, rate, ms)
 	tokens, ts := e.refill(capacity, rate, ms)
 	rec, found := e.record(field, 3, ms)
@@ -436,7 +446,7 @@ func (m *Model) Refund(now time.Time, key string, capacity, rate float64, amount
 	return wire.RefundReply{Tokens: tokens, Version: p.Version}
 }
 
-// Heartbeat runs lua.Heartbeat on the fleet's sorted set key: server is live until now +
+// Heartbeat runs luascript.Heartbeat on the fleet's sorted set key: server is live until now +
 // ttlMS, members whose time has passed go, and the key lives at least ttlMS. It returns the
 // number of live servers, this one included. ttlMS must be at least 1 (the script refuses
 // less).
@@ -461,7 +471,7 @@ func (m *Model) Heartbeat(now time.Time, key, server string, ttlMS int64) int {
 	return live
 }
 
-// Low runs lua.Low on the limit's sorted set key: each of ids is marked low until now +
+// Low runs luascript.Low on the limit's sorted set key: each of ids is marked low until now +
 // memoryMS (a mark only moves later), each of unmark is not, marks whose time has passed go, at most 100,000
 // stay (the latest), and the key lives at least memoryMS. It returns the ids marked, the
 // latest first (equal marks by id, descending, as ZREVRANGEBYSCORE orders them), at most

@@ -17,9 +17,12 @@
 // one Miniredis runs under one mutex, so concurrent calls from many connections never
 // lose an update, but a SET, APPEND or SETBIT of the same key from another connection
 // may interleave with one. A key's TTL is kept. They use the connection's SELECTed
-// database. Inside MULTI and from a Lua script they answer an error rather than run (a
-// custom command can neither join miniredis's transaction queue nor read a key while a
-// script holds miniredis's lock).
+// database. Inside MULTI they run when queued, and EXEC answers their reply in its
+// place: a custom command cannot read a key while EXEC holds miniredis's lock, so the
+// call is atomic with the transaction's other commands only as far as no other
+// connection writes its key meanwhile, and a DISCARDed transaction keeps its writes.
+// From a Lua script they answer an error rather than run (a script holds that lock
+// too).
 package minibits
 
 import (
@@ -134,44 +137,76 @@ func (b *bitfield) serve(c *server.Peer, cmd string, args []string, readOnly boo
 		return
 	}
 	db, nested, inTx, known := connState(c)
-	switch {
-	case nested:
+	if nested {
 		c.WriteError(fmt.Sprintf(msgInScript, cmd))
 		return
-	case inTx:
-		c.WriteError(fmt.Sprintf(msgInMulti, cmd))
+	}
+	res, errMsg := b.call(db, known, args, readOnly)
+	if inTx {
+		if !queue(c, func(p *server.Peer) { p.Block(func(w *server.Writer) { reply(w, res, errMsg) }) }) {
+			c.WriteError(fmt.Sprintf(msgInMulti, cmd))
+			return
+		}
+		c.WriteInline("QUEUED")
 		return
 	}
+	c.Block(func(w *server.Writer) { reply(w, res, errMsg) })
+}
+
+// call runs one call on database db (known false: the Miniredis's selected one); args
+// start with the key. It returns the reply's values, or the error reply's message.
+func (b *bitfield) call(db int, known bool, args []string, readOnly bool) ([]result, string) {
 	key := args[0]
 	ops, writes, top, errMsg := parse(args[1:])
 	if errMsg != "" {
-		c.WriteError(errMsg)
-		return
+		return nil, errMsg
 	}
 	if readOnly && writes {
-		c.WriteError(msgReadOnly)
-		return
+		return nil, msgReadOnly
 	}
 	var st store = b.m
 	if known {
 		st = b.m.DB(db)
 	}
+	return b.run(st, key, ops, writes, top)
+}
 
-	res, errMsg := b.run(st, key, ops, writes, top)
+// reply writes a call's reply to w: the values res, or the error errMsg.
+func reply(w *server.Writer, res []result, errMsg string) {
 	if errMsg != "" {
-		c.WriteError(errMsg)
+		w.WriteError(errMsg)
 		return
 	}
-	c.Block(func(w *server.Writer) {
-		w.WriteLen(len(res))
-		for _, r := range res {
-			if r.nil {
-				w.WriteNull()
-			} else {
-				w.WriteRaw(":" + strconv.FormatInt(r.v, 10) + "\r\n")
-			}
+	w.WriteLen(len(res))
+	for _, r := range res {
+		if r.nil {
+			w.WriteNull()
+		} else {
+			w.WriteRaw(":" + strconv.FormatInt(r.v, 10) + "\r\n")
 		}
+	}
+}
+
+// queue appends write to the transaction open on c (miniredis's connCtx.transaction, a
+// []txCmd): EXEC calls it in its turn. It reports false when Ctx is not laid out as in
+// miniredis v2.40.0.
+func queue(c *server.Peer, write func(*server.Peer)) bool {
+	v := reflect.ValueOf(c.Ctx)
+	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
+		return false
+	}
+	tx := v.Elem().FieldByName("transaction")
+	if tx.Kind() != reflect.Slice || tx.Type().Elem().Kind() != reflect.Func || tx.Type().Elem().NumIn() != 2 ||
+		tx.Type().Elem().In(0) != reflect.TypeFor[*server.Peer]() || tx.Type().Elem().NumOut() != 0 {
+		return false
+	}
+	tx = reflect.NewAt(tx.Type(), unsafe.Pointer(tx.UnsafeAddr())).Elem() // an unexported field
+	cb := reflect.MakeFunc(tx.Type().Elem(), func(in []reflect.Value) []reflect.Value {
+		write(in[0].Interface().(*server.Peer))
+		return nil
 	})
+	tx.Set(reflect.Append(tx, cb))
+	return true
 }
 
 // run executes ops on key under b's mutex. writes says whether any op is a SET or

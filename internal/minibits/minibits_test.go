@@ -389,8 +389,10 @@ func TestSelectedDB(t *testing.T) {
 	}
 }
 
-// TestScriptAndMulti checks that BITFIELD from a Lua script or inside MULTI answers an
-// error at once instead of deadlocking or running out of order.
+// TestScriptAndMulti checks that BITFIELD from a Lua script answers an error at once
+// instead of deadlocking, and that inside MULTI it is queued and EXEC answers its reply
+// in its place, between the replies of the commands around it (a transaction's
+// pipeline, as go-redis's TxPipeline sends it, reads every reply).
 func TestScriptAndMulti(t *testing.T) {
 	m, c := mini(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -399,26 +401,31 @@ func TestScriptAndMulti(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "Lua script") {
 		t.Errorf("EVAL calling BITFIELD: %v, want the Lua script error", err)
 	}
-	conn := c.Conn()
-	defer conn.Close()
-	if err := conn.Do(ctx, "MULTI").Err(); err != nil {
-		t.Fatal(err)
-	}
-	err = conn.Do(ctx, "BITFIELD", "k", "INCRBY", "u8", "0", "1").Err()
-	if err == nil || !strings.Contains(err.Error(), "MULTI") {
-		t.Errorf("BITFIELD inside MULTI: %v, want the MULTI error", err)
-	}
-	if err := conn.Do(ctx, "DISCARD").Err(); err != nil {
-		t.Fatal(err)
-	}
 	if m.Exists("k") {
-		t.Error("key written")
+		t.Error("key written by the script")
+	}
+	pipe := c.TxPipeline()
+	first := pipe.BitField(ctx, "k", "OVERFLOW", "SAT", "INCRBY", "u8", "0", "200", "INCRBY", "u8", "8", "1")
+	ttl := pipe.PExpire(ctx, "k", time.Minute)
+	second := pipe.BitField(ctx, "k", "OVERFLOW", "SAT", "INCRBY", "u8", "0", "100")
+	bad := pipe.BitField(ctx, "k", "INCRBY", "u99", "0", "1")
+	if _, err := pipe.Exec(ctx); err == nil || !strings.Contains(err.Error(), "bitfield type") {
+		t.Errorf("EXEC: %v, want the bad type's error", err)
+	}
+	if got := fmt.Sprintf("%v %v %v %v", first.Val(), ttl.Val(), second.Val(), bad.Err()); got != "[200 1] true [255] "+msgBadTypeErr {
+		t.Errorf("replies inside MULTI: %s", got)
+	}
+	if d := m.TTL("k"); d <= 0 || d > time.Minute {
+		t.Errorf("TTL after EXEC: %v, want a minute", d)
 	}
 	// The server still answers.
-	if got := show(c.Do(ctx, "BITFIELD", "k", "INCRBY", "u8", "0", "1").Result()); got != "[]interface {}{1}" {
+	if got := show(c.Do(ctx, "BITFIELD", "k", "GET", "u8", "8").Result()); got != "[]interface {}{1}" {
 		t.Errorf("BITFIELD after: %s", got)
 	}
 }
+
+// msgBadTypeErr is the error a bad BITFIELD type answers, as go-redis reports it.
+const msgBadTypeErr = "ERR Invalid bitfield type. Use something like i16 u8. Note that u64 is not supported but i64 is."
 
 // TestRegister checks that Register fails on a Miniredis not started and on one that
 // has the commands already, and that it is needed again after a restart.

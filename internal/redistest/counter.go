@@ -30,7 +30,7 @@ func (c *Counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 
 // setup reports whether cmd is one a Limiter sends once, at start, to ready Redis and
-// the client (global.Store.Warm: SCRIPT LOAD, PING), not for a decision: a Counter
+// the client (redisstore.Store.Warm: SCRIPT LOAD, PING), not for a decision: a Counter
 // measures what decisions cost.
 func setup(cmd redis.Cmder) bool {
 	switch cmd.Name() {

@@ -91,7 +91,7 @@ func Duration(tokens, rate float64) time.Duration {
 }
 
 // WaitMillis is the scripts' wait: the whole milliseconds tokens take to refill at rate
-// tokens per second, ceil(tokens / rate * 1000), computed in the order lua/take.lua
+// tokens per second, ceil(tokens / rate * 1000), computed in the order internal/luascript/take.lua
 // computes it, so a Go copy of a script answers the same number; 0 when tokens <= 0.
 // It is a float64, as a Lua number is: pass it to FromMillis for a Duration.
 func WaitMillis(tokens, rate float64) float64 {

@@ -15,11 +15,15 @@ func Slot(key string) int {
 			key = key[i+1 : i+1+j]
 		}
 	}
-	var crc uint16
-	for k := 0; k < len(key); k++ {
-		crc = crc<<8 ^ crc16tab[byte(crc>>8)^key[k]]
+	return int(crc16(0, key)) % Slots
+}
+
+// crc16 continues CRC16 (XMODEM) crc over s.
+func crc16(crc uint16, s string) uint16 {
+	for k := 0; k < len(s); k++ {
+		crc = crc<<8 ^ crc16tab[byte(crc>>8)^s[k]]
 	}
-	return int(crc) % Slots
+	return crc
 }
 
 // crc16tab is the table of CRC16-CCITT (XMODEM: polynomial 0x1021, initial value 0).

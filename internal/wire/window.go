@@ -5,6 +5,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // A windowed limit counts each key's requests per window of burst/rate in a counter array
@@ -82,15 +83,93 @@ func WindowBits(burst int) int {
 	return 32
 }
 
-// WindowKey is the Redis key of limit's array for window win of length w (microseconds):
-// <prefix>win:{<limit>}:<w>:<win>. The hash tag puts every array of a limit, and its
-// marks, in one Cluster slot: a server's round trip for a limit reaches one node.
-func WindowKey(prefix, limit string, w, win int64) string {
+// WindowShards is how many shards a windowed limit's arrays and marks are split into:
+// a key is counted, and marked, in one shard (WindowShard), each shard under a hash tag
+// of its own (WindowTag), so that a limit's Redis work spreads over every master of a
+// Cluster instead of loading the one that holds the limit's slot. 64 shards at evenly
+// spaced slots put 6 or 7 of them on each of 10 masters. Servers that count a limit in
+// another number of shards write other keys: the number is part of the limit's
+// representation (package engine, reps.go), and one shard is the unsharded format,
+// whose keys carry the limit's name alone.
+const WindowShards = 64
+
+// WindowShard is the shard of key id among shards (at least 1): its hash with salt
+// 1+WindowRows, modulo shards.
+func WindowShard(id string, shards int) int {
+	if shards <= 1 {
+		return 0
+	}
+	return int(WindowHash(id, 1+WindowRows) % uint64(shards))
+}
+
+// WindowMarksGroup is how many shards of shards share one set of marks: shards/16, at
+// least 1. A read of the marks reads every set, each a command however few marks it
+// holds, and every server reads them four times a second: 16 sets, evenly spaced as
+// their shards are, keep that cost near one set's while spreading it over the masters.
+func WindowMarksGroup(shards int) int { return max(1, shards/16) }
+
+// WindowMarksShard is the shard whose set holds the marks of key id: the first shard of
+// its group (WindowMarksGroup). Its marks share that shard's tag, so a round trip for
+// the shard writes and reads them in one transaction with its arrays.
+func WindowMarksShard(id string, shards int) int {
+	g := WindowMarksGroup(shards)
+	return WindowShard(id, shards) / g * g
+}
+
+// WindowTag is the hash tag of shard i of shards of limit's arrays and marks: with one
+// shard the limit's name, else <limit>#<shards>.<i>.<5 hex digits>, the digits the first
+// (in numeric order) that put the tag in slot Slot(limit) + i·Slots/shards (mod Slots),
+// so that a limit's shards are evenly spaced over the slots whatever its name. No limit
+// name holds '#', so no tag of one shard is a tag of several.
+func WindowTag(limit string, shards, i int) string {
+	if shards <= 1 {
+		return limit
+	}
 	var b strings.Builder
-	b.Grow(len(prefix) + len(limit) + 48)
+	b.Grow(len(limit) + 20)
+	b.WriteString(limit)
+	b.WriteByte('#')
+	b.WriteString(strconv.Itoa(shards))
+	b.WriteByte('.')
+	b.WriteString(strconv.Itoa(i))
+	b.WriteByte('.')
+	pre := b.String()
+	target := (Slot(limit) + int(int64(i)*Slots/int64(shards))) % Slots
+	// CRC16 with no initial value nor final xor is linear: the CRC of pre and the
+	// digits is the CRC of pre and five zero bytes, xor the digits' own.
+	zeros := crc16(crc16(0, pre), "\x00\x00\x00\x00\x00")
+	b.WriteString(suffixes()[(target^int(zeros))%Slots])
+	return b.String()
+}
+
+// suffixes maps each slot v to the first string of five hex digits whose CRC16 is v
+// modulo Slots (every slot has one).
+var suffixes = sync.OnceValue(func() *[Slots]string {
+	var t [Slots]string
+	left := Slots
+	const hex = "0123456789abcdef"
+	var d [5]byte
+	for n := 0; left > 0 && n < 1<<20; n++ {
+		for k := range d {
+			d[k] = hex[n>>(16-4*k)&15]
+		}
+		if v := crc16(0, string(d[:])) % Slots; t[v] == "" {
+			t[v], left = string(d[:]), left-1
+		}
+	}
+	return &t
+})
+
+// WindowKey is the Redis key of limit's array for window win of length w (microseconds)
+// in shard i of shards: <prefix>win:{<WindowTag>}:<w>:<win>. The hash tag puts every
+// array of a shard, and its marks, in one Cluster slot.
+func WindowKey(prefix, limit string, shards, i int, w, win int64) string {
+	tag := WindowTag(limit, shards, i)
+	var b strings.Builder
+	b.Grow(len(prefix) + len(tag) + 48)
 	b.WriteString(prefix)
 	b.WriteString("win:{")
-	b.WriteString(limit)
+	b.WriteString(tag)
 	b.WriteString("}:")
 	b.WriteString(strconv.FormatInt(w, 10))
 	b.WriteByte(':')
@@ -98,10 +177,10 @@ func WindowKey(prefix, limit string, w, win int64) string {
 	return b.String()
 }
 
-// MarksKey is the Redis key of the sorted set of a windowed limit's marks:
-// <prefix>marks:{<limit>}.
-func MarksKey(prefix, limit string) string {
-	return prefix + "marks:{" + limit + "}"
+// MarksKey is the Redis key of the sorted set of the marks of shard i of shards of a
+// windowed limit: <prefix>marks:{<WindowTag>}.
+func MarksKey(prefix, limit string, shards, i int) string {
+	return prefix + "marks:{" + WindowTag(limit, shards, i) + "}"
 }
 
 // Mark flags: what a mark says of a key.

@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"strconv"
 	"testing"
 )
 
@@ -32,17 +33,68 @@ func TestWindowFormat(t *testing.T) {
 			}
 		}
 	}
-	if got := WindowKey("fl:", "api", w, 1764000000); got != "fl:win:{api}:1000000:1764000000" {
-		t.Errorf("WindowKey = %q", got)
+	if got := WindowKey("fl:", "api", 1, 0, w, 1764000000); got != "fl:win:{api}:1000000:1764000000" {
+		t.Errorf("WindowKey, one shard = %q", got)
 	}
-	if got := MarksKey("fl:", "api"); got != "fl:marks:{api}" {
-		t.Errorf("MarksKey = %q", got)
+	if got := MarksKey("fl:", "api", 1, 0); got != "fl:marks:{api}" {
+		t.Errorf("MarksKey, one shard = %q", got)
+	}
+	if got := WindowKey("fl:", "api", 64, 7, w, 1764000000); got != "fl:win:{api#64.7.0b408}:1000000:1764000000" {
+		t.Errorf("WindowKey, shard 7 of 64 = %q", got)
+	}
+	if got := MarksKey("fl:", "api", 64, 63); got != "fl:marks:{api#64.63.00fcc}" {
+		t.Errorf("MarksKey, shard 63 of 64 = %q", got)
+	}
+	shards := [3]int{WindowShard("alice", 64), WindowShard("", 64), WindowShard("{0123456789abcdef0123456789abcdef", 64)}
+	if want := [3]int{0, 46, 23}; shards != want {
+		t.Errorf("WindowShard(ids, 64) = %v, want %v", shards, want)
 	}
 	if WindowMicros(50, 50) != 1_000_000 || WindowMicros(3, 1) != 333_333 || WindowMicros(1e9, 1) != 1 {
 		t.Errorf("WindowMicros: %d, %d, %d", WindowMicros(50, 50), WindowMicros(3, 1), WindowMicros(1e9, 1))
 	}
 	if WindowBits(1<<14) != 16 || WindowBits(1<<14+1) != 32 {
 		t.Errorf("WindowBits(2^14) = %d, WindowBits(2^14+1) = %d", WindowBits(1<<14), WindowBits(1<<14+1))
+	}
+}
+
+// TestWindowShards checks that a limit's shards are at evenly spaced slots, whatever its
+// name, and that keys spread over them.
+func TestWindowShards(t *testing.T) {
+	for _, limit := range []string{"api", "client", "a-much-longer-limit-name.v2"} {
+		for _, n := range []int{2, 16, 64, 256} {
+			base := Slot(limit)
+			for i := range n {
+				want := (base + i*Slots/n) % Slots
+				key := WindowKey("fl:", limit, n, i, 1000, 5)
+				if Slot(key) != want || Slot(MarksKey("x:", limit, n, i)) != want {
+					t.Fatalf("%s: shard %d of %d in slot %d, want %d", key, i, n, Slot(key), want)
+				}
+			}
+		}
+	}
+	var count [64]int
+	for k := range 64000 {
+		count[WindowShard("k"+strconv.Itoa(k), 64)]++
+	}
+	for i, c := range count {
+		if c < 800 || c > 1200 {
+			t.Errorf("shard %d holds %d of 64,000 keys", i, c)
+		}
+	}
+	marks := map[int]int{}
+	for k := range 64000 {
+		id := "k" + strconv.Itoa(k)
+		m := WindowMarksShard(id, 64)
+		if m%4 != 0 || m > WindowShard(id, 64) || WindowShard(id, 64) >= m+4 {
+			t.Fatalf("%s: shard %d, marks in shard %d, not the first of its group of 4", id, WindowShard(id, 64), m)
+		}
+		marks[m]++
+	}
+	if len(marks) != 16 || WindowMarksShard("alice", 64) != 0 || WindowMarksShard("", 64) != 44 || WindowMarksGroup(8) != 1 {
+		t.Errorf("64 shards' marks in %d sets, alice's in %d, \"\"'s in %d; 8 shards in groups of %d", len(marks), WindowMarksShard("alice", 64), WindowMarksShard("", 64), WindowMarksGroup(8))
+	}
+	if WindowShard("alice", 1) != 0 || WindowTag("api", 1, 0) != "api" {
+		t.Error("one shard: not the unsharded format")
 	}
 }
 

@@ -98,18 +98,23 @@ func BucketKeyOfID(prefix, name, id string) string {
 }
 
 // FleetKey returns the Redis key of the sorted set of one fleet's live servers
-// (lua.Heartbeat): <prefix>fleet:{<fleet>}.
+// (luascript.Heartbeat): <prefix>fleet:{<fleet>}.
 func FleetKey(prefix, fleet string) string {
 	return prefix + "fleet:{" + fleet + "}"
 }
 
-// LowKey returns the Redis key of the sorted set of one limit's low keys (lua.Low):
+// RepsKey returns the Redis key of the fleet's record of representations: a sorted set
+// of the limits' representations (how each server counts a limit's keys), each member
+// live until its score (luascript.Low's script): <prefix>reps.
+func RepsKey(prefix string) string { return prefix + "reps" }
+
+// LowKey returns the Redis key of the sorted set of one limit's low keys (luascript.Low):
 // <prefix>low:{<limit>}.
 func LowKey(prefix, limit string) string {
 	return prefix + "low:{" + limit + "}"
 }
 
-// BucketReply is lua.Bucket's answer: {allowed (1 or 0), tostring(tokens)}.
+// BucketReply is luascript.Bucket's answer: {allowed (1 or 0), tostring(tokens)}.
 type BucketReply struct {
 	// Allowed reports whether the cost was spent.
 	Allowed bool
@@ -117,7 +122,26 @@ type BucketReply struct {
 	Tokens float64
 }
 
-// TakeReply is lua.Take's answer: {granted, tostring(tokens), wait ms, now ms, flag,
+// Seen is what a caller of luascript.Take last heard of a bucket: its level (the
+// tokens a take left) and Redis's clock then (the take's answer's now, Unix ms). A take
+// that finds the bucket gone although its caller saw it within capacity/rate + 500 ms on
+// Redis's clock (less than any bucket's TTL) knows Redis lost it, and starts it empty
+// (or at Level, if below zero) instead of full. Known false: the caller heard nothing.
+type Seen struct {
+	Known bool
+	Level float64
+	AtMS  int64
+}
+
+// Args returns luascript.Take's ARGV[9] and ARGV[10] for s: none when nothing is known.
+func (s Seen) Args() []any {
+	if !s.Known {
+		return nil
+	}
+	return []any{s.Level, max(s.AtMS, 0)}
+}
+
+// TakeReply is luascript.Take's answer: {granted, tostring(tokens), wait ms, now ms, flag,
 // version, tostring(credit)}.
 type TakeReply struct {
 	// Granted is the number of tokens taken: want, fewer (at least min), or 0.
@@ -130,27 +154,27 @@ type TakeReply struct {
 	WaitMS int64
 	// NowMS is Redis's clock (TIME) at the decision, in milliseconds since 1970.
 	NowMS int64
-	// Flag is lua.Fresh, lua.Replayed, lua.Stale or lua.First.
+	// Flag is luascript.Fresh, luascript.Replayed, luascript.Stale or luascript.First.
 	Flag int
 	// Version is the version of the bucket's parameters in force: the caller's, or a
 	// higher one another server set.
 	Version uint64
-	// Credit is the refill the bucket has lost to its cap, cumulative (lua.Refund
+	// Credit is the refill the bucket has lost to its cap, cumulative (luascript.Refund
 	// forgives debts against what it grows).
 	Credit float64
 }
 
-// RefundReply is lua.Refund's answer: {tostring(tokens), flag, version}.
+// RefundReply is luascript.Refund's answer: {tostring(tokens), flag, version}.
 type RefundReply struct {
 	// Tokens is what the bucket holds after the refund.
 	Tokens float64
-	// Flag is lua.Fresh, lua.Replayed or lua.Stale.
+	// Flag is luascript.Fresh, luascript.Replayed or luascript.Stale.
 	Flag int
 	// Version is as TakeReply's.
 	Version uint64
 }
 
-// ParseBucket decodes lua.Bucket's reply, as go-redis or RESP gives it ([]any of int64
+// ParseBucket decodes luascript.Bucket's reply, as go-redis or RESP gives it ([]any of int64
 // and string).
 func ParseBucket(reply any) (BucketReply, error) {
 	v, err := array(reply, 2, "{integer, string}")
@@ -165,7 +189,7 @@ func ParseBucket(reply any) (BucketReply, error) {
 	return BucketReply{Allowed: allowed == 1, Tokens: tokens}, nil
 }
 
-// ParseTake decodes lua.Take's reply.
+// ParseTake decodes luascript.Take's reply.
 func ParseTake(reply any) (TakeReply, error) {
 	const want = "{integer, string, integer, integer, integer, integer, string}"
 	v, err := array(reply, 7, want)
@@ -188,7 +212,7 @@ func ParseTake(reply any) (TakeReply, error) {
 	return TakeReply{Granted: int(granted), Tokens: tokens, WaitMS: wait, NowMS: now, Flag: int(flag), Version: uint64(version), Credit: credit}, nil
 }
 
-// ParseRefund decodes lua.Refund's reply.
+// ParseRefund decodes luascript.Refund's reply.
 func ParseRefund(reply any) (RefundReply, error) {
 	const want = "{string, integer, integer}"
 	v, err := array(reply, 3, want)
@@ -204,7 +228,7 @@ func ParseRefund(reply any) (RefundReply, error) {
 	return RefundReply{Tokens: tokens, Flag: int(flag), Version: uint64(version)}, nil
 }
 
-// ParseHeartbeat decodes lua.Heartbeat's reply: the number of live servers, at least 1
+// ParseHeartbeat decodes luascript.Heartbeat's reply: the number of live servers, at least 1
 // (the caller is one).
 func ParseHeartbeat(reply any) (int, error) {
 	n, ok := reply.(int64)
@@ -217,7 +241,7 @@ func ParseHeartbeat(reply any) (int, error) {
 	return int(n), nil
 }
 
-// ParseLow decodes lua.Low's reply: the key IDs marked low.
+// ParseLow decodes luascript.Low's reply: the key IDs marked low.
 func ParseLow(reply any) ([]string, error) {
 	a, ok := reply.([]any)
 	if !ok {

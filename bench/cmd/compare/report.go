@@ -380,7 +380,7 @@ func writeMarkdown(w io.Writer, env Env, rvs []rival, runs []Run, plotFile strin
 func kindsNote(p func(string, ...any), rvs []rival) {
 	p("fleetlimit runs each kind of limit, on 1 server and on %d, with each scenario's rate and burst as they are, so every kind has the same rate per key: ", fleetServers)
 	p("the bucket is `hybrid.Exact()` (the default), charge-later `hybrid.ChargeLater(%v)`, windowed `hybrid.Windowed(%v)` (the values docs/limits.md gives as its examples). ", chargeWithin, windowedReport)
-	p("A windowed limit needs a burst of at most `global.MaxWindowBurst` (2^30), a window (burst/rate) from %v to %v, and a report interval of at most half the window: ", minWindow, maxWindow)
+	p("A windowed limit needs a burst of at most 2^30, a window (burst/rate) from %v to %v, and a report interval of at most half the window: ", minWindow, maxWindow)
 	var parts []string
 	for _, sc := range scenarios {
 		w := time.Duration(float64(sc.Limit.Burst) / float64(sc.Limit.Rate) * float64(time.Second))

@@ -169,7 +169,7 @@ func TestWindowedUnfit(t *testing.T) {
 	}{
 		{spec{Rate: 2000, Burst: 2000}, ""},
 		{spec{Rate: 1_000_000, Burst: 1_000_000}, ""},
-		{spec{Rate: 1 << 31, Burst: 1 << 31}, "MaxWindowBurst"},
+		{spec{Rate: 1 << 31, Burst: 1 << 31}, "windowed limit's largest"},
 		{spec{Rate: 100, Burst: 1}, "is not from"},
 		{spec{Rate: 1000, Burst: 200}, "over half its window"},
 	} {

@@ -18,6 +18,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 )
 
 // spec is the limit every key of a scenario has: a token bucket of burst tokens refilled
@@ -321,8 +322,8 @@ var kinds = []kind{
 		unfit: func(s spec) string {
 			w := time.Duration(float64(s.Burst) / float64(s.Rate) * float64(time.Second))
 			switch {
-			case s.Burst > global.MaxWindowBurst:
-				return fmt.Sprintf("burst %d is over global.MaxWindowBurst (%d)", s.Burst, global.MaxWindowBurst)
+			case s.Burst > redisstore.MaxWindowBurst:
+				return fmt.Sprintf("burst %d is over a windowed limit's largest (%d)", s.Burst, redisstore.MaxWindowBurst)
 			case w < minWindow || w > maxWindow:
 				return fmt.Sprintf("its window, burst/rate = %v, is not from %v to %v", w, minWindow, maxWindow)
 			case 2*windowedReport > w:

@@ -1,0 +1,612 @@
+package luascript_test
+
+import (
+	"context"
+	"math"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/internal/luascript"
+	"github.com/fleetlimit/fleetlimit/internal/redistest"
+)
+
+// t0 is the miniredis clock the time-driven tests start from.
+var t0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+
+func run(t *testing.T, c redis.Scripter, s *redis.Script, key string, args ...any) []any {
+	t.Helper()
+	v, err := s.Run(context.Background(), c, []string{key}, args...).Slice()
+	if err != nil {
+		t.Fatalf("run %s: %v", key, err)
+	}
+	return v
+}
+
+func num(t *testing.T, v any) float64 {
+	t.Helper()
+	switch x := v.(type) {
+	case int64:
+		return float64(x)
+	case string:
+		f, err := strconv.ParseFloat(x, 64)
+		if err != nil {
+			t.Fatalf("parse %q: %v", x, err)
+		}
+		return f
+	}
+	t.Fatalf("unexpected reply element %T %v", v, v)
+	return 0
+}
+
+func near(a, b, tol float64) bool { return math.Abs(a-b) <= tol }
+
+// redisNowMS reads the server's clock (TIME) in milliseconds.
+func redisNowMS(t *testing.T, c *redis.Client) int64 {
+	t.Helper()
+	now, err := c.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return now.UnixMilli()
+}
+
+func hget(t *testing.T, c *redis.Client, key, field string) float64 {
+	t.Helper()
+	s, err := c.HGet(context.Background(), key, field).Result()
+	if err != nil {
+		t.Fatalf("HGET %s %s: %v", key, field, err)
+	}
+	return num(t, s)
+}
+
+// TestBucketSeedExample is the article's example: a first call with capacity 100,
+// rate 10, cost 1 answers {1, "99"} and sets a TTL of ceil(100/10*1000)+1000 ms.
+func TestBucketSeedExample(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		key := redistest.Unique(t)
+		got := run(t, tg.Client, luascript.Bucket, key, 100, 10, 1)
+		if len(got) != 2 || got[0] != int64(1) || got[1] != "99" {
+			t.Fatalf("first call = %#v, want {1, \"99\"}", got)
+		}
+		pttl, err := tg.Client.PTTL(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// miniredis does not age TTLs on its own; a real Redis may have ticked a little.
+		if pttl > 11000*time.Millisecond || pttl < 10000*time.Millisecond {
+			t.Fatalf("PTTL = %v, want 11s (ceil(100/10*1000)+1000 ms)", pttl)
+		}
+		if !tg.Real() && pttl != 11000*time.Millisecond {
+			t.Fatalf("PTTL = %v, want exactly 11s on miniredis", pttl)
+		}
+		if tok := hget(t, tg.Client, key, "tokens"); tok != 99 {
+			t.Fatalf("stored tokens = %v, want 99", tok)
+		}
+	})
+}
+
+// TestTTLRule checks the shared PEXPIRE rule on all bucket scripts, with a rate that
+// makes the ceil matter: ceil(7/3*1000)+1000 = 3334 ms.
+func TestTTLRule(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		cases := []struct {
+			name string
+			s    *redis.Script
+			args []any
+		}{
+			{"bucket", luascript.Bucket, []any{7, 3, 1}},
+			{"take", luascript.Take, []any{7, 3, 2, 1, "s1", 1, 0}},
+			{"refund (a debt: a refund to no bucket writes nothing)", luascript.Refund, []any{7, 3, -1, "s1", 1, 0}},
+		}
+		for _, tc := range cases {
+			key := redistest.Unique(t) + tc.name
+			run(t, tg.Client, tc.s, key, tc.args...)
+			pttl, err := tg.Client.PTTL(ctx, key).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pttl > 3334*time.Millisecond || pttl < 2500*time.Millisecond || (!tg.Real() && pttl != 3334*time.Millisecond) {
+				t.Errorf("%s: PTTL = %v, want 3334ms", tc.name, pttl)
+			}
+		}
+	})
+}
+
+// TestClockNeverBackwards moves miniredis's clock back, then forward: the stored ts must
+// stay at its high-water mark, so the same period is not refilled twice.
+func TestClockNeverBackwards(t *testing.T) {
+	m, c := redistest.Mini(t)
+	key := "clock"
+	m.SetTime(t0)
+	if got := run(t, c, luascript.Bucket, key, 100, 1, 1); num(t, got[1]) != 99 {
+		t.Fatalf("t0: %v", got)
+	}
+	m.SetTime(t0.Add(-5 * time.Second)) // the clock steps back (failover to a lagging replica)
+	if got := run(t, c, luascript.Bucket, key, 100, 1, 1); num(t, got[1]) != 98 {
+		t.Fatalf("t0-5s: %v, want 98 (no refill, no negative refill)", got)
+	}
+	if ts := hget(t, c, key, "ts"); ts != float64(t0.UnixMilli()) {
+		t.Fatalf("ts = %v, want %v (never moves backwards)", ts, t0.UnixMilli())
+	}
+	m.SetTime(t0.Add(time.Second))
+	// 1 s since the high-water mark: 98 + 1 - 1 = 98. With ts moved back to t0-5s the
+	// script would refill 6 s and answer 99 (capped at 100, minus 1).
+	if got := run(t, c, luascript.Bucket, key, 100, 1, 1); num(t, got[1]) != 98 {
+		t.Fatalf("t0+1s: %v, want 98", got)
+	}
+	// Take and refund follow the same rule.
+	m.SetTime(t0.Add(-time.Minute))
+	if got := run(t, c, luascript.Take, key, 100, 1, 5, 1, "s", 1, 0); got[0] != int64(5) || num(t, got[1]) != 93 {
+		t.Fatalf("take with clock back: %v, want 5 granted, 93 left", got)
+	}
+	if got := run(t, c, luascript.Refund, key, 100, 1, 2, "s", 2, 0); num(t, got[0]) != 95 {
+		t.Fatalf("refund with clock back: %v, want 95", got)
+	}
+	if ts := hget(t, c, key, "ts"); ts != float64(t0.Add(time.Second).UnixMilli()) {
+		t.Fatalf("ts = %v, want the high-water mark %v", ts, t0.Add(time.Second).UnixMilli())
+	}
+}
+
+// TestFutureTimestampReal is the same rule on a real Redis, whose clock cannot be moved:
+// a bucket whose stored ts lies in the future (written by a master whose clock ran ahead)
+// gets no refill and keeps that ts.
+func TestFutureTimestampReal(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		for _, tc := range []struct {
+			name string
+			s    *redis.Script
+			args []any
+			left float64
+		}{
+			{"bucket", luascript.Bucket, []any{100, 10, 1}, 49},
+			{"take", luascript.Take, []any{100, 10, 3, 1, "s", 1, 0}, 47},
+			{"refund", luascript.Refund, []any{100, 10, 3, "s", 1, 0}, 53},
+		} {
+			key := redistest.Unique(t) + tc.name
+			future := redisNowMS(t, tg.Client) + 60_000
+			if err := tg.Client.HSet(ctx, key, "tokens", 50, "ts", future).Err(); err != nil {
+				t.Fatal(err)
+			}
+			got := run(t, tg.Client, tc.s, key, tc.args...)
+			left := got[1]
+			if tc.name == "refund" {
+				left = got[0]
+			}
+			if num(t, left) != tc.left {
+				t.Errorf("%s: answer %v, want %v tokens left (no refill)", tc.name, got, tc.left)
+			}
+			if ts := hget(t, tg.Client, key, "ts"); ts != float64(future) {
+				t.Errorf("%s: ts = %v, want %v kept", tc.name, ts, future)
+			}
+		}
+	})
+}
+
+// TestFractionalRefill compares parsed numbers: Redis formats 96.9 as "96.9", miniredis
+// as "96.89999999999999".
+func TestFractionalRefill(t *testing.T) {
+	t.Run("miniredis-clock", func(t *testing.T) {
+		m, c := redistest.Mini(t)
+		want := []float64{99, 98.3, 97.6, 96.9, 96.2}
+		for i, w := range want {
+			m.SetTime(t0.Add(time.Duration(i) * 100 * time.Millisecond))
+			got := run(t, c, luascript.Bucket, "frac", 100, 3, 1)
+			if got[0] != int64(1) || !near(num(t, got[1]), w, 1e-9) {
+				t.Fatalf("step %d: %v, want {1, %v}", i, got, w)
+			}
+		}
+		// 0.37 tokens/s for 1.234 s = 0.45658 tokens.
+		m.SetTime(t0)
+		run(t, c, luascript.Bucket, "frac2", 10, 0.37, 10)
+		m.SetTime(t0.Add(1234 * time.Millisecond))
+		got := run(t, c, luascript.Bucket, "frac2", 10, 0.37, 1)
+		if got[0] != int64(0) || !near(num(t, got[1]), 0.37*1.234, 1e-12) {
+			t.Fatalf("rate 0.37: %v, want {0, 0.45658}", got)
+		}
+	})
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		// Inject a bucket last touched 1234 ms ago by the server's own clock.
+		ctx := context.Background()
+		key := redistest.Unique(t)
+		before := redisNowMS(t, tg.Client)
+		if err := tg.Client.HSet(ctx, key, "tokens", "10.5", "ts", before-1234).Err(); err != nil {
+			t.Fatal(err)
+		}
+		got := run(t, tg.Client, luascript.Bucket, key, 100, 0.37, 1)
+		after := redisNowMS(t, tg.Client)
+		lo := 10.5 + 1.234*0.37 - 1
+		hi := 10.5 + float64(after-before+1234)/1000*0.37 - 1
+		if v := num(t, got[1]); got[0] != int64(1) || v < lo-1e-9 || v > hi+1e-9 {
+			t.Fatalf("got %v, want {1, in [%v, %v]}", got, lo, hi)
+		}
+	})
+}
+
+// TestTake runs the take rules with a refill so slow that it cannot change a result
+// within the test, on both servers.
+func TestTake(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		if tg.Mini != nil {
+			tg.Mini.SetTime(t0)
+		}
+		const rate = 1e-6
+		key := redistest.Unique(t)
+		steps := []struct {
+			want, min int
+			granted   int64
+			left      float64
+			waitMS    float64 // 0 when granted
+		}{
+			{4, 1, 4, 6, 0},                          // full bucket of 10: all 4
+			{8, 2, 6, 0, 0},                          // partial: 6 >= min 2
+			{3, 1, 0, 0, math.Ceil(1 / rate * 1000)}, // nothing: wait for min
+			{3, 3, 0, 0, math.Ceil(3 / rate * 1000)},
+		}
+		for i, s := range steps {
+			got := run(t, tg.Client, luascript.Take, key, 10, rate, s.want, s.min, "srv", i+1, 0)
+			if len(got) != 7 {
+				t.Fatalf("step %d: %v, want 7 elements", i, got)
+			}
+			flag := int64(luascript.Fresh)
+			if i == 0 {
+				flag = luascript.First // the bucket held no record of srv
+			}
+			if got[0] != s.granted || !near(num(t, got[1]), s.left, 1e-3) ||
+				!near(num(t, got[2]), s.waitMS, s.waitMS*1e-3) || got[4] != flag {
+				t.Fatalf("step %d: take(want %d, min %d) = %v, want granted %d, left %v, wait %vms",
+					i, s.want, s.min, got, s.granted, s.left, s.waitMS)
+			}
+			if now := num(t, got[3]); now < 1e12 {
+				t.Fatalf("step %d: now = %v, want Redis TIME in ms", i, now)
+			}
+		}
+	})
+}
+
+// TestTakeWaitAndPartial drives the refill with miniredis's clock.
+func TestTakeWaitAndPartial(t *testing.T) {
+	m, c := redistest.Mini(t)
+	m.SetTime(t0)
+	key := "take"
+	steps := []struct {
+		at        time.Duration
+		want, min int
+		granted   int64
+		left      float64
+		waitMS    int64
+	}{
+		{0, 10, 10, 10, 0, 0},
+		{0, 5, 1, 0, 0, 500}, // rate 2/s: 1 token in 500 ms
+		{250 * time.Millisecond, 5, 1, 0, 0.5, 250},
+		{1750 * time.Millisecond, 5, 2, 3, 0.5, 0},      // 3.5 tokens: partial grant of 3
+		{2 * time.Millisecond * 1000, 5, 5, 0, 1, 2000}, // 1 token, need 5: 4 more = 2 s
+		{10 * time.Second, 20, 10, 10, 0, 0},            // refill capped at capacity 10
+		{10250 * time.Millisecond, 5, 0, 0, 0.5, 0},     // min 0: nothing to wait for, never a negative wait
+	}
+	for i, s := range steps {
+		m.SetTime(t0.Add(s.at))
+		got := run(t, c, luascript.Take, key, 10, 2, s.want, s.min, "srv", i+1, 0)
+		if got[0] != s.granted || !near(num(t, got[1]), s.left, 1e-9) || got[2] != s.waitMS ||
+			got[3] != t0.Add(s.at).UnixMilli() {
+			t.Fatalf("step %d at %v: take(want %d, min %d) = %v, want {%d, %v, %d, %d}",
+				i, s.at, s.want, s.min, got, s.granted, s.left, s.waitMS, t0.Add(s.at).UnixMilli())
+		}
+	}
+}
+
+func TestRefundCap(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		const rate = 1e-6
+		key := redistest.Unique(t)
+		if got := run(t, tg.Client, luascript.Take, key, 10, rate, 6, 6, "srv", 1, 0); got[0] != int64(6) {
+			t.Fatalf("take: %v", got)
+		}
+		if got := run(t, tg.Client, luascript.Refund, key, 10, rate, 3, "srv", 2, 0); !near(num(t, got[0]), 7, 1e-3) || got[1] != int64(luascript.Fresh) {
+			t.Fatalf("refund 3: %v, want 7", got)
+		}
+		if got := run(t, tg.Client, luascript.Refund, key, 10, rate, 8, "srv", 3, 0); num(t, got[0]) != 10 {
+			t.Fatalf("refund 8: %v, want capped at 10", got)
+		}
+		if tok := hget(t, tg.Client, key, "tokens"); tok != 10 {
+			t.Fatalf("stored tokens = %v, want 10", tok)
+		}
+		// A refund to a bucket that does not exist answers capacity (an expired bucket
+		// was full) and writes nothing: a bucket lost while in use must not come back full.
+		if got := run(t, tg.Client, luascript.Refund, key+"-none", 10, rate, 4, "srv", 4, 0); num(t, got[0]) != 10 {
+			t.Fatalf("refund to a missing bucket: %v, want 10", got)
+		}
+		if n, err := tg.Client.Exists(context.Background(), key+"-none").Result(); err != nil || n != 0 {
+			t.Fatalf("a refund to a missing bucket made it (%d, %v)", n, err)
+		}
+	})
+}
+
+// TestReplay: a replayed take or refund (same server id and seq, as when go-redis
+// retries a timed-out EVALSHA) returns the recorded answer and spends nothing; an older
+// seq spends nothing; another server's seq is independent.
+func TestReplay(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		const rate = 1e-6
+		key := redistest.Unique(t)
+		first := run(t, tg.Client, luascript.Take, key, 100, rate, 30, 1, "a", 7, 0)
+		if first[0] != int64(30) || first[4] != int64(luascript.First) {
+			t.Fatalf("first take: %v, want 30 granted, flag 3 (no record of this server yet)", first)
+		}
+		for i := 0; i < 3; i++ {
+			again := run(t, tg.Client, luascript.Take, key, 100, rate, 30, 1, "a", 7, 0)
+			if again[0] != first[0] || again[1] != first[1] || again[2] != first[2] ||
+				again[3] != first[3] || again[4] != int64(luascript.Replayed) {
+				t.Fatalf("replay %d: %v, want the recorded %v with flag 1", i, again, first)
+			}
+		}
+		if tok := hget(t, tg.Client, key, "tokens"); !near(tok, 70, 1e-3) {
+			t.Fatalf("tokens after replays = %v, want 70 (spent once)", tok)
+		}
+		stale := run(t, tg.Client, luascript.Take, key, 100, rate, 30, 1, "a", 6, 0)
+		if stale[0] != int64(0) || stale[4] != int64(luascript.Stale) {
+			t.Fatalf("stale take: %v, want 0 granted, flag 2", stale)
+		}
+		// Another server with the same seq is a different caller.
+		if other := run(t, tg.Client, luascript.Take, key, 100, rate, 20, 1, "b", 7, 0); other[0] != int64(20) || other[4] != int64(luascript.First) {
+			t.Fatalf("server b: %v", other)
+		}
+		// Refunds keep their own record: a refund with seq 8 does not make take seq 7 stale.
+		r := run(t, tg.Client, luascript.Refund, key, 100, rate, 10, "a", 8, 0)
+		if !near(num(t, r[0]), 60, 1e-3) || r[1] != int64(luascript.Fresh) {
+			t.Fatalf("refund: %v, want 60", r)
+		}
+		if again := run(t, tg.Client, luascript.Take, key, 100, rate, 30, 1, "a", 7, 0); again[4] != int64(luascript.Replayed) || again[0] != int64(30) {
+			t.Fatalf("take replay after a refund: %v", again)
+		}
+		for i := 0; i < 3; i++ {
+			again := run(t, tg.Client, luascript.Refund, key, 100, rate, 10, "a", 8, 0)
+			if again[0] != r[0] || again[1] != int64(luascript.Replayed) {
+				t.Fatalf("refund replay %d: %v, want %v with flag 1", i, again, r)
+			}
+		}
+		if stale := run(t, tg.Client, luascript.Refund, key, 100, rate, 10, "a", 5, 0); stale[1] != int64(luascript.Stale) {
+			t.Fatalf("stale refund: %v", stale)
+		}
+		if tok := hget(t, tg.Client, key, "tokens"); !near(tok, 60, 1e-3) {
+			t.Fatalf("tokens = %v, want 60 (each refund counted once)", tok)
+		}
+		// The seed script ignores the records and sees the same tokens.
+		if got := run(t, tg.Client, luascript.Bucket, key, 100, rate, 1); got[0] != int64(1) || !near(num(t, got[1]), 59, 1e-3) {
+			t.Fatalf("bucket on a leased hash: %v, want {1, 59}", got)
+		}
+	})
+}
+
+// TestRecordsPruned: a hot bucket that never expires keeps at most ~256 records; records
+// older than two minutes go when a new server writes its first record.
+func TestRecordsPruned(t *testing.T) {
+	m, c := redistest.Mini(t)
+	ctx := context.Background()
+	m.SetTime(t0)
+	key := "pruned"
+	for i := 0; i < 300; i++ {
+		run(t, c, luascript.Take, key, 1000, 1000, 1, 1, "old"+strconv.Itoa(i), 1, 0)
+	}
+	m.SetTime(t0.Add(100 * time.Second))
+	run(t, c, luascript.Refund, key, 1000, 1000, 1, "recent", 1, 0)
+	m.SetTime(t0.Add(3 * time.Minute))
+	run(t, c, luascript.Take, key, 1000, 1000, 1, 1, "new", 1, 0)
+	n, err := c.HLen(ctx, key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// tokens, ts, p, c, the recent refund record (80 s old) and the new record survive.
+	if n != 6 {
+		fields, _ := c.HKeys(ctx, key).Result()
+		t.Fatalf("HLEN = %d, want 6; fields %v", n, fields)
+	}
+	if ok, _ := c.HExists(ctx, key, "r:recent").Result(); !ok {
+		t.Fatal("the recent record was pruned")
+	}
+}
+
+func TestInvalidArguments(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		key := redistest.Unique(t)
+		for _, tc := range []struct {
+			name string
+			s    *redis.Script
+			args []any
+		}{
+			{"take rate 0", luascript.Take, []any{10, 0, 1, 1, "s", 1, 0}},
+			{"take rate inf", luascript.Take, []any{10, "inf", 1, 1, "s", 1, 0}},
+			{"take capacity 0", luascript.Take, []any{0, 1, 1, 1, "s", 1, 0}},
+			{"take min > want", luascript.Take, []any{10, 1, 1, 2, "s", 1, 0}},
+			{"take want 0", luascript.Take, []any{10, 1, 0, 0, "s", 1, 0}},
+			{"take seq missing", luascript.Take, []any{10, 1, 1, 1, "s", "x", 0}},
+			{"refund rate -1", luascript.Refund, []any{10, -1, 1, "s", 1, 0}},
+			{"refund debt floor -1", luascript.Refund, []any{10, 1, -1, "s", 1, 0, -1}},
+			{"refund debt floor 1.5", luascript.Refund, []any{10, 1, -1, "s", 1, 0, 1.5}},
+			{"refund debt -inf", luascript.Refund, []any{10, 1, "-inf", "s", 1, 0}},
+			{"take floor -1", luascript.Take, []any{10, 1, 1, 1, "s", 1, 0, -1}},
+			{"take floor 1.5", luascript.Take, []any{10, 1, 1, 1, "s", 1, 0, 1.5}},
+			{"take floor above the capacity", luascript.Take, []any{10, 1, 1, 1, "s", 1, 0, 11}},
+			{"take floor nan", luascript.Take, []any{10, 1, 1, 1, "s", 1, 0, "nan"}},
+			{"heartbeat ttl 0", luascript.Heartbeat, []any{"s", 0}},
+			// NaN passes every "x < bound" test; Lua's tonumber reads "nan" on real Redis.
+			{"take capacity nan", luascript.Take, []any{"nan", 1, 1, 1, "s", 1, 0}},
+			{"take want nan", luascript.Take, []any{10, 1, "nan", 1, "s", 1, 0}},
+			{"take min nan", luascript.Take, []any{10, 1, 1, "nan", "s", 1, 0}},
+			{"take seq nan", luascript.Take, []any{10, 1, 1, 1, "s", "nan", 0}},
+			{"take capacity inf", luascript.Take, []any{"inf", 1, 1, 1, "s", 1, 0}},
+			{"refund capacity nan", luascript.Refund, []any{"nan", 1, 1, "s", 1, 0}},
+			{"refund amount nan", luascript.Refund, []any{10, 1, "nan", "s", 1, 0}},
+			{"refund amount inf", luascript.Refund, []any{10, 1, "inf", "s", 1, 0}},
+			{"heartbeat ttl nan", luascript.Heartbeat, []any{"s", "nan"}},
+			// A fractional want would spend 1.5 tokens and answer 1 (integer reply).
+			{"take want 1.5", luascript.Take, []any{10, 1, 1.5, 1, "s", 1, 0}},
+			{"take min 0.5", luascript.Take, []any{10, 1, 2, 0.5, "s", 1, 0}},
+			// The TTL would not be an integer PEXPIRE accepts: the HSET would stay,
+			// without expiry, and the call would fail after writing.
+			{"take ttl too long", luascript.Take, []any{100000, 1e-15, 1, 1, "s", 1, 0}},
+			{"refund ttl too long", luascript.Refund, []any{100000, 1e-15, 1, "s", 1, 0}},
+			// The version is an exact integer a Lua number holds, and must be there.
+			{"take version missing", luascript.Take, []any{10, 1, 1, 1, "s", 1}},
+			{"take version -1", luascript.Take, []any{10, 1, 1, 1, "s", 1, -1}},
+			{"take version 1.5", luascript.Take, []any{10, 1, 1, 1, "s", 1, 1.5}},
+			{"take version 2^53", luascript.Take, []any{10, 1, 1, 1, "s", 1, "9007199254740992"}},
+			{"take version nan", luascript.Take, []any{10, 1, 1, 1, "s", 1, "nan"}},
+			{"refund version missing", luascript.Refund, []any{10, 1, 1, "s", 1}},
+			{"refund version inf", luascript.Refund, []any{10, 1, 1, "s", 1, "inf"}},
+			{"take seen without its time", luascript.Take, []any{10, 1, 1, 1, "s", 1, 0, 0, 3}},
+			{"take seen nan", luascript.Take, []any{10, 1, 1, 1, "s", 1, 0, 0, "nan", 5}},
+			{"take seen at -1", luascript.Take, []any{10, 1, 1, 1, "s", 1, 0, 0, 3, -1}},
+			{"take seen at 1.5", luascript.Take, []any{10, 1, 1, 1, "s", 1, 0, 0, 3, 1.5}},
+		} {
+			err := tc.s.Run(context.Background(), tg.Client, []string{key}, tc.args...).Err()
+			if err == nil {
+				t.Errorf("%s: no error", tc.name)
+			}
+		}
+		if n, _ := tg.Client.Exists(context.Background(), key).Result(); n != 0 {
+			t.Fatal("an invalid call wrote the key")
+		}
+	})
+}
+
+func TestHeartbeat(t *testing.T) {
+	t.Run("miniredis-clock", func(t *testing.T) {
+		m, c := redistest.Mini(t)
+		ctx := context.Background()
+		m.SetTime(t0)
+		beat := func(id string, ttl int) int64 {
+			t.Helper()
+			v, err := luascript.Heartbeat.Run(ctx, c, []string{"fleet"}, id, ttl).Int64()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return v
+		}
+		if n := beat("a", 1000); n != 1 {
+			t.Fatalf("a: %d", n)
+		}
+		if n := beat("b", 3000); n != 2 {
+			t.Fatalf("b: %d", n)
+		}
+		if n := beat("a", 1000); n != 2 {
+			t.Fatalf("a again: %d (a member counts once)", n)
+		}
+		if pttl, _ := c.PTTL(ctx, "fleet").Result(); pttl != 3*time.Second {
+			t.Fatalf("PTTL = %v, want 3s (the longest heartbeat; a shorter one does not cut it)", pttl)
+		}
+		m.SetTime(t0.Add(1500 * time.Millisecond))
+		if n := beat("c", 1000); n != 2 {
+			t.Fatalf("after a expired: %d, want 2 (b, c)", n)
+		}
+		m.SetTime(t0.Add(10 * time.Second))
+		if n := beat("c", 1000); n != 1 {
+			t.Fatalf("after b expired: %d, want 1", n)
+		}
+	})
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		key := redistest.Unique(t)
+		for i, id := range []string{"x", "y", "z", "x"} {
+			n, err := luascript.Heartbeat.Run(ctx, tg.Client, []string{key}, id, 60_000).Int64()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := int64(min(i+1, 3)); n != want {
+				t.Fatalf("beat %d (%s): %d live, want %d", i, id, n, want)
+			}
+		}
+		if pttl, _ := tg.Client.PTTL(ctx, key).Result(); pttl <= 50*time.Second || pttl > time.Minute {
+			t.Fatalf("PTTL = %v, want about 60s", pttl)
+		}
+	})
+}
+
+// TestExponentForms: a bucket whose tokens were stored as "1e-06" (Go's and Redis 7.2's
+// shortest form of a tiny number) must read as 1e-06, not as a missing value (a full
+// bucket). miniredis's Lua returns nil from tonumber("1e-06") (yuin/gopher-lua#472);
+// the scripts parse around it. Arguments in exponent form work too.
+func TestExponentForms(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		for _, tc := range []struct {
+			name string
+			s    *redis.Script
+			args []any
+			want func(got []any) bool
+		}{
+			{"bucket", luascript.Bucket, []any{"1e+01", "1e-09", 1}, func(g []any) bool { return g[0] == int64(0) && num(t, g[1]) < 1e-3 }},
+			{"take", luascript.Take, []any{10, "1e-9", 1, 1, "s", 1, 0}, func(g []any) bool { return g[0] == int64(0) && num(t, g[1]) < 1e-3 }},
+			{"refund", luascript.Refund, []any{10, "1e-9", 2, "s", 1, 0}, func(g []any) bool { return near(num(t, g[0]), 2, 1e-3) }},
+		} {
+			key := redistest.Unique(t) + tc.name
+			if err := tg.Client.HSet(ctx, key, "tokens", "1e-06", "ts", redisNowMS(t, tg.Client)).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if got := run(t, tg.Client, tc.s, key, tc.args...); !tc.want(got) {
+				t.Errorf("%s on tokens \"1e-06\": %v", tc.name, got)
+			}
+		}
+		if n, err := luascript.Heartbeat.Run(ctx, tg.Client, []string{redistest.Unique(t)}, "s", "6e4").Int64(); err != nil || n != 1 {
+			t.Errorf("heartbeat with ttl \"6e4\": %d %v", n, err)
+		}
+	})
+}
+
+// TestTakeSeen: a take that finds no bucket starts it empty (or at the level its caller
+// saw, if below zero), if the caller saw it within capacity/rate + 500 ms (less than any
+// bucket's TTL: it was lost, not expired), refilling from now; otherwise, or with nothing seen,
+// full. On a bucket that exists what was seen changes nothing.
+func TestTakeSeen(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		for _, tc := range []struct {
+			name     string
+			exists   bool
+			seen     []any // level, and how long before the take it was seen, in ms
+			granted  int64
+			leftNear float64
+		}{
+			{"none seen: full", false, nil, 5, 5},
+			{"seen empty just now", false, []any{0, 0}, 0, 0},
+			{"seen 2, 300 ms ago", false, []any{2, 300}, 0, 0},
+			{"seen 1, 1450 ms ago", false, []any{1, 1450}, 0, 0},
+			{"seen 1, 1550 ms ago: may have expired", false, []any{1, 1550}, 5, 5},
+			{"seen long ago: full", false, []any{0, 60000}, 5, 5},
+			{"seen below zero", false, []any{-3, 100}, 0, -3},
+			{"seen above capacity", false, []any{12, 100}, 0, 0},
+			{"the bucket exists", true, []any{0, 0}, 5, 5},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				if tg.Mini != nil {
+					tg.Mini.SetTime(t0)
+				}
+				key := redistest.Unique(t)
+				if tc.exists {
+					run(t, tg.Client, luascript.Take, key, 10, 10, 1, 1, "other", 1, 0)
+					run(t, tg.Client, luascript.Refund, key, 10, 10, 1, "other", 2, 0)
+				}
+				args := []any{10, 10, 5, 1, "srv", 1, 0, 0}
+				if tc.seen != nil { // level, and Redis's clock age ms before now
+					nowMS := t0.UnixMilli()
+					if tg.Mini == nil {
+						nowMS = redisNowMS(t, tg.Client)
+					}
+					args = append(args, tc.seen[0], nowMS-int64(tc.seen[1].(int)))
+				}
+				got := run(t, tg.Client, luascript.Take, key, args...)
+				// real Redis's clock moves between the calls: allow a token
+				if got[0] != tc.granted && !(tg.Mini == nil && math.Abs(float64(got[0].(int64)-tc.granted)) <= 1) {
+					t.Fatalf("take = %v, want %d granted", got, tc.granted)
+				}
+				if left := num(t, got[1]); !near(left, tc.leftNear, 1.01) {
+					t.Fatalf("take = %v, want about %v left", got, tc.leftNear)
+				}
+			})
+		}
+	})
+}

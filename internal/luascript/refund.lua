@@ -1,0 +1,125 @@
+-- fleetlimit lease refund: put unused tokens back, capped at capacity.
+--
+-- KEYS[1] = bucket key (the same hash as take.lua: fields tokens, ts, p)
+-- ARGV[1] = capacity, ARGV[2] = refill per second, ARGV[3] = amount,
+-- ARGV[4] = server id, ARGV[5] = seq (a decimal integer, increasing per server id),
+-- ARGV[6] = version of capacity and rate
+-- ARGV[7] = debt floor (optional, default capacity; an integer >= 0): how far below zero
+--           a debt may take the bucket
+-- ARGV[8] = for a debt (optional): the credit the debtor last saw (take.lua's reply)
+--
+-- A refund to a bucket that does not exist writes nothing: the bucket expired, full, and
+-- the tokens would be capped away, or Redis lost it (evicted, flushed) while in use, and
+-- starting it full would hand the fleet a burst it may have spent (take.lua re-creates
+-- it from what its caller saw). A debt to one starts it full, less the debt.
+--
+-- A refund gives tokens back and never re-shapes a bucket: it runs on the parameters
+-- the bucket holds (field p, see take.lua), and on the caller's only for a bucket
+-- without them. Tokens leased under other parameters than those in force (another
+-- version, or the same version and another capacity or rate: a key that moved tier) add
+-- nothing: the bucket was re-shaped since they left it, and giving them back could
+-- exceed its new capacity.
+--
+-- A negative amount is a debt: tokens admitted without the bucket (by a failure policy
+-- while Redis did not answer) charged to it afterwards, leaving it below zero if need
+-- be, never below -floor. The refill the bucket lost to its cap meanwhile paid for them
+-- already: a bucket nobody used during an outage sat full while the servers admitted
+-- their local shares. So a debt is first forgiven what the bucket's credit (field c, see
+-- take.lua) grew since the debtor's reference, the credit it last saw (ARGV[8]), and the
+-- credit shrinks by what it forgives, so that no refill pays two debts. Without a
+-- reference nothing is forgiven.
+--
+-- Returns:
+--   [1] tokens in the bucket afterwards (tostring)
+--   [2] 0 = fresh, 1 = replay of the recorded answer, 2 = stale seq (nothing refunded)
+--   [3] the version of the parameters in force (integer)
+--
+-- Idempotent per (server id, seq), like take.lua: the answer is recorded in the field
+-- 'r:<server id>' as '<seq> <tokens> <now>'; a replay returns it and refunds nothing.
+-- num is tonumber that also reads '1e-06' (see bucket.lua: yuin/gopher-lua#472).
+local function num(s)
+  return tonumber(s) or (s and tonumber((string.gsub(s, '^(%s*[-+]?%d+)([eE])', '%1.0%2'))))
+end
+
+local capacity = num(ARGV[1])
+local rate     = num(ARGV[2])
+local amount   = num(ARGV[3])
+local seq      = num(ARGV[5])
+local version  = num(ARGV[6])
+local floor    = num(ARGV[7] or tostring(capacity))
+-- Every test is written so that NaN fails it (see take.lua).
+if not (capacity and rate and amount and seq and version and floor) or not (capacity >= 1 and capacity < math.huge)
+    or not (rate > 0 and rate < math.huge) or not (amount > -math.huge and amount < math.huge)
+    or seq ~= seq or not (version >= 0 and version < 2^53) or version ~= math.floor(version)
+    or not (floor >= 0 and floor < 2^53) or floor ~= math.floor(floor)
+    or not (math.ceil((capacity + floor) / rate * 1000) + 1000 < 2^53) then
+  return redis.error_reply('ERR fleetlimit refund: invalid arguments')
+end
+local field = 'r:' .. ARGV[4]
+
+local t   = redis.call('TIME')
+local now = num(t[1]) * 1000 + math.floor(num(t[2]) / 1000)
+
+local state  = redis.call('HMGET', KEYS[1], 'tokens', 'ts', field, 'p', 'c')
+local pv, pc, pr = string.match(state[4] or '', '^(%S+) (%S+) (%S+) %S+$')
+pv, pc, pr = num(pv), num(pc), num(pr)
+if pv and pc and pr and pc >= 1 and pr > 0 then
+  if amount > 0 and (pv ~= version or pc ~= capacity or pr ~= rate) then amount = 0 end
+  capacity, rate, version = pc, pr, pv
+end
+local stored = num(state[1])
+if not stored and amount > 0 then
+  return { tostring(capacity), 0, version }
+end
+local ts     = num(state[2]) or now
+local raw    = (stored or capacity) + math.max(0, now - ts) / 1000 * rate
+local tokens = math.min(capacity, raw)
+-- the refill lost to the cap, counted in c (see take.lua)
+local credit = num(string.match(state[5] or '', '^(%S+)'))
+if not stored or not credit then credit = now / 1000 * rate end
+if raw > capacity then credit = credit + (raw - capacity) end
+
+local rec = state[3]
+if rec then
+  local rseq, rtok = string.match(rec, '^(%S+) (%S+) (%S+)$')
+  rseq = num(rseq)
+  if rseq == seq then
+    return { rtok, 1, version }
+  end
+  if rseq and rseq > seq then
+    return { tostring(tokens), 2, version }
+  end
+else
+  if redis.call('HLEN', KEYS[1]) > 256 then
+    local all = redis.call('HGETALL', KEYS[1])
+    for i = 1, #all, 2 do
+      local f = all[i]
+      if f ~= 'tokens' and f ~= 'ts' and f ~= 'p' and f ~= 'c' then
+        local when = num(string.match(all[i + 1], '(%S+)$'))
+        if not when or now - when > 120000 then
+          redis.call('HDEL', KEYS[1], f)
+        end
+      end
+    end
+  end
+end
+
+if amount < 0 then
+  -- a debt: first forgiven the credit grown since the debtor's reference
+  local ref = num(ARGV[8] or '')
+  if ref and credit > ref then
+    local forgiven = math.min(-amount, credit - ref)
+    amount, credit = amount + forgiven, credit - forgiven
+  end
+  tokens = math.max(tokens + amount, math.min(tokens, -floor))
+else
+  tokens = math.min(capacity, tokens + amount)
+end
+local left = tostring(tokens)
+redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', math.max(ts, now),
+  field, ARGV[5] .. ' ' .. left .. ' ' .. now,
+  'p', string.format('%d %.17g %.17g %d', version, capacity, rate, now),
+  'c', string.format('%.17g %d', credit, now))
+-- the TTL: until the bucket is full again (a bucket below zero needs longer), plus 1 s
+redis.call('PEXPIRE', KEYS[1], math.ceil(math.max(capacity, capacity - tokens) / rate * 1000) + 1000)
+return { left, 0, version }

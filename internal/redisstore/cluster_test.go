@@ -1,0 +1,124 @@
+package redisstore_test
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
+	"github.com/fleetlimit/fleetlimit/internal/redistest"
+)
+
+// TestCluster runs against the real Redis Cluster named by REDIS_CLUSTER_ADDRS (.ci/run
+// starts a 3-master one with .ci/redis-cluster.sh). The refills of many keys of one limit
+// go out in one TakeBatch call (their refunds in one RefundBatch), and because the hash tag is per bucket, not per limit,
+// those keys land on every master.
+func TestCluster(t *testing.T) {
+	c := redistest.Cluster(t, func(o *redis.ClusterOptions) {
+		o.MaxRedirects = -1 // no timeout retries (see global.ConfigureCluster)
+		o.MaxRetries = -1
+	})
+	ctx := context.Background()
+	s := newStore(t, c)
+	lim := redisstore.Limit{Name: lname(t), Rate: 1e-3, Burst: 20}
+
+	var mu sync.Mutex
+	var masters []string
+	if err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		mu.Lock() // called concurrently
+		defer mu.Unlock()
+		masters = append(masters, m.Options().Addr)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(masters) < 3 {
+		t.Fatalf("cluster has %d masters, want 3", len(masters))
+	}
+
+	const n = 64
+	reqs := make([]redisstore.TakeRequest, n)
+	for i := range reqs {
+		reqs[i] = redisstore.TakeRequest{Limit: lim, Key: "user-" + strconv.Itoa(i), Want: 5, Min: 1}
+	}
+	out := make([]redisstore.TakeResult, n)
+	if err := s.TakeBatch(ctx, reqs, out); err != nil {
+		t.Fatalf("TakeBatch: %v", err)
+	}
+	perMaster := map[string]int{}
+	for i, r := range out {
+		if r.Err != nil || r.Granted != 5 || !near(r.Remaining, 15, 1e-2) {
+			t.Fatalf("item %d: %+v, want 5 granted, 15 left", i, r)
+		}
+		key := s.Key(lim.Name, reqs[i].Key)
+		// The slot is the whole bucket's tag, as CLUSTER KEYSLOT computes it.
+		slot, err := c.ClusterKeySlot(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tag := key[strings.IndexByte(key, '{')+1 : strings.LastIndexByte(key, '}')]
+		if tagSlot, _ := c.ClusterKeySlot(ctx, tag).Result(); tagSlot != slot {
+			t.Fatalf("key %q: slot %d, its tag %q: %d", key, slot, tag, tagSlot)
+		}
+		m, err := c.MasterForKey(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The bucket really is on that master.
+		if ex, err := m.Exists(ctx, key).Result(); err != nil || ex != 1 {
+			t.Fatalf("key %q is not on its master %s: %d %v", key, m.Options().Addr, ex, err)
+		}
+		perMaster[m.Options().Addr]++
+	}
+	if len(perMaster) != len(masters) {
+		t.Fatalf("one limit's %d buckets landed on %d of %d masters: %v", n, len(perMaster), len(masters), perMaster)
+	}
+	t.Logf("%d buckets of one limit over the masters: %v", n, perMaster)
+
+	// A second batch: the same buckets, answered from every master in one call.
+	if err := s.TakeBatch(ctx, reqs, out); err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range out {
+		if r.Granted != 5 || !near(r.Remaining, 10, 1e-2) {
+			t.Fatalf("second batch item %d: %+v", i, r)
+		}
+	}
+
+	// The refunds of those buckets, from every master, in one RefundBatch call.
+	refunds := make([]redisstore.RefundRequest, n)
+	for i, r := range reqs {
+		refunds[i] = redisstore.RefundRequest{Limit: lim, Key: r.Key, N: 5}
+	}
+	rout := make([]redisstore.RefundResult, n)
+	if err := s.RefundBatch(ctx, refunds, rout); err != nil {
+		t.Fatalf("RefundBatch: %v", err)
+	}
+	for i, r := range rout {
+		if r.Err != nil || !near(r.Remaining, 15, 1e-2) {
+			t.Fatalf("refund item %d: %+v, want 15 left", i, r)
+		}
+	}
+
+	// The single calls work on the cluster too.
+	if r, err := s.AllowN(ctx, lim, "single", 3); err != nil || !r.Allowed || !near(r.Remaining, 17, 1e-2) {
+		t.Fatalf("AllowN: %+v %v", r, err)
+	}
+	if g, err := s.Take(ctx, lim, "single", 20, 1); err != nil || g.Granted != 17 {
+		t.Fatalf("Take: %+v %v", g, err)
+	}
+	if err := s.Refund(ctx, lim, "single", 4); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Heartbeat(ctx, lim.Name, "s1", time.Minute); err != nil || n != 1 {
+		t.Fatalf("Heartbeat: %d %v", n, err)
+	}
+	for _, r := range append(reqs, redisstore.TakeRequest{Key: "single"}) {
+		_ = s.Reset(ctx, lim, r.Key)
+	}
+}

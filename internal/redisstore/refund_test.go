@@ -1,0 +1,245 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
+	"github.com/fleetlimit/fleetlimit/internal/redistest"
+	"github.com/fleetlimit/fleetlimit/internal/storeerr"
+)
+
+// level is what the bucket of lim and key holds now: a take of everything, refunded.
+func level(t *testing.T, s *redisstore.Store, lim redisstore.Limit, key string) int {
+	t.Helper()
+	ctx := context.Background()
+	g, err := s.Take(ctx, lim, key, lim.Burst, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Refund(ctx, lim, key, g.Granted); err != nil {
+		t.Fatal(err)
+	}
+	return g.Granted
+}
+
+func TestRefundBatch(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		s := newStore(t, tg.Client)
+		lim := redisstore.Limit{Name: lname(t), Rate: 1e-4, Burst: 100}
+		for i := range 4 {
+			if g, err := s.Take(ctx, lim, "k"+strconv.Itoa(i), 50, 50); err != nil || g.Granted != 50 {
+				t.Fatalf("take: %+v %v", g, err)
+			}
+		}
+		reqs := []redisstore.RefundRequest{
+			{Limit: lim, Key: "k0", N: 10},
+			{Limit: lim, Key: "k1", N: 0},   // nothing to send
+			{Limit: lim, Key: "k2", N: 101}, // more than the burst: invalid, not sent
+			{Limit: lim, Key: "k3", N: 80},  // 50 + 80 is capped at 100
+			{Limit: lim, Key: "k0", N: 5},   // a second refund of one bucket adds up
+			{Limit: lim, Key: "new", N: 7},  // a bucket that does not exist is full
+		}
+		out := make([]redisstore.RefundResult, len(reqs))
+		err := s.RefundBatch(ctx, reqs, out)
+		if !errors.Is(err, storeerr.ErrInvalidLimit) || !errors.Is(out[2].Err, storeerr.ErrInvalidLimit) {
+			t.Fatalf("RefundBatch error %v, item 2 %v: want the invalid item's error", err, out[2].Err)
+		}
+		for _, c := range []struct {
+			item int
+			left float64
+		}{{0, 60}, {1, 0}, {3, 100}, {4, 65}, {5, 100}} {
+			if r := out[c.item]; r.Err != nil || !near(r.Remaining, c.left, 1e-2) {
+				t.Errorf("item %d: %+v, want %v left", c.item, r, c.left)
+			}
+		}
+		for key, want := range map[string]int{"k0": 65, "k1": 50, "k2": 50, "k3": 100, "new": 100} {
+			if got := level(t, s, lim, key); got != want {
+				t.Errorf("bucket %s holds %d, want %d", key, got, want)
+			}
+		}
+
+		if err := s.RefundBatch(ctx, reqs, out[:2]); !errors.Is(err, storeerr.ErrInvalidConfig) {
+			t.Fatalf("short out: %v, want ErrInvalidConfig", err)
+		}
+		if err := s.RefundBatch(ctx, nil, nil); err != nil {
+			t.Fatalf("empty batch: %v", err)
+		}
+		// A batch with nothing to send makes no call and answers nothing.
+		if err := s.RefundBatch(ctx, reqs[1:2], out); err != nil || out[0] != (redisstore.RefundResult{}) {
+			t.Fatalf("N == 0 batch: %+v %v", out[0], err)
+		}
+	})
+}
+
+// replayHook sends every pipeline twice, as a client that retries a timed-out pipeline
+// does: the same (server id, seq) reaches Redis twice.
+type replayHook struct{}
+
+func (replayHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (replayHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (replayHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if err := next(ctx, cmds); err != nil {
+			return err
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestRefundBatchReplaySafe: a batch whose commands all run twice refunds once.
+func TestRefundBatchReplaySafe(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		s := newStore(t, tg.Client)
+		lim := redisstore.Limit{Name: lname(t), Rate: 1e-4, Burst: 100}
+		reqs := make([]redisstore.RefundRequest, 8)
+		for i := range reqs {
+			reqs[i] = redisstore.RefundRequest{Limit: lim, Key: "k" + strconv.Itoa(i), N: 3 + i}
+			if g, err := s.Take(ctx, lim, reqs[i].Key, 60, 60); err != nil || g.Granted != 60 {
+				t.Fatalf("take: %+v %v", g, err)
+			}
+		}
+		tg.Client.AddHook(replayHook{})
+		out := make([]redisstore.RefundResult, len(reqs))
+		if err := s.RefundBatch(ctx, reqs, out); err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range out {
+			// The replayed answer is the recorded one: the level after the one refund.
+			if want := float64(40 + 3 + i); r.Err != nil || !near(r.Remaining, want, 1e-2) {
+				t.Errorf("item %d: %+v, want %v left", i, r, want)
+			}
+			if got := level(t, s, lim, reqs[i].Key); got != 40+3+i {
+				t.Errorf("bucket %d holds %d after a replayed refund of %d, want %d", i, got, 3+i, 40+3+i)
+			}
+		}
+	})
+}
+
+// TestRefundBatchNoScript: an empty script cache costs one extra round trip, and only
+// the items that got NOSCRIPT are re-sent.
+func TestRefundBatchNoScript(t *testing.T) {
+	ctx := context.Background()
+	check := func(t *testing.T, c *redis.Client) {
+		hook := &countingHook{}
+		c.AddHook(hook)
+		s := newStore(t, c)
+		lim := redisstore.Limit{Name: lname(t), Rate: 1e-4, Burst: 100}
+		reqs := make([]redisstore.RefundRequest, 6)
+		for i := range reqs {
+			reqs[i] = redisstore.RefundRequest{Limit: lim, Key: "b" + strconv.Itoa(i), N: 4}
+			if g, err := s.Take(ctx, lim, reqs[i].Key, 50, 50); err != nil || g.Granted != 50 {
+				t.Fatalf("take: %+v %v", g, err)
+			}
+		}
+		out := make([]redisstore.RefundResult, len(reqs))
+		checkBatchNoScript(t, c, hook, "RefundBatch", len(reqs), func() error { return s.RefundBatch(ctx, reqs, out) }, func() {})
+		for i, r := range out {
+			// 50 + 4 (flushed) + 4 (warm) + 4 (partial) = 62 in every bucket.
+			if r.Err != nil || !near(r.Remaining, 62, 1e-2) {
+				t.Fatalf("item %d: %+v, want 62 left", i, r)
+			}
+		}
+	}
+	t.Run("miniredis", func(t *testing.T) {
+		_, c := redistest.Mini(t)
+		check(t, c)
+	})
+	t.Run("redis", func(t *testing.T) {
+		srv := redistest.StartServer(t) // its own server: SCRIPT FLUSH is not for the shared one
+		check(t, srv.Client())
+	})
+}
+
+// TestRefundBatchNotStale: an item overtaken by a concurrent refund of the same bucket
+// from the same Store (answered stale, nothing refunded) is sent again, not dropped.
+func TestRefundBatchNotStale(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		lim := redisstore.Limit{Name: lname(t), Rate: 1e-4, Burst: 100}
+		s := newStore(t, tg.Client)
+		if g, err := s.Take(ctx, lim, "k", 50, 50); err != nil || g.Granted != 50 {
+			t.Fatalf("take: %+v, %v", g, err)
+		}
+		h := &staleHook{other: func() {
+			if err := s.Refund(ctx, lim, "k", 10); err != nil {
+				t.Errorf("other refund: %v", err)
+			}
+		}}
+		tg.Client.AddHook(h)
+		out := make([]redisstore.RefundResult, 1)
+		if err := s.RefundBatch(ctx, []redisstore.RefundRequest{{Limit: lim, Key: "k", N: 5}}, out); err != nil {
+			t.Fatal(err)
+		}
+		if !h.fired.Load() {
+			t.Fatal("the hook did not run")
+		}
+		if !near(out[0].Remaining, 65, 1e-2) {
+			t.Errorf("batch answered %v left, want 65", out[0].Remaining)
+		}
+		if got := level(t, s, lim, "k"); got != 65 {
+			t.Fatalf("after refunds of 10 and 5 into 50 left, the bucket holds %d, want 65", got)
+		}
+	})
+}
+
+// TestRefundBatchErrors: a broken Redis fails every item with ErrUnavailable.
+func TestRefundBatchErrors(t *testing.T) {
+	m, c := redistest.Mini(t)
+	s := newStore(t, c)
+	lim := redisstore.Limit{Name: lname(t), Rate: 1, Burst: 10}
+	m.Close()
+	out := make([]redisstore.RefundResult, 2)
+	err := s.RefundBatch(context.Background(), []redisstore.RefundRequest{{Limit: lim, Key: "a", N: 1}, {Limit: lim, Key: "b", N: 2}}, out)
+	if !storeerr.IsUnavailable(err) || !storeerr.IsUnavailable(out[0].Err) || !storeerr.IsUnavailable(out[1].Err) {
+		t.Fatalf("closed Redis: %v, items %v / %v, want ErrUnavailable", err, out[0].Err, out[1].Err)
+	}
+}
+
+// TestRefundBatchRetryWithSeq: a refund sent again with the Seq of its first attempt
+// adds nothing where that attempt ran, and refunds where it did not.
+func TestRefundBatchRetryWithSeq(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		s := newStore(t, tg.Client)
+		lim := redisstore.Limit{Name: lname(t), Rate: 1e-4, Burst: 100}
+		for _, k := range []string{"ran", "lost"} {
+			if g, err := s.Take(ctx, lim, k, 50, 50); err != nil || g.Granted != 50 {
+				t.Fatalf("take: %+v %v", g, err)
+			}
+		}
+		reqs := []redisstore.RefundRequest{{Limit: lim, Key: "ran", N: 10}}
+		out := make([]redisstore.RefundResult, 2)
+		if err := s.RefundBatch(ctx, reqs, out); err != nil || out[0].Seq == 0 {
+			t.Fatalf("first attempt: %+v %v", out[0], err)
+		}
+		// The answer was lost; the retry carries the first attempt's seq.
+		reqs[0].Seq = out[0].Seq
+		if err := s.RefundBatch(ctx, reqs, out); err != nil || !near(out[0].Remaining, 60, 1e-2) || out[0].Seq != reqs[0].Seq {
+			t.Fatalf("retry: %+v %v, want the recorded 60 and the same seq", out[0], err)
+		}
+		if got := level(t, s, lim, "ran"); got != 60 {
+			t.Fatalf("a refund of 10 sent twice left %d, want 60", got)
+		}
+		if tg.Mini == nil {
+			return
+		}
+		// An attempt that never ran: the retry with its seq refunds.
+		tg.Mini.SetError("LOADING Redis is loading the dataset in memory")
+		lost := []redisstore.RefundRequest{{Limit: lim, Key: "lost", N: 7}}
+		if err := s.RefundBatch(ctx, lost, out); !storeerr.IsUnavailable(err) || out[0].Seq == 0 {
+			t.Fatalf("failed attempt: %+v %v", out[0], err)
+		}
+		tg.Mini.SetError("")
+		lost[0].Seq = out[0].Seq
+		if err := s.RefundBatch(ctx, lost, out); err != nil || !near(out[0].Remaining, 57, 1e-2) {
+			t.Fatalf("retry of a lost refund: %+v %v, want 57 left", out[0], err)
+		}
+	})
+}

@@ -1,0 +1,60 @@
+package sim
+
+import (
+	"testing"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/internal/wire"
+)
+
+// TestRollingDeploy rolls out a change of the limit's kind or window over 20 servers,
+// one server after another over 2 s, with the hot key asking 3× its limit: servers that
+// disagree count the key in two representations, and each decides on both (the fleet's
+// record, docs/limits.md). Every window that overlaps the rollout holds the key within
+// the larger configuration's bound, 2·max(B) + max(r)·W, and every window after it
+// within the new one's; the key is not starved meanwhile.
+func TestRollingDeploy(t *testing.T) {
+	base := Scenario{Servers: 20, Duration: 8 * time.Second, Rate: 200, Burst: 100, Demand: 600,
+		Policy: FailLocal, GoModel: true, Seed: 1}
+	for _, tc := range []struct {
+		name     string
+		windowed time.Duration // the kind before: windowed, reporting every windowed; else exact
+		change   LimitChange
+	}{
+		{"windowed-to-exact", DefaultWindowed, LimitChange{Rate: 200, Burst: 100, Kind: kindExact}},
+		{"exact-to-windowed", 0, LimitChange{Rate: 200, Burst: 100, Kind: kindWindowed}},
+		{"windowed-to-charge-later", DefaultWindowed, LimitChange{Rate: 200, Burst: 100, Kind: kindChargeLater}},
+		{"window-halved", DefaultWindowed, LimitChange{Rate: 400, Burst: 100, Kind: kindWindowed, Report: 100 * time.Millisecond}},
+		// the unsharded format to a Cluster's shards (a release that shards, or a fleet
+		// moving to a Cluster): the same window, counted in other keys
+		{"windowed-to-shards", DefaultWindowed, LimitChange{Rate: 200, Burst: 100, Kind: kindWindowed, Shards: wire.WindowShards}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sc := base
+			sc.Name, sc.Windowed = tc.name, tc.windowed
+			tc.change.At, tc.change.Spread = time.Second, 2*time.Second
+			sc.LimitChanges = []LimitChange{tc.change}
+			st := Hybrid
+			if tc.windowed > 0 {
+				st = HybridWindow
+			}
+			res, err := Run(t, sc, st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.LimitChanges) != 1 {
+				t.Fatalf("%d limit changes measured, want 1", len(res.LimitChanges))
+			}
+			c := res.LimitChanges[0]
+			t.Logf("worst window %.3f of the larger bound while servers disagree (%s), %.3f of the new one after (%s); %.0f/s, then %.0f/s",
+				c.DuringOverBound, c.DuringW, c.AfterOverBound, c.AfterW, c.DuringPerS, c.AfterPerS)
+			atMost(t, "admissions over the larger bound while servers disagree", c.DuringOverBound, 1)
+			atMost(t, "admissions over the new bound once they agree", c.AfterOverBound, 1)
+			// A request passes only if both representations admit it, until the old
+			// one's record expires (up to 90 s after its last server went: the whole
+			// run here): the key runs under the lower rate, at less than either would
+			// alone, and is not starved.
+			atLeast(t, "admitted / the lower rate once they agree", c.AfterPerS/min(c.OldRate, c.NewRate), 0.5)
+		})
+	}
+}
