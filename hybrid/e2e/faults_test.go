@@ -295,6 +295,7 @@ const (
 	cellServers = 4
 	hotRate     = 400.0
 	hotBurst    = 40
+	hotWindow   = hotBurst * time.Second / hotRate // a windowed limit's window
 	coldKeys    = 100
 	cellWait    = 10 * time.Millisecond // each limit's MaxWait
 	cellSlack   = 90 * time.Millisecond // scheduling on a shared 2-core machine, -race
@@ -763,6 +764,14 @@ func runFaultCell(t *testing.T, kind faultKind, f fault, policy breaker.Policy, 
 		// servers had stopped adding to it, or one another server refills, goes unseen.
 		// The kind's bound, checked above, is what holds.
 		t.Logf("%s: %d arrays in use evicted, no loss seen by a server that had added to one", f.name, used)
+	case f.name == "kill-restart" && kind.name == "windowed" && faultFor >= 3*hotWindow:
+		// A server writes a key's current window and, ahead, the next one, and reads the
+		// current and the one before: three windows after the kill, every array read was
+		// created after the restart, and the lost ones had ended. A server may still see
+		// the loss in a report for an ended window sent after the restart, or may not;
+		// the kind's bound, checked above, is what holds.
+		t.Logf("%s: the fault lasted %v, %d windows: no array in use was lost (%d losses seen)",
+			f.name, faultFor.Round(time.Millisecond), faultFor/hotWindow, r.lost)
 	default:
 		t.Errorf("%s lost buckets (%d keys in use evicted), but no server counted a lost bucket", f.name, used)
 	}
