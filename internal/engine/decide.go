@@ -316,7 +316,7 @@ func (lm *Limit) join(o *outcome, en *entry, tier string, n int, w *Waiter) {
 func (lm *Limit) preDenied(en *entry, t time.Time, n int) Decision {
 	d := Decision{Source: SourcePreCheck, Reason: ReasonPreCheck, RetryAfter: InfDuration}
 	if n <= en.shape.preBurst {
-		d.RetryAfter = tokenbucket.Duration(float64(n)-en.pre.TokensAt(t), float64(en.shape.preRate))
+		d.RetryAfter = tokenbucket.Duration(float64(n)-en.pre.TokensAt(t), en.shape.preRate)
 	}
 	return d
 }

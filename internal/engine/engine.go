@@ -8,11 +8,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/time/rate"
-
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/internal/keystore"
 	"github.com/fleetlimit/fleetlimit/internal/redisstore"
+	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
 )
 
 // Defaults of LimitConfig and Config.
@@ -178,7 +177,7 @@ type Limit struct {
 // entry is what one server holds for one (limit, key). It lives in the limit's bounded
 // store and is only touched under that store's lock for the key.
 type entry struct {
-	pre   rate.Limiter
+	pre   tokenbucket.Bucket // the pre-check: x/time/rate's arithmetic, under the key's lock
 	lease Lease
 	shape *Shape // the shape the key was last decided on; nil for a new key
 	// credit is the bucket's credit (redisstore.Grant.Credit) at the key's last grant on
@@ -347,7 +346,7 @@ func (e *Engine) setServers(now time.Time, n int) {
 // yet (its first decision gives it one, with a full pre-check bucket: reshape).
 func (lm *Limit) initEntry(en *entry, key string, now time.Time) {
 	h := hashKey(key)
-	en.pre = rate.Limiter{}
+	en.pre = tokenbucket.Bucket{}
 	en.shape = nil
 	en.lease = NewLease(lm.seed ^ h)
 	en.flight = nil

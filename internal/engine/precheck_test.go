@@ -38,7 +38,7 @@ func TestPreCheckNeverDeniesWhatTheBucketWouldAllow(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sh := &Shape{cfg: LimitConfig{Rate: rateLimit, Burst: burst}, preRate: rate.Limit(rateLimit), preBurst: burst}
+		sh := &Shape{cfg: LimitConfig{Rate: rateLimit, Burst: burst}, preRate: rateLimit, preBurst: burst}
 		sh.lease.Store(&lc)
 		lm := &Limit{seed: uint64(seed)}
 		b := &bucket{lm: lm, spill: exact{}}
@@ -116,7 +116,7 @@ func TestPreCheckStartsFull(t *testing.T) {
 		lm.kind = &bucket{lm: lm, spill: exact{}}
 		var en entry
 		lm.initEntry(&en, "k", t0)
-		lm.reshape(&en, &Shape{preRate: rate.Limit(tc.rate), preBurst: tc.burst}, t0)
+		lm.reshape(&en, &Shape{preRate: tc.rate, preBurst: tc.burst}, t0)
 		if got := en.pre.TokensAt(t0); got != float64(tc.burst) {
 			t.Errorf("rate %v burst %d: a new key's pre-check holds %v, want %d", tc.rate, tc.burst, got, tc.burst)
 		}

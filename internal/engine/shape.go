@@ -8,8 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/time/rate"
-
 	"github.com/fleetlimit/fleetlimit/internal/fallback"
 	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
@@ -40,7 +38,7 @@ type Shape struct {
 	glim       redisstore.Limit
 	lease      atomic.Pointer[LeaseConfig]
 	fallback   *fallback.Fallback
-	preRate    rate.Limit
+	preRate    float64 // tokens per second; tokenbucket.Inf: no pre-check
 	preBurst   int
 	window     time.Duration // Burst / Rate
 	perToken   float64       // nanoseconds to refill one token at Rate
@@ -188,7 +186,7 @@ func newShape(c LimitConfig, t TierConfig, servers int) (*Shape, error) {
 	s := &Shape{
 		tier: t.Name, cfg: c,
 		glim:    redisstore.Limit{Name: c.Name, Rate: c.Rate, Burst: c.Burst, Version: c.Version},
-		preRate: rate.Limit(c.PreRate), preBurst: c.PreBurst,
+		preRate: c.PreRate, preBurst: c.PreBurst,
 		window: tokenbucket.Duration(float64(c.Burst), c.Rate), perToken: float64(time.Second) / c.Rate,
 	}
 	s.lostWindow = min(s.window, 120*time.Second)
@@ -237,21 +235,13 @@ func (lm *Limit) reshape(en *entry, s *Shape, t time.Time) {
 	old := en.shape
 	en.shape = s
 	if old == nil {
-		// A zero rate.Limiter holds no tokens, and filling it by starting its history
-		// one fill time in the past fails for slow rates (a burst of 5 at one a day
-		// needs five days; slower ones overflow a time.Duration). Instead: burst set,
-		// then an infinite rate for one nanosecond fills it (x/time/rate caps the tokens
-		// at the burst), then the real rate from now on.
-		before := t.Add(-time.Nanosecond)
-		en.pre.SetBurstAt(before, s.preBurst)
-		en.pre.SetLimitAt(before, rate.Inf)
-		en.pre.SetLimitAt(t, s.preRate)
+		en.pre.Reset(t, s.preRate, s.preBurst)
 		return
 	}
 	if old.sameBucket(s) {
 		return
 	}
-	en.pre.SetLimitAt(t, s.preRate)
+	en.pre.SetRateAt(t, s.preRate)
 	en.pre.SetBurstAt(t, s.preBurst)
 	en.flight = nil
 	lm.stats.reshaped.Add(1)

@@ -1,0 +1,100 @@
+package tokenbucket
+
+import (
+	"math"
+	"time"
+)
+
+// Inf is the rate of a bucket that never limits: golang.org/x/time/rate.Inf, as a
+// float64.
+const Inf = math.MaxFloat64
+
+// Bucket is golang.org/x/time/rate.Limiter's token bucket without its mutex, for state
+// its caller already guards: the engine's pre-check lives under its key store's shard
+// lock, and a second lock per decision cost about a fifth of a lease hit. Its methods
+// compute what rate.Limiter's of the same names compute, in the same order of
+// floating-point operations, so a Bucket and a rate.Limiter given the same calls give
+// the same answers and hold the same tokens (FuzzBucketMatchesRate): a negative cost
+// gives tokens back, up to the burst at the next refill; an instant before the last one
+// refills nothing; rate Inf admits any cost up to any burst without spending.
+//
+// The zero value holds no tokens and refills at rate 0: it denies every positive cost,
+// as a zero rate.Limiter does. A Bucket is 48 bytes (a rate.Limiter, 80). It is not safe
+// for concurrent use.
+type Bucket struct {
+	rate   float64 // tokens per second; Inf: no limit
+	burst  int
+	tokens float64
+	last   time.Time // when tokens was last set
+}
+
+// AllowN reports whether n tokens may be taken at t, and takes them if so: there are n
+// tokens at t (the tokens the bucket held, refilled since, up to its burst) and n is at
+// most the burst. It is rate.Limiter.AllowN.
+func (b *Bucket) AllowN(t time.Time, n int) bool {
+	if b.rate == Inf {
+		return true
+	}
+	tokens := b.advance(t) - float64(n)
+	if n > b.burst || tokens < 0 && durationOf(-tokens, b.rate) > 0 {
+		return false
+	}
+	b.last, b.tokens = t, tokens
+	return true
+}
+
+// TokensAt returns the tokens the bucket holds at t, without changing it. It is
+// rate.Limiter.TokensAt.
+func (b *Bucket) TokensAt(t time.Time) float64 { return b.advance(t) }
+
+// SetRateAt refills the bucket up to t at its old rate, then sets its rate to r tokens
+// per second (Inf: no limit). It is rate.Limiter.SetLimitAt.
+func (b *Bucket) SetRateAt(t time.Time, r float64) {
+	b.tokens, b.last = b.advance(t), t
+	b.rate = r
+}
+
+// SetBurstAt refills the bucket up to t at its rate, then sets its burst. It is
+// rate.Limiter.SetBurstAt.
+func (b *Bucket) SetBurstAt(t time.Time, burst int) {
+	b.tokens, b.last = b.advance(t), t
+	b.burst = burst
+}
+
+// Reset makes the bucket full at t, with rate r and burst: what a rate.Limiter made by
+// rate.NewLimiter(r, burst) at t holds. (A zero rate.Limiter fills only by refilling, which
+// for a slow rate takes longer than a time.Duration holds.)
+func (b *Bucket) Reset(t time.Time, r float64, burst int) {
+	*b = Bucket{rate: r, burst: burst, tokens: float64(burst), last: t}
+}
+
+// advance is the tokens the bucket holds at t.
+func (b *Bucket) advance(t time.Time) float64 {
+	last := b.last
+	if t.Before(last) {
+		last = t
+	}
+	delta := 0.0
+	if b.rate > 0 {
+		delta = t.Sub(last).Seconds() * b.rate
+	}
+	tokens := b.tokens + delta
+	if burst := float64(b.burst); tokens > burst {
+		tokens = burst
+	}
+	return tokens
+}
+
+// durationOf is x/time/rate's wait for tokens at rate r (> 0 tokens): the time they take
+// to refill, truncated to the nanosecond, as a float64 compared with 0 only, so a wait
+// under a nanosecond is none.
+func durationOf(tokens, r float64) time.Duration {
+	if r <= 0 {
+		return InfDuration
+	}
+	d := (tokens / r) * float64(time.Second)
+	if d > float64(math.MaxInt64) {
+		return InfDuration
+	}
+	return time.Duration(d)
+}

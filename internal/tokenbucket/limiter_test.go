@@ -1,0 +1,69 @@
+package tokenbucket
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// FuzzBucketMatchesRate gives a Bucket and a rate.Limiter the same calls, decoded from
+// the input, and requires the same answers and the same tokens after every call: costs
+// negative, zero, past the burst; instants that go back; rates 0, tiny, huge and Inf.
+func FuzzBucketMatchesRate(f *testing.F) {
+	f.Add([]byte{0, 3, 1, 10, 2, 5, 3, 1, 0, 1, 0, 1, 0, 1, 4, 200, 0, 1})
+	f.Add([]byte{2, 9, 3, 40, 1, 255, 0, 7, 0, 7, 4, 0, 0, 250, 1, 1})
+	f.Add([]byte{1, 6, 2, 1, 0, 1, 4, 128, 0, 2, 5, 200, 0, 1, 0, 1})
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		var b Bucket
+		var r rate.Limiter
+		now := time.Unix(1_700_000_000, 0) // with no monotonic reading: Sub of walls
+		mono := time.Now()
+		check := func(i int, what string) {
+			t.Helper()
+			at := now
+			if i%2 == 1 {
+				at = mono.Add(now.Sub(time.Unix(1_700_000_000, 0)))
+			}
+			got, want := b.TokensAt(at), r.TokensAt(at)
+			if got != want && !(math.IsNaN(got) && math.IsNaN(want)) {
+				t.Fatalf("op %d (%s): TokensAt %v, rate.Limiter's %v", i, what, got, want)
+			}
+		}
+		for i := 0; i+1 < len(ops); i += 2 {
+			op, arg := ops[i]%6, ops[i+1]
+			switch op {
+			case 0: // AllowN, cost -3..12
+				n := int(arg%16) - 3
+				if g, w := b.AllowN(now, n), r.AllowN(now, n); g != w {
+					t.Fatalf("op %d: AllowN(%d) = %v, rate.Limiter's %v", i, n, g, w)
+				}
+			case 1: // SetRateAt
+				v := rates[int(arg)%len(rates)]
+				b.SetRateAt(now, v)
+				r.SetLimitAt(now, rate.Limit(v))
+			case 2: // SetBurstAt
+				n := int(arg%20) - 2
+				b.SetBurstAt(now, n)
+				r.SetBurstAt(now, n)
+			case 3: // time forward, up to 1.3 s
+				now = now.Add(time.Duration(arg) * time.Duration(arg) * 20 * time.Microsecond)
+			case 4: // time back
+				now = now.Add(-time.Duration(arg) * time.Millisecond)
+			case 5: // a nanosecond
+				now = now.Add(time.Nanosecond)
+			}
+			check(i, [...]string{"AllowN", "SetRateAt", "SetBurstAt", "forward", "back", "1ns"}[op])
+		}
+	})
+}
+
+var rates = []float64{0, 1e-9, 0.5, 1, 3, 10, 400, 1e6, 1e12, Inf, math.SmallestNonzeroFloat64, -1}
+
+// TestInfIsRates: the rate of no limit is x/time/rate's.
+func TestInfIsRates(t *testing.T) {
+	if Inf != float64(rate.Inf) {
+		t.Fatalf("Inf = %v, x/time/rate's is %v", Inf, float64(rate.Inf))
+	}
+}
