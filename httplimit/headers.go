@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+	"unsafe"
 
 	"github.com/fleetlimit/fleetlimit/hybrid"
 )
@@ -112,19 +113,28 @@ func resetAfter(d hybrid.Decision) (int64, bool) {
 func WriteHeaders(h http.Header, d hybrid.Decision, set Headers, now time.Time) {
 	var pols [1]policy
 	pols[0] = policyOf(d)
-	writeHeaders(h, d, pols[:], set, now)
+	writeHeaders(h, d, pols[:], set, now, new(headerValues))
 }
 
+// headerValues holds the values writeHeaders writes, as the header map refers to them:
+// their bytes and the []string each header's value is. The Middleware keeps it in the
+// request's Decision context, so that the headers cost no allocation of their own.
+type headerValues struct {
+	vals [maxHeaders]string
+	buf  [96]byte // past it (long names, many Also limits' policies), the bytes go to the heap
+}
+
+// maxHeaders is the most headers writeHeaders writes.
+const maxHeaders = 6
+
 // writeHeaders is WriteHeaders with RateLimit-Policy listing policies, in order (d's
-// among them, from policyOf).
-func writeHeaders(h http.Header, d hybrid.Decision, policies []policy, set Headers, now time.Time) {
-	// Every value goes into one buffer, then one string and one []string backing array
-	// hold them all: two allocations however many headers are written.
+// among them, from policyOf), its values held in hv, which must be new: the header map
+// keeps referring to it, and to its bytes as strings.
+func writeHeaders(h http.Header, d hybrid.Decision, policies []policy, set Headers, now time.Time, hv *headerValues) {
 	var (
-		buf   [256]byte
-		b     = buf[:0]
-		names [6]string
-		ends  [6]int
+		b     = hv.buf[:0]
+		names [maxHeaders]string
+		ends  [maxHeaders]int
 		n     int
 	)
 	add := func(name string) {
@@ -178,8 +188,9 @@ func writeHeaders(h http.Header, d hybrid.Decision, policies []policy, set Heade
 	if n == 0 {
 		return
 	}
-	all := string(b)
-	vals := make([]string, n)
+	// The bytes are written once, above, and never again: a string may share them.
+	all := unsafe.String(unsafe.SliceData(b), len(b))
+	vals := hv.vals[:n]
 	from := 0
 	for i := range n {
 		vals[i] = all[from:ends[i]]

@@ -196,8 +196,14 @@ func (m *Middleware) Check(w http.ResponseWriter, r *http.Request) (*http.Reques
 		now = m.now()
 	}
 	var pols [maxAlso + 1]policy
-	writeHeaders(w.Header(), d, m.policies(pols[:0], d, tier), m.headers, now)
-	r = r.WithContext(&decisionCtx{Context: r.Context(), d: d})
+	if _, retry := retryAfter(d); m.headers&HeadersNone != 0 && !retry {
+		// Nothing to write: the Decision alone goes in the context.
+		r = r.WithContext(&decisionCtx{Context: r.Context(), d: d})
+	} else {
+		dc := &headersCtx{decisionCtx: decisionCtx{Context: r.Context(), d: d}}
+		writeHeaders(w.Header(), d, m.policies(pols[:0], d, tier), m.headers, now, &dc.hdr)
+		r = r.WithContext(dc)
+	}
 	if d.Allowed {
 		return r, true
 	}
@@ -262,6 +268,13 @@ type decisionKey struct{}
 type decisionCtx struct {
 	context.Context
 	d hybrid.Decision
+}
+
+// headersCtx is decisionCtx with the values of the headers written for the request, so
+// that they cost no allocation of their own (their bytes and their []string).
+type headersCtx struct {
+	decisionCtx
+	hdr headerValues
 }
 
 // Value returns a *hybrid.Decision for decisionKey, else the parent's value.
