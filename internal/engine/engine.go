@@ -177,19 +177,23 @@ type Limit struct {
 // entry is what one server holds for one (limit, key). It lives in the limit's bounded
 // store and is only touched under that store's lock for the key.
 type entry struct {
-	pre   tokenbucket.Bucket // the pre-check: x/time/rate's arithmetic, under the key's lock
-	lease Lease
+	// What a lease hit reads and writes comes first, together (with the store's own
+	// fields before it, three cache lines): a hit on one of many keys misses the cache
+	// once per line.
 	shape *Shape // the shape the key was last decided on; nil for a new key
+	// key is the key's ID (wire.KeyID), the store's own copy: flights, waiters, refunds
+	// and expiries hold it, never the caller's string, which may pin a larger buffer.
+	key   string
+	slot  uint8              // which shard of the counters the key counts in
+	pre   tokenbucket.Bucket // the pre-check: x/time/rate's arithmetic, under the key's lock
+	lease Lease              // its hot fields first
+
 	// credit is the bucket's credit (redisstore.Grant.Credit) at the key's last grant on
 	// this server, if hasCredit: the reference of a debt its fallback runs up.
 	credit    float64
 	hasCredit bool
 	flight    *Flight // the refill in flight, nil if none
 	win       *wkey   // a windowed limit's state of the key (window.go); nil for a bucket's
-	slot      uint8   // which shard of the counters the key counts in
-	// key is the key's ID (wire.KeyID), the store's own copy: flights, waiters, refunds
-	// and expiries hold it, never the caller's string, which may pin a larger buffer.
-	key string
 }
 
 type refund struct {
