@@ -67,13 +67,10 @@ func TestBatchKeepsOtherItemsGrants(t *testing.T) {
 		}
 		c0.Close()
 		defer m.Close()
-		// A Cluster client (miniredis serves every slot itself): on one Redis the two
-		// refills would share a script call, and one node's failure is a Cluster's.
-		c := redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:                    []string{"127.0.0.1:6379"}, // never dialled: the Dialer is
+		c := redis.NewClient(&redis.Options{
+			Addr:                     "127.0.0.1:6379", // never dialled: the Dialer is
 			Dialer:                   func(context.Context, string, string) (net.Conn, error) { return m.Dial() },
 			MaxRetries:               -1,
-			MaxRedirects:             -1,
 			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 		})
 		defer c.Close()

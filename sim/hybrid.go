@@ -611,12 +611,6 @@ func (h *hybridStrat) call(s *server, hs *hybridServer, t *engine.Trip, p *part,
 		default:
 			p.each(max(len(t.Takes), len(t.Refunds), 1), func(int) { n++ })
 			cost = time.Duration(n) * sc.ScriptTime
-			if t.Kind == engine.TakeTrip && sc.Masters == 1 {
-				// On one Redis the Limiter sends up to TakesPerCall takes in one script
-				// call (redisstore.Store.TakeBatch). Each take is still charged a whole
-				// script's time: the call's fixed cost they share is not modelled.
-				n = (n + redisstore.TakesPerCall - 1) / redisstore.TakesPerCall
-			}
 		}
 		f.redis.roundTrip(p.m, n, cost, func(at time.Time) {
 			p.each(len(t.Takes), func(i int) {

@@ -353,8 +353,7 @@ func (h netHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 }
 
 // cost is what the simulator counts for command c (hybridStrat's trip): the calls and
-// their Redis time. A script is one call of ScriptTime, and a call of several takes
-// (luascript.Take's form for several keys) ScriptTime a take; a low-key exchange (luascript.Low),
+// their Redis time. A script is one call of ScriptTime; a low-key exchange (luascript.Low),
 // lowCost's: a plain command's time besides for each key it marks or unmarks. The
 // commands of a windowed exchange are windowCost's; its read's time, which depends on
 // its answer, is readCostOf's. ok is false for a command the simulator does not model
@@ -367,11 +366,6 @@ func (l *limiterStrat) cost(c redis.Cmder) (n int, cost time.Duration, ok bool) 
 		// EVALSHA sha numkeys key memory n ids... unmark...
 		if len(args) >= 6 && (args[1] == luascript.Low.Hash() || args[1] == luascript.LowSource) {
 			return 1, sc.ScriptTime + time.Duration(len(args)-6)*sc.CommandTime, true
-		}
-		if len(args) >= 3 && (args[1] == luascript.Take.Hash() || args[1] == luascript.TakeSource) {
-			if keys, ok := args[2].(int); ok && keys > 1 {
-				return 1, time.Duration(keys) * sc.ScriptTime, true
-			}
 		}
 		return 1, sc.ScriptTime, true
 	case "time", "zremrangebyscore", "pexpire":

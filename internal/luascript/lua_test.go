@@ -2,10 +2,8 @@ package luascript_test
 
 import (
 	"context"
-	"maps"
 	"math"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -609,100 +607,6 @@ func TestTakeSeen(t *testing.T) {
 					t.Fatalf("take = %v, want about %v left", got, tc.leftNear)
 				}
 			})
-		}
-	})
-}
-
-// TestTakeSeveral: the takes of several buckets in one call (KEYS[1..n], ten arguments a
-// key) answer what the same takes answer one call each, and leave the buckets as those
-// do, at one Redis TIME; an invalid take answers its error in its place, and the others
-// still run. Twin buckets (a, b) get the same history, a by single calls, b in one call.
-func TestTakeSeveral(t *testing.T) {
-	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
-		if tg.Mini != nil {
-			tg.Mini.SetTime(t0)
-		}
-		ctx := context.Background()
-		base := redistest.Unique(t)
-		const n = 6
-		// Each take: capacity, rate, want, min, server, seq, version, floor, seen, seen at.
-		takes := [n][]any{
-			{10, 1e-6, 4, 1, "srv", 1, 0, 0},                     // a new bucket: all 4, First
-			{10, 1e-6, 12, 2, "srv", 1, 0, 0},                    // want past the burst: all 10
-			{10, 1e-6, 3, 3, "srv", 1, 0, 2},                     // a claim's floor: 3 of 10
-			{10, 1e-6, 0, 0, "srv", 1, 0, 0},                     // invalid: want 0
-			{100, 1e-6, 5, 1, "srv", 1, 3, 0, "-3", int64(1e12)}, // seen: a bucket seen lately
-			{10, 1e-6, 2, 1, "other", 9, 0, 0},                   // another server
-		}
-		key := func(twin string, i int) string { return base + twin + strconv.Itoa(i) }
-		// First a shared history: bucket 1's earlier take by srv with seq 1, so that
-		// take 1 is a replay.
-		for _, twin := range []string{"a", "b"} {
-			run(t, tg.Client, luascript.Take, key(twin, 1), 10, 1e-6, 3, 1, "srv", 1, 0)
-		}
-		single := make([]any, n)
-		for i, args := range takes {
-			single[i], _ = luascript.Take.Run(ctx, tg.Client, []string{key("a", i)}, args...).Result()
-		}
-		keys := make([]string, n)
-		var args []any
-		for i, a := range takes {
-			keys[i] = key("b", i)
-			args = append(args, a...)
-			for range 10 - len(a) {
-				args = append(args, "")
-			}
-		}
-		got, err := luascript.Take.Run(ctx, tg.Client, keys, args...).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		several, ok := got.([]any)
-		if !ok || len(several) != n {
-			t.Fatalf("several takes answered %T %v, want %d replies", got, got, n)
-		}
-		var at any
-		for i := range n {
-			if i == 3 {
-				if e, ok := several[i].(error); !ok || !strings.Contains(e.Error(), "invalid arguments") {
-					t.Fatalf("take %d (invalid): %v, want its error in its place", i, several[i])
-				}
-				continue
-			}
-			s, ok1 := single[i].([]any)
-			g, ok2 := several[i].([]any)
-			if !ok1 || !ok2 || len(s) != 7 || len(g) != 7 {
-				t.Fatalf("take %d: single %v, several %v", i, single[i], several[i])
-			}
-			switch {
-			case i == 1: // a replay answers the time of the take it replays
-			case at == nil:
-				at = g[3]
-			case g[3] != at:
-				t.Fatalf("take %d at Redis time %v, take 0 at %v: one TIME for the call", i, g[3], at)
-			}
-			same := []int{0, 4, 5} // granted, flag, version
-			if tg.Mini != nil {
-				same = []int{0, 1, 2, 3, 4, 5, 6} // one clock: every field
-			}
-			for _, f := range same {
-				if s[f] != g[f] {
-					t.Fatalf("take %d: field %d is %v one at a time, %v several at once (%v, %v)", i, f+1, s[f], g[f], s, g)
-				}
-			}
-			if tg.Mini != nil {
-				ha, _ := tg.Client.HGetAll(ctx, key("a", i)).Result()
-				hb, _ := tg.Client.HGetAll(ctx, key("b", i)).Result()
-				if !maps.Equal(ha, hb) {
-					t.Fatalf("take %d: bucket %v one at a time, %v several at once", i, ha, hb)
-				}
-			}
-		}
-		if g := several[0].([]any); g[0] != int64(4) || g[4] != int64(luascript.First) {
-			t.Fatalf("take 0: %v, want 4 granted from a new bucket", g)
-		}
-		if g := several[1].([]any); g[4] != int64(luascript.Replayed) {
-			t.Fatalf("take 1: %v, want the replay of seq 1", g)
 		}
 	})
 }

@@ -1,12 +1,5 @@
 -- fleetlimit lease take: atomically take up to `want` tokens, at least `min`.
 --
--- One take: KEYS[1] and ARGV[1..10], below. Several takes, of buckets on one Redis (not a
--- Cluster: they would cross slots): KEYS[1..n], and ARGV holds ten arguments per key, in
--- the order of KEYS, an optional one not given as the empty string; the reply is then an
--- array of the n replies, in order (an invalid take's an error in its place). Each take
--- is the take of one key, all at one Redis TIME: several in one call save the per-call
--- cost of a script, which is most of a take's.
---
 -- KEYS[1] = bucket key (the same hash as bucket.lua: fields tokens, ts; and p, below)
 -- ARGV[1] = capacity, ARGV[2] = refill per second, ARGV[3] = want, ARGV[4] = min,
 -- ARGV[5] = server id, ARGV[6] = seq (a decimal integer, increasing per server id),
@@ -66,125 +59,108 @@ local function num(s)
   return tonumber(s) or (s and tonumber((string.gsub(s, '^(%s*[-+]?%d+)([eE])', '%1.0%2'))))
 end
 
--- take is one take of the bucket at key, with the arguments a (ARGV's layout, above), at
--- now (Redis's TIME, ms).
-local function take(key, a, now)
-  local capacity = num(a[1])
-  local rate     = num(a[2])
-  local want     = num(a[3])
-  local min      = num(a[4])
-  local seq      = num(a[6])
-  local version  = num(a[7])
-  local floor    = num(a[8] or '0')
-  local seen     = num(a[9] or '')
-  local seen_at  = num(a[10] or '')
-  -- Every test is written so that NaN fails it (Lua's tonumber reads 'nan' and 'inf'); want
-  -- and min are whole numbers; the TTL must stay an exact integer (< 2^53 ms) that PEXPIRE
-  -- accepts, as global.Limit.Validate requires.
-  if not (capacity and rate and want and min and seq and version and floor) or not (capacity >= 1 and capacity < math.huge)
-      or not (rate > 0 and rate < math.huge) or not (want >= 1 and want < math.huge)
-      or not (min >= 0 and min <= want) or want ~= math.floor(want) or min ~= math.floor(min)
-      or seq ~= seq or not (version >= 0 and version < 2^53) or version ~= math.floor(version)
-      or not (floor >= 0 and floor <= capacity) or floor ~= math.floor(floor)
-      or not (math.ceil(2 * capacity / rate * 1000) + 1000 < 2^53)
-      or (a[9] and not (seen and seen_at and seen > -math.huge and seen < math.huge
-        and seen_at >= 0 and seen_at < 2^53 and seen_at == math.floor(seen_at))) then
-    return redis.error_reply('ERR fleetlimit take: invalid arguments')
-  end
-  local field = 't:' .. a[5]
+local capacity = num(ARGV[1])
+local rate     = num(ARGV[2])
+local want     = num(ARGV[3])
+local min      = num(ARGV[4])
+local seq      = num(ARGV[6])
+local version  = num(ARGV[7])
+local floor    = num(ARGV[8] or '0')
+local seen     = num(ARGV[9] or '')
+local seen_at  = num(ARGV[10] or '')
+-- Every test is written so that NaN fails it (Lua's tonumber reads 'nan' and 'inf'); want
+-- and min are whole numbers; the TTL must stay an exact integer (< 2^53 ms) that PEXPIRE
+-- accepts, as global.Limit.Validate requires.
+if not (capacity and rate and want and min and seq and version and floor) or not (capacity >= 1 and capacity < math.huge)
+    or not (rate > 0 and rate < math.huge) or not (want >= 1 and want < math.huge)
+    or not (min >= 0 and min <= want) or want ~= math.floor(want) or min ~= math.floor(min)
+    or seq ~= seq or not (version >= 0 and version < 2^53) or version ~= math.floor(version)
+    or not (floor >= 0 and floor <= capacity) or floor ~= math.floor(floor)
+    or not (math.ceil(2 * capacity / rate * 1000) + 1000 < 2^53)
+    or (ARGV[9] and not (seen and seen_at and seen > -math.huge and seen < math.huge
+      and seen_at >= 0 and seen_at < 2^53 and seen_at == math.floor(seen_at))) then
+  return redis.error_reply('ERR fleetlimit take: invalid arguments')
+end
+local field = 't:' .. ARGV[5]
 
-  local state  = redis.call('HMGET', key, 'tokens', 'ts', field, 'p', 'c')
-  -- refill on the parameters the bucket held until now, then take the ones in force
-  local held_cap, held_rate = capacity, rate
-  local pv, pc, pr = string.match(state[4] or '', '^(%S+) (%S+) (%S+) %S+$')
-  pv, pc, pr = num(pv), num(pc), num(pr)
-  if pv and pc and pr and pc >= 1 and pr > 0 then
-    held_cap, held_rate = pc, pr
-    if pv > version then capacity, rate, version = pc, pr, pv end
-  end
-  local stored = num(state[1])
-  local ts     = num(state[2]) or now
-  if not stored and seen and now - seen_at < capacity / rate * 1000 + 500 then
-    stored, ts = math.min(seen, 0), now
-  end
-  local cap    = math.min(capacity, held_cap)
-  local raw    = (stored or held_cap) + math.max(0, now - ts) / 1000 * held_rate
-  local tokens = math.min(cap, raw)
-  -- the refill lost to the cap, counted in c
-  local credit = num(string.match(state[5] or '', '^(%S+)'))
-  if not stored or not credit then credit = now / 1000 * rate end
-  if raw > cap then credit = credit + (raw - cap) end
+local t   = redis.call('TIME')
+local now = num(t[1]) * 1000 + math.floor(num(t[2]) / 1000)
 
-  -- ms until `min` tokens can be granted, 0 if they can
-  local function wait_for(tokens)
-    if tokens + floor >= min then return 0 end
-    return math.ceil((min - floor - tokens) / rate * 1000)
-  end
+local state  = redis.call('HMGET', KEYS[1], 'tokens', 'ts', field, 'p', 'c')
+-- refill on the parameters the bucket held until now, then take the ones in force
+local held_cap, held_rate = capacity, rate
+local pv, pc, pr = string.match(state[4] or '', '^(%S+) (%S+) (%S+) %S+$')
+pv, pc, pr = num(pv), num(pc), num(pr)
+if pv and pc and pr and pc >= 1 and pr > 0 then
+  held_cap, held_rate = pc, pr
+  if pv > version then capacity, rate, version = pc, pr, pv end
+end
+local stored = num(state[1])
+local ts     = num(state[2]) or now
+if not stored and seen and now - seen_at < capacity / rate * 1000 + 500 then
+  stored, ts = math.min(seen, 0), now
+end
+local cap    = math.min(capacity, held_cap)
+local raw    = (stored or held_cap) + math.max(0, now - ts) / 1000 * held_rate
+local tokens = math.min(cap, raw)
+-- the refill lost to the cap, counted in c
+local credit = num(string.match(state[5] or '', '^(%S+)'))
+if not stored or not credit then credit = now / 1000 * rate end
+if raw > cap then credit = credit + (raw - cap) end
 
-  local rec = state[3]
-  if rec then
-    local rseq, rg, rtok, rwait, rnow = string.match(rec, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
-    rseq = num(rseq)
-    if rseq == seq then
-      return { num(rg), rtok, num(rwait), num(rnow), 1, version, string.format('%.17g', credit) }
-    end
-    if rseq and rseq > seq then
-      return { 0, tostring(tokens), wait_for(tokens), now, 2, version, string.format('%.17g', credit) }
-    end
-  else
-    -- first record of this server in this bucket: keep the hash bounded
-    if redis.call('HLEN', key) > 256 then
-      local all = redis.call('HGETALL', key)
-      for i = 1, #all, 2 do
-        local f = all[i]
-        if f ~= 'tokens' and f ~= 'ts' and f ~= 'p' and f ~= 'c' then
-          local when = num(string.match(all[i + 1], '(%S+)$'))
-          if not when or now - when > 120000 then
-            redis.call('HDEL', key, f)
-          end
+-- ms until `min` tokens can be granted, 0 if they can
+local function wait_for(tokens)
+  if tokens + floor >= min then return 0 end
+  return math.ceil((min - floor - tokens) / rate * 1000)
+end
+
+local rec = state[3]
+if rec then
+  local rseq, rg, rtok, rwait, rnow = string.match(rec, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
+  rseq = num(rseq)
+  if rseq == seq then
+    return { num(rg), rtok, num(rwait), num(rnow), 1, version, string.format('%.17g', credit) }
+  end
+  if rseq and rseq > seq then
+    return { 0, tostring(tokens), wait_for(tokens), now, 2, version, string.format('%.17g', credit) }
+  end
+else
+  -- first record of this server in this bucket: keep the hash bounded
+  if redis.call('HLEN', KEYS[1]) > 256 then
+    local all = redis.call('HGETALL', KEYS[1])
+    for i = 1, #all, 2 do
+      local f = all[i]
+      if f ~= 'tokens' and f ~= 'ts' and f ~= 'p' and f ~= 'c' then
+        local when = num(string.match(all[i + 1], '(%S+)$'))
+        if not when or now - when > 120000 then
+          redis.call('HDEL', KEYS[1], f)
         end
       end
     end
   end
-
-  local granted = 0
-  if tokens + floor >= want then
-    granted = want
-  elseif math.floor(tokens + floor) >= min then
-    granted = math.floor(tokens + floor)
-  end
-  tokens = tokens - granted
-  local wait = 0
-  if granted == 0 then
-    wait = wait_for(tokens)
-  elseif tokens < 0 then
-    wait = math.ceil(-tokens / rate * 1000)
-  end
-
-  local left = tostring(tokens)
-  redis.call('HSET', key, 'tokens', tokens, 'ts', math.max(ts, now),
-    field, a[6] .. ' ' .. granted .. ' ' .. left .. ' ' .. wait .. ' ' .. now,
-    'p', string.format('%d %.17g %.17g %d', version, capacity, rate, now),
-    'c', string.format('%.17g %d', credit, now))
-  -- the TTL: until the bucket is full again (a bucket below zero needs longer), plus 1 s
-  redis.call('PEXPIRE', key, math.ceil(math.max(capacity, capacity - tokens) / rate * 1000) + 1000)
-  local flag = 0
-  if not rec then flag = 3 end
-  return { granted, left, wait, now, flag, version, string.format('%.17g', credit) }
 end
 
-local t   = redis.call('TIME')
-local now = num(t[1]) * 1000 + math.floor(num(t[2]) / 1000)
-if #KEYS == 1 then
-  return take(KEYS[1], ARGV, now)
+local granted = 0
+if tokens + floor >= want then
+  granted = want
+elseif math.floor(tokens + floor) >= min then
+  granted = math.floor(tokens + floor)
 end
-local out = {}
-for i = 1, #KEYS do
-  local a = {}
-  for j = 1, 10 do
-    local v = ARGV[(i - 1) * 10 + j]
-    if v ~= '' then a[j] = v end
-  end
-  out[i] = take(KEYS[i], a, now)
+tokens = tokens - granted
+local wait = 0
+if granted == 0 then
+  wait = wait_for(tokens)
+elseif tokens < 0 then
+  wait = math.ceil(-tokens / rate * 1000)
 end
-return out
+
+local left = tostring(tokens)
+redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', math.max(ts, now),
+  field, ARGV[6] .. ' ' .. granted .. ' ' .. left .. ' ' .. wait .. ' ' .. now,
+  'p', string.format('%d %.17g %.17g %d', version, capacity, rate, now),
+  'c', string.format('%.17g %d', credit, now))
+-- the TTL: until the bucket is full again (a bucket below zero needs longer), plus 1 s
+redis.call('PEXPIRE', KEYS[1], math.ceil(math.max(capacity, capacity - tokens) / rate * 1000) + 1000)
+local flag = 0
+if not rec then flag = 3 end
+return { granted, left, wait, now, flag, version, string.format('%.17g', credit) }

@@ -284,10 +284,6 @@ type TakeResult struct {
 // re-sends only the items that got NOSCRIPT, as EVAL, in a second round trip: an empty
 // cache costs one extra round trip, never an error.
 //
-// On one Redis (a *redis.Client) the takes go up to TakesPerCall to a script call
-// (luascript.Take's form for several keys): each is still the atomic take of its own
-// bucket, and a call's fixed cost, most of a take's Redis CPU, is shared.
-//
 // Invalid items get an error wrapping ErrInvalidLimit and are not sent. The returned
 // error is the first item error (nil when every item has a Grant); out must be at least
 // as long as reqs.
@@ -320,51 +316,15 @@ func (s *Store) TakeBatch(ctx context.Context, reqs []TakeRequest, out []TakeRes
 			args: r.takeArgs(s.serverID, seq),
 		}
 	}
-	if s.pipe == nil {
+	if s.pipe == nil || !s.runBatch(ctx, luascript.Take, items) {
 		return firstErr(out, TakeResult.err)
-	}
-	per := 1
-	if s.several {
-		per = TakesPerCall
-	}
-	calls := groupTakes(items, per)
-	if !s.runBatch(ctx, luascript.Take, calls) {
-		return firstErr(out, TakeResult.err)
-	}
-	replies := make([]any, len(items))
-	errs := make([]error, len(items))
-	for c := range calls {
-		call := &calls[c]
-		if call.cmd == nil {
-			continue
-		}
-		reply, err := call.cmd.Result()
-		if len(call.of) == 1 { // the script's form for one key: its reply
-			replies[call.of[0]], errs[call.of[0]] = reply, err
-			continue
-		}
-		all, ok := reply.([]any)
-		if err == nil && (!ok || len(all) != len(call.of)) {
-			err = unexpected("take", fmt.Sprintf("%d takes answered %T of %d", len(call.of), reply, len(all)))
-		}
-		for j, i := range call.of {
-			if err != nil {
-				errs[i] = err
-				continue
-			}
-			if e, isErr := all[j].(error); isErr {
-				errs[i] = e
-			} else {
-				replies[i] = all[j]
-			}
-		}
 	}
 	for i := range items {
 		it := &items[i]
-		if it.keys == nil {
+		if it.cmd == nil {
 			continue
 		}
-		reply, err := replies[i], errs[i]
+		reply, err := it.cmd.Result()
 		if err != nil {
 			out[i] = TakeResult{Err: wrap("take", err)}
 			continue
@@ -382,54 +342,11 @@ func (s *Store) TakeBatch(ctx context.Context, reqs []TakeRequest, out []TakeRes
 	return firstErr(out, TakeResult.err)
 }
 
-// batchItem is one script call of a pipelined batch; keys == nil means not sent. of
-// lists the items whose takes the call carries (groupTakes).
+// batchItem is one script call of a pipelined batch; keys == nil means not sent.
 type batchItem struct {
 	keys []string
 	args []any
 	cmd  *redis.Cmd
-	of   []int
-}
-
-// TakesPerCall is the most takes one script call carries on one Redis (TakeBatch): enough to share
-// a call's fixed cost out thin, few enough that the script holds Redis well under a
-// millisecond.
-const TakesPerCall = 32
-
-// takeArgc is the arguments of one take in luascript.Take's form for several keys.
-const takeArgc = 10
-
-// groupTakes is the script calls that carry the takes of items (keys == nil: not sent),
-// up to per to a call. A call of one take is the take's own item.
-func groupTakes(items []batchItem, per int) []batchItem {
-	var calls []batchItem
-	idx := make([]int, 0, len(items))
-	for i := range items {
-		if items[i].keys != nil {
-			idx = append(idx, i)
-		}
-	}
-	for len(idx) > 0 {
-		n := min(len(idx), per)
-		part := idx[:n:n]
-		idx = idx[n:]
-		if n == 1 {
-			c := items[part[0]]
-			c.of = part
-			calls = append(calls, c)
-			continue
-		}
-		c := batchItem{keys: make([]string, 0, n), args: make([]any, 0, n*takeArgc), of: part}
-		for _, i := range part {
-			c.keys = append(c.keys, items[i].keys[0])
-			c.args = append(c.args, items[i].args...)
-			for range takeArgc - len(items[i].args) {
-				c.args = append(c.args, "") // an optional argument not given
-			}
-		}
-		calls = append(calls, c)
-	}
-	return calls
 }
 
 // runBatch sends script for every item with keys in one pipeline of EVALSHA, then the

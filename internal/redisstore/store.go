@@ -18,11 +18,8 @@ import (
 // lua) against the caller's go-redis client. It holds no per-key state and starts no
 // goroutines; it is safe for concurrent use.
 type Store struct {
-	c    redis.Scripter
-	pipe pipeliner // nil when the client cannot pipeline
-	// several: one Redis (a *redis.Client), where one script call may carry the takes of
-	// several buckets (TakeBatch); a Cluster or a Ring spreads buckets over nodes.
-	several  bool
+	c        redis.Scripter
+	pipe     pipeliner // nil when the client cannot pipeline
 	prefix   string
 	serverID string
 	retrying bool // the client may retry a timed-out command: AllowN refuses
@@ -88,7 +85,6 @@ func New(client redis.Scripter, opts ...Option) (*Store, error) {
 	if p, ok := client.(pipeliner); ok {
 		s.pipe = p
 	}
-	_, s.several = client.(*redis.Client)
 	for _, o := range opts {
 		if err := o.apply(s); err != nil {
 			return nil, err
