@@ -911,7 +911,10 @@ var errNotSent = errors.New("queued after Close sent its last refunds")
 // Close stops the Limiter and gives every unused leased token back to Redis, bounded by
 // ctx; the error reports tokens that could not be. It first waits for refills whose
 // answers are late (at most the breaker's probe deadline), so that what they were granted
-// is given back too. Calls after Close return ErrClosed.
+// is given back too; and, when a breaker is open (a passing stall tripped it) and ctx has
+// a deadline, for it to let a probe through (its OpenTimeout), once and for at most half
+// of what ctx leaves, since an open breaker refuses the refunds.
+// Calls after Close return ErrClosed.
 // Close may be called more than once: every call returns once the first is done.
 func (l *Limiter) Close(ctx context.Context) error {
 	if l.closed.Swap(true) {
@@ -930,6 +933,28 @@ func (l *Limiter) Close(ctx context.Context) error {
 	l.closeErr = l.close(ctx)
 	close(l.closeDone)
 	return l.closeErr
+}
+
+// awaitProbe waits until no breaker is open, for at most half of what ctx leaves (the
+// refunds keep the rest), and not at all for a ctx without a deadline: an open breaker
+// moves to half-open once its OpenTimeout has passed, and the next call is its probe. A
+// Redis still down fails the probe, and Close does not wait again.
+func (l *Limiter) awaitProbe(ctx context.Context) {
+	dl, ok := ctx.Deadline()
+	if !ok || !l.nodes.anyOpen() {
+		return
+	}
+	limit := time.NewTimer(time.Until(dl) / 2)
+	defer limit.Stop()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for l.nodes.anyOpen() {
+		select {
+		case <-limit.C:
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // close is the work of the first Close.
@@ -965,10 +990,15 @@ func (l *Limiter) close(ctx context.Context) error {
 	l.eng.Drain()
 	lost := 0
 	var firstErr error
+	probed := false
 	for ctx.Err() == nil {
 		t := l.eng.Next()
 		if t == nil {
 			break
+		}
+		if !probed {
+			probed = true
+			l.awaitProbe(ctx)
 		}
 		lates := l.do(ctx, t)
 		l.eng.Done(l.clock.Now(), t)

@@ -259,3 +259,72 @@ func checkLevels(t *testing.T, st *global.Store, name string, keys, want int) {
 		}
 	}
 }
+
+// failing is a go-redis hook that fails every script call while on is set, as a stalled
+// Redis does, before it reaches Redis.
+type failing struct{ on atomic.Bool }
+
+func (*failing) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (f *failing) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if f.on.Load() {
+			cmd.SetErr(context.DeadlineExceeded)
+			return cmd.Err()
+		}
+		return next(ctx, cmd)
+	}
+}
+func (f *failing) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if f.on.Load() {
+			for _, c := range cmds {
+				c.SetErr(context.DeadlineExceeded)
+			}
+			return context.DeadlineExceeded
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestCloseWaitsForAnOpenBreaker: a passing stall opened the breaker just before Close,
+// on a Redis that answers again; Close waits for the breaker's probe and gives the leased
+// tokens back, rather than losing them to the open breaker.
+func TestCloseWaitsForAnOpenBreaker(t *testing.T) {
+	targets(t, func(t *testing.T, addr string, real bool) {
+		prefix := randomPrefix()
+		c := redis.NewClient(redistest.Options(addr))
+		t.Cleanup(func() { _ = c.Close() })
+		stall := &failing{}
+		c.AddHook(stall)
+		s := newServerOn(t, c, prefix, breaker.Settings{Timeout: time.Second, FailureThreshold: 2, OpenTimeout: 300 * time.Millisecond}, hybrid.Config{
+			FleetSize: 1,
+			Limits:    []hybrid.Limit{{Name: "api", Rate: 0.01, Burst: 100, Policy: breaker.FailClosed, MaxWait: time.Second}},
+		})
+		ctx := context.Background()
+		for range 30 { // the lease of "k" ends up holding tokens
+			if d, _ := s.limiter.Allow(ctx, "api", "k"); !d.Allowed {
+				t.Fatalf("denied: %+v", d)
+			}
+		}
+		stall.on.Store(true)
+		for i := 0; s.brk.State() != breaker.StateOpen; i++ {
+			if i == 100 {
+				t.Fatal("the breaker did not open")
+			}
+			_, _ = s.limiter.Allow(ctx, "api", fmt.Sprintf("other-%d", i)) // a refill that fails
+		}
+		stall.on.Store(false)
+		held := s.limiter.Stats().Limits[0].Held
+		if held == 0 {
+			t.Fatal("the lease holds nothing to give back")
+		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := s.limiter.Close(cctx); err != nil {
+			t.Fatalf("Close with the breaker open on a Redis that answers: %v", err)
+		}
+		if st := s.limiter.Stats(); st.Refunded < held || st.RefundsLost != 0 {
+			t.Fatalf("held %d at Close; refunded %d, lost %d", held, st.Refunded, st.RefundsLost)
+		}
+	})
+}
