@@ -214,7 +214,11 @@ func runOne(ctx context.Context, ctl *redis.Client, env *redisEnv, rv rival, sc 
 	callsAtClose := env.calls.snapshot()
 	closed = true
 	t0 := time.Now()
-	if err := dec.close(ctx); err != nil {
+	// A deadline: a fleetlimit Limiter whose breaker a passing stall opened waits for its
+	// probe, within half of it, before the refunds (hybrid.Limiter.Close).
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := dec.close(cctx); err != nil {
 		return out, fmt.Errorf("%s: close: %w", rv.Name, err)
 	}
 	out.CloseS = time.Since(t0).Seconds()
