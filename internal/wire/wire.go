@@ -61,7 +61,15 @@ const IDLen = 1 + 2*digestLen
 
 // verbatim reports whether BucketKey stores key as it is.
 func verbatim(key string) bool {
-	return len(key) <= MaxKeyLen && !strings.ContainsAny(key, "{}")
+	if len(key) > MaxKeyLen {
+		return false
+	}
+	for i := 0; i < len(key); i++ { // a loop: strings.ContainsAny builds a set per call
+		if c := key[i]; c == '{' || c == '}' {
+			return false
+		}
+	}
+	return true
 }
 
 // ValidID reports whether id is a KeyID of some key.
