@@ -935,8 +935,8 @@ func (l *Limiter) Close(ctx context.Context) error {
 	return l.closeErr
 }
 
-// awaitProbe waits until no breaker is open, for at most half of what ctx leaves (the
-// refunds keep the rest), and not at all for a ctx without a deadline: an open breaker
+// awaitProbe waits until no breaker is open, for at most half of what ctx leaves when it
+// starts (the refunds keep the rest), and not at all for a ctx without a deadline: an open breaker
 // moves to half-open once its OpenTimeout has passed, and the next call is its probe. A
 // Redis still down fails the probe, and Close does not wait again.
 func (l *Limiter) awaitProbe(ctx context.Context) {
@@ -950,6 +950,8 @@ func (l *Limiter) awaitProbe(ctx context.Context) {
 	defer tick.Stop()
 	for l.nodes.anyOpen() {
 		select {
+		case <-ctx.Done():
+			return
 		case <-limit.C:
 			return
 		case <-tick.C:

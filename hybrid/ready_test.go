@@ -23,11 +23,11 @@ import (
 // open): once Ready has returned, the first requests of 160 new keys, one after another,
 // cost what later ones do. Ready loaded the scripts, so no request's refill is sent as
 // EVAL after a NOSCRIPT; and it opened the connections, so none dials, save to replace a
-// connection a timed-out call closed. Every request is decided by Redis but one that waited
-// out its MaxWait while the breaker saw its call time out: a stall of the shared machine
-// (the other packages' tests beside this one on 2 cores), which no Ready prevents. The
-// requests go one at a time: concurrent first requests also queue behind each other's
-// refills.
+// connection a timed-out call closed. A request may go to the policy only for a MaxWait
+// run out (its wait for the trip out plus its own call past 10 ms): a stall of the shared
+// machine (the other packages' tests beside this one on 2 cores), which no Ready
+// prevents, and which is logged. The requests go one at a time: concurrent first requests
+// also queue behind each other's refills.
 func TestFirstRequestsAfterReady(t *testing.T) {
 	srv := redistest.StartServer(t)
 	opts := redistest.Options(srv.Addr)
@@ -50,11 +50,11 @@ func TestFirstRequestsAfterReady(t *testing.T) {
 	if err := l.Ready(ctx); err != nil {
 		t.Fatalf("Ready: %v", err)
 	}
+	after.armed.Store(true) // from here on, a dial is one Ready did not make
 	ok, err := c.ScriptExists(ctx, luascript.Take.Hash(), luascript.Refund.Hash(), luascript.Heartbeat.Hash(), luascript.Low.Hash()).Result()
 	if err != nil || !ok[0] || !ok[1] || !ok[2] || !ok[3] {
 		t.Fatalf("scripts cached after Ready: %v, %v", ok, err)
 	}
-	after.armed.Store(true)
 	var fallback []hybrid.Decision
 	for k := range 160 { // one after another: each refill its own trip, none queued behind another's
 		d, err := l.Allow(context.Background(), "api", "new-"+strconv.Itoa(k))
@@ -79,13 +79,9 @@ func TestFirstRequestsAfterReady(t *testing.T) {
 	t.Logf("%d of 160 first requests went to the policy (first: %+v); breaker: %d timeouts, %d starved",
 		len(fallback), fallback[0], st.Timeouts, st.Starved)
 	for _, d := range fallback {
-		if d.Reason != hybrid.ReasonTimeout && !raceEnabled {
+		if d.Reason != hybrid.ReasonTimeout {
 			t.Errorf("a first request went to the policy for %v, not a MaxWait run out: %+v", d.Reason, d)
 		}
-	}
-	if int64(len(fallback)) > slow && !raceEnabled {
-		// Under -race the client is slowed past the 10 ms budgets on its own time.
-		t.Errorf("%d first requests went to the policy, and only %d calls timed out", len(fallback), slow)
 	}
 }
 
