@@ -81,15 +81,19 @@ func BenchmarkHandler(b *testing.B) {
 	}
 }
 
+// headerSets are the header choices the middleware's benchmark and allocation test run.
+var headerSets = []struct {
+	name    string
+	headers httplimit.Headers
+}{
+	{"standard", httplimit.HeadersStandard},
+	{"standard+x", httplimit.HeadersStandard | httplimit.HeadersX},
+	{"x-epoch", httplimit.HeadersX | httplimit.HeadersXResetEpoch},
+	{"none", httplimit.HeadersNone},
+}
+
 func BenchmarkMiddleware(b *testing.B) {
-	for _, bc := range []struct {
-		name    string
-		headers httplimit.Headers
-	}{
-		{"standard", httplimit.HeadersStandard},
-		{"standard+x", httplimit.HeadersStandard | httplimit.HeadersX},
-		{"none", httplimit.HeadersNone},
-	} {
+	for _, bc := range headerSets {
 		b.Run(bc.name, func(b *testing.B) {
 			l := benchLimiter(b)
 			mw, err := httplimit.New(httplimit.Config{Limiter: l, Limit: "api", Key: httplimit.Header("X-API-Key"), Headers: bc.headers})
@@ -118,15 +122,7 @@ func TestMiddlewareAllocations(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector's instrumentation allocates")
 	}
-	for _, bc := range []struct {
-		name    string
-		headers httplimit.Headers
-	}{
-		{"standard", httplimit.HeadersStandard},
-		{"standard+x", httplimit.HeadersStandard | httplimit.HeadersX},
-		{"x-epoch", httplimit.HeadersX | httplimit.HeadersXResetEpoch},
-		{"none", httplimit.HeadersNone},
-	} {
+	for _, bc := range headerSets {
 		t.Run(bc.name, func(t *testing.T) {
 			l := benchLimiter(t)
 			mw, err := httplimit.New(httplimit.Config{Limiter: l, Limit: "api", Key: httplimit.Header("X-API-Key"), Headers: bc.headers})

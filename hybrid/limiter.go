@@ -936,27 +936,35 @@ func (l *Limiter) Close(ctx context.Context) error {
 }
 
 // awaitProbe waits until no breaker is open, for at most half of what ctx leaves when it
-// starts (the refunds keep the rest), and not at all for a ctx without a deadline: an open breaker
-// moves to half-open once its OpenTimeout has passed, and the next call is its probe. A
-// Redis still down fails the probe, and Close does not wait again.
+// starts (the refunds keep the rest), and not at all for a ctx without a deadline:
+// an open breaker moves to half-open once its OpenTimeout has passed (gobreaker moves it
+// when its state is read: there is no event to wait on), and the next call is its probe.
+// A Redis still down fails the probe, and Close does not wait again.
 func (l *Limiter) awaitProbe(ctx context.Context) {
-	dl, ok := ctx.Deadline()
-	if !ok || !l.nodes.anyOpen() {
+	if _, ok := ctx.Deadline(); !ok || !l.nodes.anyOpen() {
 		return
 	}
-	limit := time.NewTimer(time.Until(dl) / 2)
-	defer limit.Stop()
+	wait, cancel := halfOf(ctx)
+	defer cancel()
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
 	for l.nodes.anyOpen() {
 		select {
-		case <-ctx.Done():
-			return
-		case <-limit.C:
+		case <-wait.Done():
 			return
 		case <-tick.C:
 		}
 	}
+}
+
+// halfOf is ctx ending, if ctx has a deadline, halfway from now to it: what Close gives
+// each of its waits, so that the refunds keep the rest.
+func halfOf(ctx context.Context) (context.Context, context.CancelFunc) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return ctx, func() {}
+	}
+	return context.WithDeadline(ctx, time.Now().Add(time.Until(dl)/2))
 }
 
 // close is the work of the first Close.
@@ -979,16 +987,12 @@ func (l *Limiter) close(ctx context.Context) error {
 	// answers go to the keys' leases before the leases are refunded. Close waits for
 	// them at most half of what ctx leaves it, keeping the rest for the refunds.
 	lingered := waited(&l.lingering)
-	wait := ctx
-	if dl, ok := ctx.Deadline(); ok {
-		var cancel context.CancelFunc
-		wait, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(dl)/2))
-		defer cancel()
-	}
+	wait, cancel := halfOf(ctx)
 	select {
 	case <-lingered:
 	case <-wait.Done():
 	}
+	cancel()
 	l.eng.Drain()
 	lost := 0
 	var firstErr error

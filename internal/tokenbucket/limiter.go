@@ -14,7 +14,9 @@ const Inf = math.MaxFloat64
 // lock, and a second lock per decision cost about a fifth of a lease hit. Its methods
 // compute what rate.Limiter's of the same names compute, in the same order of
 // floating-point operations, so a Bucket and a rate.Limiter given the same calls give
-// the same answers and hold the same tokens (FuzzBucketMatchesRate): a negative cost
+// the same answers and hold the same tokens (FuzzBucketMatchesRate), save that a wait too
+// long for a time.Duration denies (Duration), where x/time/rate's wraps negative and
+// admits: a negative cost
 // gives tokens back, up to the burst at the next refill; an instant before the last one
 // refills nothing; rate Inf admits any cost up to any burst without spending.
 //
@@ -36,7 +38,7 @@ func (b *Bucket) AllowN(t time.Time, n int) bool {
 		return true
 	}
 	tokens := b.advance(t) - float64(n)
-	if n > b.burst || tokens < 0 && durationOf(-tokens, b.rate) > 0 {
+	if n > b.burst || tokens < 0 && Duration(-tokens, b.rate) > 0 {
 		return false
 	}
 	b.last, b.tokens = t, tokens
@@ -83,18 +85,4 @@ func (b *Bucket) advance(t time.Time) float64 {
 		tokens = burst
 	}
 	return tokens
-}
-
-// durationOf is x/time/rate's wait for tokens at rate r (> 0 tokens): the time they take
-// to refill, truncated to the nanosecond, as a float64 compared with 0 only, so a wait
-// under a nanosecond is none.
-func durationOf(tokens, r float64) time.Duration {
-	if r <= 0 {
-		return InfDuration
-	}
-	d := (tokens / r) * float64(time.Second)
-	if d > float64(math.MaxInt64) {
-		return InfDuration
-	}
-	return time.Duration(d)
 }
