@@ -108,25 +108,30 @@ type Tier struct {
 	PreBurst int
 }
 
-// engineLimit is l as the engine runs it: the same fields, the Mode as Async or
-// Windowed. The engine validates it; the error is for what the engine cannot see as the
-// user wrote it: a Lease on a Windowed limit.
-func engineLimit(l Limit) (engine.LimitConfig, error) {
-	if l.Mode.kind == modeWindowed && l.Lease != (LeaseTuning{}) {
-		return engine.LimitConfig{}, fmt.Errorf("limit %q: Lease: a Windowed limit holds no leases, so Lease must be zero", l.Name)
+// engineLimit is lim as the engine runs it on the Limiter's client: the same fields, the
+// Mode as Async or Windowed, and a Windowed limit counted in wire.WindowShards shards on
+// a Redis Cluster, whose tags spread its Redis work over every master (one shard, the
+// unsharded format, elsewhere). The engine validates it; the error is for what the
+// engine cannot see as the user wrote it: a Lease on a Windowed limit.
+func (l *Limiter) engineLimit(lim Limit) (engine.LimitConfig, error) {
+	if lim.Mode.kind == modeWindowed && lim.Lease != (LeaseTuning{}) {
+		return engine.LimitConfig{}, fmt.Errorf("limit %q: Lease: a Windowed limit holds no leases, so Lease must be zero", lim.Name)
 	}
 	c := engine.LimitConfig{
-		Name: l.Name, Rate: l.Rate, Burst: l.Burst, Policy: l.Policy, PreRate: l.PreRate, PreBurst: l.PreBurst,
-		MaxWait: l.MaxWait, MaxCost: l.MaxCost, RefillInterval: l.Lease.RefillInterval, Lifetime: l.Lease.Lifetime,
-		LowWatermark: l.Lease.LowWatermark, MaxKeys: l.MaxKeys, Version: l.Version, DryRun: l.DryRun,
+		Name: lim.Name, Rate: lim.Rate, Burst: lim.Burst, Policy: lim.Policy, PreRate: lim.PreRate, PreBurst: lim.PreBurst,
+		MaxWait: lim.MaxWait, MaxCost: lim.MaxCost, RefillInterval: lim.Lease.RefillInterval, Lifetime: lim.Lease.Lifetime,
+		LowWatermark: lim.Lease.LowWatermark, MaxKeys: lim.MaxKeys, Version: lim.Version, DryRun: lim.DryRun,
 	}
-	switch l.Mode.kind {
+	switch lim.Mode.kind {
 	case modeChargeLater:
-		c.Async = l.Mode.d
+		c.Async = lim.Mode.d
 	case modeWindowed:
-		c.Windowed = l.Mode.d
+		c.Windowed = lim.Mode.d
+		if l.nodes.cc != nil {
+			c.WindowShards = wire.WindowShards
+		}
 	}
-	for _, t := range l.Tiers {
+	for _, t := range lim.Tiers {
 		c.Tiers = append(c.Tiers, engine.TierConfig(t))
 	}
 	return c, nil
@@ -384,7 +389,7 @@ func New(store *global.Store, cfg Config) (*Limiter, error) {
 	limits := make([]engine.LimitConfig, len(cfg.Limits))
 	for i, c := range cfg.Limits {
 		var err error
-		if limits[i], err = engineLimit(c); err != nil {
+		if limits[i], err = l.engineLimit(c); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
 	}
@@ -655,9 +660,10 @@ func (l *Limiter) do(ctx context.Context, t *engine.Trip) []*lateTake {
 		})
 		t.Answered, t.Err = outcome(parts)
 	case engine.WindowsTrip:
-		// A round trip per shard of a limit with work, each on the master of its shard's
-		// slot: one master's failure fails only its shards'. As for LowTrip, each call
-		// works on copies, read once it has returned.
+		// A part per master, through its breaker: the shards with work whose slots it
+		// serves, in one round trip (a transaction each), so one master's failure fails
+		// only its shards'. As for LowTrip, each call works on copies, read once it has
+		// returned.
 		parts := l.nodes.split(ctx, len(t.Windows), func(i int) string {
 			x := &t.Windows[i]
 			return wire.MarksKey("", x.Limit.Name, x.Shards, x.Shard)

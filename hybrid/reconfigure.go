@@ -40,7 +40,7 @@ func (l *Limiter) quotaOf(limit, tier string) (burst int, window time.Duration, 
 // setLimit changes the limit named lim.Name (see Reconfigure). The error wraps
 // ErrInvalidConfig.
 func (l *Limiter) setLimit(lim Limit) error {
-	c, err := engineLimit(lim)
+	c, err := l.engineLimit(lim)
 	if err == nil {
 		err = l.eng.SetLimit(l.clock.Now(), c)
 	}
@@ -56,7 +56,7 @@ func (l *Limiter) addLimit(lim Limit) error {
 	if l.closed.Load() {
 		return ErrClosed
 	}
-	c, err := engineLimit(lim)
+	c, err := l.engineLimit(lim)
 	if err == nil {
 		err = l.eng.AddLimit(c)
 	}
@@ -91,7 +91,7 @@ func (l *Limiter) Reconfigure(limits []Limit) error {
 		if slices.ContainsFunc(limits[:i], func(o Limit) bool { return o.Name == lim.Name }) {
 			return fmt.Errorf("%w: limit %q configured twice", ErrInvalidConfig, lim.Name)
 		}
-		c, err := engineLimit(lim)
+		c, err := l.engineLimit(lim)
 		if err == nil {
 			err = l.eng.CheckLimit(c)
 		}

@@ -38,7 +38,8 @@ import (
 // Shards: a limit counted in several (LimitConfig.WindowShards; the driver counts in
 // wire.WindowShards on a Redis Cluster) keeps a key's arrays in its shard and its marks
 // in its shard's group's (wire.WindowMarksShard), each under a hash tag of its own. A
-// trip is then a round trip per shard with work, each on its master; a shard that fails
+// trip then carries an item per shard with work, each answered on its own (the driver
+// sends the items one master serves in one round trip to it); a shard that fails
 // puts back its counts and marks to go again and lets its marks go stale (fresh is per
 // set of marks), and the other shards' answers stand. Servers that count a limit in
 // another number of shards write other keys: another representation (reps.go).

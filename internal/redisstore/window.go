@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -236,6 +237,20 @@ func (sc *windowScratch) release() {
 	windowScratchPool.Put(sc)
 }
 
+// scratches returns n scratches from the pool, and what puts them back once the trips
+// that use them are read.
+func scratches(n int) ([]*windowScratch, func()) {
+	sc := make([]*windowScratch, n)
+	for k := range sc {
+		sc[k] = windowScratchPool.Get().(*windowScratch)
+	}
+	return sc, func() {
+		for _, x := range sc {
+			x.release()
+		}
+	}
+}
+
 // sized returns s with length n, reusing its array when it is large enough.
 func sized[T any](s []T, n int) []T {
 	if cap(s) < n {
@@ -270,9 +285,12 @@ func (s *Store) Windows(ctx context.Context, t *WindowTrip) error {
 
 // WindowsBatch makes the round trips ts at once, as Windows makes each, writing each
 // one's error to errs[i], and returns the first. On a plain client (one Redis, or
-// Sentinel) they are one transaction and one round trip; on any other (a Cluster, a
-// Ring), whose transactions hold the keys of one slot, each trip is a transaction of its
-// own, all sent at once, and one node's failure fails only its trips.
+// Sentinel) they are one transaction and one round trip. On a Cluster, whose
+// transactions hold the keys of one slot, each trip is a transaction of its own, and the
+// trips one master serves go to it in one round trip, the masters' all at once: a
+// limit's 64 shards cost a round trip per master, not per shard, and one master's
+// failure fails only its trips. On a Ring each trip is a round trip of its own, all at
+// once.
 func (s *Store) WindowsBatch(ctx context.Context, ts []WindowTrip, errs []error) error {
 	tx, ok := s.pipe.(txPipeliner)
 	if !ok {
@@ -288,7 +306,9 @@ func (s *Store) WindowsBatch(ctx context.Context, ts []WindowTrip, errs []error)
 			valid = append(valid, i)
 		}
 	}
-	if _, plain := s.pipe.(*redis.Client); plain || len(valid) == 1 {
+	if cc, ok := s.pipe.(*redis.ClusterClient); ok {
+		s.windowsCluster(ctx, cc, ts, valid, errs)
+	} else if _, plain := s.pipe.(*redis.Client); plain || len(valid) == 1 {
 		s.windowsTx(ctx, tx, ts, valid, errs)
 	} else {
 		var wg sync.WaitGroup
@@ -312,14 +332,9 @@ func (s *Store) windowsTx(ctx context.Context, tx txPipeliner, ts []WindowTrip, 
 	}
 	pipe := tx.TxPipeline()
 	reads := make([]func() error, len(idx))
-	scratch := make([]*windowScratch, len(idx))
-	defer func() {
-		for _, sc := range scratch {
-			sc.release()
-		}
-	}()
+	scratch, release := scratches(len(idx))
+	defer release()
 	for k, i := range idx {
-		scratch[k] = windowScratchPool.Get().(*windowScratch)
 		reads[k] = s.queueWindows(ctx, pipe, &ts[i], scratch[k])
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
@@ -341,6 +356,181 @@ func (s *Store) windowsTx(ctx context.Context, tx txPipeliner, ts []WindowTrip, 
 	for k, i := range idx {
 		errs[i] = reads[k]()
 	}
+}
+
+// windowsCluster makes the trips ts[idx] on a Cluster: those whose shard one master
+// serves in one round trip to it (windowsNode), the masters' at once.
+func (s *Store) windowsCluster(ctx context.Context, cc *redis.ClusterClient, ts []WindowTrip, idx []int, errs []error) {
+	type group struct {
+		node *redis.Client
+		idx  []int
+	}
+	var groups []group
+	for _, i := range idx {
+		t := &ts[i]
+		node, err := cc.MasterForKey(ctx, wire.MarksKey(s.prefix, t.Limit.Name, max(1, t.Shards), t.Shard))
+		if err != nil {
+			errs[i] = wrap("windows", err)
+			continue
+		}
+		k := slices.IndexFunc(groups, func(g group) bool { return g.node == node })
+		if k < 0 {
+			groups, k = append(groups, group{node: node}), len(groups)
+		}
+		groups[k].idx = append(groups[k].idx, i)
+	}
+	if len(groups) == 1 {
+		s.windowsNode(ctx, cc, groups[0].node, ts, groups[0].idx, errs)
+		return
+	}
+	var wg sync.WaitGroup
+	for _, g := range groups {
+		wg.Go(func() { s.windowsNode(ctx, cc, g.node, ts, g.idx, errs) })
+	}
+	wg.Wait()
+}
+
+// windowsNode makes the trips ts[idx], every one on a slot node serves, in one round
+// trip to node: a pipeline of one transaction (MULTI, the trip's commands, EXEC) per
+// trip, so each trip is as atomic as windowsTx makes it. go-redis runs a Cluster's
+// transaction on one slot at a time, so the trip's commands are queued as windowsTx
+// queues them, sent as plain commands between MULTI and EXEC, and EXEC's answer read
+// back into them (setReply) before their trip reads it. The Cluster client's hooks do
+// not see a node's call: a call that fails unavailable (the node down, a slot moved)
+// asks cc to reload its slot map, as the hook New adds does.
+func (s *Store) windowsNode(ctx context.Context, cc *redis.ClusterClient, node *redis.Client, ts []WindowTrip, idx []int, errs []error) {
+	queue, pipe := node.Pipeline(), node.Pipeline() // queue is never run: it collects the commands
+	blocks := make([]windowBlock, len(idx))
+	scratch, release := scratches(len(idx))
+	defer release()
+	for k, i := range idx {
+		from := queue.Len()
+		b := &blocks[k]
+		b.read = s.queueWindows(ctx, queue, &ts[i], scratch[k])
+		b.cmds = queue.Cmds()[from:]
+		pipe.Do(ctx, "multi")
+		b.sent = make([]*redis.Cmd, len(b.cmds))
+		for j, c := range b.cmds {
+			b.sent[j] = redis.NewCmd(ctx, c.Args()...)
+			_ = pipe.Process(ctx, b.sent[j])
+		}
+		b.exec = pipe.Do(ctx, "exec")
+	}
+	_, _ = pipe.Exec(ctx) // each trip's error is its own, below
+	reload := false
+	for k, i := range idx {
+		errs[i] = blocks[k].answer()
+		reload = reload || storeerr.IsUnavailable(errs[i])
+	}
+	if reload {
+		cc.ReloadState(ctx)
+	}
+}
+
+// windowBlock is one trip's transaction in windowsNode's pipeline.
+type windowBlock struct {
+	cmds []redis.Cmder // the trip's commands, as queueWindows made them
+	sent []*redis.Cmd  // the same, as sent: each one's answer is QUEUED
+	exec *redis.Cmd
+	read func() error
+}
+
+// answer reads the transaction's answer into the trip and returns the trip's error: the
+// first of its commands' when the transaction did not run (a command refused while
+// queued, as MOVED, aborts it), else EXEC's, else the first of the answers'.
+func (b *windowBlock) answer() error {
+	if err := b.exec.Err(); err != nil {
+		for _, c := range b.sent {
+			if c.Err() != nil {
+				return wrap("windows", c.Err())
+			}
+		}
+		return wrap("windows", err)
+	}
+	vals, ok := b.exec.Val().([]any)
+	if !ok || len(vals) != len(b.cmds) {
+		return unexpected("windows", fmt.Sprintf("EXEC: %d answers for %d commands", len(vals), len(b.cmds)))
+	}
+	for j, c := range b.cmds {
+		if err := setReply(c, vals[j]); err != nil {
+			return err
+		}
+	}
+	return b.read()
+}
+
+// setReply sets c's answer to v, an element of EXEC's answer as go-redis reads it for a
+// command it does not know (RESP2 or RESP3), for the commands queueWindows sends.
+func setReply(c redis.Cmder, v any) error {
+	if err, ok := v.(error); ok {
+		c.SetErr(err)
+		return wrap("windows", err)
+	}
+	bad := func() error { return unexpected("windows", fmt.Sprintf("%s: %T", c.Name(), v)) }
+	switch c := c.(type) {
+	case *redis.IntSliceCmd: // BITFIELD
+		a, ok := v.([]any)
+		if !ok {
+			return bad()
+		}
+		vals := make([]int64, len(a))
+		for i, x := range a {
+			if x == nil {
+				continue
+			}
+			if vals[i], ok = x.(int64); !ok {
+				return bad()
+			}
+		}
+		c.SetVal(vals)
+	case *redis.TimeCmd:
+		a, ok := v.([]any)
+		if !ok || len(a) != 2 {
+			return bad()
+		}
+		sec, err1 := strconv.ParseInt(fmt.Sprint(a[0]), 10, 64)
+		usec, err2 := strconv.ParseInt(fmt.Sprint(a[1]), 10, 64)
+		if err1 != nil || err2 != nil {
+			return bad()
+		}
+		c.SetVal(time.Unix(sec, usec*1000))
+	case *redis.ZSliceCmd: // ZRANGEBYSCORE WITHSCORES: pairs (RESP3) or flat (RESP2)
+		a, ok := v.([]any)
+		if !ok {
+			return bad()
+		}
+		var zs []redis.Z
+		for i := 0; i < len(a); i++ {
+			var member, score any
+			if pair, ok := a[i].([]any); ok && len(pair) == 2 {
+				member, score = pair[0], pair[1]
+			} else if i+1 < len(a) {
+				member, score = a[i], a[i+1]
+				i++
+			} else {
+				return bad()
+			}
+			z := redis.Z{Member: member}
+			switch x := score.(type) {
+			case float64:
+				z.Score = x
+			case string:
+				f, err := strconv.ParseFloat(x, 64)
+				if err != nil {
+					return bad()
+				}
+				z.Score = f
+			default:
+				return bad()
+			}
+			zs = append(zs, z)
+		}
+		c.SetVal(zs)
+	case *redis.IntCmd, *redis.BoolCmd: // ZADD, ZREMRANGEBYSCORE, PEXPIRE(AT): not read
+	default:
+		return bad()
+	}
+	return nil
 }
 
 // queueWindows adds the commands of t, a valid trip, to pipe, their arguments in sc,

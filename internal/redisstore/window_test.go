@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"sync"
@@ -552,24 +553,80 @@ func TestWindowsShards(t *testing.T) {
 }
 
 // TestWindowsShardsCluster: on a Cluster, each shard is a transaction on the node of its
-// slot, and the shards of a limit land on every master.
+// slot, the shards of a limit land on every master, and a batch of the 64 costs each
+// master one round trip, in RESP2 as in RESP3.
 func TestWindowsShardsCluster(t *testing.T) {
-	c := redistest.Cluster(t, func(o *redis.ClusterOptions) {
-		o.MaxRedirects = -1
-		o.MaxRetries = -1
-	})
-	lim := winLimit(t)
-	checkShards(t, newStore(t, c), c, lim)
-	ctx := context.Background()
-	nodes := map[string]bool{}
-	for i := range wire.WindowShards {
-		n, err := c.MasterForKey(ctx, wire.MarksKey(redisstore.DefaultPrefix, lim.Name, wire.WindowShards, i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		nodes[n.Options().Addr] = true
+	for _, proto := range []int{2, 3} {
+		t.Run(fmt.Sprint("RESP", proto), func(t *testing.T) {
+			c := redistest.Cluster(t, func(o *redis.ClusterOptions) {
+				o.MaxRedirects = -1
+				o.MaxRetries = -1
+				o.Protocol = proto
+			})
+			ctx := context.Background()
+			st := newStore(t, c) // before the hooks: it may load scripts
+			calls := map[string]*pipeCount{}
+			if err := c.ForEachMaster(ctx, func(_ context.Context, m *redis.Client) error {
+				pc := &pipeCount{}
+				calls[m.Options().Addr] = pc
+				m.AddHook(pc)
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			lim := winLimit(t)
+			checkShards(t, st, c, lim)
+			nodes := map[string]int{}
+			for i := range wire.WindowShards {
+				n, err := c.MasterForKey(ctx, wire.MarksKey(redisstore.DefaultPrefix, lim.Name, wire.WindowShards, i))
+				if err != nil {
+					t.Fatal(err)
+				}
+				nodes[n.Options().Addr]++
+			}
+			if masters := c.ClusterShards(ctx).Val(); len(nodes) != len(masters) {
+				t.Errorf("64 shards on %d nodes of %d", len(nodes), len(masters))
+			}
+			// checkShards made two batches of the 64 trips.
+			for addr, shards := range nodes {
+				pc := calls[addr]
+				if pc == nil {
+					t.Fatalf("no hook on master %s", addr)
+				}
+				pc.mu.Lock()
+				pipes, multis := pc.pipes, pc.multis
+				pc.mu.Unlock()
+				if pipes != 2 || multis != 2*shards {
+					t.Errorf("master %s, %d shards: %d round trips and %d transactions for two batches, want 2 and %d", addr, shards, pipes, multis, 2*shards)
+				}
+			}
+		})
 	}
-	if masters := c.ClusterShards(ctx).Val(); len(nodes) != len(masters) {
-		t.Errorf("64 shards on %d nodes of %d", len(nodes), len(masters))
+}
+
+// pipeCount is a go-redis hook that counts a node's pipelines of transactions, and the
+// transactions (MULTI) in them.
+type pipeCount struct {
+	mu            sync.Mutex
+	pipes, multis int
+}
+
+func (h *pipeCount) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *pipeCount) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *pipeCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		multis := 0
+		for _, c := range cmds {
+			if c.Name() == "multi" {
+				multis++
+			}
+		}
+		if multis > 0 { // not a new connection's handshake
+			h.mu.Lock()
+			h.pipes++
+			h.multis += multis
+			h.mu.Unlock()
+		}
+		return next(ctx, cmds)
 	}
 }
