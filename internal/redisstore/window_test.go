@@ -566,10 +566,13 @@ func TestWindowsShardsCluster(t *testing.T) {
 			ctx := context.Background()
 			st := newStore(t, c) // before the hooks: it may load scripts
 			calls := map[string]*pipeCount{}
+			var mu sync.Mutex // ForEachMaster calls at once
 			if err := c.ForEachMaster(ctx, func(_ context.Context, m *redis.Client) error {
 				pc := &pipeCount{}
-				calls[m.Options().Addr] = pc
 				m.AddHook(pc)
+				mu.Lock()
+				calls[m.Options().Addr] = pc
+				mu.Unlock()
 				return nil
 			}); err != nil {
 				t.Fatal(err)
