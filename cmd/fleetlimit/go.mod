@@ -25,7 +25,6 @@ require (
 	github.com/alicebob/miniredis/v2 v2.40.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/fleetlimit/fleetlimit/sim/plot v0.0.0-00010101000000-000000000000
-	github.com/hashicorp/golang-lru/v2 v2.0.7 // indirect
 	github.com/sony/gobreaker/v2 v2.4.0 // indirect
 	github.com/yuin/gopher-lua v1.1.1 // indirect
 	go.uber.org/atomic v1.12.0 // indirect

@@ -13,8 +13,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/hashicorp/golang-lru/v2/simplelru"
 )
 
 // ErrInvalidConfig is wrapped by every error NewStore returns for a configuration it
@@ -104,8 +102,9 @@ type StoreConfig[V any] struct {
 // latest one), so state kept per key sees a clock that never runs back.
 //
 // A Store starts no goroutines. It is safe for simultaneous use by multiple
-// goroutines. The LRU bookkeeping is golang-lru's simplelru, one per shard,
-// under a mutex per shard; docs/hot-path.md says why simplelru.
+// goroutines. Each shard keeps its keys in a map and its LRU order in a list
+// threaded through the entries themselves, under the shard's mutex, so that a
+// hit reads the map and the entry and nothing else; docs/hot-path.md says why.
 type Store[V any] struct {
 	shards  []Shard[V]
 	mask    uint64
@@ -130,7 +129,9 @@ type Shard[V any] struct {
 	// share the mutex's cache line.
 	closed  bool
 	npend   int
-	lru     *simplelru.LRU[string, *Entry[V]]
+	items   map[string]*Entry[V]
+	front   *Entry[V] // the most recently promoted key; nil when the shard is empty
+	back    *Entry[V] // the least recently promoted key
 	cap     int
 	pending [maxPending]eviction[V]
 	_       [64]byte // keep neighbouring shards' mutexes off one cache line
@@ -141,6 +142,10 @@ type Entry[V any] struct {
 	Last time.Time // the latest instant the key was used at
 	Used bool      // used since it was last moved to the front of the LRU list
 	Val  V
+	// The shard's bookkeeping, which a hit does not read: the key (as held by
+	// the shard's map) and the neighbours in its LRU list, prev toward the front.
+	key        string
+	prev, next *Entry[V]
 }
 
 type eviction[V any] struct {
@@ -178,14 +183,7 @@ func NewStore[V any](cfg StoreConfig[V]) (*Store[V], error) {
 		if i < maxKeys%n {
 			c++
 		}
-		// The LRU is never asked to evict by itself: acquire makes room
-		// first, so that the evicted value can be handed to OnEvict after
-		// the lock is released.
-		lru, err := simplelru.NewLRU[string, *Entry[V]](c+1, nil)
-		if err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
-		}
-		s.shards[i].lru = lru
+		s.shards[i].items = make(map[string]*Entry[V])
 		s.shards[i].cap = c
 	}
 	return s, nil
@@ -246,7 +244,7 @@ func (s *Store[V]) Peek(key string, fn func(v *V, last time.Time)) bool {
 	sh := s.shardFor(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e, ok := sh.lru.Peek(key)
+	e, ok := sh.items[key]
 	if !ok {
 		return false
 	}
@@ -259,9 +257,9 @@ func (s *Store[V]) Peek(key string, fn func(v *V, last time.Time)) bool {
 func (s *Store[V]) Remove(key string) bool {
 	sh := s.shardFor(key)
 	sh.mu.Lock()
-	e, ok := sh.lru.Peek(key)
+	e, ok := sh.items[key]
 	if ok {
-		sh.lru.Remove(key)
+		sh.remove(e)
 		sh.push(key, e, EvictRemoved)
 	}
 	s.Release(sh)
@@ -304,7 +302,7 @@ func (s *Store[V]) Len() int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		n += sh.lru.Len()
+		n += len(sh.items)
 		sh.mu.Unlock()
 	}
 	return n
@@ -355,14 +353,15 @@ func (s *Store[V]) purge(closing bool) int {
 			sh.closed = true
 		}
 		var out []eviction[V]
-		if s.onEvict != nil && sh.lru.Len() > 0 {
-			out = make([]eviction[V], 0, sh.lru.Len())
+		n := len(sh.items)
+		if s.onEvict != nil && n > 0 {
+			out = make([]eviction[V], 0, n)
 		}
-		n := sh.lru.Len()
-		for sh.lru.Len() > 0 {
-			k, e, _ := sh.lru.RemoveOldest()
+		for sh.back != nil {
+			e := sh.back
+			sh.remove(e)
 			if out != nil {
-				out = append(out, eviction[V]{k, e, EvictPurged})
+				out = append(out, eviction[V]{e.key, e, EvictPurged})
 			}
 		}
 		sh.mu.Unlock()
@@ -381,7 +380,7 @@ func (s *Store[V]) Inspect(key string, now time.Time, fn func(e *Entry[V])) {
 	sh := s.shardFor(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e, ok := sh.lru.Peek(key)
+	e, ok := sh.items[key]
 	if idle := time.Duration(s.idle.Load()); !ok || sh.closed || idle > 0 && now.Sub(e.Last) >= idle {
 		e = nil
 	}
@@ -409,7 +408,7 @@ func (s *Store[V]) shardFor(key string) *Shard[V] {
 func (s *Store[V]) Acquire(now time.Time, key string) (sh *Shard[V], e *Entry[V], ok bool) {
 	sh = s.shardFor(key)
 	sh.mu.Lock()
-	if e, ok = sh.lru.Peek(key); ok && !sh.closed {
+	if e, ok = sh.items[key]; ok && !sh.closed {
 		if idle := s.idle.Load(); idle <= 0 || now.Sub(e.Last) < time.Duration(idle) {
 			e.Used = true
 			return sh, e, true
@@ -426,27 +425,27 @@ func (s *Store[V]) acquireSlow(sh *Shard[V], now time.Time, key string) (*Shard[
 		return nil, nil, false
 	}
 	idle := time.Duration(s.idle.Load())
-	if e, ok := sh.lru.Peek(key); ok {
+	if e, ok := sh.items[key]; ok {
 		// Idle for too long: the key starts afresh.
-		sh.lru.Remove(key)
-		sh.push(key, e, EvictIdle)
+		sh.remove(e)
+		sh.push(e.key, e, EvictIdle)
 	}
 	if idle > 0 {
 		sh.sweep(now, idle, sweepOnInsert)
 	}
 	// len <= cap always holds, so the shard can only be full here if this
 	// call evicted nothing yet: the pending buffer has room.
-	if sh.lru.Len() >= sh.cap {
-		k, old := sh.oldest()
-		sh.lru.Remove(k)
-		sh.push(k, old, EvictCapacity)
+	if len(sh.items) >= sh.cap {
+		old := sh.oldest()
+		sh.remove(old)
+		sh.push(old.key, old, EvictCapacity)
 	}
 	key = strings.Clone(key) // do not pin the caller's buffer
 	e := &Entry[V]{Last: now}
 	if s.init != nil {
 		s.init(&e.Val, key, now)
 	}
-	sh.lru.Add(key, e)
+	sh.add(key, e)
 	return sh, e, true
 }
 
@@ -484,17 +483,17 @@ func (sh *Shard[V]) push(key string, e *Entry[V], reason EvictReason) {
 func (sh *Shard[V]) sweep(now time.Time, idle time.Duration, max int) int {
 	n, promoted := 0, 0
 	for n < max && sh.npend < maxPending {
-		k, e, ok := sh.lru.GetOldest()
+		e := sh.back
 		switch {
-		case !ok:
+		case e == nil:
 			return n
 		case now.Sub(e.Last) >= idle:
-			sh.lru.Remove(k)
-			sh.push(k, e, EvictIdle)
+			sh.remove(e)
+			sh.push(e.key, e, EvictIdle)
 			n++
 		case e.Used && promoted < maxPromote:
 			e.Used = false
-			sh.lru.Get(k) // moves it to the front
+			sh.toFront(e)
 			promoted++
 		default:
 			return n
@@ -509,15 +508,61 @@ const maxPromote = 8
 // oldest returns the least recently used entry of a non-empty shard,
 // first moving entries used since their last move to the front (at most
 // maxPromote of them); it requires that sh.mu is held.
-func (sh *Shard[V]) oldest() (string, *Entry[V]) {
+func (sh *Shard[V]) oldest() *Entry[V] {
 	for range maxPromote {
-		k, e, _ := sh.lru.GetOldest()
+		e := sh.back
 		if !e.Used {
-			return k, e
+			return e
 		}
 		e.Used = false
-		sh.lru.Get(k) // moves it to the front
+		sh.toFront(e)
 	}
-	k, e, _ := sh.lru.GetOldest()
-	return k, e
+	return sh.back
+}
+
+// add puts e, new, in the shard under key, at the front of the LRU list; it
+// requires that sh.mu is held.
+func (sh *Shard[V]) add(key string, e *Entry[V]) {
+	e.key = key
+	sh.items[key] = e
+	sh.pushFront(e)
+}
+
+// remove takes e out of the shard; it requires that sh.mu is held.
+func (sh *Shard[V]) remove(e *Entry[V]) {
+	delete(sh.items, e.key)
+	sh.unlink(e)
+}
+
+// toFront moves e to the front of the LRU list; it requires that sh.mu is
+// held.
+func (sh *Shard[V]) toFront(e *Entry[V]) {
+	if sh.front != e {
+		sh.unlink(e)
+		sh.pushFront(e)
+	}
+}
+
+func (sh *Shard[V]) pushFront(e *Entry[V]) {
+	e.prev, e.next = nil, sh.front
+	if sh.front != nil {
+		sh.front.prev = e
+	} else {
+		sh.back = e
+	}
+	sh.front = e
+}
+
+func (sh *Shard[V]) unlink(e *Entry[V]) {
+	if e.prev != nil {
+		e.prev.next = e.next
+	} else {
+		sh.front = e.next
+	}
+	if e.next != nil {
+		e.next.prev = e.prev
+	} else {
+		sh.back = e.prev
+	}
+	e.prev, e.next = nil, nil
 }
