@@ -557,8 +557,29 @@ func (wl *windowed) refill() time.Duration {
 	return time.Duration(float64(wl.w) / float64(wl.glim.Burst))
 }
 
-// countDemand counts n requests of an over key this server sees seldom, for odds.
+// demandCounts is about how many counts of an over key's requests the fleet sends Redis
+// a window for odds (countDemand).
+const demandCounts = 64
+
+// countDemand counts n requests of an over key this server sees seldom, for odds. Once
+// the fleet's count of them is known to be over demandCounts·n a window, a request is
+// counted at odds q of demandCounts·n over that count, weighing n/q (rounded at random,
+// so that it weighs n/q on average): the count stays an estimate of the key's requests
+// with no bias and about 1/√demandCounts of error, and a key over its limit on every
+// server costs Redis about demandCounts counts a window rather than about one a request.
+// It requires wl.mu.
 func (wl *windowed) countDemand(st *wkey, id string, n int) {
+	if st.dem > demandCounts*n {
+		q := float64(demandCounts*n) / float64(st.dem)
+		if uniform(&wl.rng) >= q {
+			return
+		}
+		w := float64(n) / q
+		n = int(w)
+		if uniform(&wl.rng) < w-float64(n) {
+			n++
+		}
+	}
 	if op := (wop{id: id, win: st.win, n: n, demand: true}); !wl.merge(wl.demOp, op) {
 		wl.push(wl.demOp, op)
 	}

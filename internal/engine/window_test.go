@@ -956,3 +956,43 @@ func TestWindowedStalledTrip(t *testing.T) {
 		})
 	}
 }
+
+// TestCountDemandSampled: once the fleet's count of an over key's requests passes
+// demandCounts a window, a server counts them at odds with inverse weights: the counts it
+// sends add up to about the requests it saw (no bias), in about demandCounts·seen/count
+// ops; below it every request is counted, at its own weight.
+func TestCountDemandSampled(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		dem, req int // the fleet's last count, and the requests this server sees
+		wantOps  float64
+	}{
+		{"under demandCounts", demandCounts / 2, 1000, 1000},
+		{"at 10 times", 10 * demandCounts, 20000, 2000},
+		{"weights not whole", 100, 50000, 50000 * demandCounts / 100},
+		{"at 1000 times", 1000 * demandCounts, 4000000, 4000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			wl := &windowed{demOp: map[string]int{}, rng: 1}
+			st := &wkey{win: 1, dem: tc.dem}
+			ops, sum := 0, 0
+			for range tc.req {
+				wl.countDemand(st, "k", 1)
+				for _, op := range wl.ops { // each request its own report: every op counts
+					if !op.demand || op.id != "k" {
+						t.Fatalf("queued %+v", op)
+					}
+					ops, sum = ops+1, sum+op.n
+				}
+				wl.ops = wl.ops[:0]
+				clear(wl.demOp)
+			}
+			if got := float64(sum) / float64(tc.req); got < 0.9 || got > 1.1 {
+				t.Errorf("counted %d for %d requests (%.3f×)", sum, tc.req, got)
+			}
+			if got := float64(ops) / tc.wantOps; got < 0.8 || got > 1.2 {
+				t.Errorf("%d ops, want about %.0f", ops, tc.wantOps)
+			}
+		})
+	}
+}
