@@ -289,7 +289,8 @@ func (s *Store) Windows(ctx context.Context, t *WindowTrip) error {
 // transactions hold the keys of one slot, each trip is a transaction of its own, and the
 // trips one master serves go to it in one round trip, the masters' all at once: a
 // limit's 64 shards cost a round trip per master, not per shard, and one master's
-// failure fails only its trips. On a Ring each trip is a round trip of its own, all at
+// failure fails only its trips (a client that retries or follows MOVED makes a round
+// trip per trip: nodePipelines). On a Ring each trip is a round trip of its own, all at
 // once.
 func (s *Store) WindowsBatch(ctx context.Context, ts []WindowTrip, errs []error) error {
 	tx, ok := s.pipe.(txPipeliner)
@@ -306,7 +307,7 @@ func (s *Store) WindowsBatch(ctx context.Context, ts []WindowTrip, errs []error)
 			valid = append(valid, i)
 		}
 	}
-	if cc, ok := s.pipe.(*redis.ClusterClient); ok {
+	if cc, ok := s.pipe.(*redis.ClusterClient); ok && nodePipelines(cc) {
 		s.windowsCluster(ctx, cc, ts, valid, errs)
 	} else if _, plain := s.pipe.(*redis.Client); plain || len(valid) == 1 {
 		s.windowsTx(ctx, tx, ts, valid, errs)
@@ -356,6 +357,17 @@ func (s *Store) windowsTx(ctx context.Context, tx txPipeliner, ts []WindowTrip, 
 	for k, i := range idx {
 		errs[i] = reads[k]()
 	}
+}
+
+// nodePipelines reports whether the trips on cc may go as windowsCluster sends them,
+// in a pipeline on a node's client: go-redis sends such a pipeline again after a reply
+// it lost when the client retries (ClusterOptions.MaxRetries, which global.RetryingClient
+// allows), which would run its transactions twice, and it does not follow MOVED, which
+// a client with MaxRedirects asks for. On such a client each trip is a Cluster
+// transaction of its own, which go-redis does not send again once it is written.
+func nodePipelines(cc *redis.ClusterClient) bool {
+	o := cc.Options()
+	return o.MaxRetries < 0 && o.MaxRedirects <= 0
 }
 
 // windowsCluster makes the trips ts[idx] on a Cluster: those whose shard one master
@@ -408,7 +420,7 @@ func (s *Store) windowsNode(ctx context.Context, cc *redis.ClusterClient, node *
 		b := &blocks[k]
 		b.read = s.queueWindows(ctx, queue, &ts[i], scratch[k])
 		b.cmds = queue.Cmds()[from:]
-		pipe.Do(ctx, "multi")
+		b.multi = pipe.Do(ctx, "multi")
 		b.sent = make([]*redis.Cmd, len(b.cmds))
 		for j, c := range b.cmds {
 			b.sent[j] = redis.NewCmd(ctx, c.Args()...)
@@ -429,26 +441,34 @@ func (s *Store) windowsNode(ctx context.Context, cc *redis.ClusterClient, node *
 
 // windowBlock is one trip's transaction in windowsNode's pipeline.
 type windowBlock struct {
-	cmds []redis.Cmder // the trip's commands, as queueWindows made them
-	sent []*redis.Cmd  // the same, as sent: each one's answer is QUEUED
-	exec *redis.Cmd
-	read func() error
+	cmds  []redis.Cmder // the trip's commands, as queueWindows made them
+	sent  []*redis.Cmd  // the same, as sent: each one's answer is QUEUED
+	multi *redis.Cmd
+	exec  *redis.Cmd
+	read  func() error
 }
 
-// answer reads the transaction's answer into the trip and returns the trip's error: the
-// first of its commands' when the transaction did not run (a command refused while
-// queued, as MOVED, aborts it), else EXEC's, else the first of the answers'.
+// answer reads the transaction's answer into the trip and returns the trip's error.
+// EXEC's answer, once read whole, is the trip's, whatever error go-redis gave the
+// command after it (a pipeline whose connection fails part way gives its error to every
+// command, the ones it read too): the trip ran, and its counts must not be sent again.
+// Without it, the error is MULTI's (the commands may have run one by one), else the first
+// of the commands' (one refused while queued, as MOVED, aborts the transaction), else
+// EXEC's.
 func (b *windowBlock) answer() error {
-	if err := b.exec.Err(); err != nil {
+	vals, ok := b.exec.Val().([]any)
+	if !ok || len(vals) != len(b.cmds) {
+		if err := b.multi.Err(); err != nil {
+			return wrap("windows", err)
+		}
 		for _, c := range b.sent {
 			if c.Err() != nil {
 				return wrap("windows", c.Err())
 			}
 		}
-		return wrap("windows", err)
-	}
-	vals, ok := b.exec.Val().([]any)
-	if !ok || len(vals) != len(b.cmds) {
+		if err := b.exec.Err(); err != nil {
+			return wrap("windows", err)
+		}
 		return unexpected("windows", fmt.Sprintf("EXEC: %d answers for %d commands", len(vals), len(b.cmds)))
 	}
 	for j, c := range b.cmds {

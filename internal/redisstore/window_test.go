@@ -3,7 +3,6 @@ package redisstore_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"strconv"
 	"sync"
@@ -554,17 +553,33 @@ func TestWindowsShards(t *testing.T) {
 
 // TestWindowsShardsCluster: on a Cluster, each shard is a transaction on the node of its
 // slot, the shards of a limit land on every master, and a batch of the 64 costs each
-// master one round trip, in RESP2 as in RESP3.
+// master one round trip, in RESP2 as in RESP3; a round trip per shard on a client that
+// retries.
 func TestWindowsShardsCluster(t *testing.T) {
-	for _, proto := range []int{2, 3} {
-		t.Run(fmt.Sprint("RESP", proto), func(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		proto   int
+		retries int // ClusterOptions.MaxRetries
+		perTrip bool
+	}{
+		{"RESP2", 2, -1, false},
+		{"RESP3", 3, -1, false},
+		// A client that retries would send a node's pipeline again after a lost reply,
+		// its transactions with it: each trip is a Cluster transaction of its own.
+		{"retrying client", 3, 3, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			c := redistest.Cluster(t, func(o *redis.ClusterOptions) {
 				o.MaxRedirects = -1
-				o.MaxRetries = -1
-				o.Protocol = proto
+				o.MaxRetries = tc.retries
+				o.Protocol = tc.proto
 			})
 			ctx := context.Background()
-			st := newStore(t, c) // before the hooks: it may load scripts
+			var opts []redisstore.Option
+			if tc.retries >= 0 {
+				opts = append(opts, redisstore.RetryingClient())
+			}
+			st := newStore(t, c, opts...) // before the hooks: it may load scripts
 			calls := map[string]*pipeCount{}
 			var mu sync.Mutex // ForEachMaster calls at once
 			if err := c.ForEachMaster(ctx, func(_ context.Context, m *redis.Client) error {
@@ -599,8 +614,12 @@ func TestWindowsShardsCluster(t *testing.T) {
 				pc.mu.Lock()
 				pipes, multis := pc.pipes, pc.multis
 				pc.mu.Unlock()
-				if pipes != 2 || multis != 2*shards {
-					t.Errorf("master %s, %d shards: %d round trips and %d transactions for two batches, want 2 and %d", addr, shards, pipes, multis, 2*shards)
+				want := 2 // a round trip per master and batch
+				if tc.perTrip {
+					want = 2 * shards
+				}
+				if pipes != want || multis != 2*shards {
+					t.Errorf("master %s, %d shards: %d round trips and %d transactions for two batches, want %d and %d", addr, shards, pipes, multis, want, 2*shards)
 				}
 			}
 		})
