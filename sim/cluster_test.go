@@ -26,8 +26,8 @@ func init() {
 // and a key over its limit costs about 64 counts a window however many servers
 // see it, so the keys at the head of the Zipf demand no longer load their shards'
 // masters; but its marks are in 16 sets, 2 on six of 10 masters and 1 on four, and every
-// server reads them all: 10 masters carry about 6.5 times one master's load, the busiest
-// about 1.5 times the mean, a master of 2 mark sets and the hottest key's shard. Its
+// server reads them all: 10 masters carry about 6.2 times one master's load, the busiest
+// about 1.6 times the mean, a master of 2 mark sets and the hottest key's shard. Its
 // check states that: at least 6 times, at most 1.6 times the mean, the busiest the
 // hottest key's master.
 func checkCluster(t *testing.T, runs []outcome) {

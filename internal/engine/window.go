@@ -262,6 +262,7 @@ type windowed struct {
 	warmAt   [2]time.Time // the warm-up reads
 	clockAt  time.Time    // when offset was measured; zero: never
 	rng      uint64
+	demSeed  uint64 // countDemand's draws, apart from rng so as not to move its other draws
 }
 
 // off is Redis's clock minus this server's, as last measured.
@@ -282,7 +283,7 @@ func newWindowed(lm *Limit, c LimitConfig, seed uint64) *windowed {
 		shards: shards, lastRead: make([]time.Time, shards), since: make([]time.Time, shards), tidyAt: make([]time.Time, shards),
 		glim:     redisstore.Limit{Name: c.Name, Rate: c.Rate, Burst: c.Burst, Version: c.Version},
 		announce: map[wmk]int{}, demOp: map[string]int{}, admOp: map[string]int{}, marks: map[string]wmark{}, gone: map[string]int{},
-		rng: seed ^ 0x77696e64,
+		rng: seed ^ 0x77696e64, demSeed: seed ^ 0x64656d616e64,
 	}
 }
 
@@ -429,7 +430,10 @@ func (wl *windowed) decideKey(o *wdecision, en *entry, now time.Time, n int) {
 	st.often, st.perSec = often, perSec
 	fresh := wl.fresh(now, en.key)
 	if over && !often {
-		wl.countDemand(st, en.key, n)
+		// The fleet's requests of the key a window: its last count, or S times this
+		// server's rate where that is lower (a count from a flood long past).
+		fleet := min(float64(st.dem), float64(wl.lm.e.Servers())*perSec*wl.w.Seconds())
+		wl.countDemand(st, en.key, n, fleet, now)
 	}
 	// An over key's request is refused while its grant comes, which can then wait for the
 	// next report, unless windows are short against reports (under four report intervals).
@@ -562,21 +566,25 @@ func (wl *windowed) refill() time.Duration {
 const demandCounts = 64
 
 // countDemand counts n requests of an over key this server sees seldom, for odds. Once
-// the fleet's count of them is known to be over demandCounts·n a window, a request is
-// counted at odds q of demandCounts·n over that count, weighing n/q (rounded at random,
-// so that it weighs n/q on average): the count stays an estimate of the key's requests
-// with no bias and about 1/√demandCounts of error, and a key over its limit on every
-// server costs Redis about demandCounts counts a window rather than about one a request.
-// It requires wl.mu.
-func (wl *windowed) countDemand(st *wkey, id string, n int) {
-	if st.dem > demandCounts*n {
-		q := float64(demandCounts*n) / float64(st.dem)
-		if uniform(&wl.rng) >= q {
+// fleet, the fleet's requests of the key a window as this server knows them, is over
+// demandCounts·n, a request is counted at odds q of demandCounts·n over fleet, weighing
+// n/q (rounded at random, so that it weighs n/q on average): the count stays an
+// estimate of the key's requests with no bias and about 1/√demandCounts of error, and a
+// key over its limit on every server costs Redis about demandCounts counts a window
+// rather than about one a request. fleet too high would leave the estimate unbiased but
+// lumpy (a few requests of great weight), so the caller takes the lower of the last
+// count and what this server's own rate says. Its draws are a hash of the key and the
+// instant, as odds' are. It requires wl.mu.
+func (wl *windowed) countDemand(st *wkey, id string, n int, fleet float64, now time.Time) {
+	if fleet > float64(demandCounts*n) {
+		q := float64(demandCounts*n) / fleet
+		h := mix3(wl.demSeed, hashKey(id), uint64(now.UnixNano()))
+		if float64(h>>11)/(1<<53) >= q {
 			return
 		}
 		w := float64(n) / q
 		n = int(w)
-		if uniform(&wl.rng) < w-float64(n) {
+		if float64(mix3(h, 1, 0)>>11)/(1<<53) < w-float64(n) {
 			n++
 		}
 	}

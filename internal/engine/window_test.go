@@ -973,11 +973,11 @@ func TestCountDemandSampled(t *testing.T) {
 		{"at 1000 times", 1000 * demandCounts, 4000000, 4000},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			wl := &windowed{demOp: map[string]int{}, rng: 1}
+			wl := &windowed{demOp: map[string]int{}, demSeed: 1}
 			st := &wkey{win: 1, dem: tc.dem}
 			ops, sum := 0, 0
-			for range tc.req {
-				wl.countDemand(st, "k", 1)
+			for i := range tc.req {
+				wl.countDemand(st, "k", 1, float64(st.dem), time.Unix(0, int64(i)*1000))
 				for _, op := range wl.ops { // each request its own report: every op counts
 					if !op.demand || op.id != "k" {
 						t.Fatalf("queued %+v", op)
