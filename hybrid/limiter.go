@@ -88,7 +88,9 @@ type Limit struct {
 // LeaseTuning tunes the batches of tokens a server leases from a key's bucket. Zero
 // fields take the defaults their comments name.
 type LeaseTuning struct {
-	// RefillInterval is how long one batch should last at the key's demand. default:
+	// RefillInterval is how long one batch should last at the key's demand; a key whose
+	// bucket has room to spare for every server gets batches of five intervals (at most
+	// half a Lifetime), so that a key far within its limit costs fewer takes. default:
 	// 100ms
 	RefillInterval time.Duration
 	// Lifetime is how long leased tokens stay usable before they are refunded. default:

@@ -218,9 +218,11 @@ func TestLeaseRules(t *testing.T) {
 		}},
 		{"prefetch below the low watermark, once", LeaseConfig{Rate: 1000, Burst: 1000, Servers: 1, Lifetime: 5 * time.Second}, append(
 			repeatOps(100, acq(0, 1, Wait, ReasonRefill, 0, 0, 0), acq(0, 1, Wait, ReasonRefill, 1, 1, 0)),
-			grt(1*ms, 1, 999, 1),
+			// buckets that never held half a lifetime's batch (250, then 400) twice over:
+			// the refill interval's batch alone (TestLeaseBatchWithRoom)
+			grt(1*ms, 1, 499, 1),
 			rec(1*ms, 1, Allow, ReasonLease, 100, 1, 0), // 0 < 0.5 x batch 100: prefetch
-			grt(2*ms, 100, 899, 100),
+			grt(2*ms, 100, 799, 100),
 			acq(3*ms, 20, Allow, ReasonLease, 0, 0, 80),      // 80 >= 0.5 x batch 120: no prefetch
 			acq(3*ms, 30, Allow, ReasonLease, 0, 0, 50),      // 50 >= 0.5 x the last batch 100: not yet
 			acq(3*ms, 10, Allow, ReasonLease, 160-40, 1, 40), // 40 < 50: prefetch up to the batch, now 160
@@ -359,6 +361,47 @@ func TestLeaseJitterDeterministic(t *testing.T) {
 // is lost), yet still spreads over [half, all] of that time. Burst 20 over 200 servers at
 // 10/s: each lease holds one token; a grant leaving 19 is paced up to 0.1 s, the time the
 // bucket takes to be full.
+// TestLeaseBatchWithRoom checks the batch of a key far within its limit: five refill
+// intervals (at most half a lifetime) at the steady demand once the bucket held that
+// twice over for every server, the refill interval's batch otherwise.
+func TestLeaseBatchWithRoom(t *testing.T) {
+	// 20 requests in the first 500 ms of the demand window: sliding 20/s, fast 40/s.
+	// A refill interval's batch is 40/s × 100 ms = 4; a roomy one 20/s × 500 ms = 10.
+	base := LeaseConfig{Rate: 1000, Burst: 10000, Servers: 4, Lifetime: time.Second}
+	tests := []struct {
+		name      string
+		cfg       LeaseConfig
+		remaining float64 // the bucket at the answer; < 0: no answer yet
+		want      int
+	}{
+		{"room: twice the batch for every server", base, 80, 10},
+		{"one token short of the room", base, 79, 4},
+		{"nothing heard of the bucket", base, -1, 4},
+		{"half a shorter lifetime: a roomy batch no larger", func() LeaseConfig { c := base; c.Lifetime = 400 * ms; return c }(), 1000, 4},
+		{"a longer lifetime: five refill intervals", func() LeaseConfig { c := base; c.Lifetime = 10 * time.Second; return c }(), 1000, 10},
+		{"a shorter refill interval: five of them", func() LeaseConfig { c := base; c.RefillInterval = 50 * ms; return c }(), 1000, 5},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := tt.cfg.Normalize()
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := NewLease(1)
+			st := l.Acquire(&c, t0, 1)
+			if tt.remaining >= 0 {
+				l.Granted(&c, t0, st.Refill.Seq, Grant{Granted: 1, Remaining: tt.remaining})
+			}
+			for i := 1; i < 20; i++ {
+				l.Acquire(&c, t0.Add(time.Duration(i)*25*ms), 1)
+			}
+			if got := l.Batch(&c, t0.Add(500*ms), 1); got != tt.want {
+				t.Fatalf("batch %d, want %d", got, tt.want)
+			}
+		})
+	}
+}
+
 func TestLeasePacingStopsAtFullBucket(t *testing.T) {
 	c, _ := LeaseConfig{Rate: 10, Burst: 20, Servers: 200}.Normalize()
 	full := 100 * time.Millisecond

@@ -18,6 +18,10 @@
 // per-client keys, from the rows.
 //
 // With -render it only rewrites the report and the plot from <out>/benchmarks/raw.jsonl.
+// With -only it runs the rows whose "<limiter>, <scenario>, <goroutines>" matches a
+// regular expression and prints them, writing no report: a probe of one change, e.g.
+//
+//	go run ./cmd/compare -only 'redis_rate, zipf|bucket, 8 servers, zipf 10k, 32'
 package main
 
 import (
@@ -30,6 +34,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"time"
@@ -46,6 +51,7 @@ func main() {
 	repeats := flag.Int("repeats", 3, "how many times each row runs; the report gives medians")
 	redisBin := flag.String("redis-server", "redis-server", "the redis-server binary to start")
 	render := flag.Bool("render", false, "measure nothing: rewrite the report and plot from <out>/benchmarks/raw.jsonl")
+	only := flag.String("only", "", "run only the rows whose `<limiter>, <scenario>, <goroutines>` matches this regular expression, print them and their medians, and write no report")
 	flag.Parse()
 	if flag.NArg() > 0 || *repeats < 1 || *duration <= 0 {
 		flag.Usage()
@@ -54,9 +60,19 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var err error
-	if *render {
+	var sel *regexp.Regexp
+	if *only != "" {
+		if sel, err = regexp.Compile(*only); err != nil {
+			fmt.Fprintln(os.Stderr, "compare: -only:", err)
+			os.Exit(2)
+		}
+	}
+	switch {
+	case *render:
 		err = rerender(*out)
-	} else {
+	case sel != nil:
+		err = probe(ctx, *redisBin, *duration, *repeats, sel)
+	default:
 		err = measure(ctx, *out, *redisBin, *duration, *repeats, os.Args[1:])
 	}
 	if err != nil {
@@ -134,6 +150,61 @@ func measure(ctx context.Context, out, redisBin string, d time.Duration, repeats
 		return err
 	}
 	fmt.Println("wrote", mdPath, rawPath, logPath, pngPath)
+	return nil
+}
+
+// probe runs the rows sel matches against a private Redis and prints each run and,
+// per row, the medians of Redis CPU, script runs and round trips per decision (Close
+// included), writing no report.
+func probe(ctx context.Context, redisBin string, d time.Duration, repeats int, sel *regexp.Regexp) error {
+	srv, err := startRedis(ctx, redisBin)
+	if err != nil {
+		return err
+	}
+	defer srv.stop()
+	ctl := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer func() { _ = ctl.Close() }()
+	renv := &redisEnv{addr: srv.Addr}
+	type row struct {
+		name             string
+		cpu, scripts, rt []float64
+	}
+	var rows []*row
+	byName := map[string]*row{}
+	for rep := 1; rep <= repeats; rep++ {
+		for _, sc := range scenarios {
+			for _, g := range goroutineCounts {
+				for _, rv := range rivals() {
+					name := fmt.Sprintf("%s, %s, %s", rv.Name, sc.Name, goroutines(g))
+					if rv.whyUnfit(sc.Limit) != "" || !sel.MatchString(name) {
+						continue
+					}
+					r, err := runOne(ctx, ctl, renv, rv, sc, g, d, rep)
+					if err != nil {
+						return fmt.Errorf("%s: %w", name, err)
+					}
+					fmt.Println(logLine(r))
+					w := byName[name]
+					if w == nil {
+						w = &row{name: name}
+						byName[name] = w
+						rows = append(rows, w)
+					}
+					n := float64(r.Decisions())
+					w.cpu = append(w.cpu, r.RedisCPUS*1e6/n)
+					w.scripts = append(w.scripts, float64(r.ScriptRuns)/n)
+					w.rt = append(w.rt, float64(r.RoundTrips)/n)
+				}
+			}
+		}
+	}
+	if len(rows) == 0 {
+		return errors.New("-only matches no row")
+	}
+	for _, w := range rows {
+		fmt.Printf("%-60s Redis CPU %.3g µs, %.3g script runs, %.3g round trips a decision (medians of %d)\n",
+			w.name, median(w.cpu), median(w.scripts), median(w.rt), len(w.cpu))
+	}
 	return nil
 }
 
