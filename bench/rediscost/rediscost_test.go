@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -116,7 +117,8 @@ return out
 // TestRedisCost measures, on a real redis-server, what Redis spends on the commands of
 // fleetlimit and of the cold-key designs compared in docs/cold-keys.md, from INFO
 // commandstats (Redis's own time executing each command, network excluded): the lease
-// take script (luascript.Take, one key per call), a multi-key take and the leanest charge with
+// take script (luascript.Take, one key per call, and the bytes a take appends to the
+// AOF, which is what each replica is sent), a multi-key take and the leanest charge with
 // N keys per call, a token bucket array script, and the plain commands of a windowed
 // limit's exchange (BITFIELD, PEXPIREAT, ZADD, ZRANGEBYSCORE), whose figures the
 // simulator's cost model (sim's cmdCost) is scaled from. It runs only on a redis-server
@@ -173,6 +175,7 @@ func TestRedisCost(t *testing.T) {
 		take.EvalSha(ctx, p, []string{key(i * 7919)}, 50, 50, 1, 1, "srv"+strconv.Itoa(i%200), i+1, 1)
 	})
 	t.Logf("luascript.Take, one key per call: %.2f µs per call", perTake)
+	aofPerTake(ctx, t, c)
 	multi := redis.NewScript(multiTakeSource)
 	_ = multi.Load(ctx, c)
 	var xs, ys []float64
@@ -278,6 +281,66 @@ func TestRedisCost(t *testing.T) {
 	}
 	a, b = fit(xs, ys)
 	t.Logf("ZRANGEBYSCORE WITHSCORES fit: %.3f µs per call + %.3f µs per member answered", a, b)
+}
+
+// aofPerTake logs the bytes a take appends to the AOF, which is also what Redis sends
+// each replica (the script's writes, replicated as effects): warm takes on 10,000 keys
+// by 8 servers, on a full bucket (a key far within its limit: each take's refill past
+// the cap grows its credit) and on one below full (a busy key).
+func aofPerTake(ctx context.Context, t *testing.T, c *redis.Client) {
+	aofSize := func() int64 {
+		for {
+			s, err := c.Info(ctx, "persistence").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := infoMap(s)
+			if f["aof_enabled"] == "1" && f["aof_rewrite_in_progress"] == "0" && f["aof_rewrite_scheduled"] == "0" {
+				n, _ := strconv.ParseInt(f["aof_current_size"], 10, 64)
+				return n
+			}
+			time.Sleep(50 * time.Millisecond) // the rewrite that turning the AOF on starts
+		}
+	}
+	if err := c.ConfigSet(ctx, "appendonly", "yes").Err(); err != nil {
+		t.Fatal(err)
+	}
+	defer c.ConfigSet(ctx, "appendonly", "no")
+	take := luascript.Take
+	for _, b := range []struct {
+		name           string
+		capacity, rate float64
+	}{{"full bucket", 1e6, 1e6}, {"bucket below full", 1000, 0.01}} {
+		const keys, servers = 10000, 8
+		run := func(from int) {
+			for i := 0; i < keys*servers; i += 64 {
+				p := c.Pipeline()
+				for j := i; j < i+64; j++ {
+					take.EvalSha(ctx, p, []string{"fl:{aof}:" + b.name + strconv.Itoa(j%keys)}, b.capacity, b.rate, 2, 1,
+						"srv"+strconv.Itoa(j/keys), from+j, 0)
+				}
+				if _, err := p.Exec(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		run(1) // every server's record made
+		before := aofSize()
+		run(1 + keys*servers)
+		t.Logf("luascript.Take, %s: %.0f bytes appended to the AOF (and sent each replica) per take", b.name,
+			float64(aofSize()-before)/(keys*servers))
+	}
+}
+
+// infoMap is an INFO section's fields.
+func infoMap(s string) map[string]string {
+	m := map[string]string{}
+	for _, line := range strings.Split(s, "\r\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok {
+			m[k] = v
+		}
+	}
+	return m
 }
 
 // fit returns the least-squares line y = a + b·x.

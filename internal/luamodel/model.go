@@ -246,6 +246,25 @@ func (e *entry) params(caller Params) (held, force Params) {
 	return held, caller
 }
 
+// setParams writes p and c after a take or refund on the parameters p, at ms, as the
+// scripts do: each only when its value changes (p when it holds other parameters or
+// none, c when the credit differs from what it holds or it holds none), so that an
+// unchanged field keeps the time it was written at.
+func (e *entry) setParams(p Params, credit, ms float64) {
+	if held, ok := e.held(); !ok || held != p {
+		e.fields["p"] = paramsField(p, ms)
+	}
+	old, ok := 0.0, false
+	if v, found := e.field("c"); found {
+		if f := strings.Fields(v); len(f) > 0 {
+			old, ok = tonumber(f[0], true)
+		}
+	}
+	if !ok || old != credit {
+		e.fields["c"] = creditField(credit, ms)
+	}
+}
+
 // paramsField is the value take.lua and refund.lua store in p: string.format('%d %.17g
 // %.17g %d', version, capacity, rate, now).
 func paramsField(p Params, now float64) string {
@@ -389,8 +408,7 @@ func (m *Model) Take(now time.Time, key string, capacity, rate float64, want, mi
 	left := luaNum(tokens)
 	m.storeTTL(key, tokenbucket.TTLMillis(math.Max(capacity, capacity-tokens), rate), left, luaNum(math.Max(ts, ms)), field,
 		strconv.FormatUint(seq, 10)+" "+luaNum(granted)+" "+left+" "+luaNum(wait)+" "+luaNum(ms))
-	m.get(key).fields["p"] = paramsField(p, ms)
-	m.get(key).fields["c"] = creditField(credit, ms)
+	m.get(key).setParams(p, credit, ms)
 	flag := 0
 	if !found {
 		flag = 3 // luascript.First
@@ -441,8 +459,7 @@ func (m *Model) Refund(now time.Time, key string, capacity, rate float64, amount
 	left := luaNum(tokens)
 	m.storeTTL(key, tokenbucket.TTLMillis(math.Max(capacity, capacity-tokens), rate), left, luaNum(math.Max(ts, ms)), field,
 		strconv.FormatUint(seq, 10)+" "+left+" "+luaNum(ms))
-	m.get(key).fields["p"] = paramsField(p, ms)
-	m.get(key).fields["c"] = creditField(credit, ms)
+	m.get(key).setParams(p, credit, ms)
 	return wire.RefundReply{Tokens: tokens, Version: p.Version}
 }
 

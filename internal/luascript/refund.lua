@@ -63,9 +63,12 @@ local now = num(t[1]) * 1000 + math.floor(num(t[2]) / 1000)
 local state  = redis.call('HMGET', KEYS[1], 'tokens', 'ts', field, 'p', 'c')
 local pv, pc, pr = string.match(state[4] or '', '^(%S+) (%S+) (%S+) %S+$')
 pv, pc, pr = num(pv), num(pc), num(pr)
+-- p stands when it holds parameters (a refund never re-shapes): written only without
+local p_stands = false
 if pv and pc and pr and pc >= 1 and pr > 0 then
   if amount > 0 and (pv ~= version or pc ~= capacity or pr ~= rate) then amount = 0 end
   capacity, rate, version = pc, pr, pv
+  p_stands = true
 end
 local stored = num(state[1])
 if not stored and amount > 0 then
@@ -75,7 +78,8 @@ local ts     = num(state[2]) or now
 local raw    = (stored or capacity) + math.max(0, now - ts) / 1000 * rate
 local tokens = math.min(capacity, raw)
 -- the refill lost to the cap, counted in c (see take.lua)
-local credit = num(string.match(state[5] or '', '^(%S+)'))
+local held_credit = num(string.match(state[5] or '', '^(%S+)'))
+local credit = held_credit
 if not stored or not credit then credit = now / 1000 * rate end
 if raw > capacity then credit = credit + (raw - capacity) end
 
@@ -116,10 +120,15 @@ else
   tokens = math.min(capacity, tokens + amount)
 end
 local left = tostring(tokens)
-redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', math.max(ts, now),
-  field, ARGV[5] .. ' ' .. left .. ' ' .. now,
-  'p', string.format('%d %.17g %.17g %d', version, capacity, rate, now),
-  'c', string.format('%.17g %d', credit, now))
+-- p and c only when their value changes (see take.lua)
+local set = { 'tokens', tokens, 'ts', math.max(ts, now), field, ARGV[5] .. ' ' .. left .. ' ' .. now }
+if not p_stands then
+  set[7], set[8] = 'p', string.format('%d %.17g %.17g %d', version, capacity, rate, now)
+end
+if credit ~= held_credit then
+  set[#set + 1], set[#set + 2] = 'c', string.format('%.17g %d', credit, now)
+end
+redis.call('HSET', KEYS[1], unpack(set))
 -- the TTL: until the bucket is full again (a bucket below zero needs longer), plus 1 s
 redis.call('PEXPIRE', KEYS[1], math.ceil(math.max(capacity, capacity - tokens) / rate * 1000) + 1000)
 return { left, 0, version }

@@ -25,8 +25,9 @@
 -- bucket's parameters; one with a higher version, or the same version and other
 -- parameters, re-shapes the bucket: it refills on the old parameters up to now, then
 -- holds at most the new capacity. A bucket without p (new, or written by a release
--- before versions) takes the caller's. p ends with the time it was written, so that the
--- records' pruning keeps it while the bucket is in use.
+-- before versions) takes the caller's. p ends with the time it was last changed: p and c
+-- are written only when their value changes, two fields fewer to write a call for a
+-- bucket whose parameters stand and whose credit does not grow (one that is not full).
 --
 -- Grants g = want if tokens + floor >= want, else floor(tokens + floor) if that is >= min,
 -- else 0. With floor 0 (every lease take) the bucket never goes below zero.
@@ -95,6 +96,8 @@ if pv and pc and pr and pc >= 1 and pr > 0 then
   held_cap, held_rate = pc, pr
   if pv > version then capacity, rate, version = pc, pr, pv end
 end
+-- p stands when it holds the parameters in force
+local p_stands = pv == version and pc == capacity and pr == rate
 local stored = num(state[1])
 local ts     = num(state[2]) or now
 if not stored and seen and now - seen_at < capacity / rate * 1000 + 500 then
@@ -104,7 +107,8 @@ local cap    = math.min(capacity, held_cap)
 local raw    = (stored or held_cap) + math.max(0, now - ts) / 1000 * held_rate
 local tokens = math.min(cap, raw)
 -- the refill lost to the cap, counted in c
-local credit = num(string.match(state[5] or '', '^(%S+)'))
+local held_credit = num(string.match(state[5] or '', '^(%S+)'))
+local credit = held_credit
 if not stored or not credit then credit = now / 1000 * rate end
 if raw > cap then credit = credit + (raw - cap) end
 
@@ -155,12 +159,18 @@ elseif tokens < 0 then
 end
 
 local left = tostring(tokens)
-redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', math.max(ts, now),
-  field, ARGV[6] .. ' ' .. granted .. ' ' .. left .. ' ' .. wait .. ' ' .. now,
-  'p', string.format('%d %.17g %.17g %d', version, capacity, rate, now),
-  'c', string.format('%.17g %d', credit, now))
+local credit_s = string.format('%.17g', credit)
+local set = { 'tokens', tokens, 'ts', math.max(ts, now),
+  field, ARGV[6] .. ' ' .. granted .. ' ' .. left .. ' ' .. wait .. ' ' .. now }
+if not p_stands then
+  set[7], set[8] = 'p', string.format('%d %.17g %.17g %d', version, capacity, rate, now)
+end
+if credit ~= held_credit then
+  set[#set + 1], set[#set + 2] = 'c', credit_s .. ' ' .. string.format('%d', now)
+end
+redis.call('HSET', KEYS[1], unpack(set))
 -- the TTL: until the bucket is full again (a bucket below zero needs longer), plus 1 s
 redis.call('PEXPIRE', KEYS[1], math.ceil(math.max(capacity, capacity - tokens) / rate * 1000) + 1000)
 local flag = 0
 if not rec then flag = 3 end
-return { granted, left, wait, now, flag, version, string.format('%.17g', credit) }
+return { granted, left, wait, now, flag, version, credit_s }

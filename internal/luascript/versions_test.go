@@ -45,29 +45,30 @@ func TestVersions(t *testing.T) {
 		tokens   float64 // left after the call
 		inForce  int     // the version the call was answered on
 		ttl      time.Duration
+		pAt      time.Duration // when p last changed: it is written only then
 	}
 	ops := []op{
 		// v0: 100 tokens at 10/s.
-		{0, "take", 100, 10, 60, 0, 60, 40, 0, 11 * time.Second},
+		{0, "take", 100, 10, 60, 0, 60, 40, 0, 11 * time.Second, 0},
 		// v1, 50 at 100/s, one second on: the bucket refilled to 50 on the old rate, and
 		// holds at most 50.
-		{time.Second, "take", 50, 100, 1, 1, 1, 49, 1, 1500 * time.Millisecond},
+		{time.Second, "take", 50, 100, 1, 1, 1, 49, 1, 1500 * time.Millisecond, time.Second},
 		// A server still on v0 is answered on v1: 49 + 0.1 s × 100/s, capped at 50.
-		{1100 * time.Millisecond, "take", 100, 10, 10, 0, 10, 40, 1, 1500 * time.Millisecond},
+		{1100 * time.Millisecond, "take", 100, 10, 10, 0, 10, 40, 1, 1500 * time.Millisecond, time.Second},
 		// Its refund, of tokens leased under v0, adds nothing.
-		{1100 * time.Millisecond, "refund", 100, 10, 30, 0, 0, 40, 1, 1500 * time.Millisecond},
+		{1100 * time.Millisecond, "refund", 100, 10, 30, 0, 0, 40, 1, 1500 * time.Millisecond, time.Second},
 		// v1 again with other parameters (200 at 100/s): the caller's are taken, and the
 		// bucket holds what it held; it fills on the new rate from here.
-		{1100 * time.Millisecond, "take", 200, 100, 5, 1, 5, 35, 1, 3 * time.Second},
-		{1600 * time.Millisecond, "take", 200, 100, 5, 1, 5, 80, 1, 3 * time.Second},
+		{1100 * time.Millisecond, "take", 200, 100, 5, 1, 5, 35, 1, 3 * time.Second, 1100 * time.Millisecond},
+		{1600 * time.Millisecond, "take", 200, 100, 5, 1, 5, 80, 1, 3 * time.Second, 1100 * time.Millisecond},
 		// v2 shrinks the bucket below what it holds: it holds the new capacity.
-		{1600 * time.Millisecond, "take", 20, 1, 1, 2, 1, 19, 2, 21 * time.Second},
+		{1600 * time.Millisecond, "take", 20, 1, 1, 2, 1, 19, 2, 21 * time.Second, 1600 * time.Millisecond},
 		// A lower version's refund cannot grow it back.
-		{1600 * time.Millisecond, "refund", 200, 100, 100, 1, 0, 19, 2, 21 * time.Second},
+		{1600 * time.Millisecond, "refund", 200, 100, 100, 1, 0, 19, 2, 21 * time.Second, 1600 * time.Millisecond},
 		// Nor can a higher version's: a refund never re-shapes a bucket.
-		{1600 * time.Millisecond, "refund", 1000, 1000, 5, 9, 0, 19, 2, 21 * time.Second},
+		{1600 * time.Millisecond, "refund", 1000, 1000, 5, 9, 0, 19, 2, 21 * time.Second, 1600 * time.Millisecond},
 		// A refund on the parameters in force counts, capped at the capacity.
-		{1600 * time.Millisecond, "refund", 20, 1, 5, 2, 0, 20, 2, 21 * time.Second},
+		{1600 * time.Millisecond, "refund", 20, 1, 5, 2, 0, 20, 2, 21 * time.Second, 1600 * time.Millisecond},
 	}
 	key := "versions"
 	seq := 0
@@ -93,8 +94,8 @@ func TestVersions(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if f := strings.Fields(p); len(f) != 4 || f[0] != strconv.Itoa(o.inForce) || f[3] != strconv.FormatInt(t0.Add(o.at).UnixMilli(), 10) {
-			t.Errorf("op %d: p = %q, want version %d and the time of the call", i, p, o.inForce)
+		if f := strings.Fields(p); len(f) != 4 || f[0] != strconv.Itoa(o.inForce) || f[3] != strconv.FormatInt(t0.Add(o.pAt).UnixMilli(), 10) {
+			t.Errorf("op %d: p = %q, want version %d and the time it last changed (%v)", i, p, o.inForce, o.pAt)
 		}
 	}
 }
