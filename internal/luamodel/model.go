@@ -248,19 +248,27 @@ func (e *entry) params(caller Params) (held, force Params) {
 
 // setParams writes p and c after a take or refund on the parameters p, at ms, as the
 // scripts do: each only when its value changes (p when it holds other parameters or
-// none, c when the credit differs from what it holds or it holds none), so that an
-// unchanged field keeps the time it was written at.
+// none, c when the credit differs from what it holds or it holds none) or when it was
+// written (its last number) 30 s or more before ms.
 func (e *entry) setParams(p Params, credit, ms float64) {
-	if held, ok := e.held(); !ok || held != p {
+	fresh := func(f []string, n int) bool {
+		if len(f) != n {
+			return false
+		}
+		at, ok := tonumber(f[n-1], true)
+		return ok && ms-at < 30000
+	}
+	pv, _ := e.field("p")
+	if held, ok := e.held(); !ok || held != p || !fresh(strings.Fields(pv), 4) {
 		e.fields["p"] = paramsField(p, ms)
 	}
+	cv, _ := e.field("c")
+	cf := strings.Fields(cv)
 	old, ok := 0.0, false
-	if v, found := e.field("c"); found {
-		if f := strings.Fields(v); len(f) > 0 {
-			old, ok = tonumber(f[0], true)
-		}
+	if len(cf) > 0 {
+		old, ok = tonumber(cf[0], true)
 	}
-	if !ok || old != credit {
+	if !ok || old != credit || !fresh(cf, 2) {
 		e.fields["c"] = creditField(credit, ms)
 	}
 }

@@ -61,8 +61,8 @@ local t   = redis.call('TIME')
 local now = num(t[1]) * 1000 + math.floor(num(t[2]) / 1000)
 
 local state  = redis.call('HMGET', KEYS[1], 'tokens', 'ts', field, 'p', 'c')
-local pv, pc, pr = string.match(state[4] or '', '^(%S+) (%S+) (%S+) %S+$')
-pv, pc, pr = num(pv), num(pc), num(pr)
+local pv, pc, pr, p_at = string.match(state[4] or '', '^(%S+) (%S+) (%S+) (%S+)$')
+pv, pc, pr, p_at = num(pv), num(pc), num(pr), num(p_at)
 -- p stands when it holds parameters (a refund never re-shapes): written only without
 local p_stands = false
 if pv and pc and pr and pc >= 1 and pr > 0 then
@@ -79,6 +79,7 @@ local raw    = (stored or capacity) + math.max(0, now - ts) / 1000 * rate
 local tokens = math.min(capacity, raw)
 -- the refill lost to the cap, counted in c (see take.lua)
 local held_credit = num(string.match(state[5] or '', '^(%S+)'))
+local c_at = num(string.match(state[5] or '', '^%S+ (%S+)$'))
 local credit = held_credit
 if not stored or not credit then credit = now / 1000 * rate end
 if raw > capacity then credit = credit + (raw - capacity) end
@@ -120,12 +121,13 @@ else
   tokens = math.min(capacity, tokens + amount)
 end
 local left = tostring(tokens)
--- p and c only when their value changes (see take.lua)
+-- p and c only when their value changes, or 30 s after they were written (see take.lua)
+local function fresh(ms) return ms and now - ms < 30000 end
 local set = { 'tokens', tokens, 'ts', math.max(ts, now), field, ARGV[5] .. ' ' .. left .. ' ' .. now }
-if not p_stands then
+if not (p_stands and fresh(p_at)) then
   set[7], set[8] = 'p', string.format('%d %.17g %.17g %d', version, capacity, rate, now)
 end
-if credit ~= held_credit then
+if credit ~= held_credit or not fresh(c_at) then
   set[#set + 1], set[#set + 2] = 'c', string.format('%.17g %d', credit, now)
 end
 redis.call('HSET', KEYS[1], unpack(set))

@@ -25,9 +25,12 @@
 -- bucket's parameters; one with a higher version, or the same version and other
 -- parameters, re-shapes the bucket: it refills on the old parameters up to now, then
 -- holds at most the new capacity. A bucket without p (new, or written by a release
--- before versions) takes the caller's. p ends with the time it was last changed: p and c
--- are written only when their value changes, two fields fewer to write a call for a
--- bucket whose parameters stand and whose credit does not grow (one that is not full).
+-- before versions) takes the caller's. p ends with the time it was written. A call
+-- writes p and c only when their value changes or they were written 30 s or more
+-- before: two fields fewer to write, and to replicate, for a bucket in steady use, and
+-- never older than 30 s when a call comes, so that the record pruning of the release
+-- before versions (which drops any field whose last number is a time 120 s old) keeps
+-- them while the fleet uses the bucket.
 --
 -- Grants g = want if tokens + floor >= want, else floor(tokens + floor) if that is >= min,
 -- else 0. With floor 0 (every lease take) the bucket never goes below zero.
@@ -90,14 +93,16 @@ local now = num(t[1]) * 1000 + math.floor(num(t[2]) / 1000)
 local state  = redis.call('HMGET', KEYS[1], 'tokens', 'ts', field, 'p', 'c')
 -- refill on the parameters the bucket held until now, then take the ones in force
 local held_cap, held_rate = capacity, rate
-local pv, pc, pr = string.match(state[4] or '', '^(%S+) (%S+) (%S+) %S+$')
-pv, pc, pr = num(pv), num(pc), num(pr)
+local pv, pc, pr, p_at = string.match(state[4] or '', '^(%S+) (%S+) (%S+) (%S+)$')
+pv, pc, pr, p_at = num(pv), num(pc), num(pr), num(p_at)
 if pv and pc and pr and pc >= 1 and pr > 0 then
   held_cap, held_rate = pc, pr
   if pv > version then capacity, rate, version = pc, pr, pv end
 end
 -- p stands when it holds the parameters in force
 local p_stands = pv == version and pc == capacity and pr == rate
+-- fresh reports whether a field written at ms (its last number) need not be written again
+local function fresh(ms) return ms and now - ms < 30000 end
 local stored = num(state[1])
 local ts     = num(state[2]) or now
 if not stored and seen and now - seen_at < capacity / rate * 1000 + 500 then
@@ -108,6 +113,7 @@ local raw    = (stored or held_cap) + math.max(0, now - ts) / 1000 * held_rate
 local tokens = math.min(cap, raw)
 -- the refill lost to the cap, counted in c
 local held_credit = num(string.match(state[5] or '', '^(%S+)'))
+local c_at = num(string.match(state[5] or '', '^%S+ (%S+)$'))
 local credit = held_credit
 if not stored or not credit then credit = now / 1000 * rate end
 if raw > cap then credit = credit + (raw - cap) end
@@ -162,10 +168,10 @@ local left = tostring(tokens)
 local credit_s = string.format('%.17g', credit)
 local set = { 'tokens', tokens, 'ts', math.max(ts, now),
   field, ARGV[6] .. ' ' .. granted .. ' ' .. left .. ' ' .. wait .. ' ' .. now }
-if not p_stands then
+if not (p_stands and fresh(p_at)) then
   set[7], set[8] = 'p', string.format('%d %.17g %.17g %d', version, capacity, rate, now)
 end
-if credit ~= held_credit then
+if credit ~= held_credit or not fresh(c_at) then
   set[#set + 1], set[#set + 2] = 'c', credit_s .. ' ' .. string.format('%d', now)
 end
 redis.call('HSET', KEYS[1], unpack(set))

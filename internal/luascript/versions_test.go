@@ -172,3 +172,49 @@ func TestPreviousRelease(t *testing.T) {
 		t.Fatalf("p = %q, %v after the previous release pruned the hash; want it kept", p, err)
 	}
 }
+
+// TestPreviousReleaseKeepsPAndC: this release writes p and c only when they change or
+// are 30 s old, yet a bucket it takes from often keeps both through the previous
+// release's pruning (fields whose last number is a time 120 s old), even when neither
+// changes: parameters that stand, a credit that does not grow (a bucket below full).
+func TestPreviousReleaseKeepsPAndC(t *testing.T) {
+	m, c := redistest.Mini(t)
+	ctx := context.Background()
+	key := "steady"
+	const capacity, rate = 1000, 1e-3
+	m.SetTime(t0)
+	seq := 1
+	take := func(at time.Duration) {
+		m.SetTime(t0.Add(at))
+		seq++
+		run(t, c, luascript.Take, key, capacity, rate, 1, 1, "s1", seq, 3)
+	}
+	take(0)
+	for i := 0; i < 300; i++ {
+		run(t, c, takeV0, key, capacity, rate, 1, 1, "old"+strconv.Itoa(i), 1)
+	}
+	for at := 25 * time.Second; at <= 100*time.Second; at += 25 * time.Second {
+		take(at)
+	}
+	before, err := c.HMGet(ctx, key, "p", "c").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.SetTime(t0.Add(130 * time.Second))
+	run(t, c, takeV0, key, capacity, rate, 1, 1, "late", 1)
+	if ok, _ := c.HExists(ctx, key, "t:old0").Result(); ok {
+		t.Fatal("the old records were not pruned")
+	}
+	after, err := c.HMGet(ctx, key, "p", "c").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, f := range []string{"p", "c"} {
+		if after[i] == nil || after[i] != before[i] {
+			t.Errorf("%s = %v after the previous release pruned the hash, %v before; want it kept", f, after[i], before[i])
+		}
+	}
+	if p, _ := after[0].(string); !strings.HasPrefix(p, "3 ") || !strings.HasSuffix(p, strconv.FormatInt(t0.Add(100*time.Second).UnixMilli(), 10)) {
+		t.Errorf("p = %q, want version 3, written again at 100 s (30 s or more after 50 s)", p)
+	}
+}
