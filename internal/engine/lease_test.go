@@ -218,11 +218,9 @@ func TestLeaseRules(t *testing.T) {
 		}},
 		{"prefetch below the low watermark, once", LeaseConfig{Rate: 1000, Burst: 1000, Servers: 1, Lifetime: 5 * time.Second}, append(
 			repeatOps(100, acq(0, 1, Wait, ReasonRefill, 0, 0, 0), acq(0, 1, Wait, ReasonRefill, 1, 1, 0)),
-			// buckets that never held half a lifetime's batch (250, then 400) twice over:
-			// the refill interval's batch alone (TestLeaseBatchWithRoom)
-			grt(1*ms, 1, 499, 1),
+			grt(1*ms, 1, 999, 1),
 			rec(1*ms, 1, Allow, ReasonLease, 100, 1, 0), // 0 < 0.5 x batch 100: prefetch
-			grt(2*ms, 100, 799, 100),
+			grt(2*ms, 100, 899, 100),
 			acq(3*ms, 20, Allow, ReasonLease, 0, 0, 80),      // 80 >= 0.5 x batch 120: no prefetch
 			acq(3*ms, 30, Allow, ReasonLease, 0, 0, 50),      // 50 >= 0.5 x the last batch 100: not yet
 			acq(3*ms, 10, Allow, ReasonLease, 160-40, 1, 40), // 40 < 50: prefetch up to the batch, now 160
@@ -356,11 +354,6 @@ func TestLeaseJitterDeterministic(t *testing.T) {
 	}
 }
 
-// TestLeasePacingStopsAtFullBucket: after a full grant that leaves the bucket below a
-// round, the jittered wait never ends after the bucket is full again (refill past that
-// is lost), yet still spreads over [half, all] of that time. Burst 20 over 200 servers at
-// 10/s: each lease holds one token; a grant leaving 19 is paced up to 0.1 s, the time the
-// bucket takes to be full.
 // TestLeaseBatchWithRoom checks the batch of a key far within its limit: five refill
 // intervals (at most half a lifetime) at the steady demand once the bucket held that
 // twice over for every server, the refill interval's batch otherwise.
@@ -402,6 +395,11 @@ func TestLeaseBatchWithRoom(t *testing.T) {
 	}
 }
 
+// TestLeasePacingStopsAtFullBucket: after a full grant that leaves the bucket below a
+// round, the jittered wait never ends after the bucket is full again (refill past that
+// is lost), yet still spreads over [half, all] of that time. Burst 20 over 200 servers at
+// 10/s: each lease holds one token; a grant leaving 19 is paced up to 0.1 s, the time the
+// bucket takes to be full.
 func TestLeasePacingStopsAtFullBucket(t *testing.T) {
 	c, _ := LeaseConfig{Rate: 10, Burst: 20, Servers: 200}.Normalize()
 	full := 100 * time.Millisecond
