@@ -503,6 +503,11 @@ func (wl *windowed) decideKey(o *wdecision, en *entry, now time.Time, n int) {
 	o.wake = wl.due.Load()
 }
 
+// countedAfter is how many decay times (rate's tau) after its start a server has counted
+// every key: from then on 1 - exp(-t/tau) is 1 in float64 (exp(-38) < 2^-53), so rate
+// leaves the exponential out, and its answers are the same.
+const countedAfter = 38
+
 // rate is the key's count of requests with this one, decayed, and this server's rate of
 // it at now. It reads start: the limit must have started (begin).
 func (wl *windowed) rate(st *wkey, now time.Time) (ewc, perSec float64) {
@@ -516,7 +521,10 @@ func (wl *windowed) rate(st *wkey, now time.Time) (ewc, perSec float64) {
 	// a key this server sees rarely look faster than it is.
 	tau := min(4*wl.w, 4*time.Second)
 	ewc = st.ewc*math.Exp(-float64(at(now)-st.ewAt)/float64(tau)) + 1
-	counted := 1 - math.Exp(-float64(max(now.Sub(wl.start), min(wl.w/10, wl.iv)))/float64(tau))
+	counted := 1.0
+	if d := max(now.Sub(wl.start), min(wl.w/10, wl.iv)); d < countedAfter*tau {
+		counted = 1 - math.Exp(-float64(d)/float64(tau))
+	}
 	return ewc, ewc / counted / tau.Seconds()
 }
 

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"math"
 	"strconv"
 	"testing"
 	"time"
@@ -992,6 +993,46 @@ func TestCountDemandSampled(t *testing.T) {
 			}
 			if got := float64(ops) / tc.wantOps; got < 0.8 || got > 1.2 {
 				t.Errorf("%d ops, want about %.0f", ops, tc.wantOps)
+			}
+		})
+	}
+}
+
+// TestCountedAfter: from countedAfter decay times on, 1 - exp(-t/tau) is 1 in float64,
+// so rate's shortcut changes no answer.
+func TestCountedAfter(t *testing.T) {
+	for _, tau := range []time.Duration{time.Millisecond, 400 * time.Millisecond, 4 * time.Second} {
+		for _, d := range []time.Duration{countedAfter * tau, countedAfter*tau + 1, 2 * countedAfter * tau, 24 * time.Hour} {
+			if got := 1 - math.Exp(-float64(d)/float64(tau)); got != 1 {
+				t.Errorf("tau %v, t %v: 1 - exp(-t/tau) = %v, want 1", tau, d, got)
+			}
+		}
+	}
+}
+
+// BenchmarkWindowRate is a key's rate estimate on the windowed kind's hot path, in a
+// server's first minute and once it has run for an hour (past countedAfter decay
+// times, when it costs one exponential instead of two).
+//
+//	go test ./internal/engine -run '^$' -bench WindowRate -count 5
+func BenchmarkWindowRate(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		ran  time.Duration
+	}{{"first-minute", 30 * time.Second}, {"after-an-hour", time.Hour}} {
+		b.Run(c.name, func(b *testing.B) {
+			wl := &windowed{w: time.Second, iv: 120 * time.Millisecond, start: t0}
+			st := &wkey{}
+			now := t0.Add(c.ran)
+			var sum float64
+			for b.Loop() {
+				now = now.Add(time.Microsecond)
+				ewc, perSec := wl.rate(st, now)
+				st.ewc, st.ewAt = ewc, at(now)
+				sum += perSec
+			}
+			if sum <= 0 {
+				b.Fatal("no rate")
 			}
 		})
 	}
