@@ -86,6 +86,8 @@ type Row struct {
 	AdmHeld      float64 // admitted / what the rival is held to (rival.held), worst repeat; NaN likewise
 	FailShare    float64 // (failed + fell back) / requested, worst repeat
 	FirstError   string
+	// Opened and Timeouts are the worst repeat's (Run.BreakerOpened, Run.Timeouts).
+	Opened, Timeouts int64
 }
 
 // rows groups runs into rows, in the order of rivals, then scenarios, then goroutines.
@@ -136,7 +138,9 @@ func rows(runs []Run, held map[string]func(Run) float64) []Row {
 				row.AdmBound = nanMax(row.AdmBound, float64(r.Admitted)/r.Bound())
 				row.AdmHeld = nanMax(row.AdmHeld, float64(r.Admitted)/h(r))
 			}
-			row.FailShare = max(row.FailShare, ratio(float64(r.Failed+r.FellBack), float64(r.Requested())))
+			if share := ratio(float64(r.Failed+r.FellBack), float64(r.Requested())); share > row.FailShare {
+				row.FailShare, row.Opened, row.Timeouts = share, r.BreakerOpened, r.Timeouts
+			}
 			if row.FirstError == "" {
 				row.FirstError = r.FirstError
 			}
@@ -344,7 +348,7 @@ func writeMarkdown(w io.Writer, env Env, rvs []rival, runs []Run, plotFile strin
 	p("- **admitted / bound**: hot key only, the worst repeat. The bound is the limit's `burst + rate·T`, T the run's wall time, the most a token bucket that starts full may admit; ")
 	p("the table of limiters says what each is held to, which for some kinds of fleetlimit limit is more (Rows to look at compares those). Above 1 means the limiter let through more than a token bucket would.\n")
 	p("- **admitted / requested**: many keys, every request within its key's limit: below 1 means requests were denied that the limit allows.\n")
-	p("- **failed or fell back**: the worst repeat's share of calls that returned an error, or that fleetlimit's failure policy decided (FailClosed: denied) because Redis did not answer within the limit's MaxWait, 10 ms.\n\n")
+	p("- **failed or fell back**: the worst repeat's share of calls that returned an error, or that fleetlimit's failure policy decided (FailClosed: denied) because Redis did not answer within the limit's MaxWait, 10 ms, or because a server's breaker was open: it opens after 5 calls in a row time out (10 ms each) and lets a probe through a second later. The load generator, the limiters and Redis share 2 CPUs here, so a limiter that decides faster leaves Redis less CPU: its calls time out more often.\n\n")
 
 	p("## Rows to look at\n\n")
 	notes := 0
@@ -361,7 +365,9 @@ func writeMarkdown(w io.Writer, env Env, rvs []rival, runs []Run, plotFile strin
 			notes++
 		}
 		if r.FailShare > 0 {
-			p("- %s, %s, %s: %s of the calls failed or fell back (worst repeat)%s.\n", r.Rival, r.Scenario, goroutines(r.Goroutines), percent(r.FailShare), ifSet("; first error: `"+r.FirstError+"`", r.FirstError))
+			p("- %s, %s, %s: %s of the calls failed or fell back (worst repeat)%s%s.\n", r.Rival, r.Scenario, goroutines(r.Goroutines), percent(r.FailShare),
+				timedOut(r),
+				ifSet("; first error: `"+r.FirstError+"`", r.FirstError))
 			notes++
 		}
 		if math.IsNaN(r.AdmBound) && r.AdmReq < 0.999 && held[r.Rival] != nil {
@@ -400,6 +406,20 @@ func kindsNote(p func(string, ...any), rvs []rival) {
 	} else {
 		p("; %s.\n\n", strings.Join(unfit, "; "))
 	}
+}
+
+// maxFallback is the most a row's worst repeat may have failed or fallen back for its
+// Redis CPU per decision to be compared: a decision of the failure policy costs Redis
+// nothing, so a row with many of them looks cheaper than it is.
+const maxFallback = 0.01
+
+// uncomparable notes, for a row of perClient's choice, that it failed or fell back
+// more than maxFallback ("" when not).
+func uncomparable(r Row) string {
+	if r.FailShare <= maxFallback {
+		return ""
+	}
+	return fmt.Sprintf("; not comparable: %s failed or fell back", percent(r.FailShare))
 }
 
 // perClient writes which kind of fleetlimit limit to choose for per-client keys, from the
@@ -465,7 +485,7 @@ func perClient(p func(string, ...any), rs []Row, rvs []rival) {
 			}
 			if r, ok := find(rv.Name, g); ok && !math.IsNaN(r.CPUDec) {
 				all[rv.Kind] = r
-				if r.CPUDec < best.CPUDec {
+				if r.FailShare <= maxFallback && r.CPUDec < best.CPUDec {
 					best = r
 				}
 			}
@@ -473,7 +493,7 @@ func perClient(p func(string, ...any), rs []Row, rvs []rival) {
 		return best, all
 	}
 	best, all := pick(fleetServers)
-	if len(all) == 0 || !hasBase {
+	if len(all) == 0 || !hasBase || math.IsInf(best.CPUDec, 1) {
 		p("The run has no rows of fleetlimit on %d servers, or of %s, at %s to choose from.\n\n", fleetServers, ref, goroutines(g))
 		return
 	}
@@ -492,14 +512,14 @@ func perClient(p func(string, ...any), rs []Row, rvs []rival) {
 	var others []string
 	for _, k := range kinds {
 		if r, ok := all[k.Name]; ok && k.Name != bk {
-			others = append(others, fmt.Sprintf("the %s kind %s µs (%s; %s commands, %s script runs)", k.Name, sig(r.CPUDec), share(r.CPUDec/base.CPUDec, ref+"'s"), sig(r.CmdsDec), sig(r.ScriptsDec)))
+			others = append(others, fmt.Sprintf("the %s kind %s µs (%s; %s commands, %s script runs%s)", k.Name, sig(r.CPUDec), share(r.CPUDec/base.CPUDec, ref+"'s"), sig(r.CmdsDec), sig(r.ScriptsDec), uncomparable(r)))
 		}
 	}
 	if len(others) > 0 {
 		p("; %s", strings.Join(others, ", "))
 	}
 	p(".")
-	if one, oneAll := pick(1); len(oneAll) > 0 {
+	if one, oneAll := pick(1); len(oneAll) > 0 && !math.IsInf(one.CPUDec, 1) {
 		if k1 := kindOf(one); k1 == bk {
 			p(" On one server too the %s kind spends least: %s µs a decision, %s.", bk, sig(one.CPUDec), share(one.CPUDec/base.CPUDec, ref+"'s"))
 		} else {
@@ -523,6 +543,8 @@ func perClient(p func(string, ...any), rs []Row, rvs []rival) {
 		if c, ok := all["charge-later"]; ok {
 			ratio := c.CPUDec / b.CPUDec
 			switch {
+			case b.FailShare > maxFallback || c.FailShare > maxFallback:
+				p("The charge-later kind and the bucket are not compared here: in a repeat of one of them more than %s of the decisions were the failure policy's, which cost Redis nothing (Rows to look at).\n\n", percent(maxFallback))
 			case ratio > 0.8 && ratio < 1.25:
 				p("The charge-later kind spends about what the bucket does (%s Redis CPU per decision, %s against %s script runs a decision): ", share(ratio, "the bucket's"), sig(c.ScriptsDec), sig(b.ScriptsDec))
 				p("every admission is still a bucket update by script, a charge instead of a take. What it removes is waiting: ")
@@ -580,6 +602,15 @@ func goroutines(n int) string {
 		return "1 goroutine"
 	}
 	return fmt.Sprintf("%d goroutines", n)
+}
+
+// timedOut says, for a row of fleetlimit's whose worst repeat saw Redis calls time out,
+// how many did and how often its breakers opened ("" for none).
+func timedOut(r Row) string {
+	if r.Timeouts+r.Opened == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; %d Redis calls timed out and breakers opened %d times", r.Timeouts, r.Opened)
 }
 
 func ifSet(s, cond string) string {

@@ -45,6 +45,12 @@ type decider interface {
 	close(ctx context.Context) error
 }
 
+// breakerCounter is a decider with breakers (fleetlimit's): how often they opened and
+// how many calls timed out, since it was built.
+type breakerCounter interface {
+	breakerCounts() (opened, timeouts int64)
+}
+
 // rival is one limiter under test.
 type rival struct {
 	Name string
@@ -463,6 +469,14 @@ func (f *fleet) decide(ctx context.Context, seq uint64, key string) (verdict, er
 	default:
 		return denied, nil
 	}
+}
+
+func (f *fleet) breakerCounts() (opened, timeouts int64) {
+	for _, l := range f.lims {
+		b := l.Stats().BreakerStats
+		opened, timeouts = opened+b.Opened, timeouts+b.Timeouts
+	}
+	return opened, timeouts
 }
 
 // stats sums the servers' counters.

@@ -88,6 +88,12 @@ type Run struct {
 	CloseCommands int64   `json:"close_commands"`
 	CloseScripts  int64   `json:"close_scripts"`
 	CloseCPUS     float64 `json:"close_redis_cpu_s"`
+	// BreakerOpened and Timeouts are, for fleetlimit, how often its servers' breakers
+	// opened during the measured load and how many of their Redis calls timed out: a
+	// breaker opens after 5 timeouts in a row, and the failure policy decides while it
+	// is open.
+	BreakerOpened int64 `json:"breaker_opened,omitempty"`
+	Timeouts      int64 `json:"timeouts,omitempty"`
 }
 
 // Decisions is the number of requests the limiter decided (admitted, denied, or by its
@@ -191,8 +197,13 @@ func runOne(ctx context.Context, ctl *redis.Client, env *redisEnv, rv rival, sc 
 		wg.Wait()
 		return time.Since(t0)
 	}
+	bc, _ := dec.(breakerCounter)
+	var opened0, timeouts0 int64
 	if sc.Warmup > 0 {
 		pass(sc.Warmup, 1)
+		if bc != nil {
+			opened0, timeouts0 = bc.breakerCounts()
+		}
 		if open, err = openCounters(ctx, ctl, env); err != nil {
 			return out, err
 		}
@@ -204,6 +215,10 @@ func runOne(ctx context.Context, ctl *redis.Client, env *redisEnv, rv rival, sc 
 	out.ElapsedS = elapsed.Seconds()
 	runtime.ReadMemStats(&m1)
 	out.Mallocs = m1.Mallocs - m0.Mallocs
+	if bc != nil {
+		opened, timeouts := bc.breakerCounts()
+		out.BreakerOpened, out.Timeouts = opened-opened0, timeouts-timeouts0
+	}
 
 	// Close is inside the counters: its refunds and last reports are Redis work the
 	// decisions cost.
