@@ -88,6 +88,12 @@ type Row struct {
 	FirstError   string
 	// Opened and Timeouts are the worst repeat's (Run.BreakerOpened, Run.Timeouts).
 	Opened, Timeouts int64
+	// Steady is how many repeats failed or fell back at most maxFallback, and
+	// SteadyCPUDec, SteadyCmdsDec and SteadyScriptsDec the medians of CPUDec, CmdsDec and
+	// ScriptsDec over those alone (NaN for none): the figures the choice of a kind for
+	// per-client keys is made on.
+	Steady                                        int
+	SteadyCPUDec, SteadyCmdsDec, SteadyScriptsDec float64
 }
 
 // rows groups runs into rows, in the order of rivals, then scenarios, then goroutines.
@@ -133,6 +139,23 @@ func rows(runs []Run, held map[string]func(Run) float64) []Row {
 		row.CloseCmdsDec = perDec(func(r Run) float64 { return float64(r.CloseCommands) })
 		row.CloseCPUDec = perDec(func(r Run) float64 { return r.CloseCPUS * 1e6 })
 		row.AdmReq = per(func(r Run) float64 { return ratio(float64(r.Admitted), float64(r.Requested())) })
+		var steady []Run
+		for _, r := range g {
+			if ratio(float64(r.Failed+r.FellBack), float64(r.Requested())) <= maxFallback {
+				steady = append(steady, r)
+			}
+		}
+		row.Steady = len(steady)
+		steadyDec := func(f func(Run) float64) float64 {
+			v := make([]float64, len(steady))
+			for i, r := range steady {
+				v[i] = ratio(f(r), float64(r.Decisions()))
+			}
+			return median(v)
+		}
+		row.SteadyCPUDec = steadyDec(func(r Run) float64 { return r.RedisCPUS * 1e6 })
+		row.SteadyCmdsDec = steadyDec(func(r Run) float64 { return float64(r.CommandsSent) })
+		row.SteadyScriptsDec = steadyDec(func(r Run) float64 { return float64(r.ScriptRuns) })
 		for _, r := range g {
 			if h := held[r.Rival]; h != nil && r.Keys == 1 {
 				row.AdmBound = nanMax(row.AdmBound, float64(r.Admitted)/r.Bound())
@@ -348,7 +371,7 @@ func writeMarkdown(w io.Writer, env Env, rvs []rival, runs []Run, plotFile strin
 	p("- **admitted / bound**: hot key only, the worst repeat. The bound is the limit's `burst + rate·T`, T the run's wall time, the most a token bucket that starts full may admit; ")
 	p("the table of limiters says what each is held to, which for some kinds of fleetlimit limit is more (Rows to look at compares those). Above 1 means the limiter let through more than a token bucket would.\n")
 	p("- **admitted / requested**: many keys, every request within its key's limit: below 1 means requests were denied that the limit allows.\n")
-	p("- **failed or fell back**: the worst repeat's share of calls that returned an error, or that fleetlimit's failure policy decided (FailClosed: denied) because Redis did not answer within the limit's MaxWait, 10 ms, or because a server's breaker was open: it opens after 5 calls in a row time out (10 ms each) and lets a probe through a second later. The load generator, the limiters and Redis share 2 CPUs here, so a limiter that decides faster leaves Redis less CPU: its calls time out more often.\n\n")
+	p("- **failed or fell back**: the worst repeat's share of calls that returned an error, or that fleetlimit's failure policy decided (FailClosed: denied) because Redis did not answer within the limit's MaxWait, 10 ms, or because a server's breaker was open: it opens after 5 calls in a row time out (10 ms each) and lets a probe through a second later. The load generator, the limiters and Redis share 2 CPUs here, so a limiter that decides faster leaves Redis less CPU: its calls time out more often. The policy decides at once, so the goroutines make many more decisions while a breaker is open than while it is closed: one opening, a second long, can make most of a 2 s row's decisions.\n\n")
 
 	p("## Rows to look at\n\n")
 	notes := 0
@@ -413,13 +436,13 @@ func kindsNote(p func(string, ...any), rvs []rival) {
 // nothing, so a row with many of them looks cheaper than it is.
 const maxFallback = 0.01
 
-// uncomparable notes, for a row of perClient's choice, that it failed or fell back
-// more than maxFallback ("" when not).
-func uncomparable(r Row) string {
-	if r.FailShare <= maxFallback {
+// steadyOf notes, for a row of perClient's choice, over how many of its repeats its
+// figures are, in format ("" when over all of them).
+func steadyOf(r Row, format string) string {
+	if r.Steady == r.Repeats {
 		return ""
 	}
-	return fmt.Sprintf("; not comparable: %s failed or fell back", percent(r.FailShare))
+	return fmt.Sprintf(format, fmt.Sprintf("over %d of its %d repeats", r.Steady, r.Repeats))
 }
 
 // perClient writes which kind of fleetlimit limit to choose for per-client keys, from the
@@ -478,14 +501,14 @@ func perClient(p func(string, ...any), rs []Row, rvs []rival) {
 	base, hasBase := find(ref, g)
 	pick := func(n int) (best Row, all map[string]Row) {
 		all = make(map[string]Row)
-		best.CPUDec = math.Inf(1)
+		best.SteadyCPUDec = math.Inf(1)
 		for _, rv := range fleet {
 			if rv.Servers != n {
 				continue
 			}
 			if r, ok := find(rv.Name, g); ok && !math.IsNaN(r.CPUDec) {
 				all[rv.Kind] = r
-				if r.FailShare <= maxFallback && r.CPUDec < best.CPUDec {
+				if r.Steady > 0 && r.SteadyCPUDec < best.SteadyCPUDec {
 					best = r
 				}
 			}
@@ -493,7 +516,7 @@ func perClient(p func(string, ...any), rs []Row, rvs []rival) {
 		return best, all
 	}
 	best, all := pick(fleetServers)
-	if len(all) == 0 || !hasBase || math.IsInf(best.CPUDec, 1) {
+	if len(all) == 0 || !hasBase || math.IsInf(best.SteadyCPUDec, 1) {
 		p("The run has no rows of fleetlimit on %d servers, or of %s, at %s to choose from.\n\n", fleetServers, ref, goroutines(g))
 		return
 	}
@@ -507,23 +530,28 @@ func perClient(p func(string, ...any), rs []Row, rvs []rival) {
 	}
 	bk := kindOf(best)
 	p("**For per-client keys, choose the %s kind.** ", bk)
-	p("The choice is made on Redis CPU per decision at %d servers and %s, the figure that decides how many requests a Redis serves and that moves least with the machine's load: ", fleetServers, goroutines(g))
-	p("there the %s kind spends %s µs a decision, %s (%s µs), with %s commands and %s script runs a decision", bk, sig(best.CPUDec), share(best.CPUDec/base.CPUDec, ref+"'s"), sig(base.CPUDec), sig(best.CmdsDec), sig(best.ScriptsDec))
+	p("The choice is made on Redis CPU per decision at %d servers and %s, the figure that decides how many requests a Redis serves and that moves least with the machine's load, ", fleetServers, goroutines(g))
+	p("the median over the repeats in which at most %s of the decisions failed or fell back (a decision of the failure policy costs Redis nothing): ", percent(maxFallback))
+	p("there the %s kind spends %s µs a decision, %s (%s µs), with %s commands and %s script runs a decision%s", bk, sig(best.SteadyCPUDec), share(best.SteadyCPUDec/base.CPUDec, ref+"'s"), sig(base.CPUDec), sig(best.SteadyCmdsDec), sig(best.SteadyScriptsDec), steadyOf(best, " (%s)"))
 	var others []string
 	for _, k := range kinds {
 		if r, ok := all[k.Name]; ok && k.Name != bk {
-			others = append(others, fmt.Sprintf("the %s kind %s µs (%s; %s commands, %s script runs%s)", k.Name, sig(r.CPUDec), share(r.CPUDec/base.CPUDec, ref+"'s"), sig(r.CmdsDec), sig(r.ScriptsDec), uncomparable(r)))
+			if r.Steady == 0 {
+				others = append(others, fmt.Sprintf("the %s kind not compared (every repeat failed or fell back more: Rows to look at)", k.Name))
+				continue
+			}
+			others = append(others, fmt.Sprintf("the %s kind %s µs (%s; %s commands, %s script runs%s)", k.Name, sig(r.SteadyCPUDec), share(r.SteadyCPUDec/base.CPUDec, ref+"'s"), sig(r.SteadyCmdsDec), sig(r.SteadyScriptsDec), steadyOf(r, "; %s")))
 		}
 	}
 	if len(others) > 0 {
 		p("; %s", strings.Join(others, ", "))
 	}
 	p(".")
-	if one, oneAll := pick(1); len(oneAll) > 0 && !math.IsInf(one.CPUDec, 1) {
+	if one, oneAll := pick(1); len(oneAll) > 0 && !math.IsInf(one.SteadyCPUDec, 1) {
 		if k1 := kindOf(one); k1 == bk {
-			p(" On one server too the %s kind spends least: %s µs a decision, %s.", bk, sig(one.CPUDec), share(one.CPUDec/base.CPUDec, ref+"'s"))
+			p(" On one server too the %s kind spends least: %s µs a decision, %s.", bk, sig(one.SteadyCPUDec), share(one.SteadyCPUDec/base.CPUDec, ref+"'s"))
 		} else {
-			p(" On one server the %s kind spends least (%s µs a decision, %s; the %s kind %s µs).", k1, sig(one.CPUDec), share(one.CPUDec/base.CPUDec, ref+"'s"), bk, sig(oneAll[bk].CPUDec))
+			p(" On one server the %s kind spends least (%s µs a decision, %s; the %s kind %s µs).", k1, sig(one.SteadyCPUDec), share(one.SteadyCPUDec/base.CPUDec, ref+"'s"), bk, sig(oneAll[bk].SteadyCPUDec))
 		}
 	}
 	p("\n\n")
@@ -541,16 +569,16 @@ func perClient(p func(string, ...any), rs []Row, rvs []rival) {
 	}
 	if b, ok := all["bucket"]; ok {
 		if c, ok := all["charge-later"]; ok {
-			ratio := c.CPUDec / b.CPUDec
+			ratio := c.SteadyCPUDec / b.SteadyCPUDec
 			switch {
-			case b.FailShare > maxFallback || c.FailShare > maxFallback:
-				p("The charge-later kind and the bucket are not compared here: in a repeat of one of them more than %s of the decisions were the failure policy's, which cost Redis nothing (Rows to look at).\n\n", percent(maxFallback))
+			case b.Steady == 0 || c.Steady == 0:
+				p("The charge-later kind and the bucket are not compared here: in every repeat of one of them more than %s of the decisions were the failure policy's, which cost Redis nothing (Rows to look at).\n\n", percent(maxFallback))
 			case ratio > 0.8 && ratio < 1.25:
-				p("The charge-later kind spends about what the bucket does (%s Redis CPU per decision, %s against %s script runs a decision): ", share(ratio, "the bucket's"), sig(c.ScriptsDec), sig(b.ScriptsDec))
+				p("The charge-later kind spends about what the bucket does (%s Redis CPU per decision, %s against %s script runs a decision): ", share(ratio, "the bucket's"), sig(c.SteadyScriptsDec), sig(b.SteadyScriptsDec))
 				p("every admission is still a bucket update by script, a charge instead of a take. What it removes is waiting: ")
 				p("choose it over the bucket where a key's requests, spread over more servers than its burst, must not wait for Redis.\n\n")
 			default:
-				p("The charge-later kind spends %s Redis CPU per decision here (%s against %s script runs a decision).\n\n", share(ratio, "the bucket's"), sig(c.ScriptsDec), sig(b.ScriptsDec))
+				p("The charge-later kind spends %s Redis CPU per decision here (%s against %s script runs a decision).\n\n", share(ratio, "the bucket's"), sig(c.SteadyScriptsDec), sig(b.SteadyScriptsDec))
 			}
 		}
 	}
