@@ -289,6 +289,7 @@ func TestRedisCost(t *testing.T) {
 // the cap grows its credit) and on one below full (a busy key).
 func aofPerTake(ctx context.Context, t *testing.T, c *redis.Client) {
 	aofSize := func() int64 {
+		deadline := time.Now().Add(time.Minute)
 		for {
 			s, err := c.Info(ctx, "persistence").Result()
 			if err != nil {
@@ -299,7 +300,10 @@ func aofPerTake(ctx context.Context, t *testing.T, c *redis.Client) {
 				n, _ := strconv.ParseInt(f["aof_current_size"], 10, 64)
 				return n
 			}
-			time.Sleep(50 * time.Millisecond) // the rewrite that turning the AOF on starts
+			if time.Now().After(deadline) {
+				t.Fatalf("the AOF rewrite did not end within a minute: %v", f)
+			}
+			time.Sleep(50 * time.Millisecond) // the rewrite that turning the AOF on starts: INFO is all there is to wait on
 		}
 	}
 	if err := c.ConfigSet(ctx, "appendonly", "yes").Err(); err != nil {

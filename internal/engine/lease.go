@@ -683,8 +683,11 @@ func uniform(s *uint64) float64 {
 	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
 	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
 	z ^= z >> 31
-	return float64(z>>11) / (1 << 53)
+	return unit(z)
 }
+
+// unit maps a uniformly drawn h to a number uniform in [0, 1): its top 53 bits.
+func unit(h uint64) float64 { return float64(h>>11) / (1 << 53) }
 
 // window is the demand window of c, never zero.
 func window(c *LeaseConfig) int64 {

@@ -262,7 +262,6 @@ type windowed struct {
 	warmAt   [2]time.Time // the warm-up reads
 	clockAt  time.Time    // when offset was measured; zero: never
 	rng      uint64
-	demSeed  uint64 // countDemand's draws, apart from rng so as not to move its other draws
 }
 
 // off is Redis's clock minus this server's, as last measured.
@@ -283,7 +282,7 @@ func newWindowed(lm *Limit, c LimitConfig, seed uint64) *windowed {
 		shards: shards, lastRead: make([]time.Time, shards), since: make([]time.Time, shards), tidyAt: make([]time.Time, shards),
 		glim:     redisstore.Limit{Name: c.Name, Rate: c.Rate, Burst: c.Burst, Version: c.Version},
 		announce: map[wmk]int{}, demOp: map[string]int{}, admOp: map[string]int{}, marks: map[string]wmark{}, gone: map[string]int{},
-		rng: seed ^ 0x77696e64, demSeed: seed ^ 0x64656d616e64,
+		rng: seed ^ 0x77696e64,
 	}
 }
 
@@ -569,6 +568,10 @@ func (wl *windowed) refill() time.Duration {
 	return time.Duration(float64(wl.w) / float64(wl.glim.Burst))
 }
 
+// demandSalt makes countDemand's draws its own, apart from the limit's other draws
+// from its seed (odds', rng's).
+const demandSalt = 0x64656d616e64
+
 // demandCounts is about how many counts of an over key's requests the fleet sends Redis
 // a window for odds (countDemand).
 const demandCounts = 64
@@ -586,13 +589,13 @@ const demandCounts = 64
 func (wl *windowed) countDemand(st *wkey, id string, n int, fleet float64, now time.Time) {
 	if fleet > float64(demandCounts*n) {
 		q := float64(demandCounts*n) / fleet
-		h := mix3(wl.demSeed, hashKey(id), uint64(now.UnixNano()))
-		if float64(h>>11)/(1<<53) >= q {
+		h := mix3(wl.lm.seed^demandSalt, hashKey(id), uint64(now.UnixNano()))
+		if unit(h) >= q {
 			return
 		}
 		w := float64(n) / q
 		n = int(w)
-		if float64(mix3(h, 1, 0)>>11)/(1<<53) < w-float64(n) {
+		if unit(mix3(h, 1, 0)) < w-float64(n) {
 			n++
 		}
 	}

@@ -974,7 +974,7 @@ func TestCountDemandSampled(t *testing.T) {
 		{"at 1000 times", 1000 * demandCounts, 4000000, 4000},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			wl := &windowed{demOp: map[string]int{}, demSeed: 1}
+			wl := &windowed{lm: &Limit{seed: 1 ^ demandSalt}, demOp: map[string]int{}}
 			st := &wkey{win: 1, dem: tc.dem}
 			ops, sum := 0, 0
 			for i := range tc.req {

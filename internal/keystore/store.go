@@ -148,8 +148,9 @@ type Entry[V any] struct {
 	prev, next *Entry[V]
 }
 
+// eviction is an entry taken out of its shard, to report to OnEvict (under its key,
+// e.key) once the lock is released.
 type eviction[V any] struct {
-	key    string
 	e      *Entry[V]
 	reason EvictReason
 }
@@ -259,8 +260,7 @@ func (s *Store[V]) Remove(key string) bool {
 	sh.mu.Lock()
 	e, ok := sh.items[key]
 	if ok {
-		sh.remove(e)
-		sh.push(key, e, EvictRemoved)
+		sh.evict(e, EvictRemoved)
 	}
 	s.Release(sh)
 	return ok
@@ -361,13 +361,13 @@ func (s *Store[V]) purge(closing bool) int {
 			e := sh.back
 			sh.remove(e)
 			if out != nil {
-				out = append(out, eviction[V]{e.key, e, EvictPurged})
+				out = append(out, eviction[V]{e, EvictPurged})
 			}
 		}
 		sh.mu.Unlock()
 		total += n
 		for _, ev := range out {
-			s.onEvict(ev.key, &ev.e.Val, ev.reason)
+			s.onEvict(ev.e.key, &ev.e.Val, ev.reason)
 		}
 	}
 	return total
@@ -427,8 +427,7 @@ func (s *Store[V]) acquireSlow(sh *Shard[V], now time.Time, key string) (*Shard[
 	idle := time.Duration(s.idle.Load())
 	if e, ok := sh.items[key]; ok {
 		// Idle for too long: the key starts afresh.
-		sh.remove(e)
-		sh.push(e.key, e, EvictIdle)
+		sh.evict(e, EvictIdle)
 	}
 	if idle > 0 {
 		sh.sweep(now, idle, sweepOnInsert)
@@ -436,9 +435,7 @@ func (s *Store[V]) acquireSlow(sh *Shard[V], now time.Time, key string) (*Shard[
 	// len <= cap always holds, so the shard can only be full here if this
 	// call evicted nothing yet: the pending buffer has room.
 	if len(sh.items) >= sh.cap {
-		old := sh.oldest()
-		sh.remove(old)
-		sh.push(old.key, old, EvictCapacity)
+		sh.evict(sh.oldest(), EvictCapacity)
 	}
 	key = strings.Clone(key) // do not pin the caller's buffer
 	e := &Entry[V]{Last: now}
@@ -464,14 +461,16 @@ func (s *Store[V]) Release(sh *Shard[V]) {
 		return
 	}
 	for _, ev := range pend[:n] {
-		s.onEvict(ev.key, &ev.e.Val, ev.reason)
+		s.onEvict(ev.e.key, &ev.e.Val, ev.reason)
 	}
 }
 
-// push records an eviction to report once the lock is released; it
-// requires that sh.mu is held and that fewer than maxPending are recorded.
-func (sh *Shard[V]) push(key string, e *Entry[V], reason EvictReason) {
-	sh.pending[sh.npend] = eviction[V]{key, e, reason}
+// evict takes e out of the shard and records its eviction, to report once the
+// lock is released; it requires that sh.mu is held and that fewer than
+// maxPending are recorded.
+func (sh *Shard[V]) evict(e *Entry[V], reason EvictReason) {
+	sh.remove(e)
+	sh.pending[sh.npend] = eviction[V]{e, reason}
 	sh.npend++
 }
 
@@ -488,8 +487,7 @@ func (sh *Shard[V]) sweep(now time.Time, idle time.Duration, max int) int {
 		case e == nil:
 			return n
 		case now.Sub(e.Last) >= idle:
-			sh.remove(e)
-			sh.push(e.key, e, EvictIdle)
+			sh.evict(e, EvictIdle)
 			n++
 		case e.Used && promoted < maxPromote:
 			e.Used = false

@@ -246,17 +246,21 @@ func (e *entry) params(caller Params) (held, force Params) {
 	return held, caller
 }
 
+// refreshMS is how old p and c may be before a take or refund writes them again though
+// they hold what it would write (take.lua's and refund.lua's fresh).
+const refreshMS = 30000
+
 // setParams writes p and c after a take or refund on the parameters p, at ms, as the
 // scripts do: each only when its value changes (p when it holds other parameters or
 // none, c when the credit differs from what it holds or it holds none) or when it was
-// written (its last number) 30 s or more before ms.
+// written (its last number) refreshMS or more before ms.
 func (e *entry) setParams(p Params, credit, ms float64) {
 	fresh := func(f []string, n int) bool {
 		if len(f) != n {
 			return false
 		}
 		at, ok := tonumber(f[n-1], true)
-		return ok && ms-at < 30000
+		return ok && ms-at < refreshMS
 	}
 	pv, _ := e.field("p")
 	if held, ok := e.held(); !ok || held != p || !fresh(strings.Fields(pv), 4) {

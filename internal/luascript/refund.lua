@@ -63,7 +63,8 @@ local now = num(t[1]) * 1000 + math.floor(num(t[2]) / 1000)
 local state  = redis.call('HMGET', KEYS[1], 'tokens', 'ts', field, 'p', 'c')
 local pv, pc, pr, p_at = string.match(state[4] or '', '^(%S+) (%S+) (%S+) (%S+)$')
 pv, pc, pr, p_at = num(pv), num(pc), num(pr), num(p_at)
--- p stands when it holds parameters (a refund never re-shapes): written only without
+-- p stands when it holds parameters (a refund never re-shapes, so they stay); a bucket
+-- without gets the caller's
 local p_stands = false
 if pv and pc and pr and pc >= 1 and pr > 0 then
   if amount > 0 and (pv ~= version or pc ~= capacity or pr ~= rate) then amount = 0 end

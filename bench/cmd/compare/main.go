@@ -110,7 +110,6 @@ func measure(ctx context.Context, out, redisBin string, d time.Duration, repeats
 	defer func() { _ = ctl.Close() }()
 	renv := &redisEnv{addr: srv.Addr}
 	rvs := rivals()
-	var runs []Run
 	total := 0
 	for _, sc := range scenarios {
 		for _, rv := range rvs {
@@ -121,22 +120,11 @@ func measure(ctx context.Context, out, redisBin string, d time.Duration, repeats
 			total += repeats * len(goroutineCounts)
 		}
 	}
-	for rep := 1; rep <= repeats; rep++ {
-		for _, sc := range scenarios {
-			for _, g := range goroutineCounts {
-				for _, rv := range rvs {
-					if rv.whyUnfit(sc.Limit) != "" {
-						continue
-					}
-					r, err := runOne(ctx, ctl, renv, rv, sc, g, d, rep)
-					if err != nil {
-						return fmt.Errorf("%s, %s, %s: %w", rv.Name, sc.Name, goroutines(g), err)
-					}
-					runs = append(runs, r)
-					fmt.Fprintf(logw, "[%3d/%d] %s\n", len(runs), total, logLine(r))
-				}
-			}
-		}
+	runs, err := runRows(ctx, ctl, renv, rvs, d, repeats, func(string) bool { return true }, func(n int, r Run) {
+		fmt.Fprintf(logw, "[%3d/%d] %s\n", n, total, logLine(r))
+	})
+	if err != nil {
+		return err
 	}
 	env.LoadEnd = loadAvg()
 	fmt.Fprintf(logw, "compare: load average at the end %s\n", env.LoadEnd)
@@ -164,48 +152,52 @@ func probe(ctx context.Context, redisBin string, d time.Duration, repeats int, s
 	defer srv.stop()
 	ctl := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer func() { _ = ctl.Close() }()
-	renv := &redisEnv{addr: srv.Addr}
-	type row struct {
-		name             string
-		cpu, scripts, rt []float64
+	runs, err := runRows(ctx, ctl, &redisEnv{addr: srv.Addr}, rivals(), d, repeats, sel.MatchString, func(_ int, r Run) {
+		fmt.Println(logLine(r))
+	})
+	if err != nil {
+		return err
 	}
-	var rows []*row
-	byName := map[string]*row{}
+	if len(runs) == 0 {
+		return errors.New("-only matches no row")
+	}
+	for _, r := range rows(runs, nil) {
+		fmt.Printf("%-60s Redis CPU %.3g µs, %.3g script runs, %.3g round trips a decision (medians of %d)\n",
+			rowName(r.Rival, r.Scenario, r.Goroutines), r.CPUDec, r.ScriptsDec, r.TripsDec, r.Repeats)
+	}
+	return nil
+}
+
+// runRows runs, repeats times and interleaved, every row of rvs that can run its
+// scenario and whose name (rowName) keep accepts, against the Redis at renv; it calls
+// each with every run as it ends, numbered from 1, and returns the runs.
+func runRows(ctx context.Context, ctl *redis.Client, renv *redisEnv, rvs []rival, d time.Duration, repeats int,
+	keep func(name string) bool, each func(n int, r Run)) ([]Run, error) {
+	var runs []Run
 	for rep := 1; rep <= repeats; rep++ {
 		for _, sc := range scenarios {
 			for _, g := range goroutineCounts {
-				for _, rv := range rivals() {
-					name := fmt.Sprintf("%s, %s, %s", rv.Name, sc.Name, goroutines(g))
-					if rv.whyUnfit(sc.Limit) != "" || !sel.MatchString(name) {
+				for _, rv := range rvs {
+					name := rowName(rv.Name, sc.Name, g)
+					if rv.whyUnfit(sc.Limit) != "" || !keep(name) {
 						continue
 					}
 					r, err := runOne(ctx, ctl, renv, rv, sc, g, d, rep)
 					if err != nil {
-						return fmt.Errorf("%s: %w", name, err)
+						return runs, fmt.Errorf("%s: %w", name, err)
 					}
-					fmt.Println(logLine(r))
-					w := byName[name]
-					if w == nil {
-						w = &row{name: name}
-						byName[name] = w
-						rows = append(rows, w)
-					}
-					n := float64(r.Decisions())
-					w.cpu = append(w.cpu, r.RedisCPUS*1e6/n)
-					w.scripts = append(w.scripts, float64(r.ScriptRuns)/n)
-					w.rt = append(w.rt, float64(r.RoundTrips)/n)
+					runs = append(runs, r)
+					each(len(runs), r)
 				}
 			}
 		}
 	}
-	if len(rows) == 0 {
-		return errors.New("-only matches no row")
-	}
-	for _, w := range rows {
-		fmt.Printf("%-60s Redis CPU %.3g µs, %.3g script runs, %.3g round trips a decision (medians of %d)\n",
-			w.name, median(w.cpu), median(w.scripts), median(w.rt), len(w.cpu))
-	}
-	return nil
+	return runs, nil
+}
+
+// rowName names a row as -only matches it: "<limiter>, <scenario>, <goroutines>".
+func rowName(rival, scenario string, g int) string {
+	return fmt.Sprintf("%s, %s, %s", rival, scenario, goroutines(g))
 }
 
 // rerender rewrites the report and plot from the raw output under out.

@@ -117,16 +117,8 @@ func rows(runs []Run, held map[string]func(Run) float64) []Row {
 	for _, k := range order {
 		g := groups[k]
 		row := Row{Rival: k.rival, Scenario: k.scenario, Goroutines: k.g, Repeats: len(g), AdmBound: math.NaN(), AdmHeld: math.NaN()}
-		per := func(f func(Run) float64) float64 {
-			v := make([]float64, len(g))
-			for i, r := range g {
-				v[i] = f(r)
-			}
-			return median(v)
-		}
-		perDec := func(f func(Run) float64) float64 {
-			return per(func(r Run) float64 { return ratio(f(r), float64(r.Decisions())) })
-		}
+		per := func(f func(Run) float64) float64 { return medianOf(g, f) }
+		perDec := func(f func(Run) float64) float64 { return medianOf(g, perDecision(f)) }
 		row.DecPerS = per(func(r Run) float64 { return ratio(float64(r.Decisions()), r.ElapsedS) })
 		row.AllocsDec = perDec(func(r Run) float64 { return float64(r.Mallocs) })
 		row.P50 = per(func(r Run) float64 { return float64(r.P50Ns) / 1e3 })
@@ -141,18 +133,12 @@ func rows(runs []Run, held map[string]func(Run) float64) []Row {
 		row.AdmReq = per(func(r Run) float64 { return ratio(float64(r.Admitted), float64(r.Requested())) })
 		var steady []Run
 		for _, r := range g {
-			if ratio(float64(r.Failed+r.FellBack), float64(r.Requested())) <= maxFallback {
+			if r.FailShare() <= maxFallback {
 				steady = append(steady, r)
 			}
 		}
 		row.Steady = len(steady)
-		steadyDec := func(f func(Run) float64) float64 {
-			v := make([]float64, len(steady))
-			for i, r := range steady {
-				v[i] = ratio(f(r), float64(r.Decisions()))
-			}
-			return median(v)
-		}
+		steadyDec := func(f func(Run) float64) float64 { return medianOf(steady, perDecision(f)) }
 		row.SteadyCPUDec = steadyDec(func(r Run) float64 { return r.RedisCPUS * 1e6 })
 		row.SteadyCmdsDec = steadyDec(func(r Run) float64 { return float64(r.CommandsSent) })
 		row.SteadyScriptsDec = steadyDec(func(r Run) float64 { return float64(r.ScriptRuns) })
@@ -161,7 +147,7 @@ func rows(runs []Run, held map[string]func(Run) float64) []Row {
 				row.AdmBound = nanMax(row.AdmBound, float64(r.Admitted)/r.Bound())
 				row.AdmHeld = nanMax(row.AdmHeld, float64(r.Admitted)/h(r))
 			}
-			if share := ratio(float64(r.Failed+r.FellBack), float64(r.Requested())); share > row.FailShare {
+			if share := r.FailShare(); share > row.FailShare {
 				row.FailShare, row.Opened, row.Timeouts = share, r.BreakerOpened, r.Timeouts
 			}
 			if row.FirstError == "" {
@@ -186,6 +172,20 @@ func median(v []float64) float64 {
 	} else {
 		return (s[n/2-1] + s[n/2]) / 2
 	}
+}
+
+// medianOf is the median of f over runs (NaN for none).
+func medianOf(runs []Run, f func(Run) float64) float64 {
+	v := make([]float64, len(runs))
+	for i, r := range runs {
+		v[i] = f(r)
+	}
+	return median(v)
+}
+
+// perDecision is f of a run over its decisions.
+func perDecision(f func(Run) float64) func(Run) float64 {
+	return func(r Run) float64 { return ratio(f(r), float64(r.Decisions())) }
 }
 
 func ratio(a, b float64) float64 {

@@ -103,6 +103,10 @@ func (r Run) Decisions() int64 { return r.Admitted + r.Denied + r.FellBack }
 // Requested is every call made.
 func (r Run) Requested() int64 { return r.Decisions() + r.Failed }
 
+// FailShare is the share of the calls made that failed or that the failure policy
+// decided.
+func (r Run) FailShare() float64 { return ratio(float64(r.Failed+r.FellBack), float64(r.Requested())) }
+
 // Bound is the most a token bucket of the run's limit may admit on one key over the
 // run, burst + rate·T.
 func (r Run) Bound() float64 { return float64(r.Burst) + float64(r.Rate)*r.ElapsedS }
