@@ -29,6 +29,7 @@ type nodes struct {
 
 	mu      sync.Mutex
 	byAddr  map[string]*node // guarded by mu
+	gone    map[string]bool  // guarded by mu: addresses a prune dropped, until one sees them serve slots
 	masters atomic.Pointer[[]*node]
 	slots   [wire.Slots]atomic.Pointer[node] // the master each slot's last call went to
 
@@ -39,6 +40,10 @@ type nodes struct {
 // Cluster's slot map for a failover (recheck).
 const recheckEvery = 100 * time.Millisecond
 
+// goneMax bounds the addresses nodes remembers as dropped: the stale maps of a
+// failover pass within seconds, and a process sees few failovers in that time.
+const goneMax = 64
+
 // node is one Redis node and its breaker.
 type node struct {
 	addr string // "" for nodes.all
@@ -46,7 +51,7 @@ type node struct {
 }
 
 func newNodes(brk *breaker.Breaker, client redis.Scripter) *nodes {
-	n := &nodes{all: &node{brk: brk}, byAddr: map[string]*node{}}
+	n := &nodes{all: &node{brk: brk}, byAddr: map[string]*node{}, gone: map[string]bool{}}
 	n.cc, _ = client.(*redis.ClusterClient)
 	n.masters.Store(&[]*node{})
 	return n
@@ -56,20 +61,36 @@ func newNodes(brk *breaker.Breaker, client redis.Scripter) *nodes {
 // the same hash tag), and reports whether it found the slot served by another master
 // than its last call's: the caller then calls prune once its calls are made. It may load
 // the client's slot map (I/O): it runs on the Limiter's goroutine, never under a lock.
-func (n *nodes) route(ctx context.Context, key string) (nd *node, moved bool) {
+//
+// The client loads its slot map from one node at random, and for a moment after a
+// failover a node may not know of it yet: a map loaded from it names the failed master
+// again after a fresher one dropped it. So when the slot's master is an address the
+// last prune dropped, route reloads the map (prune) once for the call (*reloaded tells)
+// and asks again; an address the reloaded map names too is a master again.
+func (n *nodes) route(ctx context.Context, key string, reloaded *bool) (nd *node, moved bool) {
 	if n.cc == nil {
 		return n.all, false
 	}
-	c, err := n.cc.MasterForKey(ctx, key)
-	if err != nil {
+	addr, ok := n.master(ctx, key)
+	if !ok {
 		return n.all, false
 	}
-	addr := c.Options().Addr
 	slot := &n.slots[wire.Slot(key)]
 	if nd = slot.Load(); nd != nil && nd.addr == addr {
 		return nd, false
 	}
 	n.mu.Lock()
+	stale := n.gone[addr]
+	n.mu.Unlock()
+	if stale && !*reloaded {
+		*reloaded = true
+		n.prune(ctx)
+		if addr, ok = n.master(ctx, key); !ok {
+			return n.all, false
+		}
+	}
+	n.mu.Lock()
+	delete(n.gone, addr)
 	nd = n.byAddr[addr]
 	if nd == nil {
 		st := n.all.brk.Settings()
@@ -92,9 +113,19 @@ func (n *nodes) route(ctx context.Context, key string) (nd *node, moved bool) {
 	return nd, old != nil && old != nd
 }
 
+// master returns the address of the master that serves key's slot in the client's
+// map, false if the map cannot be loaded.
+func (n *nodes) master(ctx context.Context, key string) (string, bool) {
+	c, err := n.cc.MasterForKey(ctx, key)
+	if err != nil {
+		return "", false
+	}
+	return c.Options().Addr, true
+}
+
 // prune drops the breakers of the nodes that are no longer masters, by the client's
-// slot map reloaded now (I/O: on the Limiter's goroutine only), and forgets the slots
-// that went to them.
+// slot map reloaded now (I/O: on the Limiter's goroutine only; ForEachMaster reloads
+// it), and forgets the slots that went to them.
 func (n *nodes) prune(ctx context.Context) {
 	var mu sync.Mutex
 	live := map[string]bool{}
@@ -108,6 +139,9 @@ func (n *nodes) prune(ctx context.Context) {
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	for addr := range live {
+		delete(n.gone, addr)
+	}
 	var kept []*node
 	for _, nd := range *n.masters.Load() {
 		if live[nd.addr] {
@@ -115,6 +149,10 @@ func (n *nodes) prune(ctx context.Context) {
 			continue
 		}
 		delete(n.byAddr, nd.addr)
+		if len(n.gone) >= goneMax {
+			clear(n.gone)
+		}
+		n.gone[nd.addr] = true
 		for i := range n.slots {
 			n.slots[i].CompareAndSwap(nd, nil)
 		}
@@ -123,8 +161,10 @@ func (n *nodes) prune(ctx context.Context) {
 }
 
 // recheck looks, while a master's breaker is open, at most once per recheckEvery, for a
-// failover: it asks the client to reload its slot map (in the background) and drops the
-// breakers of the addresses the map no longer lists as masters (prune). Without it, the
+// failover: it reloads the client's slot map and drops the breakers of the addresses
+// the map no longer lists as masters (prune). The reload is prune's own, done before it
+// reads the map: a reload in the background could store a map read before prune's
+// after it. Without it, the
 // keys of a failed master stay with its open breaker after a replica took over: no call
 // goes to them, so the client has no reason to reload its map, and its half-open probe
 // goes to the address that failed. It reports whether a master's breaker is open, for
@@ -135,7 +175,6 @@ func (n *nodes) recheck(ctx context.Context, now time.Time) bool {
 	}
 	if !now.Before(n.nextCheck) {
 		n.nextCheck = now.Add(recheckEvery)
-		n.cc.ReloadState(ctx)
 		n.prune(ctx)
 	}
 	return true
@@ -198,9 +237,9 @@ func (n *nodes) split(ctx context.Context, count int, key func(i int) string) []
 		return []part{{nd: n.all}}
 	}
 	var parts []part
-	moved := false
+	moved, reloaded := false, false
 	for i := range count {
-		nd, m := n.route(ctx, key(i))
+		nd, m := n.route(ctx, key(i), &reloaded)
 		moved = moved || m
 		j := 0
 		for j < len(parts) && parts[j].nd != nd {

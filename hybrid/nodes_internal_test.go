@@ -1,0 +1,106 @@
+package hybrid
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+)
+
+// slotMaps is a Cluster's slot map as the nodes a client loads it from tell it: each
+// load takes the next of maps (the last one stays), each map naming the master of every
+// slot.
+type slotMaps struct {
+	mu    sync.Mutex
+	maps  []string
+	loads int
+}
+
+func (s *slotMaps) load(context.Context) ([]redis.ClusterSlot, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	addr := s.maps[min(s.loads, len(s.maps)-1)]
+	s.loads++
+	return []redis.ClusterSlot{{Start: 0, End: 16383, Nodes: []redis.ClusterNode{{Addr: addr}}}}, nil
+}
+
+// then makes the following loads give maps, in order.
+func (s *slotMaps) then(maps ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.maps, s.loads = maps, 0
+}
+
+// TestRouteAfterFailover: once a prune dropped a failed master, a slot map that still
+// names it (loaded from a node that has not learnt of the failover yet) does not give it
+// a breaker again unless a second load names it too.
+func TestRouteAfterFailover(t *testing.T) {
+	const (
+		old = "10.0.0.1:6379"
+		new = "10.0.0.2:6379"
+		key = "{cold:client-1}"
+	)
+	tests := []struct {
+		name  string
+		loads []string // what the loads after the stale one give
+		want  string   // the master route picks
+	}{
+		{"a fresher map names the new master", []string{new}, new},
+		{"every map names the old master", []string{old}, old},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			maps := &slotMaps{maps: []string{old}}
+			cc := redis.NewClusterClient(&redis.ClusterOptions{ClusterSlots: maps.load})
+			defer cc.Close()
+			brk, err := breaker.New(breaker.Settings{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := newNodes(brk, cc)
+			reloaded := false
+			if nd, _ := n.route(ctx, key, &reloaded); nd.addr != old {
+				t.Fatalf("before the failover: routed to %q, want %q", nd.addr, old)
+			}
+
+			// The failover: a map names the new master, and prune drops the old one.
+			maps.then(new)
+			n.prune(ctx)
+			if _, ok := n.byAddr[old]; ok {
+				t.Fatalf("prune kept %s, which the map no longer names", old)
+			}
+			// Then a load from a node that has not learnt of it yet stores a map
+			// naming the old master again.
+			maps.then(append([]string{old}, tt.loads...)...)
+			if err := cc.ForEachMaster(ctx, func(context.Context, *redis.Client) error { return nil }); err != nil {
+				t.Fatal(err)
+			}
+			if c, err := cc.MasterForKey(ctx, key); err != nil || c.Options().Addr != old {
+				t.Fatalf("the client's map is not the stale one: %v, %v", c, err)
+			}
+
+			reloaded = false
+			nd, _ := n.route(ctx, key, &reloaded)
+			if nd.addr != tt.want {
+				t.Errorf("routed to %q, want %q", nd.addr, tt.want)
+			}
+			if !reloaded {
+				t.Error("route did not reload the map for an address a prune dropped")
+			}
+			_, kept := n.byAddr[old]
+			if kept != (tt.want == old) {
+				t.Errorf("breaker of %s kept: %v, want %v", old, kept, tt.want == old)
+			}
+			// A second route in the same call does not load the map again.
+			loads := maps.loads
+			n.route(ctx, "{cold:client-2}", &reloaded)
+			if maps.loads != loads {
+				t.Errorf("a second route in one call loaded the map %d more times", maps.loads-loads)
+			}
+		})
+	}
+}
