@@ -128,8 +128,9 @@ type headerValues struct {
 const maxHeaders = 6
 
 // writeHeaders is WriteHeaders with RateLimit-Policy listing policies, in order (d's
-// among them, from policyOf: the fields that describe d read it there), its values held in hv, which must be new: the header map
-// keeps referring to it, and to its bytes as strings.
+// among them, from policyOf: the fields that describe d read it there), its values held
+// in hv, which must be new: the header map keeps referring to it, and to its bytes as
+// strings.
 func writeHeaders(h http.Header, d hybrid.Decision, policies []policy, set Headers, now time.Time, hv *headerValues) {
 	var (
 		b     = hv.buf[:0]

@@ -198,14 +198,11 @@ func (m *Middleware) Check(w http.ResponseWriter, r *http.Request) (*http.Reques
 	var pols [maxAlso + 1]policy
 	if _, retry := retryAfter(d); m.headers&HeadersNone != 0 && !retry {
 		// Nothing to write: the Decision alone goes in the context.
-		dr := &decisionReq{ctx: decisionCtx{Context: r.Context(), d: d}}
-		dr.req = *r.WithContext(&dr.ctx)
-		r = &dr.req
+		r = r.WithContext(&decisionCtx{Context: r.Context(), d: d})
 	} else {
-		hr := &headersReq{ctx: headersCtx{decisionCtx: decisionCtx{Context: r.Context(), d: d}}}
-		writeHeaders(w.Header(), d, m.policies(pols[:0], d, tier), m.headers, now, &hr.ctx.hdr)
-		hr.req = *r.WithContext(&hr.ctx)
-		r = &hr.req
+		dc := &headersCtx{decisionCtx: decisionCtx{Context: r.Context(), d: d}}
+		writeHeaders(w.Header(), d, m.policies(pols[:0], d, tier), m.headers, now, &dc.hdr)
+		r = r.WithContext(dc)
 	}
 	if d.Allowed {
 		return r, true
@@ -279,20 +276,6 @@ type headersCtx struct {
 	decisionCtx
 	hdr headerValues
 }
-
-// decisionReq and headersReq are the request a Check passes on and its context, in one
-// allocation: the request's copy is made from WithContext's, which then stays on the
-// stack.
-type (
-	decisionReq struct {
-		req http.Request
-		ctx decisionCtx
-	}
-	headersReq struct {
-		req http.Request
-		ctx headersCtx
-	}
-)
 
 // Value returns a *hybrid.Decision for decisionKey, else the parent's value.
 func (c *decisionCtx) Value(key any) any {
