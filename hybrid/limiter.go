@@ -526,6 +526,7 @@ func (l *Limiter) run() {
 // the engine has taken the trip as failed. do returns those calls; the caller tells
 // each once Done has run (lateTake.tripDone).
 func (l *Limiter) do(ctx context.Context, t *engine.Trip) []*lateTake {
+	defer l.nodes.settle(ctx)
 	switch t.Kind {
 	case engine.TakeTrip:
 		parts := l.nodes.split(ctx, len(t.Takes), func(i int) string {
@@ -605,10 +606,14 @@ func (l *Limiter) do(ctx context.Context, t *engine.Trip) []*lateTake {
 		// The heartbeat and the record of representations, each a call of its own (their
 		// keys may be on two Cluster masters), made at once. The trip is the heartbeat's,
 		// or the record's when it carries no heartbeat; the record's outcome is its own.
+		// Both calls are routed here, on the Limiter's goroutine, as nodes requires.
+		var repsNd *node
+		if t.Fleet == "" || t.Reps != nil {
+			repsNd = l.nodes.split(ctx, 1, func(int) string { return wire.RepsKey("") })[0].nd
+		}
 		record := func() {
-			nd := l.nodes.split(ctx, 1, func(int) string { return wire.RepsKey("") })[0].nd
 			var got []string
-			err := nd.brk.Do(ctx, func(ctx context.Context) error {
+			err := repsNd.brk.Do(ctx, func(ctx context.Context) error {
 				var err error
 				got, err = l.store.Reps(ctx, t.Reps, t.RepsLive)
 				return err

@@ -33,12 +33,21 @@ type nodes struct {
 	masters atomic.Pointer[[]*node]
 	slots   [wire.Slots]atomic.Pointer[node] // the master each slot's last call went to
 
-	nextCheck time.Time // the Limiter's goroutine's: when recheck may look again
+	nextCheck time.Time   // the Limiter's goroutine's: when recheck may look again
+	pruneDue  atomic.Bool // a call found its slot served by another master: prune after the trip
 }
 
 // recheckEvery is how often, while a master's breaker is open, the Limiter looks at the
 // Cluster's slot map for a failover (recheck).
 const recheckEvery = 100 * time.Millisecond
+
+// reloadTimeout bounds a load of the slot map on the Limiter's goroutine (prune), which
+// no trip runs beside: the client asks its nodes in random order, and a dead or stalled
+// one would hold the goroutine for its dial or read timeout. A load that runs out of
+// time leaves the map the client holds, and recheck looks again recheckEvery later.
+// go-redis bounds a dial by the context; a read by it only with ContextTimeoutEnabled,
+// else by ReadTimeout (100 ms with global.ConfigureCluster).
+const reloadTimeout = recheckEvery / 2
 
 // goneMax bounds the addresses nodes remembers as dropped: the stale maps of a
 // failover pass within seconds, and a process sees few failovers in that time.
@@ -58,26 +67,27 @@ func newNodes(brk *breaker.Breaker, client redis.Scripter) *nodes {
 }
 
 // route returns the node whose breaker guards a call on the Redis key key (any key with
-// the same hash tag), and reports whether it found the slot served by another master
-// than its last call's: the caller then calls prune once its calls are made. It may load
-// the client's slot map (I/O): it runs on the Limiter's goroutine, never under a lock.
+// the same hash tag). When it finds the slot served by another master than its last
+// call's, it marks a prune due, which settle runs once the trip's calls are made: a load
+// of the map before them could route a call elsewhere than its breaker. It may load the
+// client's slot map (I/O): it runs on the Limiter's goroutine, never under a lock.
 //
 // The client loads its slot map from one node at random, and for a moment after a
 // failover a node may not know of it yet: a map loaded from it names the failed master
 // again after a fresher one dropped it. So when the slot's master is an address the
 // last prune dropped, route reloads the map (prune) once for the call (*reloaded tells)
 // and asks again; an address the reloaded map names too is a master again.
-func (n *nodes) route(ctx context.Context, key string, reloaded *bool) (nd *node, moved bool) {
+func (n *nodes) route(ctx context.Context, key string, reloaded *bool) *node {
 	if n.cc == nil {
-		return n.all, false
+		return n.all
 	}
 	addr, ok := n.master(ctx, key)
 	if !ok {
-		return n.all, false
+		return n.all
 	}
 	slot := &n.slots[wire.Slot(key)]
-	if nd = slot.Load(); nd != nil && nd.addr == addr {
-		return nd, false
+	if nd := slot.Load(); nd != nil && nd.addr == addr {
+		return nd
 	}
 	n.mu.Lock()
 	stale := n.gone[addr]
@@ -86,31 +96,34 @@ func (n *nodes) route(ctx context.Context, key string, reloaded *bool) (nd *node
 		*reloaded = true
 		n.prune(ctx)
 		if addr, ok = n.master(ctx, key); !ok {
-			return n.all, false
+			return n.all
 		}
 	}
 	n.mu.Lock()
+	defer n.mu.Unlock()
 	delete(n.gone, addr)
-	nd = n.byAddr[addr]
+	nd := n.byAddr[addr]
 	if nd == nil {
 		st := n.all.brk.Settings()
-		st.Name = addr
 		if st.Name != "" {
-			st.Name += " " + addr
+			st.Name += " "
 		}
+		st.Name += addr
 		b, err := breaker.New(st)
 		if err != nil { // not reached: the settings made Config.Breaker
-			n.mu.Unlock()
-			return n.all, false
+			return n.all
 		}
 		nd = &node{addr: addr, brk: b}
 		n.byAddr[addr] = nd
 		list := append(append([]*node(nil), *n.masters.Load()...), nd)
 		n.masters.Store(&list)
 	}
-	n.mu.Unlock()
-	old := slot.Swap(nd)
-	return nd, old != nil && old != nd
+	// Under n.mu, as prune clears the slots of the nodes it drops: a slot never points
+	// to a node that is not in byAddr.
+	if old := slot.Swap(nd); old != nil && old != nd {
+		n.pruneDue.Store(true)
+	}
+	return nd
 }
 
 // master returns the address of the master that serves key's slot in the client's
@@ -129,6 +142,8 @@ func (n *nodes) master(ctx context.Context, key string) (string, bool) {
 func (n *nodes) prune(ctx context.Context) {
 	var mu sync.Mutex
 	live := map[string]bool{}
+	ctx, cancel := context.WithTimeout(ctx, reloadTimeout)
+	defer cancel()
 	if n.cc.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
 		mu.Lock()
 		live[c.Options().Addr] = true
@@ -158,6 +173,14 @@ func (n *nodes) prune(ctx context.Context) {
 		}
 	}
 	n.masters.Store(&kept)
+}
+
+// settle runs the prune a trip's routes marked due (route), once its calls are made. It
+// runs on the Limiter's goroutine only.
+func (n *nodes) settle(ctx context.Context) {
+	if n.pruneDue.Swap(false) {
+		n.prune(ctx)
+	}
 }
 
 // recheck looks, while a master's breaker is open, at most once per recheckEvery, for a
@@ -237,10 +260,15 @@ func (n *nodes) split(ctx context.Context, count int, key func(i int) string) []
 		return []part{{nd: n.all}}
 	}
 	var parts []part
-	moved, reloaded := false, false
-	for i := range count {
-		nd, m := n.route(ctx, key(i), &reloaded)
-		moved = moved || m
+	reloaded := false
+	for i := 0; i < count; i++ {
+		was := reloaded
+		nd := n.route(ctx, key(i), &reloaded)
+		if reloaded && !was && i > 0 {
+			// route reloaded the map: the items before may be served elsewhere now.
+			parts, i = parts[:0], -1
+			continue
+		}
 		j := 0
 		for j < len(parts) && parts[j].nd != nd {
 			j++
@@ -249,9 +277,6 @@ func (n *nodes) split(ctx context.Context, count int, key func(i int) string) []
 			parts = append(parts, part{nd: nd})
 		}
 		parts[j].idx = append(parts[j].idx, i)
-	}
-	if moved {
-		n.prune(ctx)
 	}
 	if len(parts) == 1 {
 		parts[0].idx = nil

@@ -57,14 +57,18 @@ func TestRouteAfterFailover(t *testing.T) {
 			maps := &slotMaps{maps: []string{old}}
 			cc := redis.NewClusterClient(&redis.ClusterOptions{ClusterSlots: maps.load})
 			defer cc.Close()
-			brk, err := breaker.New(breaker.Settings{})
+			brk, err := breaker.New(breaker.Settings{Name: "redis"})
 			if err != nil {
 				t.Fatal(err)
 			}
 			n := newNodes(brk, cc)
 			reloaded := false
-			if nd, _ := n.route(ctx, key, &reloaded); nd.addr != old {
+			nd := n.route(ctx, key, &reloaded)
+			if nd.addr != old {
 				t.Fatalf("before the failover: routed to %q, want %q", nd.addr, old)
+			}
+			if got, want := nd.brk.Settings().Name, "redis "+old; got != want {
+				t.Errorf("breaker named %q, want %q", got, want)
 			}
 
 			// The failover: a map names the new master, and prune drops the old one.
@@ -84,7 +88,7 @@ func TestRouteAfterFailover(t *testing.T) {
 			}
 
 			reloaded = false
-			nd, _ := n.route(ctx, key, &reloaded)
+			nd = n.route(ctx, key, &reloaded)
 			if nd.addr != tt.want {
 				t.Errorf("routed to %q, want %q", nd.addr, tt.want)
 			}
@@ -102,5 +106,52 @@ func TestRouteAfterFailover(t *testing.T) {
 				t.Errorf("a second route in one call loaded the map %d more times", maps.loads-loads)
 			}
 		})
+	}
+}
+
+// TestPruneAfterTheCalls: a slot found served by another master marks a prune due, and
+// the prune runs once the trip's calls are made (settle), not while it is routed: a
+// load of the map between routing a call and making it could send the call to another
+// node than the one whose breaker guards it.
+func TestPruneAfterTheCalls(t *testing.T) {
+	const (
+		a   = "10.0.0.1:6379"
+		b   = "10.0.0.2:6379"
+		key = "{cold:client-1}"
+	)
+	ctx := context.Background()
+	maps := &slotMaps{maps: []string{a}}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{ClusterSlots: maps.load})
+	defer cc.Close()
+	brk, err := breaker.New(breaker.Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := newNodes(brk, cc)
+	if parts := n.split(ctx, 1, func(int) string { return key }); parts[0].nd.addr != a {
+		t.Fatalf("routed to %q, want %q", parts[0].nd.addr, a)
+	}
+	if n.pruneDue.Load() {
+		t.Fatal("a first route marked a prune due")
+	}
+	// The slot moves to b (a resharding, a failover), and the client's map says so.
+	maps.then(b)
+	if err := cc.ForEachMaster(ctx, func(context.Context, *redis.Client) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	loads := maps.loads
+	parts := n.split(ctx, 1, func(int) string { return key })
+	if parts[0].nd.addr != b {
+		t.Fatalf("routed to %q, want %q", parts[0].nd.addr, b)
+	}
+	if maps.loads != loads {
+		t.Errorf("split loaded the map %d times before the calls", maps.loads-loads)
+	}
+	if !n.pruneDue.Load() {
+		t.Fatal("a slot served by another master marked no prune due")
+	}
+	n.settle(ctx)
+	if _, ok := n.byAddr[a]; ok || n.pruneDue.Load() {
+		t.Errorf("after settle: breaker of %s kept %v, prune still due %v", a, ok, n.pruneDue.Load())
 	}
 }
