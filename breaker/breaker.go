@@ -151,6 +151,9 @@ type Settings struct {
 	// protocol, a closed client, a pool timeout and a Redis reply that says
 	// the server cannot serve now count; an error that carries one of
 	// global's classes counts by its class; context.Canceled never counts.
+	// Less a MOVED or ASK reply: a Cluster node that sends one answered, and
+	// during a resharding the calls for a moving slot's keys would otherwise
+	// open a healthy master's breaker.
 	IsFailure func(error) bool
 
 	// OnStateChange is told about every state change, in order, after the
@@ -259,7 +262,7 @@ func New(st Settings) (*Breaker, error) {
 		return nil, fmt.Errorf("%w: MinCountedTimeout %v exceeds Timeout %v", ErrInvalidConfig, b.minCounted, b.timeout)
 	}
 	if b.isFailure == nil {
-		b.isFailure = storeerr.IsUnavailable
+		b.isFailure = storeerr.IsNodeFailure
 	}
 	threshold := uint32(cmpOr(st.FailureThreshold, defaultFailureThreshold))
 	b.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{

@@ -13,7 +13,8 @@
 //     beyond the bound Do returns ErrOverloaded at once, so a stalled Redis
 //     cannot pile up goroutines or connections.
 //   - Only store failures count towards opening (Settings.IsFailure, by
-//     default the rule of global.IsUnavailable): a denied request or a
+//     default the rule of global.IsUnavailable, less a Cluster node's MOVED
+//     and ASK replies, which it answered with): a denied request or a
 //     script's error is an answer, and the caller's own cancellation or
 //     too-short deadline is neither success nor failure (gobreaker's
 //     IsExcluded).

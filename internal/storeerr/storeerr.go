@@ -2,8 +2,9 @@
 // that says which errors mean that the store did not answer, and the one that says
 // which are a deadline that passed (IsTimeout). Package global
 // exports both (global.ErrUnavailable and the other classes, global.IsUnavailable);
-// package breaker applies the rule as its default Settings.IsFailure, so a breaker
-// built by hand counts exactly the failures the hybrid limiter's own breaker counts.
+// package breaker applies the rule, less the redirects of a Cluster node that answered
+// (IsNodeFailure), as its default Settings.IsFailure, so a breaker built by hand counts
+// exactly the failures the hybrid limiter's own breakers count.
 package storeerr
 
 import (
@@ -70,6 +71,25 @@ func Class(err error) error {
 
 // IsUnavailable reports whether Class(err) is ErrUnavailable.
 func IsUnavailable(err error) bool { return Class(err) == ErrUnavailable }
+
+// IsNodeFailure is the rule a breaker counts failures by: IsUnavailable, but for a MOVED
+// or ASK reply, which a Cluster node that answered sends for a key whose slot it no
+// longer serves, or is handing to another node. During a resharding the calls for a
+// moving slot's keys answer so until the client's slot map catches up (MOVED) or the
+// slot's migration ends (ASK); counted as failures, they would open the breaker of a
+// healthy master and send every key it serves to their policy. The call itself still
+// failed, unavailable: its request goes to its policy, and the client reloads its map.
+func IsNodeFailure(err error) bool { return IsUnavailable(err) && !isRedirect(err) }
+
+// isRedirect reports whether err is, or wraps, a MOVED or ASK reply.
+func isRedirect(err error) bool {
+	var reply redis.Error
+	if !errors.As(err, &reply) {
+		return false
+	}
+	word, _, _ := strings.Cut(reply.Error(), " ")
+	return word == "MOVED" || word == "ASK"
+}
 
 // IsTimeout reports whether err is a deadline that passed: the context's, or a
 // connection's read or write deadline. A call that ends so may have run in Redis or
