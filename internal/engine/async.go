@@ -555,7 +555,11 @@ func (c *chargeLater) charge(sh *Shape, key string, n int, now time.Time) {
 	lm.stats.owed.Add(int64(n))
 	e.cl.lowNews = true
 	wake := false
-	if !e.cl.asyncDue && e.cl.asyncAt.IsZero() {
+	if e.stopped {
+		// Admitted while the server shuts down (Close waits for lingering takes after
+		// Stop): no Tick will make it due, so it is due now, as Stop made the others.
+		e.cl.asyncDue, e.cl.asyncAt = true, time.Time{}
+	} else if !e.cl.asyncDue && e.cl.asyncAt.IsZero() {
 		e.cl.asyncAt = now.Add(sh.cfg.Async)
 		wake = true // the driver's next tick must come by then
 	}
@@ -608,11 +612,13 @@ func (e *Engine) laterNextTick(t time.Time) time.Time {
 	return t
 }
 
-// stopLater ends the low-key exchanges and makes the charges due now (Stop). It
-// requires e.mu.
+// stopLater ends the low-key exchanges and makes the charges due now (Stop), those a
+// failed charge trip held back too: no Tick ends their wait (debtRetry) after Stop, and
+// the shutdown's trips are their last chance. It requires e.mu.
 func (e *Engine) stopLater() {
 	e.cl.lowDue, e.cl.lowAt = false, time.Time{}
-	if e.cl.charges.len() > 0 {
+	e.debtHeld = false
+	if e.cl.charges.len() > 0 || len(e.debtRetry) > 0 {
 		e.cl.asyncDue, e.cl.asyncAt = true, time.Time{}
 	}
 }

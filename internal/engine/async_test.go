@@ -532,23 +532,68 @@ func TestAsyncUnchargedOutlivesTheEntry(t *testing.T) {
 }
 
 // TestAsyncChargesGoAtStop: a server shutting down charges what it admitted at once,
-// without waiting for Async.
+// without waiting for Async: what it admitted before Stop, what it admits between Stop
+// and Drain (Close waits for lingering takes there, and no Tick comes), and debts a
+// failed charge trip held back just before.
 func TestAsyncChargesGoAtStop(t *testing.T) {
-	e, lm := asyncEngine(t, new(bool))
-	warmUp(t, e, lm)
-	if d, _ := decide(e, t0.Add(time.Second), lm, "k", 3); d.Reason != ReasonAsync {
-		t.Fatalf("%+v, want admitted at once", d)
-	}
-	e.Stop(t0.Add(time.Second))
-	e.Drain()
-	trip := e.Next()
-	if trip == nil || !trip.debts || len(trip.Refunds) != 1 || trip.Refunds[0].N != -3 {
-		t.Fatalf("after Stop: %+v, want the charge", trip)
-	}
-	trip.Answered = true
-	e.Done(t0.Add(time.Second), trip)
-	if lost := e.Finish(); lost != 0 || lm.Stats().Charged != 3 {
-		t.Fatalf("lost %d, charged %d; want 0 and 3", lost, lm.Stats().Charged)
+	for _, tc := range []struct {
+		name              string
+		before, after     int  // admitted uncharged before Stop, after it
+		heldBy, failStart bool // a charge trip failed just before Stop
+	}{
+		{name: "admitted before Stop", before: 3},
+		{name: "admitted after Stop", after: 2},
+		{name: "both", before: 3, after: 2},
+		{name: "a charge trip failed just before", before: 3, heldBy: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, lm := asyncEngine(t, new(bool))
+			warmUp(t, e, lm)
+			at := t0.Add(time.Second)
+			if tc.before > 0 {
+				if d, _ := decide(e, at, lm, "k", tc.before); d.Reason != ReasonAsync {
+					t.Fatalf("%+v, want admitted at once", d)
+				}
+			}
+			if tc.heldBy {
+				e.Tick(at.Add(100 * time.Millisecond))
+				trip := e.Next()
+				for trip != nil && trip.Kind == LowTrip {
+					trip.Answered = true
+					e.Done(at, trip)
+					trip = e.Next()
+				}
+				if trip == nil || !trip.debts {
+					t.Fatalf("Next = %+v, want the charge", trip)
+				}
+				e.Done(at.Add(100*time.Millisecond), trip) // not answered: held for debtRetry
+				at = at.Add(100 * time.Millisecond)
+			}
+			e.Stop(at)
+			if tc.after > 0 {
+				if d, _ := decide(e, at, lm, "j", tc.after); d.Reason != ReasonAsync {
+					t.Fatalf("after Stop: %+v, want admitted uncharged", d)
+				}
+			}
+			e.Drain()
+			charged := 0
+			for trip := e.Next(); trip != nil; trip = e.Next() {
+				if trip.debts {
+					for _, r := range trip.Refunds {
+						charged -= r.N
+					}
+				}
+				answerAll(trip)
+				e.Done(at, trip)
+			}
+			if lost := e.Finish(); lost != 0 || int(lm.Stats().Charged) != charged || lm.Stats().Forgiven != 0 {
+				t.Fatalf("lost %d, charged %d (sent %d), forgiven %d; want 0, every admission uncharged sent, 0 forgiven",
+					lost, lm.Stats().Charged, charged, lm.Stats().Forgiven)
+			}
+			if want := tc.before + tc.after; charged != want {
+				t.Fatalf("charged %d, want %d", charged, want)
+			}
+		})
 	}
 }
 
