@@ -333,8 +333,11 @@ func (wl *windowed) key(st *wkey, id string, now time.Time) {
 	if !st.init {
 		*st = wkey{init: true, phase: wire.WindowPhase(id, wl.wUs)}
 		st.win = wire.WindowIndex(wl.rnow(now), st.phase, wl.wUs)
-		if out, ok := wl.gone[id]; ok { // evicted with admissions unanswered
-			st.out = max(0, out)
+		// Evicted with admissions unanswered: they count here. Below zero, answers came
+		// before the old entry's eviction was recorded, which will cancel them: left
+		// for it, else the eviction would leave a count no answer takes off.
+		if out := wl.gone[id]; out > 0 {
+			st.out = out
 			wl.forget(id)
 		}
 	}
