@@ -320,6 +320,40 @@ func TestWindowedRedisDown(t *testing.T) {
 	}
 }
 
+// TestWindowedUnsentMarksAge: a mark a failed trip could not send goes again with the
+// next trip, but not once its window ended more than windowMemory ago: an outage of the
+// master that holds a key's marks does not pile up a mark per window.
+func TestWindowedUnsentMarksAge(t *testing.T) {
+	f := newWinFleet(t, 2, nil)
+	f.warm()
+	wl := f.lms[0].windowed()
+	now := t0.Add(60 * time.Millisecond)
+	wl.mu.Lock()
+	k := wmk{id: "a", win: wire.WindowIndex(wl.rnow(now), wire.WindowPhase("a", wl.wUs), wl.wUs)}
+	wl.announce[k] = wire.MarkSpent
+	wl.due.Store(true)
+	wl.mu.Unlock()
+	held := func() bool {
+		wl.mu.Lock()
+		defer wl.mu.Unlock()
+		_, ok := wl.announce[k]
+		return ok
+	}
+	f.open = true
+	f.serve(0, now.Add(100*time.Millisecond))
+	if !held() {
+		t.Fatal("a mark a failed trip could not send is not sent again")
+	}
+	f.serve(0, wl.end(k.win, wire.WindowPhase("a", wl.wUs)).Add(windowMemory-time.Millisecond))
+	if !held() {
+		t.Fatal("a mark dropped within windowMemory of its window's end")
+	}
+	f.serve(0, wl.end(k.win, wire.WindowPhase("a", wl.wUs)).Add(windowMemory+time.Second))
+	if held() {
+		t.Fatal("a mark of a window that ended more than windowMemory ago is still put back")
+	}
+}
+
 // TestWindowedFleetBound: eight servers, a key at four times its limit spread over them
 // for 3 s: every window of its admissions within 2·burst + rate·W + S·c, and at least a
 // burst a window admitted.

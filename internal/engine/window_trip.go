@@ -367,8 +367,8 @@ func (wl *windowed) done(now time.Time, it *windowItem, xs []redisstore.WindowTr
 			wl.read(now, it, x)
 		}
 	}
-	for k, f := range it.announce { // a failed shard's marks go again
-		if errs[it.trip[wire.WindowMarksShard(k.id, wl.shards)]] != nil {
+	for k, f := range it.announce { // a failed shard's marks go again, while they say something
+		if errs[it.trip[wire.WindowMarksShard(k.id, wl.shards)]] != nil && wl.markStands(k, now) {
 			wl.announce[k] |= f
 		}
 	}
@@ -451,6 +451,15 @@ func (wl *windowed) read(now time.Time, it *windowItem, x *redisstore.WindowTrip
 	if len(x.Got) > 0 {
 		wl.marksGen.Add(1) // a key's next decision learns them (key)
 	}
+}
+
+// markStands reports whether a mark of key k.id for window k.win, not sent yet, still
+// says something at now: a low or spent mark holds until its window's end, an over
+// mark for windowMemory from when it is written. Past both, a failed trip drops it
+// rather than putting it back, so that an outage of the master that holds a key's marks
+// does not pile up a mark for each of its windows.
+func (wl *windowed) markStands(k wmk, now time.Time) bool {
+	return now.Before(wl.end(k.win, wire.WindowPhase(k.id, wl.wUs)).Add(windowMemory))
 }
 
 // own adds what op added to the key's count to what this server counted in window
