@@ -85,8 +85,16 @@ func TestHotPathAllocatesNothing(t *testing.T) {
 		{"Allow, windowed", func() { w.Allow(ctx, "bench", "k") }},
 	} {
 		tc.fn() // the refills, before counting
-		if n := testing.AllocsPerRun(200, tc.fn); n != 0 {
-			t.Errorf("%s: %v allocations per call, want 0", tc.name, n)
+		// AllocsPerRun counts the whole process's allocations, the Limiters' own
+		// goroutines' too (a windowed limit's reports and reads go while the calls run,
+		// the more often the slower the machine): a call's allocation shows in every
+		// try, theirs in few. The fewest of five tries is the calls'.
+		n := testing.AllocsPerRun(200, tc.fn)
+		for try := 1; try < 5 && n != 0; try++ {
+			n = min(n, testing.AllocsPerRun(200, tc.fn))
+		}
+		if n != 0 {
+			t.Errorf("%s: %v allocations per call in each of five tries, want 0", tc.name, n)
 		}
 	}
 }
