@@ -435,6 +435,9 @@ func (m *Model) Take(now time.Time, key string, capacity, rate float64, want, mi
 // since ref (none when ref is NaN), then charged, never below -floor.
 func (m *Model) Refund(now time.Time, key string, capacity, rate float64, amount int, server string, seq, version uint64, floor int, ref float64) wire.RefundReply {
 	field := "r:" + server
+	if amount < 0 {
+		field = "d:" + server // a debt's record (see refund.lua)
+	}
 	m.tick(now)
 	ms := NowMillis(now)
 	e := m.get(key)

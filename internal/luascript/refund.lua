@@ -35,7 +35,10 @@
 --   [3] the version of the parameters in force (integer)
 --
 -- Idempotent per (server id, seq), like take.lua: the answer is recorded in the field
--- 'r:<server id>' as '<seq> <tokens> <now>'; a replay returns it and refunds nothing.
+-- 'r:<server id>' as '<seq> <tokens> <now>', a debt's (a negative amount) in
+-- 'd:<server id>'; a replay returns it and refunds nothing. Debts have a record of their
+-- own: a debt that timed out goes again under its seq, and a refund of the same bucket
+-- sent meanwhile under a later seq must not make it stale (nothing charged).
 -- num is tonumber that also reads '1e-06' (see bucket.lua: yuin/gopher-lua#472).
 local function num(s)
   return tonumber(s) or (s and tonumber((string.gsub(s, '^(%s*[-+]?%d+)([eE])', '%1.0%2'))))
@@ -56,6 +59,7 @@ if not (capacity and rate and amount and seq and version and floor) or not (capa
   return redis.error_reply('ERR fleetlimit refund: invalid arguments')
 end
 local field = 'r:' .. ARGV[4]
+if amount < 0 then field = 'd:' .. ARGV[4] end
 
 local t   = redis.call('TIME')
 local now = num(t[1]) * 1000 + math.floor(num(t[2]) / 1000)

@@ -243,3 +243,41 @@ func TestRefundBatchRetryWithSeq(t *testing.T) {
 		}
 	})
 }
+
+// TestDebtRetryAfterARefund: a debt (a charge) whose first attempt timed out goes again
+// under its seq; a refund of the same bucket sent meanwhile under a later seq does not
+// make the retry stale. Debts and refunds keep records of their own, so the retry
+// charges where the first attempt did not run, and only once where it did.
+func TestDebtRetryAfterARefund(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		s := newStore(t, tg.Client)
+		lim := redisstore.Limit{Name: lname(t), Rate: 1e-4, Burst: 100}
+		for _, tc := range []struct {
+			key  string
+			ran  bool // the first attempt ran in Redis (its answer was lost)
+			want int  // the level after: 100 - 50 taken + 10 refunded - 5 charged
+		}{{"lost", false, 55}, {"ran", true, 55}} {
+			if g, err := s.Take(ctx, lim, tc.key, 50, 50); err != nil || g.Granted != 50 {
+				t.Fatalf("%s: take: %+v %v", tc.key, g, err)
+			}
+			charge := []redisstore.RefundRequest{{Limit: lim, Key: tc.key, N: -5, Seq: s.NextSeq()}}
+			out := make([]redisstore.RefundResult, 1)
+			if tc.ran {
+				if err := s.RefundBatch(ctx, charge, out); err != nil {
+					t.Fatalf("%s: charge: %v", tc.key, err)
+				}
+			}
+			refund := []redisstore.RefundRequest{{Limit: lim, Key: tc.key, N: 10}} // a later seq
+			if err := s.RefundBatch(ctx, refund, out); err != nil || out[0].Seq <= charge[0].Seq {
+				t.Fatalf("%s: refund: %+v %v, want a later seq", tc.key, out[0], err)
+			}
+			if err := s.RefundBatch(ctx, charge, out); err != nil {
+				t.Fatalf("%s: the charge's retry: %v", tc.key, err)
+			}
+			if got := level(t, s, lim, tc.key); got != tc.want {
+				t.Errorf("%s: level %d after the charge's retry, want %d (charged once)", tc.key, got, tc.want)
+			}
+		}
+	})
+}
