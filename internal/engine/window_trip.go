@@ -428,7 +428,7 @@ func (wl *windowed) read(now time.Time, it *windowItem, x *redisstore.WindowTrip
 		wl.warm.Store(true)
 	}
 	wl.since[x.Shard] = x.At.Add(-windowOverlap)
-	if len(x.Got) >= redisstore.MaxMarksRead { // more to read: from the last one's time, at once
+	if len(x.Got)+x.Skipped >= redisstore.MaxMarksRead && len(x.Got) > 0 { // more to read: from the last one's time, at once
 		wl.since[x.Shard], wl.lastRead[x.Shard] = x.Got[len(x.Got)-1].At, time.Time{}
 		wl.due.Store(true)
 	}

@@ -115,8 +115,11 @@ type WindowTrip struct {
 
 	// Now is Redis's time (TIME) when the trip ran, if Clock was set.
 	Now time.Time
-	// Got are the marks read, oldest first.
-	Got []WindowMark
+	// Got are the marks read, oldest first. A member of the set that does not decode as
+	// a mark (written by another program) is left out, and counted in Skipped: it must
+	// not fail the trip, whose counts ran, nor stop the reads of the marks after it.
+	Got     []WindowMark
+	Skipped int
 }
 
 // checkWindowTrip reports what is wrong with t, wrapping ErrInvalidLimit.
@@ -700,9 +703,7 @@ func (s *Store) queueWindows(ctx context.Context, pipe redis.Pipeliner, t *Windo
 			op.Count, a.next = int(min(v[k], v[k+1])), k+2
 		}
 		if read != nil {
-			if err := t.readMarks(read.Val()); err != nil {
-				return unexpected("windows", err.Error())
-			}
+			t.readMarks(read.Val())
 		}
 		return nil
 	}
@@ -715,18 +716,20 @@ func appendMarkMember(b []byte, win int64, id string) []byte {
 	return append(b, id...)
 }
 
-// readMarks decodes a ZRANGEBYSCORE WITHSCORES of the marks into t.Got.
-func (t *WindowTrip) readMarks(zs []redis.Z) error {
+// readMarks decodes a ZRANGEBYSCORE WITHSCORES of the marks into t.Got, leaving out
+// (and counting in t.Skipped) the members that are not marks.
+func (t *WindowTrip) readMarks(zs []redis.Z) {
 	for _, z := range zs {
 		member, ok := z.Member.(string)
 		if !ok {
-			return fmt.Errorf("ZRANGEBYSCORE: a member of type %T", z.Member)
+			t.Skipped++
+			continue
 		}
 		flags, win, id, ms, err := wire.ParseMark(member, z.Score)
 		if err != nil {
-			return err
+			t.Skipped++
+			continue
 		}
 		t.Got = append(t.Got, WindowMark{ID: KeyID(id), Flags: flags, Win: win, At: time.UnixMilli(ms)})
 	}
-	return nil
 }

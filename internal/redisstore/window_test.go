@@ -181,12 +181,24 @@ func TestWindowsMarks(t *testing.T) {
 		if got := read(t0.Add(15 * time.Millisecond)); len(got) != 1 || got[0].ID != "alice" {
 			t.Errorf("read from t0+15ms: %v, want alice's mark only", got)
 		}
+		// A member that is not a mark (written by another program) fails neither the read
+		// nor the trip's counts: it is left out, and counted.
+		key := wire.MarksKey(redisstore.DefaultPrefix, lim.Name, 1, 0)
+		if err := tg.Client.ZAdd(ctx, key, redis.Z{Score: float64(t0.Add(5 * time.Millisecond).UnixMilli()), Member: "not a mark"}).Err(); err != nil {
+			t.Fatal(err)
+		}
+		r := redisstore.WindowTrip{Limit: lim, Width: 1 << 8, Read: true, Memory: mem, Ops: []redisstore.WindowOp{{ID: "dave", Win: 9, N: 1}}}
+		if err := s2.Windows(ctx, &r); err != nil || len(r.Got) != 3 || r.Skipped != 1 || r.Ops[0].Count != 1 {
+			t.Fatalf("read past a member that is not a mark: %v; %d marks, %d skipped, count %d; want 3, 1 and 1", err, len(r.Got), r.Skipped, r.Ops[0].Count)
+		}
+		if err := tg.Client.ZRem(ctx, key, "not a mark").Err(); err != nil {
+			t.Fatal(err)
+		}
 		// A mark older than the memory is dropped by a tidy trip.
 		send(s1, t0.Add(mem+15*time.Millisecond), redisstore.WindowMark{ID: "carol", Flags: wire.MarkLow, Win: 10})
 		if got := read(time.Time{}); len(got) != 2 || got[0].ID != "alice" || got[1].ID != "carol" {
 			t.Errorf("after the trim: %v, want alice's and carol's marks", got)
 		}
-		key := wire.MarksKey(redisstore.DefaultPrefix, lim.Name, 1, 0)
 		ttl := tg.Client.PTTL(ctx, key).Val()
 		if tg.Mini != nil {
 			ttl = tg.Mini.TTL(key)
