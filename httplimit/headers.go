@@ -128,9 +128,8 @@ type headerValues struct {
 const maxHeaders = 6
 
 // writeHeaders is WriteHeaders with RateLimit-Policy listing policies, in order (d's
-// among them, from policyOf: the fields that describe d read it there), its values held
-// in hv, which must be new: the header map keeps referring to it, and to its bytes as
-// strings.
+// among them, from policyOf), its values held in hv, which must be new: the header map
+// keeps referring to it, and to its bytes as strings.
 func writeHeaders(h http.Header, d hybrid.Decision, policies []policy, set Headers, now time.Time, hv *headerValues) {
 	var (
 		b     = hv.buf[:0]
@@ -147,16 +146,7 @@ func writeHeaders(h http.Header, d hybrid.Decision, policies []policy, set Heade
 		add("Retry-After")
 	}
 	if set&HeadersNone == 0 && d.Limit != "" {
-		p, found := policy{}, false
-		for _, q := range policies {
-			if q.Name == d.Limit {
-				p, found = q, true
-				break
-			}
-		}
-		if !found {
-			p = policyOf(d)
-		}
+		p := policyOf(d)
 		known := d.Source != hybrid.SourceFallback
 		remaining := min(max(int64(d.Remaining), 0), p.Quota)
 		reset, resetOK := resetAfter(d)

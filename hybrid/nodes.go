@@ -72,37 +72,28 @@ func newNodes(brk *breaker.Breaker, client redis.Scripter) *nodes {
 // of the map before them could route a call elsewhere than its breaker. It may load the
 // client's slot map (I/O): it runs on the Limiter's goroutine, never under a lock.
 //
-// The client loads its slot map from one node at random, and for a moment after a
-// failover a node may not know of it yet: a map loaded from it names the failed master
-// again after a fresher one dropped it. So when the slot's master is an address the
-// last prune dropped, route reloads the map (prune) once for the call (*reloaded tells)
-// and asks again; an address the reloaded map names too is a master again.
-func (n *nodes) route(ctx context.Context, key string, reloaded *bool) *node {
+// When the client's map names a master the last prune dropped and the map was not
+// loaded again for this call (reloaded false), route does nothing and reports it stale
+// (split loads the map again); past that load, the address is a master again.
+func (n *nodes) route(ctx context.Context, key string, reloaded bool) (nd *node, stale bool) {
 	if n.cc == nil {
-		return n.all
+		return n.all, false
 	}
 	addr, ok := n.master(ctx, key)
 	if !ok {
-		return n.all
+		return n.all, false
 	}
 	slot := &n.slots[wire.Slot(key)]
 	if nd := slot.Load(); nd != nil && nd.addr == addr {
-		return nd
-	}
-	n.mu.Lock()
-	stale := n.gone[addr]
-	n.mu.Unlock()
-	if stale && !*reloaded {
-		*reloaded = true
-		n.prune(ctx)
-		if addr, ok = n.master(ctx, key); !ok {
-			return n.all
-		}
+		return nd, false
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if n.gone[addr] && !reloaded {
+		return nil, true
+	}
 	delete(n.gone, addr)
-	nd := n.byAddr[addr]
+	nd = n.byAddr[addr]
 	if nd == nil {
 		st := n.all.brk.Settings()
 		if st.Name != "" {
@@ -111,7 +102,7 @@ func (n *nodes) route(ctx context.Context, key string, reloaded *bool) *node {
 		st.Name += addr
 		b, err := breaker.New(st)
 		if err != nil { // not reached: the settings made Config.Breaker
-			return n.all
+			return n.all, false
 		}
 		nd = &node{addr: addr, brk: b}
 		n.byAddr[addr] = nd
@@ -123,7 +114,7 @@ func (n *nodes) route(ctx context.Context, key string, reloaded *bool) *node {
 	if old := slot.Swap(nd); old != nil && old != nd {
 		n.pruneDue.Store(true)
 	}
-	return nd
+	return nd, false
 }
 
 // master returns the address of the master that serves key's slot in the client's
@@ -187,10 +178,9 @@ func (n *nodes) settle(ctx context.Context) {
 // failover: it reloads the client's slot map and drops the breakers of the addresses
 // the map no longer lists as masters (prune). The reload is prune's own, done before it
 // reads the map: a reload in the background could store a map read before prune's
-// after it. Without it, the
-// keys of a failed master stay with its open breaker after a replica took over: no call
-// goes to them, so the client has no reason to reload its map, and its half-open probe
-// goes to the address that failed. It reports whether a master's breaker is open, for
+// after it. Without recheck, the keys of a failed master stay with its open breaker
+// after a replica took over: no call goes to them, so the client has no reason to
+// reload its map, and its half-open probe goes to the address that failed. It reports whether a master's breaker is open, for
 // the Limiter to wake by then. It runs on the Limiter's goroutine only.
 func (n *nodes) recheck(ctx context.Context, now time.Time) bool {
 	if n.cc == nil || !n.masterOpen() {
@@ -262,10 +252,14 @@ func (n *nodes) split(ctx context.Context, count int, key func(i int) string) []
 	var parts []part
 	reloaded := false
 	for i := 0; i < count; i++ {
-		was := reloaded
-		nd := n.route(ctx, key(i), &reloaded)
-		if reloaded && !was && i > 0 {
-			// route reloaded the map: the items before may be served elsewhere now.
+		nd, stale := n.route(ctx, key(i), reloaded)
+		if stale {
+			// The client loads its slot map from one node at random, and for a moment
+			// after a failover a node may not know of it: its map names the failed
+			// master again after a fresher one dropped it. Load the map once more, and
+			// route every item again on it.
+			reloaded = true
+			n.prune(ctx)
 			parts, i = parts[:0], -1
 			continue
 		}

@@ -62,8 +62,7 @@ func TestRouteAfterFailover(t *testing.T) {
 				t.Fatal(err)
 			}
 			n := newNodes(brk, cc)
-			reloaded := false
-			nd := n.route(ctx, key, &reloaded)
+			nd := n.split(ctx, 1, func(int) string { return key })[0].nd
 			if nd.addr != old {
 				t.Fatalf("before the failover: routed to %q, want %q", nd.addr, old)
 			}
@@ -87,23 +86,19 @@ func TestRouteAfterFailover(t *testing.T) {
 				t.Fatalf("the client's map is not the stale one: %v, %v", c, err)
 			}
 
-			reloaded = false
-			nd = n.route(ctx, key, &reloaded)
-			if nd.addr != tt.want {
-				t.Errorf("routed to %q, want %q", nd.addr, tt.want)
+			// Two keys of that master in one call: the map is loaded once more, once.
+			loads := maps.loads
+			keys := []string{key, "{cold:client-2}"}
+			parts := n.split(ctx, len(keys), func(i int) string { return keys[i] })
+			if len(parts) != 1 || parts[0].nd.addr != tt.want {
+				t.Errorf("routed to %+v, want one part to %q", parts, tt.want)
 			}
-			if !reloaded {
-				t.Error("route did not reload the map for an address a prune dropped")
+			if got := maps.loads - loads; got != 1 {
+				t.Errorf("split loaded the map %d times, want once for an address a prune dropped", got)
 			}
 			_, kept := n.byAddr[old]
 			if kept != (tt.want == old) {
 				t.Errorf("breaker of %s kept: %v, want %v", old, kept, tt.want == old)
-			}
-			// A second route in the same call does not load the map again.
-			loads := maps.loads
-			n.route(ctx, "{cold:client-2}", &reloaded)
-			if maps.loads != loads {
-				t.Errorf("a second route in one call loaded the map %d more times", maps.loads-loads)
 			}
 		})
 	}

@@ -537,14 +537,14 @@ func TestAsyncUnchargedOutlivesTheEntry(t *testing.T) {
 // failed charge trip held back just before.
 func TestAsyncChargesGoAtStop(t *testing.T) {
 	for _, tc := range []struct {
-		name              string
-		before, after     int  // admitted uncharged before Stop, after it
-		heldBy, failStart bool // a charge trip failed just before Stop
+		name          string
+		before, after int  // admitted uncharged before Stop, after it
+		held          bool // a charge trip failed just before Stop
 	}{
 		{name: "admitted before Stop", before: 3},
 		{name: "admitted after Stop", after: 2},
 		{name: "both", before: 3, after: 2},
-		{name: "a charge trip failed just before", before: 3, heldBy: true},
+		{name: "a charge trip failed just before", before: 3, held: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e, lm := asyncEngine(t, new(bool))
@@ -555,7 +555,7 @@ func TestAsyncChargesGoAtStop(t *testing.T) {
 					t.Fatalf("%+v, want admitted at once", d)
 				}
 			}
-			if tc.heldBy {
+			if tc.held {
 				e.Tick(at.Add(100 * time.Millisecond))
 				trip := e.Next()
 				for trip != nil && trip.Kind == LowTrip {

@@ -57,16 +57,28 @@ func Class(err error) error {
 			return c
 		}
 	}
-	var reply redis.Error
-	if errors.As(err, &reply) {
-		msg := reply.Error()
-		word, _, _ := strings.Cut(msg, " ")
-		if unavailableReplies[word] || strings.HasPrefix(msg, maxClients) {
+	if msg, ok := replyOf(err); ok {
+		if unavailableReplies[firstWord(msg)] || strings.HasPrefix(msg, maxClients) {
 			return ErrUnavailable
 		}
 		return ErrRedis
 	}
 	return ErrUnavailable
+}
+
+// replyOf returns the text of the Redis error reply err is or wraps, false if none.
+func replyOf(err error) (string, bool) {
+	var reply redis.Error
+	if !errors.As(err, &reply) {
+		return "", false
+	}
+	return reply.Error(), true
+}
+
+// firstWord is a reply's first word: its error code.
+func firstWord(msg string) string {
+	word, _, _ := strings.Cut(msg, " ")
+	return word
 }
 
 // IsUnavailable reports whether Class(err) is ErrUnavailable.
@@ -83,12 +95,8 @@ func IsNodeFailure(err error) bool { return IsUnavailable(err) && !isRedirect(er
 
 // isRedirect reports whether err is, or wraps, a MOVED or ASK reply.
 func isRedirect(err error) bool {
-	var reply redis.Error
-	if !errors.As(err, &reply) {
-		return false
-	}
-	word, _, _ := strings.Cut(reply.Error(), " ")
-	return word == "MOVED" || word == "ASK"
+	msg, ok := replyOf(err)
+	return ok && (firstWord(msg) == "MOVED" || firstWord(msg) == "ASK")
 }
 
 // IsTimeout reports whether err is a deadline that passed: the context's, or a
