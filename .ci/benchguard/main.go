@@ -23,8 +23,10 @@ import (
 	"strings"
 )
 
-// pair is a hot path, its baseline, and the ratio of their medians it must stay under
-// (before the margin).
+// pair is a hot path, its baseline, and the ratio to it the hot path must stay under
+// (before the margin): the median over the runs of the ratio within each run, so that
+// each hot path is set against its baseline measured in the same run, seconds apart,
+// not against a median taken at other moments of a machine whose load moves.
 type pair struct {
 	hot, base string
 	ceiling   float64
@@ -92,15 +94,19 @@ func run(runs int, benchtime string, margin float64) error {
 			return fmt.Errorf("run %d: %v", i+1, err)
 		}
 	}
-	fmt.Printf("hot path against bare x/time/rate: %d interleaved runs of %s, medians; a ratio fails above ceiling × %.2f\n", runs, benchtime, margin)
+	fmt.Printf("hot path against bare x/time/rate: %d interleaved runs of %s, medians (the ratio: of the runs' ratios); a ratio fails above ceiling × %.2f\n", runs, benchtime, margin)
 	fmt.Printf("%-36s %10s %10s %7s %8s %7s\n", "hot path", "ns/op", "bare ns", "ratio", "ceiling", "allocs")
 	var failed []string
 	for _, p := range pairs {
 		h, b := median(ns[p.hot]), median(ns[p.base])
-		if h == 0 || b == 0 {
-			return fmt.Errorf("no result for %s or %s", p.hot, p.base)
+		if h == 0 || b == 0 || len(ns[p.hot]) != runs || len(ns[p.base]) != runs {
+			return fmt.Errorf("not a result a run for %s and %s", p.hot, p.base)
 		}
-		r := h / b
+		ratios := make([]float64, runs)
+		for i := range ratios {
+			ratios[i] = ns[p.hot][i] / ns[p.base][i]
+		}
+		r := median(ratios)
 		fmt.Printf("%-36s %10.1f %10.1f %7.2f %8.2f %7.0f\n", strings.TrimPrefix(p.hot, "Benchmark"), h, b, r, p.ceiling, allocs[p.hot])
 		if r > p.ceiling*margin {
 			failed = append(failed, fmt.Sprintf("%s is %.2f× %s, above %.2f × %.2f", p.hot, r, p.base, p.ceiling, margin))
