@@ -32,7 +32,7 @@ func ChargeLater(within time.Duration) Mode { return mode(modeChargeLater, withi
 // Windowed is the Mode for per-client keys at modest rates over many servers: each key
 // gets Burst requests per window of Burst/Rate, counted in Redis, each server reporting
 // its counts every report (1ms to 10s and at most half the window; 0 is Exact). On a
-// Redis Cluster the limit's keys are counted in 64 shards spread over the masters.
+// Redis Cluster the limit's keys are counted in 60 shards spread over the masters.
 func Windowed(report time.Duration) Mode { return mode(modeWindowed, report) }
 
 // mode is the Mode of kind with duration d; a zero d makes Exact.

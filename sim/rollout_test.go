@@ -19,19 +19,23 @@ func TestRollingDeploy(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		windowed time.Duration // the kind before: windowed, reporting every windowed; else exact
+		shards   int           // a windowed kind's shards before
 		change   LimitChange
 	}{
-		{"windowed-to-exact", DefaultWindowed, LimitChange{Rate: 200, Burst: 100, Kind: kindExact}},
-		{"exact-to-windowed", 0, LimitChange{Rate: 200, Burst: 100, Kind: kindWindowed}},
-		{"windowed-to-charge-later", DefaultWindowed, LimitChange{Rate: 200, Burst: 100, Kind: kindChargeLater}},
-		{"window-halved", DefaultWindowed, LimitChange{Rate: 400, Burst: 100, Kind: kindWindowed, Report: 100 * time.Millisecond}},
+		{"windowed-to-exact", DefaultWindowed, 0, LimitChange{Rate: 200, Burst: 100, Kind: kindExact}},
+		{"exact-to-windowed", 0, 0, LimitChange{Rate: 200, Burst: 100, Kind: kindWindowed}},
+		{"windowed-to-charge-later", DefaultWindowed, 0, LimitChange{Rate: 200, Burst: 100, Kind: kindChargeLater}},
+		{"window-halved", DefaultWindowed, 0, LimitChange{Rate: 400, Burst: 100, Kind: kindWindowed, Report: 100 * time.Millisecond}},
 		// the unsharded format to a Cluster's shards (a release that shards, or a fleet
 		// moving to a Cluster): the same window, counted in other keys
-		{"windowed-to-shards", DefaultWindowed, LimitChange{Rate: 200, Burst: 100, Kind: kindWindowed, Shards: wire.WindowShards}},
+		{"windowed-to-shards", DefaultWindowed, 0, LimitChange{Rate: 200, Burst: 100, Kind: kindWindowed, Shards: wire.WindowShards}},
+		// a release that counts a Cluster's windowed limits in 64 shards, its marks in 16
+		// sets, to this one's wire.WindowShards
+		{"shards-64-to-60", DefaultWindowed, 64, LimitChange{Rate: 200, Burst: 100, Kind: kindWindowed, Shards: wire.WindowShards}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sc := base
-			sc.Name, sc.Windowed = tc.name, tc.windowed
+			sc.Name, sc.Windowed, sc.WindowShards = tc.name, tc.windowed, tc.shards
 			tc.change.At, tc.change.Spread = time.Second, 2*time.Second
 			sc.LimitChanges = []LimitChange{tc.change}
 			st := Hybrid

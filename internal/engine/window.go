@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"math"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -103,8 +104,8 @@ func checkWindowed(c LimitConfig) error {
 		return fmt.Errorf("limit %q: Tiers: a Windowed limit has no tiers", c.Name)
 	case c.Burst > redisstore.MaxWindowBurst:
 		return fmt.Errorf("limit %q: Burst %d: a Windowed limit counts at most %d per window", c.Name, c.Burst, redisstore.MaxWindowBurst)
-	case c.WindowShards < 0 || c.WindowShards > redisstore.MaxWindowShards || c.WindowShards&(c.WindowShards-1) != 0:
-		return fmt.Errorf("limit %q: WindowShards %d is not a power of two up to %d", c.Name, c.WindowShards, redisstore.MaxWindowShards)
+	case c.WindowShards < 0 || c.WindowShards > redisstore.MaxWindowShards:
+		return fmt.Errorf("limit %q: WindowShards %d is not from 0 to %d", c.Name, c.WindowShards, redisstore.MaxWindowShards)
 	case c.WindowWidth != 0 && (c.WindowWidth < minWindowWidth || c.WindowWidth > redisstore.MaxWindowWidth || c.WindowWidth&(c.WindowWidth-1) != 0):
 		return fmt.Errorf("limit %q: WindowWidth %d is not a power of two from %d to %d", c.Name, c.WindowWidth, minWindowWidth, redisstore.MaxWindowWidth)
 	}
@@ -227,7 +228,7 @@ type windowed struct {
 	w      time.Duration // the window: Burst / Rate
 	wUs    int64
 	iv     time.Duration // report interval (LimitConfig.Windowed)
-	width  int           // counters per row of a shard's array: the limit's width over its shards, at least redisstore.MinWindowWidth
+	width  int           // counters per row of a shard's array (shardWidth)
 	shards int           // LimitConfig.WindowShards
 	glim   redisstore.Limit
 
@@ -278,12 +279,23 @@ func newWindowed(lm *Limit, c LimitConfig, seed uint64) *windowed {
 	shards := max(c.WindowShards, 1)
 	return &windowed{
 		lm: lm, w: time.Duration(wUs) * time.Microsecond, wUs: wUs, iv: c.Windowed,
-		width:  max(cmpOr(c.WindowWidth, DefaultWindowWidth)/shards, redisstore.MinWindowWidth),
+		width:  shardWidth(cmpOr(c.WindowWidth, DefaultWindowWidth), shards),
 		shards: shards, lastRead: make([]time.Time, shards), since: make([]time.Time, shards), tidyAt: make([]time.Time, shards),
 		glim:     redisstore.Limit{Name: c.Name, Rate: c.Rate, Burst: c.Burst, Version: c.Version},
 		announce: map[wmk]int{}, demOp: map[string]int{}, admOp: map[string]int{}, marks: map[string]wmark{}, gone: map[string]int{},
 		rng: seed ^ 0x77696e64,
 	}
+}
+
+// shardWidth is the counters per row of a shard's array for a limit of width counters a
+// row over shards: width/shards rounded down to a power of two (a key's counter is its
+// hash masked), at least redisstore.MinWindowWidth.
+func shardWidth(width, shards int) int {
+	n := width / max(shards, 1)
+	if n < redisstore.MinWindowWidth {
+		return redisstore.MinWindowWidth
+	}
+	return 1 << (bits.Len(uint(n)) - 1)
 }
 
 // share is c: the admissions without asking per key a server may have unanswered.

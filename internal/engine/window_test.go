@@ -99,7 +99,7 @@ func (f *winFleet) count(key string, now time.Time) int {
 	w := wire.WindowMicros(lim.Rate(), lim.Burst())
 	win := wire.WindowIndex(now.UnixMicro(), wire.WindowPhase(key, w), w)
 	trip := redisstore.WindowTrip{Limit: redisstore.Limit{Name: lim.Name(), Rate: lim.Rate(), Burst: lim.Burst()},
-		Width: max(cmpOr(f.width, 1<<10)/wire.WindowShards, redisstore.MinWindowWidth), Shards: wire.WindowShards, Shard: wire.WindowShard(key, wire.WindowShards),
+		Width: shardWidth(cmpOr(f.width, 1<<10), wire.WindowShards), Shards: wire.WindowShards, Shard: wire.WindowShard(key, wire.WindowShards),
 		Ops: []redisstore.WindowOp{{ID: redisstore.KeyID(key), Win: win}}}
 	if err := f.store.Windows(context.Background(), &trip); err != nil {
 		f.t.Fatal(err)
@@ -173,7 +173,7 @@ func TestWindowedSpent(t *testing.T) {
 	}
 	glim := redisstore.Limit{Name: lim.Name(), Rate: lim.Rate(), Burst: lim.Burst()}
 	shard := func(ops ...redisstore.WindowOp) redisstore.WindowTrip { // key's shard's trip, as the engine makes it
-		return redisstore.WindowTrip{Limit: glim, Width: max((1<<10)/wire.WindowShards, redisstore.MinWindowWidth),
+		return redisstore.WindowTrip{Limit: glim, Width: shardWidth(1<<10, wire.WindowShards),
 			Shards: wire.WindowShards, Shard: wire.WindowShard(key, wire.WindowShards), Ops: ops}
 	}
 	fill := shard(redisstore.WindowOp{ID: redisstore.KeyID(key), Win: win, N: 10})
@@ -411,7 +411,7 @@ func TestWindowedConfig(t *testing.T) {
 		{"burst too large", func(c *LimitConfig) { c.Burst, c.Rate = redisstore.MaxWindowBurst+1, 1 }},
 		{"width not a power of two", func(c *LimitConfig) { c.WindowWidth = 1000 }},
 		{"width too small", func(c *LimitConfig) { c.WindowWidth = 16 }},
-		{"shards not a power of two", func(c *LimitConfig) { c.WindowShards = 48 }},
+		{"shards below 0", func(c *LimitConfig) { c.WindowShards = -1 }},
 		{"too many shards", func(c *LimitConfig) { c.WindowShards = 2 * redisstore.MaxWindowShards }},
 		{"window of 1ms", func(c *LimitConfig) { c.Rate, c.Burst, c.Windowed = 1000, 1, time.Millisecond }},
 		{"window under MinWindow", func(c *LimitConfig) { c.Rate, c.Burst, c.Windowed = 1000, 99, 10*time.Millisecond }},
@@ -1074,5 +1074,23 @@ func BenchmarkWindowRate(b *testing.B) {
 				b.Fatal("no rate")
 			}
 		})
+	}
+}
+
+// TestShardWidth: a shard's array is the limit's width over its shards rounded down to
+// a power of two (a key's counter is its hash masked), never below the store's minimum.
+func TestShardWidth(t *testing.T) {
+	for _, tc := range []struct{ width, shards, want int }{
+		{1 << 18, 1, 1 << 18},
+		{1 << 18, 0, 1 << 18},
+		{1 << 18, 64, 1 << 12},
+		{1 << 18, 60, 1 << 12},
+		{1 << 18, 48, 1 << 12},
+		{1 << 10, 60, redisstore.MinWindowWidth},
+		{1 << 8, 1000, redisstore.MinWindowWidth},
+	} {
+		if got := shardWidth(tc.width, tc.shards); got != tc.want {
+			t.Errorf("shardWidth(%d, %d) = %d, want %d", tc.width, tc.shards, got, tc.want)
+		}
 	}
 }

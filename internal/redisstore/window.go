@@ -291,7 +291,7 @@ func (s *Store) Windows(ctx context.Context, t *WindowTrip) error {
 // Sentinel) they are one transaction and one round trip. On a Cluster, whose
 // transactions hold the keys of one slot, each trip is a transaction of its own, and the
 // trips one master serves go to it in one round trip, the masters' all at once: a
-// limit's 64 shards cost a round trip per master, not per shard, and one master's
+// limit's 60 shards cost a round trip per master, not per shard, and one master's
 // failure fails only its trips (a client that retries or follows MOVED makes a round
 // trip per trip: nodePipelines). On a Ring each trip is a round trip of its own, all at
 // once.

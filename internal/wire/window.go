@@ -86,12 +86,13 @@ func WindowBits(burst int) int {
 // WindowShards is how many shards a windowed limit's arrays and marks are split into:
 // a key is counted, and marked, in one shard (WindowShard), each shard under a hash tag
 // of its own (WindowTag), so that a limit's Redis work spreads over every master of a
-// Cluster instead of loading the one that holds the limit's slot. 64 shards at evenly
-// spaced slots put 6 or 7 of them on each of 10 masters. Servers that count a limit in
-// another number of shards write other keys: the number is part of the limit's
-// representation (package engine, reps.go), and one shard is the unsharded format,
-// whose keys carry the limit's name alone.
-const WindowShards = 64
+// Cluster instead of loading the one that holds the limit's slot. 60 shards at evenly
+// spaced slots put 6 of them on each of 10 masters (20 on each of 3), and their 20 sets
+// of marks (WindowMarksGroup) 2 on each of 10. Servers that count a limit in another
+// number of shards write other keys: the number is part of the limit's representation
+// (package engine, reps.go), and one shard is the unsharded format, whose keys carry
+// the limit's name alone.
+const WindowShards = 60
 
 // WindowShard is the shard of key id among shards (at least 1): its hash with salt
 // 1+WindowRows, modulo shards.
@@ -103,9 +104,12 @@ func WindowShard(id string, shards int) int {
 }
 
 // WindowMarksGroup is how many shards of shards share one set of marks: shards/16, at
-// least 1. A read of the marks reads every set, each a command however few marks it
-// holds, and every server reads them four times a second: 16 sets, evenly spaced as
-// their shards are, keep that cost near one set's while spreading it over the masters.
+// least 1 (3 of WindowShards, 20 sets; 4 of 64, 16 sets). A read of the marks reads
+// every set, each a command however few marks it holds, and every server reads them
+// four times a second: a set for a few shards, evenly spaced as their shards are, keeps
+// that cost near one set's while spreading it over the masters. The rule is part of the
+// format: servers that count a limit in the same number of shards mark its keys in the
+// same sets.
 func WindowMarksGroup(shards int) int { return max(1, shards/16) }
 
 // WindowMarksShard is the shard whose set holds the marks of key id: the first shard of
