@@ -127,6 +127,9 @@ func (l *Limiter) engineLimit(lim Limit) (engine.LimitConfig, error) {
 	switch lim.Mode.kind {
 	case modeChargeLater:
 		c.Async = lim.Mode.d
+		if l.nodes.cc != nil {
+			c.LowShards = wire.LowShards
+		}
 	case modeWindowed:
 		c.Windowed = lim.Mode.d
 		if l.nodes.cc != nil {
@@ -645,17 +648,21 @@ func (l *Limiter) do(ctx context.Context, t *engine.Trip) []*lateTake {
 	case engine.LowTrip:
 		// Each call works on its own slices, read only once it has returned (answered):
 		// it may outlive the breaker's deadline.
-		parts := l.nodes.split(ctx, len(t.Lows), func(i int) string { return wire.LowKey("", t.Lows[i].Limit) })
+		parts := l.nodes.split(ctx, len(t.Lows), func(i int) string {
+			x := &t.Lows[i]
+			return wire.LowKey("", x.Limit, x.Shards, x.Shard)
+		})
 		run(parts, func(p *part) {
 			lows := pick(t.Lows, p)
+			sets := make([]redisstore.LowSet, len(lows))
+			for i, x := range lows {
+				sets[i] = redisstore.LowSet{Limit: x.Limit, Shards: x.Shards, Shard: x.Shard, Mark: x.Mark, Unmark: x.Unmark}
+			}
 			got, errs := make([][]redisstore.KeyID, len(lows)), make([]error, len(lows))
 			p.answered, p.err = doBatch(ctx, p.nd.brk, func(ctx context.Context) error {
-				var first error
-				for i, x := range lows { // each limit on its own: one's error does not stop the rest
-					got[i], errs[i] = l.store.Low(ctx, x.Limit, x.Mark, x.Unmark, engine.LowShare)
-					first = cmp.Or(first, errs[i])
-				}
-				return first
+				// each set on its own: one's error does not stop the rest; one with
+				// nothing to write is only read (LowExchange.ReadOnly)
+				return l.store.LowBatch(ctx, sets, engine.LowShare, l.clock.Now(), got, errs)
 			})
 			each(p, len(lows), func(k, i int) {
 				if p.answered {

@@ -26,7 +26,8 @@ func Exact() Mode { return Mode{} }
 
 // ChargeLater is the Mode for per-client keys spread over more servers than their burst:
 // a request the lease cannot serve is admitted at once, unless the key is known low, and
-// charged to the bucket within the given time (at least 1ms; 0 is Exact).
+// charged to the bucket within the given time (at least 1ms; 0 is Exact). On a Redis
+// Cluster the keys known low are shared in 10 sets spread over the masters.
 func ChargeLater(within time.Duration) Mode { return mode(modeChargeLater, within) }
 
 // Windowed is the Mode for per-client keys at modest rates over many servers: each key

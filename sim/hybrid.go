@@ -120,6 +120,7 @@ func engineConfig(sc *Scenario, id int) engine.Config {
 		PreRate: sc.PreRate, PreBurst: sc.PreBurst, MaxWait: sc.MaxWait, MaxCost: sc.Cost,
 		RefillInterval: sc.RefillInterval, Lifetime: sc.Lifetime, LowWatermark: sc.LowWatermark,
 		MaxKeys: sc.MaxKeys, Async: sc.Async, Windowed: sc.Windowed, WindowShards: sc.WindowShards,
+		LowShards: sc.LowShards,
 	}
 	return engine.Config{
 		Limits:            append([]engine.LimitConfig{own}, alsoConfigs(sc, own)...),
@@ -502,7 +503,10 @@ func (h *hybridStrat) split(t *engine.Trip) []part {
 	case engine.RefundTrip:
 		n, key = len(t.Refunds), func(i int) string { return wire.BucketKeyOfID("", t.Refunds[i].Limit.Name, string(t.Refunds[i].ID)) }
 	case engine.LowTrip:
-		n, key = len(t.Lows), func(i int) string { return wire.LowKey("", t.Lows[i].Limit) }
+		n, key = len(t.Lows), func(i int) string {
+			x := &t.Lows[i]
+			return wire.LowKey("", x.Limit, x.Shards, x.Shard)
+		}
 	case engine.WindowsTrip:
 		n, key = len(t.Windows), func(i int) string {
 			x := &t.Windows[i]
@@ -548,7 +552,8 @@ func (p *part) each(n int, f func(i int)) {
 func (h *hybridStrat) call(s *server, hs *hybridServer, t *engine.Trip, p *part, late func(read func()), done func()) {
 	f, sc := h.f, h.f.sc
 	brk := hs.brks[p.m]
-	deadline := sc.runsAt(s.id, f.e.now+sc.Breaker.Timeout)
+	sent := f.e.now
+	deadline := sc.runsAt(s.id, sent+sc.Breaker.Timeout)
 	// granted counts the tokens Redis granted to the part's takes; gaveUp that Do
 	// returned without the answer: such grants are spent in Redis and not leased, unless
 	// a later take sent under the same number (Refill.Resend) reads them back: replayed
@@ -655,7 +660,13 @@ func (h *hybridStrat) call(s *server, hs *hybridServer, t *engine.Trip, p *part,
 			})
 			p.each(len(t.Lows), func(i int) {
 				x := &t.Lows[i]
-				got := h.s.Low(at, wire.LowKey(keyPrefix, x.Limit), engine.LowShare.Milliseconds(), idStrings(x.Mark), idStrings(x.Unmark))
+				key := wire.LowKey(keyPrefix, x.Limit, x.Shards, x.Shard)
+				var got []string
+				if x.ReadOnly() { // by the server's clock when it sent the call
+					got = h.s.LowRead(at, key, s.clock(sent).UnixMilli())
+				} else {
+					got = h.s.Low(at, key, engine.LowShare.Milliseconds(), idStrings(x.Mark), idStrings(x.Unmark))
+				}
 				x.Got = make([]redisstore.KeyID, len(got))
 				for j, id := range got {
 					x.Got[j] = redisstore.KeyID(id)
@@ -686,10 +697,13 @@ func (h *hybridStrat) failPart(t *engine.Trip, p *part, err error) {
 	p.each(len(t.Windows), func(i int) { t.WindowErrs[i] = err })
 }
 
-// lowCost is the Redis time of a low-key exchange: a script call per limit (which
-// answers the marked keys), plus a plain command's time per key marked or unmarked (a
-// ZADD, a ZREM).
+// lowCost is the Redis time of a low-key exchange with one set: a read's, a plain
+// command's (redisstore.Store.LowRead), or a script call (which answers the marked keys)
+// plus a plain command's time per key marked or unmarked (a ZADD, a ZREM).
 func lowCost(sc *Scenario, x *engine.LowExchange) time.Duration {
+	if x.ReadOnly() {
+		return sc.CommandTime
+	}
 	return sc.ScriptTime + time.Duration(len(x.Mark)+len(x.Unmark))*sc.CommandTime
 }
 

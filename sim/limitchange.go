@@ -25,7 +25,9 @@ import (
 // window is Burst/Rate: a change of either changes the window. Shards, when set, is a
 // windowed limit's number of shards from the change on (engine.LimitConfig.WindowShards):
 // 1, the unsharded format a fleet on one Redis uses, to wire.WindowShards, a Cluster's,
-// changes where the limit's keys are counted as a change of window does.
+// changes where the limit's keys are counted as a change of window does; of a
+// charge-later limit, the sets it marks its low keys in (engine.LimitConfig.LowShards),
+// which servers that disagree do not share.
 type LimitChange struct {
 	At     time.Duration
 	Spread time.Duration
@@ -126,8 +128,10 @@ func changedLimit(sc *Scenario, i int) engine.LimitConfig {
 		case kindWindowed:
 			c.Async, c.Windowed = 0, cmp.Or(ch.Report, DefaultWindowed)
 		}
-		if ch.Shards > 0 {
+		if ch.Shards > 0 && c.Windowed > 0 {
 			c.WindowShards = ch.Shards
+		} else if ch.Shards > 0 {
+			c.LowShards = ch.Shards
 		}
 	}
 	if c.PreRate > c.Rate || c.PreBurst > c.Burst {

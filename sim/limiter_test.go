@@ -306,8 +306,9 @@ func (l *limiterStrat) roundTrip(ctx context.Context, n int, cost time.Duration,
 	return err
 }
 
-// netHook sends every script round trip of a client, and every pipeline of a windowed
-// limit's exchange (redisstore.Store.Windows: plain commands), through
+// netHook sends every script round trip of a client, and every pipeline of plain
+// commands (a windowed limit's exchange, redisstore.Store.Windows; a read of low keys,
+// redisstore.Store.LowBatch), through
 // limiterStrat.roundTrip, charged as the simulator charges them (hybridStrat's trip).
 type netHook struct{ l *limiterStrat }
 
@@ -386,6 +387,8 @@ func (l *limiterStrat) cost(c redis.Cmder) (n int, cost time.Duration, ok bool) 
 		return 1, cmdCost.zCall + time.Duration((len(args)-2)/2)*cmdCost.zMember, true
 	case "zrangebyscore":
 		return 1, 0, true
+	case "zrevrangebyscore": // a read of a set of low keys (lowCost)
+		return 1, sc.CommandTime, true
 	}
 	return 0, 0, false
 }

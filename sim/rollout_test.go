@@ -18,7 +18,7 @@ func TestRollingDeploy(t *testing.T) {
 		Policy: FailLocal, GoModel: true, Seed: 1}
 	for _, tc := range []struct {
 		name     string
-		windowed time.Duration // the kind before: windowed, reporting every windowed; else exact
+		windowed time.Duration // the kind before: windowed, reporting every windowed; -1 charge-later; else exact
 		shards   int           // a windowed kind's shards before
 		change   LimitChange
 	}{
@@ -32,15 +32,23 @@ func TestRollingDeploy(t *testing.T) {
 		// a release that counts a Cluster's windowed limits in 64 shards, its marks in 16
 		// sets, to this one's wire.WindowShards
 		{"shards-64-to-60", DefaultWindowed, 64, LimitChange{Rate: 200, Burst: 100, Kind: kindWindowed, Shards: wire.WindowShards}},
+		// a charge-later limit's low keys in one set to a Cluster's wire.LowShards: servers
+		// that disagree do not read each other's marks
+		{"low-keys-to-sets", -1, 0, LimitChange{Rate: 200, Burst: 100, Kind: kindChargeLater, Shards: wire.LowShards}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sc := base
-			sc.Name, sc.Windowed, sc.WindowShards = tc.name, tc.windowed, tc.shards
+			sc.Name, sc.Windowed, sc.WindowShards = tc.name, max(tc.windowed, 0), tc.shards
+			if tc.windowed < 0 {
+				sc.Async = DefaultAsync
+			}
 			tc.change.At, tc.change.Spread = time.Second, 2*time.Second
 			sc.LimitChanges = []LimitChange{tc.change}
 			st := Hybrid
 			if tc.windowed > 0 {
 				st = HybridWindow
+			} else if tc.windowed < 0 {
+				st = HybridAsync
 			}
 			res, err := Run(t, sc, st)
 			if err != nil {

@@ -233,6 +233,10 @@ type Scenario struct {
 	// (engine.LimitConfig.WindowShards): hybrid.Limiter counts in one on one Redis and
 	// in wire.WindowShards on a Cluster, of any number of masters. default: 1
 	WindowShards int
+	// LowShards is the number of sets a charge-later limit marks its low keys in
+	// (engine.LimitConfig.LowShards): hybrid.Limiter marks them in one on one Redis and
+	// in wire.LowShards on a Cluster. default: 1
+	LowShards int
 	// MasterDown stops master DownMaster (0-based) during its window: it answers nothing,
 	// as an outage does, and the other masters run on. It is measured as an outage is,
 	// in Result.MasterDown.

@@ -84,3 +84,7 @@ func (r *luaScripts) Heartbeat(now time.Time, key, server string, ttlMS int64) i
 func (r *luaScripts) Low(now time.Time, key string, memoryMS int64, ids, unmark []string) []string {
 	return r.lua().Low(now, key, memoryMS, ids, unmark)
 }
+
+func (r *luaScripts) LowRead(now time.Time, key string, fromMS int64) []string {
+	return r.lua().LowRead(now, key, fromMS)
+}

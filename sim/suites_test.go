@@ -186,7 +186,7 @@ func clusterSuites(seed uint64) []suite {
 	const servers, keys, demand = 1000, 1000000, 60000.0
 	base := Scenario{Name: "cluster", Servers: servers, Duration: T, Seed: seed,
 		Rate: 50, Burst: 50, Demand: demand * 0.95, Keys: keys + 1, ZipfS: 1.1, GoModel: true, Policy: FailLocal,
-		WindowShards: wire.WindowShards} // a windowed limit's shards on a Cluster, as hybrid.Limiter counts it there
+		WindowShards: wire.WindowShards, LowShards: wire.LowShards} // a windowed limit's shards, a charge-later limit's sets, on a Cluster, as hybrid.Limiter has them there
 	base.cold.abuse = demand * 0.05 // the hot key, the last: 5% of the demand
 	var all []run
 	kinds := []Strategy{Hybrid, HybridAsync, HybridWindow}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/internal/redisstore"
+	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
 // A limit with Async set ("charge later") admits a request its lease cannot serve
@@ -99,6 +100,7 @@ type lowKeys struct {
 	heard     time.Time           // when the fleet's set last answered; guarded by mu
 	sweep     time.Time           // when the forgotten keys were last dropped; guarded by mu
 	warm      bool                // an exchange after the server's warm-up was answered; guarded by mu
+	shards    int                 // the sets of the limit's marks (LimitConfig.LowShards, at least 1); fixed
 }
 
 // lowMark is what a server knows of a key that was low: when it last heard so (its own
@@ -131,7 +133,7 @@ const (
 	// answers.
 	maxLowKeys  = 100_000
 	maxLowMarks = 10_000
-	maxLowReply = 10_000
+	maxLowReply = wire.MaxLowReply
 )
 
 // admit reports whether key, of a limit with Async, may be admitted uncharged at now:
@@ -204,11 +206,11 @@ func (s *lowKeys) note(sh *Shape, key string, remaining float64, now time.Time) 
 	s.keys[key] = m
 }
 
-// learn records the keys the fleet's set marks low, at now: each is low here unless this
-// server's own answer found it holding c tokens or more within LowShare. A key this
-// server knew low from the set only, and that the set no longer marks, is not, unless
-// the answer was cut at maxLowReply keys.
-func (s *lowKeys) learn(ids []redisstore.KeyID, now time.Time) {
+// learn records the keys set shard of the fleet's sets marks low, at now: each is low
+// here unless this server's own answer found it holding c tokens or more within
+// LowShare. A key of that set this server knew low from the sets only, and that the set
+// no longer marks, is not, unless the answer was cut at maxLowReply keys.
+func (s *lowKeys) learn(shard int, ids []redisstore.KeyID, now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.heard = now
@@ -233,7 +235,7 @@ func (s *lowKeys) learn(ids []redisstore.KeyID, now time.Time) {
 		return
 	}
 	for k := range s.learnt {
-		if _, ok := marked[k]; !ok {
+		if _, ok := marked[k]; !ok && wire.LowShard(k, s.shards) == shard {
 			delete(s.learnt, k)
 			delete(s.keys, k)
 		}
@@ -297,25 +299,35 @@ func (s *lowKeys) unqueue(key string) {
 	}
 }
 
-// takeMarks returns the keys to mark and to unmark in the fleet's set, and forgets them.
-func (s *lowKeys) takeMarks() (mark, unmark []redisstore.KeyID) {
+// exchanges appends to out the limit's part of a LowTrip, and forgets the marks and
+// unmarks it sends: an exchange with each of the limit's sets, carrying the marks and
+// unmarks of that set's keys (wire.LowShard). Each server reads every set at each
+// exchange, as it reads the one set of a limit on one Redis, so that a mark reaches the
+// fleet as soon whatever the sets; a set with nothing to write is only read
+// (LowExchange.ReadOnly), a plain command's work.
+func (s *lowKeys) exchanges(out []LowExchange, limit string, cl *chargeLater) []LowExchange {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	first, shards := len(out), max(s.shards, 1)
+	for i := range shards {
+		out = append(out, LowExchange{Limit: limit, Shards: shards, Shard: i, cl: cl})
+	}
 	for _, k := range s.pendOrder {
 		w, ok := s.pend[k]
 		if !ok {
 			continue // dropped, or sent already (a key queued again after a drop)
 		}
+		x := &out[first+wire.LowShard(k, shards)]
 		if w {
-			mark = append(mark, redisstore.KeyID(k))
+			x.Mark = append(x.Mark, redisstore.KeyID(k))
 		} else {
-			unmark = append(unmark, redisstore.KeyID(k))
+			x.Unmark = append(x.Unmark, redisstore.KeyID(k))
 		}
 		delete(s.pend, k)
 	}
 	s.pendMarks = 0
 	s.pendOrder = s.pendOrder[:0]
-	return mark, unmark
+	return out
 }
 
 // requeue puts back the marks and unmarks of an exchange that failed, but for the keys
@@ -340,19 +352,24 @@ func (s *lowKeys) pending(now time.Time) (marks, warm, stale bool) {
 	return len(s.pend) > 0, s.warm, s.warm && !s.isWarm(now)
 }
 
-// setWarm records that an exchange after the server's warm-up was answered.
+// setWarm records that an exchange after the server's warm-up was answered by every
+// one of the limit's sets.
 func (s *lowKeys) setWarm() {
 	s.mu.Lock()
 	s.warm = true
 	s.mu.Unlock()
 }
 
-// LowExchange is one limit's part of a LowTrip: the keys this server found low, to mark
-// in the fleet's set, and those it found holding their share c or more, to unmark there
-// (redisstore.Store.Low with memory LowShare), and, written by the driver once the call
-// returned, the keys the set marks (Got) or the error.
+// LowExchange is one limit's part of a LowTrip with one of its sets (Shard of Shards,
+// wire.LowKey): the keys of that set this server found low, to mark there, and those it
+// found holding their share c or more, to unmark there (redisstore.Store.LowBatch with
+// memory LowShare), and, written by the driver once the call returned, the keys the set
+// marks (Got) or the error.
 type LowExchange struct {
-	Limit  string
+	Limit string
+	// Shards and Shard name the set: shard Shard of the limit's Shards (LowShards).
+	Shards int
+	Shard  int
 	Mark   []redisstore.KeyID
 	Unmark []redisstore.KeyID
 	Got    []redisstore.KeyID
@@ -360,6 +377,11 @@ type LowExchange struct {
 
 	cl *chargeLater
 }
+
+// ReadOnly reports whether x has nothing to write: the driver then reads the set
+// (redisstore.Store.LowRead, one plain command) rather than run luascript.Low, whose
+// bookkeeping (dropping passed marks, the set's TTL) only a write needs.
+func (x *LowExchange) ReadOnly() bool { return len(x.Mark)+len(x.Unmark) == 0 }
 
 // asyncMin returns the shortest Async of the engine's limits, 0 if none has one.
 func (e *Engine) asyncMin() time.Duration {
@@ -445,8 +467,7 @@ func (e *Engine) lowTrip() *Trip {
 	t := &Trip{Kind: LowTrip}
 	for _, lm := range e.Limits() {
 		if cl := lm.chargeLater(); cl != nil {
-			mark, unmark := cl.low.takeMarks()
-			t.Lows = append(t.Lows, LowExchange{Limit: lm.name, Mark: mark, Unmark: unmark, cl: cl})
+			t.Lows = cl.low.exchanges(t.Lows, lm.name, cl)
 		}
 	}
 	e.cl.lowDue, e.cl.lowOut = false, true
@@ -460,16 +481,21 @@ func (e *Engine) lowTrip() *Trip {
 // LowEvery later once every limit is warm, a quarter of an Async later until then.
 func (e *Engine) lowDone(now time.Time, t *Trip) {
 	ok := t.Answered // each exchange's Got or Err holds its answer
-	all := ok
-	for _, x := range t.Lows {
+	all, limAll := ok, ok
+	for i, x := range t.Lows {
 		if !ok || x.Err != nil {
 			x.cl.low.requeue(x.Mark, x.Unmark)
-			all = false
-			continue
+			all, limAll = false, false
+		} else {
+			x.cl.low.learn(x.Shard, x.Got, now)
 		}
-		x.cl.low.learn(x.Got, now)
-		if t.warms {
-			x.cl.low.setWarm()
+		// A limit's exchanges are side by side: once its last is read, it is warm if
+		// every one of them was answered.
+		if i+1 == len(t.Lows) || t.Lows[i+1].cl != x.cl {
+			if t.warms && limAll {
+				x.cl.low.setWarm()
+			}
+			limAll = ok
 		}
 	}
 	e.mu.Lock()

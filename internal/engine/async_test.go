@@ -1,11 +1,15 @@
 package engine
 
 import (
-	"github.com/fleetlimit/fleetlimit/breaker"
-	"github.com/fleetlimit/fleetlimit/internal/redisstore"
+	"errors"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
+	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
 // asyncEngine is testEngine's limit (rate 100/s, burst 100) with Async 100ms over 4
@@ -240,27 +244,27 @@ func TestAsyncLowIsRemembered(t *testing.T) {
 	// low when the set forgets it.
 	var f lowKeys
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
-	f.learn([]redisstore.KeyID{"learnt", "mine"}, at(0))
+	f.learn(0, []redisstore.KeyID{"learnt", "mine"}, at(0))
 	f.note(sh, "mine", 0, at(time.Millisecond))
 	if !f.low("learnt", at(time.Millisecond)) || !f.low("mine", at(time.Millisecond)) {
 		t.Fatal("keys the fleet marks not low")
 	}
-	f.learn(nil, at(time.Second))
+	f.learn(0, nil, at(time.Second))
 	if f.low("learnt", at(time.Second)) || !f.low("mine", at(time.Second)) {
 		t.Fatal("after the set forgot them: the learnt key must go, the one found low here stay")
 	}
-	f.learn([]redisstore.KeyID{"high"}, at(time.Second))
+	f.learn(0, []redisstore.KeyID{"high"}, at(time.Second))
 	f.note(sh, "high", 80, at(time.Second+time.Millisecond))
 	f.note(sh, "fresh", 10, at(time.Second+time.Millisecond))
 	// mine: the fleet had heard it low (learn) a millisecond before this server did.
 	if mark, unmark := f.takeMarks(); len(mark) != 1 || mark[0] != "fresh" || len(unmark) != 1 || unmark[0] != "high" {
 		t.Fatalf("marks %q, unmarks %q; want fresh marked, high unmarked", mark, unmark)
 	}
-	f.learn([]redisstore.KeyID{"high"}, at(2*time.Second))
+	f.learn(0, []redisstore.KeyID{"high"}, at(2*time.Second))
 	if f.low("high", at(2*time.Second)) {
 		t.Fatal("the set outweighed this server's own answer within LowShare")
 	}
-	f.learn([]redisstore.KeyID{"high"}, at(time.Second+LowShare+time.Millisecond))
+	f.learn(0, []redisstore.KeyID{"high"}, at(time.Second+LowShare+time.Millisecond))
 	if !f.low("high", at(time.Second+LowShare+time.Millisecond)) {
 		t.Fatal("the set not heard LowShare after this server's own answer")
 	}
@@ -610,4 +614,103 @@ func (s *lowKeys) size() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.keys)
+}
+
+// takeMarks returns the marks and unmarks s's next exchanges send, and forgets them.
+func (s *lowKeys) takeMarks() (mark, unmark []redisstore.KeyID) {
+	for _, x := range s.exchanges(nil, "l", nil) {
+		mark, unmark = append(mark, x.Mark...), append(unmark, x.Unmark...)
+	}
+	return mark, unmark
+}
+
+// TestAsyncLowSets: a limit whose low keys are marked in several sets (LowShards, as on
+// a Cluster) exchanges with every set each time, each mark and unmark going to its key's
+// set (wire.LowShard), a set with nothing to write only read; a set's answer drops the
+// keys learnt from that set alone; and the server is warm only once every set answered
+// an exchange after its warm-up.
+func TestAsyncLowSets(t *testing.T) {
+	const sets = 3
+	_, lm0 := asyncEngine(t, new(bool))
+	sh := lm0.Shape("") // a share of 25
+	s := lowKeys{shards: sets}
+	var keys []string
+	for i := range 30 {
+		k := "k" + strconv.Itoa(i)
+		keys = append(keys, k)
+		s.note(sh, k, 0, t0)
+	}
+	s.note(sh, "k0", 80, t0.Add(time.Millisecond)) // an unmark: marked at t0
+	xs := s.exchanges(nil, "api", nil)
+	if len(xs) != sets {
+		t.Fatalf("%d exchanges, want one with each of %d sets", len(xs), sets)
+	}
+	seen := map[string]bool{}
+	for i, x := range xs {
+		if x.Shard != i || x.Shards != sets || x.Limit != "api" {
+			t.Fatalf("exchange %d: set %d of %d of %q", i, x.Shard, x.Shards, x.Limit)
+		}
+		for _, id := range append(append([]redisstore.KeyID{}, x.Mark...), x.Unmark...) {
+			if got := wire.LowShard(string(id), sets); got != x.Shard || seen[string(id)] {
+				t.Fatalf("%s in set %d's exchange (twice: %v), its set %d", id, x.Shard, seen[string(id)], got)
+			}
+			seen[string(id)] = true
+		}
+	}
+	if len(seen) != len(keys) || slices.IndexFunc(xs, func(x LowExchange) bool { return slices.Contains(x.Unmark, "k0") }) < 0 {
+		t.Fatalf("%d keys sent of %d, k0 unmarked: want every key once", len(seen), len(keys))
+	}
+	if xs := s.exchanges(nil, "api", nil); len(xs) != sets || !xs[0].ReadOnly() || !xs[sets-1].ReadOnly() {
+		t.Fatalf("the next exchanges: %+v, want every set, only read", xs)
+	}
+	// Learnt from two sets; one set's answer without its key drops that key alone.
+	a, b := keyOfSet(t, 0, sets), keyOfSet(t, 1, sets)
+	var f lowKeys
+	f.shards = sets
+	f.learn(0, []redisstore.KeyID{redisstore.KeyID(a)}, t0)
+	f.learn(1, []redisstore.KeyID{redisstore.KeyID(b)}, t0)
+	f.learn(0, nil, t0.Add(time.Second))
+	if f.low(a, t0.Add(time.Second)) || !f.low(b, t0.Add(time.Second)) {
+		t.Fatalf("after set 0 forgot %s: %s low %v, %s low %v; want only %s low", a, a, f.low(a, t0.Add(time.Second)), b, f.low(b, t0.Add(time.Second)), b)
+	}
+	// Warm once every set answered an exchange after the warm-up.
+	e, lm := testEngine(t, func(c *Config) {
+		c.Servers = 4
+		c.Limits[0].Async = 100 * time.Millisecond
+		c.Limits[0].LowShards = sets
+	})
+	e.Tick(t0)
+	decide(e, t0, lm, "first", 1)
+	for trip := e.Next(); trip != nil; trip = e.Next() {
+		answerAll(trip)
+		e.Done(t0, trip)
+	}
+	for i, fail := range []bool{false, true, false} { // at 25, 50 (a set fails) and 75 ms
+		now := t0.Add(time.Duration(i+1) * 25 * time.Millisecond)
+		e.Tick(now)
+		trip := e.Next()
+		if trip == nil || trip.Kind != LowTrip || len(trip.Lows) != sets {
+			t.Fatalf("exchange %d: %+v, want one with each of %d sets", i, trip, sets)
+		}
+		trip.Answered = true
+		if fail {
+			trip.Lows[1].Err = errors.New("set 1's master: down")
+		}
+		e.Done(now, trip)
+		if _, warm, _ := e.lowState(now); warm != (i == 2) {
+			t.Fatalf("after exchange %d (a set failed: %v): warm %v", i, fail, warm)
+		}
+	}
+}
+
+// keyOfSet is a key ID whose set is shard of shards (wire.LowShard).
+func keyOfSet(t *testing.T, shard, shards int) string {
+	t.Helper()
+	for i := range 1000 {
+		if k := "key" + strconv.Itoa(i); wire.LowShard(k, shards) == shard {
+			return k
+		}
+	}
+	t.Fatalf("no key of set %d of %d", shard, shards)
+	return ""
 }

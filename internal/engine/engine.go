@@ -56,6 +56,10 @@ type LimitConfig struct {
 	Windowed     time.Duration
 	WindowWidth  int
 	WindowShards int
+	// LowShards is the number of sets a charge-later limit marks its low keys in (0 or
+	// 1: one; the driver sets wire.LowShards on a Redis Cluster), fixed for the limit's
+	// life.
+	LowShards int
 	// DryRun is carried for the driver, which admits what the limit denies: the engine
 	// decides and counts as for any limit.
 	DryRun bool

@@ -3,6 +3,8 @@ package engine
 import (
 	"fmt"
 	"time"
+
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 )
 
 // kind is one kind of limit: the unit a limit's requests, its failure policy's
@@ -59,7 +61,7 @@ func newKind(lm *Limit, c LimitConfig, seed uint64) (kind, time.Duration) {
 	case kindWindowed:
 		return newWindowed(lm, c, seed), windowMemory // a key stays over that long
 	case kindChargeLater:
-		return &bucket{lm: lm, spill: &chargeLater{lm: lm}}, 0
+		return &bucket{lm: lm, spill: &chargeLater{lm: lm, low: lowKeys{shards: max(c.LowShards, 1)}}}, 0
 	}
 	return &bucket{lm: lm, spill: exact{}}, 0
 }
@@ -93,6 +95,8 @@ func checkKind(c LimitConfig) error {
 		return fmt.Errorf("limit %q: Mode: Windowed(%v) must be at least 1ms", c.Name, c.Windowed)
 	case c.Windowed > 0 && c.Async > 0:
 		return fmt.Errorf("limit %q: Mode: Windowed and ChargeLater are two modes; choose one", c.Name)
+	case c.LowShards < 0 || c.LowShards > redisstore.MaxWindowShards:
+		return fmt.Errorf("limit %q: LowShards %d is not from 0 to %d", c.Name, c.LowShards, redisstore.MaxWindowShards)
 	case c.Windowed > 0:
 		return checkWindowed(c)
 	}
@@ -113,6 +117,9 @@ func checkKindChange(c, oc LimitConfig) error {
 	}
 	if c.Windowed > 0 {
 		return checkWindowedChange(c, oc)
+	}
+	if c.Async > 0 && max(c.LowShards, 1) != max(oc.LowShards, 1) {
+		return fmt.Errorf("limit %q: a ChargeLater limit's sets of low keys (LowShards %d, was %d) cannot change at run time: remove the limit and add it again", c.Name, c.LowShards, oc.LowShards)
 	}
 	return nil
 }

@@ -29,6 +29,9 @@ type Scripts interface {
 	Heartbeat(now time.Time, key, server string, ttlMS int64) int
 	// Low runs luascript.Low: mark ids, unmark unmark.
 	Low(now time.Time, key string, memoryMS int64, ids, unmark []string) []string
+	// LowRead is redisstore.Store.LowRead's command on key: the marks live after fromMS,
+	// the caller's clock in ms.
+	LowRead(now time.Time, key string, fromMS int64) []string
 }
 
 var (
@@ -38,6 +41,11 @@ var (
 
 // callerClockScript runs CallerClockSource.
 var callerClockScript = redis.NewScript(CallerClockSource)
+
+// lowReadSource is redisstore.Store.LowRead's one command, as a script for Eval.
+const lowReadSource = "return redis.call('ZREVRANGEBYSCORE', KEYS[1], '+inf', '(' .. ARGV[1], 'LIMIT', 0, ARGV[2])"
+
+var lowReadScript = redis.NewScript(lowReadSource)
 
 // Lua runs the real scripts of package lua on a Redis, with the Model's methods: it passes
 // each script its arguments in the order the script reads them and decodes the reply with
@@ -119,6 +127,11 @@ func (l *Lua) Low(now time.Time, key string, memoryMS int64, ids, unmark []strin
 	return call(l, now, luascript.Low, wire.ParseLow, key, args...)
 }
 
+// LowRead runs redisstore.Store.LowRead's command.
+func (l *Lua) LowRead(now time.Time, key string, fromMS int64) []string {
+	return call(l, now, lowReadScript, wire.ParseLow, key, fromMS, wire.MaxLowReply)
+}
+
 // Source returns the Lua text of a script that Lua runs (luascript.Bucket, luascript.Take,
 // luascript.Refund, luascript.Heartbeat, or the caller-clock variant), for an Eval that loads scripts
 // itself; ok is false for any other script.
@@ -136,6 +149,8 @@ func Source(s *redis.Script) (src string, ok bool) {
 		return luascript.LowSource, true
 	case callerClockScript:
 		return CallerClockSource, true
+	case lowReadScript:
+		return lowReadSource, true
 	}
 	return "", false
 }

@@ -535,24 +535,7 @@ func (m *Model) Low(now time.Time, key string, memoryMS int64, ids, unmark []str
 			delete(e.zset, id)
 		}
 	}
-	type mark struct {
-		id    string
-		until float64
-	}
-	marks := make([]mark, 0, len(e.zset))
-	for id, until := range e.zset {
-		marks = append(marks, mark{id, until})
-	}
-	// latest first; equal marks by id, descending
-	slices.SortFunc(marks, func(a, b mark) int {
-		if a.until != b.until {
-			if a.until > b.until {
-				return -1
-			}
-			return 1
-		}
-		return -strings.Compare(a.id, b.id)
-	})
+	marks := latestFirst(e.zset, math.Inf(-1))
 	if len(marks) > 100000 {
 		for _, x := range marks[100000:] {
 			delete(e.zset, x.id)
@@ -568,6 +551,51 @@ func (m *Model) Low(now time.Time, key string, memoryMS int64, ids, unmark []str
 	}
 	out := make([]string, 0, min(len(marks), 10000))
 	for _, x := range marks[:min(len(marks), 10000)] {
+		out = append(out, x.id)
+	}
+	return out
+}
+
+// mark is a member of a sorted set of marks and its score, the time it lasts until.
+type mark struct {
+	id    string
+	until float64
+}
+
+// latestFirst returns the marks of zset that last past after, the latest first, equal
+// marks by id, descending (as ZREVRANGEBYSCORE orders them).
+func latestFirst(zset map[string]float64, after float64) []mark {
+	marks := make([]mark, 0, len(zset))
+	for id, until := range zset {
+		if until > after {
+			marks = append(marks, mark{id, until})
+		}
+	}
+	slices.SortFunc(marks, func(a, b mark) int {
+		if a.until != b.until {
+			if a.until > b.until {
+				return -1
+			}
+			return 1
+		}
+		return -strings.Compare(a.id, b.id)
+	})
+	return marks
+}
+
+// LowRead is redisstore.Store.LowRead's ZREVRANGEBYSCORE on the sorted set key at now:
+// the ids marked after fromMS (the caller's clock, in ms), the latest first (equal marks
+// by id, descending), at most wire.MaxLowReply. It changes nothing but the keyspace's
+// clock.
+func (m *Model) LowRead(now time.Time, key string, fromMS int64) []string {
+	m.tick(now)
+	e := m.get(key)
+	if e == nil {
+		return []string{}
+	}
+	marks := latestFirst(e.zset, float64(fromMS))
+	out := make([]string, 0, min(len(marks), wire.MaxLowReply))
+	for _, x := range marks[:min(len(marks), wire.MaxLowReply)] {
 		out = append(out, x.id)
 	}
 	return out

@@ -160,6 +160,10 @@ func genOps(e entropy, n int, onMini bool) []mop {
 				o = mop{kind: "heartbeat", key: fleetKey, ttlMS: ttls[e.IntN(len(ttls))]}
 				break
 			}
+			if e.IntN(3) == 0 { // a read by a caller's clock, up to a second off
+				o = mop{kind: "lowread", key: lowKey, callerSkewMillis: float64(e.IntN(2001) - 1000)}
+				break
+			}
 			o = mop{kind: "low", key: lowKey, ttlMS: ttls[e.IntN(len(ttls))]}
 			for range e.IntN(4) {
 				o.ids = append(o.ids, lowIDs[e.IntN(len(lowIDs))])
@@ -223,6 +227,8 @@ func applyOp(s Scripts, now time.Time, prefix string, o mop) result {
 		return result{refund: s.Refund(now, key, o.capacity, o.rate, o.n, o.server, o.seq, o.version, o.floor, o.ref)}
 	case "low":
 		return result{low: s.Low(now, key, o.ttlMS, o.ids, o.unmark)}
+	case "lowread":
+		return result{low: s.LowRead(now, key, int64(NowMillis(now)+o.callerSkewMillis))}
 	default:
 		return result{live: s.Heartbeat(now, key, o.server, o.ttlMS)}
 	}

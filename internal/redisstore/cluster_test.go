@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
+	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
 // TestCluster runs against the real Redis Cluster named by REDIS_CLUSTER_ADDRS (.ci/run
@@ -120,5 +122,64 @@ func TestCluster(t *testing.T) {
 	}
 	for _, r := range append(reqs, redisstore.TakeRequest{Key: "single"}) {
 		_ = s.Reset(ctx, lim, r.Key)
+	}
+}
+
+// TestLowSetsCluster: a charge-later limit's low keys in wire.LowShards sets land on
+// every master of the Cluster; one LowBatch marks each key in its set and reads the
+// others, whatever the sets' slots, and a batch that only reads finds the marks.
+func TestLowSetsCluster(t *testing.T) {
+	c := redistest.Cluster(t, func(o *redis.ClusterOptions) {
+		o.MaxRedirects = -1
+		o.MaxRetries = -1
+	})
+	ctx := context.Background()
+	s := newStore(t, c)
+	lim := lname(t)
+	nodes := map[string]bool{}
+	for i := range wire.LowShards {
+		n, err := c.MasterForKey(ctx, wire.LowKey(redisstore.DefaultPrefix, lim, wire.LowShards, i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes[n.Options().Addr] = true
+	}
+	if masters := c.ClusterShards(ctx).Val(); len(nodes) != len(masters) {
+		t.Fatalf("%d sets on %d masters of %d", wire.LowShards, len(nodes), len(masters))
+	}
+	sets := make([]redisstore.LowSet, wire.LowShards)
+	want := make([][]redisstore.KeyID, wire.LowShards)
+	for i := range sets {
+		sets[i] = redisstore.LowSet{Limit: lim, Shards: wire.LowShards, Shard: i}
+		want[i] = []redisstore.KeyID{}
+	}
+	for k := range 40 {
+		id := redisstore.KeyID("key" + strconv.Itoa(k))
+		i := wire.LowShard(string(id), wire.LowShards)
+		if k%2 == 0 { // half the sets' keys: some sets only read
+			sets[i].Mark = append(sets[i].Mark, id)
+			want[i] = append(want[i], id)
+		}
+	}
+	got, errs := make([][]redisstore.KeyID, len(sets)), make([]error, len(sets))
+	if err := s.LowBatch(ctx, sets, time.Minute, time.Now(), got, errs); err != nil {
+		t.Fatal(err)
+	}
+	for i := range sets {
+		slices.Sort(got[i])
+		slices.Sort(want[i])
+		if !slices.Equal(got[i], want[i]) {
+			t.Errorf("set %d: %q, want %q", i, got[i], want[i])
+		}
+		sets[i].Mark = nil // now every set is only read
+	}
+	if err := s.LowBatch(ctx, sets, time.Minute, time.Now(), got, errs); err != nil {
+		t.Fatal(err)
+	}
+	for i := range sets {
+		slices.Sort(got[i])
+		if !slices.Equal(got[i], want[i]) {
+			t.Errorf("set %d read: %q, want %q", i, got[i], want[i])
+		}
 	}
 }

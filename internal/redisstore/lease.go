@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -563,33 +564,146 @@ func (s *Store) Heartbeat(ctx context.Context, fleet, serverID string, ttl time.
 // which keys' buckets are low (luascript.Low): it marks ids, keys of limit this server found
 // low, until memory from now by Redis's clock (a mark only moves later), unmarks those
 // of unmark (found no longer low), drops the marks whose time has passed,
-// and returns the IDs marked now, the latest first, at most 10,000. The marks live in
-// one sorted set per limit, its own slot on a Cluster.
-func (s *Store) Low(ctx context.Context, limit string, ids, unmark []KeyID, memory time.Duration) ([]KeyID, error) {
-	if err := validName("limit name", limit); err != nil {
-		return nil, err
+// and returns the IDs marked now, the latest first, at most wire.MaxLowReply. The marks
+// live in the sorted set shard of shards of the limit (wire.LowKey: one, or
+// wire.LowShards on a Cluster, each its own slot); ids and unmark are keys of that set
+// (wire.LowShard).
+func (s *Store) Low(ctx context.Context, limit string, shards, shard int, ids, unmark []KeyID, memory time.Duration) ([]KeyID, error) {
+	got, errs := make([][]KeyID, 1), make([]error, 1)
+	err := s.LowBatch(ctx, []LowSet{{Limit: limit, Shards: shards, Shard: shard, Mark: ids, Unmark: unmark}}, memory, time.Time{}, got, errs)
+	return got[0], err
+}
+
+// LowRead is Low with nothing to mark or unmark: it returns the IDs marked in set shard
+// of shards of limit's low keys at now, the latest first, at most wire.MaxLowReply, with
+// one plain command (ZREVRANGEBYSCORE), a fraction of the script's work. It judges a
+// mark by now, the caller's clock, where Low judges by Redis's: a caller whose clock is
+// off Redis's by d reads a mark d longer or shorter than its memory. A client that
+// cannot pipeline runs the script.
+func (s *Store) LowRead(ctx context.Context, limit string, shards, shard int, now time.Time) ([]KeyID, error) {
+	got, errs := make([][]KeyID, 1), make([]error, 1)
+	err := s.LowBatch(ctx, []LowSet{{Limit: limit, Shards: shards, Shard: shard}}, time.Millisecond, now, got, errs)
+	return got[0], err
+}
+
+// LowSet is one set of a LowBatch: set Shard of Shards of Limit's low keys, and the keys
+// to mark in it and to unmark; with neither, the set is only read (LowRead).
+type LowSet struct {
+	Limit         string
+	Shards, Shard int
+	Mark, Unmark  []KeyID
+}
+
+// LowBatch makes Low, with memory, for each set of sets with keys to mark or unmark, and
+// LowRead at now for the others (Low too if now is zero), in one pipelined round trip (per Cluster node), and
+// writes each set's answer to got[i] and its error to errs[i]: the exchanges of a
+// limit's sets with one master in one round trip. As in TakeBatch, scripts go out as
+// EVALSHA, and those answered NOSCRIPT again as EVAL in a second round trip. It returns
+// the first error; got and errs must be at least as long as sets.
+func (s *Store) LowBatch(ctx context.Context, sets []LowSet, memory time.Duration, now time.Time, got [][]KeyID, errs []error) error {
+	if len(got) < len(sets) || len(errs) < len(sets) {
+		return fmt.Errorf("%w: LowBatch: %d and %d answers for %d sets", storeerr.ErrInvalidConfig, len(got), len(errs), len(sets))
+	}
+	scripts := make([]*redis.Cmd, len(sets))
+	reads := make([]*redis.StringSliceCmd, len(sets))
+	var pipe redis.Pipeliner
+	if s.pipe != nil {
+		pipe = s.pipe.Pipeline()
+	}
+	for i, x := range sets {
+		got[i], errs[i] = nil, checkLowSet(x, memory)
+		if errs[i] != nil {
+			continue
+		}
+		key := wire.LowKey(s.prefix, x.Limit, x.Shards, x.Shard)
+		switch {
+		case pipe != nil && len(x.Mark)+len(x.Unmark) == 0 && !now.IsZero():
+			reads[i] = pipe.ZRevRangeByScore(ctx, key, &redis.ZRangeBy{
+				Max: "+inf", Min: "(" + strconv.FormatInt(now.UnixMilli(), 10), Count: wire.MaxLowReply})
+		case pipe != nil:
+			scripts[i] = luascript.Low.EvalSha(ctx, pipe, []string{key}, lowArgs(x, memory)...)
+		default:
+			reply, err := luascript.Low.Run(ctx, s.c, []string{key}, lowArgs(x, memory)...).Result()
+			got[i], errs[i] = lowReply(reply, err)
+		}
+	}
+	if pipe != nil && pipe.Len() > 0 {
+		_, _ = pipe.Exec(ctx) // errors are read per command
+		var retry redis.Pipeliner
+		for i, c := range scripts {
+			if c != nil && isNoScript(c.Err()) {
+				if retry == nil {
+					retry = s.pipe.Pipeline()
+				}
+				scripts[i] = luascript.Low.Eval(ctx, retry, []string{wire.LowKey(s.prefix, sets[i].Limit, sets[i].Shards, sets[i].Shard)}, lowArgs(sets[i], memory)...)
+			}
+		}
+		if retry != nil {
+			_, _ = retry.Exec(ctx)
+		}
+	}
+	for i := range sets {
+		switch {
+		case scripts[i] != nil:
+			got[i], errs[i] = lowReply(scripts[i].Result())
+		case reads[i] != nil:
+			ids, err := reads[i].Result()
+			if err != nil && !errors.Is(err, redis.Nil) {
+				errs[i] = wrap("low keys", err)
+				continue
+			}
+			got[i] = make([]KeyID, len(ids))
+			for j, id := range ids {
+				got[i][j] = KeyID(id)
+			}
+		}
+	}
+	for _, err := range errs[:len(sets)] {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkLowSet reports what is wrong with x, a set of a LowBatch, or memory.
+func checkLowSet(x LowSet, memory time.Duration) error {
+	if err := validName("limit name", x.Limit); err != nil {
+		return err
+	}
+	if x.Shards < 0 || x.Shards > MaxWindowShards || x.Shard < 0 || x.Shard >= max(1, x.Shards) {
+		return fmt.Errorf("%w: limit %q: low-key set %d of %d (at most %d)", storeerr.ErrInvalidLimit, x.Limit, x.Shard, x.Shards, MaxWindowShards)
 	}
 	if memory < time.Millisecond {
-		return nil, fmt.Errorf("%w: low-key memory %v is shorter than 1ms", storeerr.ErrInvalidLimit, memory)
+		return fmt.Errorf("%w: low-key memory %v is shorter than 1ms", storeerr.ErrInvalidLimit, memory)
 	}
-	args := make([]any, 0, 2+len(ids)+len(unmark))
-	args = append(args, memory.Milliseconds(), len(ids))
-	for _, id := range ids {
+	return nil
+}
+
+// lowArgs are luascript.Low's arguments for x with memory.
+func lowArgs(x LowSet, memory time.Duration) []any {
+	args := make([]any, 0, 2+len(x.Mark)+len(x.Unmark))
+	args = append(args, memory.Milliseconds(), len(x.Mark))
+	for _, id := range x.Mark {
 		args = append(args, string(id))
 	}
-	for _, id := range unmark {
+	for _, id := range x.Unmark {
 		args = append(args, string(id))
 	}
-	reply, err := luascript.Low.Run(ctx, s.c, []string{wire.LowKey(s.prefix, limit)}, args...).Result()
+	return args
+}
+
+// lowReply decodes luascript.Low's answer.
+func lowReply(reply any, err error) ([]KeyID, error) {
 	if err != nil {
 		return nil, wrap("low keys", err)
 	}
-	got, err := wire.ParseLow(reply)
+	ids, err := wire.ParseLow(reply)
 	if err != nil {
 		return nil, unexpected("low keys", err.Error())
 	}
-	out := make([]KeyID, len(got))
-	for i, id := range got {
+	out := make([]KeyID, len(ids))
+	for i, id := range ids {
 		out[i] = KeyID(id)
 	}
 	return out, nil

@@ -20,6 +20,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/internal/storeerr"
+	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
 var t0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -495,7 +496,7 @@ func TestLow(t *testing.T) {
 			{[]redisstore.KeyID{"b", "{0123456789abcdef0123456789abcdef"}, nil}, // marked at one instant or two
 			{nil, nil},
 		} {
-			got, err := s.Low(ctx, lim, tc.mark, nil, time.Minute)
+			got, err := s.Low(ctx, lim, 1, 0, tc.mark, nil, time.Minute)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -513,7 +514,7 @@ func TestLow(t *testing.T) {
 			limit  string
 			memory time.Duration
 		}{{"", time.Second}, {"l{", time.Second}, {"l", time.Microsecond}} {
-			if _, err := s.Low(ctx, bad.limit, nil, nil, bad.memory); !errors.Is(err, storeerr.ErrInvalidLimit) {
+			if _, err := s.Low(ctx, bad.limit, 1, 0, nil, nil, bad.memory); !errors.Is(err, storeerr.ErrInvalidLimit) {
 				t.Errorf("Low(%q, %v) = %v, want ErrInvalidLimit", bad.limit, bad.memory, err)
 			}
 		}
@@ -522,14 +523,64 @@ func TestLow(t *testing.T) {
 	m.SetTime(t0)
 	s := newStore(t, c)
 	ctx := context.Background()
-	_, _ = s.Low(ctx, "l", []redisstore.KeyID{"old"}, nil, time.Second)
+	_, _ = s.Low(ctx, "l", 1, 0, []redisstore.KeyID{"old"}, nil, time.Second)
 	m.SetTime(t0.Add(500 * time.Millisecond))
-	_, _ = s.Low(ctx, "l", []redisstore.KeyID{"new", "gone"}, nil, time.Second)
-	_, _ = s.Low(ctx, "l", []redisstore.KeyID{"new"}, nil, time.Millisecond) // earlier: the mark stays
+	_, _ = s.Low(ctx, "l", 1, 0, []redisstore.KeyID{"new", "gone"}, nil, time.Second)
+	_, _ = s.Low(ctx, "l", 1, 0, []redisstore.KeyID{"new"}, nil, time.Millisecond) // earlier: the mark stays
 	m.SetTime(t0.Add(1200 * time.Millisecond))
-	if got, _ := s.Low(ctx, "l", nil, []redisstore.KeyID{"gone"}, time.Second); !slices.Equal(got, []redisstore.KeyID{"new"}) {
+	if got, _ := s.Low(ctx, "l", 1, 0, nil, []redisstore.KeyID{"gone"}, time.Second); !slices.Equal(got, []redisstore.KeyID{"new"}) {
 		t.Fatalf("%q, want only new (old expired by Redis TIME, gone unmarked, new's mark not moved back)", got)
 	}
+}
+
+// TestLowBatch: a batch exchanges with each set of a limit's low keys in one round trip,
+// each mark in its set; a set with nothing to write is read by the caller's clock; an
+// empty script cache costs a second round trip, not an error; a bad set fails alone.
+func TestLowBatch(t *testing.T) {
+	const sets = 3
+	keyOf := func(shard int) redisstore.KeyID {
+		for i := range 1000 {
+			if k := "key" + strconv.Itoa(i); wire.LowShard(k, sets) == shard {
+				return redisstore.KeyID(k)
+			}
+		}
+		panic("no key")
+	}
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		s := newStore(t, tg.Client)
+		lim := lname(t)
+		a, c := keyOf(0), keyOf(2)
+		if err := tg.Client.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		batch := []redisstore.LowSet{
+			{Limit: lim, Shards: sets, Shard: 0, Mark: []redisstore.KeyID{a}},
+			{Limit: lim, Shards: sets, Shard: 1},
+			{Limit: lim, Shards: sets, Shard: 2, Mark: []redisstore.KeyID{c}},
+			{Limit: lim, Shards: sets, Shard: sets}, // no such set
+		}
+		got, errs := make([][]redisstore.KeyID, len(batch)), make([]error, len(batch))
+		err := s.LowBatch(ctx, batch, time.Minute, time.Now(), got, errs)
+		if !errors.Is(err, storeerr.ErrInvalidLimit) || !errors.Is(errs[3], storeerr.ErrInvalidLimit) {
+			t.Fatalf("LowBatch = %v (%v), want the bad set's ErrInvalidLimit", err, errs)
+		}
+		want := [][]redisstore.KeyID{{a}, {}, {c}, nil}
+		for i := range 3 {
+			if errs[i] != nil || !slices.Equal(got[i], want[i]) {
+				t.Fatalf("set %d: %q, %v; want %q", i, got[i], errs[i], want[i])
+			}
+		}
+		if got, err := s.LowRead(ctx, lim, sets, 0, time.Now()); err != nil || !slices.Equal(got, []redisstore.KeyID{a}) {
+			t.Fatalf("LowRead of set 0 = %q, %v; want %s", got, err, a)
+		}
+		if got, err := s.LowRead(ctx, lim, sets, 0, time.Now().Add(2*time.Minute)); err != nil || len(got) != 0 {
+			t.Fatalf("LowRead past the mark's memory = %q, %v; want none", got, err)
+		}
+		if err := s.LowBatch(ctx, batch, time.Minute, time.Now(), got[:1], errs); !errors.Is(err, storeerr.ErrInvalidConfig) {
+			t.Fatalf("LowBatch with too few answers = %v, want ErrInvalidConfig", err)
+		}
+	})
 }
 
 func TestErrorClasses(t *testing.T) {

@@ -85,7 +85,7 @@ func WindowBits(burst int) int {
 
 // WindowShards is how many shards a windowed limit's arrays and marks are split into:
 // a key is counted, and marked, in one shard (WindowShard), each shard under a hash tag
-// of its own (WindowTag), so that a limit's Redis work spreads over every master of a
+// of its own (ShardTag), so that a limit's Redis work spreads over every master of a
 // Cluster instead of loading the one that holds the limit's slot. 60 shards at evenly
 // spaced slots put 6 of them on each of 10 masters (20 on each of 3), and their 20 sets
 // of marks (WindowMarksGroup) 2 on each of 10. Servers that count a limit in another
@@ -120,12 +120,13 @@ func WindowMarksShard(id string, shards int) int {
 	return WindowShard(id, shards) / g * g
 }
 
-// WindowTag is the hash tag of shard i of shards of limit's arrays and marks: with one
-// shard the limit's name, else <limit>#<shards>.<i>.<5 hex digits>, the digits the first
-// (in numeric order) that put the tag in slot Slot(limit) + i·Slots/shards (mod Slots),
-// so that a limit's shards are evenly spaced over the slots whatever its name. No limit
-// name holds '#', so no tag of one shard is a tag of several.
-func WindowTag(limit string, shards, i int) string {
+// ShardTag is the hash tag of shard i of shards of a limit's structure shared by its
+// keys (a windowed limit's arrays and marks, a charge-later limit's low-key sets): with
+// one shard the limit's name, else <limit>#<shards>.<i>.<5 hex digits>, the digits the
+// first (in numeric order) that put the tag in slot Slot(limit) + i·Slots/shards (mod
+// Slots), so that a limit's shards are evenly spaced over the slots whatever its name.
+// No limit name holds '#', so no tag of one shard is a tag of several.
+func ShardTag(limit string, shards, i int) string {
 	if shards <= 1 {
 		return limit
 	}
@@ -165,10 +166,10 @@ var suffixes = sync.OnceValue(func() *[Slots]string {
 })
 
 // WindowKey is the Redis key of limit's array for window win of length w (microseconds)
-// in shard i of shards: <prefix>win:{<WindowTag>}:<w>:<win>. The hash tag puts every
+// in shard i of shards: <prefix>win:{<ShardTag>}:<w>:<win>. The hash tag puts every
 // array of a shard, and its marks, in one Cluster slot.
 func WindowKey(prefix, limit string, shards, i int, w, win int64) string {
-	tag := WindowTag(limit, shards, i)
+	tag := ShardTag(limit, shards, i)
 	var b strings.Builder
 	b.Grow(len(prefix) + len(tag) + 48)
 	b.WriteString(prefix)
@@ -182,9 +183,9 @@ func WindowKey(prefix, limit string, shards, i int, w, win int64) string {
 }
 
 // MarksKey is the Redis key of the sorted set of the marks of shard i of shards of a
-// windowed limit: <prefix>marks:{<WindowTag>}.
+// windowed limit: <prefix>marks:{<ShardTag>}.
 func MarksKey(prefix, limit string, shards, i int) string {
-	return prefix + "marks:{" + WindowTag(limit, shards, i) + "}"
+	return prefix + "marks:{" + ShardTag(limit, shards, i) + "}"
 }
 
 // Mark flags: what a mark says of a key.

@@ -93,7 +93,7 @@ func TestWindowShards(t *testing.T) {
 	if len(marks) != 16 || WindowMarksShard("alice", 64) != 0 || WindowMarksShard("", 64) != 44 || WindowMarksGroup(8) != 1 {
 		t.Errorf("64 shards' marks in %d sets, alice's in %d, \"\"'s in %d; 8 shards in groups of %d", len(marks), WindowMarksShard("alice", 64), WindowMarksShard("", 64), WindowMarksGroup(8))
 	}
-	if WindowShard("alice", 1) != 0 || WindowTag("api", 1, 0) != "api" {
+	if WindowShard("alice", 1) != 0 || ShardTag("api", 1, 0) != "api" {
 		t.Error("one shard: not the unsharded format")
 	}
 }

@@ -116,10 +116,32 @@ func FleetKey(prefix, fleet string) string {
 // live until its score (luascript.Low's script): <prefix>reps.
 func RepsKey(prefix string) string { return prefix + "reps" }
 
-// LowKey returns the Redis key of the sorted set of one limit's low keys (luascript.Low):
-// <prefix>low:{<limit>}.
-func LowKey(prefix, limit string) string {
-	return prefix + "low:{" + limit + "}"
+// LowKey returns the Redis key of the sorted set of shard i of shards of one limit's low
+// keys (luascript.Low): <prefix>low:{<ShardTag>}, with one shard <prefix>low:{<limit>}.
+func LowKey(prefix, limit string, shards, i int) string {
+	return prefix + "low:{" + ShardTag(limit, shards, i) + "}"
+}
+
+// MaxLowReply is the most key IDs a read of a set of low keys returns, the latest
+// marks first (luascript.Low, redisstore.Store.LowRead).
+const MaxLowReply = 10_000
+
+// LowShards is how many sets a charge-later limit's low keys are marked in on a Redis
+// Cluster, each under a tag of its own (ShardTag), a key in the set of LowShard: one set
+// a master on 10 masters, so that the servers' exchanges with the sets spread over them
+// instead of loading the one that holds the limit's slot. On one Redis, one set. Servers
+// that mark a limit's keys in other sets than each other do not read each other's marks:
+// each then learns a key low from its own answers alone, as a server whose exchange
+// failed does, within the kind's bound.
+const LowShards = 10
+
+// LowShard is the set of key id among shards (at least 1) of a limit's low keys: its
+// hash with salt 2+WindowRows, modulo shards.
+func LowShard(id string, shards int) int {
+	if shards <= 1 {
+		return 0
+	}
+	return int(WindowHash(id, 2+WindowRows) % uint64(shards))
 }
 
 // BucketReply is luascript.Bucket's answer: {allowed (1 or 0), tostring(tokens)}.
