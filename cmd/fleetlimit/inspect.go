@@ -71,7 +71,7 @@ func inspect(ctx context.Context, c redis.UniversalClient, f inspectFlags, w io.
 	phase := wire.WindowPhase(string(id), wus)
 	cur := wire.WindowIndex(now.UnixMicro(), phase, wus)
 	shards := max(f.shards, 1)
-	trip := redisstore.WindowTrip{Limit: redisstore.Limit(lim), Width: max(f.width/shards, redisstore.MinWindowWidth),
+	trip := redisstore.WindowTrip{Limit: redisstore.Limit(lim), Width: redisstore.ShardWidth(f.width, shards),
 		Shards: shards, Shard: wire.WindowShard(string(id), shards)}
 	for win := cur - 1; win <= cur; win++ {
 		trip.Ops = append(trip.Ops, redisstore.WindowOp{ID: id, Win: win}) // N 0: a read

@@ -3,14 +3,20 @@ package main
 import (
 	"bytes"
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/engine"
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
+	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
 // TestDoctor: on a redis-server of the test's own, every check passes; once it may
@@ -89,6 +95,41 @@ func TestInspect(t *testing.T) {
 	}
 	if code := run(context.Background(), []string{"inspect", "-addr", m.Addr()}, &out, &errs); code != 2 {
 		t.Errorf("inspect without -limit: exit %d, want 2", code)
+	}
+}
+
+// TestInspectCluster: on a Redis Cluster, inspect reads a windowed limit's count from
+// the key's shard, in the arrays hybrid.Limiter writes there (wire.WindowShards shards,
+// redisstore.ShardWidth counters a row).
+func TestInspectCluster(t *testing.T) {
+	c := redistest.Cluster(t, func(o *redis.ClusterOptions) { o.MaxRedirects = -1 })
+	ctx := context.Background()
+	prefix := "t" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"
+	store, err := global.New(c, global.Prefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := global.NewLimit("api", 10, 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := redisstore.IDOf("client-1")
+	wus := wire.WindowMicros(10, 20)
+	win := wire.WindowIndex(now.UnixMicro(), wire.WindowPhase(string(id), wus), wus)
+	trip := redisstore.WindowTrip{Limit: redisstore.Limit(lim), Width: redisstore.ShardWidth(engine.DefaultWindowWidth, wire.WindowShards),
+		Shards: wire.WindowShards, Shard: wire.WindowShard(string(id), wire.WindowShards),
+		Ops: []redisstore.WindowOp{{ID: id, Win: win, N: 3}}}
+	if err := redisstore.Of(store).Windows(ctx, &trip); err != nil {
+		t.Fatal(err)
+	}
+	var out, errs bytes.Buffer
+	args := []string{"inspect", "-cluster", "-addr", c.Options().Addrs[0], "-prefix", prefix, "-limit", "api", "-key", "client-1", "-rate", "10", "-burst", "20"}
+	if code := run(ctx, args, &out, &errs); code != 0 || !strings.Contains(out.String(), ": 3 of 20") {
+		t.Errorf("inspect -cluster, windowed: exit %d, want the current window's 3 of 20\n%s%s", code, out.String(), errs.String())
 	}
 }
 

@@ -3,7 +3,6 @@ package engine
 import (
 	"fmt"
 	"math"
-	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -228,7 +227,7 @@ type windowed struct {
 	w      time.Duration // the window: Burst / Rate
 	wUs    int64
 	iv     time.Duration // report interval (LimitConfig.Windowed)
-	width  int           // counters per row of a shard's array (shardWidth)
+	width  int           // counters per row of a shard's array (redisstore.ShardWidth)
 	shards int           // LimitConfig.WindowShards
 	glim   redisstore.Limit
 
@@ -279,23 +278,12 @@ func newWindowed(lm *Limit, c LimitConfig, seed uint64) *windowed {
 	shards := max(c.WindowShards, 1)
 	return &windowed{
 		lm: lm, w: time.Duration(wUs) * time.Microsecond, wUs: wUs, iv: c.Windowed,
-		width:  shardWidth(cmpOr(c.WindowWidth, DefaultWindowWidth), shards),
+		width:  redisstore.ShardWidth(cmpOr(c.WindowWidth, DefaultWindowWidth), shards),
 		shards: shards, lastRead: make([]time.Time, shards), since: make([]time.Time, shards), tidyAt: make([]time.Time, shards),
 		glim:     redisstore.Limit{Name: c.Name, Rate: c.Rate, Burst: c.Burst, Version: c.Version},
 		announce: map[wmk]int{}, demOp: map[string]int{}, admOp: map[string]int{}, marks: map[string]wmark{}, gone: map[string]int{},
 		rng: seed ^ 0x77696e64,
 	}
-}
-
-// shardWidth is the counters per row of a shard's array for a limit of width counters a
-// row over shards: width/shards rounded down to a power of two (a key's counter is its
-// hash masked), at least redisstore.MinWindowWidth.
-func shardWidth(width, shards int) int {
-	n := width / max(shards, 1)
-	if n < redisstore.MinWindowWidth {
-		return redisstore.MinWindowWidth
-	}
-	return 1 << (bits.Len(uint(n)) - 1)
 }
 
 // share is c: the admissions without asking per key a server may have unanswered.

@@ -99,7 +99,7 @@ func (f *winFleet) count(key string, now time.Time) int {
 	w := wire.WindowMicros(lim.Rate(), lim.Burst())
 	win := wire.WindowIndex(now.UnixMicro(), wire.WindowPhase(key, w), w)
 	trip := redisstore.WindowTrip{Limit: redisstore.Limit{Name: lim.Name(), Rate: lim.Rate(), Burst: lim.Burst()},
-		Width: shardWidth(cmpOr(f.width, 1<<10), wire.WindowShards), Shards: wire.WindowShards, Shard: wire.WindowShard(key, wire.WindowShards),
+		Width: redisstore.ShardWidth(cmpOr(f.width, 1<<10), wire.WindowShards), Shards: wire.WindowShards, Shard: wire.WindowShard(key, wire.WindowShards),
 		Ops: []redisstore.WindowOp{{ID: redisstore.KeyID(key), Win: win}}}
 	if err := f.store.Windows(context.Background(), &trip); err != nil {
 		f.t.Fatal(err)
@@ -173,7 +173,7 @@ func TestWindowedSpent(t *testing.T) {
 	}
 	glim := redisstore.Limit{Name: lim.Name(), Rate: lim.Rate(), Burst: lim.Burst()}
 	shard := func(ops ...redisstore.WindowOp) redisstore.WindowTrip { // key's shard's trip, as the engine makes it
-		return redisstore.WindowTrip{Limit: glim, Width: shardWidth(1<<10, wire.WindowShards),
+		return redisstore.WindowTrip{Limit: glim, Width: redisstore.ShardWidth(1<<10, wire.WindowShards),
 			Shards: wire.WindowShards, Shard: wire.WindowShard(key, wire.WindowShards), Ops: ops}
 	}
 	fill := shard(redisstore.WindowOp{ID: redisstore.KeyID(key), Win: win, N: 10})
@@ -1074,23 +1074,5 @@ func BenchmarkWindowRate(b *testing.B) {
 				b.Fatal("no rate")
 			}
 		})
-	}
-}
-
-// TestShardWidth: a shard's array is the limit's width over its shards rounded down to
-// a power of two (a key's counter is its hash masked), never below the store's minimum.
-func TestShardWidth(t *testing.T) {
-	for _, tc := range []struct{ width, shards, want int }{
-		{1 << 18, 1, 1 << 18},
-		{1 << 18, 0, 1 << 18},
-		{1 << 18, 64, 1 << 12},
-		{1 << 18, 60, 1 << 12},
-		{1 << 18, 48, 1 << 12},
-		{1 << 10, 60, redisstore.MinWindowWidth},
-		{1 << 8, 1000, redisstore.MinWindowWidth},
-	} {
-		if got := shardWidth(tc.width, tc.shards); got != tc.want {
-			t.Errorf("shardWidth(%d, %d) = %d, want %d", tc.width, tc.shards, got, tc.want)
-		}
 	}
 }

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"math/bits"
 	"slices"
 	"strconv"
 	"strings"
@@ -30,7 +31,7 @@ import (
 
 // Limits of a WindowTrip.
 const (
-	// MinWindowWidth and MaxWindowWidth bound WindowTrip.Width.
+	// MinWindowWidth and MaxWindowWidth bound WindowTrip.Width (ShardWidth).
 	MinWindowWidth = 1 << 4
 	MaxWindowWidth = 1 << 20
 	// MaxWindowShards bounds WindowTrip.Shards.
@@ -284,6 +285,18 @@ func (s *Store) Windows(ctx context.Context, t *WindowTrip) error {
 	s.WindowsBatch(ctx, ts, errs)
 	*t = ts[0]
 	return errs[0]
+}
+
+// ShardWidth is WindowTrip.Width, the counters per row of a shard's array, for a limit
+// of width counters a row over shards (0 or 1: one): width/shards rounded down to a power
+// of two (a key's counter is its hash masked), at least MinWindowWidth. Every server and
+// tool that reads a limit's arrays computes it so.
+func ShardWidth(width, shards int) int {
+	n := width / max(shards, 1)
+	if n < MinWindowWidth {
+		return MinWindowWidth
+	}
+	return 1 << (bits.Len(uint(n)) - 1)
 }
 
 // WindowsBatch makes the round trips ts at once, as Windows makes each, writing each

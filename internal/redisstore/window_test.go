@@ -664,3 +664,21 @@ func (h *pipeCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 		return next(ctx, cmds)
 	}
 }
+
+// TestShardWidth: a shard's array is the limit's width over its shards rounded down to
+// a power of two (a key's counter is its hash masked), never below MinWindowWidth.
+func TestShardWidth(t *testing.T) {
+	for _, tc := range []struct{ width, shards, want int }{
+		{1 << 18, 1, 1 << 18},
+		{1 << 18, 0, 1 << 18},
+		{1 << 18, 64, 1 << 12},
+		{1 << 18, 60, 1 << 12},
+		{1 << 18, 48, 1 << 12},
+		{1 << 10, 60, redisstore.MinWindowWidth},
+		{1 << 8, 1000, redisstore.MinWindowWidth},
+	} {
+		if got := redisstore.ShardWidth(tc.width, tc.shards); got != tc.want {
+			t.Errorf("ShardWidth(%d, %d) = %d, want %d", tc.width, tc.shards, got, tc.want)
+		}
+	}
+}
