@@ -656,13 +656,13 @@ func (l *Limiter) do(ctx context.Context, t *engine.Trip) []*lateTake {
 			lows := pick(t.Lows, p)
 			sets := make([]redisstore.LowSet, len(lows))
 			for i, x := range lows {
-				sets[i] = redisstore.LowSet{Limit: x.Limit, Shards: x.Shards, Shard: x.Shard, Mark: x.Mark, Unmark: x.Unmark}
+				sets[i] = redisstore.LowSet{Limit: x.Limit, Shards: x.Shards, Shard: x.Shard, Mark: x.Mark, Unmark: x.Unmark, ReadAt: x.ReadAt}
 			}
 			got, errs := make([][]redisstore.KeyID, len(lows)), make([]error, len(lows))
 			p.answered, p.err = doBatch(ctx, p.nd.brk, func(ctx context.Context) error {
 				// each set on its own: one's error does not stop the rest; one with
 				// nothing to write is only read (LowExchange.ReadOnly)
-				return l.store.LowBatch(ctx, sets, engine.LowShare, l.clock.Now(), got, errs)
+				return l.store.LowBatch(ctx, sets, engine.LowShare, got, errs)
 			})
 			each(p, len(lows), func(k, i int) {
 				if p.answered {

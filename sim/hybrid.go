@@ -662,8 +662,8 @@ func (h *hybridStrat) call(s *server, hs *hybridServer, t *engine.Trip, p *part,
 				x := &t.Lows[i]
 				key := wire.LowKey(keyPrefix, x.Limit, x.Shards, x.Shard)
 				var got []string
-				if x.ReadOnly() { // by the server's clock when it sent the call
-					got = h.s.LowRead(at, key, s.clock(sent).UnixMilli())
+				if x.ReadOnly() {
+					got = h.s.LowRead(at, key, x.ReadAt.UnixMilli())
 				} else {
 					got = h.s.Low(at, key, engine.LowShare.Milliseconds(), idStrings(x.Mark), idStrings(x.Unmark))
 				}

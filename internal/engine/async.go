@@ -66,6 +66,10 @@ type laterSched struct {
 	lowNews  bool      // a charge-later admission since the last one
 	lowPhase float64   // this server's pace of the exchanges after the last, in [0.5, 1.5): servers started together drift apart
 	lowFails int       // exchanges failed in a row
+	// redisOff is Redis's clock minus this server's, in nanoseconds, as the last answered
+	// take measured it (its Grant.At against the instant its answer was read; 0 before
+	// one): a read of the low keys judges marks by Redis's clock, which set them.
+	redisOff atomic.Int64
 }
 
 // lowKeys is what this server knows of one limit's keys for Async: the keys it knows
@@ -97,10 +101,16 @@ type lowKeys struct {
 	pend      map[string]bool     // keys to mark (true) or unmark (false) in the fleet's set, the last word of each; guarded by mu
 	pendOrder []string            // pend's keys, in the order first queued (a key dropped from pend may stay, skipped); guarded by mu
 	pendMarks int                 // the marks in pend; guarded by mu
-	heard     time.Time           // when the fleet's set last answered; guarded by mu
+	sets      []lowSet            // by set of the fleet's (wire.LowShard), what this server heard from it; guarded by mu
 	sweep     time.Time           // when the forgotten keys were last dropped; guarded by mu
-	warm      bool                // an exchange after the server's warm-up was answered; guarded by mu
-	shards    int                 // the sets of the limit's marks (LimitConfig.LowShards, at least 1); fixed
+	shards    int                 // the sets of the limit's marks (LimitConfig.LowShards, 0 or 1: one); fixed
+}
+
+// lowSet is what a server heard from one set of the fleet's low keys: when it last
+// answered an exchange, and whether one after the server's warm-up was answered.
+type lowSet struct {
+	heard time.Time
+	warm  bool
 }
 
 // lowMark is what a server knows of a key that was low: when it last heard so (its own
@@ -137,13 +147,14 @@ const (
 )
 
 // admit reports whether key, of a limit with Async, may be admitted uncharged at now:
-// this server heard from the fleet's set since it started, and within lowStale, knows
-// the key not low, and holds no admission of it uncharged. If so the key counts as
-// uncharged until charged.
+// this server heard from the key's set of the fleet's since it started, and within
+// lowStale, knows the key not low, and holds no admission of it uncharged. If so the key
+// counts as uncharged until charged. A set whose master does not answer thus costs its
+// keys their uncharged admissions once lowStale has passed, and no other key.
 func (s *lowKeys) admit(key string, now time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.isWarm(now) {
+	if !s.fresh(wire.LowShard(key, s.shards), now) {
 		return false
 	}
 	if m, ok := s.keys[key]; ok && m.isLow(now) {
@@ -169,9 +180,21 @@ func (s *lowKeys) charged(key string) {
 
 func (m lowMark) isLow(now time.Time) bool { return m.at.After(m.high) && now.Sub(m.at) < lowMemory }
 
-// isWarm reports whether the server heard from the fleet's set after its warm-up, and
-// within lowStale of now. It requires that s.mu is held.
-func (s *lowKeys) isWarm(now time.Time) bool { return s.warm && now.Sub(s.heard) < lowStale }
+// set returns what this server heard from set i of the fleet's. It requires that s.mu is
+// held.
+func (s *lowKeys) set(i int) *lowSet {
+	if s.sets == nil {
+		s.sets = make([]lowSet, max(s.shards, 1))
+	}
+	return &s.sets[i]
+}
+
+// fresh reports whether the server heard from set i of the fleet's after its warm-up,
+// and within lowStale of now. It requires that s.mu is held.
+func (s *lowKeys) fresh(i int, now time.Time) bool {
+	st := s.set(i)
+	return st.warm && now.Sub(st.heard) < lowStale
+}
 
 // note records what an answer at now said of key's bucket: remaining tokens, of shape
 // sh. Below the server's share c of the burst, the key is low (and marked for the fleet
@@ -213,7 +236,7 @@ func (s *lowKeys) note(sh *Shape, key string, remaining float64, now time.Time) 
 func (s *lowKeys) learn(shard int, ids []redisstore.KeyID, now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.heard = now
+	s.set(shard).heard = now
 	if s.learnt == nil {
 		s.learnt = make(map[string]struct{})
 	}
@@ -345,18 +368,23 @@ func (s *lowKeys) requeue(mark, unmark []redisstore.KeyID) {
 }
 
 // pending reports whether marks or unmarks wait, whether the limit is warm (it heard
-// from the fleet's set after its warm-up), and whether what it heard went stale by now.
+// from each of the fleet's sets after its warm-up), and whether what it heard from one
+// went stale by now.
 func (s *lowKeys) pending(now time.Time) (marks, warm, stale bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.pend) > 0, s.warm, s.warm && !s.isWarm(now)
+	warm = true
+	for i := range max(s.shards, 1) {
+		warm, stale = warm && s.set(i).warm, stale || !s.fresh(i, now)
+	}
+	return len(s.pend) > 0, warm, warm && stale
 }
 
-// setWarm records that an exchange after the server's warm-up was answered by every
-// one of the limit's sets.
-func (s *lowKeys) setWarm() {
+// setWarm records that set shard of the fleet's answered an exchange after the server's
+// warm-up.
+func (s *lowKeys) setWarm(shard int) {
 	s.mu.Lock()
-	s.warm = true
+	s.set(shard).warm = true
 	s.mu.Unlock()
 }
 
@@ -372,6 +400,9 @@ type LowExchange struct {
 	Shard  int
 	Mark   []redisstore.KeyID
 	Unmark []redisstore.KeyID
+	// ReadAt is the instant on Redis's clock, as this server estimates it, that a read
+	// (ReadOnly) judges the set's marks by.
+	ReadAt time.Time
 	Got    []redisstore.KeyID
 	Err    error
 
@@ -470,40 +501,45 @@ func (e *Engine) lowTrip() *Trip {
 			t.Lows = cl.low.exchanges(t.Lows, lm.name, cl)
 		}
 	}
+	for i := range t.Lows {
+		t.Lows[i].ReadAt = now.Add(time.Duration(e.cl.redisOff.Load()))
+	}
 	e.cl.lowDue, e.cl.lowOut = false, true
 	t.warms = !now.Before(time.Unix(0, e.cl.asyncStart.Load()).Add(e.asyncMin() / 2))
 	return t
 }
 
-// lowDone takes the answer of a low-key exchange: the keys the fleet marks are low here
-// too, and a limit whose exchange after the server's warm-up was answered is warm; the
-// marks of an exchange that failed go again with the next. The next exchange comes
-// LowEvery later once every limit is warm, a quarter of an Async later until then.
+// lowDone takes the answer of a low-key exchange: the keys the fleet's sets mark are low
+// here too, and a set that answered an exchange after the server's warm-up is warm (a
+// limit, once all its sets are); the marks of a set whose exchange failed go again with
+// the next. The next exchange comes LowEvery later once every limit is warm, a quarter of
+// an Async later until then.
 func (e *Engine) lowDone(now time.Time, t *Trip) {
 	ok := t.Answered // each exchange's Got or Err holds its answer
-	all, limAll := ok, ok
-	for i, x := range t.Lows {
+	all, some := ok, false
+	for _, x := range t.Lows {
 		if !ok || x.Err != nil {
 			x.cl.low.requeue(x.Mark, x.Unmark)
-			all, limAll = false, false
-		} else {
-			x.cl.low.learn(x.Shard, x.Got, now)
+			all = false
+			continue
 		}
-		// A limit's exchanges are side by side: once its last is read, it is warm if
-		// every one of them was answered.
-		if i+1 == len(t.Lows) || t.Lows[i+1].cl != x.cl {
-			if t.warms && limAll {
-				x.cl.low.setWarm()
-			}
-			limAll = ok
+		some = true
+		x.cl.low.learn(x.Shard, x.Got, now)
+		if t.warms {
+			x.cl.low.setWarm(x.Shard)
 		}
 	}
 	e.mu.Lock()
 	e.cl.lowOut = false
 	e.cl.lowPhase = 0.5 + uniform(&e.rng)
 	next := e.lowPace(LowEvery)
+	if some {
+		// Heard from the fleet: a set that did not answer goes stale alone (admit), and
+		// asking again at once would not make its master answer.
+		e.cl.lowLast = now
+	}
 	if all {
-		e.cl.lowLast, e.cl.lowFails = now, 0
+		e.cl.lowFails = 0
 	} else {
 		// Due again (lowNews), a quarter of an Async later, then twice as late each time.
 		e.cl.lowNews = true

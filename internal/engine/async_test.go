@@ -626,9 +626,10 @@ func (s *lowKeys) takeMarks() (mark, unmark []redisstore.KeyID) {
 
 // TestAsyncLowSets: a limit whose low keys are marked in several sets (LowShards, as on
 // a Cluster) exchanges with every set each time, each mark and unmark going to its key's
-// set (wire.LowShard), a set with nothing to write only read; a set's answer drops the
-// keys learnt from that set alone; and the server is warm only once every set answered
-// an exchange after its warm-up.
+// set (wire.LowShard), a set with nothing to write only read, by Redis's clock as the
+// last take measured it; a set's answer drops the keys learnt from that set alone; a set
+// is warm once it answered an exchange after the server's warm-up, the limit once every
+// set is; and a set that stops answering costs its own keys alone.
 func TestAsyncLowSets(t *testing.T) {
 	const sets = 3
 	_, lm0 := asyncEngine(t, new(bool))
@@ -683,6 +684,9 @@ func TestAsyncLowSets(t *testing.T) {
 	decide(e, t0, lm, "first", 1)
 	for trip := e.Next(); trip != nil; trip = e.Next() {
 		answerAll(trip)
+		for i := range trip.TakeResults {
+			trip.TakeResults[i].Now = t0.Add(3 * time.Second) // Redis's clock 3 s ahead
+		}
 		e.Done(t0, trip)
 	}
 	for i, fail := range []bool{false, true, false} { // at 25, 50 (a set fails) and 75 ms
@@ -692,6 +696,9 @@ func TestAsyncLowSets(t *testing.T) {
 		if trip == nil || trip.Kind != LowTrip || len(trip.Lows) != sets {
 			t.Fatalf("exchange %d: %+v, want one with each of %d sets", i, trip, sets)
 		}
+		if want := now.Add(3 * time.Second); !trip.Lows[0].ReadAt.Equal(want) {
+			t.Fatalf("exchange %d reads at %v, want Redis's clock as the take measured it, %v", i, trip.Lows[0].ReadAt.Sub(t0), want.Sub(t0))
+		}
 		trip.Answered = true
 		if fail {
 			trip.Lows[1].Err = errors.New("set 1's master: down")
@@ -700,14 +707,58 @@ func TestAsyncLowSets(t *testing.T) {
 		if _, warm, _ := e.lowState(now); warm != (i == 2) {
 			t.Fatalf("after exchange %d (a set failed: %v): warm %v", i, fail, warm)
 		}
+		if i == 1 { // the sets that answered are warm: their keys may be admitted uncharged
+			low := &lm.chargeLater().low
+			if !low.admit(keyOfSet(t, 0, sets), now) || low.admit(keyOfSet(t, 1, sets), now) {
+				t.Fatal("after set 1 failed the warm-up: want set 0's key admitted uncharged, set 1's not")
+			}
+		}
+	}
+	// A set that stops answering goes stale alone: its keys are not admitted uncharged
+	// lowStale after it last answered; the others' are, and the exchanges keep their
+	// pace (the fleet was heard from).
+	last := t0.Add(75 * time.Millisecond)
+	now, exchanges := last, 0
+	for now.Sub(last) <= lowStale+LowEvery {
+		now = now.Add(5 * time.Millisecond)
+		e.Tick(now)
+		for trip := e.Next(); trip != nil; trip = e.Next() {
+			if trip.Kind == LowTrip {
+				exchanges++
+			}
+			trip.Answered = true
+			for i := range trip.Lows {
+				if trip.Lows[i].Shard == 2 {
+					trip.Lows[i].Err = errors.New("set 2's master: down")
+				}
+			}
+			for j := range trip.RefundResults {
+				trip.RefundResults[j].Remaining = 100
+			}
+			e.Done(now, trip)
+		}
+		decide(e, now, lm, "k"+strconv.Itoa(int(now.Sub(last)/time.Millisecond)), 1) // asks: news for the exchanges
+	}
+	if most := int((lowStale + LowEvery) / (LowEvery / 2)); exchanges > most {
+		t.Fatalf("%d exchanges in %v with a set failing, want at most %d (one a LowEvery, at a pace down to half of it)", exchanges, now.Sub(last), most)
+	}
+	low := &lm.chargeLater().low
+	if k := keyOfSetFrom(t, "fresh", 0, sets); !low.admit(k, now) {
+		t.Fatalf("set 0 answers: its key %s not admitted uncharged", k)
+	}
+	if k := keyOfSet(t, 2, sets); low.admit(k, now) {
+		t.Fatalf("set 2 silent for %v: its key %s admitted uncharged", now.Sub(last), k)
 	}
 }
 
 // keyOfSet is a key ID whose set is shard of shards (wire.LowShard).
-func keyOfSet(t *testing.T, shard, shards int) string {
+func keyOfSet(t *testing.T, shard, shards int) string { return keyOfSetFrom(t, "key", shard, shards) }
+
+// keyOfSetFrom is the first key ID prefix<n> whose set is shard of shards.
+func keyOfSetFrom(t *testing.T, prefix string, shard, shards int) string {
 	t.Helper()
 	for i := range 1000 {
-		if k := "key" + strconv.Itoa(i); wire.LowShard(k, shards) == shard {
+		if k := prefix + strconv.Itoa(i); wire.LowShard(k, shards) == shard {
 			return k
 		}
 	}

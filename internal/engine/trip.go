@@ -216,6 +216,9 @@ func (e *Engine) Done(now time.Time, t *Trip) {
 				continue
 			}
 			r := &t.TakeResults[i]
+			if r.Err == nil && !r.Now.IsZero() {
+				e.cl.redisOff.Store(int64(r.Now.Sub(now)))
+			}
 			e.answer(now, f, grantOf(r), r.Err, nil)
 		}
 	case RefundTrip:

@@ -150,7 +150,7 @@ func TestLowSetsCluster(t *testing.T) {
 	sets := make([]redisstore.LowSet, wire.LowShards)
 	want := make([][]redisstore.KeyID, wire.LowShards)
 	for i := range sets {
-		sets[i] = redisstore.LowSet{Limit: lim, Shards: wire.LowShards, Shard: i}
+		sets[i] = redisstore.LowSet{Limit: lim, Shards: wire.LowShards, Shard: i, ReadAt: time.Now()}
 		want[i] = []redisstore.KeyID{}
 	}
 	for k := range 40 {
@@ -162,7 +162,7 @@ func TestLowSetsCluster(t *testing.T) {
 		}
 	}
 	got, errs := make([][]redisstore.KeyID, len(sets)), make([]error, len(sets))
-	if err := s.LowBatch(ctx, sets, time.Minute, time.Now(), got, errs); err != nil {
+	if err := s.LowBatch(ctx, sets, time.Minute, got, errs); err != nil {
 		t.Fatal(err)
 	}
 	for i := range sets {
@@ -173,7 +173,7 @@ func TestLowSetsCluster(t *testing.T) {
 		}
 		sets[i].Mark = nil // now every set is only read
 	}
-	if err := s.LowBatch(ctx, sets, time.Minute, time.Now(), got, errs); err != nil {
+	if err := s.LowBatch(ctx, sets, time.Minute, got, errs); err != nil {
 		t.Fatal(err)
 	}
 	for i := range sets {

@@ -570,37 +570,39 @@ func (s *Store) Heartbeat(ctx context.Context, fleet, serverID string, ttl time.
 // (wire.LowShard).
 func (s *Store) Low(ctx context.Context, limit string, shards, shard int, ids, unmark []KeyID, memory time.Duration) ([]KeyID, error) {
 	got, errs := make([][]KeyID, 1), make([]error, 1)
-	err := s.LowBatch(ctx, []LowSet{{Limit: limit, Shards: shards, Shard: shard, Mark: ids, Unmark: unmark}}, memory, time.Time{}, got, errs)
+	err := s.LowBatch(ctx, []LowSet{{Limit: limit, Shards: shards, Shard: shard, Mark: ids, Unmark: unmark}}, memory, got, errs)
 	return got[0], err
 }
 
 // LowRead is Low with nothing to mark or unmark: it returns the IDs marked in set shard
-// of shards of limit's low keys at now, the latest first, at most wire.MaxLowReply, with
+// of shards of limit's low keys at at, the latest first, at most wire.MaxLowReply, with
 // one plain command (ZREVRANGEBYSCORE), a fraction of the script's work. It judges a
-// mark by now, the caller's clock, where Low judges by Redis's: a caller whose clock is
-// off Redis's by d reads a mark d longer or shorter than its memory. A client that
+// mark by at, where Low judges by Redis's clock: at is the caller's estimate of Redis's
+// time, and one off by d reads a mark d longer or shorter than its memory. A client that
 // cannot pipeline runs the script.
-func (s *Store) LowRead(ctx context.Context, limit string, shards, shard int, now time.Time) ([]KeyID, error) {
+func (s *Store) LowRead(ctx context.Context, limit string, shards, shard int, at time.Time) ([]KeyID, error) {
 	got, errs := make([][]KeyID, 1), make([]error, 1)
-	err := s.LowBatch(ctx, []LowSet{{Limit: limit, Shards: shards, Shard: shard}}, time.Millisecond, now, got, errs)
+	err := s.LowBatch(ctx, []LowSet{{Limit: limit, Shards: shards, Shard: shard, ReadAt: at}}, time.Millisecond, got, errs)
 	return got[0], err
 }
 
 // LowSet is one set of a LowBatch: set Shard of Shards of Limit's low keys, and the keys
-// to mark in it and to unmark; with neither, the set is only read (LowRead).
+// to mark in it and to unmark; with neither, and a ReadAt, the set is only read (LowRead
+// at ReadAt).
 type LowSet struct {
 	Limit         string
 	Shards, Shard int
 	Mark, Unmark  []KeyID
+	ReadAt        time.Time
 }
 
-// LowBatch makes Low, with memory, for each set of sets with keys to mark or unmark, and
-// LowRead at now for the others (Low too if now is zero), in one pipelined round trip (per Cluster node), and
+// LowBatch makes Low, with memory, for each set of sets with keys to mark or unmark or
+// no ReadAt, and LowRead at its ReadAt for the others, in one pipelined round trip (per Cluster node), and
 // writes each set's answer to got[i] and its error to errs[i]: the exchanges of a
 // limit's sets with one master in one round trip. As in TakeBatch, scripts go out as
 // EVALSHA, and those answered NOSCRIPT again as EVAL in a second round trip. It returns
 // the first error; got and errs must be at least as long as sets.
-func (s *Store) LowBatch(ctx context.Context, sets []LowSet, memory time.Duration, now time.Time, got [][]KeyID, errs []error) error {
+func (s *Store) LowBatch(ctx context.Context, sets []LowSet, memory time.Duration, got [][]KeyID, errs []error) error {
 	if len(got) < len(sets) || len(errs) < len(sets) {
 		return fmt.Errorf("%w: LowBatch: %d and %d answers for %d sets", storeerr.ErrInvalidConfig, len(got), len(errs), len(sets))
 	}
@@ -617,9 +619,9 @@ func (s *Store) LowBatch(ctx context.Context, sets []LowSet, memory time.Duratio
 		}
 		key := wire.LowKey(s.prefix, x.Limit, x.Shards, x.Shard)
 		switch {
-		case pipe != nil && len(x.Mark)+len(x.Unmark) == 0 && !now.IsZero():
+		case pipe != nil && len(x.Mark)+len(x.Unmark) == 0 && !x.ReadAt.IsZero():
 			reads[i] = pipe.ZRevRangeByScore(ctx, key, &redis.ZRangeBy{
-				Max: "+inf", Min: "(" + strconv.FormatInt(now.UnixMilli(), 10), Count: wire.MaxLowReply})
+				Max: "+inf", Min: "(" + strconv.FormatInt(x.ReadAt.UnixMilli(), 10), Count: wire.MaxLowReply})
 		case pipe != nil:
 			scripts[i] = luascript.Low.EvalSha(ctx, pipe, []string{key}, lowArgs(x, memory)...)
 		default:

@@ -534,7 +534,8 @@ func TestLow(t *testing.T) {
 }
 
 // TestLowBatch: a batch exchanges with each set of a limit's low keys in one round trip,
-// each mark in its set; a set with nothing to write is read by the caller's clock; an
+// each mark in its set; a set with nothing to write is read at the caller's estimate of
+// Redis's time; an
 // empty script cache costs a second round trip, not an error; a bad set fails alone.
 func TestLowBatch(t *testing.T) {
 	const sets = 3
@@ -556,12 +557,12 @@ func TestLowBatch(t *testing.T) {
 		}
 		batch := []redisstore.LowSet{
 			{Limit: lim, Shards: sets, Shard: 0, Mark: []redisstore.KeyID{a}},
-			{Limit: lim, Shards: sets, Shard: 1},
+			{Limit: lim, Shards: sets, Shard: 1, ReadAt: time.Now()},
 			{Limit: lim, Shards: sets, Shard: 2, Mark: []redisstore.KeyID{c}},
 			{Limit: lim, Shards: sets, Shard: sets}, // no such set
 		}
 		got, errs := make([][]redisstore.KeyID, len(batch)), make([]error, len(batch))
-		err := s.LowBatch(ctx, batch, time.Minute, time.Now(), got, errs)
+		err := s.LowBatch(ctx, batch, time.Minute, got, errs)
 		if !errors.Is(err, storeerr.ErrInvalidLimit) || !errors.Is(errs[3], storeerr.ErrInvalidLimit) {
 			t.Fatalf("LowBatch = %v (%v), want the bad set's ErrInvalidLimit", err, errs)
 		}
@@ -577,7 +578,7 @@ func TestLowBatch(t *testing.T) {
 		if got, err := s.LowRead(ctx, lim, sets, 0, time.Now().Add(2*time.Minute)); err != nil || len(got) != 0 {
 			t.Fatalf("LowRead past the mark's memory = %q, %v; want none", got, err)
 		}
-		if err := s.LowBatch(ctx, batch, time.Minute, time.Now(), got[:1], errs); !errors.Is(err, storeerr.ErrInvalidConfig) {
+		if err := s.LowBatch(ctx, batch, time.Minute, got[:1], errs); !errors.Is(err, storeerr.ErrInvalidConfig) {
 			t.Fatalf("LowBatch with too few answers = %v, want ErrInvalidConfig", err)
 		}
 	})
