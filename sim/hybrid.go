@@ -633,6 +633,7 @@ func (h *hybridStrat) call(s *server, hs *hybridServer, t *engine.Trip, p *part,
 				t.TakeResults[i].First = g.Flag == luascript.First
 				t.TakeResults[i].Replayed = g.Flag == luascript.Replayed
 				t.TakeResults[i].Version, t.TakeResults[i].Credit = g.Version, g.Credit
+				t.TakeResults[i].Now = time.UnixMilli(g.NowMS)
 				if g.Flag == luascript.Replayed {
 					replayed += int64(g.Granted) // spent when it first ran, counted unread then
 					return

@@ -132,9 +132,10 @@ const (
 	// ask more than their leases; never while they do not: each at the server's own
 	// pace, ×[0.5, 1.5) (scheduleLow).
 	LowEvery = time.Second
-	// lowStale is how long a server's knowledge of the fleet's low keys lasts without an
-	// exchange: past it, it admits nothing uncharged until its next exchange is answered.
-	// A server that asks more than its leases exchanges at least every 1.5·LowShare.
+	// lowStale is how long a server's knowledge of a set of the fleet's low keys lasts
+	// without an answer from it: past it, it admits none of the set's keys uncharged until
+	// the set answers again. A server that asks more than its leases exchanges at least
+	// every 1.5·LowShare.
 	lowStale = 2 * LowShare
 	// maxLowKeys bounds the low keys one limit remembers; past it, the keys not yet low
 	// are not noted (their next requests are admitted, and charged: what a key forgets
@@ -435,9 +436,10 @@ func (e *Engine) asyncMin() time.Duration {
 // last, or at once if its knowledge went stale (lowStale), if a request asked more than
 // its lease since; and not at all otherwise. A server whose leases serve every request, or
 // that serves none, has no use for the fleet's low keys, and the fleet learns a key low
-// from the servers that admit it uncharged: they find it so themselves. A failed
-// exchange goes again a quarter of an Async later, then twice as late each time, up to
-// LowEvery. It requires that e.mu is held, and reports whether one is due now.
+// from the servers that admit it uncharged: they find it so themselves. An exchange no
+// set answered (or, before every set is warm, one some set did not) goes again a quarter
+// of an Async later, then twice as late each time, up to LowEvery; once warm, one some
+// set answered keeps the pace (the others' marks wait for it). It requires that e.mu is held, and reports whether one is due now.
 func (e *Engine) scheduleLow(now time.Time, async time.Duration) bool {
 	if async == 0 || e.stopped {
 		e.cl.lowAt, e.cl.lowDue = time.Time{}, false
@@ -454,7 +456,7 @@ func (e *Engine) scheduleLow(now time.Time, async time.Duration) bool {
 		e.cl.lowAt = time.Unix(0, start).Add(async / 4)
 	}
 	asked := e.cl.lowActive.Load()
-	if asked && now.Before(e.cl.lowAt) && !e.cl.lowLast.IsZero() && now.Sub(e.cl.lowLast) >= lowStale {
+	if asked && e.cl.lowFails == 0 && now.Before(e.cl.lowAt) && !e.cl.lowLast.IsZero() && now.Sub(e.cl.lowLast) >= lowStale {
 		e.cl.lowAt = now // asked, with stale knowledge: the exchange is due now
 	}
 	if e.cl.lowAt.IsZero() || now.Before(e.cl.lowAt) {
@@ -538,16 +540,22 @@ func (e *Engine) lowDone(now time.Time, t *Trip) {
 		// asking again at once would not make its master answer.
 		e.cl.lowLast = now
 	}
-	if all {
+	_, warm, _ := e.lowState(now)
+	switch {
+	case all:
 		e.cl.lowFails = 0
-	} else {
+		if !warm {
+			next = max(e.asyncMin()/4, time.Millisecond)
+		}
+	case some && warm:
+		// The sets that did not answer keep their marks for the next exchange, at the
+		// usual pace: asking them sooner would not make their masters answer.
+		e.cl.lowFails = 0
+	default:
 		// Due again (lowNews), a quarter of an Async later, then twice as late each time.
 		e.cl.lowNews = true
 		next = min(max(e.asyncMin()/4, time.Millisecond)<<min(e.cl.lowFails, 16), LowEvery)
 		e.cl.lowFails++
-	}
-	if _, warm, _ := e.lowState(now); all && !warm {
-		next = max(e.asyncMin()/4, time.Millisecond)
 	}
 	e.cl.lowAt = now.Add(next)
 	e.mu.Unlock()

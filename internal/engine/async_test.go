@@ -717,10 +717,9 @@ func TestAsyncLowSets(t *testing.T) {
 	// A set that stops answering goes stale alone: its keys are not admitted uncharged
 	// lowStale after it last answered; the others' are, and the exchanges keep their
 	// pace (the fleet was heard from).
-	last := t0.Add(75 * time.Millisecond)
-	now, exchanges := last, 0
-	for now.Sub(last) <= lowStale+LowEvery {
-		now = now.Add(5 * time.Millisecond)
+	// tick ticks e to now, answers every trip due (set 2 failing, charges finding the
+	// bucket full) and returns the low-key exchanges among them.
+	tick := func(now time.Time) (exchanges int) {
 		e.Tick(now)
 		for trip := e.Next(); trip != nil; trip = e.Next() {
 			if trip.Kind == LowTrip {
@@ -737,6 +736,13 @@ func TestAsyncLowSets(t *testing.T) {
 			}
 			e.Done(now, trip)
 		}
+		return exchanges
+	}
+	last := t0.Add(75 * time.Millisecond)
+	now, exchanges := last, 0
+	for now.Sub(last) <= lowStale+LowEvery {
+		now = now.Add(5 * time.Millisecond)
+		exchanges += tick(now)
 		decide(e, now, lm, "k"+strconv.Itoa(int(now.Sub(last)/time.Millisecond)), 1) // asks: news for the exchanges
 	}
 	if most := int((lowStale + LowEvery) / (LowEvery / 2)); exchanges > most {
@@ -748,6 +754,16 @@ func TestAsyncLowSets(t *testing.T) {
 	}
 	if k := keyOfSet(t, 2, sets); low.admit(k, now) {
 		t.Fatalf("set 2 silent for %v: its key %s admitted uncharged", now.Sub(last), k)
+	}
+	// Idle, with set 2 still failing: only its waiting marks make exchanges due, at their
+	// pace (LowShare/2, ×[0.5, 1.5)), not a retry a LowEvery.
+	idle := 0
+	for end := now.Add(2 * LowShare); now.Before(end); {
+		now = now.Add(5 * time.Millisecond)
+		idle += tick(now)
+	}
+	if most := int(2 * LowShare / (LowShare / 4)); idle > most {
+		t.Fatalf("%d exchanges in %v of an idle server with a set failing, want at most %d", idle, 2*LowShare, most)
 	}
 }
 
