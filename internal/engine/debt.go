@@ -1,10 +1,12 @@
 package engine
 
 import (
+	"errors"
 	"math"
 	"slices"
 	"time"
 
+	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/internal/fallback"
 	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 )
@@ -232,8 +234,8 @@ type debtBatch struct {
 	charges []*chargeLater
 }
 
-// charged counts the answers of a debt trip. A batch that timed out goes again whole
-// (its charges may have run), and so do the items whose own answer was lost to a
+// charged counts the answers of a debt trip. A batch that timed out goes again, in
+// halves (its charges may have run: each keeps its sequence number), and so do the items whose own answer was lost to a
 // timeout (one node's, in a Cluster), with their sequence numbers; any other failed
 // item is owed again, with a fresh sequence number (Redis answered that it did not
 // run, or the call was refused before it was sent). An Async charge answered, or never
@@ -295,7 +297,17 @@ func (e *Engine) charged(now time.Time, t *Trip) {
 	if len(again.reqs) > 0 {
 		e.mu.Lock()
 		e.debtHeld, e.debtHoldUntil = true, now.Add(debtRetry)
-		e.debtRetry = append(e.debtRetry, again)
+		if n := len(again.reqs); n > 1 && !t.Answered && errors.Is(t.Err, breaker.ErrTimeout) {
+			// The whole batch outlasted the call's deadline: it goes again in halves, as
+			// refunds do, so that a batch too large for the deadline is not sent whole
+			// again (and counted against the breaker) each time.
+			h := n / 2
+			e.debtRetry = append(e.debtRetry,
+				debtBatch{reqs: again.reqs[:h:h], charges: again.charges[:h:h]},
+				debtBatch{reqs: again.reqs[h:], charges: again.charges[h:]})
+		} else {
+			e.debtRetry = append(e.debtRetry, again)
+		}
 		e.mu.Unlock()
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -92,23 +93,8 @@ func TestDebtLostToATimeoutGoesAgainWithItsSeq(t *testing.T) {
 		c.BreakerOpen = func() bool { return open }
 	})
 	keys := []string{"ran", "lost", "refused"}
-	for _, k := range keys { // a grant of one token each
-		decide(e, t0, lm, k, 1)
-	}
-	trip := e.Next()
-	answerAll(trip)
-	for i := range trip.TakeResults {
-		trip.TakeResults[i].Granted = 1
-	}
-	e.Done(t0, trip)
-	open = true // then FailLocal admits one each
-	for _, k := range keys {
-		if d, w := decide(e, t0.Add(ms), lm, k, 1); w != nil || !d.Allowed || d.Source != SourceFallback {
-			t.Fatalf("%s: %+v, %v; want FailLocal to admit", k, d, w)
-		}
-	}
-	open = false
-	trip = firstDebts(e, t0.Add(2*ms), lm)
+	oweOneEach(t, e, lm, &open, keys)
+	trip := firstDebts(e, t0.Add(2*ms), lm)
 	if trip == nil || len(trip.Refunds) != 3 {
 		t.Fatalf("Next = %+v, want the three debts", trip)
 	}
@@ -157,6 +143,69 @@ func TestDebtLostToATimeoutGoesAgainWithItsSeq(t *testing.T) {
 	if st := lm.Stats(); st.Owed != 0 || st.Charged != 3 {
 		t.Errorf("owed %d, charged %d; want 0 and 3", st.Owed, st.Charged)
 	}
+}
+
+// TestDebtBatchTimedOutGoesInHalves: a debt trip that outlasted its deadline whole goes
+// again in two halves, each item with its sequence number: a batch too large for the
+// deadline is not sent whole again, and counted against the breaker, each time.
+func TestDebtBatchTimedOutGoesInHalves(t *testing.T) {
+	open := false
+	e, lm := testEngine(t, func(c *Config) {
+		c.Limits[0].Policy = breaker.FailLocal()
+		c.BreakerOpen = func() bool { return open }
+	})
+	keys := []string{"a", "b", "c", "d"}
+	oweOneEach(t, e, lm, &open, keys)
+	trip := firstDebts(e, t0.Add(2*ms), lm)
+	if trip == nil || len(trip.Refunds) != len(keys) {
+		t.Fatalf("Next = %+v, want the four debts", trip)
+	}
+	seq := map[string]uint64{}
+	for _, r := range trip.Refunds {
+		seq[string(r.ID)] = r.Seq
+	}
+	trip.Err = fmt.Errorf("%w: %w", breaker.ErrTimeout, context.DeadlineExceeded) // not answered
+	e.Done(t0.Add(3*ms), trip)
+	e.Tick(t0.Add(3*ms + debtRetry))
+	decide(e, t0.Add(3*ms+debtRetry), lm, "other", 1) // Redis answers a trip: debts may go
+	var sizes []int
+	for trip := e.Next(); trip != nil; trip = e.Next() {
+		if trip.debts {
+			sizes = append(sizes, len(trip.Refunds))
+			for _, r := range trip.Refunds {
+				if r.Seq != seq[string(r.ID)] {
+					t.Errorf("%s went again with seq %d, want its own %d", r.ID, r.Seq, seq[string(r.ID)])
+				}
+			}
+		}
+		answerAll(trip)
+		e.Done(t0.Add(3*ms+debtRetry), trip)
+	}
+	if !slices.Equal(sizes, []int{2, 2}) {
+		t.Fatalf("debt trips of %v after the timeout, want two halves of 2", sizes)
+	}
+}
+
+// oweOneEach makes each of keys owe a token under FailLocal: a grant of one token each
+// at t0, then, with the breaker open (*open), a request each that FailLocal admits.
+func oweOneEach(t *testing.T, e *Engine, lm *Limit, open *bool, keys []string) {
+	t.Helper()
+	for _, k := range keys {
+		decide(e, t0, lm, k, 1)
+	}
+	trip := e.Next()
+	answerAll(trip)
+	for i := range trip.TakeResults {
+		trip.TakeResults[i].Granted = 1
+	}
+	e.Done(t0, trip)
+	*open = true
+	for _, k := range keys {
+		if d, w := decide(e, t0.Add(ms), lm, k, 1); w != nil || !d.Allowed || d.Source != SourceFallback {
+			t.Fatalf("%s: %+v, %v; want FailLocal to admit", k, d, w)
+		}
+	}
+	*open = false
 }
 
 // TestKeyOpenFailsOnlyItsKeys: with a breaker per Redis node (KeyOpen), a refill for a
