@@ -36,6 +36,6 @@ var ErrEvicting = redisstore.ErrEvicting
 // network or context error is classified the way the Store classifies it. It is false
 // for nil, for anything that matches context.Canceled (the caller gave up; that says
 // nothing about the store), and for ErrRedis, ErrInvalidLimit and ErrInvalidConfig. A
-// breaker.Breaker counts failures by this same rule unless its Settings.IsFailure says
-// otherwise.
+// breaker.Breaker counts failures by this same rule, but for a Cluster node's MOVED and
+// ASK replies (the node answered), unless its Settings.IsFailure says otherwise.
 func IsUnavailable(err error) bool { return storeerr.IsUnavailable(err) }

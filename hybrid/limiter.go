@@ -656,7 +656,7 @@ func (l *Limiter) do(ctx context.Context, t *engine.Trip) []*lateTake {
 			lows := pick(t.Lows, p)
 			sets := make([]redisstore.LowSet, len(lows))
 			for i, x := range lows {
-				sets[i] = redisstore.LowSet{Limit: x.Limit, Shards: x.Shards, Shard: x.Shard, Mark: x.Mark, Unmark: x.Unmark, ReadAt: x.ReadAt}
+				sets[i] = x.LowSet
 			}
 			got, errs := make([][]redisstore.KeyID, len(lows)), make([]error, len(lows))
 			p.answered, p.err = doBatch(ctx, p.nd.brk, func(ctx context.Context) error {

@@ -552,8 +552,7 @@ func (p *part) each(n int, f func(i int)) {
 func (h *hybridStrat) call(s *server, hs *hybridServer, t *engine.Trip, p *part, late func(read func()), done func()) {
 	f, sc := h.f, h.f.sc
 	brk := hs.brks[p.m]
-	sent := f.e.now
-	deadline := sc.runsAt(s.id, sent+sc.Breaker.Timeout)
+	deadline := sc.runsAt(s.id, f.e.now+sc.Breaker.Timeout)
 	// granted counts the tokens Redis granted to the part's takes; gaveUp that Do
 	// returned without the answer: such grants are spent in Redis and not leased, unless
 	// a later take sent under the same number (Refill.Resend) reads them back: replayed
@@ -699,7 +698,7 @@ func (h *hybridStrat) failPart(t *engine.Trip, p *part, err error) {
 }
 
 // lowCost is the Redis time of a low-key exchange with one set: a read's, a plain
-// command's (redisstore.Store.LowRead), or a script call (which answers the marked keys)
+// command's (redisstore.Store.LowBatch), or a script call (which answers the marked keys)
 // plus a plain command's time per key marked or unmarked (a ZADD, a ZREM).
 func lowCost(sc *Scenario, x *engine.LowExchange) time.Duration {
 	if x.ReadOnly() {

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -104,7 +103,7 @@ func TestInspect(t *testing.T) {
 func TestInspectCluster(t *testing.T) {
 	c := redistest.Cluster(t, func(o *redis.ClusterOptions) { o.MaxRedirects = -1 })
 	ctx := context.Background()
-	prefix := "t" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"
+	prefix := redistest.Unique(t) + ":"
 	store, err := global.New(c, global.Prefix(prefix))
 	if err != nil {
 		t.Fatal(err)

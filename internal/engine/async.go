@@ -96,7 +96,7 @@ type laterSched struct {
 type lowKeys struct {
 	mu        sync.Mutex
 	keys      map[string]lowMark  // the keys known low, and those found high after; guarded by mu
-	learnt    map[string]struct{} // the keys known low from the fleet's set only; guarded by mu
+	learnt    map[string]int      // the keys known low from the fleet's sets only, and the set each was learnt from; guarded by mu
 	uncharged map[string]struct{} // keys admitted and not charged yet; guarded by mu
 	pend      map[string]bool     // keys to mark (true) or unmark (false) in the fleet's set, the last word of each; guarded by mu
 	pendOrder []string            // pend's keys, in the order first queued (a key dropped from pend may stay, skipped); guarded by mu
@@ -153,9 +153,10 @@ const (
 // counts as uncharged until charged. A set whose master does not answer thus costs its
 // keys their uncharged admissions once lowStale has passed, and no other key.
 func (s *lowKeys) admit(key string, now time.Time) bool {
+	set := wire.LowShard(key, s.shards) // shards is fixed: hashed outside the lock
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.fresh(wire.LowShard(key, s.shards), now) {
+	if !s.fresh(set, now) {
 		return false
 	}
 	if m, ok := s.keys[key]; ok && m.isLow(now) {
@@ -239,7 +240,7 @@ func (s *lowKeys) learn(shard int, ids []redisstore.KeyID, now time.Time) {
 	defer s.mu.Unlock()
 	s.set(shard).heard = now
 	if s.learnt == nil {
-		s.learnt = make(map[string]struct{})
+		s.learnt = make(map[string]int)
 	}
 	marked := make(map[string]struct{}, len(ids))
 	for _, id := range ids {
@@ -250,7 +251,7 @@ func (s *lowKeys) learn(shard int, ids []redisstore.KeyID, now time.Time) {
 			continue
 		}
 		if !ok || !m.isLow(now) {
-			s.learnt[k] = struct{}{}
+			s.learnt[k] = shard
 		}
 		m.at, m.shared = now, now
 		s.keys[k] = m
@@ -258,8 +259,8 @@ func (s *lowKeys) learn(shard int, ids []redisstore.KeyID, now time.Time) {
 	if len(ids) >= maxLowReply {
 		return
 	}
-	for k := range s.learnt {
-		if _, ok := marked[k]; !ok && wire.LowShard(k, s.shards) == shard {
+	for k, from := range s.learnt {
+		if _, ok := marked[k]; !ok && from == shard {
 			delete(s.learnt, k)
 			delete(s.keys, k)
 		}
@@ -334,7 +335,7 @@ func (s *lowKeys) exchanges(out []LowExchange, limit string, cl *chargeLater) []
 	defer s.mu.Unlock()
 	first, shards := len(out), max(s.shards, 1)
 	for i := range shards {
-		out = append(out, LowExchange{Limit: limit, Shards: shards, Shard: i, cl: cl})
+		out = append(out, LowExchange{LowSet: redisstore.LowSet{Limit: limit, Shards: shards, Shard: i}, cl: cl})
 	}
 	for _, k := range s.pendOrder {
 		w, ok := s.pend[k]
@@ -389,31 +390,19 @@ func (s *lowKeys) setWarm(shard int) {
 	s.mu.Unlock()
 }
 
-// LowExchange is one limit's part of a LowTrip with one of its sets (Shard of Shards,
-// wire.LowKey): the keys of that set this server found low, to mark there, and those it
-// found holding their share c or more, to unmark there (redisstore.Store.LowBatch with
+// LowExchange is one limit's part of a LowTrip with one of its sets (LowSet: set Shard
+// of the limit's Shards, LowShards): the keys of that set this server found low, to mark
+// there, and those it found holding their share c or more, to unmark there, with
+// ReadAt Redis's clock as this server estimates it (redisstore.Store.LowBatch with
 // memory LowShare), and, written by the driver once the call returned, the keys the set
 // marks (Got) or the error.
 type LowExchange struct {
-	Limit string
-	// Shards and Shard name the set: shard Shard of the limit's Shards (LowShards).
-	Shards int
-	Shard  int
-	Mark   []redisstore.KeyID
-	Unmark []redisstore.KeyID
-	// ReadAt is the instant on Redis's clock, as this server estimates it, that a read
-	// (ReadOnly) judges the set's marks by.
-	ReadAt time.Time
-	Got    []redisstore.KeyID
-	Err    error
+	redisstore.LowSet
+	Got []redisstore.KeyID
+	Err error
 
 	cl *chargeLater
 }
-
-// ReadOnly reports whether x has nothing to write: the driver then reads the set
-// (redisstore.Store.LowRead, one plain command) rather than run luascript.Low, whose
-// bookkeeping (dropping passed marks, the set's TTL) only a write needs.
-func (x *LowExchange) ReadOnly() bool { return len(x.Mark)+len(x.Unmark) == 0 }
 
 // asyncMin returns the shortest Async of the engine's limits, 0 if none has one.
 func (e *Engine) asyncMin() time.Duration {

@@ -157,7 +157,7 @@ type Engine struct {
 	debtHoldUntil time.Time
 	debts         owed        // FailLocal's admissions, owed to the buckets
 	debtSeq       uint64      // debts and charges first owed, to send them in that order
-	debtRetry     []debtBatch // debt trips that timed out, to send again as they were
+	debtRetry     []debtBatch // debt trips that timed out, to send again with their sequence numbers (one that timed out whole, in halves)
 
 	stats counters
 }

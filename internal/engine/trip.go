@@ -209,6 +209,7 @@ func (e *Engine) Done(now time.Time, t *Trip) {
 	switch t.Kind {
 	case TakeTrip:
 		e.stats.roundTrips.Add(1)
+		var redisNow time.Time // Redis's clock in the trip's last answer
 		for i, f := range t.flights {
 			f.lim.stats.takes.Add(1)
 			if !t.Answered {
@@ -217,9 +218,12 @@ func (e *Engine) Done(now time.Time, t *Trip) {
 			}
 			r := &t.TakeResults[i]
 			if r.Err == nil && !r.Now.IsZero() {
-				e.cl.redisOff.Store(int64(r.Now.Sub(now)))
+				redisNow = r.Now
 			}
 			e.answer(now, f, grantOf(r), r.Err, nil)
+		}
+		if !redisNow.IsZero() {
+			e.cl.redisOff.Store(int64(redisNow.Sub(now)))
 		}
 	case RefundTrip:
 		if t.debts {

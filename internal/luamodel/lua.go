@@ -29,8 +29,8 @@ type Scripts interface {
 	Heartbeat(now time.Time, key, server string, ttlMS int64) int
 	// Low runs luascript.Low: mark ids, unmark unmark.
 	Low(now time.Time, key string, memoryMS int64, ids, unmark []string) []string
-	// LowRead is redisstore.Store.LowRead's command on key: the marks live after fromMS,
-	// the caller's clock in ms.
+	// LowRead is the command with which redisstore.Store.LowBatch reads a set that has
+	// nothing to write, on key: the marks live after fromMS, in ms.
 	LowRead(now time.Time, key string, fromMS int64) []string
 }
 
@@ -42,7 +42,8 @@ var (
 // callerClockScript runs CallerClockSource.
 var callerClockScript = redis.NewScript(CallerClockSource)
 
-// lowReadSource is redisstore.Store.LowRead's one command, as a script for Eval.
+// lowReadSource is the command with which redisstore.Store.LowBatch reads a set that
+// has nothing to write, as a script for Eval.
 const lowReadSource = "return redis.call('ZREVRANGEBYSCORE', KEYS[1], '+inf', '(' .. ARGV[1], 'LIMIT', 0, ARGV[2])"
 
 var lowReadScript = redis.NewScript(lowReadSource)
@@ -127,7 +128,8 @@ func (l *Lua) Low(now time.Time, key string, memoryMS int64, ids, unmark []strin
 	return call(l, now, luascript.Low, wire.ParseLow, key, args...)
 }
 
-// LowRead runs redisstore.Store.LowRead's command.
+// LowRead runs the command with which redisstore.Store.LowBatch reads a set that has
+// nothing to write.
 func (l *Lua) LowRead(now time.Time, key string, fromMS int64) []string {
 	return call(l, now, lowReadScript, wire.ParseLow, key, fromMS, wire.MaxLowReply)
 }

@@ -549,9 +549,15 @@ func (m *Model) Low(now time.Time, key string, memoryMS int64, ids, unmark []str
 	if float64(m.pttl(key)) < mem {
 		m.pexpire(key, mem)
 	}
-	out := make([]string, 0, min(len(marks), 10000))
-	for _, x := range marks[:min(len(marks), 10000)] {
-		out = append(out, x.id)
+	return idsOf(marks)
+}
+
+// idsOf returns the ids of the first wire.MaxLowReply of marks: what a read answers.
+func idsOf(marks []mark) []string {
+	marks = marks[:min(len(marks), wire.MaxLowReply)]
+	out := make([]string, len(marks))
+	for i, x := range marks {
+		out[i] = x.id
 	}
 	return out
 }
@@ -583,9 +589,10 @@ func latestFirst(zset map[string]float64, after float64) []mark {
 	return marks
 }
 
-// LowRead is redisstore.Store.LowRead's ZREVRANGEBYSCORE on the sorted set key at now:
-// the ids marked after fromMS (the caller's clock, in ms), the latest first (equal marks
-// by id, descending), at most wire.MaxLowReply. It changes nothing but the keyspace's
+// LowRead is the ZREVRANGEBYSCORE with which redisstore.Store.LowBatch reads a set that
+// has nothing to write (LowSet.ReadOnly), on the sorted set key at now: the ids marked
+// after fromMS (the caller's estimate of Redis's clock, in ms), the latest first (equal
+// marks by id, descending), at most wire.MaxLowReply. It changes nothing but the keyspace's
 // clock.
 func (m *Model) LowRead(now time.Time, key string, fromMS int64) []string {
 	m.tick(now)
@@ -593,12 +600,7 @@ func (m *Model) LowRead(now time.Time, key string, fromMS int64) []string {
 	if e == nil {
 		return []string{}
 	}
-	marks := latestFirst(e.zset, float64(fromMS))
-	out := make([]string, 0, min(len(marks), wire.MaxLowReply))
-	for _, x := range marks[:min(len(marks), wire.MaxLowReply)] {
-		out = append(out, x.id)
-	}
-	return out
+	return idsOf(latestFirst(e.zset, float64(fromMS)))
 }
 
 // Tokens is what the bucket of key holds at now, for a limit of capacity and rate at

@@ -366,7 +366,14 @@ func (s *Store) runBatch(ctx context.Context, script *redis.Script, items []batc
 		return false
 	}
 	_, _ = pipe.Exec(ctx) // errors are read per command
+	s.retryNoScript(ctx, script, items)
+	return true
+}
 
+// retryNoScript sends script again as EVAL, in one pipeline, for the items whose
+// EVALSHA was answered NOSCRIPT (an empty script cache), and leaves each new answer in
+// item.cmd.
+func (s *Store) retryNoScript(ctx context.Context, script *redis.Script, items []batchItem) {
 	var retry redis.Pipeliner
 	for i := range items {
 		if it := &items[i]; it.cmd != nil && isNoScript(it.cmd.Err()) {
@@ -379,7 +386,6 @@ func (s *Store) runBatch(ctx context.Context, script *redis.Script, items []batc
 	if retry != nil {
 		_, _ = retry.Exec(ctx)
 	}
-	return true
 }
 
 // RefundRequest is one item of a RefundBatch: give N unused tokens back to the bucket of
@@ -574,21 +580,9 @@ func (s *Store) Low(ctx context.Context, limit string, shards, shard int, ids, u
 	return got[0], err
 }
 
-// LowRead is Low with nothing to mark or unmark: it returns the IDs marked in set shard
-// of shards of limit's low keys at at, the latest first, at most wire.MaxLowReply, with
-// one plain command (ZREVRANGEBYSCORE), a fraction of the script's work. It judges a
-// mark by at, where Low judges by Redis's clock: at is the caller's estimate of Redis's
-// time, and one off by d reads a mark d longer or shorter than its memory. A client that
-// cannot pipeline runs the script.
-func (s *Store) LowRead(ctx context.Context, limit string, shards, shard int, at time.Time) ([]KeyID, error) {
-	got, errs := make([][]KeyID, 1), make([]error, 1)
-	err := s.LowBatch(ctx, []LowSet{{Limit: limit, Shards: shards, Shard: shard, ReadAt: at}}, time.Millisecond, got, errs)
-	return got[0], err
-}
-
-// LowSet is one set of a LowBatch: set Shard of Shards of Limit's low keys, and the keys
-// to mark in it and to unmark; with neither, and a ReadAt, the set is only read (LowRead
-// at ReadAt).
+// LowSet is one set of a LowBatch: set Shard of Shards of Limit's low keys, the keys to
+// mark in it and to unmark, and ReadAt, the caller's estimate of Redis's time, by which
+// a set with nothing to write is read (ReadOnly).
 type LowSet struct {
 	Limit         string
 	Shards, Shard int
@@ -596,8 +590,13 @@ type LowSet struct {
 	ReadAt        time.Time
 }
 
-// LowBatch makes Low, with memory, for each set of sets with keys to mark or unmark or
-// no ReadAt, and LowRead at its ReadAt for the others, in one pipelined round trip (per Cluster node), and
+// ReadOnly reports whether x is only read, with one plain command (ZREVRANGEBYSCORE)
+// judging marks by ReadAt, rather than run luascript.Low, whose bookkeeping (dropping
+// passed marks, the set's TTL) only a write needs: x has nothing to write, and a ReadAt.
+func (x *LowSet) ReadOnly() bool { return len(x.Mark)+len(x.Unmark) == 0 && !x.ReadAt.IsZero() }
+
+// LowBatch makes Low, with memory, for each set of sets that is not ReadOnly, and reads
+// the others at their ReadAt, in one pipelined round trip (per Cluster node), and
 // writes each set's answer to got[i] and its error to errs[i]: the exchanges of a
 // limit's sets with one master in one round trip. As in TakeBatch, scripts go out as
 // EVALSHA, and those answered NOSCRIPT again as EVAL in a second round trip. It returns
@@ -606,57 +605,45 @@ func (s *Store) LowBatch(ctx context.Context, sets []LowSet, memory time.Duratio
 	if len(got) < len(sets) || len(errs) < len(sets) {
 		return fmt.Errorf("%w: LowBatch: %d and %d answers for %d sets", storeerr.ErrInvalidConfig, len(got), len(errs), len(sets))
 	}
-	scripts := make([]*redis.Cmd, len(sets))
+	scripts := make([]batchItem, len(sets))
 	reads := make([]*redis.StringSliceCmd, len(sets))
 	var pipe redis.Pipeliner
 	if s.pipe != nil {
 		pipe = s.pipe.Pipeline()
 	}
-	for i, x := range sets {
-		got[i], errs[i] = nil, checkLowSet(x, memory)
+	for i := range sets {
+		x := &sets[i]
+		got[i], errs[i] = nil, checkLowSet(*x, memory)
 		if errs[i] != nil {
 			continue
 		}
 		key := wire.LowKey(s.prefix, x.Limit, x.Shards, x.Shard)
 		switch {
-		case pipe != nil && len(x.Mark)+len(x.Unmark) == 0 && !x.ReadAt.IsZero():
+		case pipe != nil && x.ReadOnly():
 			reads[i] = pipe.ZRevRangeByScore(ctx, key, &redis.ZRangeBy{
 				Max: "+inf", Min: "(" + strconv.FormatInt(x.ReadAt.UnixMilli(), 10), Count: wire.MaxLowReply})
 		case pipe != nil:
-			scripts[i] = luascript.Low.EvalSha(ctx, pipe, []string{key}, lowArgs(x, memory)...)
+			it := &scripts[i]
+			it.keys, it.args = []string{key}, lowArgs(*x, memory)
+			it.cmd = luascript.Low.EvalSha(ctx, pipe, it.keys, it.args...)
 		default:
-			reply, err := luascript.Low.Run(ctx, s.c, []string{key}, lowArgs(x, memory)...).Result()
+			reply, err := luascript.Low.Run(ctx, s.c, []string{key}, lowArgs(*x, memory)...).Result()
 			got[i], errs[i] = lowReply(reply, err)
 		}
 	}
 	if pipe != nil && pipe.Len() > 0 {
 		_, _ = pipe.Exec(ctx) // errors are read per command
-		var retry redis.Pipeliner
-		for i, c := range scripts {
-			if c != nil && isNoScript(c.Err()) {
-				if retry == nil {
-					retry = s.pipe.Pipeline()
-				}
-				scripts[i] = luascript.Low.Eval(ctx, retry, []string{wire.LowKey(s.prefix, sets[i].Limit, sets[i].Shards, sets[i].Shard)}, lowArgs(sets[i], memory)...)
-			}
-		}
-		if retry != nil {
-			_, _ = retry.Exec(ctx)
-		}
+		s.retryNoScript(ctx, luascript.Low, scripts)
 	}
 	for i := range sets {
 		switch {
-		case scripts[i] != nil:
-			got[i], errs[i] = lowReply(scripts[i].Result())
+		case scripts[i].cmd != nil:
+			got[i], errs[i] = lowReply(scripts[i].cmd.Result())
 		case reads[i] != nil:
-			ids, err := reads[i].Result()
-			if err != nil && !errors.Is(err, redis.Nil) {
+			if ids, err := reads[i].Result(); err != nil {
 				errs[i] = wrap("low keys", err)
-				continue
-			}
-			got[i] = make([]KeyID, len(ids))
-			for j, id := range ids {
-				got[i][j] = KeyID(id)
+			} else {
+				got[i] = keyIDs(ids)
 			}
 		}
 	}
@@ -673,7 +660,7 @@ func checkLowSet(x LowSet, memory time.Duration) error {
 	if err := validName("limit name", x.Limit); err != nil {
 		return err
 	}
-	if x.Shards < 0 || x.Shards > MaxWindowShards || x.Shard < 0 || x.Shard >= max(1, x.Shards) {
+	if !validShard(x.Shards, x.Shard) {
 		return fmt.Errorf("%w: limit %q: low-key set %d of %d (at most %d)", storeerr.ErrInvalidLimit, x.Limit, x.Shard, x.Shards, MaxWindowShards)
 	}
 	if memory < time.Millisecond {
@@ -704,9 +691,14 @@ func lowReply(reply any, err error) ([]KeyID, error) {
 	if err != nil {
 		return nil, unexpected("low keys", err.Error())
 	}
+	return keyIDs(ids), nil
+}
+
+// keyIDs converts ids to KeyIDs.
+func keyIDs(ids []string) []KeyID {
 	out := make([]KeyID, len(ids))
 	for i, id := range ids {
 		out[i] = KeyID(id)
 	}
-	return out, nil
+	return out
 }

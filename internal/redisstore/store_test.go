@@ -572,11 +572,17 @@ func TestLowBatch(t *testing.T) {
 				t.Fatalf("set %d: %q, %v; want %q", i, got[i], errs[i], want[i])
 			}
 		}
-		if got, err := s.LowRead(ctx, lim, sets, 0, time.Now()); err != nil || !slices.Equal(got, []redisstore.KeyID{a}) {
-			t.Fatalf("LowRead of set 0 = %q, %v; want %s", got, err, a)
+		// read only: set 0's mark, until its memory has passed
+		read := func(at time.Time) ([]redisstore.KeyID, error) {
+			got, errs := make([][]redisstore.KeyID, 1), make([]error, 1)
+			err := s.LowBatch(ctx, []redisstore.LowSet{{Limit: lim, Shards: sets, ReadAt: at}}, time.Minute, got, errs)
+			return got[0], err
 		}
-		if got, err := s.LowRead(ctx, lim, sets, 0, time.Now().Add(2*time.Minute)); err != nil || len(got) != 0 {
-			t.Fatalf("LowRead past the mark's memory = %q, %v; want none", got, err)
+		if got, err := read(time.Now()); err != nil || !slices.Equal(got, []redisstore.KeyID{a}) {
+			t.Fatalf("a read of set 0 = %q, %v; want %s", got, err, a)
+		}
+		if got, err := read(time.Now().Add(2 * time.Minute)); err != nil || len(got) != 0 {
+			t.Fatalf("a read past the mark's memory = %q, %v; want none", got, err)
 		}
 		if err := s.LowBatch(ctx, batch, time.Minute, got[:1], errs); !errors.Is(err, storeerr.ErrInvalidConfig) {
 			t.Fatalf("LowBatch with too few answers = %v, want ErrInvalidConfig", err)

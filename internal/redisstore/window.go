@@ -136,7 +136,7 @@ func checkWindowTrip(t *WindowTrip) error {
 		return fmt.Errorf("%w: windowed limit %q: width %d is not a power of two from %d to %d",
 			storeerr.ErrInvalidLimit, l.Name, t.Width, MinWindowWidth, MaxWindowWidth)
 	}
-	if t.Shards < 0 || t.Shards > MaxWindowShards || t.Shard < 0 || t.Shard >= max(1, t.Shards) {
+	if !validShard(t.Shards, t.Shard) {
 		return fmt.Errorf("%w: windowed limit %q: shard %d of %d (at most %d shards)", storeerr.ErrInvalidLimit, l.Name, t.Shard, t.Shards, MaxWindowShards)
 	}
 	if len(t.Ops) > MaxWindowOps {
@@ -285,6 +285,12 @@ func (s *Store) Windows(ctx context.Context, t *WindowTrip) error {
 	s.WindowsBatch(ctx, ts, errs)
 	*t = ts[0]
 	return errs[0]
+}
+
+// validShard reports whether shard is one of shards (0 or 1: one; at most
+// MaxWindowShards), the sets a limit's shared structure is split into.
+func validShard(shards, shard int) bool {
+	return shards >= 0 && shards <= MaxWindowShards && shard >= 0 && shard < max(1, shards)
 }
 
 // ShardWidth is WindowTrip.Width, the counters per row of a shard's array, for a limit

@@ -615,9 +615,9 @@ func TestWindowsShardsCluster(t *testing.T) {
 				nodes[n.Options().Addr]++
 			}
 			if masters := c.ClusterShards(ctx).Val(); len(nodes) != len(masters) {
-				t.Errorf("64 shards on %d nodes of %d", len(nodes), len(masters))
+				t.Errorf("%d shards on %d nodes of %d", wire.WindowShards, len(nodes), len(masters))
 			}
-			// checkShards made two batches of the 64 trips.
+			// checkShards made two batches of the shards' trips.
 			for addr, shards := range nodes {
 				pc := calls[addr]
 				if pc == nil {

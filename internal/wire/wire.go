@@ -123,7 +123,7 @@ func LowKey(prefix, limit string, shards, i int) string {
 }
 
 // MaxLowReply is the most key IDs a read of a set of low keys returns, the latest
-// marks first (luascript.Low, redisstore.Store.LowRead).
+// marks first (luascript.Low, redisstore.Store.LowBatch).
 const MaxLowReply = 10_000
 
 // LowShards is how many sets a charge-later limit's low keys are marked in on a Redis
