@@ -14,10 +14,10 @@ import (
 // and charges it to the bucket afterwards: every Async, one pipelined round trip
 // carries the charges of all the keys admitted so (debt trips, each item a refund of
 // -n, as FailLocal's debts are). The answers say how many tokens each bucket holds,
-// and so do the answers of the refills: a bucket found holding less than a server's
-// share of the burst, c = max(1, ceil(Burst/servers)), marks its key low (see
-// lowKeys), and a low key's requests go the exact way (the lease, waiting for a
-// refill).
+// and so do the answers of the refills: a bucket found holding less than its low level
+// (Shape.lowLevel: a server's share of the burst, c = max(1, ceil(Burst/servers)), or
+// a token a server in a fleet of fewer servers than c) marks its key low (see lowKeys),
+// and a low key's requests go the exact way (the lease, waiting for a refill).
 //
 // A server holds at most one admission of a key uncharged at a time, of a cost of at
 // most c; it admits none before its low-key exchange at half an Async after its first
@@ -77,9 +77,10 @@ type laterSched struct {
 // fleet's low-key set, and whether it has heard from that set since it started.
 //
 // A key is low when the last answer this server had for it (a refill's or a charge's)
-// found its bucket below c (asyncShare), or when the fleet's low-key set (luascript.Low) says
-// some server did and this server's own answers have not said otherwise for LowShare. A
-// key stays low until an answer finds c tokens or more in its bucket (a refill's: a low
+// found its bucket below its low level (Shape.lowLevel), or when the fleet's low-key set
+// (luascript.Low) says some server did and this server's own answers have not said
+// otherwise for LowShare. A key stays low until an answer finds its low level or more
+// in its bucket (a refill's: a low
 // key's requests go the exact way, which asks), until the fleet's set no longer marks a
 // key this server only learnt from it, or until lowMemory passed without news: a low key
 // that was let go of at an expiry would be admitted again by every server at once. The
@@ -90,7 +91,7 @@ type laterSched struct {
 // The keys this server finds low go to the fleet's set with its next low-key exchange
 // (a LowTrip, see scheduleLow), and again when found low LowShare/2 after, so that a
 // server that starts, or has not seen a key yet, learns of it before it admits it; a key
-// this server finds holding c tokens or more again is unmarked there.
+// this server finds holding its low level or more again is unmarked there.
 //
 // Its mutex is the innermost lock of the engine (see the package documentation).
 type lowKeys struct {
@@ -115,7 +116,7 @@ type lowSet struct {
 
 // lowMark is what a server knows of a key that was low: when it last heard so (its own
 // answer, or the fleet's set), when the fleet last heard so (this server marked it, or
-// learnt it from the set), and when its own answer last found c tokens or more in the
+// learnt it from the set), and when its own answer last found its low level or more in the
 // bucket.
 type lowMark struct{ at, shared, high time.Time }
 
@@ -125,7 +126,7 @@ const (
 	lowMemory = 30 * time.Second
 	// LowShare is how long the fleet's set keeps a mark (luascript.Low's memory); a server
 	// marks a key it still finds low again after half of it, and an answer of its own
-	// that found c tokens or more in the bucket outweighs the set for that long.
+	// that found its low level or more in the bucket outweighs the set for that long.
 	LowShare = 10 * time.Second
 	// LowEvery is how often a warm server exchanges low keys with the fleet while it
 	// admits keys uncharged; LowShare/2 while marks wait, LowShare while its requests
@@ -199,12 +200,12 @@ func (s *lowKeys) fresh(i int, now time.Time) bool {
 }
 
 // note records what an answer at now said of key's bucket: remaining tokens, of shape
-// sh. Below the server's share c of the burst, the key is low (and marked for the fleet
-// if the fleet has not heard so for LowShare/2): one more server could not be served
-// from it. At c or more it is not (and unmarked in the fleet's set if it may be marked
-// there; a mark not sent yet is dropped).
+// sh. Below its low level (Shape.lowLevel), the key is low (and marked for the fleet
+// if the fleet has not heard so for LowShare/2). At that level or more it is not (and
+// unmarked in the fleet's set if it may be marked there; a mark not sent yet is
+// dropped).
 func (s *lowKeys) note(sh *Shape, key string, remaining float64, now time.Time) {
-	low := remaining < float64(sh.asyncShare())
+	low := remaining < float64(sh.lowLevel())
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m, ok := s.keys[key]
@@ -232,7 +233,7 @@ func (s *lowKeys) note(sh *Shape, key string, remaining float64, now time.Time) 
 }
 
 // learn records the keys set shard of the fleet's sets marks low, at now: each is low
-// here unless this server's own answer found it holding c tokens or more within
+// here unless this server's own answer found it holding its low level or more within
 // LowShare. A key of that set this server knew low from the sets only, and that the set
 // no longer marks, is not, unless the answer was cut at maxLowReply keys.
 func (s *lowKeys) learn(shard int, ids []redisstore.KeyID, now time.Time) {
@@ -566,6 +567,15 @@ func (sh *Shape) asyncShare() int {
 	c := sh.lease.Load()
 	servers := max(c.Servers, 1)
 	return max(1, (sh.cfg.Burst+servers-1)/servers)
+}
+
+// lowLevel is the fewest tokens a charge-later key's bucket holds and is not low:
+// one server's share c (asyncShare), so that one more server can be served from it, or
+// one token a server if the fleet's servers are fewer than c, so that each server's one
+// uncharged admission of a token can be. A small fleet's share is most of the burst: a
+// key is not low merely for having been used.
+func (sh *Shape) lowLevel() int {
+	return min(sh.asyncShare(), max(sh.lease.Load().Servers, 1))
 }
 
 // trusts reports whether the request of cost n for the key of entry en, of shape sh,

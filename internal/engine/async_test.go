@@ -13,7 +13,8 @@ import (
 )
 
 // asyncEngine is testEngine's limit (rate 100/s, burst 100) with Async 100ms over 4
-// servers: a server's share of the burst is 25.
+// servers: a server's share of the burst is 25, and a bucket is low below 4 tokens (one
+// a server, fewer than a share).
 func asyncEngine(t *testing.T, open *bool) (*Engine, *Limit) {
 	t.Helper()
 	return testEngine(t, func(c *Config) {
@@ -68,8 +69,8 @@ func warmUp(t *testing.T, e *Engine, lm *Limit) {
 // low is admitted at once (one admission per key uncharged, of at most the server's
 // share, and none of a key whose lease took from the bucket within its lifetime), and
 // charged as a refund of -n in one trip once Async has passed; the charge's
-// answer marks a bucket below the server's share of the burst (25) low, and a low key
-// waits for Redis until a refill finds its share in it again; an open breaker sends
+// answer marks a bucket below its low level (4) low, and a low key waits for Redis
+// until a refill finds that much in it again; an open breaker sends
 // requests to the policy.
 func TestAsyncAdmitsAndCharges(t *testing.T) {
 	open := false
@@ -164,9 +165,9 @@ func TestAsyncAdmitsAndCharges(t *testing.T) {
 			t.Errorf("no charge of %s", i)
 		}
 	}
-	// a's bucket is low (10 < 25), b's is not.
+	// a's bucket is low (3 < 4), b's is not.
 	for i, r := range trip.Refunds {
-		trip.RefundResults[i].Remaining = map[string]float64{"a": 10, "b": 75}[string(r.ID)]
+		trip.RefundResults[i].Remaining = map[string]float64{"a": 3, "b": 75}[string(r.ID)]
 	}
 	trip.Answered = true
 	e.Done(t0.Add(201*time.Millisecond), trip)
@@ -224,8 +225,9 @@ func TestAsyncLowIsRemembered(t *testing.T) {
 		remaining float64
 		low       bool // after the note, at the same instant
 	}{
-		{0, 24.9, true},          // the share of the burst (100 over 4 servers) is 25
-		{time.Second, 25, false}, // a share: not low
+		{0, 3.9, true},           // one token a server (4), fewer than the share (25)
+		{time.Second, 4, false},  // the low level: not low
+		{time.Second, 24, false}, // below the share, but each server's token is there
 		{2 * time.Second, -300, true},
 		{2*time.Second + lowMemory - 1, 0, true}, // noted again: remembered from here
 	} {
@@ -255,7 +257,7 @@ func TestAsyncLowIsRemembered(t *testing.T) {
 	}
 	f.learn(0, []redisstore.KeyID{"high"}, at(time.Second))
 	f.note(sh, "high", 80, at(time.Second+time.Millisecond))
-	f.note(sh, "fresh", 10, at(time.Second+time.Millisecond))
+	f.note(sh, "fresh", 3, at(time.Second+time.Millisecond))
 	// mine: the fleet had heard it low (learn) a millisecond before this server did.
 	if mark, unmark := f.takeMarks(); len(mark) != 1 || mark[0] != "fresh" || len(unmark) != 1 || unmark[0] != "high" {
 		t.Fatalf("marks %q, unmarks %q; want fresh marked, high unmarked", mark, unmark)
