@@ -59,7 +59,7 @@ func coldSpreadVariants() []Scenario {
 // 2·burst + rate·W + S·c, and shown to need it; so is every key's every window, and
 // every window from 1 s on, past the fleet's cold start (when keys that drain only after
 // the servers' warm-up are admitted once by each server), to 2·burst + rate·W. The
-// waiting share is asserted at 1.5%: the plain many-keys run waits 1.2-1.4% over seeds
+// waiting share is asserted at 1.5%: the plain many-keys run waits 1.1-1.2% over seeds
 // 1-5, the first 50 ms (0.5% of the run) included (docs/design.md §11).
 //
 // The plain many-keys scenario is TestFleet's many-keys suite, which measures what the
@@ -183,7 +183,7 @@ func windowColdClaims(t *testing.T, name string, o outcome) {
 // burst (c = Burst/servers) is most of it in a small fleet: a key is low when its bucket
 // holds less than one token a server, not less than c, which with one server made every
 // key used once low, its requests waiting for Redis (23% of the requests of keys within
-// their limit from 1 s on). They wait 4-5% now, against 28-39% with the exact hybrid:
+// their limit from 1 s on). They wait under 4% now, against 28-39% with the exact hybrid:
 // the waits left are of keys a server sees often enough to hold a lease, which serves
 // them, and whose request past it waits for the refill. The bounds hold as on 200
 // servers.

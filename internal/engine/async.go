@@ -11,8 +11,9 @@ import (
 
 // A limit with Async set ("charge later") admits a request its lease cannot serve
 // without asking Redis, when nothing this server knows says the key's bucket is low,
-// and charges it to the bucket afterwards: every Async, one pipelined round trip
-// carries the charges of all the keys admitted so (debt trips, each item a refund of
+// and charges it to the bucket afterwards: within an Async of the first of them (at an
+// instant drawn in its second half, see charge), one pipelined round trip carries the
+// charges of all the keys admitted so (debt trips, each item a refund of
 // -n, as FailLocal's debts are). The answers say how many tokens each bucket holds,
 // and so do the answers of the refills: a bucket found holding less than its low level
 // (Shape.lowLevel: a server's share of the burst, c = max(1, ceil(Burst/servers)), or
@@ -629,7 +630,11 @@ func (c *chargeLater) charge(sh *Shape, key string, n int, now time.Time) {
 		// Stop): no Tick will make it due, so it is due now, as Stop made the others.
 		e.cl.asyncDue, e.cl.asyncAt = true, time.Time{}
 	} else if !e.cl.asyncDue && e.cl.asyncAt.IsZero() {
-		e.cl.asyncAt = now.Add(sh.cfg.Async)
+		// Due at an instant drawn anew for every batch in the second half of an Async:
+		// servers that admit together (started at once, or serving requests spread
+		// evenly over them) would otherwise send their batches together every Async, a
+		// burst of scripts in which Redis keeps the last past its timeout.
+		e.cl.asyncAt = now.Add(time.Duration(float64(sh.cfg.Async) * (0.5 + 0.5*uniform(&e.rng))))
 		wake = true // the driver's next tick must come by then
 	}
 	e.mu.Unlock()

@@ -138,14 +138,19 @@ func TestAsyncAdmitsAndCharges(t *testing.T) {
 	if st := lm.Stats(); st.Owed != 26 {
 		t.Fatalf("owed %d, want 26", st.Owed)
 	}
-	// The charges are due Async after the first of them.
-	if e.Tick(t0.Add(199 * time.Millisecond)); e.Next() != nil {
+	// The charges are due in the second half of an Async after the first of them (100
+	// ms), at an instant drawn for the batch.
+	if e.Tick(t0.Add(149 * time.Millisecond)); e.Next() != nil {
 		t.Fatal("a trip before the charges are due")
 	}
-	if got := e.NextTick(); !got.Equal(t0.Add(200 * time.Millisecond)) {
-		t.Fatalf("NextTick %v, want the charges' instant", got.Sub(t0))
+	due := e.NextTick()
+	if due.Before(t0.Add(150*time.Millisecond)) || !due.Before(t0.Add(200*time.Millisecond)) {
+		t.Fatalf("NextTick %v, want the charges' instant, from 150 ms to 200 ms", due.Sub(t0))
 	}
-	e.Tick(t0.Add(200 * time.Millisecond))
+	if e.Tick(due.Add(-time.Nanosecond)); e.Next() != nil {
+		t.Fatal("a trip before the charges are due")
+	}
+	e.Tick(due)
 	trip = e.Next()
 	if trip == nil || !trip.debts || len(trip.Refunds) != 2 {
 		t.Fatalf("Next = %+v, want the two charges", trip)
@@ -783,4 +788,60 @@ func keyOfSetFrom(t *testing.T, prefix string, shard, shards int) string {
 	}
 	t.Fatalf("no key of set %d of %d", shard, shards)
 	return ""
+}
+
+// TestChargesSpread: a batch of charges is due at an instant drawn for it in the second
+// half of an Async after its first admission, so that servers admitting together do not
+// charge together: over 40 batches of one server the instants spread over most of that
+// half, and two servers given the same admissions charge at different instants.
+func TestChargesSpread(t *testing.T) {
+	const batches = 40
+	delays := make([][]time.Duration, 2)
+	for s := range delays {
+		e, lm := testEngine(t, func(c *Config) {
+			c.Servers = 4
+			c.Seed = uint64(s + 1)
+			c.Limits[0].Async = 100 * time.Millisecond
+			c.BreakerOpen = func() bool { return false }
+		})
+		warmUp(t, e, lm)
+		for i := range batches {
+			at := t0.Add(time.Second + time.Duration(i)*time.Second)
+			e.Tick(at)
+			if d, w := decide(e, at, lm, "k"+strconv.Itoa(i), 1); w != nil || d.Reason != ReasonAsync {
+				t.Fatalf("server %d, batch %d: %+v, %v; want an admission charged later", s, i, d, w)
+			}
+			e.mu.Lock()
+			due := e.cl.asyncAt
+			e.mu.Unlock()
+			delays[s] = append(delays[s], due.Sub(at))
+			for charged := false; !charged; { // its exchanges, then the charge
+				now := e.NextTick()
+				e.Tick(now)
+				for trip := e.Next(); trip != nil; trip = e.Next() {
+					if trip.debts {
+						if !now.Equal(due) {
+							t.Fatalf("server %d, batch %d: charged at %v, due at %v", s, i, now.Sub(at), due.Sub(at))
+						}
+						charged = true
+					}
+					answerAll(trip)
+					e.Done(now, trip)
+				}
+			}
+		}
+	}
+	lo, hi, same := delays[0][0], delays[0][0], 0
+	for i, d := range delays[0] {
+		if d < 50*time.Millisecond || d >= 100*time.Millisecond {
+			t.Fatalf("batch %d due %v after its first admission, want from 50 ms to 100 ms", i, d)
+		}
+		lo, hi = min(lo, d), max(hi, d)
+		if d == delays[1][i] {
+			same++
+		}
+	}
+	if hi-lo < 40*time.Millisecond || same > 1 {
+		t.Errorf("due from %v to %v after the first admission, %d of %d batches at the other server's instant; want a spread of 40 ms or more, and different instants", lo, hi, same, batches)
+	}
 }
