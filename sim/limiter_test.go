@@ -364,9 +364,9 @@ func (l *limiterStrat) cost(c redis.Cmder) (n int, cost time.Duration, ok bool) 
 	args := c.Args()
 	switch strings.ToLower(c.Name()) {
 	case "evalsha", "eval":
-		// EVALSHA sha numkeys key memory n ids... unmark...
-		if len(args) >= 6 && (args[1] == luascript.Low.Hash() || args[1] == luascript.LowSource) {
-			return 1, sc.ScriptTime + time.Duration(len(args)-6)*sc.CommandTime, true
+		// EVALSHA sha numkeys key memory n most ids... unmark...
+		if len(args) >= 7 && (args[1] == luascript.Low.Hash() || args[1] == luascript.LowSource) {
+			return 1, sc.ScriptTime + time.Duration(len(args)-7)*sc.CommandTime, true
 		}
 		return 1, sc.ScriptTime, true
 	case "time", "zremrangebyscore", "pexpire":

@@ -117,8 +117,8 @@ func (l *Lua) Heartbeat(now time.Time, key, server string, ttlMS int64) int {
 
 // Low runs luascript.Low.
 func (l *Lua) Low(now time.Time, key string, memoryMS int64, ids, unmark []string) []string {
-	args := make([]any, 0, 2+len(ids)+len(unmark))
-	args = append(args, memoryMS, len(ids))
+	args := make([]any, 0, 3+len(ids)+len(unmark))
+	args = append(args, memoryMS, len(ids), wire.MaxLowReply)
 	for _, id := range ids {
 		args = append(args, id)
 	}

@@ -88,8 +88,9 @@ var HeartbeatSource string
 // LowSource is the low-key script of a charge-later limit (hybrid.ChargeLater):
 //
 //	KEYS[1] the limit's low-key set (sorted set); ARGV[1] memory ms, ARGV[2] n,
-//	ARGV[3..n+2] key IDs to mark, ARGV[n+3..] key IDs to unmark
-//	returns the key IDs marked now (array of strings, the latest first, at most 10,000)
+//	ARGV[3] most, ARGV[4..n+3] key IDs to mark, ARGV[n+4..] key IDs to unmark
+//	returns the key IDs marked now (array of strings, the latest first, at most most,
+//	0 to 10,000)
 //
 // It marks each key of the first list as low until Redis TIME + memory (a mark only
 // moves later), unmarks those of the second, drops marks whose time has passed, keeps at

@@ -598,14 +598,18 @@ func (x *LowSet) ReadOnly() bool { return len(x.Mark)+len(x.Unmark) == 0 && !x.R
 // LowBatch makes Low, with memory, for each set of sets that is not ReadOnly, and reads
 // the others at their ReadAt, in one pipelined round trip (per Cluster node), and
 // writes each set's answer to got[i] and its error to errs[i]: the exchanges of a
-// limit's sets with one master in one round trip. As in TakeBatch, scripts go out as
-// EVALSHA, and those answered NOSCRIPT again as EVAL in a second round trip. It returns
-// the first error; got and errs must be at least as long as sets.
+// limit's sets with one master in one round trip. A set with more than
+// wire.MaxLowWrite marks and unmarks writes them in runs of the script of at most that
+// many each, the last of which reads the set: one run of many thousands would keep
+// Redis from every other client for tens of milliseconds. As in TakeBatch, scripts go
+// out as EVALSHA, and those answered NOSCRIPT again as EVAL in a second round trip. It
+// returns the first error; got and errs must be at least as long as sets.
 func (s *Store) LowBatch(ctx context.Context, sets []LowSet, memory time.Duration, got [][]KeyID, errs []error) error {
 	if len(got) < len(sets) || len(errs) < len(sets) {
 		return fmt.Errorf("%w: LowBatch: %d and %d answers for %d sets", storeerr.ErrInvalidConfig, len(got), len(errs), len(sets))
 	}
-	scripts := make([]batchItem, len(sets))
+	var scripts []batchItem
+	runs := make([][2]int, len(sets)) // the set's runs of the script: scripts[from:to]
 	reads := make([]*redis.StringSliceCmd, len(sets))
 	var pipe redis.Pipeliner
 	if s.pipe != nil {
@@ -618,32 +622,40 @@ func (s *Store) LowBatch(ctx context.Context, sets []LowSet, memory time.Duratio
 			continue
 		}
 		key := wire.LowKey(s.prefix, x.Limit, x.Shards, x.Shard)
-		switch {
-		case pipe != nil && x.ReadOnly():
+		if pipe != nil && x.ReadOnly() {
 			reads[i] = pipe.ZRevRangeByScore(ctx, key, &redis.ZRangeBy{
 				Max: "+inf", Min: "(" + strconv.FormatInt(x.ReadAt.UnixMilli(), 10), Count: wire.MaxLowReply})
-		case pipe != nil:
-			it := &scripts[i]
-			it.keys, it.args = []string{key}, lowArgs(*x, memory)
-			it.cmd = luascript.Low.EvalSha(ctx, pipe, it.keys, it.args...)
-		default:
-			reply, err := luascript.Low.Run(ctx, s.c, []string{key}, lowArgs(*x, memory)...).Result()
-			got[i], errs[i] = lowReply(reply, err)
+			continue
 		}
+		runs[i][0] = len(scripts)
+		for _, args := range lowRuns(*x, memory) {
+			it := batchItem{keys: []string{key}, args: args}
+			if pipe != nil {
+				it.cmd = luascript.Low.EvalSha(ctx, pipe, it.keys, it.args...)
+			} else {
+				it.cmd = luascript.Low.Run(ctx, s.c, it.keys, it.args...)
+			}
+			scripts = append(scripts, it)
+		}
+		runs[i][1] = len(scripts)
 	}
 	if pipe != nil && pipe.Len() > 0 {
 		_, _ = pipe.Exec(ctx) // errors are read per command
 		s.retryNoScript(ctx, luascript.Low, scripts)
 	}
 	for i := range sets {
-		switch {
-		case scripts[i].cmd != nil:
-			got[i], errs[i] = lowReply(scripts[i].cmd.Result())
-		case reads[i] != nil:
+		if reads[i] != nil {
 			if ids, err := reads[i].Result(); err != nil {
 				errs[i] = wrap("low keys", err)
 			} else {
 				got[i] = keyIDs(ids)
+			}
+			continue
+		}
+		for _, it := range scripts[runs[i][0]:runs[i][1]] { // the last one's reply is the set's
+			if got[i], errs[i] = lowReply(it.cmd.Result()); errs[i] != nil {
+				got[i] = nil
+				break
 			}
 		}
 	}
@@ -669,14 +681,31 @@ func checkLowSet(x LowSet, memory time.Duration) error {
 	return nil
 }
 
-// lowArgs are luascript.Low's arguments for x with memory.
-func lowArgs(x LowSet, memory time.Duration) []any {
-	args := make([]any, 0, 2+len(x.Mark)+len(x.Unmark))
-	args = append(args, memory.Milliseconds(), len(x.Mark))
-	for _, id := range x.Mark {
-		args = append(args, string(id))
+// lowRuns are luascript.Low's arguments for x with memory: one run of the script, or,
+// for more than wire.MaxLowWrite marks and unmarks, a run for every MaxLowWrite of them,
+// the marks first, of which only the last returns what the set marks.
+func lowRuns(x LowSet, memory time.Duration) [][]any {
+	ids := make([]KeyID, 0, len(x.Mark)+len(x.Unmark))
+	ids = append(append(ids, x.Mark...), x.Unmark...)
+	var runs [][]any
+	for from := 0; from == 0 || from < len(ids); from += wire.MaxLowWrite {
+		to := min(from+wire.MaxLowWrite, len(ids))
+		most := 0
+		if to == len(ids) {
+			most = wire.MaxLowReply
+		}
+		marks := max(0, min(to, len(x.Mark))-from)
+		runs = append(runs, lowArgs(ids[from:to], marks, memory, most))
 	}
-	for _, id := range x.Unmark {
+	return runs
+}
+
+// lowArgs are luascript.Low's arguments with memory: to mark the first marks of ids and
+// unmark the rest, and return at most most of the set's marks.
+func lowArgs(ids []KeyID, marks int, memory time.Duration, most int) []any {
+	args := make([]any, 0, 3+len(ids))
+	args = append(args, memory.Milliseconds(), marks, most)
+	for _, id := range ids {
 		args = append(args, string(id))
 	}
 	return args

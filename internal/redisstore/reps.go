@@ -19,8 +19,8 @@ func (s *Store) Reps(ctx context.Context, members []string, live time.Duration) 
 	if live < time.Millisecond {
 		return nil, fmt.Errorf("%w: representations live %v, shorter than 1ms", storeerr.ErrInvalidLimit, live)
 	}
-	args := make([]any, 0, 2+len(members))
-	args = append(args, live.Milliseconds(), len(members))
+	args := make([]any, 0, 3+len(members))
+	args = append(args, live.Milliseconds(), len(members), wire.MaxLowReply)
 	for _, m := range members {
 		args = append(args, m)
 	}

@@ -533,6 +533,87 @@ func TestLow(t *testing.T) {
 	}
 }
 
+// evalHook records the replies of the scripts each pipeline ran (not those answered
+// NOSCRIPT, which ran nothing).
+type evalHook struct {
+	mu      sync.Mutex
+	replies [][]any // by pipeline, each EVALSHA's or EVAL's reply
+}
+
+func (*evalHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (*evalHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *evalHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		var rs []any
+		for _, c := range cmds {
+			if n := strings.ToLower(c.Name()); n == "evalsha" || n == "eval" {
+				if v, err := c.(*redis.Cmd).Result(); err == nil { // not NOSCRIPT: ran
+					rs = append(rs, v)
+				}
+			}
+		}
+		h.mu.Lock()
+		h.replies = append(h.replies, rs)
+		h.mu.Unlock()
+		return err
+	}
+}
+
+// TestLowManyMarks: a set's marks and unmarks beyond wire.MaxLowWrite go in several runs
+// of the script in one round trip, each of at most that many, of which only the last
+// reads the set; every mark and unmark is made, and the answer is the whole set's.
+func TestLowManyMarks(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		h := &evalHook{}
+		tg.Client.AddHook(h)
+		s := newStore(t, tg.Client)
+		lim := lname(t)
+		ids := func(prefix string, n int) []redisstore.KeyID {
+			out := make([]redisstore.KeyID, n)
+			for i := range out {
+				out[i] = redisstore.KeyID(prefix + strconv.Itoa(i))
+			}
+			return out
+		}
+		marks := ids("k", 2*wire.MaxLowWrite+276)
+		for _, tc := range []struct {
+			mark, unmark []redisstore.KeyID
+			runs, want   int
+		}{
+			{marks, nil, 3, len(marks)},
+			{ids("n", 100), marks[:700], 2, len(marks) - 700 + 100},
+		} {
+			h.replies = nil
+			got := make([][]redisstore.KeyID, 1)
+			if err := s.LowBatch(ctx, []redisstore.LowSet{{Limit: lim, Shards: 1, Mark: tc.mark, Unmark: tc.unmark}}, time.Minute, got, make([]error, 1)); err != nil {
+				t.Fatal(err)
+			}
+			if len(got[0]) != tc.want {
+				t.Fatalf("%d marks and %d unmarks: answered %d IDs, want the set's %d", len(tc.mark), len(tc.unmark), len(got[0]), tc.want)
+			}
+			var runs []any
+			for _, p := range h.replies {
+				runs = append(runs, p...)
+			}
+			if len(runs) != tc.runs {
+				t.Fatalf("%d marks and %d unmarks: %d runs of the script, want %d", len(tc.mark), len(tc.unmark), len(runs), tc.runs)
+			}
+			for i, r := range runs {
+				n := len(r.([]any))
+				if i < len(runs)-1 && n != 0 || i == len(runs)-1 && n != tc.want {
+					t.Fatalf("run %d of %d answered %d IDs; want none but from the last, which answers the set's %d", i+1, len(runs), n, tc.want)
+				}
+			}
+			set, err := s.Low(ctx, lim, 1, 0, nil, nil, time.Minute)
+			if err != nil || len(set) != tc.want {
+				t.Fatalf("the set marks %d keys (%v), want %d", len(set), err, tc.want)
+			}
+		}
+	})
+}
+
 // TestLowBatch: a batch exchanges with each set of a limit's low keys in one round trip,
 // each mark in its set; a set with nothing to write is read at the caller's estimate of
 // Redis's time; an

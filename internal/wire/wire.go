@@ -126,6 +126,11 @@ func LowKey(prefix, limit string, shards, i int) string {
 // marks first (luascript.Low, redisstore.Store.LowBatch).
 const MaxLowReply = 10_000
 
+// MaxLowWrite is the most marks and unmarks one run of luascript.Low writes
+// (redisstore.Store.LowBatch splits more into runs of it): each costs Redis about 3 µs,
+// so a run keeps other clients waiting for at most about 1.5 ms.
+const MaxLowWrite = 512
+
 // LowShards is how many sets a charge-later limit's low keys are marked in on a Redis
 // Cluster, each under a tag of its own (ShardTag), a key in the set of LowShard: one set
 // a master on 10 masters, so that the servers' exchanges with the sets spread over them
