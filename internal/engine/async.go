@@ -103,6 +103,7 @@ type lowKeys struct {
 	pend      map[string]bool     // keys to mark (true) or unmark (false) in the fleet's set, the last word of each; guarded by mu
 	pendOrder []string            // pend's keys, in the order first queued (a key dropped from pend may stay, skipped); guarded by mu
 	pendMarks int                 // the marks in pend; guarded by mu
+	backlog   bool                // the last exchange left some of pend for the next (maxLowSend); guarded by mu
 	sets      []lowSet            // by set of the fleet's (wire.LowShard), what this server heard from it; guarded by mu
 	sweep     time.Time           // when the forgotten keys were last dropped; guarded by mu
 	shards    int                 // the sets of the limit's marks (LimitConfig.LowShards, 0 or 1: one); fixed
@@ -143,10 +144,14 @@ const (
 	// are not noted (their next requests are admitted, and charged: what a key forgets
 	// costs an admission per server, as a new key does). maxLowMarks bounds the marks
 	// and unmarks waiting for the next exchange. maxLowReply is the most keys luascript.Low
-	// answers.
+	// answers. maxLowSend is the most marks and unmarks of one limit an exchange carries,
+	// about 3 ms of Redis's time (wire.MaxLowWrite): many more would keep the exchange
+	// past the breaker's timeout, to fail and go again whole; the rest go with the next
+	// exchanges, a LowEvery apart.
 	maxLowKeys  = 100_000
 	maxLowMarks = 10_000
 	maxLowReply = wire.MaxLowReply
+	maxLowSend  = 2 * wire.MaxLowWrite
 )
 
 // admit reports whether key, of a limit with Async, may be admitted uncharged at now:
@@ -328,9 +333,10 @@ func (s *lowKeys) unqueue(key string) {
 
 // exchanges appends to out the limit's part of a LowTrip, and forgets the marks and
 // unmarks it sends: an exchange with each of the limit's sets, carrying the marks and
-// unmarks of that set's keys (wire.LowShard). Each server reads every set at each
-// exchange, as it reads the one set of a limit on one Redis, so that a mark reaches the
-// fleet as soon whatever the sets; a set with nothing to write is only read
+// unmarks of that set's keys (wire.LowShard), the first maxLowSend of them in the order
+// queued (the others wait for the next exchange: backlog). Each server reads every set
+// at each exchange, as it reads the one set of a limit on one Redis, so that a mark
+// reaches the fleet as soon whatever the sets; a set with nothing to write is only read
 // (LowExchange.ReadOnly), a plain command's work.
 func (s *lowKeys) exchanges(out []LowExchange, limit string, cl *chargeLater) []LowExchange {
 	s.mu.Lock()
@@ -339,21 +345,28 @@ func (s *lowKeys) exchanges(out []LowExchange, limit string, cl *chargeLater) []
 	for i := range shards {
 		out = append(out, LowExchange{LowSet: redisstore.LowSet{Limit: limit, Shards: shards, Shard: i}, cl: cl})
 	}
+	sent, left := 0, s.pendOrder[:0] // left overwrites only what was read
 	for _, k := range s.pendOrder {
 		w, ok := s.pend[k]
-		if !ok {
+		switch {
+		case !ok:
 			continue // dropped, or sent already (a key queued again after a drop)
+		case sent == maxLowSend:
+			left = append(left, k)
+			continue
 		}
 		x := &out[first+wire.LowShard(k, shards)]
 		if w {
 			x.Mark = append(x.Mark, redisstore.KeyID(k))
+			s.pendMarks--
 		} else {
 			x.Unmark = append(x.Unmark, redisstore.KeyID(k))
 		}
 		delete(s.pend, k)
+		sent++
 	}
-	s.pendMarks = 0
-	s.pendOrder = s.pendOrder[:0]
+	clear(s.pendOrder[len(left):]) // let go of the keys sent
+	s.pendOrder, s.backlog = left, len(left) > 0
 	return out
 }
 
@@ -371,17 +384,17 @@ func (s *lowKeys) requeue(mark, unmark []redisstore.KeyID) {
 	}
 }
 
-// pending reports whether marks or unmarks wait, whether the limit is warm (it heard
-// from each of the fleet's sets after its warm-up), and whether what it heard from one
-// went stale by now.
-func (s *lowKeys) pending(now time.Time) (marks, warm, stale bool) {
+// pending reports whether marks or unmarks wait, whether some of them had no room in
+// the last exchange (backlog), whether the limit is warm (it heard from each of the
+// fleet's sets after its warm-up), and whether what it heard from one went stale by now.
+func (s *lowKeys) pending(now time.Time) (marks, backlog, warm, stale bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	warm = true
 	for i := range max(s.shards, 1) {
 		warm, stale = warm && s.set(i).warm, stale || !s.fresh(i, now)
 	}
-	return len(s.pend) > 0, warm, warm && stale
+	return len(s.pend) > 0, s.backlog && len(s.pend) > 0, warm, warm && stale
 }
 
 // setWarm records that set shard of the fleet's answered an exchange after the server's
@@ -453,9 +466,9 @@ func (e *Engine) scheduleLow(now time.Time, async time.Duration) bool {
 	if e.cl.lowAt.IsZero() || now.Before(e.cl.lowAt) {
 		return false
 	}
-	marks, warm, stale := e.lowState(now)
+	marks, backlog, warm, stale := e.lowState(now)
 	since := now.Sub(e.cl.lowLast)
-	due := !warm || e.cl.lowNews || marks && since >= e.lowPace(LowShare/2) ||
+	due := !warm || e.cl.lowNews || backlog || marks && since >= e.lowPace(LowShare/2) ||
 		asked && (stale || since >= e.lowPace(LowShare))
 	if !due {
 		// Nothing admitted uncharged since the last exchange, and every limit warm: the
@@ -469,16 +482,17 @@ func (e *Engine) scheduleLow(now time.Time, async time.Duration) bool {
 }
 
 // lowState reports whether a limit with Async has marks or unmarks to send, whether
-// every limit with Async is warm, and whether one's knowledge went stale by now.
-func (e *Engine) lowState(now time.Time) (marks, warm, stale bool) {
+// one has some the last exchange had no room for, whether every limit with Async is
+// warm, and whether one's knowledge went stale by now.
+func (e *Engine) lowState(now time.Time) (marks, backlog, warm, stale bool) {
 	warm = true
 	for _, lm := range e.Limits() {
 		if cl := lm.chargeLater(); cl != nil {
-			m, w, st := cl.low.pending(now)
-			marks, warm, stale = marks || m, warm && w, stale || st
+			m, b, w, st := cl.low.pending(now)
+			marks, backlog, warm, stale = marks || m, backlog || b, warm && w, stale || st
 		}
 	}
-	return marks, warm, stale
+	return marks, backlog, warm, stale
 }
 
 // lowDue reports whether a low-key exchange is due. It requires that e.mu is held.
@@ -531,7 +545,7 @@ func (e *Engine) lowDone(now time.Time, t *Trip) {
 		// asking again at once would not make its master answer.
 		e.cl.lowLast = now
 	}
-	_, warm, _ := e.lowState(now)
+	_, _, warm, _ := e.lowState(now)
 	switch {
 	case all:
 		e.cl.lowFails = 0
@@ -565,10 +579,11 @@ func (e *Engine) lowPace(d time.Duration) time.Duration {
 // asyncShare is the largest cost a server admits of one key of shape sh without asking
 // Redis: its share of the burst, at least 1.
 func (sh *Shape) asyncShare() int {
-	c := sh.lease.Load()
-	servers := max(c.Servers, 1)
-	return max(1, (sh.cfg.Burst+servers-1)/servers)
+	return shareOf(sh.cfg.Burst, max(sh.lease.Load().Servers, 1))
 }
+
+// shareOf is a server's share of burst over servers, at least 1: c = ceil(burst/servers).
+func shareOf(burst, servers int) int { return max(1, (burst+servers-1)/servers) }
 
 // lowLevel is the fewest tokens a charge-later key's bucket holds and is not low:
 // one server's share c (asyncShare), so that one more server can be served from it, or
@@ -576,7 +591,8 @@ func (sh *Shape) asyncShare() int {
 // uncharged admission of a token can be. A small fleet's share is most of the burst: a
 // key is not low merely for having been used.
 func (sh *Shape) lowLevel() int {
-	return min(sh.asyncShare(), max(sh.lease.Load().Servers, 1))
+	servers := max(sh.lease.Load().Servers, 1) // one load: both from one fleet size
+	return min(shareOf(sh.cfg.Burst, servers), servers)
 }
 
 // trusts reports whether the request of cost n for the key of entry en, of shape sh,
@@ -610,7 +626,7 @@ func (c *chargeLater) note(sh *Shape, key string, remaining float64, now time.Ti
 }
 
 // charge queues the charge of n tokens the admission of key (shape sh) at now admitted,
-// due at now + Async if no charge is due earlier.
+// due at an instant drawn in [now + Async/2, now + Async) if no charge is due earlier.
 func (c *chargeLater) charge(sh *Shape, key string, n int, now time.Time) {
 	lm, e := c.lm, c.lm.e
 	e.mu.Lock()

@@ -53,11 +53,11 @@ func warmUp(t *testing.T, e *Engine, lm *Limit) {
 		e.Done(t0, trip)
 	}
 	exchange(t, e, t0.Add(25*time.Millisecond))
-	if _, warm, _ := e.lowState(t0.Add(25 * time.Millisecond)); warm {
+	if _, _, warm, _ := e.lowState(t0.Add(25 * time.Millisecond)); warm {
 		t.Fatal("warm after the exchange at a quarter of an Async")
 	}
 	exchange(t, e, t0.Add(50*time.Millisecond))
-	if _, warm, _ := e.lowState(t0.Add(50 * time.Millisecond)); !warm {
+	if _, _, warm, _ := e.lowState(t0.Add(50 * time.Millisecond)); !warm {
 		t.Fatal("not warm after the exchange at half an Async")
 	}
 }
@@ -68,7 +68,7 @@ func warmUp(t *testing.T, e *Engine, lm *Limit) {
 // key not known
 // low is admitted at once (one admission per key uncharged, of at most the server's
 // share, and none of a key whose lease took from the bucket within its lifetime), and
-// charged as a refund of -n in one trip once Async has passed; the charge's
+// charged as a refund of -n in one trip within Async (in its second half); the charge's
 // answer marks a bucket below its low level (4) low, and a low key waits for Redis
 // until a refill finds that much in it again; an open breaker sends
 // requests to the policy.
@@ -625,8 +625,10 @@ func (s *lowKeys) size() int {
 
 // takeMarks returns the marks and unmarks s's next exchanges send, and forgets them.
 func (s *lowKeys) takeMarks() (mark, unmark []redisstore.KeyID) {
-	for _, x := range s.exchanges(nil, "l", nil) {
-		mark, unmark = append(mark, x.Mark...), append(unmark, x.Unmark...)
+	for more := true; more; _, more, _, _ = s.pending(t0) { // as many exchanges as they need
+		for _, x := range s.exchanges(nil, "l", nil) {
+			mark, unmark = append(mark, x.Mark...), append(unmark, x.Unmark...)
+		}
 	}
 	return mark, unmark
 }
@@ -712,7 +714,7 @@ func TestAsyncLowSets(t *testing.T) {
 			trip.Lows[1].Err = errors.New("set 1's master: down")
 		}
 		e.Done(now, trip)
-		if _, warm, _ := e.lowState(now); warm != (i == 2) {
+		if _, _, warm, _ := e.lowState(now); warm != (i == 2) {
 			t.Fatalf("after exchange %d (a set failed: %v): warm %v", i, fail, warm)
 		}
 		if i == 1 { // the sets that answered are warm: their keys may be admitted uncharged
@@ -843,5 +845,74 @@ func TestChargesSpread(t *testing.T) {
 	}
 	if hi-lo < 40*time.Millisecond || same > 1 {
 		t.Errorf("due from %v to %v after the first admission, %d of %d batches at the other server's instant; want a spread of 40 ms or more, and different instants", lo, hi, same, batches)
+	}
+}
+
+// TestLowLevel: a bucket is low below one server's share of the burst, or below a token
+// a server when the fleet has fewer servers than a share.
+func TestLowLevel(t *testing.T) {
+	for _, tc := range []struct{ servers, burst, want int }{
+		{1, 100, 1},           // a share is the whole burst: a token
+		{4, 100, 4},           // share 25
+		{10, 100, 10},         // share 10: either
+		{20, 100, 5},          // share 5
+		{200, 50, 1},          // share 1
+		{2, 1_000_000, 2},     // share 500,000
+		{300, 1_000_000, 300}, // share 3,334
+	} {
+		_, lm := testEngine(t, func(c *Config) {
+			c.Servers = tc.servers
+			c.Limits[0].Burst = tc.burst
+			c.Limits[0].Async = 100 * time.Millisecond
+		})
+		if got := lm.Shape("").lowLevel(); got != tc.want {
+			t.Errorf("%d servers, burst %d: low level %d, want %d", tc.servers, tc.burst, got, tc.want)
+		}
+	}
+}
+
+// TestLowExchangeBacklog: an exchange carries at most maxLowSend of a limit's marks, the
+// first queued; the rest make the next exchange due at the next check, a LowEvery at
+// this server's pace later, not LowShare/2 later as marks that fit would.
+func TestLowExchangeBacklog(t *testing.T) {
+	e, lm := asyncEngine(t, new(bool))
+	warmUp(t, e, lm)
+	const n = 2*maxLowSend + 100
+	low := &lm.chargeLater().low
+	start := t0.Add(100 * time.Millisecond)
+	for i := range n {
+		low.note(lm.Shape(""), "k"+strconv.Itoa(i), 0, start)
+	}
+	var at []time.Duration
+	var carried []int
+	next := 0
+	for now := start; len(carried) < 3 && now.Before(start.Add(time.Minute)); now = e.NextTick() {
+		e.Tick(now)
+		for trip := e.Next(); trip != nil; trip = e.Next() {
+			if trip.Kind == LowTrip {
+				x := trip.Lows[0]
+				for j, id := range x.Mark {
+					if want := "k" + strconv.Itoa(next+j); string(id) != want {
+						t.Fatalf("exchange %d, mark %d: %s, want %s (the order queued)", len(carried)+1, j, id, want)
+					}
+				}
+				next += len(x.Mark)
+				at, carried = append(at, now.Sub(start)), append(carried, len(x.Mark))
+				trip.Lows[0].Got = []redisstore.KeyID{}
+			}
+			answerAll(trip)
+			e.Done(now, trip)
+		}
+	}
+	if len(carried) != 3 || carried[0] != maxLowSend || carried[1] != maxLowSend || carried[2] != 100 {
+		t.Fatalf("exchanges carried %v marks, want %d, %d and 100", carried, maxLowSend, maxLowSend)
+	}
+	for i := 1; i < 3; i++ {
+		if gap := at[i] - at[i-1]; gap > LowEvery*3/2 {
+			t.Errorf("exchange %d came %v after the one before, want within 1.5 LowEvery", i+1, gap)
+		}
+	}
+	if _, backlog, _, _ := low.pending(t0); backlog {
+		t.Error("a backlog after every mark was sent")
 	}
 }

@@ -614,6 +614,27 @@ func TestLowManyMarks(t *testing.T) {
 	})
 }
 
+// TestLowMost: luascript.Low answers at most ARGV[3] of the set's marks, the latest
+// first, none for 0, and refuses a bound that is not a whole number from 0 to 10,000.
+func TestLowMost(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		key := "fl:low:{" + lname(t) + "}"
+		for _, tc := range []struct {
+			most any
+			want int // -1: refused
+		}{{0, 0}, {1, 1}, {2, 2}, {10000, 3}, {-1, -1}, {10001, -1}, {"1.5", -1}, {"x", -1}} {
+			got, err := luascript.Low.Run(ctx, tg.Client, []string{key}, 60000, 3, tc.most, "a", "b", "c").StringSlice()
+			switch {
+			case tc.want < 0 && err == nil:
+				t.Errorf("most %v: answered %q, want the arguments refused", tc.most, got)
+			case tc.want >= 0 && (err != nil || len(got) != tc.want):
+				t.Errorf("most %v: %q, %v; want %d IDs", tc.most, got, err, tc.want)
+			}
+		}
+	})
+}
+
 // TestLowBatch: a batch exchanges with each set of a limit's low keys in one round trip,
 // each mark in its set; a set with nothing to write is read at the caller's estimate of
 // Redis's time; an
