@@ -71,6 +71,46 @@ end
 return out
 `
 
+// redisRateSource is the script of github.com/go-redis/redis_rate/v10 v10.0.1 (lua.go,
+// allowN; BSD-2-Clause, after rwz/redis-gcra), measured beside a take as a yardstick.
+// ARGV: burst, rate, period in seconds, cost.
+const redisRateSource = `
+redis.replicate_commands()
+local rate_limit_key = KEYS[1]
+local burst = ARGV[1]
+local rate = ARGV[2]
+local period = ARGV[3]
+local cost = tonumber(ARGV[4])
+local emission_interval = period / rate
+local increment = emission_interval * cost
+local burst_offset = emission_interval * burst
+local jan_1_2017 = 1483228800
+local now = redis.call("TIME")
+now = (now[1] - jan_1_2017) + (now[2] / 1000000)
+local tat = redis.call("GET", rate_limit_key)
+if not tat then
+  tat = now
+else
+  tat = tonumber(tat)
+end
+tat = math.max(tat, now)
+local new_tat = tat + increment
+local allow_at = new_tat - burst_offset
+local diff = now - allow_at
+local remaining = diff / emission_interval
+if remaining < 0 then
+  local reset_after = tat - now
+  local retry_after = diff * -1
+  return {0, 0, tostring(retry_after), tostring(reset_after)}
+end
+local reset_after = new_tat - now
+if reset_after > 0 then
+  redis.call("SET", rate_limit_key, new_tat, "EX", math.ceil(reset_after))
+end
+local retry_after = -1
+return {cost, remaining, tostring(retry_after), tostring(reset_after)}
+`
+
 var usecPerCall = regexp.MustCompile(`cmdstat_(\w+):calls=(\d+),usec=(\d+),usec_per_call=([0-9.]+)`)
 
 // arraySource is the leanest token bucket a script can keep for many keys at once: one
@@ -175,6 +215,26 @@ func TestRedisCost(t *testing.T) {
 		take.EvalSha(ctx, p, []string{key(i * 7919)}, 50, 50, 1, 1, "srv"+strconv.Itoa(i%200), i+1, 1)
 	})
 	t.Logf("luascript.Take, one key per call: %.2f µs per call", perTake)
+	// redis_rate's GCRA script, one key per call, as a yardstick: it keeps one number per
+	// key (GET, SET EX), where a take reads five fields of a hash and writes four, with a
+	// TTL, for what a fleet of leases needs besides (a record per server that answers a
+	// retried call once, parameters versioned across a deploy, the credit debts are
+	// forgiven from). Both on new keys, as above, and on keys each called again (1,000
+	// keys in turn), as per-client keys mostly are.
+	gcra := redis.NewScript(redisRateSource)
+	_ = gcra.Load(ctx, c)
+	perGCRA := measure("redis_rate", 50000, func(i int, p redis.Pipeliner) {
+		gcra.EvalSha(ctx, p, []string{"rate:" + key(i*7919)}, 50, 50, 1, 1)
+	})
+	again := func(i int) string { return "fl:{again}:k" + strconv.Itoa(i%1000) }
+	takeAgain := measure("take again", 50000, func(i int, p redis.Pipeliner) {
+		take.EvalSha(ctx, p, []string{again(i)}, 1e6, 1e6, 1, 1, "srv", i+1, 1)
+	})
+	gcraAgain := measure("redis_rate again", 50000, func(i int, p redis.Pipeliner) {
+		gcra.EvalSha(ctx, p, []string{"rate:" + again(i)}, 1e6, 1e6, 1, 1)
+	})
+	t.Logf("redis_rate's script (GCRA), one key per call: %.2f µs per call, %.2f× a take's", perGCRA, perGCRA/perTake)
+	t.Logf("on keys called again: luascript.Take %.2f µs, redis_rate's %.2f µs per call (%.2f× a take's)", takeAgain, gcraAgain, gcraAgain/takeAgain)
 	aofPerTake(ctx, t, c)
 	multi := redis.NewScript(multiTakeSource)
 	_ = multi.Load(ctx, c)
