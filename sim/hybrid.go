@@ -596,7 +596,10 @@ func (h *hybridStrat) call(s *server, hs *hybridServer, t *engine.Trip, p *part,
 		var cost time.Duration
 		switch t.Kind {
 		case engine.LowTrip:
-			p.each(len(t.Lows), func(i int) { n, cost = n+1, cost+lowCost(sc, &t.Lows[i]) })
+			p.each(len(t.Lows), func(i int) {
+				c, d := lowCost(sc, &t.Lows[i])
+				n, cost = n+c, cost+d
+			})
 		case engine.WindowsTrip:
 			txs := 0
 			p.each(len(t.Windows), func(i int) {
@@ -697,14 +700,17 @@ func (h *hybridStrat) failPart(t *engine.Trip, p *part, err error) {
 	p.each(len(t.Windows), func(i int) { t.WindowErrs[i] = err })
 }
 
-// lowCost is the Redis time of a low-key exchange with one set: a read's, a plain
-// command's (redisstore.Store.LowBatch), or a script call (which answers the marked keys)
-// plus a plain command's time per key marked or unmarked (a ZADD, a ZREM).
-func lowCost(sc *Scenario, x *engine.LowExchange) time.Duration {
+// lowCost is the calls and Redis time of a low-key exchange with one set, as
+// redisstore.Store.LowBatch makes it: a read, one plain command; or a script call for
+// every wire.MaxLowWrite keys marked or unmarked (the last answers the marked keys),
+// plus a plain command's time per key (a ZADD, a ZREM).
+func lowCost(sc *Scenario, x *engine.LowExchange) (calls int, cost time.Duration) {
 	if x.ReadOnly() {
-		return sc.CommandTime
+		return 1, sc.CommandTime
 	}
-	return sc.ScriptTime + time.Duration(len(x.Mark)+len(x.Unmark))*sc.CommandTime
+	keys := len(x.Mark) + len(x.Unmark)
+	calls = max(1, (keys+wire.MaxLowWrite-1)/wire.MaxLowWrite)
+	return calls, time.Duration(calls)*sc.ScriptTime + time.Duration(keys)*sc.CommandTime
 }
 
 // idStrings returns ids as strings.

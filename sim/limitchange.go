@@ -128,9 +128,10 @@ func changedLimit(sc *Scenario, i int) engine.LimitConfig {
 		case kindWindowed:
 			c.Async, c.Windowed = 0, cmp.Or(ch.Report, DefaultWindowed)
 		}
-		if ch.Shards > 0 && c.Windowed > 0 {
+		switch {
+		case ch.Shards > 0 && c.Windowed > 0:
 			c.WindowShards = ch.Shards
-		} else if ch.Shards > 0 {
+		case ch.Shards > 0 && c.Async > 0:
 			c.LowShards = ch.Shards
 		}
 	}

@@ -17,38 +17,36 @@ func TestRollingDeploy(t *testing.T) {
 	base := Scenario{Servers: 20, Duration: 8 * time.Second, Rate: 200, Burst: 100, Demand: 600,
 		Policy: FailLocal, GoModel: true, Seed: 1}
 	for _, tc := range []struct {
-		name     string
-		windowed time.Duration // the kind before: windowed, reporting every windowed; -1 charge-later; else exact
-		shards   int           // a windowed kind's shards before
-		change   LimitChange
+		name   string
+		from   string // the kind before (kindExact, kindWindowed reporting every DefaultWindowed, kindChargeLater)
+		shards int    // a windowed kind's shards before
+		change LimitChange
 	}{
-		{"windowed-to-exact", DefaultWindowed, 0, LimitChange{Rate: 200, Burst: 100, Kind: kindExact}},
-		{"exact-to-windowed", 0, 0, LimitChange{Rate: 200, Burst: 100, Kind: kindWindowed}},
-		{"windowed-to-charge-later", DefaultWindowed, 0, LimitChange{Rate: 200, Burst: 100, Kind: kindChargeLater}},
-		{"window-halved", DefaultWindowed, 0, LimitChange{Rate: 400, Burst: 100, Kind: kindWindowed, Report: 100 * time.Millisecond}},
+		{"windowed-to-exact", kindWindowed, 0, LimitChange{Rate: 200, Burst: 100, Kind: kindExact}},
+		{"exact-to-windowed", kindExact, 0, LimitChange{Rate: 200, Burst: 100, Kind: kindWindowed}},
+		{"windowed-to-charge-later", kindWindowed, 0, LimitChange{Rate: 200, Burst: 100, Kind: kindChargeLater}},
+		{"window-halved", kindWindowed, 0, LimitChange{Rate: 400, Burst: 100, Kind: kindWindowed, Report: 100 * time.Millisecond}},
 		// the unsharded format to a Cluster's shards (a release that shards, or a fleet
 		// moving to a Cluster): the same window, counted in other keys
-		{"windowed-to-shards", DefaultWindowed, 0, LimitChange{Rate: 200, Burst: 100, Kind: kindWindowed, Shards: wire.WindowShards}},
+		{"windowed-to-shards", kindWindowed, 0, LimitChange{Rate: 200, Burst: 100, Kind: kindWindowed, Shards: wire.WindowShards}},
 		// a release that counts a Cluster's windowed limits in 64 shards, its marks in 16
 		// sets, to this one's wire.WindowShards
-		{"shards-64-to-60", DefaultWindowed, 64, LimitChange{Rate: 200, Burst: 100, Kind: kindWindowed, Shards: wire.WindowShards}},
+		{"shards-64-to-60", kindWindowed, 64, LimitChange{Rate: 200, Burst: 100, Kind: kindWindowed, Shards: wire.WindowShards}},
 		// a charge-later limit's low keys in one set to a Cluster's wire.LowShards: servers
 		// that disagree do not read each other's marks
-		{"low-keys-to-sets", -1, 0, LimitChange{Rate: 200, Burst: 100, Kind: kindChargeLater, Shards: wire.LowShards}},
+		{"low-keys-to-sets", kindChargeLater, 0, LimitChange{Rate: 200, Burst: 100, Kind: kindChargeLater, Shards: wire.LowShards}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sc := base
-			sc.Name, sc.Windowed, sc.WindowShards = tc.name, max(tc.windowed, 0), tc.shards
-			if tc.windowed < 0 {
-				sc.Async = DefaultAsync
-			}
+			sc.Name, sc.WindowShards = tc.name, tc.shards
 			tc.change.At, tc.change.Spread = time.Second, 2*time.Second
 			sc.LimitChanges = []LimitChange{tc.change}
 			st := Hybrid
-			if tc.windowed > 0 {
-				st = HybridWindow
-			} else if tc.windowed < 0 {
-				st = HybridAsync
+			switch tc.from {
+			case kindWindowed:
+				sc.Windowed, st = DefaultWindowed, HybridWindow
+			case kindChargeLater:
+				sc.Async, st = DefaultAsync, HybridAsync
 			}
 			res, err := Run(t, sc, st)
 			if err != nil {

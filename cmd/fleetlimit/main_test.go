@@ -12,10 +12,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/hybrid"
-	"github.com/fleetlimit/fleetlimit/internal/engine"
-	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
-	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
 // TestDoctor: on a redis-server of the test's own, every check passes; once it may
@@ -98,8 +95,7 @@ func TestInspect(t *testing.T) {
 }
 
 // TestInspectCluster: on a Redis Cluster, inspect reads a windowed limit's count from
-// the key's shard, in the arrays hybrid.Limiter writes there (wire.WindowShards shards,
-// redisstore.ShardWidth counters a row).
+// the key's shard, in the arrays a windowed hybrid.Limiter writes there.
 func TestInspectCluster(t *testing.T) {
 	c := redistest.Cluster(t, func(o *redis.ClusterOptions) { o.MaxRedirects = -1 })
 	ctx := context.Background()
@@ -108,21 +104,22 @@ func TestInspectCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lim, err := global.NewLimit("api", 10, 20)
+	brk, err := breaker.New(breaker.Settings{Timeout: 2 * time.Second}) // room for -race
 	if err != nil {
 		t.Fatal(err)
 	}
-	now, err := c.Time(ctx).Result()
+	l, err := hybrid.New(store, hybrid.Config{FleetSize: 1, Breaker: brk,
+		Limits: []hybrid.Limit{{Name: "api", Rate: 10, Burst: 20, Policy: breaker.FailClosed, MaxWait: time.Second,
+			Mode: hybrid.Windowed(100 * time.Millisecond)}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := redisstore.IDOf("client-1")
-	wus := wire.WindowMicros(10, 20)
-	win := wire.WindowIndex(now.UnixMicro(), wire.WindowPhase(string(id), wus), wus)
-	trip := redisstore.WindowTrip{Limit: redisstore.Limit(lim), Width: redisstore.ShardWidth(engine.DefaultWindowWidth, wire.WindowShards),
-		Shards: wire.WindowShards, Shard: wire.WindowShard(string(id), wire.WindowShards),
-		Ops: []redisstore.WindowOp{{ID: id, Win: win, N: 3}}}
-	if err := redisstore.Of(store).Windows(ctx, &trip); err != nil {
+	for range 3 {
+		if d, err := l.Allow(ctx, "api", "client-1"); err != nil || !d.Allowed {
+			t.Fatalf("Allow: %+v, %v", d, err)
+		}
+	}
+	if err := l.Close(ctx); err != nil { // its last report counts what it admitted
 		t.Fatal(err)
 	}
 	var out, errs bytes.Buffer

@@ -1167,7 +1167,7 @@ func runFailoverCell(t *testing.T, f clusterFault, policy breaker.Policy, health
 	coldShare := func(onShard bool) float64 { return share(&coldOnShard, onShard, &load.cold, &load.coldFallback) }
 	winShare := func(onShard bool) float64 { return share(&winOnShard, onShard, &load.win, &load.winFallback) }
 	// Of all the cold keys' decisions in the outage, the policy makes about the failed
-	// master's share: with one of 3 masters stopped, at most 1/3 + 5% (issue 27).
+	// master's share: with one of 3 masters stopped, at most 1/3 + 5%.
 	var coldAll, coldFell int64
 	for n := range coldKeys {
 		coldAll += load.cold[phaseOutage][n].Load()

@@ -407,7 +407,7 @@ func (s *lowKeys) setWarm(shard int) {
 
 // LowExchange is one limit's part of a LowTrip with one of its sets (LowSet: set Shard
 // of the limit's Shards, LowShards): the keys of that set this server found low, to mark
-// there, and those it found holding their share c or more, to unmark there, with
+// there, and those it found holding their low level or more, to unmark there, with
 // ReadAt Redis's clock as this server estimates it (redisstore.Store.LowBatch with
 // memory LowShare), and, written by the driver once the call returned, the keys the set
 // marks (Got) or the error.

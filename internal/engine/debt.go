@@ -1,12 +1,10 @@
 package engine
 
 import (
-	"errors"
 	"math"
 	"slices"
 	"time"
 
-	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/internal/fallback"
 	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 )
@@ -297,14 +295,10 @@ func (e *Engine) charged(now time.Time, t *Trip) {
 	if len(again.reqs) > 0 {
 		e.mu.Lock()
 		e.debtHeld, e.debtHoldUntil = true, now.Add(debtRetry)
-		if n := len(again.reqs); n > 1 && !t.Answered && errors.Is(t.Err, breaker.ErrTimeout) {
-			// The whole batch outlasted the call's deadline: it goes again in halves, as
-			// refunds do, so that a batch too large for the deadline is not sent whole
-			// again (and counted against the breaker) each time.
-			h := n / 2
-			e.debtRetry = append(e.debtRetry,
-				debtBatch{reqs: again.reqs[:h:h], charges: again.charges[:h:h]},
-				debtBatch{reqs: again.reqs[h:], charges: again.charges[h:]})
+		if len(again.reqs) > 1 && t.timedOutWhole() {
+			r1, r2 := halves(again.reqs)
+			c1, c2 := halves(again.charges)
+			e.debtRetry = append(e.debtRetry, debtBatch{reqs: r1, charges: c1}, debtBatch{reqs: r2, charges: c2})
 		} else {
 			e.debtRetry = append(e.debtRetry, again)
 		}

@@ -255,13 +255,27 @@ func (e *Engine) Done(now time.Time, t *Trip) {
 	e.mu.Unlock()
 }
 
+// timedOutWhole reports whether t, a trip of refunds or debts, ran out of time whole with
+// more than one item: it goes again in halves (halves), so that a batch too large for
+// the call's deadline is not sent whole again, and counted against the breaker, each
+// time.
+func (t *Trip) timedOutWhole() bool {
+	return len(t.Refunds) > 1 && !t.Answered && errors.Is(t.Err, breaker.ErrTimeout)
+}
+
+// halves splits s in two, the first half with no room to grow into the second.
+func halves[T any](s []T) (a, b []T) {
+	h := len(s) / 2
+	return s[:h:h], s[h:]
+}
+
 // refunded counts the answers of a refund trip, or queues it again in halves.
 func (e *Engine) refunded(t *Trip) {
 	e.stats.refundCalls.Add(1)
-	if !t.Answered && errors.Is(t.Err, breaker.ErrTimeout) && len(t.Refunds) > 1 {
-		half := len(t.Refunds) / 2
+	if t.timedOutWhole() {
+		a, b := halves(t.Refunds)
 		e.mu.Lock()
-		e.refundTrips = append([][]redisstore.RefundRequest{t.Refunds[:half:half], t.Refunds[half:]}, e.refundTrips...)
+		e.refundTrips = append([][]redisstore.RefundRequest{a, b}, e.refundTrips...)
 		e.mu.Unlock()
 		return
 	}

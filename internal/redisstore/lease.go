@@ -317,7 +317,7 @@ func (s *Store) TakeBatch(ctx context.Context, reqs []TakeRequest, out []TakeRes
 			args: r.takeArgs(s.serverID, seq),
 		}
 	}
-	if s.pipe == nil || !s.runBatch(ctx, luascript.Take, items) {
+	if s.pipe == nil || !s.runBatch(ctx, s.pipe.Pipeline(), luascript.Take, items) {
 		return firstErr(out, TakeResult.err)
 	}
 	for i := range items {
@@ -350,30 +350,20 @@ type batchItem struct {
 	cmd  *redis.Cmd
 }
 
-// runBatch sends script for every item with keys in one pipeline of EVALSHA, then the
-// items that got NOSCRIPT again as EVAL in a second one, and leaves each answer in
-// item.cmd. It reports whether anything was sent.
-func (s *Store) runBatch(ctx context.Context, script *redis.Script, items []batchItem) bool {
-	pipe := s.pipe.Pipeline()
-	sent := 0
+// runBatch queues script on pipe as EVALSHA for every item with keys, sends pipe (with
+// whatever the caller queued on it before) in one round trip, then the items answered
+// NOSCRIPT again as EVAL in a second one, and leaves each answer in item.cmd. It
+// reports whether anything was sent.
+func (s *Store) runBatch(ctx context.Context, pipe redis.Pipeliner, script *redis.Script, items []batchItem) bool {
 	for i := range items {
 		if it := &items[i]; it.keys != nil {
 			it.cmd = script.EvalSha(ctx, pipe, it.keys, it.args...)
-			sent++
 		}
 	}
-	if sent == 0 {
+	if pipe.Len() == 0 {
 		return false
 	}
 	_, _ = pipe.Exec(ctx) // errors are read per command
-	s.retryNoScript(ctx, script, items)
-	return true
-}
-
-// retryNoScript sends script again as EVAL, in one pipeline, for the items whose
-// EVALSHA was answered NOSCRIPT (an empty script cache), and leaves each new answer in
-// item.cmd.
-func (s *Store) retryNoScript(ctx context.Context, script *redis.Script, items []batchItem) {
 	var retry redis.Pipeliner
 	for i := range items {
 		if it := &items[i]; it.cmd != nil && isNoScript(it.cmd.Err()) {
@@ -386,6 +376,7 @@ func (s *Store) retryNoScript(ctx context.Context, script *redis.Script, items [
 	if retry != nil {
 		_, _ = retry.Exec(ctx)
 	}
+	return true
 }
 
 // RefundRequest is one item of a RefundBatch: give N unused tokens back to the bucket of
@@ -494,7 +485,7 @@ func (s *Store) RefundBatch(ctx context.Context, reqs []RefundRequest, out []Ref
 			args: r.refundArgs(s.serverID, seq),
 		}
 	}
-	if !s.runBatch(ctx, luascript.Refund, items) {
+	if !s.runBatch(ctx, s.pipe.Pipeline(), luascript.Refund, items) {
 		return firstErr(out, RefundResult.err)
 	}
 	for i := range items {
@@ -630,18 +621,15 @@ func (s *Store) LowBatch(ctx context.Context, sets []LowSet, memory time.Duratio
 		runs[i][0] = len(scripts)
 		for _, args := range lowRuns(*x, memory) {
 			it := batchItem{keys: []string{key}, args: args}
-			if pipe != nil {
-				it.cmd = luascript.Low.EvalSha(ctx, pipe, it.keys, it.args...)
-			} else {
+			if pipe == nil {
 				it.cmd = luascript.Low.Run(ctx, s.c, it.keys, it.args...)
 			}
 			scripts = append(scripts, it)
 		}
 		runs[i][1] = len(scripts)
 	}
-	if pipe != nil && pipe.Len() > 0 {
-		_, _ = pipe.Exec(ctx) // errors are read per command
-		s.retryNoScript(ctx, luascript.Low, scripts)
+	if pipe != nil {
+		s.runBatch(ctx, pipe, luascript.Low, scripts) // the reads queued above go with it
 	}
 	for i := range sets {
 		if reads[i] != nil {
@@ -702,7 +690,7 @@ func lowRuns(x LowSet, memory time.Duration) [][]any {
 
 // lowArgs are luascript.Low's arguments with memory: to mark the first marks of ids and
 // unmark the rest, and return at most most of the set's marks.
-func lowArgs(ids []KeyID, marks int, memory time.Duration, most int) []any {
+func lowArgs[S ~string](ids []S, marks int, memory time.Duration, most int) []any {
 	args := make([]any, 0, 3+len(ids))
 	args = append(args, memory.Milliseconds(), marks, most)
 	for _, id := range ids {
