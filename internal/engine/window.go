@@ -522,12 +522,23 @@ func (wl *windowed) rate(st *wkey, now time.Time) (ewc, perSec float64) {
 	// may count as often, and ask a grant with its admission. Counting this request makes
 	// a key this server sees rarely look faster than it is.
 	tau := min(4*wl.w, 4*time.Second)
-	ewc = st.ewc*math.Exp(-float64(at(now)-st.ewAt)/float64(tau)) + 1
+	ewc = st.ewc*expNeg(float64(at(now)-st.ewAt)/float64(tau)) + 1
 	counted := 1.0
 	if d := max(now.Sub(wl.start), min(wl.w/10, wl.iv)); d < countedAfter*tau {
 		counted = 1 - math.Exp(-float64(d)/float64(tau))
 	}
 	return ewc, ewc / counted / tau.Seconds()
+}
+
+// expNeg returns e^-x. A key a server sees often decays its count over a few
+// microseconds at a time, x below 2^-10, where e^-x is the series 1 - x + x²/2 - x³/6 +
+// x⁴/24 to within 2 ulps of math.Exp (the terms left out are below x⁵/120 < 2^-56); it is
+// a fifth of math.Exp's cost, on the path of every request a key's grants serve.
+func expNeg(x float64) float64 {
+	if x >= 0 && x < 0x1p-10 {
+		return 1 - x*(1-x/2*(1-x/3*(1-x/4)))
+	}
+	return math.Exp(-x)
 }
 
 // fastDecide decides, under the key's lock alone, a request the key's grants serve with

@@ -1049,9 +1049,33 @@ func TestCountedAfter(t *testing.T) {
 	}
 }
 
-// BenchmarkWindowRate is a key's rate estimate on the windowed kind's hot path, in a
-// server's first minute and once it has run for an hour (past countedAfter decay
-// times, when it costs one exponential instead of two).
+// TestExpNeg: expNeg is math.Exp(-x) to within 2 ulps where it takes the series, and
+// math.Exp(-x) itself elsewhere.
+func TestExpNeg(t *testing.T) {
+	ulp := math.Nextafter(1, 0) - 1 // negative: one ulp below 1, the results' scale
+	xs := []float64{0, 5e-324, 1e-300, 1e-12, 1e-9, 1e-6, 1e-4, 0x1p-11, math.Nextafter(0x1p-10, 0)}
+	for i := 1; i <= 100000; i++ {
+		xs = append(xs, 0x1p-10*float64(i)/100000)
+	}
+	for _, x := range xs {
+		got, want := expNeg(x), math.Exp(-x)
+		if d := math.Abs(got - want); d > -2*ulp {
+			t.Errorf("expNeg(%g) = %v, math.Exp = %v: %g ulps apart", x, got, want, d/-ulp)
+		}
+	}
+	for _, x := range []float64{0x1p-10, 0.5, 1, 38, 1000, math.Inf(1), -1e-9, -1, math.NaN()} {
+		if got, want := expNeg(x), math.Exp(-x); got != want && !(math.IsNaN(got) && math.IsNaN(want)) {
+			t.Errorf("expNeg(%g) = %v, want math.Exp's %v", x, got, want)
+		}
+	}
+}
+
+// BenchmarkWindowRate is a key's rate estimate on the windowed kind's hot path, for a key
+// seen every microsecond, in a server's first minute and once it has run for an hour
+// (past countedAfter decay times, when the count's decay is expNeg's series alone; in
+// the first minute math.Exp runs beside it, for the share of the decay time counted).
+// Interleaved runs (-count 3 each) of the code with math.Exp for both: 42.0 against 39.1 ns
+// in the first minute, 32.7 against 20.1 after an hour.
 //
 //	go test ./internal/engine -run '^$' -bench WindowRate -count 5
 func BenchmarkWindowRate(b *testing.B) {
