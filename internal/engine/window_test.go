@@ -1100,3 +1100,27 @@ func BenchmarkWindowRate(b *testing.B) {
 		})
 	}
 }
+
+// TestWindowLeft: left is end's Sub, on virtual instants from the zero Time (the
+// simulator's), on the wall clock with and without a monotonic reading, with Redis's
+// clock ahead and behind, windows of a microsecond to an hour.
+func TestWindowLeft(t *testing.T) {
+	for _, base := range []time.Time{{}, t0, time.Now(), time.Unix(0, 0), time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)} {
+		for _, w := range []time.Duration{time.Microsecond, 7 * time.Millisecond, time.Second, time.Hour} {
+			for _, off := range []time.Duration{0, 1, -1, 3*time.Millisecond + 17, -time.Hour} {
+				wl := &windowed{wUs: w.Microseconds()}
+				wl.offset.Store(int64(off))
+				for i, d := range []time.Duration{0, 1, 999, time.Microsecond, 1234567, w / 2, w, 3*w + 11} {
+					now := base.Add(d)
+					phase := wire.WindowPhase("key"+strconv.Itoa(i), wl.wUs)
+					win := wire.WindowIndex(wl.rnow(now), phase, wl.wUs)
+					for _, k := range []int64{win - 1, win, win + 2} {
+						if got, want := wl.left(k, phase, now), wl.end(k, phase).Sub(now); got != want {
+							t.Errorf("base %v, w %v, off %v, now +%v, win %d: left %v, end's Sub %v", base, w, off, d, k-win, got, want)
+						}
+					}
+				}
+			}
+		}
+	}
+}
