@@ -73,7 +73,7 @@ func (w *Waiter) Limit() *Limit { return w.lim }
 
 // counted counts w's decision in its limit's counters; it requires that w.mu is held and
 // w decided.
-func (w *Waiter) counted() { w.lim.stats.count(uint8(hashKey(w.key)%counterShards), &w.d, w.n) }
+func (w *Waiter) counted() { w.lim.stats.count(&w.d, w.n) }
 
 // set decides w; it requires that w.mu is held and w undecided.
 func (w *Waiter) set(d Decision) {
@@ -89,7 +89,6 @@ type outcome struct {
 	w     *Waiter // the request's waiter, when it must wait
 	async int     // tokens admitted to be charged later (spill.charge)
 	start bool    // the request started the low-key exchanges (laterSched.asyncStart)
-	slot  uint8   // the key's counter shard
 	key   string  // the key's ID, as its entry holds it
 	shape *Shape  // the key's shape
 }
@@ -174,7 +173,7 @@ func (b *bucket) decide(now time.Time, tier, key string, n int) (Decision, *Wait
 	if o.w != nil {
 		return o.d, o.w
 	}
-	lm.stats.count(o.slot, &o.d, n)
+	lm.stats.count(&o.d, n)
 	return o.d, nil
 }
 
@@ -193,7 +192,7 @@ func (b *bucket) decideKey(o *outcome, en *entry, t time.Time, tier string, n in
 		lm.reshape(en, sh, t)
 	}
 	c := sh.lease.Load()
-	o.slot, o.key, o.shape = en.slot, en.key, sh
+	o.key, o.shape = en.key, sh
 	if en.lease.CanServe(c, t, n) {
 		if !en.pre.AllowN(t, n) {
 			o.d = lm.preDenied(en, t, n)
@@ -255,7 +254,7 @@ func (b *bucket) decided(o *outcome, en *entry, sh *Shape, tier string, n int, w
 
 // hit is kind.hit for a bucket kind: the first branch of decideKey, a lease that serves
 // the request and a pre-check that has its tokens, and nothing else.
-func (b *bucket) hit(now time.Time, tier, id string, n int) (Decision, uint8, bool) {
+func (b *bucket) hit(now time.Time, tier, id string, n int) (Decision, bool) {
 	lm, e := b.lm, b.lm.e
 	var o outcome
 	served := false
@@ -265,20 +264,20 @@ func (b *bucket) hit(now time.Time, tier, id string, n int) (Decision, uint8, bo
 		if n <= 0 || en.shape != sh || !en.lease.CanServe(c, t, n) || !en.pre.AllowN(t, n) {
 			return
 		}
-		o.slot, o.key, o.shape = en.slot, en.key, sh
+		o.key, o.shape = en.key, sh
 		en.lease.acquire(c, t, n, &o.st)
 		b.decided(&o, en, sh, tier, n, nil)
 		served = true
 	})
 	if !served {
-		return Decision{}, 0, false
+		return Decision{}, false
 	}
 	o.d.Servers = e.Servers()
 	o.refund(e, lm)
 	if o.f != nil {
 		e.send(now, o.f, nil) // a refill ahead of need: nobody waits for it
 	}
-	return o.d, o.slot, true
+	return o.d, true
 }
 
 // unhit undoes what hit did at now for a request of cost n for the key of ID id, its
@@ -368,7 +367,7 @@ func (e *Engine) recheck(now time.Time, b *bucket, w *Waiter) bool {
 	if o.w != nil {
 		return false // waits for the next refill
 	}
-	lm.stats.count(o.slot, &o.d, w.n)
+	lm.stats.count(&o.d, w.n)
 	w.set(o.d)
 	return true
 }
@@ -382,7 +381,6 @@ func (e *Engine) fallback(now time.Time, lm *Limit, tier, key string, n int, why
 	servers := e.Servers()
 	sh := lm.Shape(tier)
 	d := Decision{Source: SourceFallback, Reason: why, Servers: servers}
-	slot := uint8(hashKey(key) % counterShards)
 	d.Allowed = sh.fallback.AllowN(now, key, n)
 	if !d.Allowed {
 		r, _, ok := sh.fallback.LocalLimit(servers)
@@ -394,7 +392,6 @@ func (e *Engine) fallback(now time.Time, lm *Limit, tier, key string, n int, why
 	ref, hasRef := 0.0, false
 	if d.Allowed && n > 0 {
 		lm.keys.Update(now, key, func(en *entry, t time.Time) {
-			slot = en.slot
 			ref, hasRef = en.credit, en.hasCredit
 			if en.shape != sh {
 				lm.reshape(en, sh, t)
@@ -411,7 +408,7 @@ func (e *Engine) fallback(now time.Time, lm *Limit, tier, key string, n int, why
 			lm.kind.fellBack(sh, key, n, ref, hasRef)
 		}
 	}
-	lm.stats.count(slot, &d, n)
+	lm.stats.count(&d, n)
 	return d
 }
 

@@ -187,8 +187,11 @@ type entry struct {
 	shape *Shape // the shape the key was last decided on; nil for a new key
 	// key is the key's ID (wire.KeyID), the store's own copy: flights, waiters, refunds
 	// and expiries hold it, never the caller's string, which may pin a larger buffer.
-	key   string
-	slot  uint8              // which shard of the counters the key counts in
+	key string
+	// _ puts the fields below where a hit over many keys reads them fastest, measured:
+	// a key's state is 328 bytes with it; at 320 (without it) a hit over 10,000 keys
+	// took 1.21× as long, at 384 1.07× (AllowLease10kKeys, 8 interleaved runs, medians).
+	_     uint8
 	pre   tokenbucket.Bucket // the pre-check: x/time/rate's arithmetic, under the key's lock
 	lease Lease              // its hot fields first
 
@@ -360,11 +363,10 @@ func (lm *Limit) initEntry(en *entry, key string, now time.Time) {
 	en.flight = nil
 	en.win = nil
 	lm.kind.initKey(en)
-	en.slot = uint8(h % counterShards)
 	en.key = key
 }
 
-// hashKey is FNV-1a, to give each key its own jitter seed and counter shard.
+// hashKey is FNV-1a, to give each key its own jitter seed and draws.
 func hashKey(key string) uint64 {
 	h := uint64(14695981039346656037)
 	for i := 0; i < len(key); i++ {

@@ -42,16 +42,10 @@ func (e *Engine) Return(now time.Time, lm *Limit, key string, n int, d Decision)
 	if n > 0 {
 		id := wire.KeyID(key)
 		if r := lm.kind.undo(now, id, n, d); r > 0 {
-			lm.stats.decisions[hashKey(id)%counterShards].returned.Add(int64(r))
+			lm.stats.decisions[stripe()].returned.Add(int64(r))
 		}
 	}
 	lm.stats.givenBack.Add(1)
-}
-
-// countDenied counts a denial d of a request of cost n for key under lm that look
-// made, without Decide.
-func (e *Engine) countDenied(lm *Limit, key string, d Decision, n int) {
-	lm.stats.count(uint8(hashKey(wire.KeyID(key))%counterShards), &d, n)
 }
 
 // MultiItem is one (limit, tier, key, cost) of an all-or-nothing request.
@@ -171,7 +165,7 @@ func (e *Engine) startMulti(now time.Time, m *Multi) (*Waiter, bool) {
 		if !denied {
 			continue
 		}
-		e.countDenied(it.Limit, it.Key, d, it.N)
+		it.Limit.stats.count(&d, it.N) // a denial look made, without Decide
 		if m.Denied < 0 || (d.RetryAfter >= InfDuration && m.Decision.RetryAfter < InfDuration) {
 			m.Denied, m.Item, m.Decision = i, i, d
 		}
@@ -201,10 +195,9 @@ func (e *Engine) hits(now time.Time, m *Multi) bool {
 		return false
 	}
 	m.reset()
-	var slots [len(m.small)]uint8
 	for i := range m.n {
 		it := m.At(i)
-		d, slot, ok := it.Limit.kind.hit(now, it.Tier, wire.KeyID(it.Key), it.N)
+		d, ok := it.Limit.kind.hit(now, it.Tier, wire.KeyID(it.Key), it.N)
 		if !ok {
 			for j := i - 1; j >= 0; j-- {
 				jt := m.At(j)
@@ -212,12 +205,11 @@ func (e *Engine) hits(now time.Time, m *Multi) bool {
 			}
 			return false
 		}
-		slots[i] = slot
 		e.took(now, m, d)
 	}
 	for i := range m.n {
 		it := m.At(i)
-		it.Limit.stats.count(slots[i], &m.small[i], it.N)
+		it.Limit.stats.count(&m.small[i], it.N)
 	}
 	m.Allowed = true
 	return true

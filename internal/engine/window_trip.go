@@ -41,9 +41,7 @@ type windowPending struct {
 func (wl *windowed) decide(now time.Time, _, key string, n int) (Decision, *Waiter) {
 	lm, e := wl.lm, wl.lm.e
 	var o wdecision
-	var slot uint8
 	if !lm.keys.Update(now, wire.KeyID(key), func(en *entry, t time.Time) {
-		slot = en.slot
 		if sh := lm.cur.Load().base; en.shape != sh { // new, or a new pre-check (SetLimit)
 			lm.reshape(en, sh, t)
 		}
@@ -58,14 +56,14 @@ func (wl *windowed) decide(now time.Time, _, key string, n int) (Decision, *Wait
 	if o.w != nil {
 		return o.d, o.w
 	}
-	lm.stats.count(slot, &o.d, n)
+	lm.stats.count(&o.d, n)
 	return o.d, nil
 }
 
 // hit: a windowed key's common path (fastDecide) runs under the key's lock beside the
 // limit's report state; StartMulti takes the full path for windowed items.
-func (wl *windowed) hit(time.Time, string, string, int) (Decision, uint8, bool) {
-	return Decision{}, 0, false
+func (wl *windowed) hit(time.Time, string, string, int) (Decision, bool) {
+	return Decision{}, false
 }
 
 // unhit: hit serves nothing.
