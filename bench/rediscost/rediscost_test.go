@@ -168,28 +168,8 @@ return out
 //
 //	go -C bench test ./rediscost -run TestRedisCost -v -args -rediscost
 func TestRedisCost(t *testing.T) {
-	if !*redisCost {
-		t.Skip("a measurement: run it with -rediscost")
-	}
-	ctx := context.Background()
-	srv := redistest.StartServer(t)
-	c := srv.Client()
-	if err := ownedAndEmpty(ctx, t, c); err != nil {
-		t.Fatalf("redis-server at %s: %v: refusing to measure on it", srv.Addr, err)
-	}
-	stat := func(cmd string) (calls, usec float64) {
-		s, err := c.Info(ctx, "commandstats").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range usecPerCall.FindAllStringSubmatch(s, -1) {
-			if m[1] == cmd {
-				calls, _ = strconv.ParseFloat(m[2], 64)
-				usec, _ = strconv.ParseFloat(m[3], 64)
-			}
-		}
-		return calls, usec
-	}
+	ctx, c := ownServer(t)
+	stat := func(cmd string) (calls, usec float64) { return commandStat(ctx, t, c, cmd) }
 	const keys = 100000
 	key := func(i int) string { return "fl:{sim}:k" + strconv.Itoa(i%keys) }
 	measureCmd := func(name, cmd string, calls int, run func(i int, p redis.Pipeliner)) float64 {
@@ -341,6 +321,37 @@ func TestRedisCost(t *testing.T) {
 	}
 	a, b = fit(xs, ys)
 	t.Logf("ZRANGEBYSCORE WITHSCORES fit: %.3f µs per call + %.3f µs per member answered", a, b)
+}
+
+// ownServer starts the redis-server a measurement runs on, and checks that it is its
+// own and empty (ownedAndEmpty); it skips the test without -rediscost.
+func ownServer(t *testing.T) (context.Context, *redis.Client) {
+	if !*redisCost {
+		t.Skip("a measurement: run it with -rediscost")
+	}
+	ctx := context.Background()
+	srv := redistest.StartServer(t)
+	c := srv.Client()
+	if err := ownedAndEmpty(ctx, t, c); err != nil {
+		t.Fatalf("redis-server at %s: %v: refusing to measure on it", srv.Addr, err)
+	}
+	return ctx, c
+}
+
+// commandStat returns INFO commandstats' calls and microseconds of cmd since the last
+// CONFIG RESETSTAT.
+func commandStat(ctx context.Context, t *testing.T, c *redis.Client, cmd string) (calls, usec float64) {
+	s, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range usecPerCall.FindAllStringSubmatch(s, -1) {
+		if m[1] == cmd {
+			calls, _ = strconv.ParseFloat(m[2], 64)
+			usec, _ = strconv.ParseFloat(m[3], 64)
+		}
+	}
+	return calls, usec
 }
 
 // aofPerTake logs the bytes a take appends to the AOF, which is also what Redis sends
