@@ -63,10 +63,13 @@ const counterShards = 16
 // where its stack is. Goroutines have stacks of their own, so two goroutines deciding at
 // once, on two cores, write the same line only when their stacks hash alike (one pair
 // in counterShards); a goroutine whose stack moved (it grew) counts in another shard
-// from then on, which changes no sum. Striped by key instead, every core writes every
-// shard, and two goroutines walking many keys on two cores each found most counter lines
-// last written by the other: 1.25× the time of a decision (AllowLease10kKeysParallel,
-// docs/hot-path.md).
+// from then on, which changes no sum. Where each core runs the same few goroutines (a
+// worker pool, a stream's handler, a benchmark) a line stays on its core; striped by
+// key, every core wrote every line, and two goroutines walking many keys found most of
+// them last written by the other: 1.25× the time of a decision
+// (AllowLease10kKeysParallel, docs/hot-path.md). Where every request has a goroutine of
+// its own, consecutive writers of a line are any goroutines on any core, as they were
+// striped by key.
 func stripe() uintptr {
 	var x byte
 	return (uintptr(unsafe.Pointer(&x)) >> 11) * 0x9E3779B97F4A7C15 >> 60 % counterShards
