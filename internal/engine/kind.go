@@ -29,9 +29,8 @@ type kind interface {
 	decide(now time.Time, tier, key string, n int) (Decision, *Waiter)
 	// hit decides a request of cost n > 0 for the key of ID id only if the kind's common
 	// path serves it now, on the key's state alone: it spends, and returns the decision
-	// (not counted). Otherwise it changes nothing the full
-	// path would not and returns false. StartMulti's one pass runs on it; a kind without
-	// such a path returns false.
+	// (not counted). Otherwise it changes nothing the full path would not and returns
+	// false. StartMulti's one pass runs on it; a kind without such a path returns false.
 	hit(now time.Time, tier, id string, n int) (Decision, bool)
 	// unhit undoes a request hit served, demand included: it is to be decided again.
 	unhit(now time.Time, id string, n int)

@@ -59,17 +59,16 @@ type LimitStats struct {
 // (stripe), so that goroutines deciding on different cores rarely write one line.
 const counterShards = 16
 
-// stripe is the calling goroutine's shard of a limit's decision counters: a hash of
-// where its stack is. Goroutines have stacks of their own, so two goroutines deciding at
-// once, on two cores, write the same line only when their stacks hash alike (one pair
-// in counterShards); a goroutine whose stack moved (it grew) counts in another shard
-// from then on, which changes no sum. Where each core runs the same few goroutines (a
-// worker pool, a stream's handler, a benchmark) a line stays on its core; striped by
-// key, every core wrote every line, and two goroutines walking many keys found most of
-// them last written by the other: 1.25× the time of a decision
-// (AllowLease10kKeysParallel, docs/hot-path.md). Where every request has a goroutine of
-// its own, consecutive writers of a line are any goroutines on any core, as they were
-// striped by key.
+// stripe is the caller's shard of a limit's decision counters: a hash of its stack
+// address, so mostly one per goroutine (a goroutine counts from a few call depths, which
+// may fall in a few shards). Goroutines have stacks of their own, so two goroutines
+// deciding at once, on two cores, write the same line only when their stacks hash alike
+// (about one pair in counterShards); a goroutine whose stack moved (it grew) counts in
+// another shard from then on, which changes no sum: every reader sums the shards. Where
+// each core runs the same few goroutines (a worker pool, a stream's handler, a
+// benchmark), a line stays on its core, where a stripe by key would have every core write
+// every line (docs/hot-path.md measures it). Where every request has a goroutine of its
+// own, a line's consecutive writers are any goroutines on any core, whatever the stripe.
 func stripe() uintptr {
 	var x byte
 	return (uintptr(unsafe.Pointer(&x)) >> 11) * 0x9E3779B97F4A7C15 >> 60 % counterShards

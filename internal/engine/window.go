@@ -317,7 +317,8 @@ func (wl *windowed) end(win, phase int64) time.Time {
 
 // left is wl.end(win, phase).Sub(now), without building the instant: on the path of
 // every request a key's grants serve. Unix nanoseconds wrap the same way for every
-// instant (Lease.at), so the difference is exact within 292 years, where Sub's is.
+// instant (Lease.at), so the difference is exact wherever Sub does not saturate: a
+// difference within 292 years, which a window shorter than 146 years keeps it.
 func (wl *windowed) left(win, phase int64, now time.Time) time.Duration {
 	return time.Duration(wire.WindowStart(win+1, phase, wl.wUs)*1000 - int64(wl.off()) - now.UnixNano())
 }
@@ -539,8 +540,9 @@ func (wl *windowed) rate(st *wkey, now time.Time) (ewc, perSec float64) {
 
 // expNeg returns e^-x. A key a server sees often decays its count over a few
 // microseconds at a time, x below 2^-10, where e^-x is the series 1 - x + x²/2 - x³/6 +
-// x⁴/24 to within 2 ulps of math.Exp (the terms left out are below x⁵/120 < 2^-56); it is
-// a fifth of math.Exp's cost, on the path of every request a key's grants serve.
+// x⁴/24 to within 2 ulps of math.Exp (the terms left out are below x⁵/120 < 2^-56), at
+// a fraction of math.Exp's cost (BenchmarkWindowRate), on the path of every request a
+// key's grants serve.
 func expNeg(x float64) float64 {
 	if x >= 0 && x < 0x1p-10 {
 		return 1 - x*(1-x/2*(1-x/3*(1-x/4)))
