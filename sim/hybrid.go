@@ -709,7 +709,7 @@ func lowCost(sc *Scenario, x *engine.LowExchange) (calls int, cost time.Duration
 		return 1, sc.CommandTime
 	}
 	keys := len(x.Mark) + len(x.Unmark)
-	calls = max(1, (keys+wire.MaxLowWrite-1)/wire.MaxLowWrite)
+	calls = wire.LowRuns(keys)
 	return calls, time.Duration(calls)*sc.ScriptTime + time.Duration(keys)*sc.CommandTime
 }
 

@@ -819,6 +819,9 @@ func TestChargesSpread(t *testing.T) {
 			delays[s] = append(delays[s], due.Sub(at))
 			for charged := false; !charged; { // its exchanges, then the charge
 				now := e.NextTick()
+				if now.After(due.Add(time.Second)) {
+					t.Fatalf("server %d, batch %d: not charged a second after it was due", s, i)
+				}
 				e.Tick(now)
 				for trip := e.Next(); trip != nil; trip = e.Next() {
 					if trip.debts {

@@ -295,7 +295,7 @@ func (e *Engine) charged(now time.Time, t *Trip) {
 	if len(again.reqs) > 0 {
 		e.mu.Lock()
 		e.debtHeld, e.debtHoldUntil = true, now.Add(debtRetry)
-		if len(again.reqs) > 1 && t.timedOutWhole() {
+		if t.timedOutWhole() {
 			r1, r2 := halves(again.reqs)
 			c1, c2 := halves(again.charges)
 			e.debtRetry = append(e.debtRetry, debtBatch{reqs: r1, charges: c1}, debtBatch{reqs: r2, charges: c2})

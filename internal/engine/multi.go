@@ -42,7 +42,7 @@ func (e *Engine) Return(now time.Time, lm *Limit, key string, n int, d Decision)
 	if n > 0 {
 		id := wire.KeyID(key)
 		if r := lm.kind.undo(now, id, n, d); r > 0 {
-			lm.stats.decisions[stripe()].returned.Add(int64(r))
+			lm.stats.gaveBack(r)
 		}
 	}
 	lm.stats.givenBack.Add(1)

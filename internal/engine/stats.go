@@ -121,6 +121,10 @@ func (c *limitCounters) count(d *Decision, n int) {
 	}
 }
 
+// gaveBack counts n leased tokens of admitted decisions given back (Engine.Return), in
+// the calling goroutine's shard.
+func (c *limitCounters) gaveBack(n int) { c.decisions[stripe()].returned.Add(int64(n)) }
+
 // spends reports whether an admitted decision of reason r spent leased tokens.
 func spends(r Reason) bool { return r == ReasonLease || r == ReasonGranted }
 

@@ -287,10 +287,7 @@ func newWindowed(lm *Limit, c LimitConfig, seed uint64) *windowed {
 }
 
 // share is c: the admissions without asking per key a server may have unanswered.
-func (wl *windowed) share() int {
-	s := wl.lm.e.Servers()
-	return max(1, (wl.glim.Burst+s-1)/s)
-}
+func (wl *windowed) share() int { return shareOf(wl.glim.Burst, wl.lm.e.Servers()) }
 
 // allowance is how many of key st's requests this server may admit without asking,
 // unanswered, in its current window: its share c, and no more than the window had left

@@ -642,7 +642,6 @@ func (s *Store) LowBatch(ctx context.Context, sets []LowSet, memory time.Duratio
 		}
 		for _, it := range scripts[runs[i][0]:runs[i][1]] { // the last one's reply is the set's
 			if got[i], errs[i] = lowReply(it.cmd.Result()); errs[i] != nil {
-				got[i] = nil
 				break
 			}
 		}
@@ -673,27 +672,28 @@ func checkLowSet(x LowSet, memory time.Duration) error {
 // for more than wire.MaxLowWrite marks and unmarks, a run for every MaxLowWrite of them,
 // the marks first, of which only the last returns what the set marks.
 func lowRuns(x LowSet, memory time.Duration) [][]any {
-	ids := make([]KeyID, 0, len(x.Mark)+len(x.Unmark))
-	ids = append(append(ids, x.Mark...), x.Unmark...)
-	var runs [][]any
-	for from := 0; from == 0 || from < len(ids); from += wire.MaxLowWrite {
-		to := min(from+wire.MaxLowWrite, len(ids))
+	m, n := len(x.Mark), len(x.Mark)+len(x.Unmark)
+	runs := make([][]any, 0, wire.LowRuns(n))
+	for from := 0; from == 0 || from < n; from += wire.MaxLowWrite {
+		to := min(from+wire.MaxLowWrite, n)
 		most := 0
-		if to == len(ids) {
+		if to == n {
 			most = wire.MaxLowReply
 		}
-		marks := max(0, min(to, len(x.Mark))-from)
-		runs = append(runs, lowArgs(ids[from:to], marks, memory, most))
+		runs = append(runs, lowArgs(x.Mark[min(from, m):min(to, m)], x.Unmark[max(from-m, 0):max(to-m, 0)], memory, most))
 	}
 	return runs
 }
 
-// lowArgs are luascript.Low's arguments with memory: to mark the first marks of ids and
-// unmark the rest, and return at most most of the set's marks.
-func lowArgs[S ~string](ids []S, marks int, memory time.Duration, most int) []any {
-	args := make([]any, 0, 3+len(ids))
-	args = append(args, memory.Milliseconds(), marks, most)
-	for _, id := range ids {
+// lowArgs are luascript.Low's arguments with memory: to mark mark and unmark unmark, and
+// return at most most of the set's marks.
+func lowArgs[S ~string](mark, unmark []S, memory time.Duration, most int) []any {
+	args := make([]any, 0, 3+len(mark)+len(unmark))
+	args = append(args, memory.Milliseconds(), len(mark), most)
+	for _, id := range mark {
+		args = append(args, string(id))
+	}
+	for _, id := range unmark {
 		args = append(args, string(id))
 	}
 	return args

@@ -43,6 +43,9 @@ func TestLowRuns(t *testing.T) {
 		if len(runs) != len(tc.want) {
 			t.Fatalf("%d marks, %d unmarks: %d runs, want %d", tc.marks, tc.unmarks, len(runs), len(tc.want))
 		}
+		if got := wire.LowRuns(tc.marks + tc.unmarks); got != len(runs) {
+			t.Errorf("%d marks, %d unmarks: wire.LowRuns says %d runs, lowRuns makes %d", tc.marks, tc.unmarks, got, len(runs))
+		}
 		all := append(append([]KeyID{}, x.Mark...), x.Unmark...)
 		sent := 0
 		for i, args := range runs {

@@ -19,7 +19,7 @@ func (s *Store) Reps(ctx context.Context, members []string, live time.Duration) 
 	if live < time.Millisecond {
 		return nil, fmt.Errorf("%w: representations live %v, shorter than 1ms", storeerr.ErrInvalidLimit, live)
 	}
-	args := lowArgs(members, len(members), live, wire.MaxLowReply) // every member a mark
+	args := lowArgs(members, nil, live, wire.MaxLowReply)
 	reply, err := luascript.Low.Run(ctx, s.c, []string{wire.RepsKey(s.prefix)}, args...).Result()
 	if err != nil {
 		return nil, wrap("representations", err)

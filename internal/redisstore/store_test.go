@@ -605,8 +605,15 @@ func TestLowManyMarks(t *testing.T) {
 				t.Fatalf("%d marks and %d unmarks: answered %d IDs, want the set's %d", len(tc.mark), len(tc.unmark), len(got[0]), tc.want)
 			}
 			var runs []any
+			ran := 0 // pipelines that ran the script: one, after a NOSCRIPT one if the cache was cold
 			for _, p := range h.replies {
 				runs = append(runs, p...)
+				if len(p) > 0 {
+					ran++
+				}
+			}
+			if ran != 1 {
+				t.Fatalf("%d marks and %d unmarks: the runs went in %d round trips, want 1", len(tc.mark), len(tc.unmark), ran)
 			}
 			if len(runs) != tc.runs {
 				t.Fatalf("%d marks and %d unmarks: %d runs of the script, want %d", len(tc.mark), len(tc.unmark), len(runs), tc.runs)

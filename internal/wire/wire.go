@@ -131,6 +131,10 @@ const MaxLowReply = 10_000
 // so a run keeps other clients waiting for at most about 1.5 ms.
 const MaxLowWrite = 512
 
+// LowRuns is how many runs of luascript.Low write keys marks and unmarks of one set:
+// one for every MaxLowWrite of them, and one to read a set with none.
+func LowRuns(keys int) int { return max(1, (keys+MaxLowWrite-1)/MaxLowWrite) }
+
 // LowShards is how many sets a charge-later limit's low keys are marked in on a Redis
 // Cluster, each under a tag of its own (ShardTag), a key in the set of LowShard: one set
 // a master on 10 masters, so that the servers' exchanges with the sets spread over them
