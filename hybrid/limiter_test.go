@@ -274,8 +274,10 @@ func TestFleetDiscovery(t *testing.T) {
 	}
 	cfg := func() hybrid.Config {
 		return hybrid.Config{
-			FleetSize: 1, Fleet: "web", HeartbeatInterval: 5 * time.Millisecond,
-			Limits: []hybrid.Limit{{Name: "api", Rate: 100, Burst: 100, Policy: breaker.FailLocal()}},
+			// A member lives three intervals, and 150ms outlasts the stalls of a -race
+			// run on a loaded machine; a second's MaxWait keeps the decision Redis's.
+			FleetSize: 1, Fleet: "web", HeartbeatInterval: 50 * time.Millisecond,
+			Limits: []hybrid.Limit{{Name: "api", Rate: 100, Burst: 100, Policy: breaker.FailLocal(), MaxWait: time.Second}},
 		}
 	}
 	a := newLimiter(t, server("a"), cfg())
