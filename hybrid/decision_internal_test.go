@@ -1,10 +1,16 @@
 package hybrid
 
 import (
+	"context"
 	"fmt"
+	"reflect"
 	"testing"
+	"time"
 
+	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/internal/engine"
+	"github.com/fleetlimit/fleetlimit/internal/redistest"
 )
 
 // TestDecisionValuesAreTheEngines: Source, Reason and InfDuration are the engine's
@@ -48,5 +54,55 @@ func TestDecisionValuesAreTheEngines(t *testing.T) {
 	}
 	if InfDuration != engine.InfDuration {
 		t.Errorf("InfDuration %v, the engine's %v", InfDuration, engine.InfDuration)
+	}
+}
+
+// TestDecisionSetOverwrites: set, which fills a caller's Decision in place, writes every
+// field, as building a new one does: a field set forgets would carry the caller's last
+// decision into this one.
+func TestDecisionSetOverwrites(t *testing.T) {
+	_, c := redistest.Mini(t)
+	s, err := global.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := New(s, Config{FleetSize: 1, Limits: []Limit{
+		{Name: "api", Rate: 10, Burst: 20, Policy: breaker.FailOpen},
+		{Name: "dry", Rate: 10, Burst: 20, Policy: breaker.FailOpen, DryRun: true},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	for _, tc := range []struct {
+		limit string
+		d     engine.Decision
+	}{
+		{"api", engine.Decision{Allowed: true, Source: engine.SourceLease, Reason: engine.ReasonLease, Remaining: 7, Servers: 1}},
+		{"api", engine.Decision{Source: engine.SourceGlobal, Reason: engine.ReasonGranted, RetryAfter: time.Second, Servers: 3}},
+		{"api", engine.Decision{Allowed: true, Source: engine.SourceFallback, Reason: engine.ReasonTimeout, Servers: 1}},
+		{"dry", engine.Decision{Source: engine.SourcePreCheck, Reason: engine.ReasonPreCheck, RetryAfter: time.Second, Servers: 1}},
+	} {
+		lm := l.eng.Limit(tc.limit)
+		var out Decision
+		v := reflect.ValueOf(&out).Elem()
+		for i := range v.NumField() { // every field away from its zero value
+			switch f := v.Field(i); f.Kind() {
+			case reflect.Bool:
+				f.SetBool(true)
+			case reflect.String:
+				f.SetString("stale")
+			case reflect.Int, reflect.Int64:
+				f.SetInt(-12345)
+			case reflect.Uint8:
+				f.SetUint(99)
+			default:
+				t.Fatalf("Decision.%s: a %v, which this test cannot fill", v.Type().Field(i).Name, f.Kind())
+			}
+		}
+		out.set(lm, "", &tc.d)
+		if want := decision(lm, "", &tc.d); out != want {
+			t.Errorf("%s %+v: set gives %+v, want %+v", tc.limit, tc.d, out, want)
+		}
 	}
 }

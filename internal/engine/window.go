@@ -227,6 +227,7 @@ type windowed struct {
 	w      time.Duration // the window: Burst / Rate
 	wUs    int64
 	iv     time.Duration // report interval (LimitConfig.Windowed)
+	wtimes               // of w and iv
 	width  int           // counters per row of a shard's array (redisstore.ShardWidth)
 	shards int           // LimitConfig.WindowShards
 	glim   redisstore.Limit
@@ -267,6 +268,20 @@ type windowed struct {
 // off is Redis's clock minus this server's, as last measured.
 func (wl *windowed) off() time.Duration { return time.Duration(wl.offset.Load()) }
 
+// wtimes are what a decision derives from a windowed limit's window and report interval,
+// computed once: a division each, on the path of every request.
+type wtimes struct {
+	tau    time.Duration // the decay time of a key's count (rate)
+	tauNs  float64       // float64(tau)
+	tauSec float64       // tau.Seconds()
+	ivSec  float64       // iv.Seconds()
+}
+
+func windowTimes(w, iv time.Duration) wtimes {
+	tau := min(4*w, 4*time.Second)
+	return wtimes{tau: tau, tauNs: float64(tau), tauSec: tau.Seconds(), ivSec: iv.Seconds()}
+}
+
 // windowed returns the limit's windowed state, nil if the limit is of another kind.
 func (lm *Limit) windowed() *windowed {
 	wl, _ := lm.kind.(*windowed)
@@ -275,9 +290,10 @@ func (lm *Limit) windowed() *windowed {
 
 func newWindowed(lm *Limit, c LimitConfig, seed uint64) *windowed {
 	wUs := wire.WindowMicros(c.Rate, c.Burst)
+	w := time.Duration(wUs) * time.Microsecond
 	shards := max(c.WindowShards, 1)
 	return &windowed{
-		lm: lm, w: time.Duration(wUs) * time.Microsecond, wUs: wUs, iv: c.Windowed,
+		lm: lm, w: w, wUs: wUs, iv: c.Windowed, wtimes: windowTimes(w, c.Windowed),
 		width:  redisstore.ShardWidth(cmpOr(c.WindowWidth, DefaultWindowWidth), shards),
 		shards: shards, lastRead: make([]time.Time, shards), since: make([]time.Time, shards), tidyAt: make([]time.Time, shards),
 		glim:     redisstore.Limit{Name: c.Name, Rate: c.Rate, Burst: c.Burst, Version: c.Version},
@@ -433,7 +449,7 @@ func (wl *windowed) decideKey(o *wdecision, en *entry, now time.Time, n int) {
 	st.ewc, perSec = wl.rate(st, now)
 	st.ewAt = at(now)
 	over, low := at(now) < st.over, at(now) < st.low
-	often := wl.warm.Load() && perSec*wl.iv.Seconds() >= 1
+	often := wl.warm.Load() && perSec*wl.ivSec >= 1
 	st.often, st.perSec = often, perSec
 	fresh := wl.fresh(now, en.key)
 	if over && !often {
@@ -526,13 +542,12 @@ func (wl *windowed) rate(st *wkey, now time.Time) (ewc, perSec float64) {
 	// in a server's first tenth of a window (or report interval) a key's first request
 	// may count as often, and ask a grant with its admission. Counting this request makes
 	// a key this server sees rarely look faster than it is.
-	tau := min(4*wl.w, 4*time.Second)
-	ewc = st.ewc*expNeg(float64(at(now)-st.ewAt)/float64(tau)) + 1
+	ewc = st.ewc*expNeg(float64(at(now)-st.ewAt)/wl.tauNs) + 1
 	counted := 1.0
-	if d := max(now.Sub(wl.start), min(wl.w/10, wl.iv)); d < countedAfter*tau {
-		counted = 1 - math.Exp(-float64(d)/float64(tau))
+	if d := max(now.Sub(wl.start), min(wl.w/10, wl.iv)); d < countedAfter*wl.tau {
+		counted = 1 - math.Exp(-float64(d)/wl.tauNs)
 	}
-	return ewc, ewc / counted / tau.Seconds()
+	return ewc, ewc / counted / wl.tauSec
 }
 
 // expNeg returns e^-x. A key a server sees often decays its count over a few
@@ -561,7 +576,7 @@ func (wl *windowed) fastDecide(o *wdecision, en *entry, now time.Time, n int) bo
 		return false
 	}
 	ewc, perSec := wl.rate(st, now)
-	often := wl.warm.Load() && perSec*wl.iv.Seconds() >= 1
+	often := wl.warm.Load() && perSec*wl.ivSec >= 1
 	if at(now) < st.over || often && float64(st.grants-n) < wl.need(st, perSec, wl.iv/20, now) {
 		return false
 	}

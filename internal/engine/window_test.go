@@ -1082,7 +1082,7 @@ func BenchmarkWindowRate(b *testing.B) {
 		ran  time.Duration
 	}{{"first-minute", 30 * time.Second}, {"after-an-hour", time.Hour}} {
 		b.Run(c.name, func(b *testing.B) {
-			wl := &windowed{w: time.Second, iv: 120 * time.Millisecond, start: t0}
+			wl := &windowed{w: time.Second, iv: 120 * time.Millisecond, wtimes: windowTimes(time.Second, 120*time.Millisecond), start: t0}
 			st := &wkey{}
 			now := t0.Add(c.ran)
 			var sum float64
