@@ -113,7 +113,8 @@ func resetAfter(d hybrid.Decision) (int64, bool) {
 func WriteHeaders(h http.Header, d hybrid.Decision, set Headers, now time.Time) {
 	var pols [1]policy
 	pols[0] = policyOf(d)
-	writeHeaders(h, d, pols[:], set, now, new(headerValues))
+	hv := new(headerValues)
+	writeHeaders(h, d, pols[:], set, now, hv.vals[:], hv.buf[:0])
 }
 
 // headerValues holds the values writeHeaders writes, as the header map refers to them:
@@ -124,15 +125,26 @@ type headerValues struct {
 	buf  [96]byte // past it (long names, many Also limits' policies), the bytes go to the heap
 }
 
-// maxHeaders is the most headers writeHeaders writes.
-const maxHeaders = 6
+// standardValues is headerValues for a set without HeadersX, which writes at most
+// maxStandard headers: a Middleware's context of 240 bytes instead of 320, the next
+// size class down, and less for the collector to sweep on every request.
+type standardValues struct {
+	vals [maxStandard]string
+	buf  [80]byte
+}
+
+const (
+	maxHeaders  = 6 // the most headers writeHeaders writes
+	maxStandard = 3 // the most without HeadersX: Retry-After, RateLimit-Policy, RateLimit
+)
 
 // writeHeaders is WriteHeaders with RateLimit-Policy listing policies, in order (d's
-// among them, from policyOf), its values held in hv, which must be new: the header map
-// keeps referring to it, and to its bytes as strings.
-func writeHeaders(h http.Header, d hybrid.Decision, policies []policy, set Headers, now time.Time, hv *headerValues) {
+// among them, from policyOf), its values held in vals and its bytes appended to buf,
+// both new: the header map keeps referring to them, and to the bytes as strings. vals
+// holds maxHeaders, or maxStandard when set has no HeadersX.
+func writeHeaders(h http.Header, d hybrid.Decision, policies []policy, set Headers, now time.Time, vals []string, buf []byte) {
 	var (
-		b     = hv.buf[:0]
+		b     = buf
 		names [maxHeaders]string
 		ends  [maxHeaders]int
 		n     int
@@ -190,7 +202,7 @@ func writeHeaders(h http.Header, d hybrid.Decision, policies []policy, set Heade
 	}
 	// The bytes are written once, above, and never again: a string may share them.
 	all := unsafe.String(unsafe.SliceData(b), len(b))
-	vals := hv.vals[:n]
+	vals = vals[:n]
 	from := 0
 	for i := range n {
 		vals[i] = all[from:ends[i]]

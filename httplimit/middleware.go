@@ -199,9 +199,13 @@ func (m *Middleware) Check(w http.ResponseWriter, r *http.Request) (*http.Reques
 	if _, retry := retryAfter(d); m.headers&HeadersNone != 0 && !retry {
 		// Nothing to write: the Decision alone goes in the context.
 		r = r.WithContext(&decisionCtx{Context: r.Context(), d: d})
+	} else if m.headers&HeadersX == 0 {
+		dc := &standardCtx{decisionCtx: decisionCtx{Context: r.Context(), d: d}}
+		writeHeaders(w.Header(), d, m.policies(pols[:0], d, tier), m.headers, now, dc.hdr.vals[:], dc.hdr.buf[:0])
+		r = r.WithContext(dc)
 	} else {
 		dc := &headersCtx{decisionCtx: decisionCtx{Context: r.Context(), d: d}}
-		writeHeaders(w.Header(), d, m.policies(pols[:0], d, tier), m.headers, now, &dc.hdr)
+		writeHeaders(w.Header(), d, m.policies(pols[:0], d, tier), m.headers, now, dc.hdr.vals[:], dc.hdr.buf[:0])
 		r = r.WithContext(dc)
 	}
 	if d.Allowed {
@@ -275,6 +279,12 @@ type decisionCtx struct {
 type headersCtx struct {
 	decisionCtx
 	hdr headerValues
+}
+
+// standardCtx is headersCtx for a set without HeadersX (standardValues).
+type standardCtx struct {
+	decisionCtx
+	hdr standardValues
 }
 
 // Value returns a *hybrid.Decision for decisionKey, else the parent's value.
