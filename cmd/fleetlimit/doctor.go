@@ -33,12 +33,14 @@ type check struct {
 }
 
 // doctor checks c for what a Limiter needs, prints a line per check to w, and reports
-// whether one failed. An error is for the command itself (no answer at all).
-func doctor(ctx context.Context, c redis.UniversalClient, cluster bool, w io.Writer) (failed bool, err error) {
+// whether one failed. deadline is the breaker's deadline the fleet runs with
+// (breaker.Settings.Timeout), which the round-trip time is judged against. An error is
+// for the command itself (no answer at all).
+func doctor(ctx context.Context, c redis.UniversalClient, cluster bool, deadline time.Duration, w io.Writer) (failed bool, err error) {
 	var checks []check
 	add := func(ch check) { checks = append(checks, ch) }
 
-	// Round-trip time: the breaker's deadline is 10 ms, a refill two round trips.
+	// Round-trip time: a refill is two round trips within the breaker's deadline.
 	if err := c.Ping(ctx).Err(); err != nil { // the connection's dial is not a round trip
 		return false, fmt.Errorf("PING: %w", err)
 	}
@@ -53,12 +55,14 @@ func doctor(ctx context.Context, c redis.UniversalClient, cluster bool, w io.Wri
 	slices.Sort(rtts)
 	p50, p90 := rtts[len(rtts)/2], rtts[len(rtts)*9/10]
 	switch rt := fmt.Sprintf("p50 %v, p90 %v over 20 PINGs", p50.Round(time.Microsecond), p90.Round(time.Microsecond)); {
-	case p90 < 2*time.Millisecond:
+	case p90 < deadline/5:
 		add(check{v: pass, name: "round trip", detail: rt})
-	case p90 < 5*time.Millisecond:
-		add(check{v: warn, name: "round trip", detail: rt, fix: "the breaker's default deadline is 10 ms: keep Redis close, or raise breaker.Settings.Timeout and the limits' MaxWait"})
+	case p90 < deadline/2:
+		add(check{v: warn, name: "round trip", detail: fmt.Sprintf("%s, against a %v deadline", rt, deadline),
+			fix: "keep Redis close, or raise breaker.Settings.Timeout and the limits' MaxWait (and -deadline)"})
 	default:
-		add(check{v: fail, name: "round trip", detail: rt, fix: "a refill would run past the breaker's 10 ms deadline: move Redis closer, or raise breaker.Settings.Timeout and MaxWait"})
+		add(check{v: fail, name: "round trip", detail: fmt.Sprintf("%s, against a %v deadline", rt, deadline),
+			fix: "a refill would run past the breaker's deadline: move Redis closer, or raise breaker.Settings.Timeout and MaxWait (and -deadline)"})
 	}
 
 	// Version: scripts that read TIME need effects replication (Redis 5 on).

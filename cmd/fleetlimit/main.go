@@ -1,11 +1,12 @@
 // Command fleetlimit answers the questions of the people who run a fleetlimit
 // deployment, without writing Go:
 //
-//	fleetlimit doctor  -addr host:port [-cluster]
+//	fleetlimit doctor  -addr host:port [-cluster] [-deadline 10ms]
 //	    Is this Redis (or Cluster) fit to hold the limits? Each check prints PASS, WARN
 //	    or FAIL and, when it does not pass, the fix: version, eviction policy, scripts,
-//	    BITFIELD, round-trip time, and on a Cluster its state and full-coverage setting.
-//	    Exit status 1 if a check fails.
+//	    BITFIELD, round-trip time (against the breaker's deadline the fleet runs with),
+//	    and on a Cluster its state and full-coverage setting. Exit status 1 if a check
+//	    fails.
 //	fleetlimit inspect -addr host:port [-cluster] -limit NAME -key KEY [-prefix fl:]
 //	    What does Redis hold for this limit and key right now: the bucket's fields and
 //	    expiry (with -rate and -burst: the windowed limit's count in the key's window).
@@ -53,8 +54,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	password := fs.String("password", os.Getenv("REDIS_PASSWORD"), "Redis password (default $REDIS_PASSWORD)")
 	timeout := fs.Duration("timeout", 5*time.Second, "how long the whole command may take")
 	var ins inspectFlags
+	var deadline *time.Duration
 	switch args[0] {
 	case "doctor":
+		deadline = fs.Duration("deadline", 10*time.Millisecond, "the breaker's deadline the fleet runs with (breaker.Settings.Timeout): round trips are judged against it")
 	case "inspect":
 		fs.StringVar(&ins.prefix, "prefix", "fl:", "the Store's key prefix (global.Prefix)")
 		fs.StringVar(&ins.limit, "limit", "", "the limit's name")
@@ -82,7 +85,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var err error
 	if args[0] == "doctor" {
 		var failed bool
-		failed, err = doctor(ctx, c, *cluster, stdout)
+		if *deadline <= 0 {
+			fmt.Fprintf(stderr, "fleetlimit: -deadline %v: want a positive duration\n", *deadline)
+			return 2
+		}
+		failed, err = doctor(ctx, c, *cluster, *deadline, stdout)
 		if err == nil && failed {
 			return 1
 		}

@@ -19,11 +19,13 @@ import (
 
 // TestDoctor: on a redis-server of the test's own, every check passes; once it may
 // evict, the eviction check fails with its fix and the exit status is 1; on miniredis
-// (no CONFIG, no INFO server) the checks that cannot run warn.
+// (no CONFIG, no INFO server) the checks that cannot run warn. The round trips are
+// judged against a second's deadline, which a loaded machine meets, and then against a
+// microsecond's, which none does.
 func TestDoctor(t *testing.T) {
 	srv := redistest.StartServer(t)
 	var out, errs bytes.Buffer
-	if code := run(context.Background(), []string{"doctor", "-addr", srv.Addr}, &out, &errs); code != 0 {
+	if code := run(context.Background(), []string{"doctor", "-addr", srv.Addr, "-deadline", "1s"}, &out, &errs); code != 0 {
 		t.Fatalf("doctor: exit %d\n%s%s", code, out.String(), errs.String())
 	}
 	for _, name := range []string{"round trip", "version", "eviction", "scripts", "BITFIELD"} {
@@ -42,19 +44,29 @@ func TestDoctor(t *testing.T) {
 		t.Fatal(err)
 	}
 	out.Reset()
-	if code := run(context.Background(), []string{"doctor", "-addr", srv.Addr}, &out, &errs); code != 1 ||
+	if code := run(context.Background(), []string{"doctor", "-addr", srv.Addr, "-deadline", "1s"}, &out, &errs); code != 1 ||
 		!strings.Contains(out.String(), "FAIL  eviction") || !strings.Contains(out.String(), "noeviction") {
 		t.Errorf("an evicting Redis: exit %d\n%s", code, out.String())
 	}
 
 	m, _ := redistest.Mini(t)
 	out.Reset()
-	if code := run(context.Background(), []string{"doctor", "-addr", m.Addr()}, &out, &errs); code != 0 || !strings.Contains(out.String(), "WARN  eviction") ||
+	if code := run(context.Background(), []string{"doctor", "-addr", m.Addr(), "-deadline", "1s"}, &out, &errs); code != 0 || !strings.Contains(out.String(), "WARN  eviction") ||
 		!strings.Contains(out.String(), "WARN  version") {
 		t.Errorf("miniredis: exit %d\n%s", code, out.String())
 	}
 	if code := run(context.Background(), []string{"doctor", "-addr", "127.0.0.1:1", "-timeout", time.Second.String()}, &out, &errs); code != 1 {
 		t.Errorf("no Redis: exit %d, want 1", code)
+	}
+	// Round trips are judged against -deadline: no round trip is within a microsecond's
+	// fifth, and none a second's half on a machine that answers at all.
+	out.Reset()
+	if code := run(context.Background(), []string{"doctor", "-addr", srv.Addr, "-deadline", "1us"}, &out, &errs); code != 1 ||
+		!strings.Contains(out.String(), "FAIL  round trip") || !strings.Contains(out.String(), "against a 1µs deadline") {
+		t.Errorf("a 1µs deadline: exit %d\n%s", code, out.String())
+	}
+	if code := run(context.Background(), []string{"doctor", "-addr", srv.Addr, "-deadline", "0s"}, &out, &errs); code != 2 {
+		t.Errorf("-deadline 0s: exit %d, want 2 (usage)", code)
 	}
 }
 
@@ -159,7 +171,7 @@ func TestDoctorCluster(t *testing.T) {
 	}
 	c := redistest.StartCluster(t, redistest.ClusterConfig{NodeTimeout: time.Second})
 	var out, errs bytes.Buffer
-	if code := run(context.Background(), []string{"doctor", "-cluster", "-addr", c.Addrs()[0]}, &out, &errs); code != 0 ||
+	if code := run(context.Background(), []string{"doctor", "-cluster", "-addr", c.Addrs()[0], "-deadline", "1s"}, &out, &errs); code != 0 ||
 		!strings.Contains(out.String(), "PASS  cluster") || strings.Contains(out.String(), "WARN  failover") {
 		t.Fatalf("doctor on a healthy Cluster: exit %d\n%s%s", code, out.String(), errs.String())
 	}
@@ -167,7 +179,7 @@ func TestDoctorCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	out.Reset()
-	if code := run(context.Background(), []string{"doctor", "-cluster", "-addr", c.Addrs()[0]}, &out, &errs); code != 0 ||
+	if code := run(context.Background(), []string{"doctor", "-cluster", "-addr", c.Addrs()[0], "-deadline", "1s"}, &out, &errs); code != 0 ||
 		!strings.Contains(out.String(), "WARN  failover") || !strings.Contains(out.String(), "cluster-require-full-coverage no") {
 		t.Errorf("a master requiring full coverage: exit %d\n%s", code, out.String())
 	}
