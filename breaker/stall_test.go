@@ -203,7 +203,14 @@ func TestRedisStall(t *testing.T) {
 	mu.Lock() // a probe's call may still settle the breaker, and report, on its own goroutine
 	t.Logf("closed %v after SIGCONT; state changes: %v", time.Since(resumed).Round(time.Millisecond), changes)
 	mu.Unlock()
-	if err := b.Do(ctx, ping); err != nil {
-		t.Errorf("PING after recovery: %v", err)
+	// Closed, it lets calls through: one of five gets its answer within the deadline (a
+	// loaded machine may hold any one call past 10 ms; not five in a row).
+	for range 5 {
+		if err = b.Do(ctx, ping); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		t.Errorf("PING after recovery, five times: %v", err)
 	}
 }

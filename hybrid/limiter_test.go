@@ -636,7 +636,8 @@ func TestLateTakeIsRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1, Breaker: brk, Limits: []hybrid.Limit{
-		{Name: "api", Rate: 100, Burst: 100, Policy: breaker.FailClosed, MaxWait: time.Second},
+		// A minute's lease: the grant must outlive a loaded machine's wait for it.
+		{Name: "api", Rate: 100, Burst: 100, Policy: breaker.FailClosed, MaxWait: time.Second, Lease: hybrid.LeaseTuning{Lifetime: time.Minute}},
 	}})
 	d, err := l.Allow(context.Background(), "api", "k")
 	if err != nil || d.Allowed || d.Source != hybrid.SourceFallback {

@@ -47,7 +47,7 @@ func TestMixedFleet(t *testing.T) {
 				}
 				a := mk(tc.a, rate)
 				// a records its representation first; b reads it when it starts, and a
-				// reads b's at its next record (every 10 heartbeat intervals: 100ms here).
+				// reads b's at its next record (every 30 heartbeat intervals: 300ms here).
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				defer cancel()
 				if err := a.Ready(ctx); err != nil {

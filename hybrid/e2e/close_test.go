@@ -209,10 +209,12 @@ func TestRefundTimeoutResendsOnce(t *testing.T) {
 	targets(t, func(t *testing.T, addr string, real bool) {
 		const keys, perKey = 20, 30
 		hook := &slowRefunds{resent: make(chan struct{})}
-		s := newServer(t, addr, randomPrefix(), nil, breaker.Settings{Timeout: 200 * time.Millisecond}, hybrid.Config{
+		// A second's deadline: the refills before Close must not time out on a loaded
+		// machine, and the held refund batch times out all the same.
+		s := newServer(t, addr, randomPrefix(), nil, breaker.Settings{Timeout: time.Second}, hybrid.Config{
 			FleetSize: 1,
 			Limits: []hybrid.Limit{{Name: "api", Rate: 0.001, Burst: 100, Policy: breaker.FailClosed,
-				MaxWait: 200 * time.Millisecond, Lease: hybrid.LeaseTuning{RefillInterval: 5 * time.Second, Lifetime: time.Minute}}},
+				MaxWait: time.Second, Lease: hybrid.LeaseTuning{RefillInterval: 5 * time.Second, Lifetime: time.Minute}}},
 		})
 		ctx := context.Background()
 		for k := range keys {
