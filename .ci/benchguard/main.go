@@ -34,7 +34,7 @@ type pair struct {
 
 // pairs are the hot paths: a lease hit on one key and on 10,000, and on one key from
 // GOMAXPROCS goroutines; three items all or nothing; a windowed key served from its
-// grants. (AllowLease10kKeysParallel is left out: its warm-up alone takes 30 s.)
+// grants; a charge-later key served from its lease. (AllowLease10kKeysParallel is left out: its warm-up alone takes 30 s.)
 // Ceilings: the median ratio of 5 interleaved runs at 04c0a38 on the project's 2-core
 // machine, quiet (2.30, 4.80, 1.72, 7.87, 3.17), rounded up to a tenth; AllowMulti's
 // from 6 runs once its lease hits were decided in one pass (5.96); AllowLease's and
@@ -43,13 +43,19 @@ type pair struct {
 // and AllowWindowed's the highest of three runs once the pre-check lost its mutex
 // (tokenbucket.Bucket): 1.75-1.88, 5.12, 2.75-3.06; AllowMulti's and AllowWindowed's
 // once a key's check for braces was a loop: 4.70-4.74, 2.68-2.75; AllowLease10kKeys'
-// once the key store's LRU list ran through its entries: 2.07-2.17.
+// once the key store's LRU list ran through its entries: 2.07-2.17. AllowLease's,
+// AllowLeaseParallel's and AllowWindowed's the highest of three runs once a Decision was
+// written in place and a windowed key's first minutes took no math.Exp (1.59-1.62,
+// 1.57-1.60, 2.15-2.26), and AllowAsync's (a charge-later key served from its lease),
+// first guarded then: 1.60-1.61. AllowMulti reads 5.05-5.10 in those runs, above its
+// 4.8, on a bare Allow of 82 ns where it was 88: a ceiling is never raised.
 var pairs = []pair{
-	{"BenchmarkAllowLease", "BenchmarkBareRateAllow", 1.9},
+	{"BenchmarkAllowLease", "BenchmarkBareRateAllow", 1.7},
 	{"BenchmarkAllowLease10kKeys", "BenchmarkBareRateAllow10kKeys", 2.2},
-	{"BenchmarkAllowLeaseParallel", "BenchmarkBareRateAllowParallel", 1.8},
+	{"BenchmarkAllowLeaseParallel", "BenchmarkBareRateAllowParallel", 1.6},
 	{"BenchmarkAllowMulti", "BenchmarkBareRateAllow", 4.8},
-	{"BenchmarkAllowWindowed", "BenchmarkBareRateAllow", 2.8},
+	{"BenchmarkAllowWindowed", "BenchmarkBareRateAllow", 2.3},
+	{"BenchmarkAllowAsync", "BenchmarkBareRateAllow", 1.7},
 }
 
 func main() {
