@@ -403,12 +403,13 @@ type wdecision struct {
 	d    Decision
 	w    *Waiter
 	wake bool
+	pre  float64 // the key's pre-check tokens at now, at least the request's cost
 }
 
 // admit admits a request of cost n for the key of en (state st) at now, for r: its
 // pre-check spends, and the decision says what grants the key holds after it.
 func (o *wdecision) admit(en *entry, st *wkey, now time.Time, n int, r Reason) {
-	en.pre.AllowN(now, n)
+	en.pre.Take(now, o.pre, n)
 	o.d = Decision{Allowed: true, Remaining: max(0, st.grants), Source: SourceLease, Reason: r}
 }
 
@@ -428,7 +429,8 @@ func (wl *windowed) decideKey(o *wdecision, en *entry, now time.Time, n int) {
 		o.d = Decision{Source: SourceLease, Reason: ReasonExceedsBurst, RetryAfter: InfDuration}
 		return
 	}
-	if n > 0 && en.pre.TokensAt(now) < float64(n) {
+	// The pre-check's tokens, read once: admit spends from them.
+	if o.pre = en.pre.TokensAt(now); o.pre < float64(n) {
 		o.d = wl.lm.preDenied(en, now, n)
 		return
 	}

@@ -49,6 +49,16 @@ func (b *Bucket) AllowN(t time.Time, n int) bool {
 // rate.Limiter.TokensAt.
 func (b *Bucket) TokensAt(t time.Time) float64 { return b.advance(t) }
 
+// Take takes n tokens at t from a bucket that holds tokens then, as TokensAt(t) read it
+// with no change since, and at least n of them (n at most the burst): what AllowN(t, n)
+// does in that case, without computing the tokens again.
+func (b *Bucket) Take(t time.Time, tokens float64, n int) {
+	if b.rate == Inf {
+		return
+	}
+	b.last, b.tokens = t, tokens-float64(n)
+}
+
 // SetRateAt refills the bucket up to t at its old rate, then sets its rate to r tokens
 // per second (Inf: no limit). It is rate.Limiter.SetLimitAt.
 func (b *Bucket) SetRateAt(t time.Time, r float64) {

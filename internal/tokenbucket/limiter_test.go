@@ -11,10 +11,12 @@ import (
 // FuzzBucketMatchesRate gives a Bucket and a rate.Limiter the same calls, decoded from
 // the input, and requires the same answers and the same tokens after every call: costs
 // negative, zero, past the burst; instants that go back; rates 0, tiny, huge and Inf.
+// Take, after TokensAt found the tokens, must do what AllowN does.
 func FuzzBucketMatchesRate(f *testing.F) {
 	f.Add([]byte{0, 3, 1, 10, 2, 5, 3, 1, 0, 1, 0, 1, 0, 1, 4, 200, 0, 1})
 	f.Add([]byte{2, 9, 3, 40, 1, 255, 0, 7, 0, 7, 4, 0, 0, 250, 1, 1})
 	f.Add([]byte{1, 6, 2, 1, 0, 1, 4, 128, 0, 2, 5, 200, 0, 1, 0, 1})
+	f.Add([]byte{1, 4, 2, 9, 6, 5, 6, 8, 3, 30, 6, 4, 6, 15, 1, 9, 6, 6})
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		var b Bucket
 		var r rate.Limiter
@@ -32,7 +34,7 @@ func FuzzBucketMatchesRate(f *testing.F) {
 			}
 		}
 		for i := 0; i+1 < len(ops); i += 2 {
-			op, arg := ops[i]%6, ops[i+1]
+			op, arg := ops[i]%7, ops[i+1]
 			switch op {
 			case 0: // AllowN, cost -3..12
 				n := int(arg%16) - 3
@@ -53,8 +55,18 @@ func FuzzBucketMatchesRate(f *testing.F) {
 				now = now.Add(-time.Duration(arg) * time.Millisecond)
 			case 5: // a nanosecond
 				now = now.Add(time.Nanosecond)
+			case 6: // Take what TokensAt found, as a windowed key's admission does; AllowN if not found
+				n := int(arg%16) - 3
+				if tokens := b.TokensAt(now); n >= 1 && n <= b.burst && tokens >= float64(n) {
+					b.Take(now, tokens, n)
+					if !r.AllowN(now, n) {
+						t.Fatalf("op %d: Take(%d) of %v tokens, where rate.Limiter's AllowN refuses", i, n, tokens)
+					}
+				} else if g, w := b.AllowN(now, n), r.AllowN(now, n); g != w {
+					t.Fatalf("op %d: AllowN(%d) = %v, rate.Limiter's %v", i, n, g, w)
+				}
 			}
-			check(i, [...]string{"AllowN", "SetRateAt", "SetBurstAt", "forward", "back", "1ns"}[op])
+			check(i, [...]string{"AllowN", "SetRateAt", "SetBurstAt", "forward", "back", "1ns", "Take"}[op])
 		}
 	})
 }
