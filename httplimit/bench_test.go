@@ -35,9 +35,12 @@ func (w *nopWriter) WriteHeader(int)             {}
 
 var nop = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
 
-func benchLimiter(b testing.TB) *hybrid.Limiter {
+func benchLimiter(b testing.TB) *hybrid.Limiter { return namedLimiter(b, "api") }
+
+// namedLimiter is benchLimiter's limit under another name.
+func namedLimiter(b testing.TB, name string) *hybrid.Limiter {
 	_, c := redistest.Mini(b)
-	return newLimiter(b, redistest.Target{Client: c}, hybrid.Limit{Name: "api", Rate: 1e12, Burst: 1 << 40,
+	return newLimiter(b, redistest.Target{Client: c}, hybrid.Limit{Name: name, Rate: 1e12, Burst: 1 << 40,
 		Policy: breaker.FailOpen, Lease: hybrid.LeaseTuning{RefillInterval: time.Hour, Lifetime: 5 * time.Hour, LowWatermark: -1}, MaxWait: time.Second})
 }
 
@@ -117,40 +120,45 @@ func BenchmarkMiddleware(b *testing.B) {
 
 // TestMiddlewareAllocations: a request served from the lease costs the middleware at
 // most two allocations, whatever headers it writes (the request's copy, and one context
-// holding its Decision and its headers' values), and FromContext finds the Decision.
+// holding its Decision and its headers' values), for a limit named "api" and one of 23
+// characters, with 13-digit quotas and remainders, and FromContext finds the Decision.
 func TestMiddlewareAllocations(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector's instrumentation allocates")
 	}
-	for _, bc := range headerSets {
-		t.Run(bc.name, func(t *testing.T) {
-			l := benchLimiter(t)
-			mw, err := httplimit.New(httplimit.Config{Limiter: l, Limit: "api", Key: httplimit.Header("X-API-Key"), Headers: bc.headers})
-			if err != nil {
-				t.Fatal(err)
-			}
-			found := false
-			h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				d, ok := httplimit.FromContext(r.Context())
-				found = ok && d.Allowed && d.Limit == "api"
-			}))
-			w, r := &nopWriter{h: http.Header{}}, benchRequest()
-			for range 3 {
-				h.ServeHTTP(w, r)
-			}
-			allocs := testing.AllocsPerRun(100, func() {
-				clear(w.h)
-				h.ServeHTTP(w, r)
-			})
-			if !found {
-				t.Fatal("the handler found no Decision in its context")
-			}
-			if bc.headers != httplimit.HeadersNone && len(w.h) == 0 {
-				t.Fatal("no header written")
-			}
-			if allocs > 2 {
-				t.Errorf("%v allocations per request, want at most 2", allocs)
-			}
-		})
+	for _, name := range []string{"api", "requests-per-client-key"} {
+		for _, bc := range headerSets {
+			t.Run(name+"/"+bc.name, func(t *testing.T) { testMiddlewareAllocations(t, name, bc.headers) })
+		}
+	}
+}
+
+func testMiddlewareAllocations(t *testing.T, name string, headers httplimit.Headers) {
+	l := namedLimiter(t, name)
+	mw, err := httplimit.New(httplimit.Config{Limiter: l, Limit: name, Key: httplimit.Header("X-API-Key"), Headers: headers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		d, ok := httplimit.FromContext(r.Context())
+		found = ok && d.Allowed && d.Limit == name
+	}))
+	w, r := &nopWriter{h: http.Header{}}, benchRequest()
+	for range 3 {
+		h.ServeHTTP(w, r)
+	}
+	allocs := testing.AllocsPerRun(100, func() {
+		clear(w.h)
+		h.ServeHTTP(w, r)
+	})
+	if !found {
+		t.Fatal("the handler found no Decision in its context")
+	}
+	if headers != httplimit.HeadersNone && len(w.h) == 0 {
+		t.Fatal("no header written")
+	}
+	if allocs > 2 {
+		t.Errorf("%v allocations per request, want at most 2", allocs)
 	}
 }

@@ -119,18 +119,19 @@ func WriteHeaders(h http.Header, d hybrid.Decision, set Headers, now time.Time) 
 
 // headerValues holds the values writeHeaders writes, as the header map refers to them:
 // their bytes and the []string each header's value is. The Middleware keeps it in the
-// request's Decision context, so that the headers cost no allocation of their own.
+// request's Decision context, so that the headers cost no allocation of their own; the
+// bytes fill that context to 320, an allocator size class (TestContextSizes).
 type headerValues struct {
 	vals [maxHeaders]string
-	buf  [96]byte // past it (long names, many Also limits' policies), the bytes go to the heap
+	buf  [112]byte // past it (long names, many Also limits' policies), the bytes go to the heap
 }
 
 // standardValues is headerValues for a set without HeadersX, which writes at most
-// maxStandard headers: a Middleware's context of 240 bytes instead of 320, the next
-// size class down, and less for the collector to sweep on every request.
+// maxStandard headers: three values fewer, and a Middleware's context of 256 bytes, a
+// size class, instead of 320, less for the collector to sweep on every request.
 type standardValues struct {
 	vals [maxStandard]string
-	buf  [80]byte
+	buf  [96]byte
 }
 
 const (

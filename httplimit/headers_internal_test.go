@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/fleetlimit/fleetlimit/hybrid"
 )
@@ -74,5 +75,16 @@ func TestRetryAfterAndReset(t *testing.T) {
 				t.Errorf("Retry-After %q, want one: %v", h.Get("Retry-After"), tc.wantHeader)
 			}
 		})
+	}
+}
+
+// TestContextSizes: a request's context fills an allocator size class, the header
+// values' bytes taking what the rest leaves (headerValues, standardValues).
+func TestContextSizes(t *testing.T) {
+	if n := unsafe.Sizeof(standardCtx{}); n != 256 {
+		t.Errorf("standardCtx is %d bytes, want 256", n)
+	}
+	if n := unsafe.Sizeof(headersCtx{}); n != 320 {
+		t.Errorf("headersCtx is %d bytes, want 320", n)
 	}
 }
