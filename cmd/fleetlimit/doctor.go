@@ -56,7 +56,7 @@ func doctor(ctx context.Context, c redis.UniversalClient, cluster bool, deadline
 	p50, p90 := rtts[len(rtts)/2], rtts[len(rtts)*9/10]
 	switch rt := fmt.Sprintf("p50 %v, p90 %v over 20 PINGs", p50.Round(time.Microsecond), p90.Round(time.Microsecond)); {
 	case p90 < deadline/5:
-		add(check{v: pass, name: "round trip", detail: rt})
+		add(check{v: pass, name: "round trip", detail: fmt.Sprintf("%s, against a %v deadline", rt, deadline)})
 	case p90 < deadline/2:
 		add(check{v: warn, name: "round trip", detail: fmt.Sprintf("%s, against a %v deadline", rt, deadline),
 			fix: "keep Redis close, or raise breaker.Settings.Timeout and the limits' MaxWait (and -deadline)"})

@@ -72,6 +72,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}
+	if deadline != nil && *deadline <= 0 {
+		fmt.Fprintf(stderr, "fleetlimit: -deadline %v: want a positive duration\n", *deadline)
+		return 2
+	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	var c redis.UniversalClient
@@ -85,10 +89,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var err error
 	if args[0] == "doctor" {
 		var failed bool
-		if *deadline <= 0 {
-			fmt.Fprintf(stderr, "fleetlimit: -deadline %v: want a positive duration\n", *deadline)
-			return 2
-		}
 		failed, err = doctor(ctx, c, *cluster, *deadline, stdout)
 		if err == nil && failed {
 			return 1

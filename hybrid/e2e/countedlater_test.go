@@ -127,7 +127,7 @@ const warmPasses = 2
 // marks once more and then stops, and its marks go stale 0.75 s after its last free
 // admission: on a loaded machine warming the later servers can outlast that for the
 // first ones. The second pass finds each server admitting freely again, together.
-// Each pass ends on one admission without Redis a server.
+// Each pass ends on one admission without Redis per server.
 func warmFleet(t *testing.T, addr, prefix string, n int, lim hybrid.Limit, counter *redistest.Counter) []*server {
 	t.Helper()
 	fleet := make([]*server, n)

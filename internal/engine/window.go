@@ -530,7 +530,8 @@ func (wl *windowed) decideKey(o *wdecision, en *entry, now time.Time, n int) {
 
 // countedAfter is how many decay times (rate's tau) after its start a server has counted
 // every key: from then on 1 - exp(-t/tau) is 1 in float64 (exp(-38) < 2^-53), so rate
-// leaves the exponential out, and its answers are the same.
+// leaves the exponential out, and its answers are the same. It bounds expNegCounted's
+// domain, and so the size of its tables.
 const countedAfter = 38
 
 // rate is the key's count of requests with this one, decayed, and this server's rate of

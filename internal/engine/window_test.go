@@ -1048,6 +1048,11 @@ func TestCountedAfter(t *testing.T) {
 			}
 		}
 	}
+	// Just before countedAfter, where rate still takes it, expNegCounted agrees: its
+	// tables end where the exponential stops mattering.
+	if got := 1 - expNegCounted(math.Nextafter(countedAfter, 0)); got != 1 {
+		t.Errorf("1 - expNegCounted(just below %d) = %v, want 1", countedAfter, got)
+	}
 }
 
 // TestExpNeg: expNeg is math.Exp(-x) to within 2 ulps where it takes the series, and
@@ -1073,8 +1078,8 @@ func TestExpNeg(t *testing.T) {
 
 // TestExpNegCounted: the tables and the series give e^-x within 4 ulps of math.Exp over
 // the whole range, at the tables' boundaries, next to them and between them. The share
-// counted, 1 - e^-x, is off by as much in absolute terms: relative to a share of 2^-10
-// (a server's first instants, in a decay time of 4 s) about 1e-13.
+// counted, 1 - e^-x, is off by as much in absolute terms: relative to the smallest share
+// rate takes (a report interval of 1 ms in a decay time of 4 s: about 2^-12) about 2e-12.
 func TestExpNegCounted(t *testing.T) {
 	var xs []float64
 	for k := range 32 * countedAfter * 32 { // each boundary k/1024, its neighbours and a point between
