@@ -44,11 +44,9 @@ func (l *Limiter) AllowMulti(ctx context.Context, items []Item) (MultiDecision, 
 	}
 	// Every item must be valid before anything is looked at or counted.
 	dry := false
-	var buf [8]*engine.Limit // the items' limits, looked up once
-	lms := buf[:0]
+	var m engine.Multi
 	for i, it := range items {
 		lm := l.eng.Limit(it.Limit)
-		lms = append(lms, lm)
 		switch {
 		case lm == nil:
 			return MultiDecision{Denied: i, RetryAfter: InfDuration, Decision: Decision{RetryAfter: InfDuration, Limit: it.Limit, Tier: it.Tier}}, ErrUnknownLimit
@@ -59,13 +57,10 @@ func (l *Limiter) AllowMulti(ctx context.Context, items []Item) (MultiDecision, 
 			return MultiDecision{Denied: i, RetryAfter: InfDuration, Decision: decision(lm, it.Tier, &d)}, ErrInvalidCost
 		}
 		dry = dry || lm.Shape(it.Tier).DryRun()
+		m.Add(engine.MultiItem{Limit: lm, Tier: it.Tier, Key: it.Key, N: it.Cost})
 	}
 	if dry {
 		return l.allowMultiDry(ctx, items)
-	}
-	var m engine.Multi
-	for i, it := range items {
-		m.Add(engine.MultiItem{Limit: lms[i], Tier: it.Tier, Key: it.Key, N: it.Cost})
 	}
 	return l.decideMulti(ctx, &m, l.onDecision)
 }
