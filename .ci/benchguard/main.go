@@ -43,7 +43,7 @@ type pair struct {
 //	AllowLeaseParallel    1.57-1.61   1.7
 //	AllowWindowed         2.15-2.26   2.3
 //	AllowAsync            1.60-1.61   1.7
-//	AllowMulti            5.05-5.10   4.8
+//	AllowMulti            4.89        4.8
 //
 // AllowMulti's ceiling is from runs where it read 4.70-4.74, and it now reads above it
 // on this machine: it is left where it is, not raised, until a faster AllowMulti
