@@ -35,10 +35,8 @@ func (w *nopWriter) WriteHeader(int)             {}
 
 var nop = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
 
-func benchLimiter(b testing.TB) *hybrid.Limiter { return namedLimiter(b, "api") }
-
-// namedLimiter is benchLimiter's limit under another name.
-func namedLimiter(b testing.TB, name string) *hybrid.Limiter {
+// benchLimiter is a Limiter with one limit, name, that never runs dry.
+func benchLimiter(b testing.TB, name string) *hybrid.Limiter {
 	_, c := redistest.Mini(b)
 	return newLimiter(b, redistest.Target{Client: c}, hybrid.Limit{Name: name, Rate: 1e12, Burst: 1 << 40,
 		Policy: breaker.FailOpen, Lease: hybrid.LeaseTuning{RefillInterval: time.Hour, Lifetime: 5 * time.Hour, LowWatermark: -1}, MaxWait: time.Second})
@@ -61,7 +59,7 @@ func BenchmarkBareRateAllow(b *testing.B) {
 }
 
 func BenchmarkAllow(b *testing.B) {
-	l := benchLimiter(b)
+	l := benchLimiter(b, "api")
 	ctx := context.Background()
 	for range 3 {
 		l.Allow(ctx, "api", "client-1")
@@ -98,7 +96,7 @@ var headerSets = []struct {
 func BenchmarkMiddleware(b *testing.B) {
 	for _, bc := range headerSets {
 		b.Run(bc.name, func(b *testing.B) {
-			l := benchLimiter(b)
+			l := benchLimiter(b, "api")
 			mw, err := httplimit.New(httplimit.Config{Limiter: l, Limit: "api", Key: httplimit.Header("X-API-Key"), Headers: bc.headers})
 			if err != nil {
 				b.Fatal(err)
@@ -134,7 +132,7 @@ func TestMiddlewareAllocations(t *testing.T) {
 }
 
 func testMiddlewareAllocations(t *testing.T, name string, headers httplimit.Headers) {
-	l := namedLimiter(t, name)
+	l := benchLimiter(t, name)
 	mw, err := httplimit.New(httplimit.Config{Limiter: l, Limit: name, Key: httplimit.Header("X-API-Key"), Headers: headers})
 	if err != nil {
 		t.Fatal(err)

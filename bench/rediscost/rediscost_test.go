@@ -169,7 +169,6 @@ return out
 //	go -C bench test ./rediscost -run TestRedisCost -v -args -rediscost
 func TestRedisCost(t *testing.T) {
 	ctx, c := ownServer(t)
-	stat := func(cmd string) (calls, usec float64) { return commandStat(ctx, t, c, cmd) }
 	const keys = 100000
 	key := func(i int) string { return "fl:{sim}:k" + strconv.Itoa(i%keys) }
 	measureCmd := func(name, cmd string, calls int, run func(i int, p redis.Pipeliner)) float64 {
@@ -183,7 +182,7 @@ func TestRedisCost(t *testing.T) {
 				t.Fatalf("%s: %v", name, err)
 			}
 		}
-		n, us := stat(cmd)
+		n, us := commandStat(ctx, t, c, cmd)
 		return us / n
 	}
 	measure := func(name string, calls int, run func(i int, p redis.Pipeliner)) float64 {

@@ -54,14 +54,14 @@ func doctor(ctx context.Context, c redis.UniversalClient, cluster bool, deadline
 	}
 	slices.Sort(rtts)
 	p50, p90 := rtts[len(rtts)/2], rtts[len(rtts)*9/10]
-	switch rt := fmt.Sprintf("p50 %v, p90 %v over 20 PINGs", p50.Round(time.Microsecond), p90.Round(time.Microsecond)); {
+	switch rt := fmt.Sprintf("p50 %v, p90 %v over 20 PINGs, against a %v deadline", p50.Round(time.Microsecond), p90.Round(time.Microsecond), deadline); {
 	case p90 < deadline/5:
-		add(check{v: pass, name: "round trip", detail: fmt.Sprintf("%s, against a %v deadline", rt, deadline)})
+		add(check{v: pass, name: "round trip", detail: rt})
 	case p90 < deadline/2:
-		add(check{v: warn, name: "round trip", detail: fmt.Sprintf("%s, against a %v deadline", rt, deadline),
+		add(check{v: warn, name: "round trip", detail: rt,
 			fix: "keep Redis close, or raise breaker.Settings.Timeout and the limits' MaxWait (and -deadline)"})
 	default:
-		add(check{v: fail, name: "round trip", detail: fmt.Sprintf("%s, against a %v deadline", rt, deadline),
+		add(check{v: fail, name: "round trip", detail: rt,
 			fix: "a refill would run past the breaker's deadline: move Redis closer, or raise breaker.Settings.Timeout and MaxWait (and -deadline)"})
 	}
 

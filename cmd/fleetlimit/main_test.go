@@ -14,7 +14,6 @@ import (
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/hybrid"
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
-	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
 // TestDoctor: on a redis-server of the test's own, every check passes; once it may
@@ -78,14 +77,15 @@ func TestDoctor(t *testing.T) {
 
 // newLimiter is a Limiter of one server on store, its limit "api" (10/s, burst 20) of
 // mode, with a breaker's timeout that leaves room for -race.
-func newLimiter(t *testing.T, store *global.Store, mode hybrid.Mode) *hybrid.Limiter {
+// newLimiter is a Limiter on store with one limit "api" of burst 20 and the rate given.
+func newLimiter(t *testing.T, store *global.Store, mode hybrid.Mode, rate float64) *hybrid.Limiter {
 	t.Helper()
 	brk, err := breaker.New(breaker.Settings{Timeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	l, err := hybrid.New(store, hybrid.Config{FleetSize: 1, Breaker: brk,
-		Limits: []hybrid.Limit{{Name: "api", Rate: 10, Burst: 20, Policy: breaker.FailClosed, MaxWait: time.Second, Mode: mode}}})
+		Limits: []hybrid.Limit{{Name: "api", Rate: rate, Burst: 20, Policy: breaker.FailClosed, MaxWait: time.Second, Mode: mode}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +100,7 @@ func TestInspect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := newLimiter(t, store, hybrid.Mode{})
+	l := newLimiter(t, store, hybrid.Mode{}, 10)
 	if d, err := l.Allow(context.Background(), "api", "client-1"); err != nil || !d.Allowed {
 		t.Fatalf("Allow: %+v, %v", d, err)
 	}
@@ -132,39 +132,22 @@ func TestInspectCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// window is the index of key's window (2 s: burst/rate) on Redis's clock now.
-	w := wire.WindowMicros(10, 20)
-	window := func(key string) int64 {
-		now, err := c.Time(ctx).Result()
-		if err != nil {
-			t.Fatal(err)
+	// Windows of an hour (burst/rate): the admissions and inspect's read fall in one.
+	const rate = 20.0 / 3600
+	l := newLimiter(t, store, hybrid.Windowed(100*time.Millisecond), rate)
+	for range 3 {
+		if d, err := l.Allow(ctx, "api", "client-1"); err != nil || !d.Allowed {
+			t.Fatalf("Allow: %+v, %v", d, err)
 		}
-		return wire.WindowIndex(now.UnixMicro(), wire.WindowPhase(wire.KeyID(key), w), w)
 	}
-	// A try whose key's window ended before inspect read it counted in two windows: the
-	// next try takes a key of its own.
-	for try := 1; ; try++ {
-		key := "client-" + strconv.Itoa(try)
-		before := window(key)
-		l := newLimiter(t, store, hybrid.Windowed(100*time.Millisecond))
-		for range 3 {
-			if d, err := l.Allow(ctx, "api", key); err != nil || !d.Allowed {
-				t.Fatalf("Allow: %+v, %v", d, err)
-			}
-		}
-		if err := l.Close(ctx); err != nil { // its last report counts what it admitted
-			t.Fatal(err)
-		}
-		var out, errs bytes.Buffer
-		args := []string{"inspect", "-cluster", "-addr", c.Options().Addrs[0], "-prefix", prefix, "-limit", "api", "-key", key, "-rate", "10", "-burst", "20"}
-		code := run(ctx, args, &out, &errs)
-		if window(key) != before && try < 3 {
-			continue
-		}
-		if code != 0 || !strings.Contains(out.String(), ": 3 of 20") {
-			t.Errorf("inspect -cluster, windowed: exit %d, want the current window's 3 of 20\n%s%s", code, out.String(), errs.String())
-		}
-		return
+	if err := l.Close(ctx); err != nil { // its last report counts what it admitted
+		t.Fatal(err)
+	}
+	var out, errs bytes.Buffer
+	args := []string{"inspect", "-cluster", "-addr", c.Options().Addrs[0], "-prefix", prefix, "-limit", "api", "-key", "client-1",
+		"-rate", strconv.FormatFloat(rate, 'g', -1, 64), "-burst", "20"}
+	if code := run(ctx, args, &out, &errs); code != 0 || !strings.Contains(out.String(), ": 3 of 20") {
+		t.Errorf("inspect -cluster, windowed: exit %d, want the current window's 3 of 20\n%s%s", code, out.String(), errs.String())
 	}
 }
 

@@ -1082,7 +1082,7 @@ func TestExpNeg(t *testing.T) {
 // rate takes (a report interval of 1 ms in a decay time of 4 s: about 2^-12) about 2e-12.
 func TestExpNegCounted(t *testing.T) {
 	var xs []float64
-	for k := range 32 * countedAfter * 32 { // each boundary k/1024, its neighbours and a point between
+	for k := range 1024 * countedAfter { // each boundary k/1024, its neighbours and a point between
 		b := float64(k) / 1024
 		xs = append(xs, b, math.Nextafter(b, 0), math.Nextafter(b, countedAfter), b+0.3/1024)
 	}
@@ -1091,10 +1091,7 @@ func TestExpNegCounted(t *testing.T) {
 		xs = append(xs, rng.Float64()*countedAfter)
 	}
 	worst := 0.0
-	for _, x := range xs {
-		if x < 0 || x >= countedAfter {
-			continue
-		}
+	for _, x := range xs { // every one in [0, countedAfter)
 		got, want := expNegCounted(x), math.Exp(-x)
 		ulp := math.Nextafter(want, 1) - want
 		if d := math.Abs(got-want) / ulp; d > worst {
