@@ -199,14 +199,21 @@ func (m *Middleware) Check(w http.ResponseWriter, r *http.Request) (*http.Reques
 	if _, retry := retryAfter(d); m.headers&HeadersNone != 0 && !retry {
 		// Nothing to write: the Decision alone goes in the context.
 		r = r.WithContext(&decisionCtx{Context: r.Context(), d: d})
-	} else if m.headers&HeadersX == 0 {
-		dc := &standardCtx{decisionCtx: decisionCtx{Context: r.Context(), d: d}}
-		writeHeaders(w.Header(), d, m.policies(pols[:0], d, tier), m.headers, now, dc.hdr.vals[:], dc.hdr.buf[:0])
-		r = r.WithContext(dc)
 	} else {
-		dc := &headersCtx{decisionCtx: decisionCtx{Context: r.Context(), d: d}}
-		writeHeaders(w.Header(), d, m.policies(pols[:0], d, tier), m.headers, now, dc.hdr.vals[:], dc.hdr.buf[:0])
-		r = r.WithContext(dc)
+		// The context holds the headers' values: the smaller one without HeadersX.
+		dc := decisionCtx{Context: r.Context(), d: d}
+		var ctx context.Context
+		var vals []string
+		var buf []byte
+		if m.headers&HeadersX == 0 {
+			c := &standardCtx{decisionCtx: dc}
+			ctx, vals, buf = c, c.hdr.vals[:], c.hdr.buf[:0]
+		} else {
+			c := &headersCtx{decisionCtx: dc}
+			ctx, vals, buf = c, c.hdr.vals[:], c.hdr.buf[:0]
+		}
+		writeHeaders(w.Header(), d, m.policies(pols[:0], d, tier), m.headers, now, vals, buf)
+		r = r.WithContext(ctx)
 	}
 	if d.Allowed {
 		return r, true

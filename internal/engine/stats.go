@@ -57,7 +57,9 @@ type LimitStats struct {
 
 // counterShards spreads the per-decision counters over cache lines by goroutine
 // (stripe), so that goroutines deciding on different cores rarely write one line.
-const counterShards = 16
+const counterShards = 1 << counterBits
+
+const counterBits = 4
 
 // stripe is the caller's shard of a limit's decision counters: a hash of its stack
 // address, so mostly one per goroutine (a goroutine counts from a few call depths, which
@@ -71,7 +73,7 @@ const counterShards = 16
 // own, a line's consecutive writers are any goroutines on any core, whatever the stripe.
 func stripe() uintptr {
 	var x byte
-	return (uintptr(unsafe.Pointer(&x)) >> 11) * 0x9E3779B97F4A7C15 >> 60 % counterShards
+	return uintptr(uint64(uintptr(unsafe.Pointer(&x))>>11) * 0x9E3779B97F4A7C15 >> (64 - counterBits))
 }
 
 // counters are the engine-wide counters; per-limit ones are in limitCounters.

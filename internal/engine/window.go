@@ -223,14 +223,17 @@ type wmark struct {
 
 // windowed is a windowed limit's server-wide state.
 type windowed struct {
-	lm     *Limit
-	w      time.Duration // the window: Burst / Rate
-	wUs    int64
-	iv     time.Duration // report interval (LimitConfig.Windowed)
-	wtimes               // of w and iv
-	width  int           // counters per row of a shard's array (redisstore.ShardWidth)
-	shards int           // LimitConfig.WindowShards
-	glim   redisstore.Limit
+	lm  *Limit
+	w   time.Duration // the window: Burst / Rate
+	wUs int64
+	iv  time.Duration // report interval (LimitConfig.Windowed)
+	// tau is the decay time of a key's count (rate); tauSec and ivSec are tau and iv in
+	// seconds, converted once: on the path of every request.
+	tau           time.Duration
+	tauSec, ivSec float64
+	width         int // counters per row of a shard's array (redisstore.ShardWidth)
+	shards        int // LimitConfig.WindowShards
+	glim          redisstore.Limit
 
 	// Read by a decision under its key's lock alone (fastDecide), written under mu:
 	started  atomic.Bool  // the first decision came (begin); start is set before it
@@ -268,19 +271,9 @@ type windowed struct {
 // off is Redis's clock minus this server's, as last measured.
 func (wl *windowed) off() time.Duration { return time.Duration(wl.offset.Load()) }
 
-// wtimes are what a decision derives from a windowed limit's window and report interval,
-// computed once: a division each, on the path of every request.
-type wtimes struct {
-	tau    time.Duration // the decay time of a key's count (rate)
-	tauNs  float64       // float64(tau)
-	tauSec float64       // tau.Seconds()
-	ivSec  float64       // iv.Seconds()
-}
-
-func windowTimes(w, iv time.Duration) wtimes {
-	tau := min(4*w, 4*time.Second)
-	return wtimes{tau: tau, tauNs: float64(tau), tauSec: tau.Seconds(), ivSec: iv.Seconds()}
-}
+// decayTime is the decay time of a key's count (rate) in windows of w: four windows, at
+// most 4 s.
+func decayTime(w time.Duration) time.Duration { return min(4*w, 4*time.Second) }
 
 // windowed returns the limit's windowed state, nil if the limit is of another kind.
 func (lm *Limit) windowed() *windowed {
@@ -291,9 +284,10 @@ func (lm *Limit) windowed() *windowed {
 func newWindowed(lm *Limit, c LimitConfig, seed uint64) *windowed {
 	wUs := wire.WindowMicros(c.Rate, c.Burst)
 	w := time.Duration(wUs) * time.Microsecond
+	tau := decayTime(w)
 	shards := max(c.WindowShards, 1)
 	return &windowed{
-		lm: lm, w: w, wUs: wUs, iv: c.Windowed, wtimes: windowTimes(w, c.Windowed),
+		lm: lm, w: w, wUs: wUs, iv: c.Windowed, tau: tau, tauSec: tau.Seconds(), ivSec: c.Windowed.Seconds(),
 		width:  redisstore.ShardWidth(cmpOr(c.WindowWidth, DefaultWindowWidth), shards),
 		shards: shards, lastRead: make([]time.Time, shards), since: make([]time.Time, shards), tidyAt: make([]time.Time, shards),
 		glim:     redisstore.Limit{Name: c.Name, Rate: c.Rate, Burst: c.Burst, Version: c.Version},
@@ -328,12 +322,20 @@ func (wl *windowed) end(win, phase int64) time.Time {
 	return time.UnixMicro(wire.WindowStart(win+1, phase, wl.wUs)).Add(-wl.off())
 }
 
+// endAt is at(wl.end(win, phase)) without building the time.Time: Unix nanoseconds
+// wrap the same way for every instant (Lease.at), so it equals it even where the
+// nanoseconds overflow (the simulator's instants count from the zero Time); but for a
+// window that ends at the zero Time itself, which at reads as never.
+func (wl *windowed) endAt(win, phase int64) instant {
+	return instant(wire.WindowStart(win+1, phase, wl.wUs)*1000 - int64(wl.off()))
+}
+
 // left is wl.end(win, phase).Sub(now), without building the instant: on the path of
 // every request a key's grants serve. Unix nanoseconds wrap the same way for every
 // instant (Lease.at), so the difference is exact wherever Sub does not saturate: a
 // difference within 292 years, which a window shorter than 146 years keeps it.
 func (wl *windowed) left(win, phase int64, now time.Time) time.Duration {
-	return time.Duration(wire.WindowStart(win+1, phase, wl.wUs)*1000 - int64(wl.off()) - now.UnixNano())
+	return time.Duration(wl.endAt(win, phase) - instant(now.UnixNano()))
 }
 
 // begin starts the server's schedule at its first request or Tick; it requires wl.mu.
@@ -530,8 +532,7 @@ func (wl *windowed) decideKey(o *wdecision, en *entry, now time.Time, n int) {
 
 // countedAfter is how many decay times (rate's tau) after its start a server has counted
 // every key: from then on 1 - exp(-t/tau) is 1 in float64 (exp(-38) < 2^-53), so rate
-// leaves the exponential out, and its answers are the same. It bounds expNegCounted's
-// domain, and so the size of its tables.
+// leaves the exponential out, and its answers are the same.
 const countedAfter = 38
 
 // rate is the key's count of requests with this one, decayed, and this server's rate of
@@ -545,10 +546,10 @@ func (wl *windowed) rate(st *wkey, now time.Time) (ewc, perSec float64) {
 	// in a server's first tenth of a window (or report interval) a key's first request
 	// may count as often, and ask a grant with its admission. Counting this request makes
 	// a key this server sees rarely look faster than it is.
-	ewc = st.ewc*expNeg(float64(at(now)-st.ewAt)/wl.tauNs) + 1
+	ewc = st.ewc*expNeg(float64(at(now)-st.ewAt)/float64(wl.tau)) + 1
 	counted := 1.0
 	if d := max(now.Sub(wl.start), min(wl.w/10, wl.iv)); d < countedAfter*wl.tau {
-		counted = 1 - expNegCounted(float64(d)/wl.tauNs)
+		counted = 1 - math.Exp(-float64(d)/float64(wl.tau))
 	}
 	return ewc, ewc / counted / wl.tauSec
 }
@@ -563,37 +564,6 @@ func expNeg(x float64) float64 {
 		return 1 - x*(1-x/2*(1-x/3*(1-x/4)))
 	}
 	return math.Exp(-x)
-}
-
-// expTables are e^-(j/32) for j < 32·countedAfter, and e^-(i/1024) for i < 32: with
-// expNeg's series they make e^-x for 0 <= x < countedAfter (expNegCounted).
-type expTables struct {
-	hi [32 * countedAfter]float64
-	lo [32]float64
-}
-
-// expTabs builds the tables on first use (10 KB).
-var expTabs = sync.OnceValue(func() *expTables {
-	t := new(expTables)
-	for j := range t.hi {
-		t.hi[j] = math.Exp(-float64(j) / 32)
-	}
-	for i := range t.lo {
-		t.lo[i] = math.Exp(-float64(i) / 1024)
-	}
-	return t
-})
-
-// expNegCounted returns e^-x for 0 <= x < countedAfter, the share of the decay time a
-// server has not counted in its first minutes (rate), on the path of every request then:
-// x = j/32 + i/1024 + r with r < 2^-10, e^-x = e^-(j/32) · e^-(i/1024) · e^-r, two
-// table entries and expNeg's series, within 4 ulps of math.Exp (TestExpNegCounted) at
-// a fraction of its cost (BenchmarkWindowRate). Its answer depends on x alone.
-func expNegCounted(x float64) float64 {
-	k := int(x * 1024)       // x < 38: exact, and within the tables
-	r := x - float64(k)/1024 // exact: x is within twice k/1024 (Sterbenz), or k is 0
-	t := expTabs()
-	return t.hi[k>>5] * t.lo[k&31] * expNeg(r)
 }
 
 // fastDecide decides, under the key's lock alone, a request the key's grants serve with
@@ -682,8 +652,7 @@ func (wl *windowed) countDemand(st *wkey, id string, n int, fleet float64, now t
 func (wl *windowed) odds(st *wkey, perSec float64, now time.Time) float64 {
 	burst := float64(wl.glim.Burst)
 	if st.demWin >= st.win-1 && st.dem > 0 {
-		start := wl.end(st.demWin-1, st.phase)
-		if part := float64(st.demAt-at(start)) / float64(wl.w); part >= 0.25 {
+		if part := float64(st.demAt-wl.endAt(st.demWin-1, st.phase)) / float64(wl.w); part >= 0.25 {
 			return min(1, burst*min(1, part)/float64(st.dem))
 		}
 	}

@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"math"
-	"math/rand/v2"
 	"strconv"
 	"testing"
 	"time"
@@ -1048,11 +1047,6 @@ func TestCountedAfter(t *testing.T) {
 			}
 		}
 	}
-	// Just before countedAfter, where rate still takes it, expNegCounted agrees: its
-	// tables end where the exponential stops mattering.
-	if got := 1 - expNegCounted(math.Nextafter(countedAfter, 0)); got != 1 {
-		t.Errorf("1 - expNegCounted(just below %d) = %v, want 1", countedAfter, got)
-	}
 }
 
 // TestExpNeg: expNeg is math.Exp(-x) to within 2 ulps where it takes the series, and
@@ -1076,38 +1070,10 @@ func TestExpNeg(t *testing.T) {
 	}
 }
 
-// TestExpNegCounted: the tables and the series give e^-x within 4 ulps of math.Exp over
-// the whole range, at the tables' boundaries, next to them and between them. The share
-// counted, 1 - e^-x, is off by as much in absolute terms: relative to the smallest share
-// rate takes (a report interval of 1 ms in a decay time of 4 s: about 2^-12) about 2e-12.
-func TestExpNegCounted(t *testing.T) {
-	var xs []float64
-	for k := range 1024 * countedAfter { // each boundary k/1024, its neighbours and a point between
-		b := float64(k) / 1024
-		xs = append(xs, b, math.Nextafter(b, 0), math.Nextafter(b, countedAfter), b+0.3/1024)
-	}
-	rng := rand.New(rand.NewPCG(1, 2))
-	for range 200000 {
-		xs = append(xs, rng.Float64()*countedAfter)
-	}
-	worst := 0.0
-	for _, x := range xs { // every one in [0, countedAfter)
-		got, want := expNegCounted(x), math.Exp(-x)
-		ulp := math.Nextafter(want, 1) - want
-		if d := math.Abs(got-want) / ulp; d > worst {
-			worst = d
-		}
-	}
-	t.Logf("%d points: at most %.2f ulps from math.Exp", len(xs), worst)
-	if worst > 4 {
-		t.Errorf("expNegCounted is %.2f ulps from math.Exp, want at most 4", worst)
-	}
-}
-
 // BenchmarkWindowRate is a key's rate estimate on the windowed kind's hot path, for a key
 // seen every microsecond, in a server's first minute and once it has run for an hour
 // (past countedAfter decay times, when the count's decay is expNeg's series alone; in
-// the first minute expNegCounted runs beside it, for the share of the decay time counted).
+// the first minute math.Exp runs beside it, for the share of the decay time counted).
 //
 //	go test ./internal/engine -run '^$' -bench WindowRate -count 5
 func BenchmarkWindowRate(b *testing.B) {
@@ -1116,7 +1082,8 @@ func BenchmarkWindowRate(b *testing.B) {
 		ran  time.Duration
 	}{{"first-minute", 30 * time.Second}, {"after-an-hour", time.Hour}} {
 		b.Run(c.name, func(b *testing.B) {
-			wl := &windowed{w: time.Second, iv: 120 * time.Millisecond, wtimes: windowTimes(time.Second, 120*time.Millisecond), start: t0}
+			tau := decayTime(time.Second)
+			wl := &windowed{w: time.Second, iv: 120 * time.Millisecond, tau: tau, tauSec: tau.Seconds(), ivSec: 0.12, start: t0}
 			st := &wkey{}
 			now := t0.Add(c.ran)
 			var sum float64
@@ -1133,9 +1100,10 @@ func BenchmarkWindowRate(b *testing.B) {
 	}
 }
 
-// TestWindowLeft: left is end's Sub, on virtual instants from the zero Time (the
-// simulator's), on the wall clock with and without a monotonic reading, with Redis's
-// clock ahead and behind, windows of a microsecond to an hour.
+// TestWindowLeft: left is end's Sub, and endAt is at(end) (but for the zero Time, which at
+// reads as never), on virtual instants
+// from the zero Time (the simulator's), on the wall clock with and without a monotonic
+// reading, with Redis's clock ahead and behind, windows of a microsecond to an hour.
 func TestWindowLeft(t *testing.T) {
 	for _, base := range []time.Time{{}, t0, time.Now(), time.Unix(0, 0), time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)} {
 		for _, w := range []time.Duration{time.Microsecond, 7 * time.Millisecond, time.Second, time.Hour} {
@@ -1149,6 +1117,9 @@ func TestWindowLeft(t *testing.T) {
 					for _, k := range []int64{win - 1, win, win + 2} {
 						if got, want := wl.left(k, phase, now), wl.end(k, phase).Sub(now); got != want {
 							t.Errorf("base %v, w %v, off %v, now +%v, win %d: left %v, end's Sub %v", base, w, off, d, k-win, got, want)
+						}
+						if e := wl.end(k, phase); !e.IsZero() && wl.endAt(k, phase) != at(e) { // at(zero) is never
+							t.Errorf("base %v, w %v, off %v, win %d: endAt %d, at(end) %d", base, w, off, k-win, wl.endAt(k, phase), at(e))
 						}
 					}
 				}

@@ -877,7 +877,7 @@ func (wl *windowed) mark(st *wkey, id string, win int64, spent, over bool, now t
 		st.spent = max(st.spent, win+1)
 		flags |= wire.MarkSpent
 	}
-	if end := at(wl.end(win, st.phase)); end > st.low {
+	if end := wl.endAt(win, st.phase); end > st.low {
 		st.low = end
 		flags |= wire.MarkLow
 	}
@@ -888,7 +888,7 @@ func (wl *windowed) mark(st *wkey, id string, win int64, spent, over bool, now t
 	if flags != 0 && !st.often {
 		// all this server knows of the key and window: a key has one mark per window,
 		// the last writer's
-		if st.low >= at(wl.end(win, st.phase)) {
+		if st.low >= wl.endAt(win, st.phase) {
 			flags |= wire.MarkLow
 		}
 		if st.spent > win {
