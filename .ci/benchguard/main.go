@@ -41,7 +41,7 @@ type pair struct {
 //	AllowLease            1.59-1.62   1.7
 //	AllowLease10kKeys     2.10-2.10   2.2
 //	AllowLeaseParallel    1.57-1.61   1.7
-//	AllowWindowed         2.15-2.26   2.3
+//	AllowWindowed         2.15-2.26   2.3   (2.22 once a server's first minutes took math.Exp again)
 //	AllowAsync            1.60-1.61   1.7
 //	AllowMulti            4.89        4.8
 //
