@@ -46,11 +46,9 @@ func policyOf(d hybrid.Decision) policy {
 	if d.Window <= 0 || d.Quota <= 0 {
 		return p
 	}
-	w := math.Ceil(d.Window.Seconds())
-	if w < 1 {
-		w = 1
-	}
-	rate := float64(d.Quota) / d.Window.Seconds()
+	ws := d.Window.Seconds()
+	w := max(math.Ceil(ws), 1)
+	rate := float64(d.Quota) / ws
 	p.Window = min(int64(w), maxSFInteger)
 	p.Quota = min(max(int64(math.Floor(rate*w+1e-9)), int64(d.Quota)), maxSFInteger)
 	return p
@@ -159,7 +157,7 @@ func writeHeaders(h http.Header, d hybrid.Decision, policies []policy, set Heade
 		add("Retry-After")
 	}
 	if set&HeadersNone == 0 && d.Limit != "" {
-		p := policyOf(d)
+		p := policyIn(policies, d)
 		known := d.Source != hybrid.SourceFallback
 		remaining := min(max(int64(d.Remaining), 0), p.Quota)
 		reset, resetOK := resetAfter(d)
@@ -210,6 +208,17 @@ func writeHeaders(h http.Header, d hybrid.Decision, policies []policy, set Heade
 		from = ends[i]
 		h[names[i]] = vals[i : i+1 : i+1]
 	}
+}
+
+// policyIn returns d's policy from policies, which holds it (writeHeaders), so that it
+// is not computed twice; policyOf(d) if it is not there.
+func policyIn(policies []policy, d hybrid.Decision) policy {
+	for _, p := range policies {
+		if p.Name == d.Limit {
+			return p
+		}
+	}
+	return policyOf(d)
 }
 
 // appendName appends name as a structured-field string (RFC 9651): quoted, with '"' and
