@@ -117,16 +117,23 @@ func (m *lruModel) storeSweep(now time.Time, max int) {
 
 // FuzzStoreMatchesModel runs a sequence of calls, read from the input, on a Store of one
 // shard and on lruModel, and requires the same evictions, in the same order and for the
-// same reasons, and the same keys held after every call.
+// same reasons, and the same keys held after every call. In half the inputs the keys'
+// hashes keep only their lowest bit, so that the shard's keys share two hashes and
+// most of them are held by key (Shard.more).
 func FuzzStoreMatchesModel(f *testing.F) {
 	f.Add([]byte{4, 10, 0, 1, 2, 3, 4, 5, 0, 0, 6, 1, 7, 2, 0x41, 0x82, 0xc3, 9})
 	f.Add([]byte{2, 0, 0, 1, 0, 2, 0, 1, 3, 4, 5, 6, 7, 0xc0, 0x80, 1, 2})
+	f.Add([]byte{0x84, 10, 0, 1, 2, 3, 4, 5, 0, 0, 6, 1, 7, 2, 0x41, 0x8a, 0x89, 0xc3, 9, 3})
+	f.Add([]byte{0x85, 0, 0, 1, 2, 3, 4, 5, 6, 7, 0x88, 0x8b, 0, 7, 6, 0xc0, 1, 2, 0x8c, 5})
 	f.Fuzz(func(t *testing.T, in []byte) {
 		if len(in) < 2 {
 			return
 		}
-		capacity, idle := 1+int(in[0]%6), time.Duration(in[1]%16)*time.Millisecond
+		capacity, idle := 1+int(in[0]&0x7f%6), time.Duration(in[1]%16)*time.Millisecond
 		s, got := newCountingStore(t, StoreConfig[int]{MaxKeys: capacity, Shards: 1, IdleTimeout: idle})
+		if in[0]&0x80 != 0 {
+			s.hashBits = 1
+		}
 		m := &lruModel{cap: capacity, idle: idle}
 		now := t0
 		for step, b := range in[2:] {

@@ -105,14 +105,19 @@ type StoreConfig[V any] struct {
 // goroutines. Each shard keeps its keys in a map and its LRU order in a list
 // threaded through the entries themselves, under the shard's mutex, so that a
 // hit reads the map and the entry and nothing else; docs/hot-path.md says why.
+// A key is hashed once per call: the hash picks its shard and is its key in the
+// shard's map, whose keys are those hashes.
 type Store[V any] struct {
-	shards  []Shard[V]
-	mask    uint64
-	seed    maphash.Seed
-	idle    atomic.Int64 // nanoseconds; 0 = no idle expiry
-	init    func(v *V, key string, now time.Time)
-	onEvict func(key string, v *V, reason EvictReason)
-	closed  atomic.Bool
+	shards []Shard[V]
+	mask   uint64
+	seed   maphash.Seed
+	// hashBits masks every key's hash: all ones, fewer in tests that make keys
+	// collide (FuzzStoreMatchesModel).
+	hashBits uint64
+	idle     atomic.Int64 // nanoseconds; 0 = no idle expiry
+	init     func(v *V, key string, now time.Time)
+	onEvict  func(key string, v *V, reason EvictReason)
+	closed   atomic.Bool
 }
 
 // maxPending is the most keys one call evicts: one for capacity and
@@ -127,9 +132,13 @@ type Shard[V any] struct {
 	mu sync.Mutex
 	// The fields below are guarded by mu; those a hit reads come first, to
 	// share the mutex's cache line.
-	closed  bool
-	npend   int
-	items   map[string]*Entry[V]
+	closed bool
+	npend  int
+	// items holds the keys by their hash; a key whose hash another key of the
+	// shard holds already is in more, by the key itself. Two keys of one 64-bit
+	// hash come along once in 2^64 pairs or so, but the Store must be right then too.
+	items   map[uint64]*Entry[V]
+	more    map[string]*Entry[V]
 	front   *Entry[V] // the most recently promoted key; nil when the shard is empty
 	back    *Entry[V] // the least recently promoted key
 	cap     int
@@ -139,12 +148,15 @@ type Shard[V any] struct {
 
 // Entry is a key's place in a Store: its value and its latest instant.
 type Entry[V any] struct {
+	// key is the key, which a hit compares: the shard's map holds keys by their
+	// hash. It is first, with the fields a hit reads.
+	key  string
 	Last time.Time // the latest instant the key was used at
 	Used bool      // used since it was last moved to the front of the LRU list
 	Val  V
-	// The shard's bookkeeping, which a hit does not read: the key (as held by
-	// the shard's map) and the neighbours in its LRU list, prev toward the front.
-	key        string
+	// The shard's bookkeeping, which a hit does not read: the key's hash and its
+	// neighbours in the LRU list, prev toward the front.
+	hash       uint64
 	prev, next *Entry[V]
 }
 
@@ -172,11 +184,12 @@ func NewStore[V any](cfg StoreConfig[V]) (*Store[V], error) {
 	}
 	n := shardCount(cfg.Shards, maxKeys)
 	s := &Store[V]{
-		shards:  make([]Shard[V], n),
-		mask:    uint64(n - 1),
-		seed:    maphash.MakeSeed(),
-		init:    cfg.Init,
-		onEvict: cfg.OnEvict,
+		shards:   make([]Shard[V], n),
+		mask:     uint64(n - 1),
+		seed:     maphash.MakeSeed(),
+		hashBits: ^uint64(0),
+		init:     cfg.Init,
+		onEvict:  cfg.OnEvict,
 	}
 	s.idle.Store(int64(cfg.IdleTimeout))
 	for i := range s.shards {
@@ -184,7 +197,7 @@ func NewStore[V any](cfg StoreConfig[V]) (*Store[V], error) {
 		if i < maxKeys%n {
 			c++
 		}
-		s.shards[i].items = make(map[string]*Entry[V])
+		s.shards[i].items = make(map[uint64]*Entry[V])
 		s.shards[i].cap = c
 	}
 	return s, nil
@@ -242,11 +255,11 @@ func (s *Store[V]) Update(now time.Time, key string, fn func(v *V, now time.Time
 // without creating it, marking it used or checking its idle time, and
 // reports whether it did. The rules for fn are those of Update.
 func (s *Store[V]) Peek(key string, fn func(v *V, last time.Time)) bool {
-	sh := s.shardFor(key)
+	h, sh := s.shardFor(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e, ok := sh.items[key]
-	if !ok {
+	e := sh.find(h, key)
+	if e == nil {
 		return false
 	}
 	fn(&e.Val, e.Last)
@@ -256,14 +269,14 @@ func (s *Store[V]) Peek(key string, fn func(v *V, last time.Time)) bool {
 // Remove drops key, reporting it to OnEvict with EvictRemoved, and reports
 // whether it was present.
 func (s *Store[V]) Remove(key string) bool {
-	sh := s.shardFor(key)
+	h, sh := s.shardFor(key)
 	sh.mu.Lock()
-	e, ok := sh.items[key]
-	if ok {
+	e := sh.find(h, key)
+	if e != nil {
 		sh.evict(e, EvictRemoved)
 	}
 	s.Release(sh)
-	return ok
+	return e != nil
 }
 
 // Sweep drops up to max keys (all of them if max <= 0) that have been idle
@@ -302,7 +315,7 @@ func (s *Store[V]) Len() int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		n += len(sh.items)
+		n += sh.len()
 		sh.mu.Unlock()
 	}
 	return n
@@ -353,7 +366,7 @@ func (s *Store[V]) purge(closing bool) int {
 			sh.closed = true
 		}
 		var out []eviction[V]
-		n := len(sh.items)
+		n := sh.len()
 		if s.onEvict != nil && n > 0 {
 			out = make([]eviction[V], 0, n)
 		}
@@ -377,23 +390,36 @@ func (s *Store[V]) purge(closing bool) int {
 // not held or has been idle for the idle timeout; it neither creates the key nor makes it
 // more recently used.
 func (s *Store[V]) Inspect(key string, now time.Time, fn func(e *Entry[V])) {
-	sh := s.shardFor(key)
+	h, sh := s.shardFor(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e, ok := sh.items[key]
-	if idle := time.Duration(s.idle.Load()); !ok || sh.closed || idle > 0 && now.Sub(e.Last) >= idle {
+	e := sh.find(h, key)
+	if idle := time.Duration(s.idle.Load()); e == nil || sh.closed || idle > 0 && now.Sub(e.Last) >= idle {
 		e = nil
 	}
 	fn(e)
 }
 
-// shardFor is key's shard.
-func (s *Store[V]) shardFor(key string) *Shard[V] {
-	if s.mask == 0 {
-		return &s.shards[0]
-	}
-	return &s.shards[maphash.String(s.seed, key)&s.mask]
+// shardFor returns key's hash and its shard.
+func (s *Store[V]) shardFor(key string) (uint64, *Shard[V]) {
+	h := maphash.String(s.seed, key) & s.hashBits
+	return h, &s.shards[h&s.mask]
 }
+
+// find returns the entry of key, whose hash is h, or nil; it requires that sh.mu
+// is held.
+func (sh *Shard[V]) find(h uint64, key string) *Entry[V] {
+	if e := sh.items[h]; e != nil && e.key == key {
+		return e
+	}
+	if len(sh.more) == 0 {
+		return nil
+	}
+	return sh.more[key]
+}
+
+// len returns the number of keys the shard holds; it requires that sh.mu is held.
+func (sh *Shard[V]) len() int { return len(sh.items) + len(sh.more) }
 
 // Acquire locks key's shard and returns the key's entry, created if needed
 // (with e.Last = now); the caller advances e.Last and must call
@@ -406,26 +432,26 @@ func (s *Store[V]) shardFor(key string) *Shard[V] {
 // CLOCK). The cap stays exact; the order is least recently used as of each
 // key's last promotion.
 func (s *Store[V]) Acquire(now time.Time, key string) (sh *Shard[V], e *Entry[V], ok bool) {
-	sh = s.shardFor(key)
+	h, sh := s.shardFor(key)
 	sh.mu.Lock()
-	if e, ok = sh.items[key]; ok && !sh.closed {
+	if e = sh.find(h, key); e != nil && !sh.closed {
 		if idle := s.idle.Load(); idle <= 0 || now.Sub(e.Last) < time.Duration(idle) {
 			e.Used = true
 			return sh, e, true
 		}
 	}
-	return s.acquireSlow(sh, now, key)
+	return s.acquireSlow(sh, h, now, key)
 }
 
 // acquireSlow is acquire for a key that is absent or idle, or a closed
 // Store; it requires that sh.mu is held.
-func (s *Store[V]) acquireSlow(sh *Shard[V], now time.Time, key string) (*Shard[V], *Entry[V], bool) {
+func (s *Store[V]) acquireSlow(sh *Shard[V], h uint64, now time.Time, key string) (*Shard[V], *Entry[V], bool) {
 	if sh.closed {
 		sh.mu.Unlock()
 		return nil, nil, false
 	}
 	idle := time.Duration(s.idle.Load())
-	if e, ok := sh.items[key]; ok {
+	if e := sh.find(h, key); e != nil {
 		// Idle for too long: the key starts afresh.
 		sh.evict(e, EvictIdle)
 	}
@@ -434,7 +460,7 @@ func (s *Store[V]) acquireSlow(sh *Shard[V], now time.Time, key string) (*Shard[
 	}
 	// len <= cap always holds, so the shard can only be full here if this
 	// call evicted nothing yet: the pending buffer has room.
-	if len(sh.items) >= sh.cap {
+	if sh.len() >= sh.cap {
 		sh.evict(sh.oldest(), EvictCapacity)
 	}
 	key = strings.Clone(key) // do not pin the caller's buffer
@@ -442,7 +468,7 @@ func (s *Store[V]) acquireSlow(sh *Shard[V], now time.Time, key string) (*Shard[
 	if s.init != nil {
 		s.init(&e.Val, key, now)
 	}
-	sh.add(key, e)
+	sh.add(key, h, e)
 	return sh, e, true
 }
 
@@ -518,17 +544,29 @@ func (sh *Shard[V]) oldest() *Entry[V] {
 	return sh.back
 }
 
-// add puts e, new, in the shard under key, at the front of the LRU list; it
-// requires that sh.mu is held.
-func (sh *Shard[V]) add(key string, e *Entry[V]) {
-	e.key = key
-	sh.items[key] = e
+// add puts e, new, in the shard under key, whose hash is h, at the front of the
+// LRU list; it requires that sh.mu is held and that key is not held.
+func (sh *Shard[V]) add(key string, h uint64, e *Entry[V]) {
+	e.key, e.hash = key, h
+	if _, taken := sh.items[h]; taken {
+		if sh.more == nil {
+			sh.more = make(map[string]*Entry[V])
+		}
+		sh.more[key] = e
+	} else {
+		sh.items[h] = e
+	}
 	sh.pushFront(e)
 }
 
-// remove takes e out of the shard; it requires that sh.mu is held.
+// remove takes e out of the shard; it requires that sh.mu is held. A key of
+// sh.more whose hash e's leaving frees stays there: find looks in both.
 func (sh *Shard[V]) remove(e *Entry[V]) {
-	delete(sh.items, e.key)
+	if sh.items[e.hash] == e {
+		delete(sh.items, e.hash)
+	} else {
+		delete(sh.more, e.key)
+	}
 	sh.unlink(e)
 }
 
