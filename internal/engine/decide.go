@@ -153,9 +153,7 @@ func (exact) note(*Shape, string, float64, time.Time)            {}
 func (b *bucket) decide(now time.Time, tier, key string, n int) (Decision, *Waiter) {
 	lm, e := b.lm, b.lm.e
 	var o outcome
-	if !lm.keys.Update(now, wire.KeyID(key), func(en *entry, t time.Time) {
-		b.decideKey(&o, en, t, tier, n, nil)
-	}) {
+	if !b.decideLocked(&o, now, wire.KeyID(key), tier, n) {
 		return Decision{Reason: ReasonClosed, Servers: e.Servers()}, nil
 	}
 	o.d.Servers = e.Servers()
@@ -175,6 +173,21 @@ func (b *bucket) decide(now time.Time, tier, key string, n int) (Decision, *Wait
 	}
 	lm.stats.count(&o.d, n)
 	return o.d, nil
+}
+
+// decideLocked is decideKey for a new request for the key of ID id, under its store
+// lock (Acquire, Touch and Release: keystore.Store.Update without the closure and the
+// call a function value costs); it reports false, deciding nothing, once the store is
+// closed.
+func (b *bucket) decideLocked(o *outcome, now time.Time, id, tier string, n int) bool {
+	keys := b.lm.keys
+	sh, ke, ok := keys.Acquire(now, id)
+	if !ok {
+		return false
+	}
+	defer keys.Release(sh) // a panic must not leave the shard locked
+	b.decideKey(o, &ke.Val, ke.Touch(now), tier, n, nil)
+	return true
 }
 
 // decideKey runs the pre-check and the lease for one request under the key's lock; w is
@@ -257,19 +270,7 @@ func (b *bucket) decided(o *outcome, en *entry, sh *Shape, tier string, n int, w
 func (b *bucket) hit(now time.Time, tier, id string, n int) (Decision, bool) {
 	lm, e := b.lm, b.lm.e
 	var o outcome
-	served := false
-	lm.keys.Update(now, id, func(en *entry, t time.Time) {
-		sh := lm.cur.Load().of(tier)
-		c := sh.lease.Load()
-		if n <= 0 || en.shape != sh || !en.lease.CanServe(c, t, n) || !en.pre.AllowN(t, n) {
-			return
-		}
-		o.key, o.shape = en.key, sh
-		en.lease.acquire(c, t, n, &o.st)
-		b.decided(&o, en, sh, tier, n, nil)
-		served = true
-	})
-	if !served {
+	if !b.hitLocked(&o, now, id, tier, n) {
 		return Decision{}, false
 	}
 	o.d.Servers = e.Servers()
@@ -278,6 +279,27 @@ func (b *bucket) hit(now time.Time, tier, id string, n int) (Decision, bool) {
 		e.send(now, o.f, nil) // a refill ahead of need: nobody waits for it
 	}
 	return o.d, true
+}
+
+// hitLocked is hit's part under the key's store lock: it reports whether the lease
+// and the pre-check served the request, and fills in o if they did.
+func (b *bucket) hitLocked(o *outcome, now time.Time, id, tier string, n int) bool {
+	lm := b.lm
+	ksh, ke, ok := lm.keys.Acquire(now, id)
+	if !ok {
+		return false
+	}
+	defer lm.keys.Release(ksh) // a panic must not leave the shard locked
+	en, t := &ke.Val, ke.Touch(now)
+	sh := lm.cur.Load().of(tier)
+	c := sh.lease.Load()
+	if n <= 0 || en.shape != sh || !en.lease.CanServe(c, t, n) || !en.pre.AllowN(t, n) {
+		return false
+	}
+	o.key, o.shape = en.key, sh
+	en.lease.acquire(c, t, n, &o.st)
+	b.decided(o, en, sh, tier, n, nil)
+	return true
 }
 
 // unhit undoes what hit did at now for a request of cost n for the key of ID id, its

@@ -41,12 +41,7 @@ type windowPending struct {
 func (wl *windowed) decide(now time.Time, _, key string, n int) (Decision, *Waiter) {
 	lm, e := wl.lm, wl.lm.e
 	var o wdecision
-	if !lm.keys.Update(now, wire.KeyID(key), func(en *entry, t time.Time) {
-		if sh := lm.cur.Load().base; en.shape != sh { // new, or a new pre-check (SetLimit)
-			lm.reshape(en, sh, t)
-		}
-		wl.decideKey(&o, en, t, n)
-	}) {
+	if !wl.decideLocked(&o, now, wire.KeyID(key), n) {
 		return Decision{Reason: ReasonClosed, Servers: e.Servers()}, nil
 	}
 	o.d.Servers = e.Servers()
@@ -58,6 +53,23 @@ func (wl *windowed) decide(now time.Time, _, key string, n int) (Decision, *Wait
 	}
 	lm.stats.count(&o.d, n)
 	return o.d, nil
+}
+
+// decideLocked is decideKey for a new request for the key of ID id, under its store
+// lock, as bucket.decideLocked is for a bucket kind; false once the store is closed.
+func (wl *windowed) decideLocked(o *wdecision, now time.Time, id string, n int) bool {
+	lm := wl.lm
+	ksh, ke, ok := lm.keys.Acquire(now, id)
+	if !ok {
+		return false
+	}
+	defer lm.keys.Release(ksh) // a panic must not leave the shard locked
+	en, t := &ke.Val, ke.Touch(now)
+	if sh := lm.cur.Load().base; en.shape != sh { // new, or a new pre-check (SetLimit)
+		lm.reshape(en, sh, t)
+	}
+	wl.decideKey(o, en, t, n)
+	return true
 }
 
 // hit: a windowed key's common path (fastDecide) runs under the key's lock beside the

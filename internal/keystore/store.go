@@ -244,11 +244,19 @@ func (s *Store[V]) Update(now time.Time, key string, fn func(v *V, now time.Time
 		return false
 	}
 	defer s.Release(sh) // a panicking fn must not leave the shard locked
+	fn(&e.Val, e.Touch(now))
+	return true
+}
+
+// Touch moves the key's latest instant to now if now is later, and returns it: the
+// instant Update gives its function. It requires the key's shard lock (Acquire); with
+// Acquire and Release it is Update for a caller on a hot path, which a function value
+// would cost a closure and a call.
+func (e *Entry[V]) Touch(now time.Time) time.Time {
 	if now.After(e.Last) {
 		e.Last = now
 	}
-	fn(&e.Val, e.Last)
-	return true
+	return e.Last
 }
 
 // Peek calls fn with the value stored for key, if the key is present,
