@@ -82,13 +82,11 @@ func (b *Bucket) Reset(t time.Time, r float64, burst int) {
 
 // advance is the tokens the bucket holds at t.
 func (b *Bucket) advance(t time.Time) float64 {
-	last := b.last
-	if t.Before(last) {
-		last = t
-	}
 	delta := 0.0
-	if b.rate > 0 {
-		delta = t.Sub(last).Seconds() * b.rate
+	// An instant before the last adds nothing, as in x/time/rate, which reads
+	// t.Before(last) to learn what the sign of the difference says.
+	if el := t.Sub(b.last); b.rate > 0 && el > 0 {
+		delta = el.Seconds() * b.rate
 	}
 	tokens := b.tokens + delta
 	if burst := float64(b.burst); tokens > burst {
