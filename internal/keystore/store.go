@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // ErrInvalidConfig is wrapped by every error NewStore returns for a configuration it
@@ -149,8 +150,10 @@ type Shard[V any] struct {
 // Entry is a key's place in a Store: its value and its latest instant.
 type Entry[V any] struct {
 	// key is the key, which a hit compares: the shard's map holds keys by their
-	// hash. It is first, with the fields a hit reads.
+	// hash. It is first, with the fields a hit reads, and so are its bytes when
+	// they fit in kb (a key's own allocation would be a cache line more to read).
 	key  string
+	kb   [inlineKey]byte
 	Last time.Time // the latest instant the key was used at
 	Used bool      // used since it was last moved to the front of the LRU list
 	Val  V
@@ -159,6 +162,10 @@ type Entry[V any] struct {
 	hash       uint64
 	prev, next *Entry[V]
 }
+
+// inlineKey is the longest key an entry holds in itself, not in an allocation of its
+// own: 24 bytes take a key's state from 328 bytes to 352, the same allocator class.
+const inlineKey = 24
 
 // eviction is an entry taken out of its shard, to report to OnEvict (under its key,
 // e.key) once the lock is released.
@@ -471,8 +478,14 @@ func (s *Store[V]) acquireSlow(sh *Shard[V], h uint64, now time.Time, key string
 	if sh.len() >= sh.cap {
 		sh.evict(sh.oldest(), EvictCapacity)
 	}
-	key = strings.Clone(key) // do not pin the caller's buffer
 	e := &Entry[V]{Last: now}
+	// A copy: the caller's buffer must not be pinned, nor change under the key.
+	if len(key) <= inlineKey {
+		n := copy(e.kb[:], key)
+		key = unsafe.String(&e.kb[0], n)
+	} else {
+		key = strings.Clone(key)
+	}
 	if s.init != nil {
 		s.init(&e.Val, key, now)
 	}

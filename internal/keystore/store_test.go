@@ -4,9 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -169,14 +172,33 @@ func TestStoreCallbackReentry(t *testing.T) {
 	}
 }
 
+// TestStoreKeyNotPinned: the store keeps a copy of a new key, in its entry or in an
+// allocation of its own by the key's length, so a caller may reuse the key's buffer:
+// here the key aliases a buffer that is overwritten once the key is held.
 func TestStoreKeyNotPinned(t *testing.T) {
-	s, _ := newCountingStore(t, StoreConfig[int]{})
-	buf := []byte("abc")
-	key := string(buf) // the compiler may share; the store clones anyway
-	incr(s, at(0), key)
-	buf[0] = 'x'
-	if got := incr(s, at(0), "abc"); got != 2 {
-		t.Errorf("abc = %d, want 2", got)
+	for _, n := range []int{0, 1, inlineKey - 1, inlineKey, inlineKey + 1, 100} {
+		t.Run(strconv.Itoa(n), func(t *testing.T) {
+			var evicted []string
+			s, err := NewStore(StoreConfig[int]{MaxKeys: 1, Shards: 1,
+				OnEvict: func(key string, _ *int, _ EvictReason) { evicted = append(evicted, key) }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := strings.Repeat("k", n)
+			buf := []byte(want)
+			key := unsafe.String(unsafe.SliceData(buf), len(buf)) // shares buf
+			incr(s, at(0), key)
+			for i := range buf {
+				buf[i] = 'x'
+			}
+			if got := incr(s, at(0), want); got != 2 {
+				t.Errorf("%q = %d after the caller's buffer changed, want 2", want, got)
+			}
+			s.Purge()
+			if len(evicted) != 1 || evicted[0] != want {
+				t.Errorf("evicted %q, want [%q]", evicted, want)
+			}
+		})
 	}
 }
 
