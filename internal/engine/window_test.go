@@ -1127,3 +1127,28 @@ func TestWindowLeft(t *testing.T) {
 		}
 	}
 }
+
+// TestShiftMicro holds shiftMicro to now.Add(off).UnixMicro(), the rule it computes
+// without building the instant: instants with and without a monotonic reading, before
+// 1970 and from the zero Time (the simulator's), offsets of either sign with every
+// carry of their nanoseconds.
+func TestShiftMicro(t *testing.T) {
+	nows := []time.Time{
+		time.Unix(1_700_000_000, 0), time.Unix(1_700_000_000, 999), time.Unix(1_700_000_000, 999_999_999),
+		time.Unix(-5, 1), time.Unix(-1, 999_999_500), time.Unix(0, 0),
+		{}, time.Time{}.Add(1500 * time.Nanosecond), time.Time{}.Add(3*time.Hour + 999),
+		time.Now(), time.Now().Add(123_456_789),
+	}
+	offs := []time.Duration{0, 1, -1, 999, -999, 1000, -1000, 1001, -1001, 500, -500,
+		time.Second + 1, -time.Second - 1, 37*time.Minute + 999_999, -(37*time.Minute + 999_999), 1 << 40, -(1 << 40)}
+	for _, now := range nows {
+		for _, off := range offs {
+			for _, ns := range []time.Duration{0, 1, 499, 500, 501, 999} {
+				n := now.Add(ns)
+				if got, want := shiftMicro(n, off), n.Add(off).UnixMicro(); got != want {
+					t.Errorf("shiftMicro(%v, %v) = %d, want %d", n, off, got, want)
+				}
+			}
+		}
+	}
+}
