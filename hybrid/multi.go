@@ -45,7 +45,8 @@ func (l *Limiter) AllowMulti(ctx context.Context, items []Item) (MultiDecision, 
 	// Every item must be valid before anything is looked at or counted.
 	dry := false
 	var m engine.Multi
-	for i, it := range items {
+	for i := range items {
+		it := &items[i]
 		lm := l.eng.Limit(it.Limit)
 		switch {
 		case lm == nil:

@@ -112,13 +112,13 @@ func (m *Multi) Add(it MultiItem) {
 }
 
 // Len is the number of items (with, once started, those of the limits' companions); At
-// returns item i.
+// returns item i, in place: valid until the next Add, and not to be changed.
 func (m *Multi) Len() int { return m.n }
-func (m *Multi) At(i int) MultiItem {
+func (m *Multi) At(i int) *MultiItem {
 	if i < len(m.items) {
-		return m.items[i]
+		return &m.items[i]
 	}
-	return m.moreItems[i-len(m.items)]
+	return &m.moreItems[i-len(m.items)]
 }
 
 // taken returns the decision of admitted item i.
@@ -205,7 +205,7 @@ func (e *Engine) hits(now time.Time, m *Multi) bool {
 			}
 			return false
 		}
-		e.took(now, m, d)
+		e.took(now, m, &d)
 	}
 	for i := range m.n {
 		it := m.At(i)
@@ -218,7 +218,7 @@ func (e *Engine) hits(now time.Time, m *Multi) bool {
 // ResumeMulti goes on with m after the item that waited was decided d (the Waiter's
 // decision, or GiveUp's), at now.
 func (e *Engine) ResumeMulti(now time.Time, m *Multi, d Decision) (*Waiter, bool) {
-	w, done := (*Waiter)(nil), e.took(now, m, d)
+	w, done := (*Waiter)(nil), e.took(now, m, &d)
 	if !done {
 		w, done = e.spend(now, m)
 	}
@@ -236,7 +236,7 @@ func (e *Engine) spend(now time.Time, m *Multi) (*Waiter, bool) {
 		if w := e.Decide(now, it.Limit, it.Tier, it.Key, it.N, &d); w != nil {
 			return w, false
 		}
-		if e.took(now, m, d) {
+		if e.took(now, m, &d) {
 			return nil, true
 		}
 	}
@@ -244,25 +244,25 @@ func (e *Engine) spend(now time.Time, m *Multi) (*Waiter, bool) {
 	return nil, true
 }
 
-// took applies the decision d of item m.next and reports whether it decided m (a
+// took applies the decision *d of item m.next and reports whether it decided m (a
 // denial, whose items before it give their tokens back).
-func (e *Engine) took(now time.Time, m *Multi, d Decision) bool {
+func (e *Engine) took(now time.Time, m *Multi, d *Decision) bool {
 	i := m.next
 	if !d.Allowed {
 		for j := i - 1; j >= 0; j-- {
 			it := m.At(j)
 			e.Return(now, it.Limit, it.Key, it.N, m.taken(j))
 		}
-		m.Denied, m.Item, m.Decision, m.RetryAfter = i, i, d, d.RetryAfter
+		m.Denied, m.Item, m.Decision, m.RetryAfter = i, i, *d, d.RetryAfter
 		return true
 	}
 	if i < len(m.small) {
-		m.small[i] = d
+		m.small[i] = *d
 	} else {
-		m.more = append(m.more, d)
+		m.more = append(m.more, *d)
 	}
 	if i == 0 || d.Remaining < m.Decision.Remaining {
-		m.Item, m.Decision = i, d
+		m.Item, m.Decision = i, *d
 	}
 	m.next++
 	return false

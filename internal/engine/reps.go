@@ -240,7 +240,7 @@ func (m *Multi) expand() {
 	}
 	m.users = m.n
 	for i := range m.users {
-		it := m.At(i)
+		it := *m.At(i) // a copy: Add may move the items
 		for _, c := range it.Limit.Companions() {
 			m.Add(MultiItem{Limit: c, Key: it.Key, N: it.N})
 			m.orig = append(m.orig, i)
