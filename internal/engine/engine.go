@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -359,7 +360,9 @@ func (lm *Limit) initEntry(en *entry, key string, now time.Time) {
 	en.flight = nil
 	en.win = nil
 	lm.kind.initKey(en)
-	en.key = key
+	// A clone: refunds, debts, charges and marks hold the key's ID after its entry is
+	// let go of, and the store's copy of a short key lives in the entry.
+	en.key = strings.Clone(key)
 }
 
 // hashKey is FNV-1a, to give each key its own jitter seed and draws.

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -23,5 +24,33 @@ func TestEntrySize(t *testing.T) {
 	}
 	if got := unsafe.Sizeof(keystore.Entry[entry]{}); got != 352 {
 		t.Errorf("a key's state is %d bytes, want 352: measure AllowLease10kKeys against the layout before", got)
+	}
+}
+
+// TestEntryKeyIsItsOwn: the engine's copy of a key's ID, which refunds, debts, charges
+// and marks hold after the key is let go of, is not the store's, which for a short key
+// lives in the key's entry: holding it would keep the whole entry in memory.
+func TestEntryKeyIsItsOwn(t *testing.T) {
+	e, lm := testEngine(t, nil)
+	for _, key := range []string{"k", "client-1", strings.Repeat("k", 24), strings.Repeat("k", 25)} {
+		decide(e, t0, lm, key, 1)
+		found := false
+		lm.keys.Inspect(key, t0, func(ke *keystore.Entry[entry]) {
+			if ke == nil {
+				return
+			}
+			found = true
+			from := uintptr(unsafe.Pointer(ke))
+			p := uintptr(unsafe.Pointer(unsafe.StringData(ke.Val.key)))
+			if ke.Val.key != key {
+				t.Errorf("%q: the entry's key is %q", key, ke.Val.key)
+			}
+			if p >= from && p < from+unsafe.Sizeof(*ke) {
+				t.Errorf("%q: the engine's key lives in the store's entry", key)
+			}
+		})
+		if !found {
+			t.Errorf("%q: no entry", key)
+		}
 	}
 }

@@ -81,13 +81,17 @@ type StoreConfig[V any] struct {
 
 	// Init, if set, initialises the value of a key that is being created,
 	// with the instant of the request that created it. It runs with the
-	// key's shard locked and must not call the Store.
+	// key's shard locked and must not call the Store. key is the Store's own
+	// copy, which for a key of up to 24 bytes lives in the key's entry: a
+	// string kept from it keeps the whole entry in memory, after the key is
+	// let go of too, so keep a clone (strings.Clone) of it instead.
 	Init func(v *V, key string, now time.Time)
 
 	// OnEvict, if set, is told about every key the store lets go of, after
 	// the store's locks are released, on the goroutine whose call caused the
 	// eviction. The value belongs to the callback from then on: no other
-	// call of the store sees it again. It may call the store.
+	// call of the store sees it again. It may call the store. key is the
+	// Store's copy, as Init's is.
 	OnEvict func(key string, v *V, reason EvictReason)
 }
 
