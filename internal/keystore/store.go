@@ -442,8 +442,8 @@ func (sh *Shard[V]) find(h uint64, key string) *Entry[V] {
 func (sh *Shard[V]) len() int { return len(sh.items) + len(sh.more) }
 
 // Acquire locks key's shard and returns the key's entry, created if needed
-// (with e.Last = now); the caller advances e.Last and must call
-// Release(sh). ok is false, with nothing locked, if the Store is closed.
+// (with e.Last = now); the caller advances e.Last (Entry.Touch) and must
+// call Release(sh). ok is false, with nothing locked, if the Store is closed.
 // It is Update without a function value, for a caller on a hot path.
 //
 // A hit does not move the key in the LRU list, which would touch two more
