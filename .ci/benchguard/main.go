@@ -43,15 +43,15 @@ type pair struct {
 //	AllowLeaseParallel    1.57-1.61   1.7
 //	AllowWindowed         2.15-2.26   2.3   (2.22 once a server's first minutes took math.Exp again)
 //	AllowAsync            1.60-1.61   1.7
-//	AllowMulti            4.43-4.70   4.7   (a busy host: CI at 2cdf7d9 to 987c3e9, and interleaved runs)
+//	AllowMulti            4.70-4.74   4.8   (4.43-5.48 on a busy host)
 //
-// The two from the busy host were measured where the others read above their ceilings;
-// a quiet machine reads lower, so they hold there too.
+// AllowLease10kKeys' is from a host busy enough to read the lease hit above its
+// ceiling; a quiet machine reads lower, so it holds there too.
 var pairs = []pair{
 	{"BenchmarkAllowLease", "BenchmarkBareRateAllow", 1.7},
 	{"BenchmarkAllowLease10kKeys", "BenchmarkBareRateAllow10kKeys", 2.1},
 	{"BenchmarkAllowLeaseParallel", "BenchmarkBareRateAllowParallel", 1.7},
-	{"BenchmarkAllowMulti", "BenchmarkBareRateAllow", 4.7},
+	{"BenchmarkAllowMulti", "BenchmarkBareRateAllow", 4.8},
 	{"BenchmarkAllowWindowed", "BenchmarkBareRateAllow", 2.3},
 	{"BenchmarkAllowAsync", "BenchmarkBareRateAllow", 1.7},
 }
