@@ -432,3 +432,46 @@ func TestDenyStatus(t *testing.T) {
 		}
 	}
 }
+
+// TestPolicyFollowsReconfigure: once the limit changes, the next response states the
+// new policy, though the Middleware reuses the text of the one before while it holds.
+func TestPolicyFollowsReconfigure(t *testing.T) {
+	_, c := redistest.Mini(t)
+	lim := newLimiter(t, redistest.Target{Client: c},
+		hybrid.Limit{Name: "api", Rate: 100, Burst: 200, Policy: breaker.FailClosed, MaxWait: time.Second})
+	mw, err := httplimit.New(httplimit.Config{Limiter: lim, Limit: "api", Key: httplimit.Header("X-API-Key")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	policy := func() string {
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.Header.Set("X-API-Key", "k")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec.Header().Get("RateLimit-Policy")
+	}
+	for _, tc := range []struct {
+		rate  float64
+		burst int
+		want  string
+	}{
+		{0, 0, `"api";q=200;w=2`},
+		{10, 50, `"api";q=50;w=5`},
+		{100, 200, `"api";q=200;w=2`},
+	} {
+		if tc.rate != 0 {
+			ls := lim.Limits()
+			ls[0].Rate, ls[0].Burst, ls[0].Version = tc.rate, tc.burst, ls[0].Version+1
+			ls[0].PreRate, ls[0].PreBurst = 0, 0 // the defaults, from the new rate and burst
+			if err := lim.Reconfigure(ls); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i := range 3 {
+			if got := policy(); got != tc.want {
+				t.Fatalf("rate %v burst %d, request %d: RateLimit-Policy %q, want %q", tc.rate, tc.burst, i, got, tc.want)
+			}
+		}
+	}
+}

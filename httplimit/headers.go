@@ -4,6 +4,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -112,7 +113,7 @@ func WriteHeaders(h http.Header, d hybrid.Decision, set Headers, now time.Time) 
 	var pols [1]policy
 	pols[0] = policyOf(d)
 	hv := new(headerValues)
-	writeHeaders(h, d, pols[:], set, now, hv.vals[:], hv.buf[:0])
+	writeHeaders(h, d, pols[:], nil, set, now, hv.vals[:], hv.buf[:0])
 }
 
 // headerValues holds the values writeHeaders writes, as the header map refers to them:
@@ -138,14 +139,16 @@ const (
 )
 
 // writeHeaders is WriteHeaders with RateLimit-Policy listing policies, in order (d's
-// among them, from policyOf), its values held in vals and its bytes appended to buf,
-// both new: the header map keeps referring to them, and to the bytes as strings. vals
-// holds maxHeaders, or maxStandard when set has no HeadersX.
-func writeHeaders(h http.Header, d hybrid.Decision, policies []policy, set Headers, now time.Time, vals []string, buf []byte) {
+// among them, from policyOf), its text taken from kept when that holds it (nil: none
+// kept), its values held in vals and its bytes appended to buf, both new: the header map
+// keeps referring to them, and to the bytes as strings. vals holds maxHeaders, or
+// maxStandard when set has no HeadersX.
+func writeHeaders(h http.Header, d hybrid.Decision, policies []policy, kept *policyCache, set Headers, now time.Time, vals []string, buf []byte) {
 	var (
 		b     = buf
 		names [maxHeaders]string
 		ends  [maxHeaders]int
+		texts [maxHeaders]string // a value not in b (a kept policy's text)
 		n     int
 	)
 	add := func(name string) {
@@ -162,15 +165,12 @@ func writeHeaders(h http.Header, d hybrid.Decision, policies []policy, set Heade
 		remaining := min(max(int64(d.Remaining), 0), p.Quota)
 		reset, resetOK := resetAfter(d)
 		if set&HeadersStandard != 0 {
-			for i, pol := range policies {
-				if i > 0 {
-					b = append(b, ", "...)
-				}
-				b = appendName(b, pol.Name)
-				b = append(b, ";q="...)
-				b = strconv.AppendInt(b, pol.Quota, 10)
-				b = append(b, ";w="...)
-				b = strconv.AppendInt(b, pol.Window, 10)
+			if t := kept.text(policies); t != "" {
+				texts[n] = t
+			} else {
+				from := len(b)
+				b = appendPolicies(b, policies)
+				kept.keep(policies, b[from:])
 			}
 			add("Ratelimit-Policy")
 			if known && resetOK {
@@ -205,9 +205,79 @@ func writeHeaders(h http.Header, d hybrid.Decision, policies []policy, set Heade
 	from := 0
 	for i := range n {
 		vals[i] = all[from:ends[i]]
+		if texts[i] != "" {
+			vals[i] = texts[i]
+		}
 		from = ends[i]
 		h[names[i]] = vals[i : i+1 : i+1]
 	}
+}
+
+// appendPolicies appends the RateLimit-Policy value that states policies, in order.
+func appendPolicies(b []byte, policies []policy) []byte {
+	for i, pol := range policies {
+		if i > 0 {
+			b = append(b, ", "...)
+		}
+		b = appendName(b, pol.Name)
+		b = append(b, ";q="...)
+		b = strconv.AppendInt(b, pol.Quota, 10)
+		b = append(b, ";w="...)
+		b = strconv.AppendInt(b, pol.Window, 10)
+	}
+	return b
+}
+
+// policyCache keeps the RateLimit-Policy value a Middleware wrote last, for the
+// requests after it to reuse rather than format again: a limit's policy changes only
+// when the limit does (Limiter.SetLimit) or with the request's tier, so most requests
+// state the same policies as the one before. A request whose policies differ formats
+// its own; every missKeep-th of those (the first one included) keeps its text in place
+// of the one kept, at one allocation, so that requests alternating between tiers cost
+// an allocation per missKeep requests, not one each. Its methods are safe for
+// concurrent use, and a nil *policyCache keeps nothing.
+type policyCache struct {
+	last   atomic.Pointer[policyText]
+	misses atomic.Uint32
+}
+
+// missKeep is how many requests with other policies than the kept ones it takes to
+// keep theirs (policyCache).
+const missKeep = 64
+
+// policyText is a RateLimit-Policy value and the policies it states.
+type policyText struct {
+	pols [maxAlso + 1]policy
+	n    int
+	text string
+}
+
+// text returns the kept value if it states policies, else "".
+func (c *policyCache) text(policies []policy) string {
+	if c == nil {
+		return ""
+	}
+	t := c.last.Load()
+	if t == nil || t.n != len(policies) {
+		return ""
+	}
+	for i := range policies {
+		if t.pols[i] != policies[i] {
+			return ""
+		}
+	}
+	return t.text
+}
+
+// keep records that a request stated policies, in text, which text did not hold: every
+// missKeep-th time, text is kept in place of the value kept.
+func (c *policyCache) keep(policies []policy, text []byte) {
+	if c == nil || c.misses.Add(1)%missKeep != 1 {
+		return
+	}
+	t := &policyText{text: string(text)}
+	t.n = copy(t.pols[:], policies)
+	c.last.Store(t)
 }
 
 // policyIn returns d's policy from policies, which holds it (writeHeaders), so that it

@@ -88,3 +88,61 @@ func TestContextSizes(t *testing.T) {
 		t.Errorf("headersCtx is %d bytes, want 320", n)
 	}
 }
+
+// TestPolicyCache: the RateLimit-Policy value a Middleware writes is always the one its
+// policies state, whether its text is kept or formatted; the first request with other
+// policies than the kept ones, and every missKeep-th after it, keeps its own.
+func TestPolicyCache(t *testing.T) {
+	api, paid := decisionOf("api", 100, 200), decisionOf("api", 1000, 50)
+	changed := decisionOf("api", 100, 300) // the same limit after a change
+	search := decisionOf("search", 5, 10)
+	var c policyCache
+	write := func(pols ...hybrid.Decision) string {
+		var ps [maxAlso + 1]policy
+		for i, d := range pols {
+			ps[i] = policyOf(d)
+		}
+		var hv standardValues
+		h := http.Header{}
+		d := pols[0]
+		d.Allowed = true
+		writeHeaders(h, d, ps[:len(pols)], &c, HeadersStandard, time.Time{}, hv.vals[:], hv.buf[:0])
+		want := string(appendPolicies(nil, ps[:len(pols)]))
+		if got := h.Get("RateLimit-Policy"); got != want {
+			t.Fatalf("RateLimit-Policy %q, want %q", got, want)
+		}
+		return want
+	}
+	for _, tc := range []struct {
+		name   string
+		pols   []hybrid.Decision
+		misses uint32 // after the request
+		kept   []hybrid.Decision
+	}{
+		{"first: kept", []hybrid.Decision{api}, 1, []hybrid.Decision{api}},
+		{"same: from the kept text", []hybrid.Decision{api}, 1, []hybrid.Decision{api}},
+		{"another tier: formatted", []hybrid.Decision{paid}, 2, []hybrid.Decision{api}},
+		{"the limit changed: formatted", []hybrid.Decision{changed}, 3, []hybrid.Decision{api}},
+		{"two limits: formatted", []hybrid.Decision{api, search}, 4, []hybrid.Decision{api}},
+		{"back to the kept one", []hybrid.Decision{api}, 4, []hybrid.Decision{api}},
+	} {
+		write(tc.pols...)
+		if got := c.misses.Load(); got != tc.misses {
+			t.Errorf("%s: %d misses, want %d", tc.name, got, tc.misses)
+		}
+		if got, want := c.last.Load().text, string(appendPolicies(nil, []policy{policyOf(tc.kept[0])})); got != want {
+			t.Errorf("%s: kept %q, want %q", tc.name, got, want)
+		}
+	}
+	// The 65th request with other policies keeps its own: the limit changed for good.
+	for c.misses.Load()%missKeep != 0 {
+		write(changed)
+	}
+	want := write(changed)
+	if got := c.last.Load().text; got != want {
+		t.Fatalf("after %d misses kept %q, want %q", c.misses.Load(), got, want)
+	}
+	if got := c.text([]policy{policyOf(changed)}); got != want {
+		t.Fatalf("text = %q, want the kept %q", got, want)
+	}
+}

@@ -95,6 +95,7 @@ type Middleware struct {
 	onError func(w http.ResponseWriter, r *http.Request, err error)
 	now     func() time.Time
 	skip    func(r *http.Request) bool
+	policy  policyCache // the RateLimit-Policy value written last
 }
 
 // New returns a Middleware for cfg, or an error wrapping ErrInvalidConfig. The limit
@@ -212,7 +213,7 @@ func (m *Middleware) Check(w http.ResponseWriter, r *http.Request) (*http.Reques
 			c := &headersCtx{decisionCtx: dc}
 			ctx, vals, buf = c, c.hdr.vals[:], c.hdr.buf[:0]
 		}
-		writeHeaders(w.Header(), d, m.policies(pols[:0], d, tier), m.headers, now, vals, buf)
+		writeHeaders(w.Header(), d, m.policies(pols[:0], d, tier), &m.policy, m.headers, now, vals, buf)
 		r = r.WithContext(ctx)
 	}
 	if d.Allowed {
