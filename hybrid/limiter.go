@@ -89,12 +89,13 @@ type Limit struct {
 // fields take the defaults their comments name.
 type LeaseTuning struct {
 	// RefillInterval is how long one batch should last at the key's demand; a key whose
-	// bucket has room to spare for every server gets batches of five intervals (at most
-	// half a Lifetime), so that a key far within its limit costs fewer takes. default:
-	// 100ms
+	// bucket has room to spare for every server gets batches of 25 intervals (at most
+	// two and a half Lifetimes), so that a key far within its limit costs fewer takes.
+	// default: 100ms
 	RefillInterval time.Duration
-	// Lifetime is how long leased tokens stay usable before they are refunded. default:
-	// 1s
+	// Lifetime is how long leased tokens stay usable before they are refunded; five
+	// Lifetimes for tokens whose grant left the key's bucket holding twice them for every
+	// server (a key far within its limit). default: 1s
 	Lifetime time.Duration
 	// LowWatermark is the fraction of a batch left when the next is fetched. default: 0.5
 	LowWatermark float64

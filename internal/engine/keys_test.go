@@ -49,8 +49,8 @@ func TestLongKeysHoldBoundedMemory(t *testing.T) {
 
 	// The requests' callers give up before their refill is answered (denied: a grant
 	// pays for what the policy admitted, not for these), so the grants stay on hand: the
-	// short limit's expire into the refund queue at the Tick, the long limit's stay in
-	// the expiry heap.
+	// short limit's expire into the refund queue at the Tick (after five lifetimes: the
+	// grants leave the bucket roomy), the long limit's stay in the expiry heap.
 	for i := range keys / 2 {
 		lm := short
 		if i%2 == 1 {
@@ -61,11 +61,11 @@ func TestLongKeysHoldBoundedMemory(t *testing.T) {
 		}
 	}
 	sendAll(e, t0)
-	e.Tick(t0.Add(3 * time.Second))
+	e.Tick(t0.Add(6 * time.Second))
 	// Refills queued and not sent, with their requests waiting.
 	var waiters []*Waiter
 	for i := keys / 2; i < keys; i++ {
-		if _, w := decide(e, t0.Add(3*time.Second), long, key(i), 1); w != nil {
+		if _, w := decide(e, t0.Add(6*time.Second), long, key(i), 1); w != nil {
 			waiters = append(waiters, w)
 		}
 	}

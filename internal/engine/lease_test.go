@@ -150,7 +150,7 @@ func TestLeaseRules(t *testing.T) {
 		}},
 		{"batch follows demand: 50 asked in the first 100ms -> 500/s x 100ms", big, append(
 			repeatOps(50, acq(0, 1, Wait, ReasonRefill, 0, 0, 0), acq(0, 1, Wait, ReasonRefill, 1, 1, 0)),
-			grt(1*ms, 1, 999, 1),
+			grt(1*ms, 1, 200, 1), // room for no roomy batch (2 x 127 for the one server)
 			rec(1*ms, 1, Allow, ReasonLease, 0, 0, 0),
 			acq(2*ms, 1, Wait, ReasonRefill, 51, 1, 0), // 51 asked / 100ms -> batch 51
 		)},
@@ -196,7 +196,7 @@ func TestLeaseRules(t *testing.T) {
 		}},
 		{"partial grant paces; tokens on hand still serve, prefetch waits", LeaseConfig{Rate: 1000, Burst: 1000, Servers: 4}, append(
 			repeatOps(40, acq(0, 1, Wait, ReasonRefill, 0, 0, 0), acq(0, 1, Wait, ReasonRefill, 1, 1, 0)),
-			grt(1*ms, 1, 999, 1),
+			grt(1*ms, 1, 800, 1), // room for no roomy batch (2 x 102 x 4 servers)
 			rec(1*ms, 1, Allow, ReasonLease, 0, 0, 0),
 			acq(1*ms, 1, Wait, ReasonRefill, 41, 1, 0),
 			grt(2*ms, 4, 0.3, 4),                      // partial: paced ~ 41 x 4 / 1000 = 164ms
@@ -212,15 +212,15 @@ func TestLeaseRules(t *testing.T) {
 		}},
 		{"full grant with room to spare does not pace", LeaseConfig{Rate: 1000, Burst: 1000, Servers: 10}, []op{
 			acq(0, 1, Wait, ReasonRefill, 1, 1, 0),
-			grt(1*ms, 1, 500, 1),
+			grt(1*ms, 1, 50, 1), // a round is 1 x 10; no roomy batch (2 x 5 x 10)
 			rec(1*ms, 1, Allow, ReasonLease, 0, 0, 0),
 			acq(1*ms, 1, Wait, ReasonRefill, 2, 1, 0),
 		}},
 		{"prefetch below the low watermark, once", LeaseConfig{Rate: 1000, Burst: 1000, Servers: 1, Lifetime: 5 * time.Second}, append(
 			repeatOps(100, acq(0, 1, Wait, ReasonRefill, 0, 0, 0), acq(0, 1, Wait, ReasonRefill, 1, 1, 0)),
-			grt(1*ms, 1, 999, 1),
+			grt(1*ms, 1, 400, 1),                        // room for no roomy batch (2 x 250)
 			rec(1*ms, 1, Allow, ReasonLease, 100, 1, 0), // 0 < 0.5 x batch 100: prefetch
-			grt(2*ms, 100, 899, 100),
+			grt(2*ms, 100, 300, 100),
 			acq(3*ms, 20, Allow, ReasonLease, 0, 0, 80),      // 80 >= 0.5 x batch 120: no prefetch
 			acq(3*ms, 30, Allow, ReasonLease, 0, 0, 50),      // 50 >= 0.5 x the last batch 100: not yet
 			acq(3*ms, 10, Allow, ReasonLease, 160-40, 1, 40), // 40 < 50: prefetch up to the batch, now 160
@@ -233,20 +233,35 @@ func TestLeaseRules(t *testing.T) {
 		}},
 		{"expired tokens are refunded, then a refill starts", LeaseConfig{Rate: 1000, Burst: 1000, Servers: 1, Lifetime: 50 * ms}, []op{
 			acq(0, 3, Wait, ReasonRefill, 3, 3, 0),
-			grt(1*ms, 3, 997, 3),
+			grt(1*ms, 3, 5, 3), // below twice the 3 on hand: not roomy, one lifetime
 			rec(1*ms, 1, Allow, ReasonLease, 0, 0, 2),
 			{at: 50 * ms, kind: expire, refund: 0, tokensWant: 2}, // lifetime runs from the grant
 			{at: 51 * ms, kind: acquire, n: 1, act: Wait, reason: ReasonRefill, want: 4, min: 1, refund: 2, tokensWant: 0},
 		}},
 		{"Expire on its own", LeaseConfig{Rate: 1000, Burst: 1000, Servers: 1, Lifetime: 50 * ms}, []op{
 			acq(0, 2, Wait, ReasonRefill, 2, 2, 0),
-			grt(1*ms, 2, 998, 2),
+			grt(1*ms, 2, 3, 2), // below twice the 2 on hand: not roomy, one lifetime
 			{at: 51 * ms, kind: expire, refund: 2, tokensWant: 0},
 			{at: 52 * ms, kind: expire, refund: 0, tokensWant: 0},
 		}},
+		// A grant that leaves the bucket holding twice the tokens on hand for every
+		// server renews them for five lifetimes; one token less, for one.
+		{"a roomy grant's tokens live five lifetimes", LeaseConfig{Rate: 1000, Burst: 1000, Servers: 2, Lifetime: 50 * ms}, []op{
+			acq(0, 2, Wait, ReasonRefill, 2, 2, 0),
+			grt(1*ms, 2, 8, 2), // 8 = 2 x 2 on hand x 2 servers
+			{at: 51 * ms, kind: expire, refund: 0, tokensWant: 2},
+			{at: 250 * ms, kind: expire, refund: 0, tokensWant: 2},
+			{at: 251 * ms, kind: expire, refund: 2, tokensWant: 0},
+		}},
+		{"a grant short of room: one lifetime", LeaseConfig{Rate: 1000, Burst: 1000, Servers: 2, Lifetime: 50 * ms}, []op{
+			acq(0, 2, Wait, ReasonRefill, 2, 2, 0),
+			grt(1*ms, 2, 7, 2),
+			{at: 50 * ms, kind: expire, refund: 0, tokensWant: 2},
+			{at: 51 * ms, kind: expire, refund: 2, tokensWant: 0},
+		}},
 		{"drain returns tokens; the late answer of the forgotten refill is refunded", big, []op{
 			acq(0, 4, Wait, ReasonRefill, 4, 4, 0),
-			grt(1*ms, 4, 996, 4),
+			grt(1*ms, 4, 20, 4), // room for no roomy batch
 			rec(1*ms, 3, Allow, ReasonLease, 0, 0, 1),
 			acq(1*ms, 2, Wait, ReasonRefill, 5, 1, 1), // 6 asked -> batch 6, 1 on hand
 			{at: 2 * ms, kind: drain, refund: 1, tokensWant: 0},
@@ -354,12 +369,13 @@ func TestLeaseJitterDeterministic(t *testing.T) {
 	}
 }
 
-// TestLeaseBatchWithRoom checks the batch of a key far within its limit: five refill
-// intervals (at most half a lifetime) at the steady demand once the bucket held that
-// twice over for every server, the refill interval's batch otherwise.
+// TestLeaseBatchWithRoom checks the batch of a key far within its limit: 25 refill
+// intervals (at most half a roomy lifetime, five lifetimes) at the steady demand once
+// the bucket held that twice over for every server, the refill interval's batch
+// otherwise.
 func TestLeaseBatchWithRoom(t *testing.T) {
 	// 20 requests in the first 500 ms of the demand window: sliding 20/s, fast 40/s.
-	// A refill interval's batch is 40/s × 100 ms = 4; a roomy one 20/s × 500 ms = 10.
+	// A refill interval's batch is 40/s × 100 ms = 4; a roomy one 20/s × 2.5 s = 50.
 	base := LeaseConfig{Rate: 1000, Burst: 10000, Servers: 4, Lifetime: time.Second}
 	tests := []struct {
 		name      string
@@ -367,12 +383,13 @@ func TestLeaseBatchWithRoom(t *testing.T) {
 		remaining float64 // the bucket at the answer; < 0: no answer yet
 		want      int
 	}{
-		{"room: twice the batch for every server", base, 80, 10},
-		{"one token short of the room", base, 79, 4},
+		{"room: twice the batch for every server", base, 400, 50},
+		{"one token short of the room", base, 399, 4},
 		{"nothing heard of the bucket", base, -1, 4},
-		{"half a shorter lifetime: a roomy batch no larger", func() LeaseConfig { c := base; c.Lifetime = 400 * ms; return c }(), 1000, 4},
-		{"a longer lifetime: five refill intervals", func() LeaseConfig { c := base; c.Lifetime = 10 * time.Second; return c }(), 1000, 10},
-		{"a shorter refill interval: five of them", func() LeaseConfig { c := base; c.RefillInterval = 50 * ms; return c }(), 1000, 5},
+		{"half of a shorter roomy lifetime (2 s)", func() LeaseConfig { c := base; c.Lifetime = 400 * ms; return c }(), 1000, 20},
+		{"a roomy lifetime no longer than the refill interval's batch", func() LeaseConfig { c := base; c.Lifetime = 80 * ms; return c }(), 1000, 4},
+		{"a longer lifetime: 25 refill intervals", func() LeaseConfig { c := base; c.Lifetime = 10 * time.Second; return c }(), 1000, 50},
+		{"a shorter refill interval: 25 of them", func() LeaseConfig { c := base; c.RefillInterval = 50 * ms; return c }(), 1000, 25},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -214,13 +214,15 @@ func (s *Shape) setServers(now time.Time, n int) {
 }
 
 // idleTimeout is how long a key of ss stays held without a request: twice the lease
-// lifetime, and not before its pre-check bucket would be full again (a dropped bucket
-// comes back full), the fill time capped at a day; its lease is refunded then.
+// lifetime, and not before a roomy grant's tokens expire (LeaseConfig.roomyLifetime)
+// nor before its pre-check bucket would be full again (a dropped bucket comes back
+// full), the fill time capped at a day; its lease is refunded then.
 func (ss *shapes) idleTimeout() time.Duration {
 	var d time.Duration
 	for _, s := range ss.all() {
 		fill := min(tokenbucket.Duration(float64(s.preBurst), float64(s.preRate)), 24*time.Hour)
-		d = max(d, 2*s.lease.Load().Lifetime, fill+time.Second)
+		lc := s.lease.Load()
+		d = max(d, 2*lc.Lifetime, lc.roomyLifetime()+time.Second, fill+time.Second)
 	}
 	return d
 }

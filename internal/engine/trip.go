@@ -381,9 +381,10 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 			lm.stats.lostBuckets.Add(1)
 		}
 		lc := sh.lease.Load()
-		lifetime = lc.Lifetime
 		en.credit, en.hasCredit = g.Credit, true
-		back = en.lease.Granted(lc, later(now, last), f.seq, g)
+		at := later(now, last)
+		back = en.lease.Granted(lc, at, f.seq, g)
+		lifetime = en.lease.lifeFrom(at) // a roomy grant's tokens live longer
 	})
 	if !found {
 		// The key was evicted (or the store closed) while f was out: no request can join
