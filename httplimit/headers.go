@@ -230,7 +230,7 @@ func appendPolicies(b []byte, policies []policy) []byte {
 
 // policyCache keeps the RateLimit-Policy value a Middleware wrote last, for the
 // requests after it to reuse rather than format again: a limit's policy changes only
-// when the limit does (Limiter.SetLimit) or with the request's tier, so most requests
+// when the limit does (Limiter.Reconfigure) or with the request's tier, so most requests
 // state the same policies as the one before. A request whose policies differ formats
 // its own; every missKeep-th of those (the first one included) keeps its text in place
 // of the one kept, at one allocation, so that requests alternating between tiers cost

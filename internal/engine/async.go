@@ -614,7 +614,7 @@ func (c *chargeLater) trusts(en *entry, sh *Shape, t time.Time, n int) (ok, star
 	if en.flight != nil || c.lm.e.cl.openSeen.Load() {
 		return false, started
 	}
-	if en.lease.tookWithin(t, sh.lease.Load().Lifetime) {
+	if en.lease.tookWithin(t, sh.lease.Load().Lifetime) || en.lease.lifeFrom(t) > 0 {
 		return false, started // its lease is in use here: it serves the key, at no extra call
 	}
 	return c.low.admit(en.key, t), started

@@ -26,9 +26,10 @@ const (
 // when the key's bucket has room to spare (Lease.Batch), and roomLifetimes how many
 // lifetimes the tokens of a grant that left the bucket roomy stay usable (Lease.Granted):
 // such tokens are at most a share of half the bucket, which nobody else asked for. At 8
-// servers on 10,000 Zipf keys within their limits (bench's compare, 32 goroutines), a
-// batch of 5 refill intervals and one lifetime took 0.39 script runs a decision, 6.9 µs
-// of Redis CPU; 25 and five lifetimes 0.27 and 4.5 µs, refunds at Close included.
+// servers on 10,000 Zipf keys within their limits (bench's compare, 32 goroutines, that
+// row alone, medians of 3 on one quiet host), a batch of 5 refill intervals and one
+// lifetime took 0.39 script runs a decision, 6.9 µs of Redis CPU; 25 and five lifetimes
+// 0.23 and 5.0 µs, refunds at Close included.
 const (
 	roomBatch     = 25
 	roomLifetimes = 5
@@ -58,8 +59,9 @@ type LeaseConfig struct {
 	Servers int
 	// RefillInterval is how long one batch should last at the estimated local demand:
 	// batch = clamp(demand × RefillInterval, cost, Burst / Servers). A key whose bucket
-	// had room to spare at the last answer gets a batch of five refill intervals (at
-	// most half a Lifetime) at the steady demand when that is larger: see [Lease.Batch].
+	// had room to spare at the last answer gets a batch of 25 refill intervals (at most
+	// half a roomy grant's life, five Lifetimes) at the steady demand when that is
+	// larger: see [Lease.Batch].
 	// default: 100ms
 	RefillInterval time.Duration
 	// Lifetime is how long leased tokens stay usable; unused ones are then refunded.
@@ -111,6 +113,13 @@ func (c LeaseConfig) Normalize() (LeaseConfig, error) {
 		c.DemandWindow = DefaultDemandWindow
 	}
 	return c, nil
+}
+
+// roomy reports whether a bucket at level holds tokens twice over for every server: a
+// key far within its limit, whose grant of them gives them a roomy life (Lease.Granted)
+// and whose batch may be that large (Lease.Batch). NaN and negative levels are not.
+func (c *LeaseConfig) roomy(tokens, level float64) bool {
+	return 2*tokens*float64(c.servers()) <= level
 }
 
 // roomyLifetime is how long the tokens of a grant that left the bucket roomy stay
@@ -328,9 +337,12 @@ func (l *Lease) acquire(c *LeaseConfig, now time.Time, n int, st *Step) {
 }
 
 // lifeFrom returns how long after now the tokens on hand stay usable, never less than
-// 0: right after a grant at now, the life it gave them (Granted).
+// 0: right after a grant at now, the life it gave them (Granted). It changes nothing.
 func (l *Lease) lifeFrom(now time.Time) time.Duration {
-	return time.Duration(max(l.expires-l.at(now), 0))
+	if !l.based {
+		return 0
+	}
+	return time.Duration(max(l.expires-(now.UnixNano()-l.base), 0))
 }
 
 // tookWithin reports whether a take of this lease was answered less than d before now.
@@ -413,8 +425,9 @@ func (l *Lease) decide(c *LeaseConfig, t int64, n int, st *Step) {
 
 // prefetch starts a refill when the tokens on hand fell below the low watermark, no refill
 // is in flight, the key is not paced, and the sustained demand (the sliding estimate, not
-// the fast one) would use two batches within a lifetime: a key seen once in a while must
-// not hold tokens only to refund them, at three Redis calls for one request.
+// the fast one) would use two refill intervals' batches within a lifetime: a key seen
+// once in a while must not hold tokens only to refund them, at three Redis calls for one
+// request. The refill asks for the batch, roomy or not.
 func (l *Lease) prefetch(c *LeaseConfig, t int64, cost int) Refill {
 	if l.inflight || t < l.pacedUntil || c.LowWatermark < 0 {
 		return Refill{}
@@ -428,7 +441,9 @@ func (l *Lease) prefetch(c *LeaseConfig, t int64, cost int) Refill {
 	if float64(l.tokens) >= c.LowWatermark*float64(batch) || l.tokens >= batch {
 		return Refill{}
 	}
-	if sliding, _ := l.rates(c, t); sliding*c.Lifetime.Seconds() < 2*float64(batch) {
+	// Judged on the refill interval's batch, which a roomy batch grows from: a roomy one
+	// covers half a roomy grant's life, longer than the key's demand has been seen.
+	if sliding, _ := l.rates(c, t); sliding*c.Lifetime.Seconds() < 2*float64(min(batch, l.intervalBatch(c, t, cost))) {
 		return Refill{}
 	}
 	return l.start(batch-l.tokens, 1)
@@ -461,6 +476,20 @@ func (l *Lease) Batch(c *LeaseConfig, now time.Time, n int) int {
 	return l.batch(c, l.at(now), n)
 }
 
+// intervalBatch is the refill interval's batch for a request of cost n at t:
+// clamp(demand × RefillInterval, n, Cap(n)), never a roomy one.
+func (l *Lease) intervalBatch(c *LeaseConfig, t int64, n int) int {
+	return clampBatch(l.demand(c, t)*c.RefillInterval.Seconds(), n, c.Cap(n))
+}
+
+// clampBatch is want tokens rounded up, at least n and at most capacity.
+func clampBatch(want float64, n, capacity int) int {
+	if want >= float64(capacity) {
+		return capacity
+	}
+	return max(int(math.Ceil(want)), n)
+}
+
 func (l *Lease) batch(c *LeaseConfig, t int64, n int) int {
 	capacity := c.Cap(n)
 	want := l.demand(c, t) * c.RefillInterval.Seconds()
@@ -469,17 +498,14 @@ func (l *Lease) batch(c *LeaseConfig, t int64, n int) int {
 		// twice over for every server. Parking it here starves no server, and a key
 		// seen a few times a second, which a refill interval's batch serves one token a
 		// take, costs a take per roomy batch. At the steady estimate, floored, so that
-		// prefetch still finds two batches within a lifetime.
+		// two batches fit a roomy grant's life.
 		sliding, _ := l.rates(c, t)
 		long := math.Floor(sliding * min(roomBatch*c.RefillInterval, c.roomyLifetime()/2).Seconds())
-		if long > want && 2*long*float64(c.servers()) <= float64(l.bucket) {
+		if long > want && c.roomy(long, float64(l.bucket)) {
 			want = long
 		}
 	}
-	if want >= float64(capacity) {
-		return capacity
-	}
-	return max(int(math.Ceil(want)), n)
+	return clampBatch(want, n, capacity)
 }
 
 // Granted tells the lease the answer to its refill seq, received at now. It returns the
@@ -509,7 +535,7 @@ func (l *Lease) Granted(c *LeaseConfig, now time.Time, seq uint64, g Grant) (ref
 	if granted > 0 {
 		l.tokens += granted
 		life := c.Lifetime
-		if 2*float64(l.tokens)*float64(c.servers()) <= g.Remaining {
+		if c.roomy(float64(l.tokens), g.Remaining) {
 			// The bucket still holds twice what this server does for every server: the
 			// key is far within its limit, and its tokens may wait here for its next
 			// requests rather than go back and be taken again.

@@ -412,6 +412,51 @@ func TestLeaseBatchWithRoom(t *testing.T) {
 	}
 }
 
+// TestRoomyKeyPrefetches: a key far within its limit, asked 20 times a second on one of
+// 4 servers whose bucket always holds 9,000, gets roomy batches and prefetches the next
+// before its tokens run out: requests wait for Redis only while its demand estimate
+// warms up, not at the end of every batch.
+func TestRoomyKeyPrefetches(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		remaining float64
+		maxWaits  int
+	}{
+		{"roomy", 9000, 3},
+		{"not roomy: refill-interval batches, prefetched", 40, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := LeaseConfig{Rate: 10000, Burst: 10000, Servers: 4}.Normalize()
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := NewLease(1)
+			waits, prefetches := 0, 0
+			for i := range 400 { // 20 s at 20/s
+				now := t0.Add(time.Duration(i) * 50 * ms)
+				st := l.Acquire(&c, now, 1)
+				if st.Refill.Want > 0 {
+					if st.Action == Wait {
+						waits++
+					} else {
+						prefetches++
+					}
+					l.Granted(&c, now, st.Refill.Seq, Grant{Granted: st.Refill.Want, Remaining: tc.remaining})
+				}
+				if st.Action == Wait {
+					if st := l.Recheck(&c, now, 1); st.Action != Allow {
+						t.Fatalf("request %d: %v after its refill's grant", i, st.Action)
+					}
+				}
+			}
+			if waits > tc.maxWaits || prefetches == 0 {
+				t.Fatalf("%d waits and %d prefetches over 400 requests: want at most %d waits, and prefetches", waits, prefetches, tc.maxWaits)
+			}
+			t.Logf("%d waits, %d prefetches, %d refills", waits, prefetches, l.Stats().Refills)
+		})
+	}
+}
+
 // TestLeasePacingStopsAtFullBucket: after a full grant that leaves the bucket below a
 // round, the jittered wait never ends after the bucket is full again (refill past that
 // is lost), yet still spreads over [half, all] of that time. Burst 20 over 200 servers at

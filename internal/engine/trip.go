@@ -356,7 +356,7 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 	lm := f.lim
 	back, paid, found := 0, 0, false
 	lost := mayHaveRun(err)
-	lifetime := f.shape.lease.Load().Lifetime
+	expires := now.Add(f.shape.lease.Load().Lifetime) // the tokens' expiry, for the sweep
 	var ws []*Waiter
 	lm.keys.Peek(f.key, func(en *entry, last time.Time) {
 		if en.flight != f {
@@ -384,7 +384,7 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 		en.credit, en.hasCredit = g.Credit, true
 		at := later(now, last)
 		back = en.lease.Granted(lc, at, f.seq, g)
-		lifetime = en.lease.lifeFrom(at) // a roomy grant's tokens live longer
+		expires = at.Add(en.lease.lifeFrom(at)) // a roomy grant's tokens live longer
 	})
 	if !found {
 		// The key was evicted (or the store closed) while f was out: no request can join
@@ -414,7 +414,7 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 	}
 	if err == nil && g.Granted > back {
 		e.mu.Lock()
-		heap.Push(&e.expiries, expiry{lim: lm, key: f.key, at: now.Add(lifetime)})
+		heap.Push(&e.expiries, expiry{lim: lm, key: f.key, at: expires})
 		e.mu.Unlock()
 	}
 	for _, w := range ws {
@@ -459,7 +459,7 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 // by timeout and Done had taken the item as lost, at now: the grant Redis spent when the
 // take ran. It pays first for what the failure policy admitted to the requests that
 // waited for the item's refill (FailLocal's debt for them settled), and the rest goes to
-// the key's lease until its Lifetime from now, as a refill's grant does, or back to
+// the key's lease until at least its Lifetime from now (Lease.Late), or back to
 // Redis if the key is gone. It reports whether it took the grant: not for a reservation's
 // claim, nor while a later take under the same sequence number is out, or once one was
 // answered (Lease.Lost): that take reads the same grant from Redis's record. Call it
@@ -474,13 +474,14 @@ func (e *Engine) Late(now time.Time, t *Trip, i int, r *redisstore.TakeResult) b
 	}
 	lm, g := f.lim, grantOf(r)
 	took, found, paid, back := false, false, 0, 0
-	lifetime := f.shape.lease.Load().Lifetime
+	expires := now.Add(f.shape.lease.Load().Lifetime) // the tokens' expiry, for the sweep
 	lm.keys.Peek(f.key, func(en *entry, last time.Time) {
 		found = true
 		lc := en.shape.lease.Load()
-		lifetime = lc.Lifetime
-		paid, took = en.lease.Late(lc, later(now, last), f.rseq, f.resend, f.owed, g)
+		at := later(now, last)
+		paid, took = en.lease.Late(lc, at, f.rseq, f.resend, f.owed, g)
 		back = max(g.Granted, 0) - paid
+		expires = at.Add(en.lease.lifeFrom(at))
 	})
 	if !found && !f.resend {
 		// Evicted meanwhile, and no take read the grant back: what the policy admitted
@@ -500,7 +501,7 @@ func (e *Engine) Late(now time.Time, t *Trip, i int, r *redisstore.TakeResult) b
 	e.settle(lm, f.key, paid)
 	e.mu.Lock()
 	if found && back > 0 {
-		heap.Push(&e.expiries, expiry{lim: lm, key: f.key, at: now.Add(lifetime)})
+		heap.Push(&e.expiries, expiry{lim: lm, key: f.key, at: expires})
 	}
 	e.debtWait = false // Redis runs what it is sent, if late: FailLocal's debts may go
 	e.mu.Unlock()
