@@ -202,13 +202,11 @@ func (l *Limiter) TokensAt(now time.Time, key string) float64 {
 // entry's shard is locked.
 func (l *Limiter) advance(e *keystore.Entry[bucket], now time.Time) time.Time {
 	prev := e.Last
-	if now.After(prev) {
-		e.Last = now
-	}
+	t := e.Touch(now)
 	if c := l.cfg.Load(); e.Val.gen < c.gen {
-		l.applyConfig(&e.Val, c, prev, e.Last)
+		l.applyConfig(&e.Val, c, prev, t)
 	}
-	return e.Last
+	return t
 }
 
 // applyConfig gives b the current limit if it has an older one: the old

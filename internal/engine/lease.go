@@ -437,13 +437,13 @@ func (l *Lease) prefetch(c *LeaseConfig, t int64, cost int) Refill {
 		// estimating demand. A batch that grew since is seen at the next refill.
 		return Refill{}
 	}
-	batch := l.batch(c, t, cost)
+	batch, interval := l.batches(c, t, cost)
 	if float64(l.tokens) >= c.LowWatermark*float64(batch) || l.tokens >= batch {
 		return Refill{}
 	}
 	// Judged on the refill interval's batch, which a roomy batch grows from: a roomy one
 	// covers half a roomy grant's life, longer than the key's demand has been seen.
-	if sliding, _ := l.rates(c, t); sliding*c.Lifetime.Seconds() < 2*float64(min(batch, l.intervalBatch(c, t, cost))) {
+	if sliding, _ := l.rates(c, t); sliding*c.Lifetime.Seconds() < 2*float64(interval) {
 		return Refill{}
 	}
 	return l.start(batch-l.tokens, 1)
@@ -476,12 +476,6 @@ func (l *Lease) Batch(c *LeaseConfig, now time.Time, n int) int {
 	return l.batch(c, l.at(now), n)
 }
 
-// intervalBatch is the refill interval's batch for a request of cost n at t:
-// clamp(demand × RefillInterval, n, Cap(n)), never a roomy one.
-func (l *Lease) intervalBatch(c *LeaseConfig, t int64, n int) int {
-	return clampBatch(l.demand(c, t)*c.RefillInterval.Seconds(), n, c.Cap(n))
-}
-
 // clampBatch is want tokens rounded up, at least n and at most capacity.
 func clampBatch(want float64, n, capacity int) int {
 	if want >= float64(capacity) {
@@ -491,8 +485,16 @@ func clampBatch(want float64, n, capacity int) int {
 }
 
 func (l *Lease) batch(c *LeaseConfig, t int64, n int) int {
+	b, _ := l.batches(c, t, n)
+	return b
+}
+
+// batches returns the batch (Batch) and the refill interval's batch it grows from,
+// clamp(demand × RefillInterval, n, Cap(n)): the same unless the batch is roomy.
+func (l *Lease) batches(c *LeaseConfig, t int64, n int) (batch, interval int) {
 	capacity := c.Cap(n)
 	want := l.demand(c, t) * c.RefillInterval.Seconds()
+	interval = clampBatch(want, n, capacity)
 	if l.heard && want < float64(capacity) {
 		// Room to spare: the bucket, at the last answer, held a roomy batch (roomBatch)
 		// twice over for every server. Parking it here starves no server, and a key
@@ -502,10 +504,10 @@ func (l *Lease) batch(c *LeaseConfig, t int64, n int) int {
 		sliding, _ := l.rates(c, t)
 		long := math.Floor(sliding * min(roomBatch*c.RefillInterval, c.roomyLifetime()/2).Seconds())
 		if long > want && c.roomy(long, float64(l.bucket)) {
-			want = long
+			return clampBatch(long, n, capacity), interval
 		}
 	}
-	return clampBatch(want, n, capacity)
+	return interval, interval
 }
 
 // Granted tells the lease the answer to its refill seq, received at now. It returns the

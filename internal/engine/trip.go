@@ -356,7 +356,7 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 	lm := f.lim
 	back, paid, found := 0, 0, false
 	lost := mayHaveRun(err)
-	expires := now.Add(f.shape.lease.Load().Lifetime) // the tokens' expiry, for the sweep
+	var expires time.Time // the granted tokens' expiry, for the sweep: set when Granted ran
 	var ws []*Waiter
 	lm.keys.Peek(f.key, func(en *entry, last time.Time) {
 		if en.flight != f {
@@ -474,7 +474,7 @@ func (e *Engine) Late(now time.Time, t *Trip, i int, r *redisstore.TakeResult) b
 	}
 	lm, g := f.lim, grantOf(r)
 	took, found, paid, back := false, false, 0, 0
-	expires := now.Add(f.shape.lease.Load().Lifetime) // the tokens' expiry, for the sweep
+	var expires time.Time // the tokens' expiry, for the sweep: set when the key is found
 	lm.keys.Peek(f.key, func(en *entry, last time.Time) {
 		found = true
 		lc := en.shape.lease.Load()

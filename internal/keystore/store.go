@@ -460,20 +460,20 @@ func (s *Store[V]) Acquire(now time.Time, key string) (sh *Shard[V], e *Entry[V]
 			return sh, e, true
 		}
 	}
-	return s.acquireSlow(sh, h, now, key)
+	return s.acquireSlow(sh, h, e, now, key)
 }
 
-// acquireSlow is acquire for a key that is absent or idle, or a closed
-// Store; it requires that sh.mu is held.
-func (s *Store[V]) acquireSlow(sh *Shard[V], h uint64, now time.Time, key string) (*Shard[V], *Entry[V], bool) {
+// acquireSlow is acquire for a key that is absent (old is nil) or idle (old
+// is its entry), or a closed Store; it requires that sh.mu is held.
+func (s *Store[V]) acquireSlow(sh *Shard[V], h uint64, old *Entry[V], now time.Time, key string) (*Shard[V], *Entry[V], bool) {
 	if sh.closed {
 		sh.mu.Unlock()
 		return nil, nil, false
 	}
 	idle := time.Duration(s.idle.Load())
-	if e := sh.find(h, key); e != nil {
+	if old != nil {
 		// Idle for too long: the key starts afresh.
-		sh.evict(e, EvictIdle)
+		sh.evict(old, EvictIdle)
 	}
 	if idle > 0 {
 		sh.sweep(now, idle, sweepOnInsert)
