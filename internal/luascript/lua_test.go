@@ -2,8 +2,10 @@ package luascript_test
 
 import (
 	"context"
+	"maps"
 	"math"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -609,4 +611,110 @@ func TestTakeSeen(t *testing.T) {
 			})
 		}
 	})
+}
+
+// TestRefundMany: a refund call of several keys answers, and leaves each bucket, as the
+// same refunds called one at a time in that order (a key given twice sees its first
+// refund); a call with one invalid key's arguments, or a count of arguments that is not
+// eight a key (six or seven for the last), refunds nothing.
+func TestRefundMany(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		const rate = 1e-6 // nothing refills between the calls compared
+		base := redistest.Unique(t)
+		type refund struct {
+			key  string
+			args []any // ARGV, eight of them, '' where an optional one is left out
+		}
+		refunds := []refund{
+			{"a", []any{10, rate, 3, "srv", 2, 0, "", ""}},
+			{"b", []any{20, rate, 50, "srv", 3, 0, "", ""}},      // capped at the capacity
+			{"c", []any{10, rate, -4, "srv", 4, 0, 2, 5e-6}},     // a debt, floor 2, with a reference
+			{"missing", []any{10, rate, 4, "srv", 5, 0, "", ""}}, // no bucket: nothing written
+			{"a", []any{10, rate, 2, "srv", 6, 0, "", ""}},       // again, after its first
+			{"b", []any{20, rate, 1, "srv", 3, 0, "", ""}},       // a replay of its first
+			{"a", []any{10, rate, 1, "srv", 1, 0}},               // stale, its optional ones left out
+		}
+		prepare := func(prefix string) {
+			for k, capacity := range map[string]int{"a": 10, "b": 20, "c": 10} {
+				run(t, tg.Client, luascript.Take, prefix+k, capacity, rate, 6, 6, "srv", 1, 0)
+			}
+		}
+		one, many := base+":one:", base+":many:"
+		prepare(one)
+		prepare(many)
+		var want []any
+		for _, r := range refunds {
+			args := r.args
+			if len(args) == 8 && args[6] == "" {
+				args = args[:6]
+			}
+			want = append(want, run(t, tg.Client, luascript.Refund, one+r.key, args...)...)
+		}
+		keys, args := make([]string, len(refunds)), []any{}
+		for i, r := range refunds {
+			keys[i] = many + r.key
+			args = append(args, r.args...)
+		}
+		got, err := luascript.Refund.Run(ctx, tg.Client, keys, args...).Slice()
+		if err != nil {
+			t.Fatalf("refund of %d keys: %v", len(keys), err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("refund of %d keys answered %d values, want %d: %v", len(keys), len(got), len(want), got)
+		}
+		for i := 0; i < len(want); i += 3 {
+			if !near(num(t, got[i]), num(t, want[i]), 1e-3) || got[i+1] != want[i+1] || got[i+2] != want[i+2] {
+				t.Errorf("key %d (%s): %v, one at a time %v", i/3, refunds[i/3].key, got[i:i+3], want[i:i+3])
+			}
+		}
+		for _, k := range []string{"a", "b", "c", "missing"} {
+			w, _ := tg.Client.HGetAll(ctx, one+k).Result()
+			g, _ := tg.Client.HGetAll(ctx, many+k).Result()
+			if len(w) != len(g) {
+				t.Errorf("bucket %s: fields %v, one at a time %v", k, g, w)
+				continue
+			}
+			for _, f := range []string{"tokens", "r:srv", "d:srv"} {
+				if (w[f] == "") != (g[f] == "") || w[f] != "" && !near(num(t, firstWord(g[f])), num(t, firstWord(w[f])), 1e-3) {
+					t.Errorf("bucket %s field %s: %q, one at a time %q", k, f, g[f], w[f])
+				}
+			}
+		}
+
+		// Nothing is refunded by a call with an invalid key's arguments, or with a count
+		// of arguments that does not fit its keys.
+		before := map[string]map[string]string{}
+		for _, k := range []string{"a", "b", "c"} {
+			before[k], _ = tg.Client.HGetAll(ctx, many+k).Result()
+		}
+		valid := []any{10, rate, 1, "srv", 100, 0, "", ""}
+		for _, tc := range []struct {
+			name string
+			keys []string
+			args []any
+		}{
+			{"the second key's amount nan", []string{many + "a", many + "b", many + "c"},
+				append(append(append([]any{}, valid...), 20, rate, "nan", "srv", 101, 0, "", ""), valid...)},
+			{"the last key's version missing", []string{many + "a", many + "c"}, append(append([]any{}, valid...), 10, rate, 1, "srv", 102)},
+			{"a key's arguments too few", []string{many + "a", many + "c"}, append(append([]any{}, valid[:7]...), valid...)},
+			{"arguments for a key more", []string{many + "a"}, append(append([]any{}, valid...), valid...)},
+			{"no key", []string{}, valid},
+		} {
+			if err := luascript.Refund.Run(ctx, tg.Client, tc.keys, tc.args...).Err(); err == nil {
+				t.Errorf("%s: no error", tc.name)
+			}
+		}
+		for _, k := range []string{"a", "b", "c"} {
+			if after, _ := tg.Client.HGetAll(ctx, many+k).Result(); !maps.Equal(before[k], after) {
+				t.Errorf("bucket %s: an invalid call changed it: %v, was %v", k, after, before[k])
+			}
+		}
+	})
+}
+
+// firstWord is s up to its first space: a record's or a field's first number.
+func firstWord(s string) string {
+	w, _, _ := strings.Cut(s, " ")
+	return w
 }

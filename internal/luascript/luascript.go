@@ -58,18 +58,23 @@ import (
 //go:embed take.lua
 var TakeSource string
 
-// RefundSource is the lease refund script:
+// RefundSource is the lease refund script, for one key or several in one call:
 //
-//	KEYS[1] bucket key; ARGV[1] capacity, ARGV[2] refill per second, ARGV[3] amount,
-//	ARGV[4] server id, ARGV[5] seq, ARGV[6] version
-//	returns {tostring(tokens after), replay flag, version}
+//	KEYS[i] bucket key, i = 1..n; ARGV[b+1] capacity, ARGV[b+2] refill per second,
+//	ARGV[b+3] amount, ARGV[b+4] server id, ARGV[b+5] seq, ARGV[b+6] version,
+//	ARGV[b+7] debt floor (optional), ARGV[b+8] debt reference (optional), b = 8(i-1);
+//	an optional argument is '' or, for the last key, left out
+//	returns {tostring(tokens after), replay flag, version} for each key in turn
 //
 // It refills the bucket, adds amount and caps the result at capacity, on the parameters
 // the bucket holds (the caller's only for a bucket without p); amount counts only when
 // those are the caller's (the tokens were leased under them). A negative amount is a
 // debt (tokens a failure policy admitted without the bucket), charged against the refill
 // the bucket accrued since its last use before the cap, never below -capacity, ts left
-// where it was. The replay flag is as for TakeSource.
+// where it was. The replay flag is as for TakeSource. The keys' refunds run in order,
+// each as if called alone, on one reading of TIME; every key's arguments are checked
+// before any refund runs, so a call with one invalid key refunds nothing. In a Redis
+// Cluster a call's keys must share a hash slot.
 //
 //go:embed refund.lua
 var RefundSource string

@@ -1,12 +1,21 @@
--- fleetlimit lease refund: put unused tokens back, capped at capacity.
+-- fleetlimit lease refund: put unused tokens back, capped at capacity, to one bucket or
+-- to several in one call.
 --
--- KEYS[1] = bucket key (the same hash as take.lua: fields tokens, ts, p)
--- ARGV[1] = capacity, ARGV[2] = refill per second, ARGV[3] = amount,
--- ARGV[4] = server id, ARGV[5] = seq (a decimal integer, increasing per server id),
--- ARGV[6] = version of capacity and rate
--- ARGV[7] = debt floor (optional, default capacity; an integer >= 0): how far below zero
+-- KEYS[i] = a bucket key (the same hash as take.lua: fields tokens, ts, p), i = 1..n
+-- ARGV[b+1..b+8], b = 8(i-1): the refund to KEYS[i]:
+--   [b+1] = capacity, [b+2] = refill per second, [b+3] = amount,
+--   [b+4] = server id, [b+5] = seq (a decimal integer, increasing per server id),
+--   [b+6] = version of capacity and rate
+--   [b+7] = debt floor (optional, default capacity; an integer >= 0): how far below zero
 --           a debt may take the bucket
--- ARGV[8] = for a debt (optional): the credit the debtor last saw (take.lua's reply)
+--   [b+8] = for a debt (optional): the credit the debtor last saw (take.lua's reply)
+-- An optional argument is left out at the end of the last key's, or given as '' (every
+-- key but the last has all eight).
+--
+-- The refunds run in order, each as if called alone, on one reading of Redis's TIME;
+-- every key's arguments are checked before any is refunded, so a call with an invalid
+-- one refunds nothing. A call of several keys costs Redis about two thirds of as many
+-- calls of one (docs/cold-keys.md); in a Redis Cluster its keys must share a slot.
 --
 -- A refund to a bucket that does not exist writes nothing: the bucket expired, full, and
 -- the tokens would be capped away, or Redis lost it (evicted, flushed) while in use, and
@@ -29,10 +38,10 @@
 -- credit shrinks by what it forgives, so that no refill pays two debts. Without a
 -- reference nothing is forgiven.
 --
--- Returns:
---   [1] tokens in the bucket afterwards (tostring)
---   [2] 0 = fresh, 1 = replay of the recorded answer, 2 = stale seq (nothing refunded)
---   [3] the version of the parameters in force (integer)
+-- Returns, for each key in turn (3n values):
+--   [3i-2] tokens in the bucket afterwards (tostring)
+--   [3i-1] 0 = fresh, 1 = replay of the recorded answer, 2 = stale seq (nothing refunded)
+--   [3i]   the version of the parameters in force (integer)
 --
 -- Idempotent per (server id, seq), like take.lua: the answer is recorded in the field
 -- 'r:<server id>' as '<seq> <tokens> <now>', a debt's (a negative amount) in
@@ -44,98 +53,124 @@ local function num(s)
   return tonumber(s) or (s and tonumber((string.gsub(s, '^(%s*[-+]?%d+)([eE])', '%1.0%2'))))
 end
 
-local capacity = num(ARGV[1])
-local rate     = num(ARGV[2])
-local amount   = num(ARGV[3])
-local seq      = num(ARGV[5])
-local version  = num(ARGV[6])
-local floor    = num(ARGV[7] or tostring(capacity))
--- Every test is written so that NaN fails it (see take.lua).
-if not (capacity and rate and amount and seq and version and floor) or not (capacity >= 1 and capacity < math.huge)
-    or not (rate > 0 and rate < math.huge) or not (amount > -math.huge and amount < math.huge)
-    or seq ~= seq or not (version >= 0 and version < 2^53) or version ~= math.floor(version)
-    or not (floor >= 0 and floor < 2^53) or floor ~= math.floor(floor)
-    or not (math.ceil((capacity + floor) / rate * 1000) + 1000 < 2^53) then
+local n = #KEYS
+if n < 1 or #ARGV < 8 * n - 2 or #ARGV > 8 * n then
   return redis.error_reply('ERR fleetlimit refund: invalid arguments')
 end
-local field = 'r:' .. ARGV[4]
-if amount < 0 then field = 'd:' .. ARGV[4] end
+-- opt is an optional argument: nil when left out or ''.
+local function opt(s)
+  if s == '' then return nil end
+  return s
+end
+-- Every key's arguments, read and checked before any refund runs.
+local items = {}
+for i = 1, n do
+  local b = 8 * (i - 1)
+  local capacity = num(ARGV[b + 1])
+  local rate     = num(ARGV[b + 2])
+  local amount   = num(ARGV[b + 3])
+  local seq      = num(ARGV[b + 5])
+  local version  = num(ARGV[b + 6])
+  local floor    = capacity
+  if opt(ARGV[b + 7]) then floor = num(ARGV[b + 7]) end
+  -- Every test is written so that NaN fails it (see take.lua).
+  if not (capacity and rate and amount and seq and version and floor) or not (capacity >= 1 and capacity < math.huge)
+      or not (rate > 0 and rate < math.huge) or not (amount > -math.huge and amount < math.huge)
+      or seq ~= seq or not (version >= 0 and version < 2^53) or version ~= math.floor(version)
+      or not (floor >= 0 and floor < 2^53) or floor ~= math.floor(floor)
+      or not (math.ceil((capacity + floor) / rate * 1000) + 1000 < 2^53) then
+    return redis.error_reply('ERR fleetlimit refund: invalid arguments')
+  end
+  items[i] = { capacity, rate, amount, ARGV[b + 4], seq, ARGV[b + 5], version, floor, num(opt(ARGV[b + 8]) or '') }
+end
 
 local t   = redis.call('TIME')
 local now = num(t[1]) * 1000 + math.floor(num(t[2]) / 1000)
+-- p and c only when their value changes, or 30 s after they were written (see take.lua)
+local function fresh(ms) return ms and now - ms < 30000 end
 
-local state  = redis.call('HMGET', KEYS[1], 'tokens', 'ts', field, 'p', 'c')
-local pv, pc, pr, p_at = string.match(state[4] or '', '^(%S+) (%S+) (%S+) (%S+)$')
-pv, pc, pr, p_at = num(pv), num(pc), num(pr), num(p_at)
--- p stands when it holds parameters (a refund never re-shapes, so they stay); a bucket
--- without gets the caller's
-local p_stands = false
-if pv and pc and pr and pc >= 1 and pr > 0 then
-  if amount > 0 and (pv ~= version or pc ~= capacity or pr ~= rate) then amount = 0 end
-  capacity, rate, version = pc, pr, pv
-  p_stands = true
-end
-local stored = num(state[1])
-if not stored and amount > 0 then
-  return { tostring(capacity), 0, version }
-end
-local ts     = num(state[2]) or now
-local raw    = (stored or capacity) + math.max(0, now - ts) / 1000 * rate
-local tokens = math.min(capacity, raw)
--- the refill lost to the cap, counted in c (see take.lua)
-local held_credit = num(string.match(state[5] or '', '^(%S+)'))
-local c_at = num(string.match(state[5] or '', '^%S+ (%S+)$'))
-local credit = held_credit
-if not stored or not credit then credit = now / 1000 * rate end
-if raw > capacity then credit = credit + (raw - capacity) end
+-- refund runs one key's refund: its reply's three values.
+local function refund(key, capacity, rate, amount, server, seq, seq_s, version, floor, ref)
+  local field = 'r:' .. server
+  if amount < 0 then field = 'd:' .. server end
+  local state  = redis.call('HMGET', key, 'tokens', 'ts', field, 'p', 'c')
+  local pv, pc, pr, p_at = string.match(state[4] or '', '^(%S+) (%S+) (%S+) (%S+)$')
+  pv, pc, pr, p_at = num(pv), num(pc), num(pr), num(p_at)
+  -- p stands when it holds parameters (a refund never re-shapes, so they stay); a bucket
+  -- without gets the caller's
+  local p_stands = false
+  if pv and pc and pr and pc >= 1 and pr > 0 then
+    if amount > 0 and (pv ~= version or pc ~= capacity or pr ~= rate) then amount = 0 end
+    capacity, rate, version = pc, pr, pv
+    p_stands = true
+  end
+  local stored = num(state[1])
+  if not stored and amount > 0 then
+    return tostring(capacity), 0, version
+  end
+  local ts     = num(state[2]) or now
+  local raw    = (stored or capacity) + math.max(0, now - ts) / 1000 * rate
+  local tokens = math.min(capacity, raw)
+  -- the refill lost to the cap, counted in c (see take.lua)
+  local held_credit = num(string.match(state[5] or '', '^(%S+)'))
+  local c_at = num(string.match(state[5] or '', '^%S+ (%S+)$'))
+  local credit = held_credit
+  if not stored or not credit then credit = now / 1000 * rate end
+  if raw > capacity then credit = credit + (raw - capacity) end
 
-local rec = state[3]
-if rec then
-  local rseq, rtok = string.match(rec, '^(%S+) (%S+) (%S+)$')
-  rseq = num(rseq)
-  if rseq == seq then
-    return { rtok, 1, version }
-  end
-  if rseq and rseq > seq then
-    return { tostring(tokens), 2, version }
-  end
-else
-  if redis.call('HLEN', KEYS[1]) > 256 then
-    local all = redis.call('HGETALL', KEYS[1])
-    for i = 1, #all, 2 do
-      local f = all[i]
-      if f ~= 'tokens' and f ~= 'ts' and f ~= 'p' and f ~= 'c' then
-        local when = num(string.match(all[i + 1], '(%S+)$'))
-        if not when or now - when > 120000 then
-          redis.call('HDEL', KEYS[1], f)
+  local rec = state[3]
+  if rec then
+    local rseq, rtok = string.match(rec, '^(%S+) (%S+) (%S+)$')
+    rseq = num(rseq)
+    if rseq == seq then
+      return rtok, 1, version
+    end
+    if rseq and rseq > seq then
+      return tostring(tokens), 2, version
+    end
+  else
+    if redis.call('HLEN', key) > 256 then
+      local all = redis.call('HGETALL', key)
+      for i = 1, #all, 2 do
+        local f = all[i]
+        if f ~= 'tokens' and f ~= 'ts' and f ~= 'p' and f ~= 'c' then
+          local when = num(string.match(all[i + 1], '(%S+)$'))
+          if not when or now - when > 120000 then
+            redis.call('HDEL', key, f)
+          end
         end
       end
     end
   end
+
+  if amount < 0 then
+    -- a debt: first forgiven the credit grown since the debtor's reference
+    if ref and credit > ref then
+      local forgiven = math.min(-amount, credit - ref)
+      amount, credit = amount + forgiven, credit - forgiven
+    end
+    tokens = math.max(tokens + amount, math.min(tokens, -floor))
+  else
+    tokens = math.min(capacity, tokens + amount)
+  end
+  local left = tostring(tokens)
+  local set = { 'tokens', tokens, 'ts', math.max(ts, now), field, seq_s .. ' ' .. left .. ' ' .. now }
+  if not (p_stands and fresh(p_at)) then
+    set[7], set[8] = 'p', string.format('%d %.17g %.17g %d', version, capacity, rate, now)
+  end
+  if credit ~= held_credit or not fresh(c_at) then
+    set[#set + 1], set[#set + 2] = 'c', string.format('%.17g %d', credit, now)
+  end
+  redis.call('HSET', key, unpack(set))
+  -- the TTL: until the bucket is full again (a bucket below zero needs longer), plus 1 s
+  redis.call('PEXPIRE', key, math.ceil(math.max(capacity, capacity - tokens) / rate * 1000) + 1000)
+  return left, 0, version
 end
 
-if amount < 0 then
-  -- a debt: first forgiven the credit grown since the debtor's reference
-  local ref = num(ARGV[8] or '')
-  if ref and credit > ref then
-    local forgiven = math.min(-amount, credit - ref)
-    amount, credit = amount + forgiven, credit - forgiven
-  end
-  tokens = math.max(tokens + amount, math.min(tokens, -floor))
-else
-  tokens = math.min(capacity, tokens + amount)
+local out = {}
+for i = 1, n do
+  local it = items[i]
+  local left, flag, version = refund(KEYS[i], unpack(it, 1, 9))
+  out[3 * i - 2], out[3 * i - 1], out[3 * i] = left, flag, version
 end
-local left = tostring(tokens)
--- p and c only when their value changes, or 30 s after they were written (see take.lua)
-local function fresh(ms) return ms and now - ms < 30000 end
-local set = { 'tokens', tokens, 'ts', math.max(ts, now), field, ARGV[5] .. ' ' .. left .. ' ' .. now }
-if not (p_stands and fresh(p_at)) then
-  set[7], set[8] = 'p', string.format('%d %.17g %.17g %d', version, capacity, rate, now)
-end
-if credit ~= held_credit or not fresh(c_at) then
-  set[#set + 1], set[#set + 2] = 'c', string.format('%.17g %d', credit, now)
-end
-redis.call('HSET', KEYS[1], unpack(set))
--- the TTL: until the bucket is full again (a bucket below zero needs longer), plus 1 s
-redis.call('PEXPIRE', KEYS[1], math.ceil(math.max(capacity, capacity - tokens) / rate * 1000) + 1000)
-return { left, 0, version }
+return out

@@ -125,6 +125,70 @@ func TestCluster(t *testing.T) {
 	}
 }
 
+// TestRefundBatchClusterSlots: on a Redis Cluster a RefundBatch puts the refunds of
+// buckets that share a hash slot in one script call, and no others: three buckets of one
+// slot, two of another and two of slots of their own go out as four calls, and each
+// bucket gets its refund.
+func TestRefundBatchClusterSlots(t *testing.T) {
+	c := redistest.Cluster(t, func(o *redis.ClusterOptions) {
+		o.MaxRedirects = -1
+		o.MaxRetries = -1
+	})
+	ctx := context.Background()
+	hook := &countingHook{}
+	c.AddHook(hook)
+	s := newStore(t, c)
+	lim := redisstore.Limit{Name: lname(t), Rate: 1e-3, Burst: 20}
+	slot := func(key string) int { return wire.Slot(s.Key(lim.Name, key)) }
+	// Keys whose buckets share the slot of "a", and of "b": CRC16 collisions.
+	same := func(of string, n int) []string {
+		keys := []string{of}
+		for i := 0; len(keys) < n; i++ {
+			if k := of + strconv.Itoa(i); slot(k) == slot(of) {
+				keys = append(keys, k)
+			}
+		}
+		return keys
+	}
+	keys := append(append(same("a", 3), same("b", 2)...), "c", "d")
+	slots := map[int]bool{}
+	for _, k := range keys {
+		slots[slot(k)] = true
+	}
+	if len(slots) != 4 {
+		t.Fatalf("keys %v lie in %d slots, want 4", keys, len(slots))
+	}
+	refunds := make([]redisstore.RefundRequest, len(keys))
+	for i, k := range keys {
+		if g, err := s.Take(ctx, lim, k, 10, 10); err != nil || g.Granted != 10 {
+			t.Fatalf("take %s: %+v %v", k, g, err)
+		}
+		refunds[i] = redisstore.RefundRequest{Limit: lim, Key: k, N: 1 + i}
+	}
+	out := make([]redisstore.RefundResult, len(refunds))
+	if err := s.RefundBatch(ctx, refunds, out); err != nil { // the script loaded on every master
+		t.Fatal(err)
+	}
+	for i := range refunds {
+		refunds[i].N = 1
+	}
+	hook.pipelines = nil
+	if err := s.RefundBatch(ctx, refunds, out); err != nil {
+		t.Fatal(err)
+	}
+	if calls := countOf(slices.Concat(hook.pipelines...), "evalsha"); calls != len(slots) {
+		t.Fatalf("pipelines %v: %d calls, want one a slot (%d)", hook.pipelines, calls, len(slots))
+	}
+	for i, r := range out {
+		if want := float64(10 + 1 + i + 1); r.Err != nil || !near(r.Remaining, want, 1e-2) {
+			t.Errorf("bucket %s: %+v, want %v left", keys[i], r, want)
+		}
+	}
+	for _, k := range keys {
+		_ = s.Reset(ctx, lim, k)
+	}
+}
+
 // TestLowSetsCluster: a charge-later limit's low keys in wire.LowShards sets land on
 // every master of the Cluster; one LowBatch marks each key in its set and reads the
 // others, whatever the sets' slots, and a batch that only reads finds the marks.

@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"math"
 	"strconv"
 	"testing"
 
@@ -122,8 +123,82 @@ func TestRefundBatchReplaySafe(t *testing.T) {
 	})
 }
 
+// TestRefundBatchCalls: a RefundBatch of more items than one script call carries
+// answers each item as refunds one at a time in the batch's order would, a bucket
+// refunded twice in one call or in two included, in one round trip of
+// ⌈sent/RefundsPerCall⌉ calls; items not sent (invalid, or of nothing) are not in them.
+func TestRefundBatchCalls(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		hook := &countingHook{}
+		tg.Client.AddHook(hook)
+		s := newStore(t, tg.Client)
+		lim := redisstore.Limit{Name: lname(t), Rate: 1e-4, Burst: 1000}
+		const keys = 40
+		for i := range keys {
+			if g, err := s.Take(ctx, lim, "k"+strconv.Itoa(i), 500, 500); err != nil || g.Granted != 500 {
+				t.Fatalf("take: %+v %v", g, err)
+			}
+		}
+		reqs := make([]redisstore.RefundRequest, 2*redisstore.RefundsPerCall+6)
+		want := make([]float64, len(reqs)) // each item's bucket after it
+		level := map[string]float64{}
+		sent := 0
+		for i := range reqs {
+			key := "k" + strconv.Itoa(i%keys)
+			reqs[i] = redisstore.RefundRequest{Limit: lim, Key: key, N: 1 + i%7}
+			switch i {
+			case 10:
+				reqs[i].N = lim.Burst + 1 // invalid: not sent
+				continue
+			case 20:
+				reqs[i].N = 0 // nothing: not sent
+				continue
+			}
+			if _, ok := level[key]; !ok {
+				level[key] = 500
+			}
+			level[key] += float64(reqs[i].N)
+			want[i] = level[key]
+			sent++
+		}
+		out := make([]redisstore.RefundResult, len(reqs))
+		if err := s.Refund(ctx, lim, "warm", 1); err != nil { // the script cached; no bucket, nothing written
+			t.Fatal(err)
+		}
+		hook.pipelines = nil
+		if err := s.RefundBatch(ctx, reqs, out); !errors.Is(err, storeerr.ErrInvalidLimit) {
+			t.Fatalf("RefundBatch: %v, want the invalid item's error", err)
+		}
+		calls := (sent + redisstore.RefundsPerCall - 1) / redisstore.RefundsPerCall
+		if len(hook.pipelines) != 1 || countOf(hook.pipelines[0], "evalsha") != calls {
+			t.Fatalf("pipelines %v, want one round trip of %d calls for %d items", hook.pipelines, calls, sent)
+		}
+		for i, r := range out {
+			switch {
+			case i == 10:
+				if !errors.Is(r.Err, storeerr.ErrInvalidLimit) || r.Seq != 0 {
+					t.Errorf("invalid item: %+v", r)
+				}
+			case i == 20:
+				if r != (redisstore.RefundResult{}) {
+					t.Errorf("item of nothing: %+v", r)
+				}
+			case r.Err != nil || r.Seq == 0 || !near(r.Remaining, want[i], 1e-2):
+				t.Errorf("item %d (%s, %d): %+v, want %v left", i, reqs[i].Key, reqs[i].N, r, want[i])
+			}
+		}
+		for key, l := range level {
+			if got, err := s.Take(ctx, lim, key, lim.Burst, 1); err != nil || !near(float64(got.Granted), math.Floor(l), 1) {
+				t.Errorf("bucket %s holds %+v (%v), want %v", key, got, err, l)
+			}
+		}
+	})
+}
+
 // TestRefundBatchNoScript: an empty script cache costs one extra round trip, and only
-// the items that got NOSCRIPT are re-sent.
+// the script calls that got NOSCRIPT are re-sent: six calls, five of RefundsPerCall
+// items and one of three.
 func TestRefundBatchNoScript(t *testing.T) {
 	ctx := context.Background()
 	check := func(t *testing.T, c *redis.Client) {
@@ -131,7 +206,7 @@ func TestRefundBatchNoScript(t *testing.T) {
 		c.AddHook(hook)
 		s := newStore(t, c)
 		lim := redisstore.Limit{Name: lname(t), Rate: 1e-4, Burst: 100}
-		reqs := make([]redisstore.RefundRequest, 6)
+		reqs := make([]redisstore.RefundRequest, 5*redisstore.RefundsPerCall+3)
 		for i := range reqs {
 			reqs[i] = redisstore.RefundRequest{Limit: lim, Key: "b" + strconv.Itoa(i), N: 4}
 			if g, err := s.Take(ctx, lim, reqs[i].Key, 50, 50); err != nil || g.Granted != 50 {
@@ -139,7 +214,7 @@ func TestRefundBatchNoScript(t *testing.T) {
 			}
 		}
 		out := make([]redisstore.RefundResult, len(reqs))
-		checkBatchNoScript(t, c, hook, "RefundBatch", len(reqs), func() error { return s.RefundBatch(ctx, reqs, out) }, func() {})
+		checkBatchNoScript(t, c, hook, "RefundBatch", 6, func() error { return s.RefundBatch(ctx, reqs, out) }, func() {})
 		for i, r := range out {
 			// 50 + 4 (flushed) + 4 (warm) + 4 (partial) = 62 in every bucket.
 			if r.Err != nil || !near(r.Remaining, 62, 1e-2) {

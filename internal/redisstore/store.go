@@ -24,6 +24,30 @@ type Store struct {
 	serverID string
 	retrying bool // the client may retry a timed-out command: AllowN refuses
 	seq      atomic.Uint64
+	// together is how the keys of one refund call are chosen (RefundBatch): any keys
+	// (one Redis), keys of one slot (a Cluster), or one key a call (any other client,
+	// a Ring say, whose shards a script call cannot span).
+	together grouping
+}
+
+// grouping is which keys may share a script call.
+type grouping int
+
+const (
+	oneKey   grouping = iota // one key a call
+	anyKeys                  // every key lives on the one Redis
+	slotKeys                 // a Redis Cluster: keys of one hash slot
+)
+
+// groupingOf is the grouping of keys a client's script calls allow.
+func groupingOf(c redis.Scripter) grouping {
+	switch c.(type) {
+	case *redis.Client:
+		return anyKeys
+	case *redis.ClusterClient:
+		return slotKeys
+	}
+	return oneKey
 }
 
 // pipeliner is implemented by every go-redis client (Client, ClusterClient, Ring).
@@ -81,7 +105,7 @@ func New(client redis.Scripter, opts ...Option) (*Store, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil client", storeerr.ErrInvalidConfig)
 	}
-	s := &Store{c: client, prefix: DefaultPrefix}
+	s := &Store{c: client, prefix: DefaultPrefix, together: groupingOf(client)}
 	if p, ok := client.(pipeliner); ok {
 		s.pipe = p
 	}

@@ -13,6 +13,9 @@ import (
 // Counter is ready to use.
 type Counter struct {
 	Trips, Cmds atomic.Int64
+	// ScriptKeys counts the keys the script calls sent name (EVAL and EVALSHA's numkeys):
+	// one script call may act on many keys (luascript.Refund).
+	ScriptKeys atomic.Int64
 }
 
 // DialHook is go-redis's: dials are not counted.
@@ -24,6 +27,7 @@ func (c *Counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		if !setup(cmd) {
 			c.Trips.Add(1)
 			c.Cmds.Add(1)
+			c.countKeys(cmd)
 		}
 		return next(ctx, cmd)
 	}
@@ -45,6 +49,21 @@ func (c *Counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		c.Trips.Add(1)
 		c.Cmds.Add(int64(len(cmds)))
+		for _, cmd := range cmds {
+			c.countKeys(cmd)
+		}
 		return next(ctx, cmds)
+	}
+}
+
+// countKeys adds the keys of cmd to ScriptKeys if it calls a script.
+func (c *Counter) countKeys(cmd redis.Cmder) {
+	switch cmd.Name() {
+	case "eval", "evalsha":
+		if args := cmd.Args(); len(args) > 2 {
+			if n, ok := args[2].(int); ok {
+				c.ScriptKeys.Add(int64(n))
+			}
+		}
 	}
 }

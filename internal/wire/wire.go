@@ -251,13 +251,34 @@ func ParseTake(reply any) (TakeReply, error) {
 	return TakeReply{Granted: int(granted), Tokens: tokens, WaitMS: wait, NowMS: now, Flag: int(flag), Version: uint64(version), Credit: credit}, nil
 }
 
-// ParseRefund decodes luascript.Refund's reply.
+// ParseRefund decodes luascript.Refund's reply to a call of one key.
 func ParseRefund(reply any) (RefundReply, error) {
 	const want = "{string, integer, integer}"
 	v, err := array(reply, 3, want)
 	if err != nil {
 		return RefundReply{}, err
 	}
+	return refundReply(v)
+}
+
+// ParseRefunds decodes luascript.Refund's reply to a call of len(out) keys into out, in
+// the order of the call's keys.
+func ParseRefunds(reply any, out []RefundReply) error {
+	v, err := array(reply, 3*len(out), "3 values a key")
+	if err != nil {
+		return err
+	}
+	for i := range out {
+		if out[i], err = refundReply(v[3*i : 3*i+3]); err != nil {
+			return fmt.Errorf("key %d: %w", i+1, err)
+		}
+	}
+	return nil
+}
+
+// refundReply decodes one key's three values of luascript.Refund's reply.
+func refundReply(v []any) (RefundReply, error) {
+	const want = "{string, integer, integer}"
 	tokens, err := number(v[0])
 	flag, ok1 := v[1].(int64)
 	version, ok2 := v[2].(int64)

@@ -99,6 +99,10 @@ func TestParse(t *testing.T) {
 		{"refund nil", refund, nil, nil, "got <nil>"},
 		{"refund types", refund, []any{"100", "2", int64(0)}, nil, "want {string, integer, integer}"},
 		{"refund before versions", refund, []any{"100", int64(2)}, nil, "want 3 values, got 2"},
+		{"refunds of two keys", refunds2, []any{"100", int64(0), int64(1), "7.5", int64(2), int64(3)},
+			[2]RefundReply{{Tokens: 100, Version: 1}, {Tokens: 7.5, Flag: 2, Version: 3}}, ""},
+		{"refunds, one key's values", refunds2, []any{"100", int64(0), int64(1)}, nil, "want 6 values, got 3"},
+		{"refunds, the second key's types", refunds2, []any{"100", int64(0), int64(1), "7.5", "2", int64(3)}, nil, "key 2: want {string, integer, integer}"},
 		{"heartbeat", heartbeat, int64(3), 3, ""},
 		{"heartbeat zero", heartbeat, int64(0), nil, "0 live servers"},
 		{"heartbeat string", heartbeat, "3", nil, "want an integer, got string"},
@@ -120,9 +124,14 @@ func TestParse(t *testing.T) {
 }
 
 var (
-	bucket    = erase(ParseBucket)
-	take      = erase(ParseTake)
-	refund    = erase(ParseRefund)
+	bucket   = erase(ParseBucket)
+	take     = erase(ParseTake)
+	refund   = erase(ParseRefund)
+	refunds2 = erase(func(v any) ([2]RefundReply, error) {
+		var out [2]RefundReply
+		err := ParseRefunds(v, out[:])
+		return out, err
+	})
 	heartbeat = erase(ParseHeartbeat)
 )
 
@@ -174,7 +183,7 @@ func FuzzParse(f *testing.F) {
 			return
 		}
 		reply := replyFrom(shape, i, s)
-		for _, parse := range []func(any) (any, error){bucket, take, refund, heartbeat} {
+		for _, parse := range []func(any) (any, error){bucket, take, refund, refunds2, heartbeat} {
 			for _, r := range []any{reply, i, s, nil} {
 				if got, err := parse(r); (err == nil) == (got == nil) {
 					t.Fatalf("reply %#v: %v, %v", r, got, err)
