@@ -364,7 +364,7 @@ func writeMarkdown(w io.Writer, env Env, rvs []rival, runs []Run, plotFile strin
 	p("to the end of the limiter's `Close`: fleetlimit's refunds of leased tokens, its last charges and its last window reports at `Close` are in them, ")
 	p("though `Close` comes after the last decision. They are divided by the decisions of the measured run.\n")
 	p("- **commands/decision**: commands the limiter's go-redis clients sent, counted by a hook: each command of a pipeline counts, and so do the commands that open a connection (HELLO, CLIENT SETINFO).\n")
-	p("- **script runs/decision**: of those, the ones that run a Lua script (EVAL, EVALSHA and their `_RO` forms, FCALL), less any EVALSHA that Redis answered NOSCRIPT (it ran nothing; the client then sends EVAL).\n")
+	p("- **script runs/decision**: of those, the ones that run a Lua script (EVAL, EVALSHA and their `_RO` forms, FCALL), less any EVALSHA that Redis answered NOSCRIPT (it ran nothing; the client then sends EVAL). One run may act on several keys: fleetlimit refunds up to 32 keys a call.\n")
 	p("- **round trips/decision**: commands and pipelines the clients sent, a pipeline counting one.\n")
 	p("- **commands Redis ran/decision**: `INFO commandstats` calls after `CONFIG RESETSTAT`, summed over every command, the ones a script runs included (an EVALSHA of the article script counts 5: EVALSHA, TIME, HMGET, HSET, PEXPIRE).\n")
 	p("- **Redis CPU µs/decision**: the change of `INFO cpu` `used_cpu_user + used_cpu_sys`, divided by the decisions.\n")
