@@ -618,6 +618,12 @@ func (h *hybridStrat) call(s *server, hs *hybridServer, t *engine.Trip, p *part,
 		default:
 			p.each(max(len(t.Takes), len(t.Refunds), 1), func(int) { n++ })
 			cost = time.Duration(n) * sc.ScriptTime
+			if t.Kind == engine.RefundTrip && sc.Masters <= 1 {
+				// redisstore.Store.RefundBatch: up to RefundsPerCall refunds a script call
+				// on one Redis (on a Cluster each bucket's slot is its own: one a call),
+				// each still priced as a call of its own, an upper bound.
+				n = (n + redisstore.RefundsPerCall - 1) / redisstore.RefundsPerCall
+			}
 		}
 		f.redis.roundTrip(p.m, n, cost, func(at time.Time) {
 			p.each(len(t.Takes), func(i int) {

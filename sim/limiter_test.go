@@ -354,7 +354,8 @@ func (h netHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 }
 
 // cost is what the simulator counts for command c (hybridStrat's trip): the calls and
-// their Redis time. A script is one call of ScriptTime; a low-key exchange (luascript.Low),
+// their Redis time. A script is one call of ScriptTime (a refund of several keys, one call
+// of ScriptTime a key); a low-key exchange (luascript.Low),
 // lowCost's: a plain command's time besides for each key it marks or unmarks. The
 // commands of a windowed exchange are windowCost's; its read's time, which depends on
 // its answer, is readCostOf's. ok is false for a command the simulator does not model
@@ -367,6 +368,11 @@ func (l *limiterStrat) cost(c redis.Cmder) (n int, cost time.Duration, ok bool) 
 		// EVALSHA sha numkeys key memory n most ids... unmark...
 		if len(args) >= 7 && (args[1] == luascript.Low.Hash() || args[1] == luascript.LowSource) {
 			return 1, sc.ScriptTime + time.Duration(len(args)-7)*sc.CommandTime, true
+		}
+		if keys, ok := args[2].(int); ok && keys > 1 && (args[1] == luascript.Refund.Hash() || args[1] == luascript.RefundSource) {
+			// Refunds of several keys in one call (redisstore.Store.RefundBatch): the
+			// simulator charges each key's refund as a call of its own.
+			return 1, time.Duration(keys) * sc.ScriptTime, true
 		}
 		return 1, sc.ScriptTime, true
 	case "time", "zremrangebyscore", "pexpire":

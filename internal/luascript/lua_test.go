@@ -675,10 +675,15 @@ func TestRefundMany(t *testing.T) {
 				t.Errorf("bucket %s: fields %v, one at a time %v", k, g, w)
 				continue
 			}
-			for _, f := range []string{"tokens", "r:srv", "d:srv"} {
+			for _, f := range []string{"tokens", "r:srv", "d:srv", "c", "p"} {
 				if (w[f] == "") != (g[f] == "") || w[f] != "" && !near(num(t, firstWord(g[f])), num(t, firstWord(w[f])), 1e-3) {
 					t.Errorf("bucket %s field %s: %q, one at a time %q", k, f, g[f], w[f])
 				}
+			}
+			wt, _ := tg.Client.PTTL(ctx, one+k).Result()
+			gt, _ := tg.Client.PTTL(ctx, many+k).Result()
+			if d := wt - gt; d > 100*time.Millisecond || d < -100*time.Millisecond {
+				t.Errorf("bucket %s: TTL %v, one at a time %v", k, gt, wt)
 			}
 		}
 

@@ -73,8 +73,10 @@ var TakeSource string
 // the bucket accrued since its last use before the cap, never below -capacity, ts left
 // where it was. The replay flag is as for TakeSource. The keys' refunds run in order,
 // each as if called alone, on one reading of TIME; every key's arguments are checked
-// before any refund runs, so a call with one invalid key refunds nothing. In a Redis
-// Cluster a call's keys must share a hash slot.
+// before any refund runs, so a call with one invalid key refunds nothing, while an error
+// of Redis's during the run (a key that is not a hash) leaves the refunds before it
+// done (sent again alone under their seq, they answer as replays). In a Redis Cluster a
+// call's keys must share a hash slot.
 //
 //go:embed refund.lua
 var RefundSource string

@@ -14,7 +14,9 @@
 --
 -- The refunds run in order, each as if called alone, on one reading of Redis's TIME;
 -- every key's arguments are checked before any is refunded, so a call with an invalid
--- one refunds nothing. A call of several keys costs Redis about two thirds of as many
+-- one refunds nothing. An error of Redis's while they run (a key that is not a hash)
+-- ends the call, and the refunds before it stay done: each has its record, so the
+-- caller sends each again alone, under its seq, and those answer as replays. A call of several keys costs Redis about two thirds of as many
 -- calls of one (docs/cold-keys.md); in a Redis Cluster its keys must share a slot.
 --
 -- A refund to a bucket that does not exist writes nothing: the bucket expired, full, and

@@ -172,7 +172,7 @@ func (s *Store) Refund(ctx context.Context, lim Limit, key string, n int) error 
 
 // refundOne is Refund, answering the bucket's level too.
 func (s *Store) refundOne(ctx context.Context, r RefundRequest) RefundResult {
-	if err := checkRefund(r.Limit, r.N); err != nil || r.N == 0 {
+	if err := checkRefund(r); err != nil || r.N == 0 {
 		return RefundResult{Err: err}
 	}
 	bkey, err := s.requestBucket(r.Limit.Name, r.Key, r.ID)
@@ -203,12 +203,19 @@ func (s *Store) refundOne(ctx context.Context, r RefundRequest) RefundResult {
 // hold counts in Lua numbers.
 const MaxDebt = 1<<53 - 1
 
-func checkRefund(lim Limit, n int) error {
+// checkRefund reports what luascript.Refund would refuse in r: so that an invalid item
+// of a RefundBatch fails alone, never the script call it would share.
+func checkRefund(r RefundRequest) error {
+	lim, n := r.Limit, r.N
 	if err := lim.Validate(); err != nil {
 		return err
 	}
 	if n < -MaxDebt || n > lim.Burst {
 		return fmt.Errorf("%w: limit %q: refund %d must be between -%d and the burst %d", storeerr.ErrInvalidLimit, lim.Name, n, MaxDebt, lim.Burst)
+	}
+	// The TTL of a bucket a debt leaves at -floor must be an exact integer PEXPIRE takes.
+	if f := r.DebtFloor(); f > MaxDebt || !(tokenbucket.TTLMillis(float64(lim.Burst)+float64(f), lim.Rate) < 1<<53) {
+		return fmt.Errorf("%w: limit %q: a debt floor of %d leaves a bucket whose refill time Redis cannot expire", storeerr.ErrInvalidLimit, lim.Name, f)
 	}
 	return nil
 }
@@ -456,10 +463,14 @@ type RefundResult struct {
 // item adds nothing, and one overtaken by a concurrent refund of the same bucket from
 // this Store (answered stale, nothing refunded) is sent again on its own.
 //
-// Up to refundsPerCall items go in one script call, in order (on a Redis Cluster, items
+// Up to RefundsPerCall items go in one script call, in order (on a Redis Cluster, items
 // whose keys share a hash slot; on a client that shards by key otherwise, such as a
-// Ring, one item a call): a call of several keys costs Redis about two thirds of as many
-// calls of one. A call that fails fails each of its items.
+// Ring, one item a call): a call of several keys costs Redis less than as many calls of
+// one (RefundsPerCall). When Redis answers such a call with an error (a key that is not
+// a bucket, a slot on the move), the refunds before the failing one may have run: each
+// item goes again alone under its sequence number, in a second round trip, so that
+// those answer as replays and only a failing item fails. A call that times out fails
+// each of its items, which may have run (send them again with their Seq).
 //
 // Scripts go out as EVALSHA; calls answered NOSCRIPT are re-sent as EVAL in a second
 // round trip, as in TakeBatch. Items with N == 0 are not sent; invalid items (a bad
@@ -482,7 +493,7 @@ func (s *Store) RefundBatch(ctx context.Context, reqs []RefundRequest, out []Ref
 	open := map[int]int{} // a slot's call still taking keys: its index in calls
 	for i, r := range reqs {
 		out[i] = RefundResult{}
-		if err := checkRefund(r.Limit, r.N); err != nil || r.N == 0 {
+		if err := checkRefund(r); err != nil || r.N == 0 {
 			out[i].Err = err
 			continue
 		}
@@ -504,7 +515,7 @@ func (s *Store) RefundBatch(ctx context.Context, reqs []RefundRequest, out []Ref
 			group = wire.Slot(bkey)
 		}
 		c, ok := open[group]
-		if !ok || len(calls[c].items) == refundsPerCall {
+		if !ok || len(calls[c].items) == RefundsPerCall {
 			c = len(calls)
 			calls = append(calls, refundCall{})
 			if group >= 0 {
@@ -520,10 +531,24 @@ func (s *Store) RefundBatch(ctx context.Context, reqs []RefundRequest, out []Ref
 	if !s.runBatch(ctx, s.pipe.Pipeline(), luascript.Refund, items) {
 		return firstErr(out, RefundResult.err)
 	}
-	var got [refundsPerCall]wire.RefundReply
+	var got [RefundsPerCall]wire.RefundReply
+	var again []batchItem // the items of calls Redis answered with an error, one a call
+	var againOf []int     // their indices in reqs
 	for c, call := range calls {
 		answers := got[:len(call.items)]
 		reply, err := items[c].cmd.Result()
+		var rerr redis.Error
+		if len(call.items) > 1 && errors.As(err, &rerr) {
+			// Redis answered the call with an error (a key that is not a bucket, a slot
+			// that is moving): the refunds before the failing one may have run, as a
+			// script's writes stay. Each goes again alone, under its number, so that
+			// those that ran answer as replays and only a failing one fails.
+			for k, i := range call.items {
+				again = append(again, batchItem{keys: call.keys[k : k+1], args: reqs[i].manyArgs(s.serverID, out[i].Seq)})
+				againOf = append(againOf, i)
+			}
+			continue
+		}
 		if err != nil {
 			err = wrap("refund", err)
 		} else if perr := wire.ParseRefunds(reply, answers); perr != nil {
@@ -543,16 +568,27 @@ func (s *Store) RefundBatch(ctx context.Context, reqs []RefundRequest, out []Ref
 			out[i].Remaining = answers[k].Tokens
 		}
 	}
+	if len(again) > 0 && s.runBatch(ctx, s.pipe.Pipeline(), luascript.Refund, again) {
+		for k, i := range againOf {
+			reply, err := again[k].cmd.Result()
+			if err != nil {
+				out[i].Err = wrap("refund", err)
+				continue
+			}
+			// A stale answer is not sent again: the number is the one the call carried.
+			out[i].Remaining, _, out[i].Err = parseRefund(reply)
+		}
+	}
 	return firstErr(out, RefundResult.err)
 }
 
-// refundsPerCall is the most refunds one script call carries (RefundBatch). On
+// RefundsPerCall is the most refunds one script call carries (RefundBatch). On
 // redis-server 7.0, refunds of a Close (256 a round trip) to per-client keys of 8
 // servers cost Redis 15.4–17.6 µs of CPU one a call, 12.6–13.4 four a call, 12.0–13.1
 // at 32 (bench/rediscost's TestRefundCalls, two runs). Redis runs a call's refunds back
 // to back, as it runs a pipeline's commands: a call of 32 holds other clients no longer
 // than 32 calls of one in a pipeline did.
-const refundsPerCall = 32
+const RefundsPerCall = 32
 
 // refundCall is one script call of a RefundBatch: its items' indices in the batch, and
 // their keys and arguments in that order.

@@ -125,8 +125,9 @@ func TestRefundBatchReplaySafe(t *testing.T) {
 
 // TestRefundBatchCalls: a RefundBatch of more items than one script call carries
 // answers each item as refunds one at a time in the batch's order would, a bucket
-// refunded twice in one call or in two included, in one round trip of
-// ⌈sent/RefundsPerCall⌉ calls; items not sent (invalid, or of nothing) are not in them.
+// refunded twice in one call (20 buckets, 32 items a call) or in two included, in one
+// round trip of ⌈sent/RefundsPerCall⌉ calls; items not sent (invalid, or of nothing)
+// are not in them.
 func TestRefundBatchCalls(t *testing.T) {
 	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
 		ctx := context.Background()
@@ -134,7 +135,7 @@ func TestRefundBatchCalls(t *testing.T) {
 		tg.Client.AddHook(hook)
 		s := newStore(t, tg.Client)
 		lim := redisstore.Limit{Name: lname(t), Rate: 1e-4, Burst: 1000}
-		const keys = 40
+		const keys = 20
 		for i := range keys {
 			if g, err := s.Take(ctx, lim, "k"+strconv.Itoa(i), 500, 500); err != nil || g.Granted != 500 {
 				t.Fatalf("take: %+v %v", g, err)
@@ -191,6 +192,63 @@ func TestRefundBatchCalls(t *testing.T) {
 		for key, l := range level {
 			if got, err := s.Take(ctx, lim, key, lim.Burst, 1); err != nil || !near(float64(got.Granted), math.Floor(l), 1) {
 				t.Errorf("bucket %s holds %+v (%v), want %v", key, got, err, l)
+			}
+		}
+	})
+}
+
+// TestRefundBatchCallFails: when Redis answers a call of several refunds with an error
+// (here WRONGTYPE: one key holds a string, not a bucket), the refunds before the failing
+// one may have run; each item then goes again alone under its number, so that one that
+// ran answers as a replay and counts once, and only the failing one fails. An item whose
+// debt floor Redis could not expire fails before it is sent, alone.
+func TestRefundBatchCallFails(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		hook := &countingHook{}
+		tg.Client.AddHook(hook)
+		s := newStore(t, tg.Client)
+		lim := redisstore.Limit{Name: lname(t), Rate: 1e-4, Burst: 100}
+		for _, k := range []string{"a", "c"} {
+			if g, err := s.Take(ctx, lim, k, 50, 50); err != nil || g.Granted != 50 {
+				t.Fatalf("take: %+v %v", g, err)
+			}
+		}
+		if err := tg.Client.Set(ctx, s.Key(lim.Name, "b"), "not a bucket", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		reqs := []redisstore.RefundRequest{
+			{Limit: lim, Key: "a", N: 10},                                       // runs before the call fails
+			{Limit: lim, Key: "b", N: 5},                                        // WRONGTYPE
+			{Limit: lim, Key: "c", N: 7},                                        // after it: not run by the call
+			{Limit: lim, Key: "c", N: -3, Floor: 1 << 50, Ref: 0, HasRef: true}, // its floor: invalid, not sent
+		}
+		out := make([]redisstore.RefundResult, len(reqs))
+		if err := s.Refund(ctx, lim, "warm", 1); err != nil { // the script cached
+			t.Fatal(err)
+		}
+		hook.pipelines = nil
+		err := s.RefundBatch(ctx, reqs, out)
+		if err == nil || !errors.Is(out[1].Err, storeerr.ErrRedis) || !errors.Is(out[3].Err, storeerr.ErrInvalidLimit) {
+			t.Fatalf("RefundBatch: %v; items %+v: want item 1 answered with Redis's error, item 3 invalid", err, out)
+		}
+		if len(hook.pipelines) != 2 || countOf(hook.pipelines[0], "evalsha") != 1 || countOf(hook.pipelines[1], "evalsha") != 3 {
+			t.Fatalf("pipelines %v: want the call, then its three items alone", hook.pipelines)
+		}
+		for _, c := range []struct {
+			item int
+			left float64
+		}{{0, 60}, {2, 57}} {
+			if r := out[c.item]; r.Err != nil || !near(r.Remaining, c.left, 1e-2) {
+				t.Errorf("item %d: %+v, want %v left", c.item, r, c.left)
+			}
+		}
+		for _, c := range []struct {
+			key  string
+			want int
+		}{{"a", 60}, {"c", 57}} {
+			if got := level(t, s, lim, c.key); got != c.want {
+				t.Errorf("bucket %s holds %d, want %d: refunded once", c.key, got, c.want)
 			}
 		}
 	})

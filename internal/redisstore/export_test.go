@@ -1,4 +1,0 @@
-package redisstore
-
-// RefundsPerCall is refundsPerCall, for the tests of RefundBatch's calls.
-const RefundsPerCall = refundsPerCall
