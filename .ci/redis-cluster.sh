@@ -2,17 +2,20 @@
 # Start or stop a Redis Cluster of 3 masters, each with 1 replica, on loopback, for
 # fleetlimit's cluster tests.
 #
-#   .ci/redis-cluster.sh start   # prints REDIS_CLUSTER_ADDRS=127.0.0.1:30001,...,127.0.0.1:30006
+#   .ci/redis-cluster.sh start   # prints REDIS_CLUSTER_ADDRS=127.0.0.1:21001,...,127.0.0.1:21006
 #   .ci/redis-cluster.sh addrs   # prints the addresses if the cluster is up
 #   .ci/redis-cluster.sh stop    # shuts the nodes down and removes their data
 #
 # Then: REDIS_CLUSTER_ADDRS=... go test ./global -run Cluster
 #
-# Settings (environment): REDIS_CLUSTER_PORT first port (default 30001). The 6 nodes
+# Settings (environment): REDIS_CLUSTER_PORT first port (default 21001). The 6 nodes
 # listen on that port and the next five (masters on the first three, replicas on the
-# last three), and each one's cluster bus on its port + 10000 (default 40001-40006), so
+# last three), and each one's cluster bus on its port + 10000 (default 31001-31006), so
 # the base must be at most 55530; all twelve ports must be free (a node that cannot bind
-# one exits, and start prints the end of its log). REDIS_CLUSTER_DIR data directory (default a directory
+# one exits, and start prints the end of its log). The default keeps all twelve below
+# Linux's range of ports for outgoing connections (32768-60999), which a client's
+# connection may hold: from 30001, the buses 40001-40006 are inside it, and a test's
+# connection once held 40004. REDIS_CLUSTER_DIR data directory (default a directory
 # named after the port under $TMPDIR or /tmp). No persistence.
 #
 # `start` returns once every node reports cluster_state:ok and every replica's link to
@@ -22,7 +25,7 @@
 # (internal/redistest.StartCluster); this one stays as started.
 set -euo pipefail
 
-base=${REDIS_CLUSTER_PORT:-30001}
+base=${REDIS_CLUSTER_PORT:-21001}
 if ((base < 1 || base + 5 + 10000 > 65535)); then
 	echo "redis-cluster.sh: REDIS_CLUSTER_PORT=$base: the nodes use it to +5 and their buses +10000, so it must be 1-55530" >&2
 	exit 2
