@@ -620,8 +620,9 @@ func (h *hybridStrat) call(s *server, hs *hybridServer, t *engine.Trip, p *part,
 			cost = time.Duration(n) * sc.ScriptTime
 			if t.Kind == engine.RefundTrip && sc.Masters <= 1 {
 				// redisstore.Store.RefundBatch: up to RefundsPerCall refunds a script call
-				// on one Redis (on a Cluster each bucket's slot is its own: one a call),
-				// each still priced as a call of its own, an upper bound.
+				// on one Redis; on a Cluster, only buckets of one hash slot share a call,
+				// which a trip's few keys seldom do: counted one a call, an upper bound.
+				// Each refund is still priced as a call of its own, an upper bound too.
 				n = (n + redisstore.RefundsPerCall - 1) / redisstore.RefundsPerCall
 			}
 		}

@@ -2,6 +2,7 @@ package luascript_test
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"math"
 	"strconv"
@@ -685,6 +686,28 @@ func TestRefundMany(t *testing.T) {
 			if d := wt - gt; d > 100*time.Millisecond || d < -100*time.Millisecond {
 				t.Errorf("bucket %s: TTL %v, one at a time %v", k, gt, wt)
 			}
+		}
+
+		// A key Redis refuses (a string, not a hash) is answered refused, with Redis's
+		// error and nothing written, and the keys around it are refunded; alone, the same.
+		if err := tg.Client.Set(ctx, many+"string", "x", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		aBefore, _ := tg.Client.HGet(ctx, many+"a", "tokens").Float64()
+		got, err = luascript.Refund.Run(ctx, tg.Client, []string{many + "a", many + "string", many + "b"},
+			10, rate, 1, "srv", 200, 0, "", "", 10, rate, 1, "srv", 201, 0, "", "", 20, rate, 1, "srv", 202, 0).Slice()
+		if err != nil || len(got) != 9 || got[4] != int64(luascript.Refused) || got[5] != int64(0) ||
+			!strings.HasPrefix(fmt.Sprint(got[3]), "WRONGTYPE") || got[1] != int64(luascript.Fresh) || got[7] != int64(luascript.Fresh) {
+			t.Fatalf("a call with a key that is not a hash: %v, %v", got, err)
+		}
+		if a, _ := tg.Client.HGet(ctx, many+"a", "tokens").Float64(); !near(a, aBefore+1, 1e-3) {
+			t.Errorf("the key before the refused one holds %v, want %v", a, aBefore+1)
+		}
+		if v, _ := tg.Client.Get(ctx, many+"string").Result(); v != "x" {
+			t.Errorf("the refused key holds %q", v)
+		}
+		if got := run(t, tg.Client, luascript.Refund, many+"string", 10, rate, 1, "srv", 203, 0); got[1] != int64(luascript.Refused) {
+			t.Errorf("a refund of one key that is not a hash: %v", got)
 		}
 
 		// Nothing is refunded by a call with an invalid key's arguments, or with a count

@@ -37,6 +37,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fleetlimit/fleetlimit/internal/wire"
 	"github.com/fleetlimit/fleetlimit/lua"
 )
 
@@ -65,6 +66,7 @@ var TakeSource string
 //	ARGV[b+7] debt floor (optional), ARGV[b+8] debt reference (optional), b = 8(i-1);
 //	an optional argument is '' or, for the last key, left out
 //	returns {tostring(tokens after), replay flag, version} for each key in turn
+//	({Redis's error, Refused, 0} for a key Redis refused)
 //
 // It refills the bucket, adds amount and caps the result at capacity, on the parameters
 // the bucket holds (the caller's only for a bucket without p); amount counts only when
@@ -73,10 +75,10 @@ var TakeSource string
 // the bucket accrued since its last use before the cap, never below -capacity, ts left
 // where it was. The replay flag is as for TakeSource. The keys' refunds run in order,
 // each as if called alone, on one reading of TIME; every key's arguments are checked
-// before any refund runs, so a call with one invalid key refunds nothing, while an error
-// of Redis's during the run (a key that is not a hash) leaves the refunds before it
-// done (sent again alone under their seq, they answer as replays). In a Redis Cluster a
-// call's keys must share a hash slot.
+// before any refund runs, so a call with one invalid key refunds nothing; a key Redis
+// refuses (not a hash: WRONGTYPE; a write refused: OOM, READONLY) is answered Refused,
+// with Redis's error, and the others still run. In a Redis Cluster a call's keys must
+// share a hash slot.
 //
 //go:embed refund.lua
 var RefundSource string
@@ -120,6 +122,10 @@ const (
 	// this server's takes: the bucket is new, expired, or was lost (evicted, flushed,
 	// deleted). A server that took from it moments ago knows which.
 	First = 3
+	// Refused (Refund only) means Redis refused the key (it is not a hash, or a write was
+	// refused: OOM, READONLY): nothing was refunded to it, and the reply's first value is
+	// Redis's error. The call's other keys ran.
+	Refused = wire.RefundRefused
 )
 
 // Ready scripts. Run sends EVALSHA and falls back to EVAL on NOSCRIPT. Inside a pipeline

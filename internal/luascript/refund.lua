@@ -14,10 +14,10 @@
 --
 -- The refunds run in order, each as if called alone, on one reading of Redis's TIME;
 -- every key's arguments are checked before any is refunded, so a call with an invalid
--- one refunds nothing. An error of Redis's while they run (a key that is not a hash)
--- ends the call, and the refunds before it stay done: each has its record, so the
--- caller sends each again alone, under its seq, and those answer as replays. A call of several keys costs Redis about two thirds of as many
--- calls of one (docs/cold-keys.md); in a Redis Cluster its keys must share a slot.
+-- one refunds nothing. A key Redis refuses (one that is not a hash: WRONGTYPE; a
+-- write refused: OOM, READONLY) is answered refused, with nothing refunded to it, and
+-- the others still run: a call either fails before any refund or answers every key.
+-- In a Redis Cluster a call's keys must share a slot.
 --
 -- A refund to a bucket that does not exist writes nothing: the bucket expired, full, and
 -- the tokens would be capped away, or Redis lost it (evicted, flushed) while in use, and
@@ -42,8 +42,9 @@
 --
 -- Returns, for each key in turn (3n values):
 --   [3i-2] tokens in the bucket afterwards (tostring)
---   [3i-1] 0 = fresh, 1 = replay of the recorded answer, 2 = stale seq (nothing refunded)
---   [3i]   the version of the parameters in force (integer)
+--   [3i-1] 0 = fresh, 1 = replay of the recorded answer, 2 = stale seq (nothing refunded),
+--          4 = refused by Redis (nothing refunded): [3i-2] is then Redis's error
+--   [3i]   the version of the parameters in force (integer; 0 when refused)
 --
 -- Idempotent per (server id, seq), like take.lua: the answer is recorded in the field
 -- 'r:<server id>' as '<seq> <tokens> <now>', a debt's (a negative amount) in
@@ -95,7 +96,8 @@ local function fresh(ms) return ms and now - ms < 30000 end
 local function refund(key, capacity, rate, amount, server, seq, seq_s, version, floor, ref)
   local field = 'r:' .. server
   if amount < 0 then field = 'd:' .. server end
-  local state  = redis.call('HMGET', key, 'tokens', 'ts', field, 'p', 'c')
+  local state  = redis.pcall('HMGET', key, 'tokens', 'ts', field, 'p', 'c')
+  if state.err then return state.err, 4, 0 end
   local pv, pc, pr, p_at = string.match(state[4] or '', '^(%S+) (%S+) (%S+) (%S+)$')
   pv, pc, pr, p_at = num(pv), num(pc), num(pr), num(p_at)
   -- p stands when it holds parameters (a refund never re-shapes, so they stay); a bucket
@@ -163,9 +165,12 @@ local function refund(key, capacity, rate, amount, server, seq, seq_s, version, 
   if credit ~= held_credit or not fresh(c_at) then
     set[#set + 1], set[#set + 2] = 'c', string.format('%.17g %d', credit, now)
   end
-  redis.call('HSET', key, unpack(set))
-  -- the TTL: until the bucket is full again (a bucket below zero needs longer), plus 1 s
-  redis.call('PEXPIRE', key, math.ceil(math.max(capacity, capacity - tokens) / rate * 1000) + 1000)
+  local wrote = redis.pcall('HSET', key, unpack(set))
+  if type(wrote) == 'table' and wrote.err then return wrote.err, 4, 0 end
+  -- the TTL: until the bucket is full again (a bucket below zero needs longer), plus 1 s.
+  -- The refund is made: an error here (none the checks above leave possible) must not
+  -- hide it.
+  redis.pcall('PEXPIRE', key, math.ceil(math.max(capacity, capacity - tokens) / rate * 1000) + 1000)
   return left, 0, version
 end
 

@@ -34,3 +34,13 @@ func wrap(op string, err error) error {
 func unexpected(op string, what string) error {
 	return &opError{op: op, class: storeerr.ErrRedis, err: errors.New("unexpected reply: " + what)}
 }
+
+// refusal is Redis's error for one key of a script call that answered the others
+// (luascript.Refused): a Redis error reply of its own, so that it is classified as the
+// reply would be (storeerr.Class: WRONGTYPE is ErrRedis, OOM and READONLY unavailable).
+type refusal string
+
+func (e refusal) Error() string { return string(e) }
+
+// RedisError marks refusal as a Redis error reply (go-redis's redis.Error).
+func (refusal) RedisError() {}

@@ -226,7 +226,15 @@ func parseRefund(reply any) (float64, int, error) {
 	if err != nil {
 		return 0, 0, unexpected("refund", err.Error())
 	}
-	return r.Tokens, r.Flag, nil
+	return r.Tokens, r.Flag, refundErr(r)
+}
+
+// refundErr is the error of a key luascript.Refund answered refused, nil for another.
+func refundErr(r wire.RefundReply) error {
+	if r.Flag != luascript.Refused {
+		return nil
+	}
+	return wrap("refund", refusal(r.Refused))
 }
 
 // Reset deletes the bucket of lim and key: the next call finds it full, but for a take
@@ -466,11 +474,11 @@ type RefundResult struct {
 // Up to RefundsPerCall items go in one script call, in order (on a Redis Cluster, items
 // whose keys share a hash slot; on a client that shards by key otherwise, such as a
 // Ring, one item a call): a call of several keys costs Redis less than as many calls of
-// one (RefundsPerCall). When Redis answers such a call with an error (a key that is not
-// a bucket, a slot on the move), the refunds before the failing one may have run: each
-// item goes again alone under its sequence number, in a second round trip, so that
-// those answer as replays and only a failing item fails. A call that times out fails
-// each of its items, which may have run (send them again with their Seq).
+// one (RefundsPerCall). A key Redis refuses within a call (one that is not a bucket:
+// WRONGTYPE; a write refused: OOM, READONLY) fails alone, refunded nothing, and the
+// call's other items run (luascript.Refused): a call fails whole only before any of its
+// refunds ran, or when its answer is lost (a timeout: its items may have run; send them
+// again with their Seq).
 //
 // Scripts go out as EVALSHA; calls answered NOSCRIPT are re-sent as EVAL in a second
 // round trip, as in TakeBatch. Items with N == 0 are not sent; invalid items (a bad
@@ -532,23 +540,9 @@ func (s *Store) RefundBatch(ctx context.Context, reqs []RefundRequest, out []Ref
 		return firstErr(out, RefundResult.err)
 	}
 	var got [RefundsPerCall]wire.RefundReply
-	var again []batchItem // the items of calls Redis answered with an error, one a call
-	var againOf []int     // their indices in reqs
 	for c, call := range calls {
 		answers := got[:len(call.items)]
 		reply, err := items[c].cmd.Result()
-		var rerr redis.Error
-		if len(call.items) > 1 && errors.As(err, &rerr) {
-			// Redis answered the call with an error (a key that is not a bucket, a slot
-			// that is moving): the refunds before the failing one may have run, as a
-			// script's writes stay. Each goes again alone, under its number, so that
-			// those that ran answer as replays and only a failing one fails.
-			for k, i := range call.items {
-				again = append(again, batchItem{keys: call.keys[k : k+1], args: reqs[i].manyArgs(s.serverID, out[i].Seq)})
-				againOf = append(againOf, i)
-			}
-			continue
-		}
 		if err != nil {
 			err = wrap("refund", err)
 		} else if perr := wire.ParseRefunds(reply, answers); perr != nil {
@@ -565,18 +559,7 @@ func (s *Store) RefundBatch(ctx context.Context, reqs []RefundRequest, out []Ref
 				out[i] = s.refundOne(ctx, reqs[i])
 				continue
 			}
-			out[i].Remaining = answers[k].Tokens
-		}
-	}
-	if len(again) > 0 && s.runBatch(ctx, s.pipe.Pipeline(), luascript.Refund, again) {
-		for k, i := range againOf {
-			reply, err := again[k].cmd.Result()
-			if err != nil {
-				out[i].Err = wrap("refund", err)
-				continue
-			}
-			// A stale answer is not sent again: the number is the one the call carried.
-			out[i].Remaining, _, out[i].Err = parseRefund(reply)
+			out[i].Remaining, out[i].Err = answers[k].Tokens, refundErr(answers[k])
 		}
 	}
 	return firstErr(out, RefundResult.err)

@@ -207,11 +207,18 @@ type TakeReply struct {
 type RefundReply struct {
 	// Tokens is what the bucket holds after the refund.
 	Tokens float64
-	// Flag is luascript.Fresh, luascript.Replayed or luascript.Stale.
+	// Flag is luascript.Fresh, luascript.Replayed, luascript.Stale or RefundRefused.
 	Flag int
 	// Version is as TakeReply's.
 	Version uint64
+	// Refused is Redis's error for a key it refused (Flag RefundRefused).
+	Refused string
 }
+
+// RefundRefused is the flag of a key luascript.Refund's call could not refund: Redis
+// refused it (it is not a hash: WRONGTYPE; a write refused: OOM, READONLY), and the
+// key's first value is Redis's error instead of its tokens. luascript.Refused.
+const RefundRefused = 4
 
 // ParseBucket decodes luascript.Bucket's reply, as go-redis or RESP gives it ([]any of int64
 // and string).
@@ -279,6 +286,12 @@ func ParseRefunds(reply any, out []RefundReply) error {
 // refundReply decodes one key's three values of luascript.Refund's reply.
 func refundReply(v []any) (RefundReply, error) {
 	const want = "{string, integer, integer}"
+	if flag, ok := v[1].(int64); ok && flag == RefundRefused {
+		if msg, ok := v[0].(string); ok {
+			return RefundReply{Flag: RefundRefused, Refused: msg}, nil
+		}
+		return RefundReply{}, shape(want, nil)
+	}
 	tokens, err := number(v[0])
 	flag, ok1 := v[1].(int64)
 	version, ok2 := v[2].(int64)
