@@ -429,7 +429,7 @@ func (r RefundRequest) refundArgs(id string, seq uint64) []any {
 	return args
 }
 
-// manyArgs are r's eight arguments of a luascript.Refund call of several keys, ” for
+// manyArgs are r's eight arguments of a luascript.Refund call of several keys, "" for
 // no debt reference.
 func (r RefundRequest) manyArgs(id string, seq uint64) []any {
 	var ref any = ""
