@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
 // TestGroupingOf: a refund call spans any keys on one Redis, keys of one slot on a
@@ -22,6 +24,12 @@ func TestGroupingOf(t *testing.T) {
 	} {
 		if got := groupingOf(tc.c); got != tc.want {
 			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
+		}
+		// The group of a key: one for every key, its slot, or none it shares.
+		a, b := "fl:{api:a}", "fl:{api:b}"
+		want := map[grouping][2]int{anyKeys: {0, 0}, slotKeys: {wire.Slot(a), wire.Slot(b)}, oneKey: {-1, -1}}[tc.want]
+		if ga, gb := tc.want.of(a), tc.want.of(b); [2]int{ga, gb} != want {
+			t.Errorf("%s: groups %d, %d; want %v", tc.name, ga, gb, want)
 		}
 		if c, ok := tc.c.(interface{ Close() error }); ok {
 			_ = c.Close()

@@ -420,18 +420,9 @@ type RefundRequest struct {
 	Seq uint64
 }
 
-// refundArgs are luascript.Refund's arguments for r from server id with sequence number seq.
+// refundArgs are r's eight arguments of a luascript.Refund call, from server id with
+// sequence number seq, "" for no debt reference: a call of one key or one of several.
 func (r RefundRequest) refundArgs(id string, seq uint64) []any {
-	args := []any{r.Limit.Burst, r.Limit.Rate, r.N, id, seq, r.Limit.Version, r.DebtFloor()}
-	if ref := r.Reference(); !math.IsNaN(ref) {
-		args = append(args, ref)
-	}
-	return args
-}
-
-// manyArgs are r's eight arguments of a luascript.Refund call of several keys, "" for
-// no debt reference.
-func (r RefundRequest) manyArgs(id string, seq uint64) []any {
 	var ref any = ""
 	if x := r.Reference(); !math.IsNaN(x) {
 		ref = x
@@ -497,8 +488,9 @@ func (s *Store) RefundBatch(ctx context.Context, reqs []RefundRequest, out []Ref
 		}
 		return firstErr(out, RefundResult.err)
 	}
-	var calls []refundCall
-	open := map[int]int{} // a slot's call still taking keys: its index in calls
+	var calls []batchItem // the script calls
+	var of [][]int        // each call's items, indices in reqs
+	open := map[int]int{} // a group's call still taking keys: its index in calls
 	for i, r := range reqs {
 		out[i] = RefundResult{}
 		if err := checkRefund(r); err != nil || r.N == 0 {
@@ -515,40 +507,33 @@ func (s *Store) RefundBatch(ctx context.Context, reqs []RefundRequest, out []Ref
 			seq = s.nextSeq()
 		}
 		out[i].Seq = seq
-		group := 0
-		switch s.together {
-		case oneKey:
-			group = -1
-		case slotKeys:
-			group = wire.Slot(bkey)
-		}
+		group := s.together.of(bkey)
 		c, ok := open[group]
-		if !ok || len(calls[c].items) == RefundsPerCall {
+		if !ok || len(of[c]) == RefundsPerCall {
 			c = len(calls)
-			calls = append(calls, refundCall{})
+			calls, of = append(calls, batchItem{}), append(of, nil)
 			if group >= 0 {
 				open[group] = c
 			}
 		}
-		calls[c].add(i, bkey, r.manyArgs(s.serverID, seq))
+		call := &calls[c]
+		call.keys = append(call.keys, bkey)
+		call.args = append(call.args, r.refundArgs(s.serverID, seq)...)
+		of[c] = append(of[c], i)
 	}
-	items := make([]batchItem, len(calls))
-	for c := range calls {
-		items[c] = batchItem{keys: calls[c].keys, args: calls[c].args}
-	}
-	if !s.runBatch(ctx, s.pipe.Pipeline(), luascript.Refund, items) {
+	if !s.runBatch(ctx, s.pipe.Pipeline(), luascript.Refund, calls) {
 		return firstErr(out, RefundResult.err)
 	}
 	var got [RefundsPerCall]wire.RefundReply
-	for c, call := range calls {
-		answers := got[:len(call.items)]
-		reply, err := items[c].cmd.Result()
+	for c, items := range of {
+		answers := got[:len(items)]
+		reply, err := calls[c].cmd.Result()
 		if err != nil {
 			err = wrap("refund", err)
 		} else if perr := wire.ParseRefunds(reply, answers); perr != nil {
 			err = unexpected("refund", perr.Error())
 		}
-		for k, i := range call.items {
+		for k, i := range items {
 			if err != nil {
 				out[i].Err = err
 				continue
@@ -572,20 +557,6 @@ func (s *Store) RefundBatch(ctx context.Context, reqs []RefundRequest, out []Ref
 // to back, as it runs a pipeline's commands: a call of 32 holds other clients no longer
 // than 32 calls of one in a pipeline did.
 const RefundsPerCall = 32
-
-// refundCall is one script call of a RefundBatch: its items' indices in the batch, and
-// their keys and arguments in that order.
-type refundCall struct {
-	items []int
-	keys  []string
-	args  []any
-}
-
-func (c *refundCall) add(i int, key string, args []any) {
-	c.items = append(c.items, i)
-	c.keys = append(c.keys, key)
-	c.args = append(c.args, args...)
-}
 
 // NextSeq returns a fresh sequence number of this Store, for RefundRequest.Seq: a caller
 // that may give up on a batch before its answer arrives (a deadline) picks the numbers

@@ -124,6 +124,20 @@ func TestRefundBatchReplaySafe(t *testing.T) {
 	})
 }
 
+// countingStore is a Store on c, whose pipelines a countingHook records, with the refund
+// script cached (a refund of lim to a key with no bucket, which writes nothing): what the
+// hook records after it is what a test sends.
+func countingStore(t *testing.T, c *redis.Client, lim redisstore.Limit) (*redisstore.Store, *countingHook) {
+	t.Helper()
+	hook := &countingHook{}
+	c.AddHook(hook)
+	s := newStore(t, c)
+	if err := s.Refund(context.Background(), lim, "warm", 1); err != nil {
+		t.Fatal(err)
+	}
+	return s, hook
+}
+
 // TestRefundBatchCalls: a RefundBatch of more items than one script call carries
 // answers each item as refunds one at a time in the batch's order would, a bucket
 // refunded twice in one call (20 buckets, 32 items a call) or in two included, in one
@@ -132,10 +146,8 @@ func TestRefundBatchReplaySafe(t *testing.T) {
 func TestRefundBatchCalls(t *testing.T) {
 	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
 		ctx := context.Background()
-		hook := &countingHook{}
-		tg.Client.AddHook(hook)
-		s := newStore(t, tg.Client)
 		lim := redisstore.Limit{Name: lname(t), Rate: 1e-4, Burst: 1000}
+		s, hook := countingStore(t, tg.Client, lim)
 		const keys = 20
 		for i := range keys {
 			if g, err := s.Take(ctx, lim, "k"+strconv.Itoa(i), 500, 500); err != nil || g.Granted != 500 {
@@ -165,9 +177,6 @@ func TestRefundBatchCalls(t *testing.T) {
 			sent++
 		}
 		out := make([]redisstore.RefundResult, len(reqs))
-		if err := s.Refund(ctx, lim, "warm", 1); err != nil { // the script cached; no bucket, nothing written
-			t.Fatal(err)
-		}
 		hook.pipelines = nil
 		if err := s.RefundBatch(ctx, reqs, out); !errors.Is(err, storeerr.ErrInvalidLimit) {
 			t.Fatalf("RefundBatch: %v, want the invalid item's error", err)
@@ -206,10 +215,8 @@ func TestRefundBatchCalls(t *testing.T) {
 func TestRefundBatchKeyRefused(t *testing.T) {
 	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
 		ctx := context.Background()
-		hook := &countingHook{}
-		tg.Client.AddHook(hook)
-		s := newStore(t, tg.Client)
 		lim := redisstore.Limit{Name: lname(t), Rate: 1e-4, Burst: 100}
+		s, hook := countingStore(t, tg.Client, lim)
 		for _, k := range []string{"a", "c"} {
 			if g, err := s.Take(ctx, lim, k, 50, 50); err != nil || g.Granted != 50 {
 				t.Fatalf("take: %+v %v", g, err)
@@ -225,9 +232,6 @@ func TestRefundBatchKeyRefused(t *testing.T) {
 			{Limit: lim, Key: "c", N: -3, Floor: 1 << 50, Ref: 0, HasRef: true}, // its floor: invalid, not sent
 		}
 		out := make([]redisstore.RefundResult, len(reqs))
-		if err := s.Refund(ctx, lim, "warm", 1); err != nil { // the script cached
-			t.Fatal(err)
-		}
 		hook.pipelines = nil
 		err := s.RefundBatch(ctx, reqs, out)
 		if err == nil || !errors.Is(out[1].Err, storeerr.ErrRedis) || storeerr.IsUnavailable(out[1].Err) ||

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/fleetlimit/internal/storeerr"
+	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
 // A Store is the Redis tier behind a global.Store: it runs fleetlimit's scripts (package
@@ -38,6 +39,18 @@ const (
 	anyKeys                  // every key lives on the one Redis
 	slotKeys                 // a Redis Cluster: keys of one hash slot
 )
+
+// of is the group of key: keys of one group may share a script call, and a key of group
+// -1 shares none.
+func (g grouping) of(key string) int {
+	switch g {
+	case anyKeys:
+		return 0
+	case slotKeys:
+		return wire.Slot(key)
+	}
+	return -1
+}
 
 // groupingOf is the grouping of keys a client's script calls allow.
 func groupingOf(c redis.Scripter) grouping {
