@@ -119,18 +119,21 @@ func WriteHeaders(h http.Header, d hybrid.Decision, set Headers, now time.Time) 
 // headerValues holds the values writeHeaders writes, as the header map refers to them:
 // their bytes and the []string each header's value is. The Middleware keeps it in the
 // request's Decision context, so that the headers cost no allocation of their own; the
-// bytes fill that context to 320, an allocator size class (TestContextSizes).
+// bytes fill WriteHeaders' allocation to 208, and that context and the request's copy it
+// comes with to 640 (less 8 to spare), allocator size classes, the second with the
+// allocator's header (TestContextSizes).
 type headerValues struct {
 	vals [maxHeaders]string
 	buf  [112]byte // past it (long names, many Also limits' policies), the bytes go to the heap
 }
 
 // standardValues is headerValues for a set without HeadersX, which writes at most
-// maxStandard headers: three values fewer, and a Middleware's context of 256 bytes, a
-// size class, instead of 320, less for the collector to sweep on every request.
+// maxStandard headers: three values fewer, and a Middleware's context and request of 576
+// bytes with the allocator's header, a size class, instead of 640, less for the collector
+// to sweep on every request.
 type standardValues struct {
 	vals [maxStandard]string
-	buf  [96]byte
+	buf  [104]byte
 }
 
 const (

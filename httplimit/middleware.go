@@ -199,22 +199,20 @@ func (m *Middleware) Check(w http.ResponseWriter, r *http.Request) (*http.Reques
 	var pols [maxAlso + 1]policy
 	if _, retry := retryAfter(d); m.headers&HeadersNone != 0 && !retry {
 		// Nothing to write: the Decision alone goes in the context.
-		r = r.WithContext(&decisionCtx{Context: r.Context(), d: d})
-	} else {
+		rc := new(withContext[decisionCtx])
+		rc.ctx = decisionCtx{Context: r.Context(), d: d}
+		r = rc.request(r, &rc.ctx)
+	} else if m.headers&HeadersX == 0 {
 		// The context holds the headers' values: the smaller one without HeadersX.
-		dc := decisionCtx{Context: r.Context(), d: d}
-		var ctx context.Context
-		var vals []string
-		var buf []byte
-		if m.headers&HeadersX == 0 {
-			c := &standardCtx{decisionCtx: dc}
-			ctx, vals, buf = c, c.hdr.vals[:], c.hdr.buf[:0]
-		} else {
-			c := &headersCtx{decisionCtx: dc}
-			ctx, vals, buf = c, c.hdr.vals[:], c.hdr.buf[:0]
-		}
-		writeHeaders(w.Header(), d, m.policies(pols[:0], d, tier), &m.policy, m.headers, now, vals, buf)
-		r = r.WithContext(ctx)
+		rc := new(withContext[standardCtx])
+		rc.ctx.decisionCtx = decisionCtx{Context: r.Context(), d: d}
+		writeHeaders(w.Header(), d, m.policies(pols[:0], d, tier), &m.policy, m.headers, now, rc.ctx.hdr.vals[:], rc.ctx.hdr.buf[:0])
+		r = rc.request(r, &rc.ctx)
+	} else {
+		rc := new(withContext[headersCtx])
+		rc.ctx.decisionCtx = decisionCtx{Context: r.Context(), d: d}
+		writeHeaders(w.Header(), d, m.policies(pols[:0], d, tier), &m.policy, m.headers, now, rc.ctx.hdr.vals[:], rc.ctx.hdr.buf[:0])
+		r = rc.request(r, &rc.ctx)
 	}
 	if d.Allowed {
 		return r, true
@@ -274,6 +272,21 @@ func (m *Middleware) decide(r *http.Request, tier, key string, n int) (hybrid.De
 }
 
 type decisionKey struct{}
+
+// withContext is a request's copy and its context C in one allocation, where
+// Request.WithContext would allocate the copy apart: one allocation a request, not two.
+// A handler that keeps the context keeps the copy with it (its 304 bytes; what the copy
+// refers to, the original request refers to as well).
+type withContext[C any] struct {
+	r   http.Request
+	ctx C
+}
+
+// request makes rc's request r with the context ctx (rc's own) and returns it.
+func (rc *withContext[C]) request(r *http.Request, ctx context.Context) *http.Request {
+	rc.r = *r.WithContext(ctx) // inlined: the copy it makes stays on the stack
+	return &rc.r
+}
 
 // decisionCtx carries a request's Decision: one allocation, where context.WithValue
 // would make two (the context and the boxed Decision).
