@@ -56,21 +56,23 @@ func StartCluster(t testing.TB, cfg ClusterConfig) *OwnCluster {
 	}
 	c := &OwnCluster{t: t, ids: map[*Server]string{}, admin: map[*Server]*redis.Client{}}
 	node := func() *Server {
-		bus, err := freePort()
-		if err != nil {
-			t.Fatalf("redistest: no free port: %v", err)
-		}
-		s := startServer(t, bin,
-			"--cluster-enabled", "yes",
-			"--cluster-port", strconv.Itoa(bus),
-			"--cluster-node-timeout", strconv.FormatInt(cfg.NodeTimeout.Milliseconds(), 10),
-			"--cluster-config-file", "nodes.conf", // in the node's own --dir
-			// A failed master costs only its own slots: the other masters keep
-			// answering instead of refusing every command with CLUSTERDOWN until the
-			// replica takes over (docs/operations.md).
-			"--cluster-require-full-coverage", "no",
-			// A replica's first sync starts at once, not after 5 s of waiting for others.
-			"--repl-diskless-sync-delay", "0")
+		s := startServer(t, bin, func() []string {
+			bus, err := freePort()
+			if err != nil {
+				t.Fatalf("redistest: no free port: %v", err)
+			}
+			return []string{
+				"--cluster-enabled", "yes",
+				"--cluster-port", strconv.Itoa(bus),
+				"--cluster-node-timeout", strconv.FormatInt(cfg.NodeTimeout.Milliseconds(), 10),
+				"--cluster-config-file", "nodes.conf", // in the node's own --dir
+				// A failed master costs only its own slots: the other masters keep
+				// answering instead of refusing every command with CLUSTERDOWN until the
+				// replica takes over (docs/operations.md).
+				"--cluster-require-full-coverage", "no",
+				// A replica's first sync starts at once, not after 5 s of waiting for others.
+				"--repl-diskless-sync-delay", "0"}
+		})
 		c.admin[s] = s.Client()
 		return s
 	}

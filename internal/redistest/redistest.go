@@ -212,7 +212,7 @@ type Server struct {
 // It skips the test when no binary is found, and fails it under CI.
 func StartServer(t testing.TB) *Server {
 	t.Helper()
-	return startServer(t, serverBinary(t))
+	return startServer(t, serverBinary(t), nil)
 }
 
 // serverBinary returns the redis-server to start: REDIS_SERVER, default redis-server
@@ -230,17 +230,29 @@ func serverBinary(t testing.TB) string {
 	return path
 }
 
-// startServer starts bin on a spare loopback port with args added to its command line.
-func startServer(t testing.TB, bin string, args ...string) *Server {
+// startServer starts bin on a spare loopback port with the arguments args returns added
+// to its command line (nil: none). freePort's port is free when picked, not when the
+// server binds it: a server that exits before it answers (another process took its
+// port, or a port args picked) is started again on fresh ports, three tries in all.
+func startServer(t testing.TB, bin string, args func() []string) *Server {
 	t.Helper()
-	port, err := freePort()
-	if err != nil {
-		t.Fatalf("redistest: no free port: %v", err)
+	var err error
+	for range 3 {
+		var port int
+		if port, err = freePort(); err != nil {
+			t.Fatalf("redistest: no free port: %v", err)
+		}
+		s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), t: t, port: port, bin: bin}
+		if args != nil {
+			s.args = args()
+		}
+		if err = s.try(); err == nil {
+			t.Cleanup(s.Kill)
+			return s
+		}
 	}
-	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), t: t, port: port, bin: bin, args: args}
-	t.Cleanup(s.Kill)
-	s.start()
-	return s
+	t.Fatalf("redistest: %v", err)
+	return nil
 }
 
 func freePort() (int, error) {
@@ -252,14 +264,23 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
+// start starts the server on its address, failing the test if it does not come up.
 func (s *Server) start() {
 	s.t.Helper()
+	if err := s.try(); err != nil {
+		s.t.Fatal("redistest: ", err)
+	}
+}
+
+// try starts the server on its address and waits until it answers; if it does not, it
+// is killed and the error says why.
+func (s *Server) try() error {
 	cmd := exec.Command(s.bin, append([]string{
 		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--daemonize", "no",
 		"--dir", s.t.TempDir(), "--loglevel", "warning"}, s.args...)...)
 	if err := cmd.Start(); err != nil {
-		s.t.Fatalf("redistest: start %s: %v", s.bin, err)
+		return fmt.Errorf("start %s: %w", s.bin, err)
 	}
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
@@ -268,8 +289,9 @@ func (s *Server) start() {
 	s.mu.Unlock()
 	if err := s.waitReady(10 * time.Second); err != nil {
 		s.Kill()
-		s.t.Fatalf("redistest: redis-server on %s did not come up: %v", s.Addr, err)
+		return fmt.Errorf("redis-server on %s did not come up: %w", s.Addr, err)
 	}
+	return nil
 }
 
 // waitReady polls PING until the server answers or the budget runs out.

@@ -66,6 +66,27 @@ func TestServerStopContRestart(t *testing.T) {
 	}
 }
 
+// TestStartServerTriesAgain: a server that exits before it answers (here on an unknown
+// option, as one whose port another process took does) is started again on fresh
+// ports, its arguments asked for anew.
+func TestStartServerTriesAgain(t *testing.T) {
+	bin := serverBinary(t)
+	calls := 0
+	s := startServer(t, bin, func() []string {
+		if calls++; calls == 1 {
+			return []string{"--no-such-option", "yes"}
+		}
+		return []string{"--maxmemory-policy", "allkeys-lru"}
+	})
+	if calls != 2 {
+		t.Fatalf("arguments asked %d times, want 2", calls)
+	}
+	got, err := s.Client().ConfigGet(context.Background(), "maxmemory-policy").Result()
+	if err != nil || got["maxmemory-policy"] != "allkeys-lru" {
+		t.Fatalf("CONFIG GET maxmemory-policy = %v, %v: want the second try's allkeys-lru", got, err)
+	}
+}
+
 func TestMissingFailsUnderCI(t *testing.T) {
 	if InCI() {
 		t.Skip("checks the non-CI path")
