@@ -828,7 +828,7 @@ func doBatch(ctx context.Context, brk *breaker.Breaker, call func(ctx context.Co
 
 // Allow is shorthand for AllowN(ctx, limit, key, 1).
 func (l *Limiter) Allow(ctx context.Context, limit, key string) (Decision, error) {
-	return l.AllowN(ctx, limit, key, 1)
+	return l.allowN(ctx, limit, "", key, 1, l.onDecision) // not AllowN: one call, inlined
 }
 
 // AllowN decides whether a request of cost n for key may proceed under the named limit,
