@@ -56,6 +56,13 @@ type laterSched struct {
 	asyncStart atomic.Int64
 	lowActive  atomic.Bool
 
+	// uncharged counts the keys admitted uncharged and not charged yet, of every
+	// charge-later limit (lowKeys.uncharged): at most maxDebtKeys, the bound of charges,
+	// so that the charge of every admission uncharged finds room there. A charge
+	// forgiven for want of room would free its key, to be admitted uncharged, and
+	// forgiven, again and again.
+	uncharged atomic.Int64
+
 	charges  owed      // the charges of admissions made uncharged, owed to the buckets (debt.go)
 	asyncAt  time.Time // when the queued charges are due; zero: none queued
 	asyncDue bool      // charges are due: the debts go, whether Redis answered or not
@@ -156,10 +163,12 @@ const (
 
 // admit reports whether key, of a limit with Async, may be admitted uncharged at now:
 // this server heard from the key's set of the fleet's since it started, and within
-// lowStale, knows the key not low, and holds no admission of it uncharged. If so the key
-// counts as uncharged until charged. A set whose master does not answer thus costs its
-// keys their uncharged admissions once lowStale has passed, and no other key.
-func (s *lowKeys) admit(key string, now time.Time) bool {
+// lowStale, knows the key not low, and holds no admission of it uncharged, and total,
+// the engine's count of keys uncharged (laterSched.uncharged), is below maxDebtKeys. If
+// so the key counts as uncharged, here and in total, until charged. A set whose master
+// does not answer thus costs its keys their uncharged admissions once lowStale has
+// passed, and no other key.
+func (s *lowKeys) admit(key string, now time.Time, total *atomic.Int64) bool {
 	set := wire.LowShard(key, s.shards) // shards is fixed: hashed outside the lock
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -169,7 +178,11 @@ func (s *lowKeys) admit(key string, now time.Time) bool {
 	if m, ok := s.keys[key]; ok && m.isLow(now) {
 		return false
 	}
-	if _, ok := s.uncharged[key]; ok || len(s.uncharged) >= maxDebtKeys {
+	if _, ok := s.uncharged[key]; ok {
+		return false
+	}
+	if total.Add(1) > maxDebtKeys {
+		total.Add(-1)
 		return false
 	}
 	if s.uncharged == nil {
@@ -180,10 +193,13 @@ func (s *lowKeys) admit(key string, now time.Time) bool {
 }
 
 // charged records that key's admission was charged (or will never be): it may be
-// admitted uncharged again.
-func (s *lowKeys) charged(key string) {
+// admitted uncharged again, and no longer counts in total.
+func (s *lowKeys) charged(key string, total *atomic.Int64) {
 	s.mu.Lock()
-	delete(s.uncharged, key)
+	if _, ok := s.uncharged[key]; ok {
+		delete(s.uncharged, key)
+		total.Add(-1)
+	}
 	s.mu.Unlock()
 }
 
@@ -617,7 +633,7 @@ func (c *chargeLater) trusts(en *entry, sh *Shape, t time.Time, n int) (ok, star
 	if en.lease.tookWithin(t, sh.lease.Load().Lifetime) || en.lease.lifeFrom(t) > 0 {
 		return false, started // its lease is in use here: it serves the key, at no extra call
 	}
-	return c.low.admit(en.key, t), started
+	return c.low.admit(en.key, t, &c.lm.e.cl.uncharged), started
 }
 
 // note records what a refill's answer said of the key's bucket (lowKeys.note).
@@ -635,7 +651,7 @@ func (c *chargeLater) charge(sh *Shape, key string, n int, now time.Time) {
 			lm.stats.forgiven.Add(int64(n))
 		}
 		e.mu.Unlock()
-		c.low.charged(key) // forgiven: nothing will charge it
+		c.low.charged(key, &e.cl.uncharged) // forgiven: nothing will charge it
 		return
 	}
 	lm.stats.owed.Add(int64(n))
@@ -666,7 +682,7 @@ func (c *chargeLater) charged(sh *Shape, key string, answered bool, remaining fl
 	if answered && sh != nil {
 		c.low.note(sh, key, remaining, now)
 	}
-	c.low.charged(key)
+	c.low.charged(key, &c.lm.e.cl.uncharged)
 }
 
 // noteOpen records the breaker's state for the charge-later admissions, which do not

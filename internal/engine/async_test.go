@@ -537,7 +537,7 @@ func TestAsyncUnchargedOutlivesTheEntry(t *testing.T) {
 	if d, _ := decide(e, at.Add(102*time.Millisecond), lm, "j", 1); d.Reason != ReasonAsync {
 		t.Fatalf("another key: %+v", d)
 	}
-	if lm.chargeLater().low.admit("k", at.Add(102*time.Millisecond)) == false {
+	if lm.chargeLater().low.admit("k", at.Add(102*time.Millisecond), &e.cl.uncharged) == false {
 		t.Fatal("k still counted uncharged after its charge was answered under the old limit")
 	}
 }
@@ -719,7 +719,7 @@ func TestAsyncLowSets(t *testing.T) {
 		}
 		if i == 1 { // the sets that answered are warm: their keys may be admitted uncharged
 			low := &lm.chargeLater().low
-			if !low.admit(keyOfSet(t, 0, sets), now) || low.admit(keyOfSet(t, 1, sets), now) {
+			if !low.admit(keyOfSet(t, 0, sets), now, &e.cl.uncharged) || low.admit(keyOfSet(t, 1, sets), now, &e.cl.uncharged) {
 				t.Fatal("after set 1 failed the warm-up: want set 0's key admitted uncharged, set 1's not")
 			}
 		}
@@ -759,10 +759,10 @@ func TestAsyncLowSets(t *testing.T) {
 		t.Fatalf("%d exchanges in %v with a set failing, want at most %d (one a LowEvery, at a pace down to half of it)", exchanges, now.Sub(last), most)
 	}
 	low := &lm.chargeLater().low
-	if k := keyOfSetFrom(t, "fresh", 0, sets); !low.admit(k, now) {
+	if k := keyOfSetFrom(t, "fresh", 0, sets); !low.admit(k, now, &e.cl.uncharged) {
 		t.Fatalf("set 0 answers: its key %s not admitted uncharged", k)
 	}
-	if k := keyOfSet(t, 2, sets); low.admit(k, now) {
+	if k := keyOfSet(t, 2, sets); low.admit(k, now, &e.cl.uncharged) {
 		t.Fatalf("set 2 silent for %v: its key %s admitted uncharged", now.Sub(last), k)
 	}
 	// Idle, with set 2 still failing: only its waiting marks make exchanges due, at their
@@ -917,5 +917,72 @@ func TestLowExchangeBacklog(t *testing.T) {
 	}
 	if _, backlog, _, _ := low.pending(t0); backlog {
 		t.Error("a backlog after every mark was sent")
+	}
+}
+
+// TestAsyncUnchargedBoundIsEngineWide: the engine holds at most maxDebtKeys charges, of
+// every charge-later limit together, so a key is admitted uncharged only while the
+// engine counts fewer keys uncharged than that. With one limit's keys at the bound, a
+// key of another limit asks Redis: were it admitted, its charge would find no room and
+// be forgiven, and its key, free again, admitted and forgiven without end. Once a
+// charge is answered, the key of the other limit is admitted uncharged again, and no
+// charge was forgiven.
+func TestAsyncUnchargedBoundIsEngineWide(t *testing.T) {
+	e, lm := testEngine(t, func(c *Config) {
+		c.Servers = 4
+		c.Limits[0].Async = 100 * time.Millisecond
+		c.Limits = append(c.Limits, LimitConfig{Name: "b", Rate: 100, Burst: 100, Policy: breaker.FailClosed,
+			LowWatermark: -1, Async: 100 * time.Millisecond})
+	})
+	b := e.Limit("b")
+	// warm: a request the lease cannot serve starts the low-key exchanges, at 25 and
+	// 50 ms (warmUp's, for both limits)
+	e.Tick(t0)
+	if _, w := decide(e, t0, lm, "first", 1); w == nil {
+		t.Fatal("a request before the server is warm did not wait for Redis")
+	}
+	for _, at := range []time.Time{t0, t0.Add(25 * time.Millisecond), t0.Add(50 * time.Millisecond)} {
+		e.Tick(at)
+		for trip := e.Next(); trip != nil; trip = e.Next() {
+			answerAll(trip)
+			e.Done(at, trip)
+		}
+	}
+	now := t0.Add(60 * time.Millisecond)
+	for i := range maxDebtKeys {
+		if d, w := decide(e, now, lm, "k"+strconv.Itoa(i), 1); w != nil || d.Reason != ReasonAsync {
+			t.Fatalf("key %d of api: %+v, want it admitted uncharged", i, d)
+		}
+	}
+	for i := range 100 {
+		d, w := decide(e, now, b, "x", 25)
+		if w == nil && d.Reason == ReasonAsync {
+			t.Fatalf("request %d of b's key x admitted uncharged with %d keys of api uncharged", i, maxDebtKeys)
+		}
+		if w != nil {
+			e.GiveUp(now, w, ReasonTimeout)
+		}
+	}
+	// The charges go (at most 1,000 a trip), and are answered: the keys are free again.
+	for at := now; at.Before(now.Add(time.Second)); at = at.Add(10 * time.Millisecond) {
+		e.Tick(at)
+		for trip := e.Next(); trip != nil; trip = e.Next() {
+			answerAll(trip)
+			for i := range trip.RefundResults {
+				trip.RefundResults[i].Remaining = 90
+			}
+			e.Done(at, trip)
+		}
+	}
+	if got := e.cl.uncharged.Load(); got != 0 {
+		t.Fatalf("%d keys counted uncharged once every charge was answered", got)
+	}
+	if d, w := decide(e, now.Add(time.Second), b, "y", 25); w != nil || d.Reason != ReasonAsync {
+		t.Fatalf("b's key y once the charges were answered: %+v, want it admitted uncharged", d)
+	}
+	for _, l := range []*Limit{lm, b} {
+		if st := l.Stats(); st.Forgiven != 0 {
+			t.Fatalf("limit %s forgave %d tokens", l.Name(), st.Forgiven)
+		}
 	}
 }
