@@ -675,6 +675,29 @@ func (c *chargeLater) charge(sh *Shape, key string, n int, now time.Time) {
 	}
 }
 
+// undo takes back the charge of n tokens of key (shape sh) that an admission uncharged
+// queued, for a caller that gives the admission back (Engine.Return): off the
+// queued charges while it waits there, and then, its charge gone, the key may be
+// admitted uncharged again; a charge already sent (it is answered, or goes again, under
+// its number) is made good by a refund of n.
+func (c *chargeLater) undo(sh *Shape, key string, n int) int {
+	lm, e := c.lm, c.lm.e
+	e.mu.Lock()
+	x := e.cl.charges.settle(lm, key, n)
+	_, left := e.cl.charges.m[debtKey{lm, key}]
+	e.mu.Unlock()
+	if x > 0 {
+		lm.stats.owed.Add(-int64(x))
+		if !left {
+			c.low.charged(key, &e.cl.uncharged)
+		}
+	}
+	if x < n {
+		e.queueRefund(lm, sh, key, n-x)
+	}
+	return n
+}
+
 // charged takes the answer of a charge of key (the bucket's shape sh, nil if the limit
 // no longer has it): answered, the bucket held remaining; either way, the key may be
 // admitted uncharged again.

@@ -986,3 +986,81 @@ func TestAsyncUnchargedBoundIsEngineWide(t *testing.T) {
 		}
 	}
 }
+
+// TestAsyncReturnTakesBackTheCharge: an admission uncharged given back (Engine.Return:
+// another item of AllowMulti denied, a reservation cancelled) takes its charge back:
+// off the queue while it waits there, so that no charge of it goes and its key may be
+// admitted uncharged again at once; once the charge went, as a refund of its tokens.
+func TestAsyncReturnTakesBackTheCharge(t *testing.T) {
+	// trips ticks e from the instant from to to every 5 ms, answers every trip (a
+	// charge's bucket holding 90) and returns the charges and refunds they carried.
+	trips := func(e *Engine, from, to time.Time) (moves []redisstore.RefundRequest) {
+		for at := from; !at.After(to); at = at.Add(5 * time.Millisecond) {
+			e.Tick(at)
+			for trip := e.Next(); trip != nil; trip = e.Next() {
+				moves = append(moves, trip.Refunds...)
+				answerAll(trip)
+				for i := range trip.RefundResults {
+					trip.RefundResults[i].Remaining = 90
+				}
+				e.Done(at, trip)
+			}
+		}
+		return moves
+	}
+	t.Run("queued", func(t *testing.T) {
+		open := false
+		e, lm := asyncEngine(t, &open)
+		warmUp(t, e, lm)
+		now := t0.Add(60 * time.Millisecond)
+		d, w := decide(e, now, lm, "k", 3)
+		if w != nil || d.Reason != ReasonAsync {
+			t.Fatalf("%+v, want k admitted uncharged", d)
+		}
+		e.Return(now, lm, "k", 3, d)
+		if st := lm.Stats(); st.Owed != 0 || st.GivenBack != 1 {
+			t.Fatalf("after Return: owed %d, given back %d; want 0 and 1", st.Owed, st.GivenBack)
+		}
+		if d, w := decide(e, now, lm, "k", 2); w != nil || d.Reason != ReasonAsync {
+			t.Fatalf("k again after Return: %+v, want it admitted uncharged", d)
+		}
+		moves := trips(e, now, now.Add(300*time.Millisecond))
+		if len(moves) != 1 || moves[0].ID != "k" || moves[0].N != -2 {
+			t.Fatalf("the trips moved %+v, want the second admission's charge of 2 alone", moves)
+		}
+	})
+	t.Run("sent", func(t *testing.T) {
+		open := false
+		e, lm := asyncEngine(t, &open)
+		warmUp(t, e, lm)
+		now := t0.Add(60 * time.Millisecond)
+		d, w := decide(e, now, lm, "k", 3)
+		if w != nil || d.Reason != ReasonAsync {
+			t.Fatalf("%+v, want k admitted uncharged", d)
+		}
+		// The charge goes, and is not answered yet.
+		var charge *Trip
+		for at := now; charge == nil && at.Before(now.Add(300*time.Millisecond)); at = at.Add(5 * time.Millisecond) {
+			e.Tick(at)
+			for trip := e.Next(); trip != nil; trip = e.Next() {
+				if trip.debts {
+					charge = trip
+					break
+				}
+				answerAll(trip)
+				e.Done(at, trip)
+			}
+		}
+		if charge == nil || len(charge.Refunds) != 1 || charge.Refunds[0].N != -3 {
+			t.Fatalf("charge trip %+v, want k's charge of 3", charge)
+		}
+		at := now.Add(300 * time.Millisecond)
+		e.Return(at, lm, "k", 3, d)
+		answerAll(charge)
+		e.Done(at, charge)
+		moves := trips(e, at, at.Add(time.Second))
+		if len(moves) != 1 || moves[0].ID != "k" || moves[0].N != 3 {
+			t.Fatalf("after the charge went, the trips moved %+v, want a refund of 3 to k", moves)
+		}
+	})
+}

@@ -140,6 +140,9 @@ type spill interface {
 	charge(sh *Shape, key string, n int, now time.Time)
 	// note records what an answer at now (a refill's) said of key's bucket: remaining.
 	note(sh *Shape, key string, remaining float64, now time.Time)
+	// undo takes back the charge of n tokens of key (shape sh) that trusts admitted, for
+	// a caller that gives the admission back, and returns the tokens given back.
+	undo(sh *Shape, key string, n int) int
 }
 
 // exact is the spill of the exact kind: every request the lease cannot serve asks Redis.
@@ -148,6 +151,7 @@ type exact struct{}
 func (exact) trusts(*entry, *Shape, time.Time, int) (bool, bool) { return false, false }
 func (exact) charge(*Shape, string, int, time.Time)              {}
 func (exact) note(*Shape, string, float64, time.Time)            {}
+func (exact) undo(*Shape, string, int) int                       { return 0 }
 
 // decide is Decide for a bucket kind.
 func (b *bucket) decide(now time.Time, tier, key string, n int) (Decision, *Waiter) {
@@ -459,9 +463,10 @@ func (b *bucket) evicted(en *entry) {
 }
 
 // undo gives back what d took: leased tokens go back to the key's lease, or to Redis as
-// a refund when the key is no longer held or its tokens expired; the pre-check gets its
-// n tokens back. Tokens a fallback admitted stay spent in the policy's local limiter,
-// which is conservative.
+// a refund when the key is no longer held or its tokens expired; an admission to be
+// charged later takes its charge back (spill.undo); the pre-check gets its n tokens
+// back. Tokens a fallback admitted stay spent in the policy's local limiter, which is
+// conservative.
 func (b *bucket) undo(now time.Time, id string, n int, d Decision) int {
 	lm := b.lm
 	fromLease := spends(d.Reason)
@@ -477,6 +482,9 @@ func (b *bucket) undo(now time.Time, id string, n int, d Decision) int {
 		en.pre.AllowN(t, -n)
 		back = fromLease && en.lease.unspend(t, n)
 	})
+	if d.Reason == ReasonAsync {
+		return b.spill.undo(sh, id, n)
+	}
 	if !fromLease {
 		return 0
 	}
