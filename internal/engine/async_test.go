@@ -1008,7 +1008,8 @@ func TestAsyncReturnTakesBackTheCharge(t *testing.T) {
 		}
 		return moves
 	}
-	t.Run("queued", func(t *testing.T) {
+	// admitted is a warm engine that admitted k uncharged at now, its cost 3.
+	admitted := func(t *testing.T) (*Engine, *Limit, time.Time, Decision) {
 		open := false
 		e, lm := asyncEngine(t, &open)
 		warmUp(t, e, lm)
@@ -1017,6 +1018,10 @@ func TestAsyncReturnTakesBackTheCharge(t *testing.T) {
 		if w != nil || d.Reason != ReasonAsync {
 			t.Fatalf("%+v, want k admitted uncharged", d)
 		}
+		return e, lm, now, d
+	}
+	t.Run("queued", func(t *testing.T) {
+		e, lm, now, d := admitted(t)
 		e.Return(now, lm, "k", 3, d)
 		if st := lm.Stats(); st.Owed != 0 || st.GivenBack != 1 {
 			t.Fatalf("after Return: owed %d, given back %d; want 0 and 1", st.Owed, st.GivenBack)
@@ -1030,14 +1035,7 @@ func TestAsyncReturnTakesBackTheCharge(t *testing.T) {
 		}
 	})
 	t.Run("sent", func(t *testing.T) {
-		open := false
-		e, lm := asyncEngine(t, &open)
-		warmUp(t, e, lm)
-		now := t0.Add(60 * time.Millisecond)
-		d, w := decide(e, now, lm, "k", 3)
-		if w != nil || d.Reason != ReasonAsync {
-			t.Fatalf("%+v, want k admitted uncharged", d)
-		}
+		e, lm, now, d := admitted(t)
 		// The charge goes, and is not answered yet.
 		var charge *Trip
 		for at := now; charge == nil && at.Before(now.Add(300*time.Millisecond)); at = at.Add(5 * time.Millisecond) {
