@@ -1,7 +1,10 @@
 package engine
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"reflect"
 	"slices"
 	"strconv"
 	"testing"
@@ -1061,4 +1064,53 @@ func TestAsyncReturnTakesBackTheCharge(t *testing.T) {
 			t.Fatalf("after the charge went, the trips moved %+v, want a refund of 3 to k", moves)
 		}
 	})
+}
+
+// TestDebtRetriesKeepTheirOrder: a debt trip that times out goes again, in halves, ahead
+// of the other retries and in its order, and so does a half that times out again: no
+// item goes before one first sent ahead of it. Redis answers an item of a bucket stale,
+// charging nothing, once a later item of this server's ran there.
+func TestDebtRetriesKeepTheirOrder(t *testing.T) {
+	open := false
+	e, lm := asyncEngine(t, &open)
+	warmUp(t, e, lm)
+	now := t0.Add(60 * time.Millisecond)
+	for _, k := range []string{"a", "b"} {
+		if d, w := decide(e, now, lm, k, 1); w != nil || d.Reason != ReasonAsync {
+			t.Fatalf("%s: %+v, want it admitted uncharged", k, d)
+		}
+	}
+	timeout := fmt.Errorf("%w: %w", breaker.ErrTimeout, context.DeadlineExceeded)
+	var sent [][]uint64
+	for at := now; len(sent) < 4 && at.Before(now.Add(5*time.Second)); at = at.Add(10 * time.Millisecond) {
+		e.Tick(at)
+		for trip := e.Next(); trip != nil; trip = e.Next() {
+			if !trip.debts {
+				answerAll(trip)
+				e.Done(at, trip)
+				continue
+			}
+			var seqs []uint64
+			for _, r := range trip.Refunds {
+				seqs = append(seqs, r.Seq)
+			}
+			sent = append(sent, seqs)
+			if len(sent) <= 2 { // the whole trip, then its first half, time out
+				trip.Err = timeout
+			} else {
+				trip.Answered = true
+			}
+			e.Done(at, trip)
+		}
+	}
+	if len(sent) != 4 || len(sent[0]) != 2 {
+		t.Fatalf("debt trips sent %v, want both charges, then three more trips", sent)
+	}
+	a, b := sent[0][0], sent[0][1]
+	if want := [][]uint64{{a, b}, {a}, {a}, {b}}; !reflect.DeepEqual(sent, want) {
+		t.Fatalf("debt trips sent %v, want %v: the first half again before the second", sent, want)
+	}
+	if st := lm.Stats(); st.Charged != 2 || st.Owed != 0 {
+		t.Fatalf("charged %d, owed %d; want 2 and 0", st.Charged, st.Owed)
+	}
 }

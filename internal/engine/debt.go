@@ -233,8 +233,9 @@ type debtBatch struct {
 }
 
 // charged counts the answers of a debt trip. A batch that timed out goes again, in
-// halves (its charges may have run: each keeps its sequence number), and so do the items whose own answer was lost to a
-// timeout (one node's, in a Cluster), with their sequence numbers; any other failed
+// halves (its charges may have run: each keeps its sequence number), and so do the items
+// whose own answer was lost to a timeout (one node's, in a Cluster), with their sequence
+// numbers, ahead of the other retries; any other failed
 // item is owed again, with a fresh sequence number (Redis answered that it did not
 // run, or the call was refused before it was sent). An Async charge answered, or never
 // to be sent, lets its key be admitted uncharged again; its answer says whether the key
@@ -295,13 +296,16 @@ func (e *Engine) charged(now time.Time, t *Trip) {
 	if len(again.reqs) > 0 {
 		e.mu.Lock()
 		e.debtHeld, e.debtHoldUntil = true, now.Add(debtRetry)
-		if t.timedOutWhole() {
+		// Back at the head of the retries, in their order: a later item of a bucket must
+		// not run before an earlier one, which Redis would then answer stale, charging
+		// nothing (refund.lua: the server's record of the bucket holds the later number).
+		parts := []debtBatch{again}
+		if t.timedOutWhole() && len(again.reqs) > 1 {
 			r1, r2 := halves(again.reqs)
 			c1, c2 := halves(again.charges)
-			e.debtRetry = append(e.debtRetry, debtBatch{reqs: r1, charges: c1}, debtBatch{reqs: r2, charges: c2})
-		} else {
-			e.debtRetry = append(e.debtRetry, again)
+			parts = []debtBatch{{reqs: r1, charges: c1}, {reqs: r2, charges: c2}}
 		}
+		e.debtRetry = append(parts, e.debtRetry...)
 		e.mu.Unlock()
 	}
 }
