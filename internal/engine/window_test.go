@@ -1152,3 +1152,49 @@ func TestShiftMicro(t *testing.T) {
 		}
 	}
 }
+
+// TestWindowCountsRequeuedStayOne: the counts a failed trip carried are put back joined
+// to the key's count queued for their window, and the next admissions join them: under
+// FailLocal with Redis away for most of a window, a key's admissions stay one count per
+// window, adding up to every admission, however many trips fail.
+func TestWindowCountsRequeuedStayOne(t *testing.T) {
+	f := newWinFleet(t, 1, func(c *LimitConfig) { c.Policy = breaker.FailLocal(); c.Rate, c.Burst = 100, 100 })
+	f.warm()
+	e, lm := f.es[0], f.lms[0]
+	wl := lm.windowed()
+	f.open = true
+	base := t0.Add(2 * time.Second)
+	admitted := 0
+	for ms := 0; ms < 900; ms += 10 {
+		now := base.Add(time.Duration(ms) * time.Millisecond)
+		d, w := decide(e, now, lm, "hot", 1)
+		f.serve(0, now)
+		if w != nil {
+			d = w.Decision()
+		}
+		if d.Allowed {
+			admitted++
+		}
+	}
+	if admitted == 0 || f.trips < 5 {
+		t.Fatalf("admitted %d in %d failed trips: the test needs both", admitted, f.trips)
+	}
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	wins := map[int64]int{}
+	sum := 0
+	for _, op := range wl.ops {
+		if op.id == wire.KeyID("hot") && op.admits() {
+			wins[op.win]++
+			sum += op.n
+		}
+	}
+	for win, n := range wins {
+		if n != 1 {
+			t.Errorf("window %d: %d counts of the key queued, want 1", win, n)
+		}
+	}
+	if sum != admitted {
+		t.Errorf("the queued counts add %d, want the %d admissions", sum, admitted)
+	}
+}

@@ -940,8 +940,14 @@ func (wl *windowed) unsent(op wop, st *wkey, cur int64, err error, pend []window
 	case op.demand || op.n < 0:
 	case !op.grant && op.win >= cur-1 && !op.dropped:
 		// counted with the next trip: the window before the current one still has its
-		// array, and its count is the current one's debt
-		wl.queue(op)
+		// array, and its count is the current one's debt. A count of admissions joins
+		// the key's count queued for its window, and the next admissions join it: one
+		// count per key and window, however many trips fail.
+		if !op.admits() {
+			wl.queue(op)
+		} else if !wl.merge(wl.admOp, op) {
+			wl.push(wl.admOp, op)
+		}
 	case !op.grant && !op.carry:
 		wl.answerOut(st, op.id, op.n)
 	case op.grant:
