@@ -467,7 +467,7 @@ func (b *bucket) evicted(en *entry) {
 // charged later takes its charge back (spill.undo); the pre-check gets its n tokens
 // back. Tokens a fallback admitted stay spent in the policy's local limiter, which is
 // conservative.
-func (b *bucket) undo(now time.Time, id string, n int, d Decision) int {
+func (b *bucket) undo(now, _ time.Time, id string, n int, d Decision) int {
 	lm := b.lm
 	fromLease := spends(d.Reason)
 	back := false // the lease took its tokens back

@@ -31,17 +31,19 @@ func (e *Engine) look(now time.Time, lm *Limit, tier, key string, n int) (Decisi
 	return d, denied
 }
 
-// Return undoes a decision d that admitted a request of cost n for key under lm: the
-// tokens go back where they came from, and LimitStats.GivenBack counts it (the decision
-// stays counted as it was made: the counters only grow); where the tokens go is the
-// limit's kind's (kind.undo). A decision that did not admit is left alone.
-func (e *Engine) Return(now time.Time, lm *Limit, key string, n int, d Decision) {
+// Return undoes at now a decision d, made at the instant at, that admitted a request of
+// cost n for key under lm: the tokens go back where they came from, and
+// LimitStats.GivenBack counts it (the decision stays counted as it was made: the counters
+// only grow); where the tokens go is the limit's kind's (kind.undo: a windowed limit's
+// go back only to the window the decision was counted in). A decision that did not admit
+// is left alone.
+func (e *Engine) Return(now, at time.Time, lm *Limit, key string, n int, d Decision) {
 	if !d.Allowed || d.Source >= NumSources || d.Reason >= NumReasons {
 		return
 	}
 	if n > 0 {
 		id := wire.KeyID(key)
-		if r := lm.kind.undo(now, id, n, d); r > 0 {
+		if r := lm.kind.undo(now, at, id, n, d); r > 0 {
 			lm.stats.gaveBack(r)
 		}
 	}
@@ -93,6 +95,11 @@ type Multi struct {
 	next  int
 	small [8]Decision
 	more  []Decision
+	// at is the instant m started at (StartMulti), when the items it decided without
+	// waiting were decided: the instant of their decisions, for a give-back (Return).
+	// An item decided after a wait was decided later; a windowed one then gives back
+	// nothing if its window changed in between, which is conservative.
+	at time.Time
 
 	// users is the number of items the driver added, set when m is first started; the
 	// items after them are the companions' (reps.go), orig[i-users] the item item i
@@ -132,6 +139,7 @@ func (m *Multi) taken(i int) Decision {
 // StartMulti decides m as far as it can at now: it returns (nil, true) once m is decided,
 // or the Waiter of the item that waits for a refill and false.
 func (e *Engine) StartMulti(now time.Time, m *Multi) (*Waiter, bool) {
+	m.at = now
 	m.expand()
 	w, done := e.startMulti(now, m)
 	if done {
@@ -251,7 +259,7 @@ func (e *Engine) took(now time.Time, m *Multi, d *Decision) bool {
 	if !d.Allowed {
 		for j := i - 1; j >= 0; j-- {
 			it := m.At(j)
-			e.Return(now, it.Limit, it.Key, it.N, m.taken(j))
+			e.Return(now, m.at, it.Limit, it.Key, it.N, m.taken(j))
 		}
 		m.Denied, m.Item, m.Decision, m.RetryAfter = i, i, *d, d.RetryAfter
 		return true

@@ -619,10 +619,44 @@ func TestWindowedAfterReview(t *testing.T) {
 		if w != nil || d.Reason != ReasonAsync {
 			t.Fatalf("%+v", d)
 		}
-		e.Return(now, lm, "k", 1, d)
+		e.Return(now, now, lm, "k", 1, d)
 		f.serve(0, now.Add(100*time.Millisecond))
 		if got := f.count("k", now); got != 0 {
 			t.Errorf("count after the admission was undone: %d, want 0", got)
+		}
+	})
+	t.Run("an admission undone in a later window gives nothing back", func(t *testing.T) {
+		// A reservation made in window win is canceled in win+1, which the fleet spent:
+		// taken from win+1's count, it would give the fleet room there that win's
+		// admission never used.
+		f := newWinFleet(t, 1, nil)
+		f.warm()
+		e, lm := f.es[0], f.lms[0]
+		now := t0.Add(2 * time.Second)
+		key, win, end := f.roomy("k", now, 800*time.Millisecond)
+		if _, w := decide(e, now.Add(-10*time.Millisecond), lm, "y", 1); w != nil {
+			f.serve(0, now.Add(-10*time.Millisecond))
+		}
+		d, w := decide(e, now, lm, key, 1)
+		if w != nil || d.Reason != ReasonAsync {
+			t.Fatalf("%+v, want it admitted without asking", d)
+		}
+		f.serve(0, now.Add(100*time.Millisecond))
+		next := end.Add(50 * time.Millisecond) // in window win+1
+		glim := redisstore.Limit{Name: lm.Name(), Rate: lm.Rate(), Burst: lm.Burst()}
+		fill := redisstore.WindowTrip{Limit: glim, Width: redisstore.ShardWidth(1<<10, wire.WindowShards), Shards: wire.WindowShards,
+			Shard: wire.WindowShard(key, wire.WindowShards), Ops: []redisstore.WindowOp{{ID: redisstore.KeyID(key), Win: win + 1, N: 10}}}
+		f.m.SetTime(next)
+		if err := f.store.Windows(context.Background(), &fill); err != nil { // the fleet spent win+1
+			t.Fatal(err)
+		}
+		e.Return(next, now, lm, key, 1, d)
+		f.serve(0, next.Add(100*time.Millisecond))
+		if got := f.count(key, next.Add(100*time.Millisecond)); got != 10 {
+			t.Errorf("window win+1, spent by the fleet (10), counts %d after win's admission was undone", got)
+		}
+		if got := f.count(key, now); got != 1 {
+			t.Errorf("window win counts %d, want its admission, 1", got)
 		}
 	})
 	t.Run("admissions of a window that ended in an outage are counted", func(t *testing.T) {
