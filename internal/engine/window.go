@@ -259,6 +259,7 @@ type windowed struct {
 	urgent   bool        // a mark to send is a key's first in a while
 	lastRead []time.Time // by shard that holds marks: when its last read went
 	since    []time.Time // by shard that holds marks: Redis's time its next read starts at; zero: every mark kept
+	skip     []int       // by shard that holds marks: the marks at since its next read leaves out (WindowTrip.Skip)
 	tidyAt   []time.Time // by shard that holds marks: when its last tidy went
 	sent     time.Time   // when the last trip went (a report: when it was due)
 	report   time.Time   // the instant of the report due, until it goes
@@ -289,7 +290,7 @@ func newWindowed(lm *Limit, c LimitConfig, seed uint64) *windowed {
 	return &windowed{
 		lm: lm, w: w, wUs: wUs, iv: c.Windowed, tau: tau, tauSec: tau.Seconds(), ivSec: c.Windowed.Seconds(),
 		width:  redisstore.ShardWidth(cmpOr(c.WindowWidth, DefaultWindowWidth), shards),
-		shards: shards, lastRead: make([]time.Time, shards), since: make([]time.Time, shards), tidyAt: make([]time.Time, shards),
+		shards: shards, lastRead: make([]time.Time, shards), since: make([]time.Time, shards), skip: make([]int, shards), tidyAt: make([]time.Time, shards),
 		glim:     redisstore.Limit{Name: c.Name, Rate: c.Rate, Burst: c.Burst, Version: c.Version},
 		announce: map[wmk]int{}, demOp: map[string]int{}, admOp: map[string]int{}, marks: map[string]wmark{}, gone: map[string]int{},
 		rng: seed ^ 0x77696e64,

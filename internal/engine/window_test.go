@@ -1232,3 +1232,46 @@ func TestWindowCountsRequeuedStayOne(t *testing.T) {
 		t.Errorf("the queued counts add %d, want the %d admissions", sum, admitted)
 	}
 }
+
+// TestWindowMarksReadThroughOneMillisecond: more marks than one read returns, all
+// recorded in one millisecond (one writer's trip), are read through, each read past the
+// ones before it, and the marks after them are learnt: the reads do not return the same
+// page without end, leaving the shard never fresh.
+func TestWindowMarksReadThroughOneMillisecond(t *testing.T) {
+	f := newWinFleet(t, 1, func(c *LimitConfig) { c.WindowShards = 0 })
+	f.warm()
+	e, lm := f.es[0], f.lms[0]
+	wl := lm.windowed()
+	at := t0.Add(time.Second)
+	f.m.SetTime(at)
+	glim := redisstore.Limit{Name: lm.Name(), Rate: lm.Rate(), Burst: lm.Burst()}
+	var marks []redisstore.WindowMark
+	for i := 0; i <= redisstore.MaxMarksRead+5; i++ {
+		marks = append(marks, redisstore.WindowMark{ID: redisstore.KeyID("m" + strconv.Itoa(i)), Flags: wire.MarkLow, Win: 1})
+	}
+	w := redisstore.WindowTrip{Limit: glim, Width: redisstore.ShardWidth(1<<10, 1), Marks: marks, At: at, Memory: windowMemory}
+	if err := f.store.Windows(context.Background(), &w); err != nil {
+		t.Fatal(err)
+	}
+	late := redisstore.WindowTrip{Limit: glim, Width: redisstore.ShardWidth(1<<10, 1), At: at.Add(5 * time.Millisecond), Memory: windowMemory,
+		Marks: []redisstore.WindowMark{{ID: "late", Flags: wire.MarkLow | wire.MarkSpent, Win: 1}}}
+	if err := f.store.Windows(context.Background(), &late); err != nil {
+		t.Fatal(err)
+	}
+	now := at
+	for ms := 10; ms <= 500; ms += 10 {
+		now = at.Add(time.Duration(ms) * time.Millisecond)
+		decide(e, now, lm, "x"+strconv.Itoa(ms), 1) // something to report
+		f.serve(0, now)
+	}
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	for _, id := range []string{"m0", "m" + strconv.Itoa(redisstore.MaxMarksRead+5), "late"} {
+		if _, ok := wl.marks[id]; !ok {
+			t.Errorf("mark %s not learnt", id)
+		}
+	}
+	if !wl.fresh(now, "zz") {
+		t.Errorf("the shard's marks are not fresh 500 ms after they were written: next read from %v, skipping %d", wl.since[0].Sub(at), wl.skip[0])
+	}
+}

@@ -196,7 +196,7 @@ func (wl *windowed) build(now time.Time) ([]redisstore.WindowTrip, windowItem, b
 			return &trips[k]
 		}
 		trips = append(trips, redisstore.WindowTrip{Limit: wl.glim, Width: wl.width, Shards: wl.shards, Shard: shard,
-			Since: wl.since[shard], Memory: windowMemory, At: now.Add(wl.off())})
+			Since: wl.since[shard], Skip: wl.skip[shard], Memory: windowMemory, At: now.Add(wl.off())})
 		it.trip[shard] = len(trips)
 		return &trips[len(trips)-1]
 	}
@@ -437,9 +437,9 @@ func (wl *windowed) read(now time.Time, it *windowItem, x *redisstore.WindowTrip
 	if it.warms {
 		wl.warm.Store(true)
 	}
-	wl.since[x.Shard] = x.At.Add(-windowOverlap)
-	if len(x.Got)+x.Skipped >= redisstore.MaxMarksRead && len(x.Got) > 0 { // more to read: from the last one's time, at once
-		wl.since[x.Shard], wl.lastRead[x.Shard] = x.Got[len(x.Got)-1].At, time.Time{}
+	wl.since[x.Shard], wl.skip[x.Shard] = x.At.Add(-windowOverlap), 0
+	if x.More { // more to read: from where this read ended, at once
+		wl.since[x.Shard], wl.skip[x.Shard], wl.lastRead[x.Shard] = x.Resume, x.ResumeSkip, time.Time{}
 		wl.due.Store(true)
 	}
 	for _, m := range x.Got {

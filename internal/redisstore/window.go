@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/bits"
 	"slices"
 	"strconv"
@@ -102,6 +103,9 @@ type WindowTrip struct {
 	// off by less than that.
 	Read  bool
 	Since time.Time
+	// Skip leaves out the first Skip members recorded at Since or later: what a read
+	// that resumes within one millisecond's marks has read of them (Resume).
+	Skip int
 	// Memory is how long the set keeps a mark, at least 1ms when Marks, Read or Tidy
 	// are set.
 	Memory time.Duration
@@ -121,6 +125,14 @@ type WindowTrip struct {
 	// not fail the trip, whose counts ran, nor stop the reads of the marks after it.
 	Got     []WindowMark
 	Skipped int
+	// More reports that the read returned MaxMarksRead members, so that more may follow:
+	// the next read goes from Resume, skipping ResumeSkip members there (Since, Skip).
+	// One writer records all its marks of a trip in one millisecond, and a read from a
+	// millisecond reads all of it: a millisecond of MaxMarksRead marks or more is read
+	// through by skipping what was read of it, not read again without end.
+	More       bool
+	Resume     time.Time
+	ResumeSkip int
 }
 
 // checkWindowTrip reports what is wrong with t, wrapping ErrInvalidLimit.
@@ -141,6 +153,9 @@ func checkWindowTrip(t *WindowTrip) error {
 	}
 	if len(t.Ops) > MaxWindowOps {
 		return fmt.Errorf("%w: windowed limit %q: %d ops, more than %d", storeerr.ErrInvalidLimit, l.Name, len(t.Ops), MaxWindowOps)
+	}
+	if t.Skip < 0 {
+		return fmt.Errorf("%w: windowed limit %q: skip %d of the marks", storeerr.ErrInvalidLimit, l.Name, t.Skip)
 	}
 	if (len(t.Marks) > 0 || t.Read || t.Tidy) && t.Memory < time.Millisecond {
 		return fmt.Errorf("%w: windowed limit %q: mark memory %v is shorter than 1ms", storeerr.ErrInvalidLimit, l.Name, t.Memory)
@@ -696,7 +711,7 @@ func (s *Store) queueWindows(ctx context.Context, pipe redis.Pipeliner, t *Windo
 		if !t.Since.IsZero() {
 			from = strconv.FormatFloat(wire.MarkScore(t.Since.UnixMilli(), 0), 'f', -1, 64)
 		}
-		read = pipe.ZRangeByScoreWithScores(ctx, marks, &redis.ZRangeBy{Min: from, Max: "+inf", Count: MaxMarksRead})
+		read = pipe.ZRangeByScoreWithScores(ctx, marks, &redis.ZRangeBy{Min: from, Max: "+inf", Offset: int64(t.Skip), Count: MaxMarksRead})
 	}
 	return func() error {
 		if clock != nil {
@@ -736,8 +751,23 @@ func appendMarkMember(b []byte, win int64, id string) []byte {
 }
 
 // readMarks decodes a ZRANGEBYSCORE WITHSCORES of the marks into t.Got, leaving out
-// (and counting in t.Skipped) the members that are not marks.
+// (and counting in t.Skipped) the members that are not marks, and says where the next
+// read goes if more may follow (More).
 func (t *WindowTrip) readMarks(zs []redis.Z) {
+	if len(zs) >= MaxMarksRead {
+		// From the last member's millisecond, past the members of it read already: this
+		// read's, and, when it began in that millisecond, those it skipped.
+		ms := int64(math.Floor(zs[len(zs)-1].Score / 8))
+		from := wire.MarkScore(ms, 0)
+		n := 0
+		for i := len(zs) - 1; i >= 0 && zs[i].Score >= from; i-- {
+			n++
+		}
+		if !t.Since.IsZero() && t.Since.UnixMilli() == ms {
+			n += t.Skip
+		}
+		t.More, t.Resume, t.ResumeSkip = true, time.UnixMilli(ms), n
+	}
 	for _, z := range zs {
 		member, ok := z.Member.(string)
 		if !ok {

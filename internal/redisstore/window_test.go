@@ -216,6 +216,65 @@ func TestWindowsMarks(t *testing.T) {
 	})
 }
 
+// TestWindowsMarksResume: a read of MaxMarksRead marks says where the next goes (More,
+// Resume, ResumeSkip): the reads of more marks than that, recorded in one millisecond,
+// go through them, each past what the ones before read, and then on to later marks.
+func TestWindowsMarksResume(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		s := newStore(t, tg.Client)
+		lim := winLimit(t)
+		mem := 30 * time.Second
+		t0 := time.Now().Truncate(time.Millisecond)
+		total := 2*redisstore.MaxMarksRead + 3
+		for from := 0; from < total; from += 5000 { // one millisecond's marks, 5,000 a trip
+			var marks []redisstore.WindowMark
+			for i := from; i < min(from+5000, total); i++ {
+				marks = append(marks, redisstore.WindowMark{ID: redisstore.KeyID("k" + strconv.Itoa(i)), Flags: wire.MarkLow, Win: 1})
+			}
+			if err := s.Windows(ctx, &redisstore.WindowTrip{Limit: lim, Width: 1 << 8, Marks: marks, Memory: mem, At: t0}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		later := redisstore.WindowMark{ID: "later", Flags: wire.MarkSpent, Win: 1}
+		if err := s.Windows(ctx, &redisstore.WindowTrip{Limit: lim, Width: 1 << 8, Marks: []redisstore.WindowMark{later}, Memory: mem, At: t0.Add(time.Millisecond)}); err != nil {
+			t.Fatal(err)
+		}
+		seen := map[redisstore.KeyID]int{}
+		since, skip := t0.Add(-time.Millisecond), 0
+		for reads := 1; ; reads++ {
+			r := redisstore.WindowTrip{Limit: lim, Width: 1 << 8, Read: true, Since: since, Skip: skip, Memory: mem}
+			if err := s.Windows(ctx, &r); err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range r.Got {
+				seen[m.ID]++
+			}
+			if !r.More {
+				if reads != 3 {
+					t.Errorf("%d reads, want 3", reads)
+				}
+				break
+			}
+			if reads == 3 {
+				t.Fatalf("read %d: more to come, from %v skipping %d", reads, r.Resume.Sub(t0), r.ResumeSkip)
+			}
+			if want := reads * redisstore.MaxMarksRead; !r.Resume.Equal(t0) || r.ResumeSkip != want {
+				t.Fatalf("read %d: resume from t0%+v skipping %d, want t0 skipping %d", reads, r.Resume.Sub(t0), r.ResumeSkip, want)
+			}
+			since, skip = r.Resume, r.ResumeSkip
+		}
+		if len(seen) != total+1 || seen["later"] != 1 {
+			t.Fatalf("read %d marks (the later one %d times), want %d and once", len(seen), seen["later"], total+1)
+		}
+		for id, n := range seen {
+			if n != 1 {
+				t.Fatalf("mark %s read %d times", id, n)
+			}
+		}
+	})
+}
+
 // TestWindowsConcurrent: BITFIELD INCRBY is atomic, so concurrent trips of many servers
 // each see a count of their own: 16 servers adding 1 at a time to one key see every
 // count from 1 to 3,200 exactly once.
