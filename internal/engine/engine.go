@@ -119,6 +119,9 @@ type Engine struct {
 	cfgMu     sync.Mutex
 	removedMu sync.Mutex
 	removed   []*Limit // removed limits, whose refunds may still be out
+	// retiring are the removed windowed limits whose last report has not gone (what they
+	// admitted without asking, the grants their keys gave back); guarded by mu.
+	retiring []*windowed
 	seed      uint64
 	shards    int
 

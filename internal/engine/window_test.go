@@ -1275,3 +1275,51 @@ func TestWindowMarksReadThroughOneMillisecond(t *testing.T) {
 		t.Errorf("the shard's marks are not fresh 500 ms after they were written: next read from %v, skipping %d", wl.since[0].Sub(at), wl.skip[0])
 	}
 }
+
+// TestWindowedRemovedReportsLast: a windowed limit removed at run time stops as at Stop:
+// a request waiting for a grant not sent yet is denied as closed at once, and what the
+// limit admitted without asking goes with a last report.
+func TestWindowedRemovedReportsLast(t *testing.T) {
+	f := newWinFleet(t, 1, nil)
+	f.warm()
+	e, lm := f.es[0], f.lms[0]
+	now := t0.Add(2 * time.Second)
+	key, _, _ := f.roomy("k", now, 800*time.Millisecond)
+	if _, w := decide(e, now.Add(-10*time.Millisecond), lm, "y", 1); w != nil {
+		f.serve(0, now.Add(-10*time.Millisecond))
+	}
+	if d, w := decide(e, now, lm, key, 1); w != nil || d.Reason != ReasonAsync {
+		t.Fatalf("%+v, want it admitted without asking", d)
+	}
+	g := newWinFleet(t, 1, nil) // a server not warm yet: its request waits for a grant
+	g.serve(0, t0)
+	_, w := decide(g.es[0], t0, g.lms[0], "z", 1)
+	if w == nil {
+		t.Fatal("a request before the server is warm did not wait")
+	}
+	for _, x := range []*Engine{e, g.es[0]} {
+		if err := x.RemoveLimit("api"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-w.Done():
+		if d := w.Decision(); d.Allowed || d.Reason != ReasonClosed {
+			t.Errorf("the waiting request: %+v, want it denied as closed", d)
+		}
+	default:
+		t.Error("the request waiting for a grant of the removed limit was not decided")
+	}
+	f.serve(0, now.Add(100*time.Millisecond))
+	if got := f.count(key, now); got != 1 {
+		t.Errorf("the admission without asking counts %d in Redis, want 1", got)
+	}
+	e.mu.Lock()
+	left := len(e.retiring)
+	e.windowsDue() // drops the limits whose last report went
+	left2 := len(e.retiring)
+	e.mu.Unlock()
+	if left2 != 0 {
+		t.Errorf("%d removed limits retiring after their last report went (%d before the check)", left2, left)
+	}
+}

@@ -256,15 +256,35 @@ func (wl *windowed) build(now time.Time) ([]redisstore.WindowTrip, windowItem, b
 	return trips, it, true
 }
 
+// windowed yields the windowed limits that may have work: the engine's, then the
+// removed ones whose last report has not gone (retiring), after dropping from those the
+// ones whose report went. It requires e.mu.
+func (e *Engine) windowed(yield func(*windowed) bool) {
+	for _, lm := range e.limits.Load().list {
+		if wl := lm.windowed(); wl != nil && !yield(wl) {
+			return
+		}
+	}
+	if len(e.retiring) == 0 {
+		return
+	}
+	e.retiring = slices.DeleteFunc(e.retiring, func(wl *windowed) bool {
+		wl.mu.Lock()
+		defer wl.mu.Unlock()
+		return !wl.busy && !wl.due.Load()
+	})
+	for _, wl := range e.retiring {
+		if !yield(wl) {
+			return
+		}
+	}
+}
+
 // windowTrip builds a WindowsTrip of every windowed limit with work due, or nil; it
 // requires e.mu.
 func (e *Engine) windowTrip() *Trip {
 	var t *Trip
-	for _, lm := range e.limits.Load().list {
-		wl := lm.windowed()
-		if wl == nil {
-			continue
-		}
+	for wl := range e.windowed {
 		wl.mu.Lock()
 		if wl.due.Load() {
 			if xs, it, ok := wl.build(wl.latest()); ok {
@@ -293,14 +313,12 @@ func (e *Engine) windowTripInto(t **Trip) bool {
 
 // windowsDue reports whether a windowed limit wants a trip; it requires e.mu.
 func (e *Engine) windowsDue() bool {
-	for _, lm := range e.limits.Load().list {
-		if wl := lm.windowed(); wl != nil {
-			wl.mu.Lock()
-			due := wl.due.Load() && !wl.busy
-			wl.mu.Unlock()
-			if due {
-				return true
-			}
+	for wl := range e.windowed {
+		wl.mu.Lock()
+		due := wl.due.Load() && !wl.busy
+		wl.mu.Unlock()
+		if due {
+			return true
 		}
 	}
 	return false
@@ -1055,6 +1073,11 @@ func (e *Engine) windowsStop(now time.Time) {
 			pend = wl.stop(pend)
 		}
 	}
+	e.failPending(now, pend)
+}
+
+// failPending decides at now the requests of pend, whose grants will not come.
+func (e *Engine) failPending(now time.Time, pend []windowPending) {
 	for _, p := range pend {
 		if e.decideFailed(now, p.w, nil, p.fail) && e.decided != nil {
 			e.decided(p.w)
