@@ -122,8 +122,8 @@ type Engine struct {
 	// retiring are the removed windowed limits whose last report has not gone (what they
 	// admitted without asking, the grants their keys gave back); guarded by mu.
 	retiring []*windowed
-	seed      uint64
-	shards    int
+	seed     uint64
+	shards   int
 
 	fleet     string
 	beat      time.Duration

@@ -122,6 +122,22 @@ func (f *winFleet) roomy(prefix string, now time.Time, room time.Duration) (stri
 	}
 }
 
+// admitFree makes server 0's marks fresh at now (a request 10 ms before, and its trip
+// with a read) and returns its decision at now of a request of key, which it admits
+// without asking (ReasonAsync), or fails the test.
+func (f *winFleet) admitFree(key string, now time.Time) Decision {
+	f.t.Helper()
+	e, lm := f.es[0], f.lms[0]
+	if _, w := decide(e, now.Add(-10*time.Millisecond), lm, "y", 1); w != nil {
+		f.serve(0, now.Add(-10*time.Millisecond))
+	}
+	d, w := decide(e, now, lm, key, 1)
+	if w != nil || d.Reason != ReasonAsync {
+		f.t.Fatalf("%s: %+v, want it admitted without asking", key, d)
+	}
+	return d
+}
+
 // TestWindowedWarmsUp: a server asks for every request until its read of the marks, sent
 // 25 ms after its start or later, is answered; then it admits a key it knows nothing
 // against without asking, and counts it in Redis with its next report; a key it sees
@@ -612,13 +628,7 @@ func TestWindowedAfterReview(t *testing.T) {
 		f.warm()
 		e, lm := f.es[0], f.lms[0]
 		now := t0.Add(2 * time.Second)
-		if _, w := decide(e, now.Add(-10*time.Millisecond), lm, "y", 1); w != nil {
-			f.serve(0, now.Add(-10*time.Millisecond))
-		}
-		d, w := decide(e, now, lm, "k", 1)
-		if w != nil || d.Reason != ReasonAsync {
-			t.Fatalf("%+v", d)
-		}
+		d := f.admitFree("k", now)
 		e.Return(now, now, lm, "k", 1, d)
 		f.serve(0, now.Add(100*time.Millisecond))
 		if got := f.count("k", now); got != 0 {
@@ -634,13 +644,7 @@ func TestWindowedAfterReview(t *testing.T) {
 		e, lm := f.es[0], f.lms[0]
 		now := t0.Add(2 * time.Second)
 		key, win, end := f.roomy("k", now, 800*time.Millisecond)
-		if _, w := decide(e, now.Add(-10*time.Millisecond), lm, "y", 1); w != nil {
-			f.serve(0, now.Add(-10*time.Millisecond))
-		}
-		d, w := decide(e, now, lm, key, 1)
-		if w != nil || d.Reason != ReasonAsync {
-			t.Fatalf("%+v, want it admitted without asking", d)
-		}
+		d := f.admitFree(key, now)
 		f.serve(0, now.Add(100*time.Millisecond))
 		next := end.Add(50 * time.Millisecond) // in window win+1
 		glim := redisstore.Limit{Name: lm.Name(), Rate: lm.Rate(), Burst: lm.Burst()}
@@ -1282,15 +1286,10 @@ func TestWindowMarksReadThroughOneMillisecond(t *testing.T) {
 func TestWindowedRemovedReportsLast(t *testing.T) {
 	f := newWinFleet(t, 1, nil)
 	f.warm()
-	e, lm := f.es[0], f.lms[0]
+	e := f.es[0]
 	now := t0.Add(2 * time.Second)
 	key, _, _ := f.roomy("k", now, 800*time.Millisecond)
-	if _, w := decide(e, now.Add(-10*time.Millisecond), lm, "y", 1); w != nil {
-		f.serve(0, now.Add(-10*time.Millisecond))
-	}
-	if d, w := decide(e, now, lm, key, 1); w != nil || d.Reason != ReasonAsync {
-		t.Fatalf("%+v, want it admitted without asking", d)
-	}
+	f.admitFree(key, now)
 	g := newWinFleet(t, 1, nil) // a server not warm yet: its request waits for a grant
 	g.serve(0, t0)
 	_, w := decide(g.es[0], t0, g.lms[0], "z", 1)
