@@ -937,7 +937,8 @@ var errNotSent = errors.New("queued after Close sent its last refunds")
 // answers are late (at most the breaker's probe deadline), so that what they were granted
 // is given back too; and, when a breaker is open (a passing stall tripped it) and ctx has
 // a deadline, for it to let a probe through (its OpenTimeout), once and for at most half
-// of what ctx leaves, since an open breaker refuses the refunds.
+// of what ctx leaves, since an open breaker refuses the refunds, and the charges of a
+// ChargeLater limit and the debts of FailLocal, which it then sends too.
 // Calls after Close return ErrClosed.
 // Close may be called more than once: every call returns once the first is done.
 func (l *Limiter) Close(ctx context.Context) error {
@@ -1023,6 +1024,13 @@ func (l *Limiter) close(ctx context.Context) error {
 	probed := false
 	for ctx.Err() == nil {
 		t := l.eng.Next()
+		if t == nil && !probed && l.eng.Owes() {
+			// Debts and charges wait for the breaker, where refunds make a trip that
+			// waits for its probe (below): wait for it here.
+			probed = true
+			l.awaitProbe(ctx)
+			t = l.eng.Next()
+		}
 		if t == nil {
 			break
 		}

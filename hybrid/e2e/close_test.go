@@ -292,17 +292,22 @@ func (f *failing) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 	}
 }
 
+// stallable is a server of cfg on the Redis at addr whose calls time out while the hook
+// it returns is on, with a breaker that opens after 2 such calls and probes 300 ms on.
+func stallable(t *testing.T, addr string, cfg hybrid.Config) (*server, *failing) {
+	c := redis.NewClient(redistest.Options(addr))
+	t.Cleanup(func() { _ = c.Close() })
+	stall := &failing{}
+	c.AddHook(stall)
+	return newServerOn(t, c, randomPrefix(), breaker.Settings{Timeout: time.Second, FailureThreshold: 2, OpenTimeout: 300 * time.Millisecond}, cfg), stall
+}
+
 // TestCloseWaitsForAnOpenBreaker: a passing stall opened the breaker just before Close,
 // on a Redis that answers again; Close waits for the breaker's probe and gives the leased
 // tokens back, rather than losing them to the open breaker.
 func TestCloseWaitsForAnOpenBreaker(t *testing.T) {
 	targets(t, func(t *testing.T, addr string, real bool) {
-		prefix := randomPrefix()
-		c := redis.NewClient(redistest.Options(addr))
-		t.Cleanup(func() { _ = c.Close() })
-		stall := &failing{}
-		c.AddHook(stall)
-		s := newServerOn(t, c, prefix, breaker.Settings{Timeout: time.Second, FailureThreshold: 2, OpenTimeout: 300 * time.Millisecond}, hybrid.Config{
+		s, stall := stallable(t, addr, hybrid.Config{
 			FleetSize: 1,
 			Limits:    []hybrid.Limit{{Name: "api", Rate: 0.01, Burst: 100, Policy: breaker.FailClosed, MaxWait: time.Second}},
 		})
@@ -331,6 +336,54 @@ func TestCloseWaitsForAnOpenBreaker(t *testing.T) {
 		}
 		if st := s.limiter.Stats(); st.Refunded < held || st.RefundsLost != 0 {
 			t.Fatalf("held %d at Close; refunded %d, lost %d", held, st.Refunded, st.RefundsLost)
+		}
+	})
+}
+
+// TestCloseChargesAfterAnOpenBreaker: a charge-later limit's charges wait for Redis, not
+// for refunds: with the breaker open at Close on a Redis that answers again, and no
+// lease to refund, Close waits for the breaker's probe and sends the charges, rather
+// than forgiving them untried.
+func TestCloseChargesAfterAnOpenBreaker(t *testing.T) {
+	targets(t, func(t *testing.T, addr string, real bool) {
+		s, stall := stallable(t, addr, hybrid.Config{
+			FleetSize: 4,
+			Limits: []hybrid.Limit{{Name: "api", Rate: 1000, Burst: 1000, Policy: breaker.FailClosed, MaxWait: time.Second,
+				Mode: hybrid.ChargeLater(100 * time.Millisecond)}},
+		})
+		ctx := context.Background()
+		// Warm (the low-key exchanges answered), the server admits keys uncharged; their
+		// charges are due within 100 ms, and Redis stalls before (or as) they go.
+		admitted := 0
+		deadline := time.Now().Add(5 * time.Second)
+		for i := 0; admitted < 5; i++ {
+			if time.Now().After(deadline) {
+				t.Fatalf("admitted %d keys uncharged in 5 s", admitted)
+			}
+			if d, _ := s.limiter.Allow(ctx, "api", fmt.Sprintf("k%d", i)); d.Allowed && d.Reason == hybrid.ReasonAsync {
+				admitted++
+			}
+		}
+		stall.on.Store(true)
+		for i := 0; s.brk.State() != breaker.StateOpen; i++ {
+			if i == 100 {
+				t.Fatal("the breaker did not open")
+			}
+			// above a server's share (250): asks Redis, a refill that fails
+			_, _ = s.limiter.AllowN(ctx, "api", fmt.Sprintf("other-%d", i), 300)
+		}
+		stall.on.Store(false)
+		owed := s.limiter.Stats().Limits[0].Owed
+		if owed < int64(admitted) {
+			t.Fatalf("owed %d with %d admitted uncharged", owed, admitted)
+		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := s.limiter.Close(cctx); err != nil {
+			t.Fatalf("Close with the breaker open on a Redis that answers: %v", err)
+		}
+		if st := s.limiter.Stats().Limits[0]; st.Forgiven != 0 || st.Charged < owed {
+			t.Fatalf("owed %d at Close; charged %d, forgave %d", owed, st.Charged, st.Forgiven)
 		}
 	})
 }

@@ -187,6 +187,15 @@ func (e *Engine) debtsDue() bool {
 	return len(e.debtRetry) > 0 && ready || !e.debtWait && e.debts.len() > 0 || charges.len() > 0
 }
 
+// Owes reports whether this server owes buckets tokens not charged yet: FailLocal's
+// debts and the charge-later limits' charges, which go only while the breaker is closed
+// (Next offers no trip of them while it is open), unlike refunds.
+func (e *Engine) Owes() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.debts.len() > 0 || e.cl.charges.len() > 0 || len(e.debtRetry) > 0
+}
+
 // debtTrip returns the next trip of debts: a batch sent before that timed out goes again
 // with its sequence numbers (Redis answers a charge that ran as a replay), then up to
 // MaxBatch debts in the order they were first owed, each as a refund of -n: FailLocal's
