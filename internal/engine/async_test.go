@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"reflect"
 	"slices"
 	"strconv"
@@ -1112,5 +1114,58 @@ func TestDebtRetriesKeepTheirOrder(t *testing.T) {
 	}
 	if st := lm.Stats(); st.Charged != 2 || st.Owed != 0 {
 		t.Fatalf("charged %d, owed %d; want 2 and 0", st.Charged, st.Owed)
+	}
+}
+
+// TestDebtLostConnectionKeepsItsNumber: a charge whose connection was lost once it was
+// written (its node's, in a trip the other nodes answered) may have run: it goes again
+// under its sequence number, which Redis answers as a replay if it ran, not as a new
+// charge under a fresh one, which would charge twice. One refused before it went (its
+// node's breaker open) takes a fresh number.
+func TestDebtLostConnectionKeepsItsNumber(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		same bool
+	}{
+		{"connection reset", &net.OpError{Op: "read", Net: "tcp", Err: errors.New("connection reset by peer")}, true},
+		{"EOF", io.EOF, true},
+		{"breaker open", breaker.ErrOpen, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			open := false
+			e, lm := asyncEngine(t, &open)
+			warmUp(t, e, lm)
+			now := t0.Add(60 * time.Millisecond)
+			if d, w := decide(e, now, lm, "a", 1); w != nil || d.Reason != ReasonAsync {
+				t.Fatalf("%+v, want it admitted uncharged", d)
+			}
+			var seqs []uint64
+			for at := now; len(seqs) < 2 && at.Before(now.Add(3*time.Second)); at = at.Add(10 * time.Millisecond) {
+				e.Tick(at)
+				for trip := e.Next(); trip != nil; trip = e.Next() {
+					if !trip.debts {
+						answerAll(trip)
+						e.Done(at, trip)
+						continue
+					}
+					seqs = append(seqs, trip.Refunds[0].Seq)
+					trip.Answered = true // the trip's other nodes answered (a Cluster's)
+					if len(seqs) == 1 {
+						trip.RefundResults[0].Err = tc.err
+					}
+					e.Done(at, trip)
+				}
+			}
+			if len(seqs) != 2 {
+				t.Fatalf("charge sent %d times, want 2", len(seqs))
+			}
+			if (seqs[0] == seqs[1]) != tc.same {
+				t.Fatalf("sent under %d, then %d: want the same number %v", seqs[0], seqs[1], tc.same)
+			}
+			if st := lm.Stats(); st.Charged != 1 || st.Owed != 0 {
+				t.Fatalf("charged %d, owed %d; want 1 and 0", st.Charged, st.Owed)
+			}
+		})
 	}
 }

@@ -514,11 +514,13 @@ func grantOf(r *redisstore.TakeResult) Grant {
 	return Grant{Granted: r.Granted, Remaining: r.Remaining, Wait: r.Wait, First: r.First, Credit: r.Credit, Replayed: r.Replayed, At: r.Now}
 }
 
-// mayHaveRun reports whether a call that ended with err may have run in Redis: it timed
-// out (the breaker's deadline, a context's, a connection's), so its answer is unknown. A
-// call that failed otherwise was refused or did not run.
+// mayHaveRun reports whether a call that ended with err may have run in Redis, its answer
+// unknown: it timed out (the breaker's deadline, a context's, a connection's), or its
+// connection was lost once it was written. A call the breaker or the engine refused, or
+// that storeerr.DidNotRun says did not run, did not.
 func mayHaveRun(err error) bool {
-	return err != nil && (errors.Is(err, breaker.ErrTimeout) || storeerr.IsTimeout(err))
+	return err != nil && !errors.Is(err, breaker.ErrOpen) && !errors.Is(err, breaker.ErrOverloaded) &&
+		!errors.Is(err, errClosed) && !storeerr.DidNotRun(err)
 }
 
 // policyAdmitted is the tokens the failure policy admitted among ws, self's mutex held by

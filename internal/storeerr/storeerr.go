@@ -99,6 +99,26 @@ func isRedirect(err error) bool {
 	return ok && (firstWord(msg) == "MOVED" || firstWord(msg) == "ASK")
 }
 
+// DidNotRun reports whether err proves that the call it ended did not run in Redis: Redis
+// refused it with an error reply, its arguments failed their own check before it was
+// sent (ErrInvalidLimit, ErrInvalidConfig), or it had no connection to go on (the pool's
+// timeout, a closed client, a dial that failed). A deadline, or a connection lost once
+// the call was written, leaves it unknown: it may have run.
+func DidNotRun(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, ErrInvalidLimit) || errors.Is(err, ErrInvalidConfig) ||
+		errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed) {
+		return true
+	}
+	if _, ok := replyOf(err); ok {
+		return true
+	}
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
 // IsTimeout reports whether err is a deadline that passed: the context's, or a
 // connection's read or write deadline. A call that ends so may have run in Redis or
 // not: its answer is unknown.
