@@ -1068,6 +1068,25 @@ func TestAsyncReturnTakesBackTheCharge(t *testing.T) {
 	})
 }
 
+// debtTrips ticks e from now every 10 ms, for at most 5 s, until n debt trips went:
+// each is given to answer (its index among them), then done; every other trip is
+// answered in full.
+func debtTrips(e *Engine, now time.Time, n int, answer func(trip *Trip, i int)) {
+	i := 0
+	for at := now; i < n && at.Before(now.Add(5*time.Second)); at = at.Add(10 * time.Millisecond) {
+		e.Tick(at)
+		for trip := e.Next(); trip != nil; trip = e.Next() {
+			if trip.debts {
+				answer(trip, i)
+				i++
+			} else {
+				answerAll(trip)
+			}
+			e.Done(at, trip)
+		}
+	}
+}
+
 // TestDebtRetriesKeepTheirOrder: a debt trip that times out goes again, in halves, ahead
 // of the other retries and in its order, and so does a half that times out again: no
 // item goes before one first sent ahead of it. Redis answers an item of a bucket stale,
@@ -1084,27 +1103,18 @@ func TestDebtRetriesKeepTheirOrder(t *testing.T) {
 	}
 	timeout := fmt.Errorf("%w: %w", breaker.ErrTimeout, context.DeadlineExceeded)
 	var sent [][]uint64
-	for at := now; len(sent) < 4 && at.Before(now.Add(5*time.Second)); at = at.Add(10 * time.Millisecond) {
-		e.Tick(at)
-		for trip := e.Next(); trip != nil; trip = e.Next() {
-			if !trip.debts {
-				answerAll(trip)
-				e.Done(at, trip)
-				continue
-			}
-			var seqs []uint64
-			for _, r := range trip.Refunds {
-				seqs = append(seqs, r.Seq)
-			}
-			sent = append(sent, seqs)
-			if len(sent) <= 2 { // the whole trip, then its first half, time out
-				trip.Err = timeout
-			} else {
-				trip.Answered = true
-			}
-			e.Done(at, trip)
+	debtTrips(e, now, 4, func(trip *Trip, i int) {
+		var seqs []uint64
+		for _, r := range trip.Refunds {
+			seqs = append(seqs, r.Seq)
 		}
-	}
+		sent = append(sent, seqs)
+		if i < 2 { // the whole trip, then its first half, time out
+			trip.Err = timeout
+		} else {
+			trip.Answered = true
+		}
+	})
 	if len(sent) != 4 || len(sent[0]) != 2 {
 		t.Fatalf("debt trips sent %v, want both charges, then three more trips", sent)
 	}
@@ -1141,22 +1151,13 @@ func TestDebtLostConnectionKeepsItsNumber(t *testing.T) {
 				t.Fatalf("%+v, want it admitted uncharged", d)
 			}
 			var seqs []uint64
-			for at := now; len(seqs) < 2 && at.Before(now.Add(3*time.Second)); at = at.Add(10 * time.Millisecond) {
-				e.Tick(at)
-				for trip := e.Next(); trip != nil; trip = e.Next() {
-					if !trip.debts {
-						answerAll(trip)
-						e.Done(at, trip)
-						continue
-					}
-					seqs = append(seqs, trip.Refunds[0].Seq)
-					trip.Answered = true // the trip's other nodes answered (a Cluster's)
-					if len(seqs) == 1 {
-						trip.RefundResults[0].Err = tc.err
-					}
-					e.Done(at, trip)
+			debtTrips(e, now, 2, func(trip *Trip, i int) {
+				seqs = append(seqs, trip.Refunds[0].Seq)
+				trip.Answered = true // the trip's other nodes answered (a Cluster's)
+				if i == 0 {
+					trip.RefundResults[0].Err = tc.err
 				}
-			}
+			})
 			if len(seqs) != 2 {
 				t.Fatalf("charge sent %d times, want 2", len(seqs))
 			}
