@@ -774,3 +774,80 @@ func lose(e *Engine, t *Trip, now time.Time) uint64 {
 	e.Done(now, t)
 	return t.Takes[0].Seq
 }
+
+// TestLateGrantOfAnotherBucket: a take's late answer (Late) joins the key's lease only
+// while the key is on the bucket the take was for. Once it moved to another tier, whose
+// lease holds none of that bucket's tokens, the grant pays what the policy admitted and
+// goes back to its own bucket, as for a key evicted; a key whose entry was made again and
+// not decided yet (no shape: an AllowMulti stopped at another item's look) is one too,
+// and must not crash the driver.
+func TestLateGrantOfAnotherBucket(t *testing.T) {
+	t.Run("another tier", func(t *testing.T) {
+		e, lm := testEngine(t, func(c *Config) {
+			c.Limits[0].Tiers = []TierConfig{{Name: "small", Rate: 10, Burst: 10}}
+		})
+		var d Decision
+		if w := e.Decide(t0, lm, "", "k", 50, &d); w == nil {
+			t.Fatal("no refill")
+		}
+		trip := e.Next()
+		if w := e.Decide(t0.Add(ms), lm, "small", "k", 1, &d); w == nil { // the key moves tier
+			t.Fatal("no refill under the new tier")
+		}
+		lose(e, trip, t0.Add(10*ms)) // the old tier's take times out...
+		answerAll(trip)
+		trip.TakeResults[0].Granted = trip.Takes[0].Want // ...having run
+		e.Late(t0.Add(20*ms), trip, 0, &trip.TakeResults[0])
+		var tokens int
+		lm.keys.Peek("k", func(en *entry, _ time.Time) { tokens = en.lease.Tokens() })
+		if tokens != 0 {
+			t.Fatalf("the key on tier small holds %d tokens of the old tier's grant", tokens)
+		}
+		var back []redisstore.RefundRequest
+		for x := e.Next(); x != nil; x = e.Next() {
+			if x.Kind == RefundTrip {
+				back = append(back, x.Refunds...)
+			}
+			answerAll(x)
+			e.Done(t0.Add(21*ms), x)
+		}
+		if len(back) != 1 || back[0].N != 50 || back[0].Limit.Burst != 100 {
+			t.Fatalf("refunds %+v, want the grant of 50 back to the burst-100 bucket", back)
+		}
+	})
+	t.Run("an entry not decided yet", func(t *testing.T) {
+		e, lm := testEngine(t, nil)
+		if _, w := decide(e, t0, lm, "j", 50); w == nil { // j's pre-check left at 50
+			t.Fatal("no refill for j")
+		}
+		tr := e.Next()
+		answerAll(tr)
+		e.Done(t0.Add(ms), tr)
+		decide(e, t0.Add(2*ms), lm, "k", 1)
+		trip := e.Next()
+		lm.keys.Remove("k") // evicted while its take is out
+		lose(e, trip, t0.Add(10*ms))
+		var m Multi // k's entry made again, and j denies at the look: k not decided
+		m.Add(MultiItem{Limit: lm, Key: "k", N: 1})
+		m.Add(MultiItem{Limit: lm, Key: "j", N: 100})
+		if _, done := e.StartMulti(t0.Add(11*ms), &m); !done || m.Allowed {
+			t.Fatalf("the multi: done %v, allowed %v; want it denied at once", done, m.Allowed)
+		}
+		answerAll(trip)
+		trip.TakeResults[0].Granted = 10
+		if !e.Late(t0.Add(20*ms), trip, 0, &trip.TakeResults[0]) {
+			t.Fatal("the late grant was not taken")
+		}
+		var back int
+		for x := e.Next(); x != nil; x = e.Next() {
+			for _, r := range x.Refunds {
+				back += r.N
+			}
+			answerAll(x)
+			e.Done(t0.Add(21*ms), x)
+		}
+		if back != 10 {
+			t.Fatalf("%d tokens went back, want the late grant's 10", back)
+		}
+	})
+}

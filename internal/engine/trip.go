@@ -476,6 +476,12 @@ func (e *Engine) Late(now time.Time, t *Trip, i int, r *redisstore.TakeResult) b
 	took, found, paid, back := false, false, 0, 0
 	var expires time.Time // the tokens' expiry, for the sweep: set when the key is found
 	lm.keys.Peek(f.key, func(en *entry, last time.Time) {
+		if en.shape == nil || !en.shape.sameBucket(f.shape) {
+			// The key moved to another bucket (a tier, a new rate or burst) since f went,
+			// and its lease went back then; or its entry is new and not decided yet:
+			// either way its lease is not of f's bucket, as for a key evicted.
+			return
+		}
 		found = true
 		lc := en.shape.lease.Load()
 		at := later(now, last)
@@ -484,9 +490,10 @@ func (e *Engine) Late(now time.Time, t *Trip, i int, r *redisstore.TakeResult) b
 		expires = at.Add(en.lease.lifeFrom(at))
 	})
 	if !found && !f.resend {
-		// Evicted meanwhile, and no take read the grant back: what the policy admitted
-		// is paid, the rest goes back. (One sent again under f's number may have read
-		// it into the lease the eviction refunded.)
+		// Evicted or re-shaped meanwhile, and no take read the grant back: what the
+		// policy admitted is paid, the rest goes back, to f's bucket. (One sent again
+		// under f's number may have read it into the lease the eviction or the change
+		// refunded.)
 		paid = min(f.owed, max(g.Granted, 0))
 		back, took = max(g.Granted, 0)-paid, true
 		if back > 0 {
