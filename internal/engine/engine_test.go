@@ -753,15 +753,7 @@ func TestLateGrantReadOnceMore(t *testing.T) {
 		if !e.Late(t0.Add(20*ms), trip, 0, &trip.TakeResults[0]) {
 			t.Fatal("the late answer of a take whose key was evicted was not taken")
 		}
-		refunded := 0
-		for x := e.Next(); x != nil; x = e.Next() {
-			for _, r := range x.Refunds {
-				refunded += r.N
-			}
-			answerAll(x)
-			e.Done(t0.Add(30*ms), x)
-		}
-		if refunded != 10 {
+		if refunded := refundAll(e, t0.Add(30*ms)); refunded != 10 {
 			t.Errorf("refunded %d, want the late grant's 10", refunded)
 		}
 	})
@@ -838,16 +830,22 @@ func TestLateGrantOfAnotherBucket(t *testing.T) {
 		if !e.Late(t0.Add(20*ms), trip, 0, &trip.TakeResults[0]) {
 			t.Fatal("the late grant was not taken")
 		}
-		var back int
-		for x := e.Next(); x != nil; x = e.Next() {
-			for _, r := range x.Refunds {
-				back += r.N
-			}
-			answerAll(x)
-			e.Done(t0.Add(21*ms), x)
-		}
-		if back != 10 {
+		if back := refundAll(e, t0.Add(21*ms)); back != 10 {
 			t.Fatalf("%d tokens went back, want the late grant's 10", back)
 		}
 	})
+}
+
+// refundAll makes e's trips at now, answering each in full, and returns the tokens their
+// refunds gave back.
+func refundAll(e *Engine, now time.Time) int {
+	n := 0
+	for x := e.Next(); x != nil; x = e.Next() {
+		for _, r := range x.Refunds {
+			n += r.N
+		}
+		answerAll(x)
+		e.Done(now, x)
+	}
+	return n
 }
