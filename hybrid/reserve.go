@@ -10,7 +10,7 @@ import (
 
 // A Reservation holds tokens of a limit for one key that its holder may spend from a
 // given instant on, as x/time/rate's does: Delay says how long to wait; Cancel gives the
-// tokens back. It is served from this server's lease or as a claim on the bucket's
+// tokens back until that instant. It is served from this server's lease or as a claim on the bucket's
 // refill, so the fleet-wide bound holds at the instants the holders act. Safe for
 // concurrent use.
 type Reservation struct {
@@ -66,7 +66,10 @@ func (r *Reservation) cancelAt(t time.Time) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.canceled || r.claim != nil && !t.Before(r.act) {
+	// As x/time/rate's CancelAt: once the instant to act has passed, the holder may have
+	// acted, and the tokens count as used. A claim's bucket was charged for the instant to
+	// act itself: at it, nothing goes back either.
+	if r.canceled || r.act.Before(t) || r.claim != nil && !t.Before(r.act) {
 		return
 	}
 	r.canceled = true

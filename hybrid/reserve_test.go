@@ -3,6 +3,7 @@ package hybrid_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,8 +15,8 @@ import (
 
 // TestReserve: a reservation is served from the lease when it can (delay 0), else as a
 // claim on the bucket's refill, one token's refill time later for each token claimed,
-// down to minus the burst and no further; canceling gives the tokens back, and the
-// bucket shows exactly what the reservations that stand took.
+// down to minus the burst and no further; a claim canceled before its instant gives its
+// tokens back, and the bucket shows exactly what the reservations that stand took.
 func TestReserve(t *testing.T) {
 	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
 		s := newStore(t, tg.Client)
@@ -30,7 +31,7 @@ func TestReserve(t *testing.T) {
 		if err != nil || !r.OK() || r.Delay() != 0 {
 			t.Fatalf("first reservation: ok %v, delay %v, %v; want tokens on hand", r.OK(), r.Delay(), err)
 		}
-		r.Cancel() // back to the lease
+		r.Cancel() // at once: its tokens count as used (TestCancelAfterTheInstantToAct)
 		for {      // drain the bucket
 			d, err := l.Allow(ctx, "jobs", "k")
 			if err != nil {
@@ -94,4 +95,40 @@ func TestReserve(t *testing.T) {
 // burst: it reads the bucket's level after it.
 func globalTake(name string, rate float64, burst int, key string) redisstore.TakeRequest {
 	return redisstore.TakeRequest{Limit: redisstore.Limit{Name: name, Rate: rate, Burst: burst}, Key: key, Want: 1, Min: 1, Floor: burst}
+}
+
+// TestCancelAfterTheInstantToAct: as x/time/rate's, a reservation canceled at its
+// instant to act gives its tokens back; canceled after it, when the holder may have
+// acted, it gives nothing back: its tokens count as used. A reservation served from the
+// lease may act at once.
+func TestCancelAfterTheInstantToAct(t *testing.T) {
+	_, c := redistest.Mini(t)
+	var now atomic.Int64
+	now.Store(time.Now().UnixNano())
+	l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1, Clock: clockAt(func() time.Time { return time.Unix(0, now.Load()) }),
+		Limits: []hybrid.Limit{{Name: "jobs", Rate: 1000, Burst: 1000, Policy: breaker.FailClosed, MaxWait: time.Second}}})
+	ctx := context.Background()
+	if d, _ := l.Allow(ctx, "jobs", "k"); !d.Allowed { // the lease holds tokens
+		t.Fatalf("%+v", d)
+	}
+	held := func() int64 { return l.Stats().Limits[0].Held }
+	for _, tc := range []struct {
+		name  string
+		after time.Duration // from the reservation to its Cancel
+		back  bool
+	}{
+		{"at the instant to act", 0, true},
+		{"after it", time.Millisecond, false},
+	} {
+		r, err := l.ReserveN(ctx, "jobs", "k", 10)
+		if err != nil || !r.OK() || r.Delay() != 0 {
+			t.Fatalf("%s: ok %v, delay %v, %v; want tokens on hand", tc.name, r.OK(), r.Delay(), err)
+		}
+		before := held()
+		now.Add(int64(tc.after))
+		r.Cancel()
+		if got := held() - before; (got == 10) != tc.back || got != 0 && got != 10 {
+			t.Fatalf("%s: the lease holds %d more after Cancel, want 10 back: %v", tc.name, got, tc.back)
+		}
+	}
 }
