@@ -340,50 +340,68 @@ func TestCloseWaitsForAnOpenBreaker(t *testing.T) {
 	})
 }
 
-// TestCloseChargesAfterAnOpenBreaker: a charge-later limit's charges wait for Redis, not
-// for refunds: with the breaker open at Close on a Redis that answers again, and no
-// lease to refund, Close waits for the breaker's probe and sends the charges, rather
-// than forgiving them untried.
+// TestCloseChargesAfterAnOpenBreaker: charges (of a charge-later limit) and debts (of
+// FailLocal) wait for Redis, not for refunds: with the breaker open at Close on a Redis
+// that answers again, and no lease to refund, Close waits for the breaker's probe and
+// sends them, rather than forgiving them untried.
 func TestCloseChargesAfterAnOpenBreaker(t *testing.T) {
-	targets(t, func(t *testing.T, addr string, real bool) {
-		s, stall := stallable(t, addr, hybrid.Config{
-			FleetSize: 4,
-			Limits: []hybrid.Limit{{Name: "api", Rate: 1000, Burst: 1000, Policy: breaker.FailClosed, MaxWait: time.Second,
-				Mode: hybrid.ChargeLater(100 * time.Millisecond)}},
+	for _, tc := range []struct {
+		name   string
+		limit  hybrid.Limit
+		admit  func(d hybrid.Decision) bool // a decision that owes the bucket
+		before bool                         // owed before the stall (charge-later), or during it (FailLocal)
+	}{
+		{"charge-later", hybrid.Limit{Name: "api", Rate: 1000, Burst: 1000, Policy: breaker.FailClosed, MaxWait: time.Second,
+			Mode: hybrid.ChargeLater(100 * time.Millisecond)},
+			func(d hybrid.Decision) bool { return d.Allowed && d.Reason == hybrid.ReasonAsync }, true},
+		{"FailLocal", hybrid.Limit{Name: "api", Rate: 1000, Burst: 1000, Policy: breaker.FailLocal(), MaxWait: time.Second},
+			func(d hybrid.Decision) bool { return d.Allowed && d.Source == hybrid.SourceFallback }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			targets(t, func(t *testing.T, addr string, real bool) {
+				s, stall := stallable(t, addr, hybrid.Config{FleetSize: 4, Limits: []hybrid.Limit{tc.limit}})
+				ctx := context.Background()
+				owe := func(prefix string) {
+					t.Helper()
+					admitted := 0
+					deadline := time.Now().Add(5 * time.Second)
+					for i := 0; admitted < 5; i++ {
+						if time.Now().After(deadline) {
+							t.Fatalf("admitted %d owing in 5 s", admitted)
+						}
+						if d, _ := s.limiter.Allow(ctx, "api", fmt.Sprintf("%s%d", prefix, i)); tc.admit(d) {
+							admitted++
+						}
+					}
+				}
+				if tc.before { // warm (the low-key exchanges answered), the server admits keys uncharged
+					owe("k")
+				}
+				stall.on.Store(true)
+				for i := 0; s.brk.State() != breaker.StateOpen; i++ {
+					if i == 100 {
+						t.Fatal("the breaker did not open")
+					}
+					// above a server's share (250): asks Redis, a refill that fails
+					_, _ = s.limiter.AllowN(ctx, "api", fmt.Sprintf("other-%d", i), 300)
+				}
+				if !tc.before { // the breaker open, FailLocal admits and owes
+					owe("k")
+				}
+				stall.on.Store(false)
+				owed := s.limiter.Stats().Limits[0].Owed
+				if owed < 5 {
+					t.Fatalf("owed %d with 5 admitted owing", owed)
+				}
+				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				defer cancel()
+				if err := s.limiter.Close(cctx); err != nil {
+					t.Fatalf("Close with the breaker open on a Redis that answers: %v", err)
+				}
+				if st := s.limiter.Stats().Limits[0]; st.Forgiven != 0 || st.Charged < owed {
+					t.Fatalf("owed %d at Close; charged %d, forgave %d", owed, st.Charged, st.Forgiven)
+				}
+			})
 		})
-		ctx := context.Background()
-		// Warm (the low-key exchanges answered), the server admits keys uncharged; their
-		// charges are due within 100 ms, and Redis stalls before (or as) they go.
-		admitted := 0
-		deadline := time.Now().Add(5 * time.Second)
-		for i := 0; admitted < 5; i++ {
-			if time.Now().After(deadline) {
-				t.Fatalf("admitted %d keys uncharged in 5 s", admitted)
-			}
-			if d, _ := s.limiter.Allow(ctx, "api", fmt.Sprintf("k%d", i)); d.Allowed && d.Reason == hybrid.ReasonAsync {
-				admitted++
-			}
-		}
-		stall.on.Store(true)
-		for i := 0; s.brk.State() != breaker.StateOpen; i++ {
-			if i == 100 {
-				t.Fatal("the breaker did not open")
-			}
-			// above a server's share (250): asks Redis, a refill that fails
-			_, _ = s.limiter.AllowN(ctx, "api", fmt.Sprintf("other-%d", i), 300)
-		}
-		stall.on.Store(false)
-		owed := s.limiter.Stats().Limits[0].Owed
-		if owed < int64(admitted) {
-			t.Fatalf("owed %d with %d admitted uncharged", owed, admitted)
-		}
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		if err := s.limiter.Close(cctx); err != nil {
-			t.Fatalf("Close with the breaker open on a Redis that answers: %v", err)
-		}
-		if st := s.limiter.Stats().Limits[0]; st.Forgiven != 0 || st.Charged < owed {
-			t.Fatalf("owed %d at Close; charged %d, forgave %d", owed, st.Charged, st.Forgiven)
-		}
-	})
+	}
 }
