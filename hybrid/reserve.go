@@ -87,6 +87,9 @@ func (r *Reservation) cancelAt(t time.Time) {
 func (l *Limiter) ReserveN(ctx context.Context, limit, key string, n int) (*Reservation, error) {
 	d, err := l.allowN(ctx, limit, "", key, n, nil)
 	lm := l.eng.Limit(limit)
+	if err == nil && lm == nil { // removed (Reconfigure) since allowN found it
+		err = ErrUnknownLimit
+	}
 	if err != nil {
 		return &Reservation{l: l, lm: lm, key: key, n: n, final: &d}, err
 	}
@@ -108,7 +111,10 @@ func (l *Limiter) ReserveN(ctx context.Context, limit, key string, n int) (*Rese
 	sh := lm.Shape("")
 	var cd engine.Decision
 	if w := l.eng.Claim(l.clock.Now(), lm, key, n, &cd); w != nil {
-		cd, _ = l.await(ctx, w)
+		var err error
+		if cd, err = l.await(ctx, w); err != nil {
+			return r, err // ctx ended while the claim waited, as AllowN's wait would
+		}
 	}
 	if !cd.Allowed {
 		if cd.Source == engine.SourceGlobal { // Redis answered: when the bucket could hold it

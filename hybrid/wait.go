@@ -25,7 +25,7 @@ const minRetry = 100 * time.Microsecond
 // returns the decision that admitted it: it reserves the tokens as ReserveN does and
 // sleeps until the instant to act, or for a denial's RetryAfter and tries again. It
 // returns at once with ErrNeverAllowed or ErrWouldExceedDeadline when it cannot succeed
-// in time, and ctx.Err() when ctx ends.
+// in time, and ctx.Err() when ctx ends (at once, taking nothing, if it has ended).
 func (l *Limiter) WaitN(ctx context.Context, limit, key string, n int) (Decision, error) {
 	d, err := l.waitN(ctx, limit, key, n)
 	if l.onDecision != nil && !errors.Is(err, ErrUnknownLimit) {
@@ -35,6 +35,9 @@ func (l *Limiter) WaitN(ctx context.Context, limit, key string, n int) (Decision
 }
 
 func (l *Limiter) waitN(ctx context.Context, limit, key string, n int) (Decision, error) {
+	if err := ctx.Err(); err != nil { // as x/time/rate's: a context that ended takes nothing
+		return Decision{Limit: limit, Reason: reasonCanceled, Source: SourceFallback}, err
+	}
 	for {
 		r, err := l.ReserveN(ctx, limit, key, n)
 		if err != nil {

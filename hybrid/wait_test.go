@@ -1,8 +1,11 @@
 package hybrid_test
 
 import (
+	"sync/atomic"
+
 	"context"
 	"errors"
+	"github.com/redis/go-redis/v9"
 	"testing"
 	"time"
 
@@ -110,5 +113,69 @@ func TestSlowPreCheckNeverWraps(t *testing.T) {
 	defer cancel()
 	if _, err := l.WaitN(short, "api", "k", 1); !errors.Is(err, hybrid.ErrNeverAllowed) {
 		t.Fatalf("WaitN = %v, want ErrNeverAllowed at once", err)
+	}
+}
+
+// TestWaitAndReserveHonourTheirContext: as x/time/rate's, WaitN with a context that has
+// ended returns its error at once and takes nothing, though the lease could serve it;
+// and ReserveN whose claim on the refill is still waiting for Redis when its context
+// ends returns the context's error, as AllowN's wait does, with a reservation that is
+// not OK.
+func TestWaitAndReserveHonourTheirContext(t *testing.T) {
+	_, c := redistest.Mini(t)
+	slow := &slowScripts{}
+	c.AddHook(slow)
+	l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{
+		{Name: "jobs", Rate: 1, Burst: 5, Policy: breaker.FailClosed, MaxWait: 3 * time.Second},
+		{Name: "big", Rate: 1000, Burst: 1000, Policy: breaker.FailClosed, MaxWait: 3 * time.Second}}})
+	bg := context.Background()
+	for range 5 { // the lease of "big" holds tokens
+		if d, _ := l.Allow(bg, "big", "k"); !d.Allowed {
+			t.Fatalf("%+v", d)
+		}
+	}
+	held := func() int64 { return l.Stats().Limits[1].Held }
+	before := held()
+	if before == 0 {
+		t.Fatal("the lease holds nothing")
+	}
+	ended, cancel := context.WithCancel(bg)
+	cancel()
+	if d, err := l.WaitN(ended, "big", "k", 1); !errors.Is(err, context.Canceled) || d.Allowed {
+		t.Fatalf("WaitN with an ended context: %+v, %v; want context.Canceled", d, err)
+	}
+	if got := held(); got != before {
+		t.Fatalf("WaitN with an ended context took %d tokens", before-got)
+	}
+	for { // drain: the next reservation is a claim
+		if d, err := l.Allow(bg, "jobs", "k"); err != nil || !d.Allowed {
+			break
+		}
+	}
+	slow.d.Store(int64(400 * time.Millisecond))
+	defer slow.d.Store(0)
+	ctx, cancel := context.WithTimeout(bg, 50*time.Millisecond)
+	defer cancel()
+	r, err := l.ReserveN(ctx, "jobs", "k", 1)
+	if !errors.Is(err, context.DeadlineExceeded) || r.OK() {
+		t.Fatalf("ReserveN whose claim outlived its context: ok %v, %v; want not OK and the deadline", r.OK(), err)
+	}
+}
+
+// slowScripts is a go-redis hook that delays every command and pipeline by d: a slow
+// Redis.
+type slowScripts struct{ d atomic.Int64 }
+
+func (*slowScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *slowScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		time.Sleep(time.Duration(h.d.Load()))
+		return next(ctx, cmd)
+	}
+}
+func (h *slowScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		time.Sleep(time.Duration(h.d.Load()))
+		return next(ctx, cmds)
 	}
 }
