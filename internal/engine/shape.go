@@ -405,10 +405,10 @@ func (e *Engine) AddLimit(c LimitConfig) error {
 }
 
 // RemoveLimit removes the limit named name at run time: its keys are let go of (their
-// leased tokens are queued for refund; a windowed limit's admissions without asking go
-// with a last report, and requests waiting for its grants are denied with ReasonClosed)
-// and its requests from now on are denied with ReasonClosed; Engine.Limit no longer
-// finds it, and its counters leave Stats.
+// leased tokens are queued for refund; a windowed limit's admissions without asking and
+// the grants its waiting requests asked go with a last report) and its requests from
+// now on are denied with ReasonClosed; Engine.Limit no longer finds it, and its counters
+// leave Stats.
 func (e *Engine) RemoveLimit(name string) error {
 	e.cfgMu.Lock()
 	defer e.cfgMu.Unlock()
@@ -430,8 +430,8 @@ func (e *Engine) RemoveLimit(name string) error {
 
 // dropLimit lets go of lm, no longer in the engine's table: its keys (their leased
 // tokens are queued for refund) and its fallbacks; its refunds may still be out. A
-// windowed limit stops as at Stop: the requests waiting for grants not sent yet are
-// denied as closed, and what it admitted goes with a last report (retiring).
+// windowed limit sends what it queued with a last report (retiring): the requests
+// waiting for its grants are decided on their answers, as they would have been.
 func (e *Engine) dropLimit(lm *Limit) {
 	e.removedMu.Lock()
 	e.removed = append(e.removed, lm)
@@ -441,11 +441,16 @@ func (e *Engine) dropLimit(lm *Limit) {
 		s.fallback.Close()
 	}
 	if wl := lm.windowed(); wl != nil {
-		pend := wl.stop(nil)
+		// What it admitted without asking, the grants its keys gave back and the grants
+		// its waiting requests asked for go with a last report; it retires once that went.
+		wl.mu.Lock()
+		if len(wl.ops) > 0 || len(wl.announce) > 0 {
+			wl.due.Store(true)
+		}
+		wl.mu.Unlock()
 		e.mu.Lock()
 		e.retiring = append(e.retiring, wl)
 		e.mu.Unlock()
-		e.failPending(wl.latest(), pend)
 		e.wake()
 	}
 }

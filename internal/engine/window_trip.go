@@ -1064,14 +1064,20 @@ func (e *Engine) windowsNextTick(t time.Time) time.Time {
 	return t
 }
 
-// windowsStop stops the windowed limits: requests waiting for grants not yet sent are
-// denied as closed.
+// windowsStop stops the windowed limits, the retiring ones too: requests waiting for
+// grants not yet sent are denied as closed.
 func (e *Engine) windowsStop(now time.Time) {
 	var pend []windowPending
 	for _, lm := range e.limits.Load().list {
 		if wl := lm.windowed(); wl != nil {
 			pend = wl.stop(pend)
 		}
+	}
+	e.mu.Lock()
+	retiring := slices.Clone(e.retiring)
+	e.mu.Unlock()
+	for _, wl := range retiring {
+		pend = wl.stop(pend)
 	}
 	e.failPending(now, pend)
 }
