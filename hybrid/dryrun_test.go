@@ -102,3 +102,39 @@ func deniedOf(l *hybrid.Limiter, name string) int64 {
 	}
 	return n
 }
+
+// TestOnDecisionOncePerMultiWithDryRun: OnDecision hears one decision per AllowMulti
+// call, the one it returns, with its item's key, also when some items are of DryRun
+// limits (decided on their own after the others).
+func TestOnDecisionOncePerMultiWithDryRun(t *testing.T) {
+	_, c := redistest.Mini(t)
+	type heard struct {
+		key string
+		d   hybrid.Decision
+	}
+	var got []heard
+	l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1,
+		OnDecision: func(key string, d hybrid.Decision) { got = append(got, heard{key, d}) },
+		Limits: []hybrid.Limit{{Name: "a", Rate: 100, Burst: 100, Policy: breaker.FailOpen, MaxWait: time.Second},
+			{Name: "d", Rate: 100, Burst: 100, Policy: breaker.FailOpen, MaxWait: time.Second, DryRun: true}}})
+	for _, items := range [][]hybrid.Item{
+		{{Limit: "a", Key: "k", Cost: 1}, {Limit: "d", Key: "k", Cost: 1}, {Limit: "d", Key: "k2", Cost: 5}},
+		{{Limit: "d", Key: "k", Cost: 1}, {Limit: "d", Key: "k3", Cost: 1}},
+	} {
+		got = got[:0]
+		md, err := l.AllowMulti(context.Background(), items)
+		if err != nil || !md.Allowed {
+			t.Fatalf("%v: %+v, %v", items, md, err)
+		}
+		if len(got) != 1 || got[0].d != md.Decision {
+			t.Fatalf("%v: OnDecision heard %+v, want once, the decision returned %+v", items, got, md.Decision)
+		}
+		found := false
+		for _, it := range items {
+			found = found || it.Key == got[0].key && it.Limit == md.Decision.Limit
+		}
+		if !found {
+			t.Fatalf("%v: OnDecision heard key %q for limit %q, not an item's", items, got[0].key, md.Decision.Limit)
+		}
+	}
+}

@@ -36,6 +36,11 @@ type MultiDecision struct {
 // it is admitted only if every item admits it, and a denial spends nothing. Errors are
 // AllowN's, for the first item that has one; an empty items is ErrInvalidCost.
 func (l *Limiter) AllowMulti(ctx context.Context, items []Item) (MultiDecision, error) {
+	return l.allowMulti(ctx, items, l.onDecision)
+}
+
+// allowMulti is AllowMulti telling hook (nil: nobody) of the decision, once.
+func (l *Limiter) allowMulti(ctx context.Context, items []Item, hook func(string, Decision)) (MultiDecision, error) {
 	if len(items) == 0 {
 		return MultiDecision{Denied: -1, RetryAfter: InfDuration}, fmt.Errorf("%w: no items", ErrInvalidCost)
 	}
@@ -61,9 +66,9 @@ func (l *Limiter) AllowMulti(ctx context.Context, items []Item) (MultiDecision, 
 		m.Add(engine.MultiItem{Limit: lm, Tier: it.Tier, Key: it.Key, N: it.Cost})
 	}
 	if dry {
-		return l.allowMultiDry(ctx, items)
+		return l.allowMultiDry(ctx, items, hook)
 	}
-	return l.decideMulti(ctx, &m, l.onDecision)
+	return l.decideMulti(ctx, &m, hook)
 }
 
 // decideMulti decides m, its items added, waiting as AllowMulti does, and tells hook
@@ -95,7 +100,11 @@ func (l *Limiter) decideMulti(ctx context.Context, m *engine.Multi, hook func(st
 // it would have seen and never blocks the request. The answer is the others', unless a
 // DryRun item would have denied: its Decision (WouldDeny) is then the one reported, as
 // the limit closest to its end.
-func (l *Limiter) allowMultiDry(ctx context.Context, items []Item) (MultiDecision, error) {
+func (l *Limiter) allowMultiDry(ctx context.Context, items []Item, hook func(string, Decision)) (MultiDecision, error) {
+	// hook hears one decision, the one reported: heard keeps the key of each decided.
+	var key string
+	decided := false
+	heard := func(k string, _ Decision) { key, decided = k, true }
 	var enforced []Item
 	var at []int // enforced[k] is items[at[k]]
 	for i, it := range items {
@@ -106,24 +115,31 @@ func (l *Limiter) allowMultiDry(ctx context.Context, items []Item) (MultiDecisio
 	out := MultiDecision{Allowed: true, Denied: -1}
 	var err error
 	if len(enforced) > 0 {
-		out, err = l.AllowMulti(ctx, enforced)
+		out, err = l.allowMulti(ctx, enforced, heard)
 		if !out.Allowed || err != nil {
 			if out.Denied >= 0 {
 				out.Denied = at[out.Denied]
 			}
+			if hook != nil && decided {
+				hook(key, out.Decision)
+			}
 			return out, err
 		}
 	}
+	reported := key
 	first := len(enforced) == 0
 	for _, it := range items {
 		if !l.eng.Limit(it.Limit).Shape(it.Tier).DryRun() {
 			continue
 		}
-		d, derr := l.allowN(ctx, it.Limit, it.Tier, it.Key, it.Cost, l.onDecision)
+		d, derr := l.allowN(ctx, it.Limit, it.Tier, it.Key, it.Cost, heard)
 		err = cmp.Or(err, derr)
 		if first || d.WouldDeny && !out.Decision.WouldDeny || !out.Decision.WouldDeny && d.Remaining < out.Decision.Remaining {
-			out.Decision, first = d, false
+			out.Decision, first, reported = d, false, it.Key
 		}
+	}
+	if hook != nil && decided {
+		hook(reported, out.Decision)
 	}
 	return out, err
 }
