@@ -292,10 +292,12 @@ func run(parts []part, call func(p *part)) {
 	wg.Wait()
 }
 
-// outcome folds the parts' outcomes into the trip's: answered if any part was (the
-// items of the others carry their part's error), with the first part's error that has
-// one.
+// outcome folds the parts' outcomes into the trip's: answered if any part was, or if
+// there are several (the items of a part not answered carry its error: one master's
+// breaker open says nothing of another's call that timed out, and may have run), with
+// the first part's error that has one.
 func outcome(parts []part) (answered bool, err error) {
+	answered = len(parts) > 1
 	for _, p := range parts {
 		answered = answered || p.answered
 		err = cmp.Or(err, p.err)

@@ -2,6 +2,7 @@ package hybrid
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 
@@ -148,5 +149,29 @@ func TestPruneAfterTheCalls(t *testing.T) {
 	n.settle(ctx)
 	if _, ok := n.byAddr[a]; ok || n.pruneDue.Load() {
 		t.Errorf("after settle: breaker of %s kept %v, prune still due %v", a, ok, n.pruneDue.Load())
+	}
+}
+
+// TestOutcomeOfSeveralParts: a trip of several parts (masters) is answered once any is,
+// and also when none is: each part's items carry its own error, so that one master's
+// breaker open does not make another's timed-out call, which may have run, read as
+// refused. A trip of one part is answered only if it was.
+func TestOutcomeOfSeveralParts(t *testing.T) {
+	timeout := fmt.Errorf("%w: node 2", breaker.ErrTimeout)
+	for _, tc := range []struct {
+		name     string
+		parts    []part
+		answered bool
+		err      error
+	}{
+		{"one part, answered", []part{{answered: true}}, true, nil},
+		{"one part, not answered", []part{{err: timeout}}, false, timeout},
+		{"two, one answered", []part{{answered: true}, {err: timeout}}, true, timeout},
+		{"two, none answered", []part{{err: breaker.ErrOpen}, {err: timeout}}, true, breaker.ErrOpen},
+	} {
+		answered, err := outcome(tc.parts)
+		if answered != tc.answered || err != tc.err {
+			t.Errorf("%s: answered %v, %v; want %v, %v", tc.name, answered, err, tc.answered, tc.err)
+		}
 	}
 }

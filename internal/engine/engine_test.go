@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"io"
 	"testing"
 	"time"
 
@@ -202,6 +203,50 @@ func TestTripsBatchAndTakeTurns(t *testing.T) {
 	want := []string{fmt.Sprintf("%d×%d", TakeTrip, MaxBatch), fmt.Sprintf("%d×2", RefundTrip), fmt.Sprintf("%d×10", TakeTrip)}
 	if fmt.Sprint(kinds) != fmt.Sprint(want) {
 		t.Fatalf("trips %v, want %v", kinds, want)
+	}
+}
+
+// TestRefundWhoseOwnAnswerWasLostGoesAgain: in a trip the other parts answered (a
+// Cluster's masters), a refund whose own node's call timed out, or lost its connection
+// once written, may have run: it goes again, under its number, which Redis answers as a
+// replay if it ran. One refused before it went (its node's breaker open) is lost, its
+// tokens spent.
+func TestRefundWhoseOwnAnswerWasLostGoesAgain(t *testing.T) {
+	e, lm := testEngine(t, nil)
+	for _, k := range []string{"a", "b", "c", "d"} {
+		e.queueRefund(lm, nil, k, 1)
+	}
+	trip := e.Next()
+	seqs := map[redisstore.KeyID]uint64{}
+	trip.Answered = true
+	for i, r := range trip.Refunds {
+		seqs[r.ID] = r.Seq
+		switch r.ID {
+		case "b":
+			trip.RefundResults[i].Err = fmt.Errorf("%w: node 2", breaker.ErrTimeout)
+		case "c":
+			trip.RefundResults[i].Err = io.EOF
+		case "d":
+			trip.RefundResults[i].Err = breaker.ErrOpen
+		}
+	}
+	e.Done(t0, trip)
+	if n, _ := trip.Lost(); n != 1 {
+		t.Fatalf("%d tokens lost, want d's 1", n)
+	}
+	again := e.Next()
+	if again == nil || len(again.Refunds) != 2 {
+		t.Fatalf("next trip %+v, want b's and c's refunds again", again)
+	}
+	for _, r := range again.Refunds {
+		if (r.ID != "b" && r.ID != "c") || r.Seq != seqs[r.ID] {
+			t.Fatalf("%s sent again under %d, want b or c under its number %d", r.ID, r.Seq, seqs[r.ID])
+		}
+	}
+	again.Answered = true
+	e.Done(t0, again)
+	if s := e.Stats(); s.Refunded != 3 || s.RefundsLost != 1 {
+		t.Fatalf("refunded %d, lost %d; want 3 and 1", s.Refunded, s.RefundsLost)
 	}
 }
 

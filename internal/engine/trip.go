@@ -269,7 +269,10 @@ func halves[T any](s []T) (a, b []T) {
 	return s[:h:h], s[h:]
 }
 
-// refunded counts the answers of a refund trip, or queues it again in halves.
+// refunded counts the answers of a refund trip, or queues it again in halves; an item
+// of an answered trip whose own answer was lost (its node's call timed out, or lost its
+// connection once written: it may have run) goes again too, under its number, ahead of
+// the others.
 func (e *Engine) refunded(t *Trip) {
 	e.stats.refundCalls.Add(1)
 	if t.timedOutWhole() {
@@ -279,6 +282,7 @@ func (e *Engine) refunded(t *Trip) {
 		e.mu.Unlock()
 		return
 	}
+	var again []redisstore.RefundRequest
 	for i, r := range t.Refunds {
 		err := t.Err
 		if t.Answered {
@@ -289,11 +293,20 @@ func (e *Engine) refunded(t *Trip) {
 			lc.refunded.Add(int64(r.N))
 			continue
 		}
+		if t.Answered && mayHaveRun(err) {
+			again = append(again, r)
+			continue
+		}
 		lc.refundsLost.Add(int64(r.N))
 		t.lost += r.N
 		if t.firstErr == nil {
 			t.firstErr = err
 		}
+	}
+	if len(again) > 0 {
+		e.mu.Lock()
+		e.refundTrips = append([][]redisstore.RefundRequest{again}, e.refundTrips...)
+		e.mu.Unlock()
 	}
 }
 
