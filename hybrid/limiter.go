@@ -352,6 +352,8 @@ type Limiter struct {
 	lingering sync.WaitGroup // take calls, which may outlive their Do (lateTake)
 	closeDone chan struct{}  // closed once the first Close has sent its refunds
 	closeErr  error          // that Close's result; read after closeDone
+
+	reconfMu sync.Mutex // one Reconfigure at a time: each all or nothing
 }
 
 // New returns a Limiter for the limits in cfg over store, or an error wrapping

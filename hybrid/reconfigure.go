@@ -82,8 +82,14 @@ func (l *Limiter) removeLimit(name string) error {
 // tier's too) needs a higher Version, so that the fleet agrees on it (docs/limits.md).
 // Nothing changes if one is refused; the error wraps ErrInvalidConfig. A change refused
 // is two calls: without the limit, then with it. To change one limit, pass Limits() with
-// that one changed.
+// that one changed. Calls at once are made one after the other; after Close, Reconfigure
+// changes nothing and returns ErrClosed.
 func (l *Limiter) Reconfigure(limits []Limit) error {
+	l.reconfMu.Lock()
+	defer l.reconfMu.Unlock()
+	if l.closed.Load() {
+		return ErrClosed
+	}
 	if len(limits) == 0 {
 		return fmt.Errorf("%w: no limits", ErrInvalidConfig)
 	}

@@ -285,3 +285,21 @@ func TestAddRemoveLimit(t *testing.T) {
 		}
 	})
 }
+
+// TestReconfigureAfterClose: after Close, Reconfigure changes nothing, and says why:
+// it removed limits before it found it could add none.
+func TestReconfigureAfterClose(t *testing.T) {
+	_, c := redistest.Mini(t)
+	a := hybrid.Limit{Name: "a", Rate: 1, Burst: 1, Policy: breaker.FailOpen}
+	l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{a}})
+	if err := l.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	b := hybrid.Limit{Name: "b", Rate: 1, Burst: 1, Policy: breaker.FailOpen}
+	if err := l.Reconfigure([]hybrid.Limit{b}); !errors.Is(err, hybrid.ErrClosed) {
+		t.Fatalf("Reconfigure after Close: %v, want ErrClosed", err)
+	}
+	if got := l.Limits(); len(got) != 1 || got[0].Name != "a" {
+		t.Fatalf("limits after a refused Reconfigure: %+v, want a alone", got)
+	}
+}
