@@ -158,13 +158,15 @@ func (e *Engine) owe(lm *Limit, sh *Shape, key string, n int, ref float64, hasRe
 	}
 }
 
-// settle takes n tokens of key of lm, admitted by FailLocal and paid since by the grant of
-// the refill the requests had waited for (answer), off what this server owes the bucket:
-// counted as charged.
+// settle takes n tokens of key of lm, admitted by the failure policy and paid since by the
+// grant of the refill the requests had waited for (answer, Late), off what this server
+// owes the bucket (FailLocal's debt): counted as charged. The n tokens are spent, not
+// held.
 func (e *Engine) settle(lm *Limit, key string, n int) {
 	if n <= 0 {
 		return
 	}
+	lm.stats.paid.Add(int64(n))
 	e.mu.Lock()
 	x := e.debts.settle(lm, key, n)
 	e.mu.Unlock()

@@ -547,6 +547,9 @@ func TestGrantPaysThePolicy(t *testing.T) {
 	if n := tokens("late"); n != 10-1-1 {
 		t.Errorf("%d tokens on hand after a grant of 10 that served one and paid for one, want 8", n)
 	}
+	if held := lm.Stats().Held; held != 8 {
+		t.Errorf("Held %d after a grant of 10 that served one and paid for one, want 8", held)
+	}
 
 	// A lost take whose requests the policy admitted is not sent again.
 	_, w := decide(e, t0.Add(time.Second), lm, "lost", 1)
@@ -616,8 +619,8 @@ func TestLateGrant(t *testing.T) {
 			if tokens != tc.tokens {
 				t.Errorf("%d tokens on hand, want %d", tokens, tc.tokens)
 			}
-			if s := lm.Stats(); s.Recovered != tc.recov {
-				t.Errorf("Recovered %d, want %d", s.Recovered, tc.recov)
+			if s := lm.Stats(); s.Recovered != tc.recov || s.Held != int64(tc.tokens) {
+				t.Errorf("Recovered %d, Held %d; want %d and the tokens on hand, %d", s.Recovered, s.Held, tc.recov, tc.tokens)
 			}
 			if out != nil {
 				return

@@ -94,6 +94,7 @@ type limitCounters struct {
 	owed, charged, forgiven        atomic.Int64
 	reserved                       atomic.Int64
 	claimsBack                     atomic.Int64 // claimed tokens queued back to their buckets: refunds of tokens never leased
+	paid                           atomic.Int64 // leased tokens a grant spent on what the failure policy had admitted (Engine.settle)
 }
 
 // decisionCounters are one shard of a limit's decision counters. extra is the tokens
@@ -157,7 +158,7 @@ func (lm *Limit) Stats() LimitStats {
 	s.Granted, s.Refunded, s.RefundsLost = c.granted.Load(), c.refunded.Load(), c.refundsLost.Load()
 	s.Recovered = c.recovered.Load()
 	// A claim's tokens given back go out as refunds, but were never leased.
-	s.Held = max(s.Granted-spent-s.Refunded-s.RefundsLost+c.claimsBack.Load(), 0)
+	s.Held = max(s.Granted-spent-c.paid.Load()-s.Refunded-s.RefundsLost+c.claimsBack.Load(), 0)
 	s.Reshaped = c.reshaped.Load()
 	s.Owed, s.Charged, s.Forgiven = c.owed.Load(), c.charged.Load(), c.forgiven.Load()
 	s.Reserved = c.reserved.Load()
