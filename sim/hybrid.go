@@ -443,7 +443,9 @@ func (h *hybridStrat) trip(s *server, hs *hybridServer, t *engine.Trip, done, ne
 			if left--; left > 0 {
 				return
 			}
-			t.Answered, t.Err = false, nil
+			// As the Limiter's outcome: a trip of several parts is answered, its items
+			// carrying their parts' errors (failPart), whether or not any part was.
+			t.Answered, t.Err = len(parts) > 1 && t.Kind != engine.HeartbeatTrip, nil
 			for _, p := range parts {
 				if t.Kind == engine.HeartbeatTrip && p.idx[0] == 1 {
 					if !p.answered { // as the Limiter reads it: an answer Do gave up on is none
