@@ -1023,23 +1023,18 @@ func (l *Limiter) close(ctx context.Context) error {
 	l.eng.Drain()
 	lost := 0
 	var firstErr error
-	probed := false
-	for ctx.Err() == nil {
-		t := l.eng.Next()
-		if t == nil && !probed && l.eng.Owes() {
-			// Debts and charges wait for the breaker, where refunds make a trip that
-			// waits for its probe (below): wait for it here.
-			probed = true
+	var t *engine.Trip
+	if ctx.Err() == nil {
+		// The last trips go once an open breaker lets a probe through: refunds make a
+		// trip at once; debts and charges make none while it is open (Owes).
+		if t = l.eng.Next(); t != nil || l.eng.Owes() {
 			l.awaitProbe(ctx)
-			t = l.eng.Next()
+			if t == nil {
+				t = l.eng.Next()
+			}
 		}
-		if t == nil {
-			break
-		}
-		if !probed {
-			probed = true
-			l.awaitProbe(ctx)
-		}
+	}
+	for ; t != nil; t = l.eng.Next() {
 		lates := l.do(ctx, t)
 		l.eng.Done(l.clock.Now(), t)
 		for _, lt := range lates {
@@ -1048,6 +1043,9 @@ func (l *Limiter) close(ctx context.Context) error {
 		n, err := t.Lost()
 		lost += n
 		firstErr = cmp.Or(firstErr, err)
+		if ctx.Err() != nil {
+			break
+		}
 	}
 	if n := l.eng.Finish(); n > 0 {
 		lost += n

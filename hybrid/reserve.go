@@ -10,9 +10,9 @@ import (
 
 // A Reservation holds tokens of a limit for one key that its holder may spend from a
 // given instant on, as x/time/rate's does: Delay says how long to wait; Cancel gives the
-// tokens back until that instant. It is served from this server's lease or as a claim on the bucket's
-// refill, so the fleet-wide bound holds at the instants the holders act. Safe for
-// concurrent use.
+// tokens back until that instant. It is served from this server's lease or as a claim
+// on the bucket's refill, so the fleet-wide bound holds at the instants the holders act.
+// Safe for concurrent use.
 type Reservation struct {
 	l     *Limiter
 	lm    *engine.Limit

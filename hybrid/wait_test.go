@@ -122,60 +122,88 @@ func TestSlowPreCheckNeverWraps(t *testing.T) {
 // ends returns the context's error, as AllowN's wait does, with a reservation that is
 // not OK.
 func TestWaitAndReserveHonourTheirContext(t *testing.T) {
-	_, c := redistest.Mini(t)
-	slow := &slowScripts{}
-	c.AddHook(slow)
-	l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{
-		{Name: "jobs", Rate: 1, Burst: 5, Policy: breaker.FailClosed, MaxWait: 3 * time.Second},
-		{Name: "big", Rate: 1000, Burst: 1000, Policy: breaker.FailClosed, MaxWait: 3 * time.Second}}})
 	bg := context.Background()
-	for range 5 { // the lease of "big" holds tokens
-		if d, _ := l.Allow(bg, "big", "k"); !d.Allowed {
-			t.Fatalf("%+v", d)
+	t.Run("WaitN", func(t *testing.T) {
+		_, c := redistest.Mini(t)
+		l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{
+			{Name: "big", Rate: 1000, Burst: 1000, Policy: breaker.FailClosed, MaxWait: 3 * time.Second}}})
+		for range 5 { // the lease holds tokens
+			if d, _ := l.Allow(bg, "big", "k"); !d.Allowed {
+				t.Fatalf("%+v", d)
+			}
 		}
-	}
-	held := func() int64 { return l.Stats().Limits[1].Held }
-	before := held()
-	if before == 0 {
-		t.Fatal("the lease holds nothing")
-	}
-	ended, cancel := context.WithCancel(bg)
-	cancel()
-	if d, err := l.WaitN(ended, "big", "k", 1); !errors.Is(err, context.Canceled) || d.Allowed {
-		t.Fatalf("WaitN with an ended context: %+v, %v; want context.Canceled", d, err)
-	}
-	if got := held(); got != before {
-		t.Fatalf("WaitN with an ended context took %d tokens", before-got)
-	}
-	for { // drain: the next reservation is a claim
-		if d, err := l.Allow(bg, "jobs", "k"); err != nil || !d.Allowed {
-			break
+		held := func() int64 { return l.Stats().Limits[0].Held }
+		before := held()
+		if before == 0 {
+			t.Fatal("the lease holds nothing")
 		}
-	}
-	slow.d.Store(int64(400 * time.Millisecond))
-	defer slow.d.Store(0)
-	ctx, cancel := context.WithTimeout(bg, 50*time.Millisecond)
-	defer cancel()
-	r, err := l.ReserveN(ctx, "jobs", "k", 1)
-	if !errors.Is(err, context.DeadlineExceeded) || r.OK() {
-		t.Fatalf("ReserveN whose claim outlived its context: ok %v, %v; want not OK and the deadline", r.OK(), err)
-	}
+		ended, cancel := context.WithCancel(bg)
+		cancel()
+		if d, err := l.WaitN(ended, "big", "k", 1); !errors.Is(err, context.Canceled) || d.Allowed {
+			t.Fatalf("WaitN with an ended context: %+v, %v; want context.Canceled", d, err)
+		}
+		if got := held(); got != before {
+			t.Fatalf("WaitN with an ended context took %d tokens", before-got)
+		}
+	})
+	t.Run("ReserveN", func(t *testing.T) {
+		_, c := redistest.Mini(t)
+		hook := &heldCalls{entered: make(chan struct{}, 1), release: make(chan struct{})}
+		c.AddHook(hook)
+		l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{
+			{Name: "jobs", Rate: 1, Burst: 5, Policy: breaker.FailClosed, MaxWait: 3 * time.Second}}})
+		for { // drain: the key is paced, and its next reservation a claim, its only call
+			if d, err := l.Allow(bg, "jobs", "k"); err != nil || !d.Allowed {
+				break
+			}
+		}
+		// The claim's call is held in Redis's way until the caller's context has ended.
+		hook.on.Store(true)
+		ctx, cancel := context.WithCancel(bg)
+		go func() {
+			<-hook.entered
+			cancel()
+		}()
+		r, err := l.ReserveN(ctx, "jobs", "k", 1)
+		hook.on.Store(false)
+		close(hook.release)
+		if !errors.Is(err, context.Canceled) || r.OK() {
+			t.Fatalf("ReserveN whose claim outlived its context: ok %v, %v; want not OK and context.Canceled", r.OK(), err)
+		}
+	})
 }
 
-// slowScripts is a go-redis hook that delays every command and pipeline by d: a slow
-// Redis.
-type slowScripts struct{ d atomic.Int64 }
+// heldCalls is a go-redis hook that, while on, holds every command and pipeline until
+// release is closed, telling entered (buffered) of the first: a Redis that has not
+// answered yet.
+type heldCalls struct {
+	on      atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
 
-func (*slowScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *slowScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (*heldCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *heldCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		time.Sleep(time.Duration(h.d.Load()))
+		h.hold()
 		return next(ctx, cmd)
 	}
 }
-func (h *slowScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (h *heldCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		time.Sleep(time.Duration(h.d.Load()))
+		h.hold()
 		return next(ctx, cmds)
 	}
+}
+
+// hold holds the call, while on, until release.
+func (h *heldCalls) hold() {
+	if !h.on.Load() {
+		return
+	}
+	select {
+	case h.entered <- struct{}{}:
+	default:
+	}
+	<-h.release
 }

@@ -114,6 +114,7 @@ type lowKeys struct {
 	sets      []lowSet            // by set of the fleet's (wire.LowShard), what this server heard from it; guarded by mu
 	sweep     time.Time           // when the forgotten keys were last dropped; guarded by mu
 	shards    int                 // the sets of the limit's marks (LimitConfig.LowShards, 0 or 1: one); fixed
+	total     *atomic.Int64       // the engine's count of keys uncharged, every limit's (laterSched.uncharged); fixed
 }
 
 // lowSet is what a server heard from one set of the fleet's low keys: when it last
@@ -163,12 +164,12 @@ const (
 
 // admit reports whether key, of a limit with Async, may be admitted uncharged at now:
 // this server heard from the key's set of the fleet's since it started, and within
-// lowStale, knows the key not low, and holds no admission of it uncharged, and total,
-// the engine's count of keys uncharged (laterSched.uncharged), is below maxDebtKeys. If
-// so the key counts as uncharged, here and in total, until charged. A set whose master
+// lowStale, knows the key not low, and holds no admission of it uncharged, and the
+// engine's count of keys uncharged (total) is below maxDebtKeys. If so the key counts as
+// uncharged, here and in total, until charged. A set whose master
 // does not answer thus costs its keys their uncharged admissions once lowStale has
 // passed, and no other key.
-func (s *lowKeys) admit(key string, now time.Time, total *atomic.Int64) bool {
+func (s *lowKeys) admit(key string, now time.Time) bool {
 	set := wire.LowShard(key, s.shards) // shards is fixed: hashed outside the lock
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -181,8 +182,8 @@ func (s *lowKeys) admit(key string, now time.Time, total *atomic.Int64) bool {
 	if _, ok := s.uncharged[key]; ok {
 		return false
 	}
-	if total.Add(1) > maxDebtKeys {
-		total.Add(-1)
+	if s.total.Add(1) > maxDebtKeys {
+		s.total.Add(-1)
 		return false
 	}
 	if s.uncharged == nil {
@@ -194,11 +195,11 @@ func (s *lowKeys) admit(key string, now time.Time, total *atomic.Int64) bool {
 
 // charged records that key's admission was charged (or will never be): it may be
 // admitted uncharged again, and no longer counts in total.
-func (s *lowKeys) charged(key string, total *atomic.Int64) {
+func (s *lowKeys) charged(key string) {
 	s.mu.Lock()
 	if _, ok := s.uncharged[key]; ok {
 		delete(s.uncharged, key)
-		total.Add(-1)
+		s.total.Add(-1)
 	}
 	s.mu.Unlock()
 }
@@ -633,7 +634,7 @@ func (c *chargeLater) trusts(en *entry, sh *Shape, t time.Time, n int) (ok, star
 	if en.lease.tookWithin(t, sh.lease.Load().Lifetime) || en.lease.lifeFrom(t) > 0 {
 		return false, started // its lease is in use here: it serves the key, at no extra call
 	}
-	return c.low.admit(en.key, t, &c.lm.e.cl.uncharged), started
+	return c.low.admit(en.key, t), started
 }
 
 // note records what a refill's answer said of the key's bucket (lowKeys.note).
@@ -651,7 +652,7 @@ func (c *chargeLater) charge(sh *Shape, key string, n int, now time.Time) {
 			lm.stats.forgiven.Add(int64(n))
 		}
 		e.mu.Unlock()
-		c.low.charged(key, &e.cl.uncharged) // forgiven: nothing will charge it
+		c.low.charged(key) // forgiven: nothing will charge it
 		return
 	}
 	lm.stats.owed.Add(int64(n))
@@ -683,13 +684,12 @@ func (c *chargeLater) charge(sh *Shape, key string, n int, now time.Time) {
 func (c *chargeLater) undo(sh *Shape, key string, n int) int {
 	lm, e := c.lm, c.lm.e
 	e.mu.Lock()
-	x := e.cl.charges.settle(lm, key, n)
-	_, left := e.cl.charges.m[debtKey{lm, key}]
+	x, left := e.cl.charges.settle(lm, key, n)
 	e.mu.Unlock()
 	if x > 0 {
 		lm.stats.owed.Add(-int64(x))
-		if !left {
-			c.low.charged(key, &e.cl.uncharged)
+		if left == 0 {
+			c.low.charged(key)
 		}
 	}
 	if x < n {
@@ -705,7 +705,7 @@ func (c *chargeLater) charged(sh *Shape, key string, answered bool, remaining fl
 	if answered && sh != nil {
 		c.low.note(sh, key, remaining, now)
 	}
-	c.low.charged(key, &c.lm.e.cl.uncharged)
+	c.low.charged(key)
 }
 
 // noteOpen records the breaker's state for the charge-later admissions, which do not

@@ -542,7 +542,7 @@ func TestAsyncUnchargedOutlivesTheEntry(t *testing.T) {
 	if d, _ := decide(e, at.Add(102*time.Millisecond), lm, "j", 1); d.Reason != ReasonAsync {
 		t.Fatalf("another key: %+v", d)
 	}
-	if lm.chargeLater().low.admit("k", at.Add(102*time.Millisecond), &e.cl.uncharged) == false {
+	if lm.chargeLater().low.admit("k", at.Add(102*time.Millisecond)) == false {
 		t.Fatal("k still counted uncharged after its charge was answered under the old limit")
 	}
 }
@@ -724,7 +724,7 @@ func TestAsyncLowSets(t *testing.T) {
 		}
 		if i == 1 { // the sets that answered are warm: their keys may be admitted uncharged
 			low := &lm.chargeLater().low
-			if !low.admit(keyOfSet(t, 0, sets), now, &e.cl.uncharged) || low.admit(keyOfSet(t, 1, sets), now, &e.cl.uncharged) {
+			if !low.admit(keyOfSet(t, 0, sets), now) || low.admit(keyOfSet(t, 1, sets), now) {
 				t.Fatal("after set 1 failed the warm-up: want set 0's key admitted uncharged, set 1's not")
 			}
 		}
@@ -764,10 +764,10 @@ func TestAsyncLowSets(t *testing.T) {
 		t.Fatalf("%d exchanges in %v with a set failing, want at most %d (one a LowEvery, at a pace down to half of it)", exchanges, now.Sub(last), most)
 	}
 	low := &lm.chargeLater().low
-	if k := keyOfSetFrom(t, "fresh", 0, sets); !low.admit(k, now, &e.cl.uncharged) {
+	if k := keyOfSetFrom(t, "fresh", 0, sets); !low.admit(k, now) {
 		t.Fatalf("set 0 answers: its key %s not admitted uncharged", k)
 	}
-	if k := keyOfSet(t, 2, sets); low.admit(k, now, &e.cl.uncharged) {
+	if k := keyOfSet(t, 2, sets); low.admit(k, now) {
 		t.Fatalf("set 2 silent for %v: its key %s admitted uncharged", now.Sub(last), k)
 	}
 	// Idle, with set 2 still failing: only its waiting marks make exchanges due, at their

@@ -103,12 +103,13 @@ func (q *owed) pop() debtKey {
 	return k
 }
 
-// settle takes up to n tokens off the debt of (lm, key), and returns how many.
-func (q *owed) settle(lm *Limit, key string, n int) int {
+// settle takes up to n tokens off the debt of (lm, key), and returns how many, and what
+// is left of it (0: the debt is gone).
+func (q *owed) settle(lm *Limit, key string, n int) (taken, left int) {
 	k := debtKey{lm, key}
 	d := q.m[k]
 	if d == nil || n <= 0 {
-		return 0
+		return 0, 0
 	}
 	x := min(n, d.n)
 	if d.n -= x; d.n == 0 {
@@ -117,7 +118,7 @@ func (q *owed) settle(lm *Limit, key string, n int) int {
 			q.order = nil
 		}
 	}
-	return x
+	return x, d.n
 }
 
 // forgive drops every debt of q, counted in LimitStats.Forgiven.
@@ -168,7 +169,7 @@ func (e *Engine) settle(lm *Limit, key string, n int) {
 	}
 	lm.stats.paid.Add(int64(n))
 	e.mu.Lock()
-	x := e.debts.settle(lm, key, n)
+	x, _ := e.debts.settle(lm, key, n)
 	e.mu.Unlock()
 	lm.stats.owed.Add(-int64(x))
 	lm.stats.charged.Add(int64(x))

@@ -606,9 +606,7 @@ func TestLateGrant(t *testing.T) {
 					t.Fatalf("the refill went under %d, want the lost take's %d", out.Takes[0].Seq, lost)
 				}
 			}
-			answerAll(trip)
-			trip.TakeResults[0].Granted = 10
-			if got := e.Late(t0.Add(20*ms), trip, 0, &trip.TakeResults[0]); got != tc.took {
+			if got := lateAnswer(e, trip, 10, t0.Add(20*ms)); got != tc.took {
 				t.Fatalf("Late = %v, want %v", got, tc.took)
 			}
 			if e.Late(t0.Add(21*ms), trip, 0, &trip.TakeResults[0]) {
@@ -675,9 +673,7 @@ func TestLateGrantReadOnce(t *testing.T) {
 		if next.Takes[0].Seq == lost {
 			t.Fatalf("the refill that started meanwhile went under the lost take's number %d", lost)
 		}
-		answerAll(trip)
-		trip.TakeResults[0].Granted = 10
-		if !e.Late(t0.Add(20*ms), trip, 0, &trip.TakeResults[0]) {
+		if !lateAnswer(e, trip, 10, t0.Add(20*ms)) {
 			t.Fatal("the lost take's late answer, its grant's only reader, was not taken")
 		}
 		answerAll(next)
@@ -706,9 +702,7 @@ func TestLateGrantReadOnce(t *testing.T) {
 				e.Stop(t0.Add(17 * ms))
 				e.Drain()
 			}
-			answerAll(trip)
-			trip.TakeResults[0].Granted = 10
-			if e.Late(t0.Add(20*ms), trip, 0, &trip.TakeResults[0]) {
+			if lateAnswer(e, trip, 10, t0.Add(20*ms)) {
 				t.Error("the late answer of a grant its resend read back was taken")
 			}
 			for x := e.Next(); x != nil; x = e.Next() {
@@ -743,9 +737,7 @@ func TestLateGrantReadOnceMore(t *testing.T) {
 					return
 				}
 				armed = false
-				answerAll(first)
-				first.TakeResults[0].Granted = 10
-				if !e.Late(t0.Add(20*ms), first, 0, &first.TakeResults[0]) {
+				if !lateAnswer(e, first, 10, t0.Add(20*ms)) {
 					t.Error("the lost take's late answer, nothing out under its number, was not taken")
 				}
 			}
@@ -769,9 +761,7 @@ func TestLateGrantReadOnceMore(t *testing.T) {
 		}
 		other := e.Next()
 		lose(e, other, t0.Add(27*ms))
-		answerAll(other)
-		other.TakeResults[0].Granted = 11
-		if !e.Late(t0.Add(28*ms), other, 0, &other.TakeResults[0]) {
+		if !lateAnswer(e, other, 11, t0.Add(28*ms)) {
 			t.Error("another take's late answer was not taken")
 		}
 		answerAll(resend)
@@ -796,9 +786,7 @@ func TestLateGrantReadOnceMore(t *testing.T) {
 		trip := e.Next()
 		lm.keys.Remove("k")
 		lose(e, trip, t0.Add(10*ms))
-		answerAll(trip)
-		trip.TakeResults[0].Granted = 10
-		if !e.Late(t0.Add(20*ms), trip, 0, &trip.TakeResults[0]) {
+		if !lateAnswer(e, trip, 10, t0.Add(20*ms)) {
 			t.Fatal("the late answer of a take whose key was evicted was not taken")
 		}
 		if refunded := refundAll(e, t0.Add(30*ms)); refunded != 10 {
@@ -834,10 +822,8 @@ func TestLateGrantOfAnotherBucket(t *testing.T) {
 		if w := e.Decide(t0.Add(ms), lm, "small", "k", 1, &d); w == nil { // the key moves tier
 			t.Fatal("no refill under the new tier")
 		}
-		lose(e, trip, t0.Add(10*ms)) // the old tier's take times out...
-		answerAll(trip)
-		trip.TakeResults[0].Granted = trip.Takes[0].Want // ...having run
-		e.Late(t0.Add(20*ms), trip, 0, &trip.TakeResults[0])
+		lose(e, trip, t0.Add(10*ms)) // the old tier's take times out, having run:
+		lateAnswer(e, trip, trip.Takes[0].Want, t0.Add(20*ms))
 		var tokens int
 		lm.keys.Peek("k", func(en *entry, _ time.Time) { tokens = en.lease.Tokens() })
 		if tokens != 0 {
@@ -873,9 +859,7 @@ func TestLateGrantOfAnotherBucket(t *testing.T) {
 		if _, done := e.StartMulti(t0.Add(11*ms), &m); !done || m.Allowed {
 			t.Fatalf("the multi: done %v, allowed %v; want it denied at once", done, m.Allowed)
 		}
-		answerAll(trip)
-		trip.TakeResults[0].Granted = 10
-		if !e.Late(t0.Add(20*ms), trip, 0, &trip.TakeResults[0]) {
+		if !lateAnswer(e, trip, 10, t0.Add(20*ms)) {
 			t.Fatal("the late grant was not taken")
 		}
 		if back := refundAll(e, t0.Add(21*ms)); back != 10 {
@@ -896,4 +880,13 @@ func refundAll(e *Engine, now time.Time) int {
 		e.Done(now, x)
 	}
 	return n
+}
+
+// lateAnswer answers take trip t, lost (lose), in full but for its first take's grant of
+// granted, and hands that answer to e as a late one at now (Engine.Late), reporting
+// whether e took it.
+func lateAnswer(e *Engine, t *Trip, granted int, now time.Time) bool {
+	answerAll(t)
+	t.TakeResults[0].Granted = granted
+	return e.Late(now, t, 0, &t.TakeResults[0])
 }

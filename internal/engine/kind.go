@@ -61,7 +61,7 @@ func newKind(lm *Limit, c LimitConfig, seed uint64) (kind, time.Duration) {
 	case kindWindowed:
 		return newWindowed(lm, c, seed), windowMemory // a key stays over that long
 	case kindChargeLater:
-		return &bucket{lm: lm, spill: &chargeLater{lm: lm, low: lowKeys{shards: max(c.LowShards, 1)}}}, 0
+		return &bucket{lm: lm, spill: &chargeLater{lm: lm, low: lowKeys{shards: max(c.LowShards, 1), total: &lm.e.cl.uncharged}}}, 0
 	}
 	return &bucket{lm: lm, spill: exact{}}, 0
 }

@@ -444,9 +444,7 @@ func (e *Engine) dropLimit(lm *Limit) {
 		// What it admitted without asking, the grants its keys gave back and the grants
 		// its waiting requests asked for go with a last report; it retires once that went.
 		wl.mu.Lock()
-		if len(wl.ops) > 0 || len(wl.announce) > 0 {
-			wl.due.Store(true)
-		}
+		wl.lastReport()
 		wl.mu.Unlock()
 		e.mu.Lock()
 		e.retiring = append(e.retiring, wl)

@@ -277,9 +277,7 @@ func (e *Engine) refunded(t *Trip) {
 	e.stats.refundCalls.Add(1)
 	if t.timedOutWhole() {
 		a, b := halves(t.Refunds)
-		e.mu.Lock()
-		e.refundTrips = append([][]redisstore.RefundRequest{a, b}, e.refundTrips...)
-		e.mu.Unlock()
+		e.refundAgain(a, b)
 		return
 	}
 	var again []redisstore.RefundRequest
@@ -304,10 +302,16 @@ func (e *Engine) refunded(t *Trip) {
 		}
 	}
 	if len(again) > 0 {
-		e.mu.Lock()
-		e.refundTrips = append([][]redisstore.RefundRequest{again}, e.refundTrips...)
-		e.mu.Unlock()
+		e.refundAgain(again)
 	}
+}
+
+// refundAgain queues refund trips of reqs, sent before, at the head of the queue: they
+// keep their sequence numbers, and go before the refunds queued since.
+func (e *Engine) refundAgain(reqs ...[]redisstore.RefundRequest) {
+	e.mu.Lock()
+	e.refundTrips = append(reqs, e.refundTrips...)
+	e.mu.Unlock()
 }
 
 // counters returns the counters of the limit named name. Every refund names a limit of

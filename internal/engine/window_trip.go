@@ -1034,10 +1034,13 @@ func (wl *windowed) stop(pend []windowPending) []windowPending {
 		pend = wl.release(op, nil, errClosed, pend)
 	}
 	wl.ops = keep
-	// what was admitted without asking, and the marks, go with a last report
-	wl.due.Store(len(wl.ops) > 0 || len(wl.announce) > 0)
+	wl.lastReport()
 	return pend
 }
+
+// lastReport makes a last report due if anything is queued to go (counts, grants, marks),
+// and nothing else. It requires wl.mu.
+func (wl *windowed) lastReport() { wl.due.Store(len(wl.ops) > 0 || len(wl.announce) > 0) }
 
 // windowsTick ticks the windowed limits and reports whether one wants a trip.
 func (e *Engine) windowsTick(now time.Time) bool {
@@ -1067,16 +1070,14 @@ func (e *Engine) windowsNextTick(t time.Time) time.Time {
 // windowsStop stops the windowed limits, the retiring ones too: requests waiting for
 // grants not yet sent are denied as closed.
 func (e *Engine) windowsStop(now time.Time) {
-	var pend []windowPending
-	for _, lm := range e.limits.Load().list {
-		if wl := lm.windowed(); wl != nil {
-			pend = wl.stop(pend)
-		}
-	}
+	var wls []*windowed
 	e.mu.Lock()
-	retiring := slices.Clone(e.retiring)
+	for wl := range e.windowed {
+		wls = append(wls, wl)
+	}
 	e.mu.Unlock()
-	for _, wl := range retiring {
+	var pend []windowPending
+	for _, wl := range wls {
 		pend = wl.stop(pend)
 	}
 	e.failPending(now, pend)
