@@ -28,7 +28,7 @@ type takePart struct {
 var takeParts = []takePart{
 	{"HSET", "redis.call('HSET', KEYS[1], unpack(set))", "local _ = set"},
 	{"PEXPIRE", "redis.call('PEXPIRE', KEYS[1], ", "local _ = math.max(0, "},
-	{"HLEN", "if redis.call('HLEN', KEYS[1]) > 256 then", "if false then"},
+	{"HLEN", "if state[1] and redis.call('HLEN', KEYS[1]) > 256 then", "if false then"},
 	{"argument checks", "if not (capacity and rate and want", "if false and not (capacity and rate and want"},
 	{"reading the credit", "local held_credit = num(string.match(state[5] or '', '^(%S+)'))", "local held_credit = 0"},
 	{"formatting the credit", "local credit_s = string.format('%.17g', credit)", "local credit_s = '1'"},

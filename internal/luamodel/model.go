@@ -181,12 +181,7 @@ func (e *entry) refillHeld(capacity, heldCap, heldRate, now float64) (tokens, ts
 // cumulative, from now·rate for a bucket with no history.
 func (e *entry) credit(capacity, rate, heldCap, heldRate, now float64) float64 {
 	stored, okTokens := tonumber(e.field("tokens"))
-	c, okCredit := 0.0, false
-	if v, ok := e.field("c"); ok {
-		if f := strings.Fields(v); len(f) > 0 {
-			c, okCredit = tonumber(f[0], true)
-		}
-	}
+	c, okCredit := e.heldCredit()
 	if !okTokens || !okCredit {
 		c = now / 1000 * rate
 	}
@@ -255,26 +250,50 @@ const refreshMS = 30000
 // none, c when the credit differs from what it holds or it holds none) or when it was
 // written (its last number) refreshMS or more before ms.
 func (e *entry) setParams(p Params, credit, ms float64) {
-	fresh := func(f []string, n int) bool {
-		if len(f) != n {
-			return false
-		}
-		at, ok := tonumber(f[n-1], true)
-		return ok && ms-at < refreshMS
-	}
-	pv, _ := e.field("p")
-	if held, ok := e.held(); !ok || held != p || !fresh(strings.Fields(pv), 4) {
+	if held, ok := e.held(); !ok || held != p || !e.fresh("p", 4, ms) {
 		e.fields["p"] = paramsField(p, ms)
 	}
-	cv, _ := e.field("c")
-	cf := strings.Fields(cv)
-	old, ok := 0.0, false
-	if len(cf) > 0 {
-		old, ok = tonumber(cf[0], true)
-	}
-	if !ok || old != credit || !fresh(cf, 2) {
+	if old, ok := e.heldCredit(); !ok || old != credit || !e.fresh("c", 2, ms) {
 		e.fields["c"] = creditField(credit, ms)
 	}
+}
+
+// fresh reports whether the field f (p or c) holds n words, the last a time less than
+// refreshMS before ms: the scripts' fresh.
+func (e *entry) fresh(f string, n int, ms float64) bool {
+	v, _ := e.field(f)
+	w := strings.Fields(v)
+	if len(w) != n {
+		return false
+	}
+	at, ok := tonumber(w[n-1], true)
+	return ok && ms-at < refreshMS
+}
+
+// heldCredit reads the credit the field c holds, and whether it holds one.
+func (e *entry) heldCredit() (float64, bool) {
+	v, _ := e.field("c")
+	if w := strings.Fields(v); len(w) > 0 {
+		return tonumber(w[0], true)
+	}
+	return 0, false
+}
+
+// restsFull reports whether refund.lua writes nothing for a refund to the bucket on its
+// parameters p at ms: it holds tokens and is full at ms (refilled to its capacity or
+// past it), and its p and c are fresh.
+func (e *entry) restsFull(p Params, ms float64) bool {
+	stored, ok := tonumber(e.field("tokens"))
+	if !ok {
+		return false
+	}
+	ts, ok := tonumber(e.field("ts"))
+	if !ok {
+		ts = ms
+	}
+	_, held := e.held()
+	_, credit := e.heldCredit()
+	return stored+math.Max(0, ms-ts)/1000*p.Rate >= p.Capacity && held && credit && e.fresh("p", 4, ms) && e.fresh("c", 2, ms)
 }
 
 // paramsField is the value take.lua and refund.lua store in p: string.format('%d %.17g
@@ -330,9 +349,9 @@ func (m *Model) BucketCallerClock(now time.Time, key string, capacity, rate, cos
 }
 
 // prune is the scripts' bound on the hash: on a server's first record, when the hash holds
-// more than 256 fields, records older than 120 s (or unparsable) are dropped.
+// tokens and more than 256 fields, records older than 120 s (or unparsable) are dropped.
 func (e *entry) prune(now float64) {
-	if e == nil || len(e.fields) <= 256 {
+	if _, ok := e.field("tokens"); !ok || len(e.fields) <= 256 {
 		return
 	}
 	for f, v := range e.fields {
@@ -353,9 +372,16 @@ func (e *entry) prune(now float64) {
 // record returns the fields of server's record in field, if it holds n of them, and
 // whether it does; without a record it first prunes the hash, as the scripts do.
 func (e *entry) record(field string, n int, now float64) ([]float64, bool) {
+	if _, ok := e.field(field); !ok {
+		e.prune(now)
+	}
+	return e.peekRecord(field, n)
+}
+
+// peekRecord is record without the pruning.
+func (e *entry) peekRecord(field string, n int) ([]float64, bool) {
 	rec, ok := e.field(field)
 	if !ok {
-		e.prune(now)
 		return nil, false
 	}
 	p := strings.Fields(rec)
@@ -454,12 +480,18 @@ func (m *Model) Refund(now time.Time, key string, capacity, rate float64, amount
 	}
 	credit := e.credit(capacity, rate, capacity, rate, ms)
 	tokens, ts := e.refill(capacity, rate, ms)
-	rec, found := e.record(field, 3, ms)
+	rec, found := e.peekRecord(field, 3)
 	switch {
 	case found && rec[0] == float64(seq):
 		return wire.RefundReply{Tokens: rec[1], Flag: 1, Version: p.Version}
 	case found && rec[0] > float64(seq):
 		return wire.RefundReply{Tokens: tokens, Flag: 2, Version: p.Version}
+	}
+	if amount >= 0 && e.restsFull(p, ms) {
+		return wire.RefundReply{Tokens: capacity, Version: p.Version}
+	}
+	if _, ok := e.field(field); !ok {
+		e.prune(ms)
 	}
 	if amount < 0 {
 		debt := float64(amount)

@@ -330,6 +330,60 @@ func TestRefundCap(t *testing.T) {
 	})
 }
 
+// TestRefundToAFullBucket: a refund to a full bucket answers its capacity and writes
+// nothing, not even its record, so a replay of it runs again: it gives its tokens back
+// once, when the bucket has room for them, and is a replay from then on.
+func TestRefundToAFullBucket(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		const rate = 1e-6 // no refill within the test
+		key := redistest.Unique(t)
+		if got := run(t, tg.Client, luascript.Take, key, 10, rate, 2, 2, "a", 1, 0); got[0] != int64(2) {
+			t.Fatalf("take: %v", got)
+		}
+		if got := run(t, tg.Client, luascript.Refund, key, 10, rate, 2, "a", 2, 0); num(t, got[0]) != 10 || got[1] != int64(luascript.Fresh) {
+			t.Fatalf("refund to a bucket with room: %v, want 10", got)
+		}
+		before, err := tg.Client.HGetAll(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ttl, err := tg.Client.PTTL(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := run(t, tg.Client, luascript.Refund, key, 10, rate, 3, "a", 3, 0); num(t, got[0]) != 10 || got[1] != int64(luascript.Fresh) {
+			t.Fatalf("refund to a full bucket: %v, want 10, fresh", got)
+		}
+		after, err := tg.Client.HGetAll(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !maps.Equal(before, after) {
+			t.Fatalf("a refund to a full bucket wrote it: %v, then %v", before, after)
+		}
+		if ttl2, err := tg.Client.PTTL(ctx, key).Result(); err != nil || ttl2 > ttl {
+			t.Fatalf("a refund to a full bucket set its TTL: %v, then %v (%v)", ttl, ttl2, err)
+		}
+		// A debt to a full bucket is charged and recorded.
+		if got := run(t, tg.Client, luascript.Refund, key, 10, rate, -1, "a", 4, 0); num(t, got[0]) != 9 {
+			t.Fatalf("debt to a full bucket: %v, want 9", got)
+		}
+		if got := run(t, tg.Client, luascript.Take, key, 10, rate, 4, 4, "a", 5, 0); got[0] != int64(4) || !near(num(t, got[1]), 5, 1e-3) {
+			t.Fatalf("take: %v, want 4 granted, 5 left", got)
+		}
+		// The refund of seq 3 again: the bucket has room now, and gets its 3 tokens once.
+		for i, want := range []int64{luascript.Fresh, luascript.Replayed, luascript.Replayed} {
+			if got := run(t, tg.Client, luascript.Refund, key, 10, rate, 3, "a", 3, 0); !near(num(t, got[0]), 8, 1e-3) || got[1] != want {
+				t.Fatalf("refund of seq 3, call %d: %v, want 8 tokens, flag %d", i, got, want)
+			}
+		}
+		if tok := hget(t, tg.Client, key, "tokens"); !near(tok, 8, 1e-3) {
+			t.Fatalf("tokens = %v, want 8", tok)
+		}
+	})
+}
+
 // TestReplay: a replayed take or refund (same server id and seq, as when go-redis
 // retries a timed-out EVALSHA) returns the recorded answer and spends nothing; an older
 // seq spends nothing; another server's seq is independent.

@@ -26,6 +26,8 @@
 // and spends or refunds nothing. A seq lower than the recorded one (a replay that arrives
 // after a newer call) spends nothing. The records expire with the hash; when a hash
 // holds more than 256 fields, a new record first drops records older than two minutes.
+// A refund to a full bucket writes nothing, its record included: it adds nothing, and a
+// replay of it runs again, giving its tokens back at most once.
 //
 // Numbers that may be fractional are returned as strings (tostring). Real Redis formats
 // them with %.14g and miniredis with Go's shortest form, so compare parsed numbers,

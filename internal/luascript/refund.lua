@@ -51,6 +51,15 @@
 -- 'd:<server id>'; a replay returns it and refunds nothing. Debts have a record of their
 -- own: a debt that timed out goes again under its seq, and a refund of the same bucket
 -- sent meanwhile under a later seq must not make it stale (nothing charged).
+--
+-- A refund (not a debt) to a full bucket writes nothing, its record included, when p and
+-- c need no writing either (they hold what it would write, written less than 30 s
+-- before): it adds nothing, and writing it would change nothing a later call reads. The
+-- bucket reads as full then too, its TTL set when it was last written stands (a full
+-- bucket that expires is one that reads full), and the credit counts, from ts, the same
+-- refill lost to the cap. This is the common refund of per-client keys, whose buckets
+-- sit full, and it costs Redis about a third of one that writes. A replay of it is not
+-- recognised: it runs again, and gives the tokens back once at most.
 -- num is tonumber that also reads '1e-06' (see bucket.lua: yuin/gopher-lua#472).
 local function num(s)
   return tonumber(s) or (s and tonumber((string.gsub(s, '^(%s*[-+]?%d+)([eE])', '%1.0%2'))))
@@ -132,8 +141,13 @@ local function refund(key, capacity, rate, amount, server, seq, seq_s, version, 
     if rseq and rseq > seq then
       return tostring(tokens), 2, version
     end
-  else
-    if redis.call('HLEN', key) > 256 then
+  end
+  -- a full bucket: nothing to write (see the top)
+  if amount >= 0 and stored and raw >= capacity and p_stands and fresh(p_at) and held_credit and fresh(c_at) then
+    return tostring(capacity), 0, version
+  end
+  if not rec then
+    if state[1] and redis.call('HLEN', key) > 256 then
       local all = redis.call('HGETALL', key)
       for i = 1, #all, 2 do
         local f = all[i]

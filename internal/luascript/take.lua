@@ -135,8 +135,9 @@ if rec then
     return { 0, tostring(tokens), wait_for(tokens), now, 2, version, string.format('%.17g', credit) }
   end
 else
-  -- first record of this server in this bucket: keep the hash bounded
-  if redis.call('HLEN', KEYS[1]) > 256 then
+  -- first record of this server in this bucket: keep the hash bounded (a hash without
+  -- tokens is none of ours, or none at all: an expired bucket)
+  if state[1] and redis.call('HLEN', KEYS[1]) > 256 then
     local all = redis.call('HGETALL', KEYS[1])
     for i = 1, #all, 2 do
       local f = all[i]
