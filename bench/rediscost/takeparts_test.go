@@ -30,10 +30,10 @@ var takeParts = []takePart{
 	{"PEXPIRE", "redis.call('PEXPIRE', KEYS[1], ", "local _ = math.max(0, "},
 	{"HLEN", "if state[1] and redis.call('HLEN', KEYS[1]) > 256 then", "if false then"},
 	{"argument checks", "if not (capacity and rate and want", "if false and not (capacity and rate and want"},
-	{"reading the credit", "local held_credit = num(string.match(state[5] or '', '^(%S+)'))", "local held_credit = 0"},
+	{"reading the credit", "local held_credit, c_at = string.match(state[5] or '', '^(%S+) (%S+)$')", "local held_credit, c_at = '0', '0'"},
 	{"formatting the credit", "local credit_s = string.format('%.17g', credit)", "local credit_s = '1'"},
-	{"reading the record", "local rseq, rg, rtok, rwait, rnow = string.match(rec, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')", "local rseq, rg, rtok, rwait, rnow = '0', '0', '0', '0', '0'"},
-	{"formatting the record", "field, ARGV[6] .. ' ' .. granted .. ' ' .. left .. ' ' .. wait .. ' ' .. now }", "field, 'x' }"},
+	{"reading the record", "local rseq = num(string.match(rec, '^(%S+) '))", "local rseq = 0"},
+	{"formatting the record", "field, ARGV[6] .. ' ' .. (granted == want and ARGV[3] or granted) .. ' ' .. left .. ' '\n    .. (wait == 0 and '0' or wait) .. ' ' .. now_s }", "field, 'x' }"},
 }
 
 // TestTakeParts measures, on a redis-server of its own, what each part of a take costs

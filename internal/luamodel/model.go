@@ -270,10 +270,11 @@ func (e *entry) fresh(f string, n int, ms float64) bool {
 	return ok && ms-at < refreshMS
 }
 
-// heldCredit reads the credit the field c holds, and whether it holds one.
+// heldCredit reads the credit the field c holds ('<credit> <ms>'), and whether it holds
+// one.
 func (e *entry) heldCredit() (float64, bool) {
 	v, _ := e.field("c")
-	if w := strings.Fields(v); len(w) > 0 {
+	if w := strings.Fields(v); len(w) == 2 {
 		return tonumber(w[0], true)
 	}
 	return 0, false

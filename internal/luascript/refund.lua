@@ -125,21 +125,26 @@ local function refund(key, capacity, rate, amount, server, seq, seq_s, version, 
   local raw    = (stored or capacity) + math.max(0, now - ts) / 1000 * rate
   local tokens = math.min(capacity, raw)
   -- the refill lost to the cap, counted in c (see take.lua)
-  local held_credit = num(string.match(state[5] or '', '^(%S+)'))
-  local c_at = num(string.match(state[5] or '', '^%S+ (%S+)$'))
+  local held_credit, c_at = string.match(state[5] or '', '^(%S+) (%S+)$')
+  held_credit, c_at = num(held_credit), num(c_at)
   local credit = held_credit
   if not stored or not credit then credit = now / 1000 * rate end
   if raw > capacity then credit = credit + (raw - capacity) end
 
   local rec = state[3]
   if rec then
-    local rseq, rtok = string.match(rec, '^(%S+) (%S+) (%S+)$')
-    rseq = num(rseq)
-    if rseq == seq then
-      return rtok, 1, version
-    end
-    if rseq and rseq > seq then
-      return tostring(tokens), 2, version
+    -- the record's seq first: the whole record is read only for a replay or a stale call
+    local rseq = num(string.match(rec, '^(%S+) '))
+    if rseq and rseq >= seq then
+      local rtok
+      rseq, rtok = string.match(rec, '^(%S+) (%S+) (%S+)$')
+      rseq = num(rseq)
+      if rseq == seq then
+        return rtok, 1, version
+      end
+      if rseq and rseq > seq then
+        return tostring(tokens), 2, version
+      end
     end
   end
   -- a full bucket: nothing to write (see the top)
@@ -172,12 +177,16 @@ local function refund(key, capacity, rate, amount, server, seq, seq_s, version, 
     tokens = math.min(capacity, tokens + amount)
   end
   local left = tostring(tokens)
-  local set = { 'tokens', tokens, 'ts', math.max(ts, now), field, seq_s .. ' ' .. left .. ' ' .. now }
+  -- now as text once (see take.lua)
+  local now_s = tostring(now)
+  local ts_new = now_s
+  if ts > now then ts_new = ts end
+  local set = { 'tokens', tokens, 'ts', ts_new, field, seq_s .. ' ' .. left .. ' ' .. now_s }
   if not (p_stands and fresh(p_at)) then
     set[7], set[8] = 'p', string.format('%d %.17g %.17g %d', version, capacity, rate, now)
   end
   if credit ~= held_credit or not fresh(c_at) then
-    set[#set + 1], set[#set + 2] = 'c', string.format('%.17g %d', credit, now)
+    set[#set + 1], set[#set + 2] = 'c', string.format('%.17g ', credit) .. now_s
   end
   local wrote = redis.pcall('HSET', key, unpack(set))
   if type(wrote) == 'table' and wrote.err then return wrote.err, 4, 0 end

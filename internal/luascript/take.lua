@@ -69,7 +69,8 @@ local want     = num(ARGV[3])
 local min      = num(ARGV[4])
 local seq      = num(ARGV[6])
 local version  = num(ARGV[7])
-local floor    = num(ARGV[8] or '0')
+local floor    = 0
+if ARGV[8] and ARGV[8] ~= '0' then floor = num(ARGV[8]) end
 local seen     = num(ARGV[9] or '')
 local seen_at  = num(ARGV[10] or '')
 -- Every test is written so that NaN fails it (Lua's tonumber reads 'nan' and 'inf'); want
@@ -112,8 +113,8 @@ local cap    = math.min(capacity, held_cap)
 local raw    = (stored or held_cap) + math.max(0, now - ts) / 1000 * held_rate
 local tokens = math.min(cap, raw)
 -- the refill lost to the cap, counted in c
-local held_credit = num(string.match(state[5] or '', '^(%S+)'))
-local c_at = num(string.match(state[5] or '', '^%S+ (%S+)$'))
+local held_credit, c_at = string.match(state[5] or '', '^(%S+) (%S+)$')
+held_credit = num(held_credit)
 local credit = held_credit
 if not stored or not credit then credit = now / 1000 * rate end
 if raw > cap then credit = credit + (raw - cap) end
@@ -126,13 +127,18 @@ end
 
 local rec = state[3]
 if rec then
-  local rseq, rg, rtok, rwait, rnow = string.match(rec, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
-  rseq = num(rseq)
-  if rseq == seq then
-    return { num(rg), rtok, num(rwait), num(rnow), 1, version, string.format('%.17g', credit) }
-  end
-  if rseq and rseq > seq then
-    return { 0, tostring(tokens), wait_for(tokens), now, 2, version, string.format('%.17g', credit) }
+  -- the record's seq first: the whole record is read only for a replay or a stale call
+  local rseq = num(string.match(rec, '^(%S+) '))
+  if rseq and rseq >= seq then
+    local rg, rtok, rwait, rnow
+    rseq, rg, rtok, rwait, rnow = string.match(rec, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
+    rseq = num(rseq)
+    if rseq == seq then
+      return { num(rg), rtok, num(rwait), num(rnow), 1, version, string.format('%.17g', credit) }
+    end
+    if rseq and rseq > seq then
+      return { 0, tostring(tokens), wait_for(tokens), now, 2, version, string.format('%.17g', credit) }
+    end
   end
 else
   -- first record of this server in this bucket: keep the hash bounded (a hash without
@@ -167,13 +173,21 @@ end
 
 local left = tostring(tokens)
 local credit_s = string.format('%.17g', credit)
-local set = { 'tokens', tokens, 'ts', math.max(ts, now),
-  field, ARGV[6] .. ' ' .. granted .. ' ' .. left .. ' ' .. wait .. ' ' .. now }
+-- now as text once, for the three fields that hold it (a whole number of ms below 1e14:
+-- the same digits as %d and %.17g)
+local now_s = tostring(now)
+local ts_new = now_s
+if ts > now then ts_new = ts end
+-- the record: granted as the caller wrote want when it is want, and a wait of 0 as a
+-- literal (every number written as text is a conversion)
+local set = { 'tokens', tokens, 'ts', ts_new,
+  field, ARGV[6] .. ' ' .. (granted == want and ARGV[3] or granted) .. ' ' .. left .. ' '
+    .. (wait == 0 and '0' or wait) .. ' ' .. now_s }
 if not (p_stands and fresh(p_at)) then
   set[7], set[8] = 'p', string.format('%d %.17g %.17g %d', version, capacity, rate, now)
 end
-if credit ~= held_credit or not fresh(c_at) then
-  set[#set + 1], set[#set + 2] = 'c', credit_s .. ' ' .. string.format('%d', now)
+if credit ~= held_credit or not fresh(num(c_at)) then
+  set[#set + 1], set[#set + 2] = 'c', credit_s .. ' ' .. now_s
 end
 redis.call('HSET', KEYS[1], unpack(set))
 -- the TTL: until the bucket is full again (a bucket below zero needs longer), plus 1 s
