@@ -178,11 +178,9 @@ local credit_s = string.format('%.17g', credit)
 local now_s = tostring(now)
 local ts_new = now_s
 if ts > now then ts_new = ts end
--- the record: granted as the caller wrote want when it is want, and a wait of 0 as a
--- literal (every number written as text is a conversion)
+-- the record (a wait of 0 as a literal: every number written as text is a conversion)
 local set = { 'tokens', tokens, 'ts', ts_new,
-  field, ARGV[6] .. ' ' .. (granted == want and ARGV[3] or granted) .. ' ' .. left .. ' '
-    .. (wait == 0 and '0' or wait) .. ' ' .. now_s }
+  field, ARGV[6] .. ' ' .. granted .. ' ' .. left .. ' ' .. (wait == 0 and '0' or wait) .. ' ' .. now_s }
 if not (p_stands and fresh(p_at)) then
   set[7], set[8] = 'p', string.format('%d %.17g %.17g %d', version, capacity, rate, now)
 end
