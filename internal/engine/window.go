@@ -254,6 +254,7 @@ type windowed struct {
 	gone     map[string]int   // keys evicted with admissions unanswered: how many (below 0: answered before the eviction was)
 	goneMax  int              // the most keys gone has held since it was last made
 	start    time.Time
+	startAt  instant     // start, for rate
 	busy     bool        // its trip is out
 	free     bool        // admitted without asking since the last read went
 	urgent   bool        // a mark to send is a key's first in a while
@@ -359,7 +360,7 @@ func (wl *windowed) begin(now time.Time) {
 	if wl.started.Load() {
 		return
 	}
-	wl.start = now
+	wl.start, wl.startAt = now, at(now)
 	j := time.Duration(uniform(&wl.rng) * float64(windowWarm/4))
 	wl.warmAt = [2]time.Time{now.Add(windowWarm/2 + j), now.Add(windowWarm + j)}
 	wl.nextTick = now.Add(wl.iv + j)
@@ -562,9 +563,10 @@ func (wl *windowed) rate(st *wkey, now time.Time) (ewc, perSec float64) {
 	// in a server's first tenth of a window (or report interval) a key's first request
 	// may count as often, and ask a grant with its admission. Counting this request makes
 	// a key this server sees rarely look faster than it is.
-	ewc = st.ewc*expNeg(float64(at(now)-st.ewAt)/float64(wl.tau)) + 1
+	t := at(now)
+	ewc = st.ewc*expNeg(float64(t-st.ewAt)/float64(wl.tau)) + 1
 	counted := 1.0
-	if d := max(now.Sub(wl.start), min(wl.w/10, wl.iv)); d < countedAfter*wl.tau {
+	if d := max(time.Duration(t-wl.startAt), min(wl.w/10, wl.iv)); d < countedAfter*wl.tau {
 		counted = 1 - math.Exp(-float64(d)/float64(wl.tau))
 	}
 	return ewc, ewc / counted / wl.tauSec
@@ -597,7 +599,9 @@ func (wl *windowed) fastDecide(o *wdecision, en *entry, now time.Time, n int) bo
 	}
 	ewc, perSec := wl.rate(st, now)
 	often := wl.warm.Load() && perSec*wl.ivSec >= 1
-	if at(now) < st.over || often && float64(st.grants-n) < wl.need(st, perSec, wl.iv/20, now) {
+	// need is at most perSec·d, d the twentieth: the grants left above that need no window
+	left := float64(st.grants - n)
+	if at(now) < st.over || often && left < perSec*(wl.iv/20).Seconds() && left < wl.need(st, perSec, wl.iv/20, now) {
 		return false
 	}
 	wl.now(now)
