@@ -8,9 +8,9 @@
 // to EVAL when the server answers NOSCRIPT.
 //
 // Take and Refund keep package lua's bucket layout (fields tokens and ts, Redis TIME,
-// ts never backwards, the TTL rule), so that all three scripts can be used on the same
-// bucket; for a bucket left below zero the TTL is ceil((capacity-tokens)/rate*1000)+1000
-// ms.
+// ts never backwards, the TTL rule, set by every call that writes), so that all three
+// scripts can be used on the same bucket; for a bucket left below zero the TTL is
+// ceil((capacity-tokens)/rate*1000)+1000 ms.
 //
 // Take and Refund also keep the parameters in force in the field p, '<version> <capacity>
 // <rate> <now ms>', so that servers which learn of a change at different instants agree:

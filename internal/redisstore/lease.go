@@ -28,8 +28,9 @@ type Grant struct {
 	// Now is Redis's clock (TIME) at the decision, to the millisecond.
 	Now time.Time
 	// First reports that the bucket held no record of this Store's takes (luascript.First): it
-	// is new, it expired (nobody took or refunded for its TTL), or it was lost (evicted,
-	// flushed, deleted). A Store that took from it within the TTL knows it was lost.
+	// is new, it expired (nobody wrote it for its TTL: a refund to a full bucket writes
+	// nothing), or it was lost (evicted, flushed, deleted). A Store that took from it
+	// within the TTL knows it was lost.
 	First bool
 	// Version is the Limit.Version whose Rate and Burst the bucket runs on: the
 	// caller's, or a higher one another server set (the take was then decided on that
