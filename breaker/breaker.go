@@ -539,8 +539,10 @@ func (b *Breaker) finish(done func(error), ctx, cctx context.Context, err error,
 			return fmt.Errorf("breaker: call abandoned: %w", err)
 		}
 		return err
-	case cctx.Err() != nil && storeerr.IsTimeout(err):
-		// The deadline passed: the store did not answer in time.
+	case storeerr.IsTimeout(err) && (cctx.Err() != nil || took >= budget):
+		// The deadline passed: the store did not answer in time. The call may see it
+		// before Do's timer does (a client that sets its socket's deadline from the
+		// context's), so the time taken says it as well.
 		if !handedOff {
 			b.stats.timeouts.Add(1)
 		}

@@ -224,6 +224,67 @@ func TestBreakerTimeout(t *testing.T) {
 	})
 }
 
+// TestBreakerSocketDeadline: a client that sets its socket's deadline from the call's
+// context (a net.Dialer's dial, go-redis with ContextTimeoutEnabled) may report the
+// timeout before Do's own timer ends the context. Under a caller deadline shorter than
+// MinCountedTimeout such a timeout still counts as nothing, and under Timeout as one.
+func TestBreakerSocketDeadline(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() { // a store that accepts and never answers
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	// call reads an answer that never comes, its socket's deadline the context's.
+	call := func(ctx context.Context) error {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", ln.Addr().String())
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if dl, ok := ctx.Deadline(); ok {
+			c.SetDeadline(dl)
+		}
+		_, err = c.Read(make([]byte, 1))
+		return err
+	}
+	for _, tc := range []struct {
+		name     string
+		deadline time.Duration
+		failures bool
+	}{
+		{"caller deadline shorter than MinCountedTimeout", 3 * time.Millisecond, false},
+		{"Timeout", time.Hour, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := New(Settings{Timeout: 10 * time.Millisecond, FailureThreshold: 1 << 20})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range 20 {
+				ctx, cancel := context.WithTimeout(context.Background(), tc.deadline)
+				if err := b.Do(ctx, call); !errors.Is(err, ErrTimeout) {
+					t.Fatalf("Do = %v, want ErrTimeout", err)
+				}
+				cancel()
+			}
+			st := b.Stats()
+			if st.Timeouts != 20 || (st.Failures > 0) != tc.failures || st.Failures+st.Starved > 20 {
+				t.Errorf("20 calls to a store that never answers: %+v, want 20 timeouts, failures %v", st, tc.failures)
+			}
+		})
+	}
+}
+
 // TestBreakerCallerContext: the caller's cancellation and a caller deadline
 // shorter than MinCountedTimeout never open the breaker; a caller deadline
 // close to Timeout (the hybrid limiter passes its own) still counts.
