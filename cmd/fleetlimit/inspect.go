@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"time"
 
@@ -71,18 +72,42 @@ func inspect(ctx context.Context, c redis.UniversalClient, f inspectFlags, w io.
 	phase := wire.WindowPhase(string(id), wus)
 	cur := wire.WindowIndex(now.UnixMicro(), phase, wus)
 	shards := max(f.shards, 1)
-	trip := redisstore.WindowTrip{Limit: redisstore.Limit(lim), Width: redisstore.ShardWidth(f.width, shards),
-		Shards: shards, Shard: wire.WindowShard(string(id), shards)}
-	for win := cur - 1; win <= cur; win++ {
-		trip.Ops = append(trip.Ops, redisstore.WindowOp{ID: id, Win: win}) // N 0: a read
-	}
-	if err := redisstore.Of(store).Windows(ctx, &trip); err != nil {
-		return err
-	}
+	width, shard := redisstore.ShardWidth(f.width, shards), wire.WindowShard(string(id), shards)
 	fmt.Fprintf(w, "windowed, windows of %v:\n", time.Duration(wus)*time.Microsecond)
-	for _, op := range trip.Ops {
-		end := time.UnixMicro(wire.WindowStart(op.Win+1, phase, wus))
-		fmt.Fprintf(w, "  window %d (ends %s): %d of %d\n", op.Win, end.Format(time.RFC3339Nano), op.Count, f.burst)
+	for win := cur - 1; win <= cur; win++ {
+		key := wire.WindowKey(f.prefix, lim.Name, shards, shard, wus, win)
+		n, err := windowCount(ctx, c, key, string(id), width, wire.WindowBits(f.burst))
+		if err != nil {
+			return err
+		}
+		end := time.UnixMicro(wire.WindowStart(win+1, phase, wus))
+		fmt.Fprintf(w, "  window %d (ends %s): %d of %d\n", win, end.Format(time.RFC3339Nano), n, f.burst)
 	}
 	return nil
+}
+
+// windowCount reads the count of the key whose ID is id in the window array key, without
+// writing: the lesser of its two counters (rows 0 and 1 of width, of bits each, unsigned
+// and big-endian as BITFIELD keeps them), by GETRANGE. A BITFIELD INCRBY of 0, which a
+// limiter's trip reads a count with, would make the array (a megabyte) where it is
+// missing, and fails on a replica or under a read-only ACL. A missing array, or bytes
+// past its end, read as 0.
+func windowCount(ctx context.Context, c redis.UniversalClient, key, id string, width, bits int) (int64, error) {
+	count := int64(math.MaxInt64)
+	for row := range 2 {
+		off := int64(wire.WindowCounter(id, row, width) * bits / 8)
+		b, err := c.GetRange(ctx, key, off, off+int64(bits/8)-1).Bytes()
+		if err != nil {
+			return 0, fmt.Errorf("GETRANGE %s: %w", key, err)
+		}
+		var v int64
+		for i := range bits / 8 {
+			v <<= 8
+			if i < len(b) {
+				v |= int64(b[i])
+			}
+		}
+		count = min(count, v)
+	}
+	return count, nil
 }

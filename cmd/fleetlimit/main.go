@@ -51,7 +51,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", "127.0.0.1:6379", "Redis address (for a Cluster, any node's)")
 	cluster := fs.Bool("cluster", false, "the address is a Redis Cluster node")
-	password := fs.String("password", os.Getenv("REDIS_PASSWORD"), "Redis password (default $REDIS_PASSWORD)")
+	// Read after parsing: a default is printed in the usage text.
+	password := fs.String("password", "", "Redis password (default $REDIS_PASSWORD)")
 	timeout := fs.Duration("timeout", 5*time.Second, "how long the whole command may take")
 	var ins inspectFlags
 	var deadline *time.Duration
@@ -70,7 +71,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if err := fs.Parse(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
 		return 2
+	}
+	if *password == "" {
+		*password = os.Getenv("REDIS_PASSWORD")
 	}
 	if deadline != nil && *deadline <= 0 {
 		fmt.Fprintf(stderr, "fleetlimit: -deadline %v: want a positive duration\n", *deadline)

@@ -3,6 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -119,6 +122,79 @@ func TestInspect(t *testing.T) {
 	}
 	if code := run(context.Background(), []string{"inspect", "-addr", m.Addr()}, &out, &errs); code != 2 {
 		t.Errorf("inspect without -limit: exit %d, want 2", code)
+	}
+}
+
+// TestPasswordFromTheEnvironment: the password comes from $REDIS_PASSWORD when -password
+// is not given, and never appears in the usage text (a mistyped flag prints it to
+// stderr, which ends up in logs); -h exits 0.
+func TestPasswordFromTheEnvironment(t *testing.T) {
+	const secret = "s3cret-pw"
+	t.Setenv("REDIS_PASSWORD", secret)
+	m, _ := redistest.Mini(t)
+	m.RequireAuth(secret)
+	var out, errs bytes.Buffer
+	if code := run(context.Background(), []string{"inspect", "-addr", m.Addr(), "-limit", "api", "-key", "k"}, &out, &errs); code != 0 {
+		t.Fatalf("inspect with $REDIS_PASSWORD: exit %d\n%s%s", code, out.String(), errs.String())
+	}
+	for _, tc := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"inspect", "-limt", "api"}, 2},
+		{[]string{"doctor", "-h"}, 0},
+	} {
+		out.Reset()
+		errs.Reset()
+		if code := run(context.Background(), tc.args, &out, &errs); code != tc.code || strings.Contains(out.String()+errs.String(), secret) {
+			t.Errorf("%v: exit %d (want %d)\n%s%s", tc.args, code, tc.code, out.String(), errs.String())
+		}
+	}
+}
+
+// TestInspectWindowedReadsOnly: inspect reads a windowed limit's count of the key's
+// window from the arrays a windowed hybrid.Limiter writes, and writes nothing: no key
+// made, none changed (a missing array reads 0).
+func TestInspectWindowedReadsOnly(t *testing.T) {
+	m, c := redistest.Mini(t)
+	ctx := context.Background()
+	store, err := global.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const rate = 20.0 / 3600 // windows of an hour: the admissions and the read fall in one
+	l := newLimiter(t, store, hybrid.Windowed(100*time.Millisecond), rate)
+	for range 3 {
+		if d, err := l.Allow(ctx, "api", "client-1"); err != nil || !d.Allowed {
+			t.Fatalf("Allow: %+v, %v", d, err)
+		}
+	}
+	if err := l.Close(ctx); err != nil { // its last report counts what it admitted
+		t.Fatal(err)
+	}
+	state := func() map[string]string {
+		out := map[string]string{}
+		for _, k := range m.Keys() {
+			v, _ := c.Dump(ctx, k).Result()
+			out[k] = fmt.Sprint(v, m.TTL(k))
+		}
+		return out
+	}
+	before := state()
+	for _, tc := range []struct{ limit, key, want string }{
+		{"api", "client-1", ": 3 of 20"},
+		{"api", "nobody", ": 0 of 20"},
+		{"other", "client-1", ": 0 of 20"}, // no array at all
+	} {
+		var out, errs bytes.Buffer
+		args := []string{"inspect", "-addr", m.Addr(), "-limit", tc.limit, "-key", tc.key,
+			"-rate", strconv.FormatFloat(rate, 'g', -1, 64), "-burst", "20"}
+		if code := run(ctx, args, &out, &errs); code != 0 || !strings.Contains(out.String(), tc.want) {
+			t.Errorf("inspect %s %s: exit %d, want %q\n%s%s", tc.limit, tc.key, code, tc.want, out.String(), errs.String())
+		}
+	}
+	if after := state(); !maps.Equal(before, after) {
+		t.Errorf("inspect wrote to Redis: keys %v, then %v", slices.Sorted(maps.Keys(before)), slices.Sorted(maps.Keys(after)))
 	}
 }
 
