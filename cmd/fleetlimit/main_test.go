@@ -152,6 +152,26 @@ func TestPasswordFromTheEnvironment(t *testing.T) {
 	}
 }
 
+// windowRate is the rate of the windowed limit admitWindowed counts in, burst 20:
+// windows of an hour, so that the admissions and inspect's read fall in one.
+const windowRate = 20.0 / 3600
+
+// admitWindowed admits n requests of client-1 under a windowed limit "api" of
+// windowRate on store, then closes the Limiter: its last report counts them in Redis.
+func admitWindowed(t *testing.T, store *global.Store, n int) {
+	t.Helper()
+	ctx := context.Background()
+	l := newLimiter(t, store, hybrid.Windowed(100*time.Millisecond), windowRate)
+	for range n {
+		if d, err := l.Allow(ctx, "api", "client-1"); err != nil || !d.Allowed {
+			t.Fatalf("Allow: %+v, %v", d, err)
+		}
+	}
+	if err := l.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestInspectWindowedReadsOnly: inspect reads a windowed limit's count of the key's
 // window from the arrays a windowed hybrid.Limiter writes, and writes nothing: no key
 // made, none changed (a missing array reads 0).
@@ -162,16 +182,7 @@ func TestInspectWindowedReadsOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const rate = 20.0 / 3600 // windows of an hour: the admissions and the read fall in one
-	l := newLimiter(t, store, hybrid.Windowed(100*time.Millisecond), rate)
-	for range 3 {
-		if d, err := l.Allow(ctx, "api", "client-1"); err != nil || !d.Allowed {
-			t.Fatalf("Allow: %+v, %v", d, err)
-		}
-	}
-	if err := l.Close(ctx); err != nil { // its last report counts what it admitted
-		t.Fatal(err)
-	}
+	admitWindowed(t, store, 3)
 	state := func() map[string]string {
 		out := map[string]string{}
 		for _, k := range m.Keys() {
@@ -188,7 +199,7 @@ func TestInspectWindowedReadsOnly(t *testing.T) {
 	} {
 		var out, errs bytes.Buffer
 		args := []string{"inspect", "-addr", m.Addr(), "-limit", tc.limit, "-key", tc.key,
-			"-rate", strconv.FormatFloat(rate, 'g', -1, 64), "-burst", "20"}
+			"-rate", strconv.FormatFloat(windowRate, 'g', -1, 64), "-burst", "20"}
 		if code := run(ctx, args, &out, &errs); code != 0 || !strings.Contains(out.String(), tc.want) {
 			t.Errorf("inspect %s %s: exit %d, want %q\n%s%s", tc.limit, tc.key, code, tc.want, out.String(), errs.String())
 		}
@@ -208,20 +219,10 @@ func TestInspectCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Windows of an hour (burst/rate): the admissions and inspect's read fall in one.
-	const rate = 20.0 / 3600
-	l := newLimiter(t, store, hybrid.Windowed(100*time.Millisecond), rate)
-	for range 3 {
-		if d, err := l.Allow(ctx, "api", "client-1"); err != nil || !d.Allowed {
-			t.Fatalf("Allow: %+v, %v", d, err)
-		}
-	}
-	if err := l.Close(ctx); err != nil { // its last report counts what it admitted
-		t.Fatal(err)
-	}
+	admitWindowed(t, store, 3)
 	var out, errs bytes.Buffer
 	args := []string{"inspect", "-cluster", "-addr", c.Options().Addrs[0], "-prefix", prefix, "-limit", "api", "-key", "client-1",
-		"-rate", strconv.FormatFloat(rate, 'g', -1, 64), "-burst", "20"}
+		"-rate", strconv.FormatFloat(windowRate, 'g', -1, 64), "-burst", "20"}
 	if code := run(ctx, args, &out, &errs); code != 0 || !strings.Contains(out.String(), ": 3 of 20") {
 		t.Errorf("inspect -cluster, windowed: exit %d, want the current window's 3 of 20\n%s%s", code, out.String(), errs.String())
 	}
