@@ -174,6 +174,8 @@ func (i *Interceptor) check(ctx context.Context, fullMethod string) (context.Con
 			return ctx, status.Error(codes.Canceled, err.Error())
 		case errors.Is(err, context.DeadlineExceeded):
 			return ctx, status.Error(codes.DeadlineExceeded, err.Error())
+		case errors.Is(err, hybrid.ErrUnknownLimit): // removed by Reconfigure: the server's configuration
+			return ctx, status.Error(codes.Internal, err.Error())
 		}
 		return ctx, status.Error(codes.Unavailable, err.Error()) // closed
 	}

@@ -143,6 +143,27 @@ func TestInterceptor(t *testing.T) {
 	}
 }
 
+// TestRemovedLimit: a limit Reconfigure removed answers Internal, the server's
+// configuration, with no RetryInfo: retrying does not help.
+func TestRemovedLimit(t *testing.T) {
+	api := hybrid.Limit{Name: "api", Rate: 1, Burst: 2, Policy: breaker.FailClosed, MaxWait: time.Second}
+	other := hybrid.Limit{Name: "other", Rate: 1, Burst: 2, Policy: breaker.FailClosed, MaxWait: time.Second}
+	lim, _ := limiter(t, "", api, other)
+	i, err := grpclimit.New(grpclimit.Config{Limiter: lim, Limit: "api", Key: grpclimit.Metadata("x-api-key")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := healthpb.NewHealthClient(serve(t, i))
+	if err := lim.Reconfigure([]hybrid.Limit{other}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "x-api-key", "k1")
+	_, err = hc.Check(ctx, &healthpb.HealthCheckRequest{})
+	if _, ok := grpclimit.RetryDelay(err); status.Code(err) != codes.Internal || ok {
+		t.Errorf("a removed limit: %v (RetryInfo %v), want Internal without", err, ok)
+	}
+}
+
 // TestRetryUnary: the client interceptor waits the RetryInfo delay and calls again.
 func TestRetryUnary(t *testing.T) {
 	lim, _ := limiter(t, "", hybrid.Limit{Name: "api", Rate: 20, Burst: 1, Policy: breaker.FailClosed, MaxWait: time.Second})

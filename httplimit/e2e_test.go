@@ -475,3 +475,27 @@ func TestPolicyFollowsReconfigure(t *testing.T) {
 		}
 	}
 }
+
+// TestRemovedLimit: a limit Reconfigure removed answers 500, the server's configuration
+// and not the client's doing (400 would blame the request).
+func TestRemovedLimit(t *testing.T) {
+	_, c := redistest.Mini(t)
+	api := hybrid.Limit{Name: "api", Rate: 100, Burst: 200, Policy: breaker.FailClosed, MaxWait: time.Second}
+	other := hybrid.Limit{Name: "other", Rate: 100, Burst: 200, Policy: breaker.FailClosed, MaxWait: time.Second}
+	lim := newLimiter(t, redistest.Target{Client: c}, api, other)
+	mw, err := httplimit.New(httplimit.Config{Limiter: lim, Limit: "api", Key: httplimit.Header("X-API-Key")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	if err := lim.Reconfigure([]hybrid.Limit{other}); err != nil {
+		t.Fatal(err)
+	}
+	req := httptest.NewRequest(http.MethodGet, "/", nil)
+	req.Header.Set("X-API-Key", "k")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusInternalServerError {
+		t.Errorf("a removed limit: %d %q, want 500", rec.Code, rec.Body.String())
+	}
+}

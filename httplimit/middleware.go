@@ -395,14 +395,17 @@ func acceptsProblem(r *http.Request) bool {
 
 // DefaultOnError answers a request the Middleware could not decide: 400 Bad Request when
 // the key function failed or the request's tier is not one of the limit's, 500 for a
-// negative cost (the Cost function's bug), 503 Service Unavailable when the Limiter is
-// closed or the request's context ended.
+// negative cost (the Cost function's bug) or a limit the Limiter no longer has (removed
+// by Reconfigure: the server's configuration), 503 Service Unavailable when the Limiter
+// is closed or the request's context ended.
 func DefaultOnError(w http.ResponseWriter, r *http.Request, err error) {
 	status := http.StatusServiceUnavailable
 	msg := "rate limiter unavailable"
 	switch {
 	case errors.Is(err, hybrid.ErrInvalidCost):
 		status, msg = http.StatusInternalServerError, "invalid request cost"
+	case errors.Is(err, hybrid.ErrUnknownLimit):
+		status, msg = http.StatusInternalServerError, "unknown rate limit"
 	case errors.Is(err, hybrid.ErrUnknownTier):
 		status, msg = http.StatusBadRequest, "unknown tier"
 	case errors.Is(err, hybrid.ErrClosed), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
