@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -115,8 +116,8 @@ func RetryingClient() Option {
 // *redis.ClusterClient the hook that reloads the slot map after a call fails unavailable
 // (reloadOnFailure).
 func New(client redis.Scripter, opts ...Option) (*Store, error) {
-	if client == nil {
-		return nil, fmt.Errorf("%w: nil client", storeerr.ErrInvalidConfig)
+	if v := reflect.ValueOf(client); client == nil || v.Kind() == reflect.Pointer && v.IsNil() {
+		return nil, fmt.Errorf("%w: nil client", storeerr.ErrInvalidConfig) // a nil *redis.Client too
 	}
 	s := &Store{c: client, prefix: DefaultPrefix, together: groupingOf(client)}
 	if p, ok := client.(pipeliner); ok {

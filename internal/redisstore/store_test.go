@@ -42,6 +42,19 @@ func newStore(t testing.TB, c redis.Scripter, opts ...redisstore.Option) *rediss
 
 func near(a, b, tol float64) bool { return math.Abs(a-b) <= tol }
 
+// TestNewRefusesNilClient: a nil client, untyped or a nil *redis.Client (or cluster,
+// or ring) in the interface, is an invalid configuration, not a panic.
+func TestNewRefusesNilClient(t *testing.T) {
+	var c *redis.Client
+	var cc *redis.ClusterClient
+	var r *redis.Ring
+	for _, client := range []redis.Scripter{nil, c, cc, r} {
+		if _, err := redisstore.New(client); !errors.Is(err, storeerr.ErrInvalidConfig) {
+			t.Errorf("New(%T(nil)) = %v, want ErrInvalidConfig", client, err)
+		}
+	}
+}
+
 func TestNewRefusesRetryingClient(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
