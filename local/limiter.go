@@ -264,9 +264,11 @@ func (l *Limiter) Len() int {
 	return l.store.Len()
 }
 
-// Sweep drops up to max buckets (all if max <= 0) that are idle at instant
-// now and returns how many it dropped. Buckets are also dropped as new
-// keys arrive, so Sweep is only needed to give memory back promptly.
+// Sweep drops up to max buckets (no limit if max <= 0) that are idle at
+// instant now and returns how many it dropped, the least recently used
+// first; a bucket idle behind one used after it may wait for a later Sweep.
+// Buckets are also dropped as new keys arrive, so Sweep is only needed to
+// give memory back promptly.
 func (l *Limiter) Sweep(now time.Time, max int) int {
 	return l.store.Sweep(now, max)
 }

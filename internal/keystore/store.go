@@ -299,11 +299,15 @@ func (s *Store[V]) Remove(key string) bool {
 	return e != nil
 }
 
-// Sweep drops up to max keys (all of them if max <= 0) that have been idle
-// for IdleTimeout at instant now, oldest first in each shard, reports each
-// to OnEvict with EvictIdle, and returns how many it dropped. A Store never
-// sweeps on its own; call Sweep from a goroutine of yours when idle keys
-// must be let go of promptly (for example to return what they hold).
+// Sweep drops up to max keys (no limit if max <= 0) that have been idle for
+// IdleTimeout at instant now, from the least recently moved end of each
+// shard, reports each to OnEvict with EvictIdle, and returns how many it
+// dropped. In each shard it stops at the first key that is neither idle nor
+// used since it was last moved: a used key moves to the front lazily, when a
+// sweep or an eviction finds it, so an idle key may wait behind one used
+// after it until a later Sweep, when that one is idle or used again. A Store
+// never sweeps on its own; call Sweep from a goroutine of yours when idle
+// keys must be let go of promptly (for example to return what they hold).
 func (s *Store[V]) Sweep(now time.Time, max int) int {
 	idle := time.Duration(s.idle.Load())
 	if idle <= 0 {
