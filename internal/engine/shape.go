@@ -210,7 +210,7 @@ func (s *Shape) setServers(now time.Time, n int) {
 	c := *s.lease.Load()
 	c.Servers = n
 	s.lease.Store(&c)
-	_ = s.fallback.SetServersAt(now, n) // valid: the limit was accepted
+	_ = s.fallback.SetServersAt(now, n) // valid: the limit was accepted, and a share too slow gets the slowest rate
 }
 
 // idleTimeout is how long a key of ss stays held without a request: twice the lease

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
 	"github.com/fleetlimit/fleetlimit/local"
 )
 
@@ -148,6 +149,12 @@ func (f *Fallback) SetServersAt(now time.Time, n int) error {
 		return nil
 	}
 	r, burst := Share(f.cfg.Rate, f.cfg.Burst, n, f.cfg.MaxCost)
+	if tokenbucket.Check(float64(r), burst) != nil {
+		// A share too slow to refill its burst within a bucket's TTL (a tiny rate over
+		// many servers, its burst kept at MaxCost): the slowest rate a bucket holds,
+		// rather than the share of fewer servers.
+		r = rate.Limit(tokenbucket.MinRate(burst))
+	}
 	return f.lim.SetLimitAt(now, r, burst)
 }
 

@@ -126,3 +126,29 @@ func TestResize(t *testing.T) {
 		t.Error("FailOpen has a local limit")
 	}
 }
+
+// TestResizeSlowestRate: a fleet that grows past what a tiny rate can be shared by (its
+// share's refill of the burst, kept at MaxCost, longer than a bucket's TTL) gets the
+// slowest rate a bucket holds, not the share of the fleet before.
+func TestResizeSlowestRate(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	f, err := fallback.New(fallback.Of(breaker.FailLocal()), fallback.Config{Rate: 1e-6, Burst: 9000, Servers: 1, MaxCost: 9000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.SetServersAt(now, 4); err != nil {
+		t.Fatalf("SetServersAt(4): %v", err)
+	}
+	if !f.AllowN(now, "k", 9000) {
+		t.Fatal("the burst of 9000 is not there")
+	}
+	// One server's share (1e-6/s) refills a token in 1e6 s; the slowest rate a bucket
+	// holds for a burst of 9000 takes about 1.025e6 s.
+	if f.AllowN(now.Add(1010000*time.Second), "k", 1) {
+		t.Error("a fleet of 4 refills at one server's share")
+	}
+	if !f.AllowN(now.Add(1030000*time.Second), "k", 1) {
+		t.Error("a fleet of 4 does not refill at the slowest rate a bucket holds")
+	}
+}

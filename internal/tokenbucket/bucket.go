@@ -59,6 +59,20 @@ func Check(rate float64, burst int) error {
 	return nil
 }
 
+// MinRate is the least rate Check accepts for burst (a valid burst): the rate whose
+// refill of burst takes as long as a bucket's TTL may.
+func MinRate(burst int) float64 {
+	ok := func(r float64) bool { return TTLMillis(float64(burst), r) < maxMillis }
+	r := float64(burst) * 1000 / (maxMillis - 1001) // about it: within a few ulps
+	for !ok(r) {
+		r = math.Nextafter(r, math.Inf(1))
+	}
+	for ok(math.Nextafter(r, 0)) {
+		r = math.Nextafter(r, 0)
+	}
+	return r
+}
+
 // CheckBurst reports what is wrong with a burst alone (it must be between 1 and MaxBurst),
 // or nil: Check's rule for a bucket whose rate needs no check, such as
 // golang.org/x/time/rate.Inf. The error is plain, as Check's.

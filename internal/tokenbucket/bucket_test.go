@@ -170,3 +170,17 @@ func FuzzDurations(f *testing.F) {
 		}
 	})
 }
+
+// TestMinRate: MinRate is the least rate Check accepts for a burst: it passes, and the
+// next float below it does not.
+func TestMinRate(t *testing.T) {
+	for _, burst := range []int{1, 7, 9000, 1 << 30, MaxBurst} {
+		r := MinRate(burst)
+		if err := Check(r, burst); err != nil {
+			t.Errorf("burst %d: Check(MinRate = %g) = %v", burst, r, err)
+		}
+		if below := math.Nextafter(r, 0); Check(below, burst) == nil {
+			t.Errorf("burst %d: Check(%g), below MinRate %g, passes", burst, below, r)
+		}
+	}
+}
