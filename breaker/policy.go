@@ -72,7 +72,8 @@ func FailLocal() Policy { return Policy{kind: fallback.Local} }
 
 // FailLocalLimit is FailLocal with an explicit local limit of r tokens per
 // second and burst tokens per key on each server, instead of the fleet
-// share.
+// share; the burst is raised to the limit's largest cost (MaxCost) if below
+// it, so that every request can still pass.
 func FailLocalLimit(r rate.Limit, burst int) Policy {
 	return Policy{kind: fallback.Local, rate: r, burst: burst}
 }

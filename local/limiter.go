@@ -25,7 +25,8 @@ type Config struct {
 	Rate rate.Limit
 
 	// Burst is the size of every key's bucket: the most one key can spend
-	// at once. It must be at least 1 (x/time/rate treats a burst of 0 as
+	// at once (with Rate rate.Inf, any cost passes, as in x/time/rate). It
+	// must be at least 1 (x/time/rate treats a burst of 0 as
 	// "deny everything", which as a configuration is a silent fail-closed)
 	// and at most 2^53 (x/time/rate counts tokens in a float64: past 2^53,
 	// taking one token from a full bucket leaves it full).
@@ -174,7 +175,8 @@ func (l *Limiter) Allow(key string) bool {
 // without taking any or making the key more recently used; a key that is
 // not held has a full bucket. An instant earlier than the key's latest
 // counts as that latest one, as in AllowN. It does not advance the key's
-// time, so looking at a key does not keep it from expiring when idle.
+// time, so looking at a key does not keep it from expiring when idle (but
+// after SetLimitAt, the key's time moves to that change's instant).
 func (l *Limiter) TokensAt(now time.Time, key string) float64 {
 	tokens := float64(l.cfg.Load().burst) // a key not held: AllowN would start afresh
 	l.store.Inspect(key, now, func(e *keystore.Entry[bucket]) {

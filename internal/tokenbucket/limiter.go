@@ -15,8 +15,8 @@ const Inf = math.MaxFloat64
 // compute what rate.Limiter's of the same names compute, in the same order of
 // floating-point operations, so a Bucket and a rate.Limiter given the same calls give
 // the same answers and hold the same tokens (FuzzBucketMatchesRate), save that a wait too
-// long for a time.Duration denies (Duration), where x/time/rate's wraps negative and
-// admits: a negative cost
+// long for a time.Duration denies (Duration), where x/time/rate's, at exactly 2^63 ns
+// (its cap lets that one through), wraps negative and admits: a negative cost
 // gives tokens back, up to the burst at the next refill; an instant before the last one
 // refills nothing; rate Inf admits any cost up to any burst without spending.
 //
