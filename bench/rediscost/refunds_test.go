@@ -48,16 +48,7 @@ func TestRefundCalls(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cpu := func() float64 {
-		info, err := c.Info(ctx, "cpu").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := infoMap(info)
-		u, _ := strconv.ParseFloat(m["used_cpu_user"], 64)
-		s, _ := strconv.ParseFloat(m["used_cpu_sys"], 64)
-		return u + s
-	}
+	cpu := func() float64 { return redisCPU(ctx, t, c) }
 	widths := []int{1, 4, 32}
 	per := make([][]float64, len(widths))
 	const n = 157 * trip
