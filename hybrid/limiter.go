@@ -875,7 +875,7 @@ func (l *Limiter) allowN(ctx context.Context, limit, tier, key string, n int, ho
 		return l.wait(ctx, lm, tier, key, w, hook)
 	}
 	if d.Reason == engine.ReasonClosed {
-		return Decision{Reason: reasonClosed, Limit: limit, Tier: tier}, ErrClosed
+		return l.closedDecision(limit, tier)
 	}
 	var out Decision
 	out.set(lm, tier, &d)
@@ -885,10 +885,20 @@ func (l *Limiter) allowN(ctx context.Context, limit, tier, key string, n int, ho
 	return out, nil
 }
 
+// closedDecision is the answer to a request of limit and tier the engine found closed:
+// the Limiter's Close (ErrClosed), or, on an open Limiter, the limit's removal by
+// Reconfigure while the request was decided (ErrUnknownLimit).
+func (l *Limiter) closedDecision(limit, tier string) (Decision, error) {
+	if l.closed.Load() {
+		return Decision{Reason: reasonClosed, Limit: limit, Tier: tier}, ErrClosed
+	}
+	return Decision{RetryAfter: InfDuration, Limit: limit, Tier: tier}, ErrUnknownLimit
+}
+
 // result is d, for key under tier of lm, as AllowN returns it with err; it tells hook.
 func (l *Limiter) result(lm *engine.Limit, tier, key string, d *engine.Decision, err error, hook func(string, Decision)) (Decision, error) {
 	if d.Reason == engine.ReasonClosed {
-		return Decision{Reason: reasonClosed, Limit: lm.Name(), Tier: tier}, ErrClosed
+		return l.closedDecision(lm.Name(), tier)
 	}
 	var out Decision
 	out.set(lm, tier, d)

@@ -84,8 +84,8 @@ func (l *Limiter) decideMulti(ctx context.Context, m *engine.Multi, hook func(st
 	it := m.At(m.Item)
 	out := MultiDecision{Allowed: m.Allowed, Denied: m.Denied, RetryAfter: m.RetryAfter}
 	if m.Decision.Reason == engine.ReasonClosed {
-		out.Decision = Decision{Reason: reasonClosed, Limit: it.Limit.Name(), Tier: it.Tier}
-		return out, ErrClosed
+		out.Decision, err = l.closedDecision(it.Limit.Name(), it.Tier)
+		return out, err
 	}
 	out.Decision.set(it.Limit, it.Tier, &m.Decision)
 	if hook != nil {
@@ -106,9 +106,12 @@ func (l *Limiter) allowMultiDry(ctx context.Context, items []Item, hook func(str
 	decided := false
 	heard := func(k string, _ Decision) { key, decided = k, true }
 	var enforced []Item
-	var at []int // enforced[k] is items[at[k]]
+	var at, dry []int // enforced[k] is items[at[k]]; dry, the DryRun items' indices
 	for i, it := range items {
-		if !l.eng.Limit(it.Limit).Shape(it.Tier).DryRun() {
+		// A limit Reconfigure removed meanwhile is enforced: AllowMulti answers ErrUnknownLimit.
+		if lm := l.eng.Limit(it.Limit); lm != nil && lm.Shape(it.Tier).DryRun() {
+			dry = append(dry, i)
+		} else {
 			enforced, at = append(enforced, it), append(at, i)
 		}
 	}
@@ -128,11 +131,15 @@ func (l *Limiter) allowMultiDry(ctx context.Context, items []Item, hook func(str
 	}
 	reported := key
 	first := len(enforced) == 0
-	for _, it := range items {
-		if !l.eng.Limit(it.Limit).Shape(it.Tier).DryRun() {
+	for _, i := range dry {
+		it := items[i]
+		d, derr := l.allowN(ctx, it.Limit, it.Tier, it.Key, it.Cost, heard)
+		if derr != nil && len(enforced) > 0 {
+			// The request stands on the enforced items, admitted and spent: a DryRun
+			// item that could not be decided (the context ended, its limit removed)
+			// changes nothing.
 			continue
 		}
-		d, derr := l.allowN(ctx, it.Limit, it.Tier, it.Key, it.Cost, heard)
 		err = cmp.Or(err, derr)
 		if first || d.WouldDeny && !out.Decision.WouldDeny || !out.Decision.WouldDeny && d.Remaining < out.Decision.Remaining {
 			out.Decision, first, reported = d, false, it.Key

@@ -35,7 +35,12 @@ type Reservation struct {
 func (r *Reservation) OK() bool { return r.ok }
 
 // Delay is how long from now the holder must wait before acting (InfDuration if not OK).
-func (r *Reservation) Delay() time.Duration { return r.delayFrom(r.l.clock.Now()) }
+func (r *Reservation) Delay() time.Duration {
+	if !r.ok { // a zero Reservation too, as in x/time/rate
+		return InfDuration
+	}
+	return r.delayFrom(r.l.clock.Now())
+}
 
 // delayFrom is Delay measured from t.
 func (r *Reservation) delayFrom(t time.Time) time.Duration {
@@ -50,6 +55,9 @@ func (r *Reservation) Decision() Decision {
 	if r.final != nil {
 		return *r.final
 	}
+	if r.lm == nil { // a zero Reservation
+		return Decision{}
+	}
 	var out Decision
 	out.set(r.lm, r.tier, &r.d)
 	return out
@@ -57,7 +65,12 @@ func (r *Reservation) Decision() Decision {
 
 // Cancel tells the limiter that the reserved action will not be done: its tokens go
 // back if the instant to act has not come yet; later they count as used.
-func (r *Reservation) Cancel() { r.cancelAt(r.l.clock.Now()) }
+func (r *Reservation) Cancel() {
+	if !r.ok { // a zero Reservation too, as in x/time/rate
+		return
+	}
+	r.cancelAt(r.l.clock.Now())
+}
 
 // cancelAt is Cancel at instant t.
 func (r *Reservation) cancelAt(t time.Time) {
