@@ -36,7 +36,7 @@ type check struct {
 // whether one failed. deadline is the breaker's deadline the fleet runs with
 // (breaker.Settings.Timeout), which the round-trip time is judged against. An error is
 // for the command itself (no answer at all).
-func doctor(ctx context.Context, c redis.UniversalClient, cluster bool, deadline time.Duration, w io.Writer) (failed bool, err error) {
+func doctor(ctx context.Context, c redis.UniversalClient, cluster bool, deadline time.Duration, prefix string, w io.Writer) (failed bool, err error) {
 	var checks []check
 	add := func(ch check) { checks = append(checks, ch) }
 
@@ -103,14 +103,14 @@ func doctor(ctx context.Context, c redis.UniversalClient, cluster bool, deadline
 		add(check{v: pass, name: "scripts", detail: "every script loads (every master)"})
 	}
 	// BITFIELD, which windowed limits use, on a key that expires at once.
-	key := "fl:doctor:{" + strconv.FormatInt(time.Now().UnixNano(), 36) + "}"
+	key := prefix + "doctor:{" + strconv.FormatInt(time.Now().UnixNano(), 36) + "}"
 	pipe := c.Pipeline()
 	bf := pipe.BitField(ctx, key, "OVERFLOW", "SAT", "INCRBY", "u16", "#0", 1)
 	pipe.PExpire(ctx, key, time.Second)
 	_, err = pipe.Exec(ctx)
 	c.Del(ctx, key)
 	if err != nil || len(bf.Val()) != 1 || bf.Val()[0] != 1 {
-		add(check{v: fail, name: "BITFIELD", detail: fmt.Sprint(err, bf.Val()), fix: "windowed limits need BITFIELD (ACL +bitfield); the other kinds do not"})
+		add(check{v: fail, name: "BITFIELD", detail: fmt.Sprint(err, bf.Val()), fix: "windowed limits need BITFIELD (ACL +bitfield) on the Store's keys (" + key + " was tried: -prefix sets it); the other kinds do not"})
 	} else {
 		add(check{v: pass, name: "BITFIELD", detail: "OVERFLOW SAT INCRBY answers (windowed limits)"})
 	}

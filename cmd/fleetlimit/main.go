@@ -1,7 +1,7 @@
 // Command fleetlimit answers the questions of the people who run a fleetlimit
 // deployment, without writing Go:
 //
-//	fleetlimit doctor  -addr host:port [-cluster] [-deadline 10ms]
+//	fleetlimit doctor  -addr host:port [-cluster] [-deadline 10ms] [-prefix fl:]
 //	    Is this Redis (or Cluster) fit to hold the limits? Each check prints PASS, WARN
 //	    or FAIL and, when it does not pass, the fix: version, eviction policy, scripts,
 //	    BITFIELD, round-trip time (against the breaker's deadline the fleet runs with),
@@ -16,6 +16,9 @@
 //	    and writes DIR/index.html, each run's figures and the plots of admissions and
 //	    breakers over time. It runs the simulator with the Go toolchain (go test ./sim
 //	    in fleetlimit's source: the checkout it is run in, or the module cache).
+//
+// Every command takes -user and -password (default $REDIS_USERNAME and $REDIS_PASSWORD)
+// for a Redis with ACL users.
 //
 // go run github.com/fleetlimit/fleetlimit/cmd/fleetlimit@latest doctor -addr ...
 package main
@@ -51,16 +54,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", "127.0.0.1:6379", "Redis address (for a Cluster, any node's)")
 	cluster := fs.Bool("cluster", false, "the address is a Redis Cluster node")
+	user := fs.String("user", "", "Redis ACL user (default $REDIS_USERNAME, else the default user)")
 	// Read after parsing: a default is printed in the usage text.
 	password := fs.String("password", "", "Redis password (default $REDIS_PASSWORD)")
-	timeout := fs.Duration("timeout", 5*time.Second, "how long the whole command may take")
 	var ins inspectFlags
+	fs.StringVar(&ins.prefix, "prefix", "fl:", "the Store's key prefix (global.Prefix): doctor's test key goes under it too, for an ACL of key patterns")
+	timeout := fs.Duration("timeout", 5*time.Second, "how long the whole command may take")
 	var deadline *time.Duration
 	switch args[0] {
 	case "doctor":
 		deadline = fs.Duration("deadline", 10*time.Millisecond, "the breaker's deadline the fleet runs with (breaker.Settings.Timeout): round trips are judged against it")
 	case "inspect":
-		fs.StringVar(&ins.prefix, "prefix", "fl:", "the Store's key prefix (global.Prefix)")
 		fs.StringVar(&ins.limit, "limit", "", "the limit's name")
 		fs.StringVar(&ins.key, "key", "", "the client key")
 		fs.Float64Var(&ins.rate, "rate", 0, "a windowed limit's rate per second (with -burst): read its window counts")
@@ -79,6 +83,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if *password == "" {
 		*password = os.Getenv("REDIS_PASSWORD")
 	}
+	if *user == "" {
+		*user = os.Getenv("REDIS_USERNAME")
+	}
 	if deadline != nil && *deadline <= 0 {
 		fmt.Fprintf(stderr, "fleetlimit: -deadline %v: want a positive duration\n", *deadline)
 		return 2
@@ -88,15 +95,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var c redis.UniversalClient
 	if ins.shards = 1; *cluster {
 		ins.shards = wire.WindowShards
-		c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{*addr}, Password: *password, MaxRedirects: -1})
+		c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{*addr}, Username: *user, Password: *password, MaxRedirects: -1})
 	} else {
-		c = redis.NewClient(&redis.Options{Addr: *addr, Password: *password, MaxRetries: -1})
+		c = redis.NewClient(&redis.Options{Addr: *addr, Username: *user, Password: *password, MaxRetries: -1})
 	}
 	defer c.Close()
 	var err error
 	if args[0] == "doctor" {
 		var failed bool
-		failed, err = doctor(ctx, c, *cluster, *deadline, stdout)
+		failed, err = doctor(ctx, c, *cluster, *deadline, ins.prefix, stdout)
 		if err == nil && failed {
 			return 1
 		}

@@ -125,14 +125,16 @@ func TestInspect(t *testing.T) {
 	}
 }
 
-// TestPasswordFromTheEnvironment: the password comes from $REDIS_PASSWORD when -password
-// is not given, and never appears in the usage text (a mistyped flag prints it to
-// stderr, which ends up in logs); -h exits 0.
+// TestPasswordFromTheEnvironment: the ACL user and password come from $REDIS_USERNAME
+// and $REDIS_PASSWORD when -user and -password are not given, and the password never
+// appears in the usage text (a mistyped flag prints it to stderr, which ends up in
+// logs); -h exits 0.
 func TestPasswordFromTheEnvironment(t *testing.T) {
 	const secret = "s3cret-pw"
 	t.Setenv("REDIS_PASSWORD", secret)
+	t.Setenv("REDIS_USERNAME", "ops")
 	m, _ := redistest.Mini(t)
-	m.RequireAuth(secret)
+	m.RequireUserAuth("ops", secret)
 	var out, errs bytes.Buffer
 	if code := run(context.Background(), []string{"inspect", "-addr", m.Addr(), "-limit", "api", "-key", "k"}, &out, &errs); code != 0 {
 		t.Fatalf("inspect with $REDIS_PASSWORD: exit %d\n%s%s", code, out.String(), errs.String())
