@@ -22,7 +22,7 @@ require (
 )
 
 require (
-	github.com/alicebob/miniredis/v2 v2.40.0 // indirect
+	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/fleetlimit/fleetlimit/sim/plot v0.0.0-00010101000000-000000000000
 	github.com/sony/gobreaker/v2 v2.4.0 // indirect

@@ -18,17 +18,21 @@
 //	    in fleetlimit's source: the checkout it is run in, or the module cache).
 //
 // Every command takes -user and -password (default $REDIS_USERNAME and $REDIS_PASSWORD)
-// for a Redis with ACL users.
+// for a Redis with ACL users, and -tls (with -tls-ca FILE for a CA of your own) for one
+// that speaks TLS.
 //
 // go run github.com/fleetlimit/fleetlimit/cmd/fleetlimit@latest doctor -addr ...
 package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"time"
 
@@ -55,6 +59,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	addr := fs.String("addr", "127.0.0.1:6379", "Redis address (for a Cluster, any node's)")
 	cluster := fs.Bool("cluster", false, "the address is a Redis Cluster node")
 	user := fs.String("user", "", "Redis ACL user (default $REDIS_USERNAME, else the default user)")
+	useTLS := fs.Bool("tls", false, "connect with TLS, the server's certificate checked against the system's roots")
+	tlsCA := fs.String("tls-ca", "", "with -tls: a PEM file of the CA certificates to check the server's against, instead of the system's")
 	// Read after parsing: a default is printed in the usage text.
 	password := fs.String("password", "", "Redis password (default $REDIS_PASSWORD)")
 	var ins inspectFlags
@@ -90,14 +96,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "fleetlimit: -deadline %v: want a positive duration\n", *deadline)
 		return 2
 	}
+	var tc *tls.Config
+	if *useTLS {
+		var err error
+		if tc, err = tlsConfig(*addr, *tlsCA); err != nil {
+			fmt.Fprintln(stderr, "fleetlimit:", err)
+			return 2
+		}
+	} else if *tlsCA != "" {
+		fmt.Fprintln(stderr, "fleetlimit: -tls-ca needs -tls")
+		return 2
+	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	var c redis.UniversalClient
 	if ins.shards = 1; *cluster {
 		ins.shards = wire.WindowShards
-		c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{*addr}, Username: *user, Password: *password, MaxRedirects: -1})
+		c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{*addr}, Username: *user, Password: *password, MaxRedirects: -1, TLSConfig: tc})
 	} else {
-		c = redis.NewClient(&redis.Options{Addr: *addr, Username: *user, Password: *password, MaxRetries: -1})
+		c = redis.NewClient(&redis.Options{Addr: *addr, Username: *user, Password: *password, MaxRetries: -1, TLSConfig: tc})
 	}
 	defer c.Close()
 	var err error
@@ -121,3 +138,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 var errUsage = errors.New("usage")
+
+// tlsConfig is the TLS configuration of a connection to addr: the server's certificate
+// checked for addr's host against the system's roots, or the CA certificates of the PEM
+// file ca when it is not empty.
+func tlsConfig(addr, ca string) (*tls.Config, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("-addr %q: %w", addr, err)
+	}
+	tc := &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
+	if ca != "" {
+		pem, err := os.ReadFile(ca)
+		if err != nil {
+			return nil, fmt.Errorf("-tls-ca: %w", err)
+		}
+		tc.RootCAs = x509.NewCertPool()
+		if !tc.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("-tls-ca %s: no PEM certificate in it", ca)
+		}
+	}
+	return tc, nil
+}

@@ -3,14 +3,26 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
 	"maps"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/fleetlimit/breaker"
@@ -208,6 +220,49 @@ func TestInspectWindowedReadsOnly(t *testing.T) {
 	}
 	if after := state(); !maps.Equal(before, after) {
 		t.Errorf("inspect wrote to Redis: keys %v, then %v", slices.Sorted(maps.Keys(before)), slices.Sorted(maps.Keys(after)))
+	}
+}
+
+// TestTLS: with -tls and -tls-ca, the command reaches a Redis that speaks TLS with a
+// certificate of that CA; without -tls-ca, the system's roots refuse the certificate;
+// without -tls, the connection fails.
+func TestTLS(t *testing.T) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "fleetlimit test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m, err := miniredis.RunTLS(&tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	for _, tc := range []struct {
+		flags []string
+		code  int
+	}{
+		{[]string{"-tls", "-tls-ca", ca}, 0},
+		{[]string{"-tls"}, 1},              // the system's roots do not know the test CA
+		{[]string{"-timeout", "500ms"}, 1}, // plain text to a TLS server
+		{[]string{"-tls-ca", ca}, 2},       // -tls-ca without -tls
+		{[]string{"-tls", "-tls-ca", "/nonexistent"}, 2},
+	} {
+		var out, errs bytes.Buffer
+		args := append([]string{"inspect", "-addr", m.Addr(), "-limit", "api", "-key", "k"}, tc.flags...)
+		if code := run(context.Background(), args, &out, &errs); code != tc.code {
+			t.Errorf("%v: exit %d, want %d\n%s%s", tc.flags, code, tc.code, out.String(), errs.String())
+		}
 	}
 }
 
