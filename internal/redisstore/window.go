@@ -370,29 +370,50 @@ func (s *Store) windowsTx(ctx context.Context, tx txPipeliner, ts []WindowTrip, 
 	}
 	pipe := tx.TxPipeline()
 	reads := make([]func() error, len(idx))
+	ends := make([]int, len(idx)) // trip k's commands end at ends[k] in the transaction
 	scratch, release := scratches(len(idx))
 	defer release()
 	for k, i := range idx {
 		reads[k] = s.queueWindows(ctx, pipe, &ts[i], scratch[k])
+		ends[k] = pipe.Len()
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		if strings.HasPrefix(err.Error(), "redis: can't parse") {
+	cmds, err := pipe.Exec(ctx)
+	if err == nil {
+		for k, i := range idx {
+			errs[i] = reads[k]()
+		}
+		return
+	}
+	// A command that failed as EXEC ran it (one limit's key of another type: WRONGTYPE)
+	// fails its own trip alone: the others' commands ran, and their counts must not be
+	// sent again. A transaction that failed whole (EXECABORT, no answer) fails each trip
+	// through its commands' errors, which go-redis sets to that failure.
+	start := 0
+	for k, i := range idx {
+		var own error
+		if ends[k] <= len(cmds) {
+			for _, c := range cmds[start:ends[k]] {
+				if own = c.Err(); own != nil {
+					break
+				}
+			}
+		} else {
+			own = err
+		}
+		start = ends[k]
+		switch {
+		case own == nil:
+			errs[i] = reads[k]()
+		case strings.HasPrefix(own.Error(), "redis: can't parse"):
 			// The server answered, but not as many replies as the transaction's
 			// commands: one it does not know, refused at MULTI without marking the
 			// transaction failed (miniredis without BITFIELD does). An answer that
 			// waiting will not change, not an unavailable Redis; go-redis closes the
 			// connection.
-			err = unexpected("windows", err.Error())
-		} else {
-			err = wrap("windows", err)
+			errs[i] = unexpected("windows", own.Error())
+		default:
+			errs[i] = wrap("windows", own)
 		}
-		for _, i := range idx {
-			errs[i] = err
-		}
-		return
-	}
-	for k, i := range idx {
-		errs[i] = reads[k]()
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -747,4 +748,39 @@ func TestShardWidth(t *testing.T) {
 			t.Errorf("ShardWidth(%d, %d) = %d, want %d", tc.width, tc.shards, got, tc.want)
 		}
 	}
+}
+
+// TestWindowsOneTripFailsAlone: on one Redis every limit's trip goes in one transaction;
+// a command of one that fails as EXEC runs it (its marks key is not a sorted set:
+// WRONGTYPE) fails that trip alone. The others ran: each answers its counts, and they
+// are counted once a round, never again as if they had not run.
+func TestWindowsOneTripFailsAlone(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		s := newStore(t, tg.Client)
+		good, bad := hourLimit(t, 100), hourLimit(t, 100)
+		good.Name += "g"
+		bad.Name += "b"
+		id := redisstore.IDOf("alice")
+		if err := tg.Client.Set(ctx, wire.MarksKey(redisstore.DefaultPrefix, bad.Name, 1, 0), "x", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tg.Client.Del(context.Background(), wire.MarksKey(redisstore.DefaultPrefix, bad.Name, 1, 0)) })
+		win := nowWin(good)
+		for round := 1; round <= 3; round++ {
+			ts := []redisstore.WindowTrip{
+				{Limit: good, Width: 1 << 10, Ops: []redisstore.WindowOp{{ID: id, Win: win, N: 5}}},
+				{Limit: bad, Width: 1 << 10, Ops: []redisstore.WindowOp{{ID: id, Win: nowWin(bad), N: 1}},
+					Marks: []redisstore.WindowMark{{ID: id, Flags: wire.MarkLow, Win: nowWin(bad)}}, At: time.Now(), Memory: time.Second},
+			}
+			errs := make([]error, 2)
+			_ = s.WindowsBatch(ctx, ts, errs)
+			if errs[0] != nil || ts[0].Ops[0].Count != 5*round {
+				t.Fatalf("round %d: the good trip answered %v, count %d; want its count, %d", round, errs[0], ts[0].Ops[0].Count, 5*round)
+			}
+			if errs[1] == nil || !strings.Contains(errs[1].Error(), "WRONGTYPE") {
+				t.Fatalf("round %d: the bad trip answered %v; want WRONGTYPE", round, errs[1])
+			}
+		}
+	})
 }
