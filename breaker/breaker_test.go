@@ -278,8 +278,10 @@ func TestBreakerSocketDeadline(t *testing.T) {
 				cancel()
 			}
 			st := b.Stats()
-			if st.Timeouts != 20 || (st.Failures > 0) != tc.failures || st.Failures+st.Starved > 20 {
-				t.Errorf("20 calls to a store that never answers: %+v, want 20 timeouts, failures %v", st, tc.failures)
+			// Counted: each a failure, or starved when this process ran a whole budget
+			// late (a loaded machine), never anything else. Not counted: no failure.
+			if st.Timeouts != 20 || tc.failures && st.Failures+st.Starved != 20 || !tc.failures && st.Failures != 0 {
+				t.Errorf("20 calls to a store that never answers: %+v, want 20 timeouts, counted %v", st, tc.failures)
 			}
 		})
 	}

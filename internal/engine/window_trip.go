@@ -1070,11 +1070,8 @@ func (e *Engine) windowsNextTick(t time.Time) time.Time {
 // windowsStop stops the windowed limits, the retiring ones too: requests waiting for
 // grants not yet sent are denied as closed.
 func (e *Engine) windowsStop(now time.Time) {
-	var wls []*windowed
 	e.mu.Lock()
-	for wl := range e.windowed {
-		wls = append(wls, wl)
-	}
+	wls := slices.Collect(e.windowed)
 	e.mu.Unlock()
 	var pend []windowPending
 	for _, wl := range wls {

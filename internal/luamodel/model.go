@@ -280,21 +280,14 @@ func (e *entry) heldCredit() (float64, bool) {
 	return 0, false
 }
 
-// restsFull reports whether refund.lua writes nothing for a refund to the bucket on its
-// parameters p at ms: it holds tokens and is full at ms (refilled to its capacity or
-// past it), and its p and c are fresh.
-func (e *entry) restsFull(p Params, ms float64) bool {
-	stored, ok := tonumber(e.field("tokens"))
-	if !ok {
-		return false
-	}
-	ts, ok := tonumber(e.field("ts"))
-	if !ok {
-		ts = ms
-	}
+// restsFull reports whether refund.lua writes nothing for a refund to the bucket of
+// capacity, holding tokens at ms once refilled (refill: capped at capacity, so full
+// exactly when its refill reached the cap): it holds tokens, and its p and c are fresh.
+func (e *entry) restsFull(tokens, capacity, ms float64) bool {
+	_, stored := tonumber(e.field("tokens"))
 	_, held := e.held()
 	_, credit := e.heldCredit()
-	return stored+math.Max(0, ms-ts)/1000*p.Rate >= p.Capacity && held && credit && e.fresh("p", 4, ms) && e.fresh("c", 2, ms)
+	return stored && tokens == capacity && held && credit && e.fresh("p", 4, ms) && e.fresh("c", 2, ms)
 }
 
 // paramsField is the value take.lua and refund.lua store in p: string.format('%d %.17g
@@ -373,10 +366,15 @@ func (e *entry) prune(now float64) {
 // record returns the fields of server's record in field, if it holds n of them, and
 // whether it does; without a record it first prunes the hash, as the scripts do.
 func (e *entry) record(field string, n int, now float64) ([]float64, bool) {
+	e.firstRecord(field, now)
+	return e.peekRecord(field, n)
+}
+
+// firstRecord prunes the hash, as the scripts do, when it holds no record in field.
+func (e *entry) firstRecord(field string, now float64) {
 	if _, ok := e.field(field); !ok {
 		e.prune(now)
 	}
-	return e.peekRecord(field, n)
 }
 
 // peekRecord is record without the pruning.
@@ -488,12 +486,10 @@ func (m *Model) Refund(now time.Time, key string, capacity, rate float64, amount
 	case found && rec[0] > float64(seq):
 		return wire.RefundReply{Tokens: tokens, Flag: 2, Version: p.Version}
 	}
-	if amount >= 0 && e.restsFull(p, ms) {
+	if amount >= 0 && e.restsFull(tokens, capacity, ms) {
 		return wire.RefundReply{Tokens: capacity, Version: p.Version}
 	}
-	if _, ok := e.field(field); !ok {
-		e.prune(ms)
-	}
+	e.firstRecord(field, ms)
 	if amount < 0 {
 		debt := float64(amount)
 		if credit > ref { // false for NaN

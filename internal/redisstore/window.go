@@ -390,15 +390,11 @@ func (s *Store) windowsTx(ctx context.Context, tx txPipeliner, ts []WindowTrip, 
 	// through its commands' errors, which go-redis sets to that failure.
 	start := 0
 	for k, i := range idx {
-		var own error
-		if ends[k] <= len(cmds) {
-			for _, c := range cmds[start:ends[k]] {
-				if own = c.Err(); own != nil {
-					break
-				}
+		var own error // Exec returns every command queued, each with its error
+		for _, c := range cmds[start:ends[k]] {
+			if own = c.Err(); own != nil {
+				break
 			}
-		} else {
-			own = err
 		}
 		start = ends[k]
 		switch {
