@@ -122,6 +122,7 @@ func TestDebtLostToATimeoutGoesAgainWithItsSeq(t *testing.T) {
 		if !trip.debts {
 			answerAll(trip)
 			e.Done(t0.Add(3*ms+debtRetry), trip)
+			e.Tick(t0.Add(3*ms + 2*debtRetry)) // past the debts' hold after that answer
 			continue
 		}
 		for _, r := range trip.Refunds {
@@ -229,14 +230,82 @@ func TestKeyOpenFailsOnlyItsKeys(t *testing.T) {
 }
 
 // firstDebts makes Redis answer a refill at now (of a key of lm not asked before) and
-// answers every trip before the first debt trip, which it returns (nil if none comes).
+// answers every trip before the first debt trip, which it returns (nil if none comes):
+// the debts' trip goes once their hold after that answer (redisAnswered) has passed.
 func firstDebts(e *Engine, now time.Time, lm *Limit) *Trip {
 	decide(e, now, lm, "other", 1)
 	trip := e.Next()
-	for trip != nil && !trip.debts {
-		answerAll(trip)
-		e.Done(now, trip)
+	for ticked := false; ; {
+		for trip != nil && !trip.debts {
+			answerAll(trip)
+			e.Done(now, trip)
+			trip = e.Next()
+		}
+		if trip != nil || ticked {
+			return trip
+		}
+		ticked = true
+		e.Tick(now.Add(debtRetry))
 		trip = e.Next()
 	}
-	return trip
+}
+
+// TestDebtsSpreadAfterRedisAnswers: debts that waited for Redis to answer wait a
+// random part of debtRetry more once it has, drawn from the engine's seed, so that the
+// servers of a fleet Redis comes back to at once do not all send theirs in the same
+// milliseconds; NextTick is no later than the instant they may go.
+func TestDebtsSpreadAfterRedisAnswers(t *testing.T) {
+	var holds []time.Duration
+	for seed := range uint64(40) {
+		open := false
+		e, lm := testEngine(t, func(c *Config) {
+			c.Seed = seed
+			c.Limits[0].Policy = breaker.FailLocal()
+			c.BreakerOpen = func() bool { return open }
+		})
+		oweOneEach(t, e, lm, &open, []string{"a", "b"})
+		e.Tick(t0) // the engine's schedule starts: NextTick is its next sweep
+		at := t0.Add(2 * ms)
+		decide(e, at, lm, "other", 1)
+		trip := e.Next()
+		if trip == nil || trip.debts {
+			t.Fatalf("seed %d: Next = %+v, want the refill first", seed, trip)
+		}
+		answerAll(trip)
+		e.Done(at, trip)
+		if trip := e.Next(); trip != nil {
+			t.Fatalf("seed %d: Next = %+v as Redis answered, want the debts held", seed, trip)
+		}
+		e.mu.Lock()
+		held, until := e.debtHeld, e.debtHoldUntil
+		e.mu.Unlock()
+		if next := e.NextTick(); !held || next.After(until) {
+			t.Fatalf("seed %d: held %v until %v, NextTick %v; want held, NextTick by its end", seed, held, until, next)
+		}
+		hold := until.Sub(at)
+		if hold < 0 || hold >= debtRetry {
+			t.Fatalf("seed %d: debts held %v, want within [0, %v)", seed, hold, debtRetry)
+		}
+		if hold > 0 {
+			e.Tick(until.Add(-time.Nanosecond))
+			if trip := e.Next(); trip != nil {
+				t.Fatalf("seed %d: Next = %+v before the hold's end, want nothing", seed, trip)
+			}
+		}
+		e.Tick(until)
+		if trip := e.Next(); trip == nil || !trip.debts || len(trip.Refunds) != 2 {
+			t.Fatalf("seed %d: Next = %+v at the hold's end, want the two debts", seed, trip)
+		}
+		holds = append(holds, hold)
+	}
+	// Spread: 40 draws of a uniform hold fall in every quarter of debtRetry.
+	var quarters [4]int
+	for _, h := range holds {
+		quarters[4*h/debtRetry]++
+	}
+	for q, n := range quarters {
+		if n == 0 {
+			t.Errorf("no hold in quarter %d of %v: %v", q, debtRetry, holds)
+		}
+	}
 }

@@ -249,10 +249,23 @@ func (e *Engine) Done(now time.Time, t *Trip) {
 	}
 	e.mu.Lock()
 	if t.Answered && t.Err == nil {
-		e.debtWait = false // Redis answers: debts may go
+		e.redisAnswered(now)
 	}
 	e.busy = false
 	e.mu.Unlock()
+}
+
+// redisAnswered notes that Redis answered a trip at now, or ran one it answered late:
+// FailLocal's debts may go. Debts that waited for that answer wait a random part of
+// debtRetry more, so that the servers of a fleet do not charge theirs together when
+// Redis comes back to all of them at once: after an outage a server's debts fill a trip
+// or more, and a fleet's, sent in the same few milliseconds, would queue its refills
+// behind them past the breaker's Timeout. It requires that e.mu is held.
+func (e *Engine) redisAnswered(now time.Time) {
+	if e.debtWait && !e.debtHeld && e.debts.len() > 0 {
+		e.debtHeld, e.debtHoldUntil = true, now.Add(time.Duration(float64(debtRetry)*uniform(&e.rng)))
+	}
+	e.debtWait = false
 }
 
 // timedOutWhole reports whether t, a trip of refunds or debts, ran out of time whole with
@@ -527,7 +540,7 @@ func (e *Engine) Late(now time.Time, t *Trip, i int, r *redisstore.TakeResult) b
 	if found && back > 0 {
 		heap.Push(&e.expiries, expiry{lim: lm, key: f.key, at: expires})
 	}
-	e.debtWait = false // Redis runs what it is sent, if late: FailLocal's debts may go
+	e.redisAnswered(now) // Redis runs what it is sent, if late
 	e.mu.Unlock()
 	e.wake()
 	return true
@@ -685,6 +698,9 @@ func (e *Engine) NextTick() time.Time {
 	}
 	if !e.stopped && e.nextReps.Before(t) {
 		t = e.nextReps
+	}
+	if e.debtHeld && e.debtHoldUntil.Before(t) {
+		t = e.debtHoldUntil
 	}
 	return e.windowsNextTick(e.laterNextTick(t))
 }
