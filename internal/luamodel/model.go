@@ -413,6 +413,9 @@ func (m *Model) open(now time.Time, key string, caller Params, field string, n i
 // empty (or at the level seen, if below zero).
 func (m *Model) Take(now time.Time, key string, capacity, rate float64, want, minimum int, server string, seq, version uint64, floor int, seen wire.Seen) wire.TakeReply {
 	field := "t:" + server
+	if floor > 0 {
+		field = "k:" + server // a claim's record (take.lua)
+	}
 	m.tick(now)
 	held, force := m.get(key).params(Params{capacity, rate, version})
 	credit := m.get(key).credit(force.Capacity, force.Rate, held.Capacity, held.Rate, NowMillis(now))

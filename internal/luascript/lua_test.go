@@ -440,6 +440,33 @@ func TestReplay(t *testing.T) {
 	})
 }
 
+// TestClaimKeepsItsOwnRecord: a reservation's claim (a take with a floor) records its
+// answer apart from the refills' (k:<server>): a claim under a later seq does not make
+// a refill sent again under its own seq, whose answer was lost, stale (which the Store
+// would send once more under a fresh seq, spending twice); the claim is replayed on its
+// own record.
+func TestClaimKeepsItsOwnRecord(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		const rate = 1e-6
+		key := redistest.Unique(t)
+		first := run(t, tg.Client, luascript.Take, key, 100, rate, 30, 1, "a", 7, 0) // its answer lost
+		claim := run(t, tg.Client, luascript.Take, key, 100, rate, 10, 10, "a", 8, 0, 100)
+		if claim[0] != int64(10) {
+			t.Fatalf("claim: %v, want 10 granted", claim)
+		}
+		again := run(t, tg.Client, luascript.Take, key, 100, rate, 30, 1, "a", 7, 0) // sent again
+		if again[4] != int64(luascript.Replayed) || again[0] != first[0] {
+			t.Fatalf("refill sent again after a claim: %v, want the replay of %v (flag 1)", again, first)
+		}
+		if replay := run(t, tg.Client, luascript.Take, key, 100, rate, 10, 10, "a", 8, 0, 100); replay[4] != int64(luascript.Replayed) || replay[0] != int64(10) {
+			t.Fatalf("claim replayed: %v, want its recorded 10 (flag 1)", replay)
+		}
+		if tok := hget(t, tg.Client, key, "tokens"); !near(tok, 60, 1e-3) {
+			t.Fatalf("tokens = %v, want 60: the refill and the claim spent once each", tok)
+		}
+	})
+}
+
 // TestRecordsPruned: a hot bucket that never expires keeps at most ~256 records; records
 // older than two minutes go when a new server writes its first record.
 func TestRecordsPruned(t *testing.T) {

@@ -21,7 +21,8 @@
 // nothing of tokens leased under other parameters than those in force. Bucket ignores p.
 //
 // Take and Refund are idempotent per (server id, seq): each records its last answer per
-// server in the bucket hash (fields "t:<server id>" and "r:<server id>"), and a replayed
+// server in the bucket hash (fields "t:<server id>" and "r:<server id>"; a claim's take,
+// one with a floor, "k:<server id>", a debt's refund "d:<server id>"), and a replayed
 // call — a client library retrying a timed-out EVALSHA — gets the recorded answer back
 // and spends or refunds nothing. A seq lower than the recorded one (a replay that arrives
 // after a newer call) spends nothing. The records expire with the hash; when a hash

@@ -53,7 +53,9 @@
 -- returns it.
 --
 -- Idempotent per (server id, seq): the answer is recorded in the field 't:<server id>'
--- as '<seq> <granted> <tokens> <wait> <now>'. A replayed call (same seq, e.g. a client
+-- as '<seq> <granted> <tokens> <wait> <now>', a claim's (floor above 0) in 'k:<server
+-- id>', so that a claim's seq never makes a refill sent again under its own seq (whose
+-- answer was lost) older than the record. A replayed call (same seq, e.g. a client
 -- retry of a timed-out EVALSHA) returns that answer and spends nothing; an older seq
 -- spends nothing and grants 0. The records live in the bucket hash and expire with it;
 -- once the hash holds more than 256 fields, a new record first drops records older than
@@ -87,6 +89,7 @@ if not (capacity and rate and want and min and seq and version and floor) or not
   return redis.error_reply('ERR fleetlimit take: invalid arguments')
 end
 local field = 't:' .. ARGV[5]
+if floor > 0 then field = 'k:' .. ARGV[5] end
 
 local t   = redis.call('TIME')
 local now = num(t[1]) * 1000 + math.floor(num(t[2]) / 1000)
