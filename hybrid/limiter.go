@@ -547,21 +547,15 @@ func (l *Limiter) do(ctx context.Context, t *engine.Trip) []*lateTake {
 			reqs, out := pick(t.Takes, p), pick(t.TakeResults, p)
 			lt := &lateTake{l: l, t: t, idx: p.idx}
 			mine := make([]redisstore.TakeResult, len(reqs)) // the call's own: it may outlive Do
-			// A part with refills lingers, and Close waits for it; one of reservations'
-			// claims alone does not, as nothing reads a claim's late answer.
-			cctx, lingers := ctx, slices.ContainsFunc(reqs, func(r redisstore.TakeRequest) bool { return r.Floor == 0 })
+			// The call lingers, and Close waits for it: its refills' late grants go to
+			// their leases, its reservations' claims' back to their buckets.
 			var started atomic.Int32 // 1: the call started; 2: Do returned first
-			if lingers {
-				cctx = lctx
-				l.lingering.Add(1)
-			}
-			p.err = p.nd.brk.Do(cctx, func(ctx context.Context) error {
-				if lingers {
-					if !started.CompareAndSwap(0, 1) {
-						return context.Canceled // too late to start: Do has returned
-					}
-					defer l.lingering.Done()
+			l.lingering.Add(1)
+			p.err = p.nd.brk.Do(lctx, func(ctx context.Context) error {
+				if !started.CompareAndSwap(0, 1) {
+					return context.Canceled // too late to start: Do has returned
 				}
+				defer l.lingering.Done()
 				if len(reqs) == 1 { // a refill, or a reservation's claim (Floor)
 					g, err := l.store.TakeOne(ctx, reqs[0])
 					if err == nil {
@@ -582,7 +576,7 @@ func (l *Limiter) do(ctx context.Context, t *engine.Trip) []*lateTake {
 				}
 				return nil
 			})
-			if lingers && started.CompareAndSwap(0, 2) {
+			if started.CompareAndSwap(0, 2) {
 				l.lingering.Done() // the call never started (breaker open, overloaded)
 			}
 			if p.answered = lt.settle(p.err); p.answered {

@@ -21,6 +21,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/hybrid"
 	"github.com/fleetlimit/fleetlimit/internal/luascript"
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
 )
 
@@ -600,22 +601,36 @@ func TestLongKeysKeepTheirBuckets(t *testing.T) {
 
 // lateTakes holds the first take until released, then sends it on the call's context:
 // it runs in Redis, and its answer reaches the Limiter, after the breaker's deadline.
+// With claims, it holds the first reservation's claim (a take with a floor) instead, once
+// Redis has run it: only its answer is late.
 type lateTakes struct {
 	held, release chan struct{}
+	claims        bool
 	once          sync.Once
 }
 
 func (h *lateTakes) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *lateTakes) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if args := cmd.Args(); len(args) < 2 || args[0] != "evalsha" || args[1] != luascript.Take.Hash() {
+		// EVALSHA sha 1 key, then the take's arguments: its floor (ARGV[8]) is args[11].
+		args := cmd.Args()
+		if len(args) < 2 || args[0] != "evalsha" || args[1] != luascript.Take.Hash() ||
+			h.claims && (len(args) < 12 || fmt.Sprint(args[11]) == "0") {
 			return next(ctx, cmd)
 		}
 		first := false
 		h.once.Do(func() { first = true })
-		if first {
-			close(h.held)
-			<-h.release
+		if !first {
+			return next(ctx, cmd)
+		}
+		var err error
+		if h.claims {
+			err = next(context.WithoutCancel(ctx), cmd)
+		}
+		close(h.held)
+		<-h.release
+		if h.claims {
+			return err
 		}
 		return next(ctx, cmd) // fails at once if the call's context ended with Do
 	}
@@ -658,5 +673,49 @@ func TestLateTakeIsRead(t *testing.T) {
 		if d, err := l.Allow(context.Background(), "api", "k"); err != nil || !d.Allowed || d.Source != hybrid.SourceLease {
 			t.Fatalf("request %d after the late grant of %d: %+v, %v; want served by the lease", i, st.Recovered, d, err)
 		}
+	}
+}
+
+// TestLateClaimIsGivenBack: a reservation's claim whose answer comes after the
+// breaker's deadline fails the reservation, but it ran in Redis: its answer is still
+// read, and the tokens it took go back to the bucket.
+func TestLateClaimIsGivenBack(t *testing.T) {
+	_, c := redistest.Mini(t)
+	h := &lateTakes{held: make(chan struct{}), release: make(chan struct{}), claims: true}
+	c.AddHook(h)
+	// A Timeout a loaded machine's calls stay within; the claim's answer, held, does not.
+	brk, err := breaker.New(breaker.Settings{Timeout: 200 * time.Millisecond, FailureThreshold: 100, OpenTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStore(t, c)
+	const rate, burst = 0.01, 5 // nothing refills while the test runs
+	l := newLimiter(t, s, hybrid.Config{FleetSize: 1, Breaker: brk, Limits: []hybrid.Limit{
+		{Name: "jobs", Rate: rate, Burst: burst, Policy: breaker.FailClosed, MaxWait: time.Second},
+	}})
+	ctx := context.Background()
+	drain := globalTake("jobs", rate, burst, "k")
+	drain.Want, drain.Min, drain.Floor = burst, burst, 0
+	if g, err := redisstore.Of(s).TakeOne(ctx, drain); err != nil || g.Granted != burst {
+		t.Fatalf("draining the bucket: %+v, %v", g, err)
+	}
+	r, err := l.ReserveN(ctx, "jobs", "k", 1)
+	if err != nil || r.OK() {
+		t.Fatalf("the reservation whose claim was answered late: ok %v, %+v, %v; want refused", r.OK(), r.Decision(), err)
+	}
+	<-h.held
+	close(h.release)
+	waitFor(t, "the claim's token to go back", func() bool { return l.Stats().Limits[0].Refunded >= 1 })
+	if st := l.Stats().Limits[0]; st.Refunded != 1 || st.Reserved != 0 {
+		t.Fatalf("refunded %d, reserved %d; want the claim's 1 given back, none kept", st.Refunded, st.Reserved)
+	}
+	// The bucket, read with a claim of one: drained, the late claim given back, it is at
+	// minus one, not minus two.
+	g, err := redisstore.Of(s).TakeOne(ctx, globalTake("jobs", rate, burst, "k"))
+	if err != nil || g.Granted != 1 {
+		t.Fatalf("reading the bucket: %+v, %v", g, err)
+	}
+	if g.Remaining < -1.5 || g.Remaining > 0 {
+		t.Fatalf("bucket at %v after a late claim, want about -1: its token given back", g.Remaining)
 	}
 }

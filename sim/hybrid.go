@@ -561,13 +561,13 @@ func (h *hybridStrat) call(s *server, hs *hybridServer, t *engine.Trip, p *part,
 	// counts those, taken off the unread once this trip's answer is read.
 	var granted, replayed int64
 	gaveUp := false
-	// A refill's take lingers (a part of reservations' claims alone does not): its answer,
-	// read after Do gave up on it, goes to the engine (Engine.Late), and what the engine
-	// takes of it is read after all.
+	// A take lingers: its answer, read after Do gave up on it, goes to the engine
+	// (Engine.Late), and what the engine takes of it (a refill's grant, a reservation's
+	// claim's to give back) is read after all.
 	var readLate func()
-	refills := false
-	p.each(len(t.Takes), func(i int) { refills = refills || t.Takes[i].Floor == 0 })
-	if refills {
+	takes := false
+	p.each(len(t.Takes), func(int) { takes = true })
+	if takes {
 		readLate = func() {
 			late(func() {
 				now := s.clock(f.e.now)

@@ -154,6 +154,61 @@ func TestClaimKeepsHeld(t *testing.T) {
 	}
 }
 
+// TestClaimAnsweredLate: a claim whose call timed out after Redis ran it is decided as
+// failed, and the tokens it took go back when its answer comes late (Late), once; Held
+// is unchanged and Refunded counts them. A claim refused before it was sent (breaker
+// open) ran nowhere: its late answer is not taken.
+func TestClaimAnsweredLate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		back bool
+	}{
+		{"timed out", breaker.ErrTimeout, true},
+		{"never sent", breaker.ErrOpen, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, lm := testEngine(t, nil)
+			var d Decision
+			w := e.Claim(t0, lm, "k", 3, &d)
+			if w == nil {
+				t.Fatalf("claim refused at once: %+v", d)
+			}
+			trip := e.Next()
+			if trip == nil || trip.Kind != TakeTrip || len(trip.Takes) != 1 || trip.Takes[0].Floor == 0 {
+				t.Fatalf("Next = %+v, want the claim's take", trip)
+			}
+			trip.Err = tc.err
+			e.Done(t0.Add(ms), trip)
+			if got := w.Decision(); got.Allowed {
+				t.Fatalf("failed claim admitted: %+v", got)
+			}
+			late := &redisstore.TakeResult{Grant: redisstore.Grant{Granted: 3}}
+			if took := e.Late(t0.Add(2*ms), trip, 0, late); took != tc.back {
+				t.Fatalf("Late took the claim's answer: %v, want %v", took, tc.back)
+			}
+			if e.Late(t0.Add(3*ms), trip, 0, late) {
+				t.Fatal("a claim's late answer taken twice")
+			}
+			rt := e.Next()
+			if !tc.back {
+				if rt != nil {
+					t.Fatalf("Next = %+v, want nothing", rt)
+				}
+				return
+			}
+			if rt == nil || rt.Kind != RefundTrip || len(rt.Refunds) != 1 || rt.Refunds[0].N != 3 || string(rt.Refunds[0].ID) != wire.KeyID("k") {
+				t.Fatalf("Next = %+v, want the refund of the claim's 3 tokens", rt)
+			}
+			rt.Answered = true
+			e.Done(t0.Add(4*ms), rt)
+			if st := lm.Stats(); st.Held != 0 || st.Refunded != 3 || st.Reserved != 0 {
+				t.Fatalf("Held %d, Refunded %d, Reserved %d; want 0, 3, 0", st.Held, st.Refunded, st.Reserved)
+			}
+		})
+	}
+}
+
 // TestTakesCarrySeen: a key's takes, its refills and its reservations' claims alike,
 // carry what its lease last heard of the bucket (the level, floored at zero, and Redis's
 // clock then), so that a take that finds the bucket lost starts it empty; a key this

@@ -380,6 +380,9 @@ func (e *Engine) send(now time.Time, f *Flight, self *Waiter) bool {
 // the requests that waited for it: again with the grant, or by their policy.
 func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Waiter) {
 	if f.floor > 0 {
+		// A claim that may have run is read if its answer comes late (Late): it was
+		// decided without its tokens, which go back.
+		f.lost.Store(mayHaveRun(err))
 		e.claimed(f, g, err, self)
 		return
 	}
@@ -490,19 +493,31 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 // take ran. It pays first for what the failure policy admitted to the requests that
 // waited for the item's refill (FailLocal's debt for them settled), and the rest goes to
 // the key's lease until at least its Lifetime from now (Lease.Late), or back to
-// Redis if the key is gone. It reports whether it took the grant: not for a reservation's
-// claim, nor while a later take under the same sequence number is out, or once one was
-// answered (Lease.Lost): that take reads the same grant from Redis's record. Call it
-// after Done(t), from any goroutine; an item's answer is taken at most once.
+// Redis if the key is gone; a reservation's claim, decided as failed, gives back all it
+// took. It reports whether it took the grant: not while a later take under the same
+// sequence number is out, or once one was answered (Lease.Lost): that take reads the
+// same grant from Redis's record. Call it after Done(t), from any goroutine; an item's
+// answer is taken at most once.
 func (e *Engine) Late(now time.Time, t *Trip, i int, r *redisstore.TakeResult) bool {
 	if t.Kind != TakeTrip || i < 0 || i >= len(t.flights) || r.Err != nil {
 		return false
 	}
 	f := t.flights[i]
-	if f.floor > 0 || !f.lost.CompareAndSwap(true, false) { // a claim, or not lost, or read
+	if !f.lost.CompareAndSwap(true, false) { // not lost, or read
 		return false
 	}
 	lm, g := f.lim, grantOf(r)
+	if f.floor > 0 {
+		if g.Granted <= 0 {
+			return false
+		}
+		lm.stats.claimsBack.Add(int64(g.Granted))
+		e.queueRefund(lm, f.shape, f.key, g.Granted)
+		e.mu.Lock()
+		e.redisAnswered(now)
+		e.mu.Unlock()
+		return true
+	}
 	took, found, paid, back := false, false, 0, 0
 	var expires time.Time // the tokens' expiry, for the sweep: set when the key is found
 	lm.keys.Peek(f.key, func(en *entry, last time.Time) {
