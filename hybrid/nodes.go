@@ -22,14 +22,16 @@ import (
 //
 // A master's breaker lives as long as the master: when a slot is seen served by another
 // node (a failover, a resharding), the breakers of addresses that are no longer masters
-// are dropped.
+// are dropped, and kept aside: an address a later map names again gets its breaker back,
+// in the state it was in (open, for a master that failed), since whether that map was
+// loaded fresh cannot be told.
 type nodes struct {
 	all *node                // Config.Breaker's: a plain client's, or a Cluster's when no master is known
 	cc  *redis.ClusterClient // nil: a plain client
 
 	mu      sync.Mutex
 	byAddr  map[string]*node // guarded by mu
-	gone    map[string]bool  // guarded by mu: addresses a prune dropped, until one sees them serve slots
+	gone    map[string]*node // guarded by mu: the nodes a prune dropped, by address, until a map names them again
 	masters atomic.Pointer[[]*node]
 	slots   [wire.Slots]atomic.Pointer[node] // the master each slot's last call went to
 
@@ -60,7 +62,7 @@ type node struct {
 }
 
 func newNodes(brk *breaker.Breaker, client redis.Scripter) *nodes {
-	n := &nodes{all: &node{brk: brk}, byAddr: map[string]*node{}, gone: map[string]bool{}}
+	n := &nodes{all: &node{brk: brk}, byAddr: map[string]*node{}, gone: map[string]*node{}}
 	n.cc, _ = client.(*redis.ClusterClient)
 	n.masters.Store(&[]*node{})
 	return n
@@ -74,7 +76,8 @@ func newNodes(brk *breaker.Breaker, client redis.Scripter) *nodes {
 //
 // When the client's map names a master the last prune dropped and the map was not
 // loaded again for this call (reloaded false), route does nothing and reports it stale
-// (split loads the map again); past that load, the address is a master again.
+// (split loads the map again); past that load, the address is a master again, with the
+// breaker it had.
 func (n *nodes) route(ctx context.Context, key string, reloaded bool) (nd *node, stale bool) {
 	if n.cc == nil {
 		return n.all, false
@@ -89,11 +92,22 @@ func (n *nodes) route(ctx context.Context, key string, reloaded bool) (nd *node,
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.gone[addr] && !reloaded {
+	old := n.gone[addr]
+	if old != nil && !reloaded {
 		return nil, true
 	}
 	delete(n.gone, addr)
 	nd = n.byAddr[addr]
+	if nd == nil && old != nil {
+		// Named again: it gets back the breaker it had, open if it failed. Whether the
+		// map was loaded again cannot be told (ForEachMaster gives the map held when a
+		// load fails, and a load may come from a node that missed the failover); the
+		// calls go where the map says, guarded by what is known of that address.
+		nd = old
+		n.byAddr[addr] = nd
+		list := append(append([]*node(nil), *n.masters.Load()...), nd)
+		n.masters.Store(&list)
+	}
 	if nd == nil {
 		st := n.all.brk.Settings()
 		if st.Name != "" {
@@ -145,10 +159,14 @@ func (n *nodes) prune(ctx context.Context) {
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	for addr := range live {
-		delete(n.gone, addr)
-	}
 	var kept []*node
+	for addr := range live {
+		if nd := n.gone[addr]; nd != nil { // named again: the breaker it had
+			delete(n.gone, addr)
+			n.byAddr[addr] = nd
+			kept = append(kept, nd)
+		}
+	}
 	for _, nd := range *n.masters.Load() {
 		if live[nd.addr] {
 			kept = append(kept, nd)
@@ -158,7 +176,7 @@ func (n *nodes) prune(ctx context.Context) {
 		if len(n.gone) >= goneMax {
 			clear(n.gone)
 		}
-		n.gone[nd.addr] = true
+		n.gone[nd.addr] = nd
 		for i := range n.slots {
 			n.slots[i].CompareAndSwap(nd, nil)
 		}

@@ -2,6 +2,7 @@ package hybrid
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -13,7 +14,7 @@ import (
 
 // slotMaps is a Cluster's slot map as the nodes a client loads it from tell it: each
 // load takes the next of maps (the last one stays), each map naming the master of every
-// slot.
+// slot, or, for "", failing (a stalled node: the client keeps the map it holds).
 type slotMaps struct {
 	mu    sync.Mutex
 	maps  []string
@@ -25,6 +26,9 @@ func (s *slotMaps) load(context.Context) ([]redis.ClusterSlot, error) {
 	defer s.mu.Unlock()
 	addr := s.maps[min(s.loads, len(s.maps)-1)]
 	s.loads++
+	if addr == "" {
+		return nil, errors.New("read: i/o timeout")
+	}
 	return []redis.ClusterSlot{{Start: 0, End: 16383, Nodes: []redis.ClusterNode{{Addr: addr}}}}, nil
 }
 
@@ -100,6 +104,66 @@ func TestRouteAfterFailover(t *testing.T) {
 			_, kept := n.byAddr[old]
 			if kept != (tt.want == old) {
 				t.Errorf("breaker of %s kept: %v, want %v", old, kept, tt.want == old)
+			}
+		})
+	}
+}
+
+// TestDroppedMasterKeepsItsBreaker: a master a prune dropped after its breaker opened,
+// named again by a map no fresh load confirms, gets back the breaker it had, still
+// open: not a closed one that its keys' calls would each wait out to a timeout. Whether
+// a map was loaded again cannot be told: ForEachMaster gives the map the client holds
+// when a load fails, and a load may come from a node that has not learnt of the
+// failover.
+func TestDroppedMasterKeepsItsBreaker(t *testing.T) {
+	const (
+		old = "10.0.0.1:6379"
+		new = "10.0.0.2:6379"
+		key = "{cold:client-1}"
+	)
+	for _, tc := range []struct {
+		name  string
+		stale func(n *nodes, cc *redis.ClusterClient, maps *slotMaps) error
+	}{
+		{"a stale map held, then every load fails", func(n *nodes, cc *redis.ClusterClient, maps *slotMaps) error {
+			maps.then(old, "")
+			return cc.ForEachMaster(context.Background(), func(context.Context, *redis.Client) error { return nil })
+		}},
+		{"a prune's own load is stale", func(n *nodes, cc *redis.ClusterClient, maps *slotMaps) error {
+			maps.then(old, new)
+			n.prune(context.Background())
+			return nil
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			maps := &slotMaps{maps: []string{old}}
+			cc := redis.NewClusterClient(&redis.ClusterOptions{ClusterSlots: maps.load})
+			defer cc.Close()
+			brk, err := breaker.New(breaker.Settings{Name: "redis", FailureThreshold: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := newNodes(brk, cc)
+			nd := n.split(ctx, 1, func(int) string { return key })[0].nd
+			_ = nd.brk.Do(ctx, func(context.Context) error { return errors.New("read: i/o timeout") })
+			if nd.addr != old || nd.brk.State() != breaker.StateOpen {
+				t.Fatalf("before the failover: %s, breaker %v; want %s, open", nd.addr, nd.brk.State(), old)
+			}
+			maps.then(new) // the failover: prune drops old
+			n.prune(ctx)
+			if _, ok := n.byAddr[old]; ok {
+				t.Fatal("prune kept the old master")
+			}
+			if err := tc.stale(n, cc, maps); err != nil {
+				t.Fatal(err)
+			}
+			got := n.split(ctx, 1, func(int) string { return key })[0].nd
+			if got.addr == old && got != nd {
+				t.Errorf("routed to %s with a new breaker (%v), want its old one, open", got.addr, got.brk.State())
+			}
+			if got.addr == old && !n.masterOpen() {
+				t.Error("masterOpen is false: recheck would not look for the failover again")
 			}
 		})
 	}
