@@ -229,6 +229,25 @@ func TestKeyOpenFailsOnlyItsKeys(t *testing.T) {
 	}
 }
 
+// TestDebtSpread: the time a server spreads its first debt trip over grows with the
+// debts its fleet owes (its own times the fleet's size), from debtRetry to half the
+// DebtWindow.
+func TestDebtSpread(t *testing.T) {
+	for _, tc := range []struct {
+		servers, debts int
+		want           time.Duration
+	}{
+		{1, 2, debtRetry},
+		{120, 120, debtRetry}, // 14,400 debts: 230 ms
+		{480, 120, 921600 * time.Microsecond},
+		{200, 100_000, DebtWindow / 2},
+	} {
+		if got := debtSpread(tc.servers, tc.debts); got != tc.want {
+			t.Errorf("debtSpread(%d servers, %d debts) = %v, want %v", tc.servers, tc.debts, got, tc.want)
+		}
+	}
+}
+
 // firstDebts makes Redis answer a refill at now (of a key of lm not asked before) and
 // answers every trip before the first debt trip, which it returns (nil if none comes):
 // the debts' trip goes once their hold after that answer (redisAnswered) has passed.
@@ -251,9 +270,10 @@ func firstDebts(e *Engine, now time.Time, lm *Limit) *Trip {
 }
 
 // TestDebtsSpreadAfterRedisAnswers: debts that waited for Redis to answer wait a
-// random part of debtRetry more once it has, drawn from the engine's seed, so that the
-// servers of a fleet Redis comes back to at once do not all send theirs in the same
-// milliseconds; NextTick is no later than the instant they may go.
+// random part of debtSpread more once it has (for one server and two debts, debtRetry),
+// drawn from the engine's seed, so that the servers of a fleet Redis comes back to at
+// once do not all send theirs in the same milliseconds; NextTick is no later than the
+// instant they may go.
 func TestDebtsSpreadAfterRedisAnswers(t *testing.T) {
 	var holds []time.Duration
 	for seed := range uint64(40) {

@@ -257,15 +257,31 @@ func (e *Engine) Done(now time.Time, t *Trip) {
 
 // redisAnswered notes that Redis answered a trip at now, or ran one it answered late:
 // FailLocal's debts may go. Debts that waited for that answer wait a random part of
-// debtRetry more, so that the servers of a fleet do not charge theirs together when
+// debtSpread more, so that the servers of a fleet do not charge theirs together when
 // Redis comes back to all of them at once: after an outage a server's debts fill a trip
 // or more, and a fleet's, sent in the same few milliseconds, would queue its refills
 // behind them past the breaker's Timeout. It requires that e.mu is held.
 func (e *Engine) redisAnswered(now time.Time) {
-	if e.debtWait && !e.debtHeld && e.debts.len() > 0 {
-		e.debtHeld, e.debtHoldUntil = true, now.Add(time.Duration(float64(debtRetry)*uniform(&e.rng)))
+	if d := e.debts.len(); e.debtWait && !e.debtHeld && d > 0 {
+		spread := float64(debtSpread(e.Servers(), d))
+		e.debtHeld, e.debtHoldUntil = true, now.Add(time.Duration(spread*uniform(&e.rng)))
 	}
 	e.debtWait = false
+}
+
+// debtSpreadPer is the time the debts a fleet owes are spread over, per debt: about twice
+// the Redis time that charging one takes (a refund, 5-8 µs on redis-server 7.0:
+// bench/rediscost's TestRefundCalls), so that while they go they take about half of
+// Redis's time, wherever the fleet's other work leaves it.
+const debtSpreadPer = 16 * time.Microsecond
+
+// debtSpread is how long a server of a fleet of servers, which owes debts keys' debts,
+// spreads its first debt trip over once Redis answers again (redisAnswered): the fleet's
+// debts, taken as servers times this server's, at debtSpreadPer each; at least debtRetry
+// and at most half the DebtWindow, which the debts must land well within.
+func debtSpread(servers, debts int) time.Duration {
+	s := time.Duration(servers) * time.Duration(debts) * debtSpreadPer
+	return min(max(s, debtRetry), DebtWindow/2)
 }
 
 // timedOutWhole reports whether t, a trip of refunds or debts, ran out of time whole with
