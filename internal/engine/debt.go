@@ -178,7 +178,8 @@ func (e *Engine) settle(lm *Limit, key string, n int) {
 // debtsDue reports whether debts wait and can be sent: no debt trip failed in the last
 // debtRetry, the breaker is not open, and either FailLocal's debts wait and Redis
 // answered a trip since FailLocal last owed (a debt sent while Redis does not answer
-// would only time out, and count against the breaker), or async admissions wait and
+// would only time out, and count against the breaker), past the spread after that
+// answer (debtsMayGo), or async admissions wait and
 // their charges are due (Async passed since the first of them). It requires that e.mu
 // is held.
 func (e *Engine) debtsDue() bool {
@@ -186,9 +187,15 @@ func (e *Engine) debtsDue() bool {
 		return false
 	}
 	charges := e.dueCharges()
-	ready := !e.debtWait || charges != nil
-	return len(e.debtRetry) > 0 && ready || !e.debtWait && e.debts.len() > 0 || charges.len() > 0
+	debts := e.debtsMayGo()
+	ready := debts || charges != nil
+	return len(e.debtRetry) > 0 && ready || debts && e.debts.len() > 0 || charges.len() > 0
 }
+
+// debtsMayGo reports whether FailLocal's debts may go: Redis answered a trip since the
+// last was owed, and the spread after that answer is over (redisAnswered). It requires
+// that e.mu is held.
+func (e *Engine) debtsMayGo() bool { return !e.debtWait && !e.debtSpread }
 
 // Owes reports whether this server owes buckets tokens not charged yet: FailLocal's
 // debts and the charge-later limits' charges, which go only while the breaker is closed
@@ -209,7 +216,7 @@ func (e *Engine) debtTrip() *Trip {
 		batch, e.debtRetry = e.debtRetry[0], e.debtRetry[1:]
 	} else {
 		var debts *owed
-		if !e.debtWait {
+		if e.debtsMayGo() {
 			debts = &e.debts
 		}
 		charges := e.dueCharges()

@@ -248,6 +248,92 @@ func TestDebtSpread(t *testing.T) {
 	}
 }
 
+// TestDebtSpreadOncePerWait: a server that keeps owing while Redis answers its other
+// trips (its refills time out, say) waits one spread for its debts, not one after each
+// answer: the spread's end lets go what was owed during it.
+func TestDebtSpreadOncePerWait(t *testing.T) {
+	open := false
+	e, lm := testEngine(t, func(c *Config) {
+		c.Limits[0].Policy = breaker.FailLocal()
+		c.BreakerOpen = func() bool { return open }
+	})
+	e.Tick(t0)
+	debtTrips := 0
+	drain := func(now time.Time) {
+		for trip := e.Next(); trip != nil; trip = e.Next() {
+			if trip.debts {
+				debtTrips++
+			}
+			answerAll(trip)
+			e.Done(now, trip)
+		}
+	}
+	// Every 20 ms Redis answers a refill, then FailLocal admits a request (an owe); the
+	// driver ticks at NextTick.
+	const every = 20 * ms
+	now := t0
+	for i := 0; now.Sub(t0) < 5*time.Second; i++ {
+		next := now.Add(every)
+		for nt := e.NextTick(); nt.After(now) && nt.Before(next); nt = e.NextTick() {
+			now = nt
+			e.Tick(now)
+			drain(now)
+		}
+		now = next
+		e.Tick(now)
+		decide(e, now, lm, fmt.Sprintf("ok%d", i), 1)
+		drain(now)
+		open = true
+		decide(e, now.Add(ms), lm, fmt.Sprintf("owe%d", i), 1)
+		open = false
+		drain(now.Add(ms))
+	}
+	// A spread of at most debtRetry each, then one trip: at least one every 2 debtRetry.
+	if min := int(5 * time.Second / (2 * debtRetry)); debtTrips < min {
+		t.Fatalf("%d debt trips in 5 s while Redis answered every 20 ms, want at least %d", debtTrips, min)
+	}
+	if st := lm.Stats(); st.Charged < st.Owed {
+		t.Fatalf("charged %d, owed %d: most debts should have gone", st.Charged, st.Owed)
+	}
+}
+
+// TestDebtsGoAtStop: an engine stopped (a Close) sends FailLocal's debts once Redis
+// answers its shutdown's trips, with no spread: no Tick runs then, and Finish forgives
+// what is left. A debt owed after Stop (a request FailLocal admitted while Close waited)
+// goes with them.
+func TestDebtsGoAtStop(t *testing.T) {
+	open := false
+	e, lm := testEngine(t, func(c *Config) {
+		c.Limits[0].Policy = breaker.FailLocal()
+		c.BreakerOpen = func() bool { return open }
+		c.KeyOpen = func(string, string) bool { return open }
+	})
+	e.Tick(t0)
+	decide(e, t0, lm, "a", 1) // a lease, refunded at Drain
+	trip := e.Next()
+	answerAll(trip)
+	trip.TakeResults[0].Granted = 20
+	e.Done(t0, trip)
+	open = true
+	decide(e, t0.Add(ms), lm, "x", 1) // owed during the outage
+	e.Stop(t0.Add(2 * ms))
+	decide(e, t0.Add(3*ms), lm, "y", 1) // owed after Stop
+	open = false
+	e.Drain()
+	debts := 0
+	for tr := e.Next(); tr != nil; tr = e.Next() {
+		if tr.debts {
+			debts += len(tr.Refunds)
+		}
+		answerAll(tr)
+		e.Done(t0.Add(time.Second), tr)
+	}
+	e.Finish()
+	if st := lm.Stats(); debts != 2 || st.Charged != 2 || st.Forgiven != 0 {
+		t.Fatalf("%d debts sent, charged %d, forgiven %d; want both sent and charged", debts, st.Charged, st.Forgiven)
+	}
+}
+
 // firstDebts makes Redis answer a refill at now (of a key of lm not asked before) and
 // answers every trip before the first debt trip, which it returns (nil if none comes):
 // the debts' trip goes once their hold after that answer (redisAnswered) has passed.
@@ -297,7 +383,7 @@ func TestDebtsSpreadAfterRedisAnswers(t *testing.T) {
 			t.Fatalf("seed %d: Next = %+v as Redis answered, want the debts held", seed, trip)
 		}
 		e.mu.Lock()
-		held, until := e.debtHeld, e.debtHoldUntil
+		held, until := e.debtSpread, e.debtSpreadUntil
 		e.mu.Unlock()
 		if next := e.NextTick(); !held || next.After(until) {
 			t.Fatalf("seed %d: held %v until %v, NextTick %v; want held, NextTick by its end", seed, held, until, next)

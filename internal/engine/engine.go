@@ -159,6 +159,10 @@ type Engine struct {
 	debtHeld      bool // a debt trip failed: debts wait until debtHoldUntil
 	debtWait      bool // a debt was owed since Redis last answered a trip: debts wait for an answer
 	debtHoldUntil time.Time
+	// debtSpread: FailLocal's debts, which waited for Redis to answer, wait until
+	// debtSpreadUntil more (redisAnswered), once for each time they waited.
+	debtSpread      bool
+	debtSpreadUntil time.Time
 	debts         owed        // FailLocal's admissions, owed to the buckets
 	debtSeq       uint64      // debts and charges first owed, to send them in that order
 	debtRetry     []debtBatch // debt trips that timed out, to send again with their sequence numbers (one that timed out whole, in halves)

@@ -260,11 +260,15 @@ func (e *Engine) Done(now time.Time, t *Trip) {
 // debtSpread more, so that the servers of a fleet do not charge theirs together when
 // Redis comes back to all of them at once: after an outage a server's debts fill a trip
 // or more, and a fleet's, sent in the same few milliseconds, would queue its refills
-// behind them past the breaker's Timeout. It requires that e.mu is held.
+// behind them past the breaker's Timeout. The spread's end lets go every debt owed by
+// then (Tick), whatever was owed during it: a server that keeps owing while Redis
+// answers waits one spread, not one after each answer. Charges of charge-later limits
+// do not wait, nor do the debts of an engine stopped (its shutdown sends them at once).
+// It requires that e.mu is held.
 func (e *Engine) redisAnswered(now time.Time) {
-	if d := e.debts.len(); e.debtWait && !e.debtHeld && d > 0 {
+	if d := e.debts.len(); e.debtWait && !e.debtSpread && !e.stopped && d > 0 {
 		spread := float64(debtSpread(e.Servers(), d))
-		e.debtHeld, e.debtHoldUntil = true, now.Add(time.Duration(spread*uniform(&e.rng)))
+		e.debtSpread, e.debtSpreadUntil = true, now.Add(time.Duration(spread*uniform(&e.rng)))
 	}
 	e.debtWait = false
 }
@@ -670,6 +674,9 @@ func (e *Engine) Tick(now time.Time) {
 	if e.debtHeld && !now.Before(e.debtHoldUntil) {
 		e.debtHeld = false
 	}
+	if e.debtSpread && !now.Before(e.debtSpreadUntil) {
+		e.debtSpread, e.debtWait = false, false // Redis answered before the spread began
+	}
 	if !e.ticked {
 		e.ticked = true
 		e.nextExpiry = now.Add(time.Duration(float64(e.tickEvery) * (0.5 + uniform(&e.rng))))
@@ -732,6 +739,9 @@ func (e *Engine) NextTick() time.Time {
 	}
 	if e.debtHeld && e.debtHoldUntil.Before(t) {
 		t = e.debtHoldUntil
+	}
+	if e.debtSpread && e.debtSpreadUntil.Before(t) {
+		t = e.debtSpreadUntil
 	}
 	return e.windowsNextTick(e.laterNextTick(t))
 }
