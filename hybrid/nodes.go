@@ -30,8 +30,9 @@ type nodes struct {
 	cc  *redis.ClusterClient // nil: a plain client
 
 	mu      sync.Mutex
-	byAddr  map[string]*node // guarded by mu
-	gone    map[string]*node // guarded by mu: the nodes a prune dropped, by address, until a map names them again
+	byAddr  map[string]*node   // guarded by mu
+	gone    map[string]dropped // guarded by mu: the nodes a prune dropped, by address, until a map names them again
+	drops   uint64             // guarded by mu: the prunes' drops so far, the order of gone's
 	masters atomic.Pointer[[]*node]
 	slots   [wire.Slots]atomic.Pointer[node] // the master each slot's last call went to
 
@@ -51,9 +52,17 @@ const recheckEvery = 100 * time.Millisecond
 // else by ReadTimeout (100 ms with global.ConfigureCluster).
 const reloadTimeout = recheckEvery / 2
 
-// goneMax bounds the addresses nodes remembers as dropped: the stale maps of a
-// failover pass within seconds, and a process sees few failovers in that time.
+// goneMax bounds the nodes remembered as dropped, with their breakers: the stale maps of
+// a failover pass within seconds, and a process sees few failovers in that time; past
+// it, the one dropped first is forgotten.
 const goneMax = 64
+
+// dropped is a node a prune dropped, and the number of its drop among the nodes': the
+// oldest goes first when gone is full.
+type dropped struct {
+	nd *node
+	at uint64
+}
 
 // node is one Redis node and its breaker.
 type node struct {
@@ -62,7 +71,7 @@ type node struct {
 }
 
 func newNodes(brk *breaker.Breaker, client redis.Scripter) *nodes {
-	n := &nodes{all: &node{brk: brk}, byAddr: map[string]*node{}, gone: map[string]*node{}}
+	n := &nodes{all: &node{brk: brk}, byAddr: map[string]*node{}, gone: map[string]dropped{}}
 	n.cc, _ = client.(*redis.ClusterClient)
 	n.masters.Store(&[]*node{})
 	return n
@@ -92,7 +101,7 @@ func (n *nodes) route(ctx context.Context, key string, reloaded bool) (nd *node,
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	old := n.gone[addr]
+	old := n.gone[addr].nd
 	if old != nil && !reloaded {
 		return nil, true
 	}
@@ -161,7 +170,7 @@ func (n *nodes) prune(ctx context.Context) {
 	defer n.mu.Unlock()
 	var kept []*node
 	for addr := range live {
-		if nd := n.gone[addr]; nd != nil { // named again: the breaker it had
+		if nd := n.gone[addr].nd; nd != nil { // named again: the breaker it had
 			delete(n.gone, addr)
 			n.byAddr[addr] = nd
 			kept = append(kept, nd)
@@ -172,16 +181,30 @@ func (n *nodes) prune(ctx context.Context) {
 			kept = append(kept, nd)
 			continue
 		}
-		delete(n.byAddr, nd.addr)
-		if len(n.gone) >= goneMax {
-			clear(n.gone)
-		}
-		n.gone[nd.addr] = nd
+		n.drop(nd)
 		for i := range n.slots {
 			n.slots[i].CompareAndSwap(nd, nil)
 		}
 	}
 	n.masters.Store(&kept)
+}
+
+// drop takes nd out of the masters' map (byAddr) and into gone, which forgets the node
+// dropped first once it holds goneMax; the caller drops nd's slots and its place in the
+// list of masters. It requires that n.mu is held.
+func (n *nodes) drop(nd *node) {
+	delete(n.byAddr, nd.addr)
+	if len(n.gone) >= goneMax {
+		oldest := ""
+		for addr, d := range n.gone {
+			if oldest == "" || d.at < n.gone[oldest].at {
+				oldest = addr
+			}
+		}
+		delete(n.gone, oldest)
+	}
+	n.drops++
+	n.gone[nd.addr] = dropped{nd, n.drops}
 }
 
 // settle runs the prune a trip's routes marked due (route), once its calls are made. It

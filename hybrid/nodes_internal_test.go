@@ -169,6 +169,35 @@ func TestDroppedMasterKeepsItsBreaker(t *testing.T) {
 	}
 }
 
+// TestGoneForgetsTheOldest: the nodes remembered as dropped are bounded by goneMax;
+// past it, the one dropped first is forgotten, and the others keep their breakers.
+func TestGoneForgetsTheOldest(t *testing.T) {
+	brk, err := breaker.New(breaker.Settings{Name: "redis"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := newNodes(brk, nil)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	addr := func(i int) string { return fmt.Sprintf("10.0.%d.%d:6379", i/256, i%256) }
+	for i := range goneMax + 1 {
+		nd := &node{addr: addr(i)}
+		n.byAddr[nd.addr] = nd
+		n.drop(nd)
+	}
+	if len(n.gone) != goneMax || len(n.byAddr) != 0 {
+		t.Fatalf("%d gone, %d masters; want %d and none", len(n.gone), len(n.byAddr), goneMax)
+	}
+	if _, ok := n.gone[addr(0)]; ok {
+		t.Error("the node dropped first is still remembered")
+	}
+	for i := 1; i <= goneMax; i++ {
+		if d, ok := n.gone[addr(i)]; !ok || d.nd.addr != addr(i) {
+			t.Fatalf("node %d dropped after the first: forgotten", i)
+		}
+	}
+}
+
 // TestPruneAfterTheCalls: a slot found served by another master marks a prune due, and
 // the prune runs once the trip's calls are made (settle), not while it is routed: a
 // load of the map between routing a call and making it could send the call to another
