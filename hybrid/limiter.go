@@ -935,13 +935,19 @@ func (l *Limiter) await(ctx context.Context, w *engine.Waiter) (engine.Decision,
 	}
 }
 
+// loopGrace is how long Close waits for the limiter's loop to stop once its ctx has
+// ended: the loop ends when its trip is answered or Do gives up on it, by the breaker's
+// Timeout (10 ms by default), and a Cluster's map reload after it (reloadTimeout).
+const loopGrace = 100 * time.Millisecond
+
 // errNotSent explains refunds queued while Close was sending the last ones.
 var errNotSent = errors.New("queued after Close sent its last refunds")
 
 // Close stops the Limiter and gives every unused leased token back to Redis, bounded by
-// ctx; the error reports tokens that could not be. It first waits for refills whose
-// answers are late (at most the breaker's probe deadline), so that what they were granted
-// is given back too; and, when a breaker is open (a passing stall tripped it) and ctx has
+// ctx; the error reports tokens that could not be (LimitStats.RefundsLost counts them),
+// also when ctx has ended before Close. It first waits for take calls whose answers are
+// late (at most the breaker's probe deadline), so that what refills were granted, and
+// reservations' claims that failed took, is given back too; and, when a breaker is open (a passing stall tripped it) and ctx has
 // a deadline, for it to let a probe through (its OpenTimeout), once and for at most half
 // of what ctx leaves, since an open breaker refuses the refunds, and the charges of a
 // ChargeLater limit and the debts of FailLocal, which it then sends too.
@@ -1008,9 +1014,14 @@ func (l *Limiter) close(ctx context.Context) error {
 	select {
 	case <-stopped:
 	case <-ctx.Done():
+		// ctx ended first, or before Close (a server's shutdown spent it): the loop stops
+		// within microseconds when idle, by the breaker's Timeout when a trip is out.
+		// Close waits that long, then counts what it could not give back.
+		grace := time.NewTimer(loopGrace)
 		select {
-		case <-stopped: // both ready: the loop did stop
-		default:
+		case <-stopped:
+			grace.Stop()
+		case <-grace.C:
 			return fmt.Errorf("hybrid: Close: the limiter's loop did not stop: %w", ctx.Err())
 		}
 	}

@@ -719,3 +719,43 @@ func TestLateClaimIsGivenBack(t *testing.T) {
 		t.Fatalf("bucket at %v after a late claim, want about -1: its token given back", g.Remaining)
 	}
 }
+
+// TestCloseWithAnEndedContext: Close with a ctx that ended before it (a server's shutdown
+// spent it) sends nothing, but still stops the limiter and counts the tokens it holds as
+// not refunded: none stays held, and the error says so, matching ctx's error.
+func TestCloseWithAnEndedContext(t *testing.T) {
+	_, c := redistest.Mini(t)
+	brk, err := breaker.New(breaker.Settings{Timeout: time.Second}) // a loaded machine's calls stay within it
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := hybrid.New(newStore(t, c), hybrid.Config{FleetSize: 1, Breaker: brk, Limits: []hybrid.Limit{
+		{Name: "api", Rate: 0.01, Burst: 100, Policy: breaker.FailClosed, MaxWait: time.Second, Lease: hybrid.LeaseTuning{Lifetime: time.Minute}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for range 30 {
+		if d, err := l.Allow(ctx, "api", "k"); err != nil || !d.Allowed {
+			t.Fatalf("Allow: %+v, %v", d, err)
+		}
+	}
+	before := l.Stats().Limits[0]
+	if before.Held == 0 {
+		t.Fatal("nothing leased: nothing to test")
+	}
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	err = l.Close(ended)
+	if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "not refunded") {
+		t.Fatalf("Close(ended ctx) = %v, want the tokens not refunded, matching context.Canceled", err)
+	}
+	st := l.Stats().Limits[0]
+	if st.Held != 0 || st.RefundsLost != before.Held {
+		t.Fatalf("after Close: held %d, refunds lost %d; want 0 and the %d held", st.Held, st.RefundsLost, before.Held)
+	}
+	if err2 := l.Close(ctx); err2 != err {
+		t.Fatalf("Close again = %v, want the first's %v", err2, err)
+	}
+}
