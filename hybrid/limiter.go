@@ -972,20 +972,22 @@ func (l *Limiter) Close(ctx context.Context) error {
 	return l.closeErr
 }
 
-// awaitProbe waits until no breaker is open, for at most half of what ctx leaves when it
-// starts (the refunds keep the rest), and not at all for a ctx without a deadline:
-// an open breaker moves to half-open once its OpenTimeout has passed (gobreaker moves it
-// when its state is read: there is no event to wait on), and the next call is its probe.
-// A Redis still down fails the probe, and Close does not wait again.
+// awaitProbe waits until no breaker refuses calls (open, or half-open with its probes in
+// flight: another caller's, on a shared breaker), for at most half of what ctx leaves
+// when it starts (the refunds keep the rest), and not at all for a ctx without a
+// deadline: an open breaker moves to half-open once its OpenTimeout has passed
+// (gobreaker moves it when its state is read: there is no event to wait on), and the
+// next call is its probe, unless one is out already. A Redis still down fails the probe,
+// and Close does not wait again.
 func (l *Limiter) awaitProbe(ctx context.Context) {
-	if _, ok := ctx.Deadline(); !ok || !l.nodes.anyOpen() {
+	if _, ok := ctx.Deadline(); !ok || !l.nodes.anyRefusing() {
 		return
 	}
 	wait, cancel := halfOf(ctx)
 	defer cancel()
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
-	for l.nodes.anyOpen() {
+	for l.nodes.anyRefusing() {
 		select {
 		case <-wait.Done():
 			return

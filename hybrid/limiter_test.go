@@ -720,31 +720,39 @@ func TestLateClaimIsGivenBack(t *testing.T) {
 	}
 }
 
-// TestCloseWithAnEndedContext: Close with a ctx that ended before it (a server's shutdown
-// spent it) sends nothing, but still stops the limiter and counts the tokens it holds as
-// not refunded: none stays held, and the error says so, matching ctx's error.
-func TestCloseWithAnEndedContext(t *testing.T) {
+// leasing returns a Limiter on miniredis and brk whose lease of key k holds tokens
+// that only a refund gives back (a limit of 0.01/s, burst 100: 30 requests admitted).
+func leasing(t *testing.T, brk *breaker.Breaker) *hybrid.Limiter {
+	t.Helper()
 	_, c := redistest.Mini(t)
-	brk, err := breaker.New(breaker.Settings{Timeout: time.Second}) // a loaded machine's calls stay within it
-	if err != nil {
-		t.Fatal(err)
-	}
 	l, err := hybrid.New(newStore(t, c), hybrid.Config{FleetSize: 1, Breaker: brk, Limits: []hybrid.Limit{
 		{Name: "api", Rate: 0.01, Burst: 100, Policy: breaker.FailClosed, MaxWait: time.Second, Lease: hybrid.LeaseTuning{Lifetime: time.Minute}},
 	}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
 	for range 30 {
-		if d, err := l.Allow(ctx, "api", "k"); err != nil || !d.Allowed {
+		if d, err := l.Allow(context.Background(), "api", "k"); err != nil || !d.Allowed {
 			t.Fatalf("Allow: %+v, %v", d, err)
 		}
 	}
-	before := l.Stats().Limits[0]
-	if before.Held == 0 {
+	if l.Stats().Limits[0].Held == 0 {
 		t.Fatal("nothing leased: nothing to test")
 	}
+	return l
+}
+
+// TestCloseWithAnEndedContext: Close with a ctx that ended before it (a server's shutdown
+// spent it) sends nothing, but still stops the limiter and counts the tokens it holds as
+// not refunded: none stays held, and the error says so, matching ctx's error.
+func TestCloseWithAnEndedContext(t *testing.T) {
+	brk, err := breaker.New(breaker.Settings{Timeout: time.Second}) // a loaded machine's calls stay within it
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := leasing(t, brk)
+	ctx := context.Background()
+	before := l.Stats().Limits[0]
 	ended, cancel := context.WithCancel(ctx)
 	cancel()
 	err = l.Close(ended)
@@ -757,5 +765,37 @@ func TestCloseWithAnEndedContext(t *testing.T) {
 	}
 	if err2 := l.Close(ctx); err2 != err {
 		t.Fatalf("Close again = %v, want the first's %v", err2, err)
+	}
+}
+
+// TestCloseWaitsForAProbeInFlight: at Close a shared breaker (Config.Breaker) is
+// half-open with another caller's probe in flight, so it refuses every other call; Close
+// waits for the probe (at most half its ctx) rather than losing its refunds to it.
+func TestCloseWaitsForAProbeInFlight(t *testing.T) {
+	brk, err := breaker.New(breaker.Settings{Timeout: time.Second, FailureThreshold: 1, OpenTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := leasing(t, brk)
+	ctx := context.Background()
+	held := l.Stats().Limits[0].Held
+	// Another user of the breaker trips it, and once it is half-open sends a probe that
+	// answers after Close has started.
+	_ = brk.Do(ctx, func(context.Context) error { return errors.New("dial tcp: connection refused") })
+	waitFor(t, "the breaker to go half-open", func() bool { return brk.State() == breaker.StateHalfOpen })
+	release, probed := make(chan struct{}), make(chan error, 1)
+	go func() { probed <- brk.Do(ctx, func(context.Context) error { <-release; return nil }) }()
+	waitFor(t, "the probe to be in flight", func() bool { return brk.Stats().InFlight == 1 })
+	time.AfterFunc(50*time.Millisecond, func() { close(release) })
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := l.Close(cctx); err != nil {
+		t.Fatalf("Close with another caller's probe in flight: %v", err)
+	}
+	if err := <-probed; err != nil {
+		t.Fatalf("the probe: %v", err)
+	}
+	if st := l.Stats().Limits[0]; st.Refunded != held || st.RefundsLost != 0 {
+		t.Fatalf("held %d at Close; refunded %d, lost %d", held, st.Refunded, st.RefundsLost)
 	}
 }

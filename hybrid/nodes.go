@@ -262,6 +262,27 @@ func (n *nodes) anyOpen() bool {
 	return n.all.brk.State() == breaker.StateOpen || n.masterOpen()
 }
 
+// anyRefusing reports whether a breaker refuses calls now: open, or half-open with its
+// probes in flight (refusing reports which).
+func (n *nodes) anyRefusing() bool {
+	refusing := false
+	n.forEach(func(nd *node) { refusing = refusing || nd.refusing() })
+	return refusing
+}
+
+// refusing reports whether nd's breaker refuses calls now: it is open, or half-open with
+// as many calls in flight as it lets probes through (its probes, or calls that outlived
+// their Do).
+func (nd *node) refusing() bool {
+	switch nd.brk.State() {
+	case breaker.StateOpen:
+		return true
+	case breaker.StateHalfOpen:
+		return nd.brk.Stats().InFlight >= int64(max(nd.brk.Settings().HalfOpenProbes, 1))
+	}
+	return false
+}
+
 // forEach calls f with Config.Breaker's node, then the masters' in the order they were
 // first called, and returns how many it called f with. It allocates nothing: the
 // Limiter's loop calls it on every pass.
