@@ -20,7 +20,7 @@ import (
 // TestWarmUp measures what the bucket kind costs Redis on the comparison's per-client
 // keys (cmd/compare's "zipf 10k": 10,000 keys drawn Zipf s = 1.1, a limit of
 // 1,000,000/s and burst, 32 goroutines, 8 hybrid.Limiters with FleetSize 8 spread
-// round-robin) after a warm-up of 1 s, as the comparison runs, and of 10 s: Redis's CPU
+// round-robin) after a warm-up of 1 s and of 10 s, as the comparison runs: Redis's CPU
 // (INFO cpu) per decision over the 2 s measured and at Close, and the script runs by
 // kind (a go-redis hook). A key a server sees less than about once a second is still new
 // to it after 1 s, and each of its requests is a take; after 10 s most (server, key)
