@@ -163,9 +163,9 @@ type Engine struct {
 	// debtSpreadUntil more (redisAnswered), once for each time they waited.
 	debtSpread      bool
 	debtSpreadUntil time.Time
-	debts         owed        // FailLocal's admissions, owed to the buckets
-	debtSeq       uint64      // debts and charges first owed, to send them in that order
-	debtRetry     []debtBatch // debt trips that timed out, to send again with their sequence numbers (one that timed out whole, in halves)
+	debts           owed        // FailLocal's admissions, owed to the buckets
+	debtSeq         uint64      // debts and charges first owed, to send them in that order
+	debtRetry       []debtBatch // debt trips that timed out, to send again with their sequence numbers (one that timed out whole, in halves)
 
 	stats counters
 }
