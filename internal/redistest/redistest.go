@@ -294,7 +294,28 @@ func (s *Server) try() error {
 	return nil
 }
 
-// waitReady polls PING until the server answers or the budget runs out.
+// answersItself checks that the redis-server answering on s's address (through c) is
+// the process s started: its port was free when picked, not necessarily when the server
+// bound it, and a redis-server another test started on it meanwhile would answer in its
+// place while s's own exited.
+func (s *Server) answersItself(c *redis.Client) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	pid := s.cmd.Process.Pid
+	s.mu.Unlock()
+	if !strings.Contains(info, fmt.Sprintf("process_id:%d\r\n", pid)) {
+		return fmt.Errorf("another redis-server answers on %s: its port was taken", s.Addr)
+	}
+	return nil
+}
+
+// waitReady polls PING until the server answers or the budget runs out, and then checks
+// that the server answering is s's own (answersItself).
 func (s *Server) waitReady(budget time.Duration) error {
 	c := redis.NewClient(Options(s.Addr))
 	defer c.Close()
@@ -318,7 +339,7 @@ func (s *Server) waitReady(budget time.Duration) error {
 		err := c.Ping(ctx).Err()
 		cancel()
 		if err == nil {
-			return nil
+			return s.answersItself(c)
 		}
 		select {
 		case <-s.done:

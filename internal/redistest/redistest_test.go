@@ -87,6 +87,20 @@ func TestStartServerTriesAgain(t *testing.T) {
 	}
 }
 
+// TestTakenPortIsNotOurs: a server whose port another redis-server took between the
+// pick and the bind does not start, though the port answers PING: the other answers.
+func TestTakenPortIsNotOurs(t *testing.T) {
+	other := StartServer(t)
+	s := &Server{Addr: other.Addr, t: t, port: other.port, bin: other.bin}
+	err := s.try()
+	if err == nil || !strings.Contains(err.Error(), "port was taken") {
+		t.Fatalf("starting on %s, which another redis-server holds: %v, want its port taken", other.Addr, err)
+	}
+	if err := other.Client().Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("the other server after: %v", err)
+	}
+}
+
 func TestMissingFailsUnderCI(t *testing.T) {
 	if InCI() {
 		t.Skip("checks the non-CI path")
