@@ -101,34 +101,29 @@ func (n *nodes) route(ctx context.Context, key string, reloaded bool) (nd *node,
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	old := n.gone[addr].nd
-	if old != nil && !reloaded {
+	if n.gone[addr].nd != nil && !reloaded {
 		return nil, true
 	}
-	delete(n.gone, addr)
 	nd = n.byAddr[addr]
-	if nd == nil && old != nil {
-		// Named again: it gets back the breaker it had, open if it failed. Whether the
-		// map was loaded again cannot be told (ForEachMaster gives the map held when a
-		// load fails, and a load may come from a node that missed the failover); the
-		// calls go where the map says, guarded by what is known of that address.
-		nd = old
-		n.byAddr[addr] = nd
-		list := append(append([]*node(nil), *n.masters.Load()...), nd)
-		n.masters.Store(&list)
-	}
 	if nd == nil {
-		st := n.all.brk.Settings()
-		if st.Name != "" {
-			st.Name += " "
+		// A master dropped and named again gets back the breaker it had, open if it
+		// failed: whether the map was loaded again cannot be told (ForEachMaster gives
+		// the map held when a load fails, and a load may come from a node that missed
+		// the failover); the calls go where the map says, guarded by what is known of
+		// that address.
+		if nd = n.revive(addr); nd == nil {
+			st := n.all.brk.Settings()
+			if st.Name != "" {
+				st.Name += " "
+			}
+			st.Name += addr
+			b, err := breaker.New(st)
+			if err != nil { // not reached: the settings made Config.Breaker
+				return n.all, false
+			}
+			nd = &node{addr: addr, brk: b}
+			n.byAddr[addr] = nd
 		}
-		st.Name += addr
-		b, err := breaker.New(st)
-		if err != nil { // not reached: the settings made Config.Breaker
-			return n.all, false
-		}
-		nd = &node{addr: addr, brk: b}
-		n.byAddr[addr] = nd
 		list := append(append([]*node(nil), *n.masters.Load()...), nd)
 		n.masters.Store(&list)
 	}
@@ -170,9 +165,7 @@ func (n *nodes) prune(ctx context.Context) {
 	defer n.mu.Unlock()
 	var kept []*node
 	for addr := range live {
-		if nd := n.gone[addr].nd; nd != nil { // named again: the breaker it had
-			delete(n.gone, addr)
-			n.byAddr[addr] = nd
+		if nd := n.revive(addr); nd != nil {
 			kept = append(kept, nd)
 		}
 	}
@@ -187,6 +180,18 @@ func (n *nodes) prune(ctx context.Context) {
 		}
 	}
 	n.masters.Store(&kept)
+}
+
+// revive puts the node a prune dropped at addr, if any, back in the masters' map
+// (byAddr), its breaker in the state it was in, and returns it (nil if none); the
+// caller adds it to the list of masters. It requires that n.mu is held.
+func (n *nodes) revive(addr string) *node {
+	nd := n.gone[addr].nd
+	if nd != nil {
+		delete(n.gone, addr)
+		n.byAddr[addr] = nd
+	}
+	return nd
 }
 
 // drop takes nd out of the masters' map (byAddr) and into gone, which forgets the node

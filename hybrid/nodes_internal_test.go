@@ -159,10 +159,13 @@ func TestDroppedMasterKeepsItsBreaker(t *testing.T) {
 				t.Fatal(err)
 			}
 			got := n.split(ctx, 1, func(int) string { return key })[0].nd
-			if got.addr == old && got != nd {
+			if got.addr != old {
+				t.Fatalf("routed to %s, want %s: the map the client holds names it", got.addr, old)
+			}
+			if got != nd {
 				t.Errorf("routed to %s with a new breaker (%v), want its old one, open", got.addr, got.brk.State())
 			}
-			if got.addr == old && !n.masterOpen() {
+			if !n.masterOpen() {
 				t.Error("masterOpen is false: recheck would not look for the failover again")
 			}
 		})

@@ -565,9 +565,7 @@ func (h *hybridStrat) call(s *server, hs *hybridServer, t *engine.Trip, p *part,
 	// (Engine.Late), and what the engine takes of it (a refill's grant, a reservation's
 	// claim's to give back) is read after all.
 	var readLate func()
-	takes := false
-	p.each(len(t.Takes), func(int) { takes = true })
-	if takes {
+	if t.Kind == engine.TakeTrip {
 		readLate = func() {
 			late(func() {
 				now := s.clock(f.e.now)

@@ -94,7 +94,7 @@ func inspect(ctx context.Context, c redis.UniversalClient, f inspectFlags, w io.
 // past its end, read as 0.
 func windowCount(ctx context.Context, c redis.UniversalClient, key, id string, width, bits int) (int64, error) {
 	count := int64(math.MaxInt64)
-	for row := range 2 {
+	for row := range wire.DemandRow { // the count rows
 		off := int64(wire.WindowCounter(id, row, width) * bits / 8)
 		b, err := c.GetRange(ctx, key, off, off+int64(bits/8)-1).Bytes()
 		if err != nil {

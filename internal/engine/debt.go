@@ -195,7 +195,7 @@ func (e *Engine) debtsDue() bool {
 // debtsMayGo reports whether FailLocal's debts may go: Redis answered a trip since the
 // last was owed, and the spread after that answer is over (redisAnswered). It requires
 // that e.mu is held.
-func (e *Engine) debtsMayGo() bool { return !e.debtWait && !e.debtSpread }
+func (e *Engine) debtsMayGo() bool { return !e.debtWait && e.debtSpreadUntil.IsZero() }
 
 // Owes reports whether this server owes buckets tokens not charged yet: FailLocal's
 // debts and the charge-later limits' charges, which go only while the breaker is closed

@@ -18,10 +18,7 @@ import (
 // is not asked in a loop.
 func TestDebtsWaitForRedis(t *testing.T) {
 	open := false
-	e, lm := testEngine(t, func(c *Config) {
-		c.Limits[0].Policy = breaker.FailLocal()
-		c.BreakerOpen = func() bool { return open }
-	})
+	e, lm := failLocalEngine(t, &open, nil)
 	// A grant first: its credit is the debt's reference.
 	if _, w := decide(e, t0, lm, "k", 1); w == nil {
 		t.Fatal("no refill")
@@ -88,10 +85,7 @@ func TestDebtsWaitForRedis(t *testing.T) {
 // is owed again.
 func TestDebtLostToATimeoutGoesAgainWithItsSeq(t *testing.T) {
 	open := false
-	e, lm := testEngine(t, func(c *Config) {
-		c.Limits[0].Policy = breaker.FailLocal()
-		c.BreakerOpen = func() bool { return open }
-	})
+	e, lm := failLocalEngine(t, &open, nil)
 	keys := []string{"ran", "lost", "refused"}
 	oweOneEach(t, e, lm, &open, keys)
 	trip := firstDebts(e, t0.Add(2*ms), lm)
@@ -151,10 +145,7 @@ func TestDebtLostToATimeoutGoesAgainWithItsSeq(t *testing.T) {
 // deadline is not sent whole again, and counted against the breaker, each time.
 func TestDebtBatchTimedOutGoesInHalves(t *testing.T) {
 	open := false
-	e, lm := testEngine(t, func(c *Config) {
-		c.Limits[0].Policy = breaker.FailLocal()
-		c.BreakerOpen = func() bool { return open }
-	})
+	e, lm := failLocalEngine(t, &open, nil)
 	keys := []string{"a", "b", "c", "d"}
 	oweOneEach(t, e, lm, &open, keys)
 	trip := firstDebts(e, t0.Add(2*ms), lm)
@@ -242,8 +233,8 @@ func TestDebtSpread(t *testing.T) {
 		{480, 120, 921600 * time.Microsecond},
 		{200, 100_000, DebtWindow / 2},
 	} {
-		if got := debtSpread(tc.servers, tc.debts); got != tc.want {
-			t.Errorf("debtSpread(%d servers, %d debts) = %v, want %v", tc.servers, tc.debts, got, tc.want)
+		if got := spreadFor(tc.servers, tc.debts); got != tc.want {
+			t.Errorf("spreadFor(%d servers, %d debts) = %v, want %v", tc.servers, tc.debts, got, tc.want)
 		}
 	}
 }
@@ -253,10 +244,7 @@ func TestDebtSpread(t *testing.T) {
 // answer: the spread's end lets go what was owed during it.
 func TestDebtSpreadOncePerWait(t *testing.T) {
 	open := false
-	e, lm := testEngine(t, func(c *Config) {
-		c.Limits[0].Policy = breaker.FailLocal()
-		c.BreakerOpen = func() bool { return open }
-	})
+	e, lm := failLocalEngine(t, &open, nil)
 	e.Tick(t0)
 	debtTrips := 0
 	drain := func(now time.Time) {
@@ -303,9 +291,7 @@ func TestDebtSpreadOncePerWait(t *testing.T) {
 // goes with them.
 func TestDebtsGoAtStop(t *testing.T) {
 	open := false
-	e, lm := testEngine(t, func(c *Config) {
-		c.Limits[0].Policy = breaker.FailLocal()
-		c.BreakerOpen = func() bool { return open }
+	e, lm := failLocalEngine(t, &open, func(c *Config) {
 		c.KeyOpen = func(string, string) bool { return open }
 	})
 	e.Tick(t0)
@@ -334,6 +320,19 @@ func TestDebtsGoAtStop(t *testing.T) {
 	}
 }
 
+// failLocalEngine is testEngine's with a FailLocal limit and a breaker open while *open,
+// then mod applied (if not nil).
+func failLocalEngine(t *testing.T, open *bool, mod func(*Config)) (*Engine, *Limit) {
+	t.Helper()
+	return testEngine(t, func(c *Config) {
+		c.Limits[0].Policy = breaker.FailLocal()
+		c.BreakerOpen = func() bool { return *open }
+		if mod != nil {
+			mod(c)
+		}
+	})
+}
+
 // firstDebts makes Redis answer a refill at now (of a key of lm not asked before) and
 // answers every trip before the first debt trip, which it returns (nil if none comes):
 // the debts' trip goes once their hold after that answer (redisAnswered) has passed.
@@ -356,7 +355,7 @@ func firstDebts(e *Engine, now time.Time, lm *Limit) *Trip {
 }
 
 // TestDebtsSpreadAfterRedisAnswers: debts that waited for Redis to answer wait a
-// random part of debtSpread more once it has (for one server and two debts, debtRetry),
+// random part of spreadFor more once it has (for one server and two debts, debtRetry),
 // drawn from the engine's seed, so that the servers of a fleet Redis comes back to at
 // once do not all send theirs in the same milliseconds; NextTick is no later than the
 // instant they may go.
@@ -364,11 +363,7 @@ func TestDebtsSpreadAfterRedisAnswers(t *testing.T) {
 	var holds []time.Duration
 	for seed := range uint64(40) {
 		open := false
-		e, lm := testEngine(t, func(c *Config) {
-			c.Seed = seed
-			c.Limits[0].Policy = breaker.FailLocal()
-			c.BreakerOpen = func() bool { return open }
-		})
+		e, lm := failLocalEngine(t, &open, func(c *Config) { c.Seed = seed })
 		oweOneEach(t, e, lm, &open, []string{"a", "b"})
 		e.Tick(t0) // the engine's schedule starts: NextTick is its next sweep
 		at := t0.Add(2 * ms)
@@ -383,7 +378,7 @@ func TestDebtsSpreadAfterRedisAnswers(t *testing.T) {
 			t.Fatalf("seed %d: Next = %+v as Redis answered, want the debts held", seed, trip)
 		}
 		e.mu.Lock()
-		held, until := e.debtSpread, e.debtSpreadUntil
+		held, until := !e.debtSpreadUntil.IsZero(), e.debtSpreadUntil
 		e.mu.Unlock()
 		if next := e.NextTick(); !held || next.After(until) {
 			t.Fatalf("seed %d: held %v until %v, NextTick %v; want held, NextTick by its end", seed, held, until, next)

@@ -159,9 +159,8 @@ type Engine struct {
 	debtHeld      bool // a debt trip failed: debts wait until debtHoldUntil
 	debtWait      bool // a debt was owed since Redis last answered a trip: debts wait for an answer
 	debtHoldUntil time.Time
-	// debtSpread: FailLocal's debts, which waited for Redis to answer, wait until
-	// debtSpreadUntil more (redisAnswered), once for each time they waited.
-	debtSpread      bool
+	// debtSpreadUntil, if not zero: FailLocal's debts, which waited for Redis to answer,
+	// wait until then more (redisAnswered), once for each time they waited.
 	debtSpreadUntil time.Time
 	debts           owed        // FailLocal's admissions, owed to the buckets
 	debtSeq         uint64      // debts and charges first owed, to send them in that order

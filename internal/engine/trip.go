@@ -257,7 +257,7 @@ func (e *Engine) Done(now time.Time, t *Trip) {
 
 // redisAnswered notes that Redis answered a trip at now, or ran one it answered late:
 // FailLocal's debts may go. Debts that waited for that answer wait a random part of
-// debtSpread more, so that the servers of a fleet do not charge theirs together when
+// spreadFor more, so that the servers of a fleet do not charge theirs together when
 // Redis comes back to all of them at once: after an outage a server's debts fill a trip
 // or more, and a fleet's, sent in the same few milliseconds, would queue its refills
 // behind them past the breaker's Timeout. The spread's end lets go every debt owed by
@@ -266,9 +266,9 @@ func (e *Engine) Done(now time.Time, t *Trip) {
 // do not wait, nor do the debts of an engine stopped (its shutdown sends them at once).
 // It requires that e.mu is held.
 func (e *Engine) redisAnswered(now time.Time) {
-	if d := e.debts.len(); e.debtWait && !e.debtSpread && !e.stopped && d > 0 {
-		spread := float64(debtSpread(e.Servers(), d))
-		e.debtSpread, e.debtSpreadUntil = true, now.Add(time.Duration(spread*uniform(&e.rng)))
+	if d := e.debts.len(); e.debtWait && e.debtSpreadUntil.IsZero() && !e.stopped && d > 0 {
+		spread := float64(spreadFor(e.Servers(), d))
+		e.debtSpreadUntil = now.Add(time.Duration(spread * uniform(&e.rng)))
 	}
 	e.debtWait = false
 }
@@ -279,11 +279,11 @@ func (e *Engine) redisAnswered(now time.Time) {
 // Redis's time, wherever the fleet's other work leaves it.
 const debtSpreadPer = 16 * time.Microsecond
 
-// debtSpread is how long a server of a fleet of servers, which owes debts keys' debts,
+// spreadFor is how long a server of a fleet of servers, which owes debts keys' debts,
 // spreads its first debt trip over once Redis answers again (redisAnswered): the fleet's
 // debts, taken as servers times this server's, at debtSpreadPer each; at least debtRetry
 // and at most half the DebtWindow, which the debts must land well within.
-func debtSpread(servers, debts int) time.Duration {
+func spreadFor(servers, debts int) time.Duration {
 	s := time.Duration(servers) * time.Duration(debts) * debtSpreadPer
 	return min(max(s, debtRetry), DebtWindow/2)
 }
@@ -674,8 +674,9 @@ func (e *Engine) Tick(now time.Time) {
 	if e.debtHeld && !now.Before(e.debtHoldUntil) {
 		e.debtHeld = false
 	}
-	if e.debtSpread && !now.Before(e.debtSpreadUntil) {
-		e.debtSpread, e.debtWait = false, false // Redis answered before the spread began
+	if !e.debtSpreadUntil.IsZero() && !now.Before(e.debtSpreadUntil) {
+		// Redis answered before the spread began: what was owed during it goes too.
+		e.debtSpreadUntil, e.debtWait = time.Time{}, false
 	}
 	if !e.ticked {
 		e.ticked = true
@@ -740,7 +741,7 @@ func (e *Engine) NextTick() time.Time {
 	if e.debtHeld && e.debtHoldUntil.Before(t) {
 		t = e.debtHoldUntil
 	}
-	if e.debtSpread && e.debtSpreadUntil.Before(t) {
+	if !e.debtSpreadUntil.IsZero() && e.debtSpreadUntil.Before(t) {
 		t = e.debtSpreadUntil
 	}
 	return e.windowsNextTick(e.laterNextTick(t))

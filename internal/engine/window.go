@@ -467,9 +467,10 @@ func (wl *windowed) decideKey(o *wdecision, en *entry, now time.Time, n int) {
 	st := en.win
 	wl.key(st, en.key, now)
 	var perSec float64
-	st.ewc, perSec = wl.rate(st, now)
-	st.ewAt = at(now)
-	over, low := at(now) < st.over, at(now) < st.low
+	t := at(now)
+	st.ewc, perSec = wl.rate(st, t)
+	st.ewAt = t
+	over, low := t < st.over, t < st.low
 	often := wl.warm.Load() && perSec*wl.ivSec >= 1
 	st.often, st.perSec = often, perSec
 	fresh := wl.fresh(now, en.key)
@@ -553,8 +554,8 @@ func (wl *windowed) decideKey(o *wdecision, en *entry, now time.Time, n int) {
 const countedAfter = 38
 
 // rate is the key's count of requests with this one, decayed, and this server's rate of
-// it at now. It reads start: the limit must have started (begin).
-func (wl *windowed) rate(st *wkey, now time.Time) (ewc, perSec float64) {
+// it at t. It reads start: the limit must have started (begin).
+func (wl *windowed) rate(st *wkey, t instant) (ewc, perSec float64) {
 	// This server's rate of the key: its requests, this one included, decayed over four
 	// windows (at most 4 s), over the time it has been counting every key (since its
 	// start; at least a tenth of a window or a report interval, the shorter), which
@@ -563,7 +564,6 @@ func (wl *windowed) rate(st *wkey, now time.Time) (ewc, perSec float64) {
 	// in a server's first tenth of a window (or report interval) a key's first request
 	// may count as often, and ask a grant with its admission. Counting this request makes
 	// a key this server sees rarely look faster than it is.
-	t := at(now)
 	ewc = st.ewc*expNeg(float64(t-st.ewAt)/float64(wl.tau)) + 1
 	counted := 1.0
 	if d := max(time.Duration(t-wl.startAt), min(wl.w/10, wl.iv)); d < countedAfter*wl.tau {
@@ -597,17 +597,18 @@ func (wl *windowed) fastDecide(o *wdecision, en *entry, now time.Time, n int) bo
 		wire.WindowIndex(wl.rnow(now), st.phase, wl.wUs) != st.win {
 		return false
 	}
-	ewc, perSec := wl.rate(st, now)
+	t := at(now)
+	ewc, perSec := wl.rate(st, t)
 	often := wl.warm.Load() && perSec*wl.ivSec >= 1
 	// need is at most perSec·d, d the twentieth: the grants left above that need no window
 	// end read (inline: a helper calling need is past the inliner's budget, and costs a
 	// hit about 35 instructions)
 	left := float64(st.grants - n)
-	if at(now) < st.over || often && left < perSec*(wl.iv/20).Seconds() && left < wl.need(st, perSec, wl.iv/20, now) {
+	if t < st.over || often && left < perSec*(wl.iv/20).Seconds() && left < wl.need(st, perSec, wl.iv/20, now) {
 		return false
 	}
 	wl.now(now)
-	st.ewc, st.ewAt = ewc, at(now)
+	st.ewc, st.ewAt = ewc, t
 	st.often, st.perSec = often, perSec
 	st.grants -= n
 	o.admit(en, st, now, n, ReasonLease)

@@ -1127,7 +1127,7 @@ func BenchmarkWindowRate(b *testing.B) {
 			var sum float64
 			for b.Loop() {
 				now = now.Add(time.Microsecond)
-				ewc, perSec := wl.rate(st, now)
+				ewc, perSec := wl.rate(st, at(now))
 				st.ewc, st.ewAt = ewc, at(now)
 				sum += perSec
 			}

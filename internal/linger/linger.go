@@ -1,6 +1,6 @@
 // Package linger marks a breaker call whose answer its caller reads even when it comes
-// after breaker.Do has given up on it: a refill's take, whose grant Redis has spent once
-// the take ran. Such a call keeps its context, and so its connection's read deadline, to
+// after breaker.Do has given up on it: a take (a refill's, or a reservation's claim),
+// whose grant Redis has spent once the take ran. Such a call keeps its context, and so its connection's read deadline, to
 // the breaker's longer probe deadline (breaker.Settings.HalfOpenProbes) rather than
 // ending when Do returns at the breaker's Timeout.
 package linger

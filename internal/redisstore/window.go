@@ -377,17 +377,12 @@ func (s *Store) windowsTx(ctx context.Context, tx txPipeliner, ts []WindowTrip, 
 		reads[k] = s.queueWindows(ctx, pipe, &ts[i], scratch[k])
 		ends[k] = pipe.Len()
 	}
-	cmds, err := pipe.Exec(ctx)
-	if err == nil {
-		for k, i := range idx {
-			errs[i] = reads[k]()
-		}
-		return
-	}
-	// A command that failed as EXEC ran it (one limit's key of another type: WRONGTYPE)
-	// fails its own trip alone: the others' commands ran, and their counts must not be
-	// sent again. A transaction that failed whole (EXECABORT, no answer) fails each trip
-	// through its commands' errors, which go-redis sets to that failure.
+	// Exec's error is the first command's: each trip reads its own. A command that
+	// failed as EXEC ran it (one limit's key of another type: WRONGTYPE) fails its own
+	// trip alone: the others' commands ran, and their counts must not be sent again. A
+	// transaction that failed whole (EXECABORT, no answer) fails each trip through its
+	// commands' errors, which go-redis sets to that failure.
+	cmds, _ := pipe.Exec(ctx)
 	start := 0
 	for k, i := range idx {
 		var own error // Exec returns every command queued, each with its error
