@@ -9,7 +9,10 @@ import (
 
 // Counter is a go-redis hook counting what a client sends to Redis: round trips (a
 // command, or a whole pipeline) and commands, what decisions cost: a Limiter's one-time
-// setup (SCRIPT LOAD, PING) is not counted. Add it with the client's AddHook; the zero
+// setup (SCRIPT LOAD, PING) is not counted, nor is the handshake go-redis sends through
+// the client's hooks on every connection it opens (HELLO, CLIENT SETINFO): how many
+// connections a client opens follows its concurrency, not its decisions, and the
+// simulator, with which tests compare these counts, has no connections. Add it with the client's AddHook; the zero
 // Counter is ready to use.
 type Counter struct {
 	Trips, Cmds atomic.Int64
@@ -33,24 +36,32 @@ func (c *Counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// setup reports whether cmd is one a Limiter sends once, at start, to ready Redis and
-// the client (redisstore.Store.Warm: SCRIPT LOAD, PING), not for a decision: a Counter
-// measures what decisions cost.
+// setup reports whether cmd readies Redis or a connection rather than serves a
+// decision: what a Limiter sends once, at start (redisstore.Store.Warm: SCRIPT LOAD,
+// PING), and go-redis's handshake on a new connection (HELLO, AUTH, SELECT, CLIENT
+// SETINFO, READONLY).
 func setup(cmd redis.Cmder) bool {
 	switch cmd.Name() {
-	case "script", "ping":
+	case "script", "ping", "hello", "auth", "select", "client", "readonly":
 		return true
 	}
 	return false
 }
 
-// ProcessPipelineHook counts one round trip and the pipeline's commands.
+// ProcessPipelineHook counts one round trip and the pipeline's commands, but for setup
+// commands: a pipeline of nothing else (a connection's handshake) is no round trip.
 func (c *Counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		c.Trips.Add(1)
-		c.Cmds.Add(int64(len(cmds)))
+		var n int64
 		for _, cmd := range cmds {
-			c.countKeys(cmd)
+			if !setup(cmd) {
+				n++
+				c.countKeys(cmd)
+			}
+		}
+		if n > 0 {
+			c.Trips.Add(1)
+			c.Cmds.Add(n)
 		}
 		return next(ctx, cmds)
 	}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -159,4 +160,41 @@ func TestOwnClusterFailsOver(t *testing.T) {
 	if got, err := c.Admin(c.Replicas[i]).Get(ctx, "k").Result(); err != nil || got != "v" {
 		t.Fatalf("GET on the promoted replica = %q, %v; want v", got, err)
 	}
+}
+
+// TestCounterCountsDecisionsNotHandshakes: a Counter on a fresh client counts the
+// commands and round trips sent, whatever connections the client opened for them
+// (each with go-redis's handshake, sent through the client's hooks).
+func TestCounterCountsDecisionsNotHandshakes(t *testing.T) {
+	Run(t, func(t *testing.T, tg Target) {
+		ctx := context.Background()
+		var cnt Counter
+		c := redis.NewClient(tg.Client.Options())
+		c.AddHook(&cnt)
+		defer c.Close()
+		key := Unique(t)
+		const conc = 8
+		var wg sync.WaitGroup
+		for range conc { // concurrent, so the client opens several connections
+			wg.Go(func() {
+				if err := c.Get(ctx, key).Err(); err != nil && !errors.Is(err, redis.Nil) {
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+		if _, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			p.Get(ctx, key)
+			p.Get(ctx, key)
+			return nil
+		}); err != nil && !errors.Is(err, redis.Nil) {
+			t.Fatal(err)
+		}
+		if err := c.ScriptLoad(ctx, "return 1").Err(); err != nil { // setup: not counted
+			t.Fatal(err)
+		}
+		if trips, cmds := cnt.Trips.Load(), cnt.Cmds.Load(); trips != conc+1 || cmds != conc+2 {
+			t.Fatalf("%s: counted %d round trips and %d commands, want %d and %d", tg.Name, trips, cmds, conc+1, conc+2)
+		}
+	})
 }
