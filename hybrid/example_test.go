@@ -95,7 +95,11 @@ func Example() {
 	for range 3 {
 		show("tenant-7")
 	}
-	if err := lim.Close(ctx); err != nil { // refunds the tokens this server still holds
+	// Redis is back. Close refunds the tokens this server still holds and charges the
+	// buckets for what the outage admitted; had Redis stayed away, its error would say
+	// how many admissions it could not charge (ErrNotCharged).
+	m.SetError("")
+	if err := lim.Close(ctx); err != nil {
 		fmt.Println("close:", err)
 	}
 	// Output:

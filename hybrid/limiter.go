@@ -943,9 +943,17 @@ const loopGrace = 100 * time.Millisecond
 // errNotSent explains refunds queued while Close was sending the last ones.
 var errNotSent = errors.New("queued after Close sent its last refunds")
 
+// ErrNotCharged is wrapped by Close's error when it could not charge buckets for what
+// this server admitted without them (a FailLocal limit's admissions during an outage, a
+// ChargeLater limit's admissions not charged yet): Redis refused or did not answer
+// their last trips, or an open breaker kept them back, and the fleet may have admitted
+// that many more than its limit (LimitStats.Forgiven counts them).
+var ErrNotCharged = errors.New("hybrid: admissions not charged to their buckets")
+
 // Close stops the Limiter and gives every unused leased token back to Redis, bounded by
 // ctx; the error reports tokens that could not be (LimitStats.RefundsLost counts them),
-// also when ctx has ended before Close. It first waits for take calls whose answers are
+// also when ctx has ended before Close, and admissions it could not charge to their
+// buckets (ErrNotCharged; LimitStats.Forgiven). It first waits for take calls whose answers are
 // late (at most the breaker's probe deadline), so that what refills were granted, and
 // reservations' claims that failed took, is given back too; and, when a breaker is open (a passing stall tripped it) and ctx has
 // a deadline, for it to let a probe through (its OpenTimeout), once and for at most half
@@ -1064,12 +1072,18 @@ func (l *Limiter) close(ctx context.Context) error {
 			break
 		}
 	}
-	if n := l.eng.Finish(); n > 0 {
+	n, forgiven := l.eng.Finish()
+	if n > 0 {
 		lost += n
 		firstErr = cmp.Or(firstErr, ctx.Err(), errNotSent)
 	}
-	if lost > 0 {
+	switch {
+	case lost > 0 && forgiven > 0:
+		return fmt.Errorf("hybrid: %d leased tokens not refunded, and %d tokens admitted without their buckets not charged: %w", lost, forgiven, cmp.Or(firstErr, ErrNotCharged))
+	case lost > 0:
 		return fmt.Errorf("hybrid: %d leased tokens not refunded: %w", lost, firstErr)
+	case forgiven > 0:
+		return fmt.Errorf("hybrid: %d tokens admitted without their buckets not charged: %w", forgiven, cmp.Or(ctx.Err(), ErrNotCharged))
 	}
 	return nil
 }

@@ -799,3 +799,36 @@ func TestCloseWaitsForAProbeInFlight(t *testing.T) {
 		t.Fatalf("held %d at Close; refunded %d, lost %d", held, st.Refunded, st.RefundsLost)
 	}
 }
+
+// TestCloseReportsAdmissionsNotCharged: what a FailLocal limit admitted during an
+// outage that lasts through Close cannot be charged to its bucket; Close says so
+// (ErrNotCharged) and LimitStats.Forgiven counts it, where Close returned nil before.
+func TestCloseReportsAdmissionsNotCharged(t *testing.T) {
+	m, c := redistest.Mini(t)
+	l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 4, Limits: []hybrid.Limit{
+		{Name: "local", Rate: 100, Burst: 8, Policy: breaker.FailLocal()},
+	}})
+	m.SetError("ERR injected outage")
+	ctx := context.Background()
+	admitted := 0
+	for range 5 {
+		if d, err := l.Allow(ctx, "local", "k"); err != nil {
+			t.Fatal(err)
+		} else if d.Allowed {
+			admitted++
+		}
+	}
+	if admitted == 0 {
+		t.Fatal("nothing admitted during the outage: nothing owed")
+	}
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	err := l.Close(cctx)
+	if !errors.Is(err, hybrid.ErrNotCharged) {
+		t.Fatalf("Close = %v, want ErrNotCharged", err)
+	}
+	if st := l.Stats().Limits[0]; st.Forgiven != int64(admitted) {
+		t.Fatalf("forgiven %d, want the %d admitted during the outage", st.Forgiven, admitted)
+	}
+	m.SetError("")
+}

@@ -770,6 +770,6 @@ func (e *Engine) chargesSent() {
 	}
 }
 
-// forgiveCharges drops every charge not sent (Finish), counted in LimitStats.Forgiven.
-// It requires e.mu.
-func (e *Engine) forgiveCharges() { e.cl.charges.forgive() }
+// forgiveCharges drops every charge not sent (Finish), counted in LimitStats.Forgiven,
+// and returns their tokens. It requires e.mu.
+func (e *Engine) forgiveCharges() int { return e.cl.charges.forgive() }

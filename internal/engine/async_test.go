@@ -602,7 +602,7 @@ func TestAsyncChargesGoAtStop(t *testing.T) {
 				answerAll(trip)
 				e.Done(at, trip)
 			}
-			if lost := e.Finish(); lost != 0 || int(lm.Stats().Charged) != charged || lm.Stats().Forgiven != 0 {
+			if lost, forgiven := e.Finish(); lost != 0 || forgiven != 0 || int(lm.Stats().Charged) != charged || lm.Stats().Forgiven != 0 {
 				t.Fatalf("lost %d, charged %d (sent %d), forgiven %d; want 0, every admission uncharged sent, 0 forgiven",
 					lost, lm.Stats().Charged, charged, lm.Stats().Forgiven)
 			}

@@ -19,6 +19,11 @@ const DebtWindow = 10 * time.Second
 // Redis that answers errors must not be asked in a loop.
 const debtRetry = 250 * time.Millisecond
 
+// stopRetries is how many failed debt trips after Stop send their items again at once
+// (charged): enough for a timeout's halves and a refused item, few enough that a Redis
+// that refuses every charge does not keep a Close without a deadline sending them.
+const stopRetries = 3
+
 // maxDebtKeys bounds the keys with debts one engine holds, and apart from them the keys
 // with charges: past it, new keys' debts are forgiven (counted in LimitStats.Forgiven).
 const maxDebtKeys = 100_000
@@ -122,13 +127,15 @@ func (q *owed) settle(lm *Limit, key string, n int) (taken, left int) {
 }
 
 // forgive drops every debt of q, counted in LimitStats.Forgiven.
-func (q *owed) forgive() {
+func (q *owed) forgive() (n int) {
 	for _, k := range q.order {
 		d := q.m[k]
+		n += d.n
 		k.lim.stats.owed.Add(-int64(d.n))
 		k.lim.stats.forgiven.Add(int64(d.n))
 	}
 	q.m, q.order = nil, nil
+	return n
 }
 
 // debtFloor is how far below zero s's debts may take its bucket: Burst + Rate·DebtWindow.
@@ -263,7 +270,12 @@ func (e *Engine) charged(now time.Time, t *Trip) {
 	e.stats.refundCalls.Add(1)
 	e.mu.Lock()
 	finished := e.finished
-	if t.Err != nil || !t.Answered {
+	// After Stop no Tick ends a hold: the shutdown's next trip is the failed items' last
+	// chance, and they go again at once, for stopRetries failed trips (each of which may
+	// have taken the breaker's Timeout); Finish forgives what is left.
+	hold := !e.stopped || e.stopFailed >= stopRetries
+	failed := t.Err != nil || !t.Answered
+	if failed && hold {
 		e.debtHeld, e.debtHoldUntil = true, now.Add(debtRetry)
 	}
 	e.mu.Unlock()
@@ -274,6 +286,7 @@ func (e *Engine) charged(now time.Time, t *Trip) {
 			err = t.RefundResults[i].Err
 		}
 		lost := !t.Answered || mayHaveRun(err) // it may have run: only its own Seq may go
+		failed = failed || err != nil
 		if lost && !finished {
 			again.reqs = append(again.reqs, r)
 			again.charges = append(again.charges, t.charges[i])
@@ -299,9 +312,11 @@ func (e *Engine) charged(now time.Time, t *Trip) {
 				cl.charged(sh, string(r.ID), false, 0, now)
 			}
 		default:
-			e.mu.Lock()
-			e.debtHeld, e.debtHoldUntil = true, now.Add(debtRetry)
-			e.mu.Unlock()
+			if hold {
+				e.mu.Lock()
+				e.debtHeld, e.debtHoldUntil = true, now.Add(debtRetry)
+				e.mu.Unlock()
+			}
 			if sh == nil {
 				sh = lm.Shape("")
 			}
@@ -314,7 +329,9 @@ func (e *Engine) charged(now time.Time, t *Trip) {
 	}
 	if len(again.reqs) > 0 {
 		e.mu.Lock()
-		e.debtHeld, e.debtHoldUntil = true, now.Add(debtRetry)
+		if hold {
+			e.debtHeld, e.debtHoldUntil = true, now.Add(debtRetry)
+		}
 		// Back at the head of the retries, in their order: a later item of a bucket must
 		// not run before an earlier one, which Redis would then answer stale, charging
 		// nothing (refund.lua: the server's record of the bucket holds the later number).
@@ -325,6 +342,13 @@ func (e *Engine) charged(now time.Time, t *Trip) {
 			parts = []debtBatch{{reqs: r1, charges: c1}, {reqs: r2, charges: c2}}
 		}
 		e.debtRetry = append(parts, e.debtRetry...)
+		e.mu.Unlock()
+	}
+	if failed {
+		e.mu.Lock()
+		if e.stopped {
+			e.stopFailed++
+		}
 		e.mu.Unlock()
 	}
 }
@@ -341,11 +365,11 @@ func (lm *Limit) shapeOf(g redisstore.Limit) *Shape {
 
 // forgiveDebts drops every debt not sent (Finish): counted in LimitStats.Forgiven. It
 // requires that e.mu is held.
-func (e *Engine) forgiveDebts() {
-	e.debts.forgive()
-	e.forgiveCharges()
+func (e *Engine) forgiveDebts() (n int) {
+	n = e.debts.forgive() + e.forgiveCharges()
 	for _, b := range e.debtRetry {
 		for _, r := range b.reqs {
+			n -= r.N
 			if lm := e.limitNamed(r.Limit.Name); lm != nil {
 				lm.stats.owed.Add(int64(r.N))
 				lm.stats.forgiven.Add(-int64(r.N))
@@ -353,6 +377,7 @@ func (e *Engine) forgiveDebts() {
 		}
 	}
 	e.debtRetry = nil
+	return n
 }
 
 // chargesDebt reports whether admissions of sh's fallback are owed to the bucket:

@@ -320,6 +320,119 @@ func TestDebtsGoAtStop(t *testing.T) {
 	}
 }
 
+// TestFailedDebtTripGoesAgainAtStop: after Stop no Tick ends a failed debt trip's
+// hold, so the shutdown's trips send its debts again at once (the same sequence
+// numbers, in halves: Redis answers one that ran as a replay), the timed-out whole and
+// the refused item alike, rather than Finish forgiving them untried; and debts Finish forgives are
+// counted in what it returns.
+func TestFailedDebtTripGoesAgainAtStop(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		fail func(tr *Trip)
+	}{
+		{"timed out", func(tr *Trip) { tr.Err = fmt.Errorf("%w: %w", breaker.ErrTimeout, context.DeadlineExceeded) }},
+		{"refused", func(tr *Trip) {
+			tr.Answered = true
+			for i := range tr.RefundResults {
+				tr.RefundResults[i].Err = errors.New("LOADING")
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			open := false
+			e, lm := failLocalEngine(t, &open, nil)
+			e.Tick(t0)
+			open = true
+			decide(e, t0, lm, "x", 1) // owed during the outage
+			decide(e, t0, lm, "y", 1)
+			e.Stop(t0.Add(ms))
+			open = false
+			e.Drain()
+			var seqs [][]uint64
+			for tr := e.Next(); tr != nil; tr = e.Next() {
+				if !tr.debts {
+					answerAll(tr)
+					e.Done(t0.Add(time.Second), tr)
+					continue
+				}
+				var s []uint64
+				for _, r := range tr.Refunds {
+					s = append(s, r.Seq)
+				}
+				seqs = append(seqs, s)
+				if len(seqs) == 1 {
+					tc.fail(tr)
+				} else {
+					answerAll(tr)
+				}
+				e.Done(t0.Add(time.Second), tr)
+			}
+			_, forgiven := e.Finish()
+			st := lm.Stats()
+			if len(seqs) < 2 || st.Charged != 2 || st.Forgiven != 0 || forgiven != 0 {
+				t.Fatalf("debt trips %v, charged %d, forgiven %d (Finish: %d); want the failed trip sent again and both charged", seqs, st.Charged, st.Forgiven, forgiven)
+			}
+			if again := slices.Concat(seqs[1:]...); tc.name == "timed out" && !slices.Equal(seqs[0], again) {
+				t.Fatalf("debt trips %v: a trip that may have run must go again under its numbers (in halves)", seqs)
+			}
+		})
+	}
+}
+
+// TestShutdownDebtRetriesAreBounded: a Redis that refuses every charge after Stop gets
+// 1 + stopRetries debt trips, not a loop that a Close without a deadline cannot leave;
+// Finish then forgives the debts and says so.
+func TestShutdownDebtRetriesAreBounded(t *testing.T) {
+	open := false
+	e, lm := failLocalEngine(t, &open, nil)
+	e.Tick(t0)
+	open = true
+	decide(e, t0, lm, "x", 1)
+	e.Stop(t0.Add(ms))
+	open = false
+	e.Drain()
+	trips := 0
+	for tr := e.Next(); tr != nil && trips < 100; tr = e.Next() {
+		if tr.debts {
+			trips++
+			tr.Answered = true
+			for i := range tr.RefundResults {
+				tr.RefundResults[i].Err = errors.New("LOADING")
+			}
+		} else {
+			answerAll(tr)
+		}
+		e.Done(t0.Add(time.Second), tr)
+	}
+	if _, forgiven := e.Finish(); trips != 1+stopRetries || forgiven != 1 {
+		t.Fatalf("%d debt trips, %d forgiven; want %d trips, 1 forgiven", trips, forgiven, 1+stopRetries)
+	}
+}
+
+// TestFinishCountsForgivenDebts: debts no trip could send before Finish (the breaker
+// open throughout the shutdown) are forgiven, and Finish says how many tokens.
+func TestFinishCountsForgivenDebts(t *testing.T) {
+	open := false
+	e, lm := failLocalEngine(t, &open, nil)
+	e.Tick(t0)
+	open = true
+	decide(e, t0, lm, "x", 1)
+	decide(e, t0, lm, "y", 2)
+	e.Stop(t0.Add(ms))
+	e.Drain()
+	for tr := e.Next(); tr != nil; tr = e.Next() {
+		if tr.debts {
+			t.Fatal("a debt trip while the breaker is open")
+		}
+		answerAll(tr)
+		e.Done(t0.Add(time.Second), tr)
+	}
+	lost, forgiven := e.Finish()
+	if st := lm.Stats(); forgiven != 3 || st.Forgiven != 3 || lost != 0 {
+		t.Fatalf("Finish: %d lost, %d forgiven; stats forgiven %d; want 0 and 3", lost, forgiven, st.Forgiven)
+	}
+}
+
 // failLocalEngine is testEngine's with a FailLocal limit and a breaker open while *open,
 // then mod applied (if not nil).
 func failLocalEngine(t *testing.T, open *bool, mod func(*Config)) (*Engine, *Limit) {

@@ -312,7 +312,7 @@ func TestShutdown(t *testing.T) {
 	}
 	trip.Answered = true
 	e.Done(t0, trip)
-	if lost := e.Finish(); lost != 0 {
+	if lost, _ := e.Finish(); lost != 0 {
 		t.Fatalf("Finish lost %d", lost)
 	}
 	// A refund queued after Finish (a request that raced the shutdown) is counted lost,

@@ -781,8 +781,10 @@ func (e *Engine) Drain() {
 }
 
 // Finish ends the shutdown: the refunds not sent by now are dropped and returned as
-// lost tokens (they stay spent), and so is every refund queued later.
-func (e *Engine) Finish() (lost int) {
+// lost tokens (they stay spent), and so is every refund queued later; the debts and
+// charges not sent are forgiven (LimitStats.Forgiven), and their tokens returned as
+// forgiven (the buckets never learn of them).
+func (e *Engine) Finish() (lost, forgiven int) {
 	e.mu.Lock()
 	e.finished = true
 	for _, r := range e.refunds {
@@ -796,9 +798,9 @@ func (e *Engine) Finish() (lost int) {
 		}
 	}
 	e.refunds, e.refundTrips = nil, nil
-	e.forgiveDebts()
+	forgiven = e.forgiveDebts()
 	e.mu.Unlock()
-	return lost
+	return lost, forgiven
 }
 
 // expiry is a grant whose lifetime ends at at.
