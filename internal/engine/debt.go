@@ -90,6 +90,14 @@ func (q *owed) add(lm *Limit, sh *Shape, key string, n int, ref float64, hasRef 
 	return true
 }
 
+// unskip puts back at the head of q's order the keys debtTrip passed over, which q
+// still holds, in their order.
+func (q *owed) unskip(ks []debtKey) {
+	if len(ks) > 0 {
+		q.order = append(ks, q.order...)
+	}
+}
+
 // head is q's debt first owed, nil if none.
 func (q *owed) head() *debt {
 	if q == nil || len(q.order) == 0 {
@@ -183,20 +191,64 @@ func (e *Engine) settle(lm *Limit, key string, n int) {
 }
 
 // debtsDue reports whether debts wait and can be sent: no debt trip failed in the last
-// debtRetry, the breaker is not open, and either FailLocal's debts wait and Redis
-// answered a trip since FailLocal last owed (a debt sent while Redis does not answer
-// would only time out, and count against the breaker), past the spread after that
-// answer (debtsMayGo), or async admissions wait and
-// their charges are due (Async passed since the first of them). It requires that e.mu
-// is held.
+// debtRetry, and either FailLocal's debts wait and Redis answered a trip since FailLocal
+// last owed (a debt sent while Redis does not answer would only time out, and count
+// against the breaker), past the spread after that answer (debtsMayGo), or async
+// admissions wait and their charges are due (Async passed since the first of them);
+// and, while a breaker is open, one of them is owed to a bucket whose breaker is not (a
+// Cluster's other masters: sendable). It requires that e.mu is held.
 func (e *Engine) debtsDue() bool {
-	if e.debtHeld || e.open != nil && e.open() {
+	if e.debtHeld {
 		return false
 	}
 	charges := e.dueCharges()
 	debts := e.debtsMayGo()
 	ready := debts || charges != nil
-	return len(e.debtRetry) > 0 && ready || debts && e.debts.len() > 0 || charges.len() > 0
+	due := len(e.debtRetry) > 0 && ready || debts && e.debts.len() > 0 || charges.len() > 0
+	if !due || e.open == nil || !e.open() {
+		return due
+	}
+	return e.sendable(debts, charges)
+}
+
+// debtScan bounds the debts a debt trip looks at while a breaker is open (sendable,
+// debtTrip): those owed to a bucket behind it stay owed, in their order, and the next
+// trip looks at the same ones first.
+const debtScan = 4 * MaxBatch
+
+// bucketOpen reports whether the breaker that guards k's bucket is open (Config.KeyOpen,
+// which New sets whenever BreakerOpen is).
+func (e *Engine) bucketOpen(k debtKey) bool { return e.keyOpen != nil && e.keyOpen(k.lim.name, k.key) }
+
+// sendable reports whether the next debt trip has something to send while a breaker is
+// open: the first retry (when one waits) if none of its buckets is behind an open
+// breaker, since a later debt of a bucket must not go before it (charged); else one of
+// the first debtScan debts (when they may go) and charges (when due) owed to a bucket
+// whose breaker is not open. It requires that e.mu is held.
+func (e *Engine) sendable(debts bool, charges *owed) bool {
+	if len(e.debtRetry) > 0 {
+		for _, r := range e.debtRetry[0].reqs {
+			if e.keyOpen(r.Limit.Name, string(r.ID)) {
+				return false
+			}
+		}
+		return true
+	}
+	n := 0
+	for _, q := range [2]*owed{&e.debts, charges} {
+		if q == nil || q == &e.debts && !debts {
+			continue
+		}
+		for _, k := range q.order {
+			if n++; n > debtScan {
+				return false
+			}
+			if !e.bucketOpen(k) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // debtsMayGo reports whether FailLocal's debts may go: Redis answered a trip since the
@@ -205,8 +257,8 @@ func (e *Engine) debtsDue() bool {
 func (e *Engine) debtsMayGo() bool { return !e.debtWait && e.debtSpreadUntil.IsZero() }
 
 // Owes reports whether this server owes buckets tokens not charged yet: FailLocal's
-// debts and the charge-later limits' charges, which go only while the breaker is closed
-// (Next offers no trip of them while it is open), unlike refunds.
+// debts and the charge-later limits' charges, which go only to buckets whose breaker is
+// not open (Next offers no trip of the others), unlike refunds.
 func (e *Engine) Owes() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -227,14 +279,23 @@ func (e *Engine) debtTrip() *Trip {
 			debts = &e.debts
 		}
 		charges := e.dueCharges()
-		for len(batch.reqs) < MaxBatch {
-			q := debts
+		// While a breaker is open, a debt owed to a bucket behind it stays owed, in its
+		// place: the others go.
+		open := e.open != nil && e.open()
+		var skipped [2][]debtKey // of debts, of charges
+		for scanned := 0; len(batch.reqs) < MaxBatch && scanned < debtScan; scanned++ {
+			q, qi := debts, 0
 			if c := charges.head(); c != nil && (q.head() == nil || c.seq < q.head().seq) {
-				q = charges
+				q, qi = charges, 1
 			}
 			d := q.head()
 			if d == nil {
 				break
+			}
+			if open && e.bucketOpen(q.order[0]) {
+				skipped[qi] = append(skipped[qi], q.order[0])
+				q.order = q.order[1:]
+				continue
 			}
 			k := q.pop()
 			floor := d.shape.debtFloor()
@@ -246,8 +307,13 @@ func (e *Engine) debtTrip() *Trip {
 				k.lim.stats.owed.Add(-int64(over))
 			}
 		}
+		debts.unskip(skipped[0])
+		charges.unskip(skipped[1])
 	}
 	e.chargesSent()
+	if len(batch.reqs) == 0 { // every debt looked at is behind a breaker that opened since debtsDue
+		return nil
+	}
 	return &Trip{Kind: RefundTrip, Refunds: batch.reqs, RefundResults: make([]redisstore.RefundResult, len(batch.reqs)),
 		debts: true, charges: batch.charges}
 }

@@ -409,6 +409,73 @@ func TestShutdownDebtRetriesAreBounded(t *testing.T) {
 	}
 }
 
+// TestDebtsGoAroundAnOpenMaster: on a Cluster with one master's breaker open, the debts
+// owed to buckets on the other masters go (the running engine's and the shutdown's
+// trips alike), and those behind the open breaker stay owed, in their order, until it
+// closes; a debt trip carries none of them while it is open.
+func TestDebtsGoAroundAnOpenMaster(t *testing.T) {
+	for _, stop := range []bool{false, true} {
+		t.Run(map[bool]string{false: "running", true: "at stop"}[stop], func(t *testing.T) {
+			open := map[string]bool{}
+			e, lm := failLocalEngine(t, new(bool), func(c *Config) {
+				c.BreakerOpen = func() bool { return open["x"] || open["y"] || open["z"] }
+				c.KeyOpen = func(_, key string) bool { return open[key] }
+			})
+			e.Tick(t0)
+			open["x"], open["y"], open["z"] = true, true, true
+			decide(e, t0, lm, "x", 1) // owed during the outage of every master
+			decide(e, t0, lm, "y", 2)
+			decide(e, t0, lm, "z", 3)
+			open["y"], open["z"] = false, false // x's master stays down
+			sent := map[string]int{}
+			run := func(at time.Time) {
+				for tr := e.Next(); tr != nil; tr = e.Next() {
+					if tr.debts {
+						for _, r := range tr.Refunds {
+							if open[string(r.ID)] {
+								t.Fatalf("a debt of %s sent while its master's breaker is open", r.ID)
+							}
+							sent[string(r.ID)] -= r.N
+						}
+					}
+					answerAll(tr)
+					e.Done(at, tr)
+				}
+			}
+			if stop {
+				e.Stop(t0.Add(ms))
+				e.Drain()
+				run(t0.Add(time.Second))
+			} else {
+				// Redis answers a refill; the debts go once the spread after it is over.
+				decide(e, t0.Add(ms), lm, "other", 1)
+				run(t0.Add(ms))
+				for at := t0.Add(ms); at.Before(t0.Add(10 * time.Second)); at = at.Add(100 * ms) {
+					e.Tick(at)
+					run(at)
+				}
+			}
+			if sent["y"] != 2 || sent["z"] != 3 || sent["x"] != 0 {
+				t.Fatalf("sent %v; want y's 2 and z's 3, none of x's", sent)
+			}
+			if stop {
+				if _, forgiven := e.Finish(); forgiven != 1 {
+					t.Fatalf("forgiven %d at Finish, want x's 1", forgiven)
+				}
+				return
+			}
+			open["x"] = false // its master is back
+			for at := t0.Add(10 * time.Second); at.Before(t0.Add(20*time.Second)) && sent["x"] == 0; at = at.Add(100 * ms) {
+				e.Tick(at)
+				run(at)
+			}
+			if sent["x"] != 1 {
+				t.Fatalf("sent %v once x's master is back; want x's 1", sent)
+			}
+		})
+	}
+}
+
 // TestFinishCountsForgivenDebts: debts no trip could send before Finish (the breaker
 // open throughout the shutdown) are forgiven, and Finish says how many tokens.
 func TestFinishCountsForgivenDebts(t *testing.T) {

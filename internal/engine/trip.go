@@ -127,7 +127,9 @@ func (e *Engine) Next() *Trip {
 	case refunds:
 		t = e.refundTrip()
 	case debts:
-		t = e.debtTrip()
+		if t = e.debtTrip(); t == nil {
+			return nil
+		}
 	default:
 		return nil
 	}
