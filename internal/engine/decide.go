@@ -457,8 +457,19 @@ func (b *bucket) initKey(*entry) {}
 // refunded too (it no longer finds its flight).
 func (b *bucket) evicted(en *entry) {
 	en.flight = nil
-	if n := en.lease.Drain(); n > 0 {
-		b.lm.e.queueRefund(b.lm, en.shape, en.key, n)
+	b.lm.drain(en, en.shape)
+}
+
+// drain lets go of en's lease, its bucket that of shape sh: its tokens on hand are
+// refunded, and a resend it abandons is recorded for the lost take's late answer
+// (Engine.abandon). It requires the key's lock.
+func (lm *Limit) drain(en *entry, sh *Shape) {
+	n, abandoned := en.lease.Drain()
+	if n > 0 {
+		lm.e.queueRefund(lm, sh, en.key, n)
+	}
+	if abandoned != 0 {
+		lm.e.abandon(abandoned)
 	}
 }
 

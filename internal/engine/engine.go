@@ -165,6 +165,7 @@ type Engine struct {
 	debts           owed        // FailLocal's admissions, owed to the buckets
 	debtSeq         uint64      // debts and charges first owed, to send them in that order
 	stopFailed      int         // debt trips failed after Stop (stopRetries)
+	abandonedSeqs   []uint64    // lost takes whose planned resend was let go of (abandon), oldest first
 	debtRetry       []debtBatch // debt trips that timed out, to send again with their sequence numbers (one that timed out whole, in halves)
 
 	stats counters

@@ -890,3 +890,47 @@ func lateAnswer(e *Engine, t *Trip, granted int, now time.Time) bool {
 	t.TakeResults[0].Granted = granted
 	return e.Late(now, t, 0, &t.TakeResults[0])
 }
+
+// TestLateGrantOfAnAbandonedResend: a lost take whose requests the policy denied is to go
+// again under its number (Lease.Lost), so its late answer leaves the grant to that
+// resend. When the key's lease is let go of before the resend was sent (an eviction, or
+// Close's Drain), no take will read the grant: the late answer gives it back to Redis.
+// A resend that went before the lease was let go of reads it, and is given back with its
+// own answer (Lease.Granted), so the late answer gives nothing.
+func TestLateGrantOfAnAbandonedResend(t *testing.T) {
+	for _, sent := range []bool{false, true} {
+		t.Run(map[bool]string{false: "resend not sent", true: "resend sent"}[sent], func(t *testing.T) {
+			e, lm := testEngine(t, nil) // FailClosed: the waiter is denied, nothing owed
+			if _, w := decide(e, t0, lm, "k", 1); w == nil {
+				t.Fatal("no refill for a new key")
+			}
+			trip := e.Next()
+			lost := lose(e, trip, t0.Add(10*ms))
+			if sent {
+				if _, w := decide(e, t0.Add(15*ms), lm, "k", 1); w == nil {
+					t.Fatal("no refill after the lost one")
+				}
+				if out := e.Next(); out.Takes[0].Seq != lost {
+					t.Fatalf("the refill went under %d, want the lost take's %d", out.Takes[0].Seq, lost)
+				}
+			}
+			lm.keys.Remove("k") // evicted: its lease let go of
+			took := lateAnswer(e, trip, 10, t0.Add(20*ms))
+			back := 0
+			for x := e.Next(); x != nil; x = e.Next() {
+				if x.Kind == RefundTrip {
+					for _, r := range x.Refunds {
+						back += r.N
+					}
+				}
+				if x.Kind != TakeTrip {
+					answerAll(x)
+					e.Done(t0.Add(21*ms), x)
+				}
+			}
+			if want := map[bool]int{false: 10, true: 0}[sent]; took != !sent || back != want {
+				t.Fatalf("Late took %v, %d tokens back; want %v and %d", took, back, !sent, want)
+			}
+		})
+	}
+}

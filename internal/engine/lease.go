@@ -681,11 +681,17 @@ func (l *Lease) expire(t int64) int {
 
 // Drain empties the lease (on eviction or Close): it returns the tokens on hand for refund
 // and forgets the refill in flight, whose answer, when it comes, [Lease.Granted] returns
-// for refund too. The demand estimate and pacing are kept.
-func (l *Lease) Drain() (refund int) {
+// for refund too. It also returns abandoned: the number of a lost take that was to go
+// again under it (Lost) and had not, 0 if none; no take will read that take's grant
+// now, so its late answer, if it comes, must give it back. The demand estimate and
+// pacing are kept.
+func (l *Lease) Drain() (refund int, abandoned uint64) {
+	if !l.inflight {
+		abandoned = l.lostSeq
+	}
 	l.inflight = false
 	l.lostSeq = 0
-	return l.giveBack()
+	return l.giveBack(), abandoned
 }
 
 func (l *Lease) giveBack() int {

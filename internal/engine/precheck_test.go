@@ -57,7 +57,8 @@ func TestPreCheckNeverDeniesWhatTheBucketWouldAllow(t *testing.T) {
 			if r.IntN(200) == 0 && alone.TokensAt(now) == float64(burst) {
 				// Evicted once idle (the store's idle timeout outlasts a refill of the
 				// pre-check): the lease is refunded, the key starts afresh and full.
-				g.refund(now, en.lease.Drain())
+				n, _ := en.lease.Drain()
+				g.refund(now, n)
 				lm.initEntry(&en, "k", now)
 			}
 			n := 1 + r.IntN(maxCost)

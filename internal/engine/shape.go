@@ -247,9 +247,7 @@ func (lm *Limit) reshape(en *entry, s *Shape, t time.Time) {
 	en.pre.SetBurstAt(t, s.preBurst)
 	en.flight = nil
 	lm.stats.reshaped.Add(1)
-	if n := en.lease.Drain(); n > 0 {
-		lm.e.queueRefund(lm, old, en.key, n)
-	}
+	lm.drain(en, old)
 }
 
 // limitTable is the engine's limits: replaced whole when a limit is added or removed,

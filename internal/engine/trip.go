@@ -510,6 +510,36 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 	}
 }
 
+// abandonedMax bounds the lost takes whose planned resend was let go of (abandon) that
+// an engine remembers for their late answers. Such an answer comes within the
+// breaker's probe deadline of its call, or never, so a few suffice; past the bound the
+// oldest is forgotten, and its grant, if its answer still comes, stays spent.
+const abandonedMax = 256
+
+// abandon records that the take rseq, lost, was to go again under its number and will
+// not: its key's lease was let go of first (Lease.Drain). Its late answer gives its grant
+// back (Late).
+func (e *Engine) abandon(rseq uint64) {
+	e.mu.Lock()
+	if len(e.abandonedSeqs) >= abandonedMax {
+		e.abandonedSeqs = slices.Delete(e.abandonedSeqs, 0, 1)
+	}
+	e.abandonedSeqs = append(e.abandonedSeqs, rseq)
+	e.mu.Unlock()
+}
+
+// abandoned reports whether the take rseq is one abandon recorded, and forgets it: a
+// take's late answer is read once.
+func (e *Engine) abandoned(rseq uint64) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	i := slices.Index(e.abandonedSeqs, rseq)
+	if i >= 0 {
+		e.abandonedSeqs = slices.Delete(e.abandonedSeqs, i, i+1)
+	}
+	return i >= 0
+}
+
 // Late takes the answer r of item i of take trip t, answered after its call had failed
 // by timeout and Done had taken the item as lost, at now: the grant Redis spent when the
 // take ran. It pays first for what the failure policy admitted to the requests that
@@ -556,11 +586,12 @@ func (e *Engine) Late(now time.Time, t *Trip, i int, r *redisstore.TakeResult) b
 		back = max(g.Granted, 0) - paid
 		expires = at.Add(en.lease.lifeFrom(at))
 	})
-	if !found && !f.resend {
+	if !found && (!f.resend || e.abandoned(f.rseq)) {
 		// Evicted or re-shaped meanwhile, and no take read the grant back: what the
 		// policy admitted is paid, the rest goes back, to f's bucket. (One sent again
-		// under f's number may have read it into the lease the eviction or the change
-		// refunded.)
+		// under f's number before the lease was let go of may have read it into the
+		// lease the eviction or the change refunded; one planned and not sent never
+		// will: Lease.Drain.)
 		paid = min(f.owed, max(g.Granted, 0))
 		back, took = max(g.Granted, 0)-paid, true
 		if back > 0 {
