@@ -36,6 +36,12 @@ var (
 	ErrClosed = errors.New("hybrid: limiter closed")
 	// ErrUnknownTier is returned for a tier the limit does not have.
 	ErrUnknownTier = errors.New("hybrid: unknown tier")
+	// ErrNotCharged is wrapped by Close's error when it could not charge buckets for
+	// what this server admitted without them (a FailLocal limit's admissions during an
+	// outage, a ChargeLater limit's not charged yet): Redis refused or did not answer
+	// their last trips, or an open breaker kept them back, and the fleet may have
+	// admitted that many more than its limits (LimitStats.Forgiven counts them).
+	ErrNotCharged = errors.New("hybrid: admissions not charged to their buckets")
 )
 
 // InfDuration is the RetryAfter of a request that can never be allowed.
@@ -943,13 +949,6 @@ const loopGrace = 100 * time.Millisecond
 // errNotSent explains refunds queued while Close was sending the last ones.
 var errNotSent = errors.New("queued after Close sent its last refunds")
 
-// ErrNotCharged is wrapped by Close's error when it could not charge buckets for what
-// this server admitted without them (a FailLocal limit's admissions during an outage, a
-// ChargeLater limit's admissions not charged yet): Redis refused or did not answer
-// their last trips, or an open breaker kept them back, and the fleet may have admitted
-// that many more than its limit (LimitStats.Forgiven counts them).
-var ErrNotCharged = errors.New("hybrid: admissions not charged to their buckets")
-
 // Close stops the Limiter and gives every unused leased token back to Redis, bounded by
 // ctx; the error reports tokens that could not be (LimitStats.RefundsLost counts them),
 // also when ctx has ended before Close, and admissions it could not charge to their
@@ -1079,11 +1078,13 @@ func (l *Limiter) close(ctx context.Context) error {
 	}
 	switch {
 	case lost > 0 && forgiven > 0:
-		return fmt.Errorf("hybrid: %d leased tokens not refunded, and %d tokens admitted without their buckets not charged: %w", lost, forgiven, cmp.Or(firstErr, ErrNotCharged))
+		return fmt.Errorf("hybrid: %d leased tokens not refunded (%w), and %w: %d tokens", lost, firstErr, ErrNotCharged, forgiven)
 	case lost > 0:
 		return fmt.Errorf("hybrid: %d leased tokens not refunded: %w", lost, firstErr)
+	case forgiven > 0 && ctx.Err() != nil:
+		return fmt.Errorf("%w: %d tokens: %w", ErrNotCharged, forgiven, ctx.Err())
 	case forgiven > 0:
-		return fmt.Errorf("hybrid: %d tokens admitted without their buckets not charged: %w", forgiven, cmp.Or(ctx.Err(), ErrNotCharged))
+		return fmt.Errorf("%w: %d tokens", ErrNotCharged, forgiven)
 	}
 	return nil
 }

@@ -802,33 +802,63 @@ func TestCloseWaitsForAProbeInFlight(t *testing.T) {
 
 // TestCloseReportsAdmissionsNotCharged: what a FailLocal limit admitted during an
 // outage that lasts through Close cannot be charged to its bucket; Close says so
-// (ErrNotCharged) and LimitStats.Forgiven counts it, where Close returned nil before.
+// (ErrNotCharged) and LimitStats.Forgiven counts it, with a live ctx or an ended one,
+// beside leased tokens it could not refund (which match ctx's error).
 func TestCloseReportsAdmissionsNotCharged(t *testing.T) {
-	m, c := redistest.Mini(t)
-	l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 4, Limits: []hybrid.Limit{
-		{Name: "local", Rate: 100, Burst: 8, Policy: breaker.FailLocal()},
-	}})
-	m.SetError("ERR injected outage")
-	ctx := context.Background()
-	admitted := 0
-	for range 5 {
-		if d, err := l.Allow(ctx, "local", "k"); err != nil {
-			t.Fatal(err)
-		} else if d.Allowed {
-			admitted++
-		}
+	for _, tc := range []struct {
+		name          string
+		leased, ended bool
+	}{
+		{"live ctx", false, false},
+		{"ended ctx", false, true},
+		{"ended ctx, tokens leased", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, c := redistest.Mini(t)
+			l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 4, Limits: []hybrid.Limit{
+				{Name: "local", Rate: 100, Burst: 8, Policy: breaker.FailLocal(), MaxWait: time.Second},
+				// Its lease holds tokens that only a refund gives back.
+				{Name: "leased", Rate: 0.01, Burst: 400, Policy: breaker.FailClosed, MaxWait: time.Second, Lease: hybrid.LeaseTuning{Lifetime: time.Minute}},
+			}})
+			ctx := context.Background()
+			leases := 0
+			if tc.leased {
+				leases = 30
+			}
+			for range leases {
+				if d, err := l.Allow(ctx, "leased", "k"); err != nil || !d.Allowed {
+					t.Fatalf("leasing: %+v, %v", d, err)
+				}
+			}
+			if held := l.Stats().Limits[1].Held; tc.leased != (held > 0) {
+				t.Fatalf("%d tokens held, want some: %v", held, tc.leased)
+			}
+			m.SetError("ERR injected outage")
+			admitted := 0
+			for range 5 {
+				if d, err := l.Allow(ctx, "local", "k"); err != nil {
+					t.Fatal(err)
+				} else if d.Allowed {
+					admitted++
+				}
+			}
+			if admitted == 0 {
+				t.Fatal("nothing admitted during the outage: nothing owed")
+			}
+			cctx, cancel := context.WithTimeout(ctx, time.Second)
+			if tc.ended {
+				cancel()
+			}
+			defer cancel()
+			err := l.Close(cctx)
+			if !errors.Is(err, hybrid.ErrNotCharged) || tc.ended != errors.Is(err, context.Canceled) {
+				t.Fatalf("Close = %v, want ErrNotCharged, and context.Canceled: %v", err, tc.ended)
+			}
+			st := l.Stats().Limits
+			if st[0].Forgiven != int64(admitted) || tc.leased != (st[1].RefundsLost > 0) {
+				t.Fatalf("forgiven %d, refunds lost %d; want the %d admitted during the outage, and lost: %v", st[0].Forgiven, st[1].RefundsLost, admitted, tc.leased)
+			}
+			m.SetError("")
+		})
 	}
-	if admitted == 0 {
-		t.Fatal("nothing admitted during the outage: nothing owed")
-	}
-	cctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	err := l.Close(cctx)
-	if !errors.Is(err, hybrid.ErrNotCharged) {
-		t.Fatalf("Close = %v, want ErrNotCharged", err)
-	}
-	if st := l.Stats().Limits[0]; st.Forgiven != int64(admitted) {
-		t.Fatalf("forgiven %d, want the %d admitted during the outage", st.Forgiven, admitted)
-	}
-	m.SetError("")
 }

@@ -90,11 +90,16 @@ func (q *owed) add(lm *Limit, sh *Shape, key string, n int, ref float64, hasRef 
 	return true
 }
 
-// unskip puts back at the head of q's order the keys debtTrip passed over, which q
-// still holds, in their order.
-func (q *owed) unskip(ks []debtKey) {
-	if len(ks) > 0 {
-		q.order = append(ks, q.order...)
+// prune drops from q's order the keys among its first debtScan that q no longer holds
+// (debtTrip took them), keeping the others in their order.
+func (q *owed) prune() {
+	if q == nil {
+		return
+	}
+	n := min(len(q.order), debtScan)
+	kept := slices.DeleteFunc(q.order[:n], func(k debtKey) bool { return q.m[k] == nil })
+	if q.order = append(kept, q.order[n:]...); len(q.order) == 0 {
+		q.order = nil
 	}
 }
 
@@ -104,16 +109,6 @@ func (q *owed) head() *debt {
 		return nil
 	}
 	return q.m[q.order[0]]
-}
-
-// pop removes q's debt first owed, and returns its key.
-func (q *owed) pop() debtKey {
-	k := q.order[0]
-	delete(q.m, k)
-	if q.order = q.order[1:]; len(q.order) == 0 {
-		q.order = nil
-	}
-	return k
 }
 
 // settle takes up to n tokens off the debt of (lm, key), and returns how many, and what
@@ -221,34 +216,95 @@ const debtScan = 4 * MaxBatch
 func (e *Engine) bucketOpen(k debtKey) bool { return e.keyOpen != nil && e.keyOpen(k.lim.name, k.key) }
 
 // sendable reports whether the next debt trip has something to send while a breaker is
-// open: the first retry (when one waits) if none of its buckets is behind an open
-// breaker, since a later debt of a bucket must not go before it (charged); else one of
-// the first debtScan debts (when they may go) and charges (when due) owed to a bucket
-// whose breaker is not open. It requires that e.mu is held.
+// open (planDebts). It requires that e.mu is held.
 func (e *Engine) sendable(debts bool, charges *owed) bool {
-	if len(e.debtRetry) > 0 {
-		for _, r := range e.debtRetry[0].reqs {
-			if e.keyOpen(r.Limit.Name, string(r.ID)) {
-				return false
-			}
-		}
-		return true
+	var q *owed
+	if debts {
+		q = &e.debts
 	}
-	n := 0
-	for _, q := range [2]*owed{&e.debts, charges} {
-		if q == nil || q == &e.debts && !debts {
-			continue
+	retry, items := e.planDebts(q, charges, true, 1)
+	return retry >= 0 || len(items) > 0
+}
+
+// owedItem is a debt of q, of bucket k, planned for the next debt trip.
+type owedItem struct {
+	q *owed
+	k debtKey
+	d *debt
+}
+
+// planDebts chooses what the next debt trip sends, while a breaker is open if open:
+// the retry at index retry of debtRetry, or (retry -1) items, at most max, of the
+// first debtScan debts of debts and charges (either may be nil) in the order first
+// owed. Without an open breaker it is the first retry, or the first debts. With one, a
+// debt of a bucket behind an open breaker stays owed, in its place, and so does every
+// debt of a bucket that a retry passed over holds: a later debt of a bucket must not go
+// before an earlier one (charged), and a retry goes whole, under its numbers, once none
+// of its buckets is behind an open breaker. It changes nothing; it requires that e.mu
+// is held.
+func (e *Engine) planDebts(debts, charges *owed, open bool, max int) (retry int, items []owedItem) {
+	var held map[debtKey]bool // the buckets of the retries passed over
+	for i, b := range e.debtRetry {
+		if !open {
+			return i, nil
 		}
-		for _, k := range q.order {
-			if n++; n > debtScan {
-				return false
+		blocked := false
+		for _, r := range b.reqs {
+			k := debtKey{e.limitNamed(r.Limit.Name), string(r.ID)}
+			if held[k] || e.keyOpen(r.Limit.Name, k.key) {
+				blocked = true
+				break
 			}
-			if !e.bucketOpen(k) {
-				return true
-			}
+		}
+		if !blocked {
+			return i, nil
+		}
+		if held == nil {
+			held = make(map[debtKey]bool)
+		}
+		for _, r := range b.reqs {
+			held[debtKey{e.limitNamed(r.Limit.Name), string(r.ID)}] = true
 		}
 	}
-	return false
+	walkOwed(debts, charges, func(q *owed, k debtKey, d *debt) bool {
+		if !open || !held[k] && !e.bucketOpen(k) {
+			items = append(items, owedItem{q, k, d})
+		}
+		return len(items) < max
+	})
+	return -1, items
+}
+
+// walkOwed calls fn with the first debtScan debts of debts and charges (either may be
+// nil) in the order first owed, until fn returns false.
+func walkOwed(debts, charges *owed, fn func(q *owed, k debtKey, d *debt) bool) {
+	i, j := 0, 0
+	for range debtScan {
+		var dk, ck debtKey
+		var dd, cd *debt
+		if debts != nil && i < len(debts.order) {
+			dk = debts.order[i]
+			dd = debts.m[dk]
+		}
+		if charges != nil && j < len(charges.order) {
+			ck = charges.order[j]
+			cd = charges.m[ck]
+		}
+		switch {
+		case cd != nil && (dd == nil || cd.seq < dd.seq):
+			j++
+			if !fn(charges, ck, cd) {
+				return
+			}
+		case dd != nil:
+			i++
+			if !fn(debts, dk, dd) {
+				return
+			}
+		default:
+			return
+		}
+	}
 }
 
 // debtsMayGo reports whether FailLocal's debts may go: Redis answered a trip since the
@@ -270,46 +326,31 @@ func (e *Engine) Owes() bool {
 // MaxBatch debts in the order they were first owed, each as a refund of -n: FailLocal's
 // once Redis answered a trip, the charges once due. It requires that e.mu is held.
 func (e *Engine) debtTrip() *Trip {
-	var batch debtBatch
-	if len(e.debtRetry) > 0 {
-		batch, e.debtRetry = e.debtRetry[0], e.debtRetry[1:]
-	} else {
-		var debts *owed
-		if e.debtsMayGo() {
-			debts = &e.debts
-		}
-		charges := e.dueCharges()
-		// While a breaker is open, a debt owed to a bucket behind it stays owed, in its
-		// place: the others go.
-		open := e.open != nil && e.open()
-		var skipped [2][]debtKey // of debts, of charges
-		for scanned := 0; len(batch.reqs) < MaxBatch && scanned < debtScan; scanned++ {
-			q, qi := debts, 0
-			if c := charges.head(); c != nil && (q.head() == nil || c.seq < q.head().seq) {
-				q, qi = charges, 1
-			}
-			d := q.head()
-			if d == nil {
-				break
-			}
-			if open && e.bucketOpen(q.order[0]) {
-				skipped[qi] = append(skipped[qi], q.order[0])
-				q.order = q.order[1:]
-				continue
-			}
-			k := q.pop()
-			floor := d.shape.debtFloor()
-			batch.reqs = append(batch.reqs, redisstore.RefundRequest{Limit: d.shape.glim, ID: redisstore.KeyID(k.key),
-				N: -min(d.n, floor), Floor: floor, Seq: e.nextSeq(), Ref: d.ref, HasRef: d.hasRef})
-			batch.charges = append(batch.charges, d.cl)
-			if over := d.n - floor; over > 0 {
-				k.lim.stats.forgiven.Add(int64(over))
-				k.lim.stats.owed.Add(-int64(over))
-			}
-		}
-		debts.unskip(skipped[0])
-		charges.unskip(skipped[1])
+	var debts *owed
+	if e.debtsMayGo() {
+		debts = &e.debts
 	}
+	charges := e.dueCharges()
+	retry, items := e.planDebts(debts, charges, e.open != nil && e.open(), MaxBatch)
+	var batch debtBatch
+	if retry >= 0 {
+		batch = e.debtRetry[retry]
+		e.debtRetry = slices.Delete(e.debtRetry, retry, retry+1)
+	}
+	for _, it := range items {
+		d, k := it.d, it.k
+		delete(it.q.m, k)
+		floor := d.shape.debtFloor()
+		batch.reqs = append(batch.reqs, redisstore.RefundRequest{Limit: d.shape.glim, ID: redisstore.KeyID(k.key),
+			N: -min(d.n, floor), Floor: floor, Seq: e.nextSeq(), Ref: d.ref, HasRef: d.hasRef})
+		batch.charges = append(batch.charges, d.cl)
+		if over := d.n - floor; over > 0 {
+			k.lim.stats.forgiven.Add(int64(over))
+			k.lim.stats.owed.Add(-int64(over))
+		}
+	}
+	debts.prune()
+	charges.prune()
 	e.chargesSent()
 	if len(batch.reqs) == 0 { // every debt looked at is behind a breaker that opened since debtsDue
 		return nil

@@ -476,6 +476,89 @@ func TestDebtsGoAroundAnOpenMaster(t *testing.T) {
 	}
 }
 
+// TestDebtRetryBehindAnOpenMaster: a timed-out debt trip's retry that holds a bucket
+// behind an open breaker waits for it, whole; the other retries and the fresh debts of
+// other buckets go meanwhile.
+func TestDebtRetryBehindAnOpenMaster(t *testing.T) {
+	open := map[string]bool{"x": true, "y": true, "z": true}
+	e, lm := failLocalEngine(t, new(bool), func(c *Config) {
+		c.BreakerOpen = func() bool { return open["x"] || open["y"] || open["z"] }
+		c.KeyOpen = func(_, key string) bool { return open[key] }
+	})
+	e.Tick(t0)
+	for _, k := range []string{"x", "y", "z"} {
+		decide(e, t0, lm, k, 1) // owed during the outage of every master
+	}
+	e.Stop(t0.Add(ms))
+	e.Drain()
+	open["x"], open["y"] = false, false
+	tr := e.Next()
+	if tr == nil || !tr.debts || len(tr.Refunds) != 2 {
+		t.Fatalf("first trip %+v, want the debts of x and y", tr)
+	}
+	tr.Err = fmt.Errorf("%w: %w", breaker.ErrTimeout, context.DeadlineExceeded) // lost: retried in halves
+	e.Done(t0.Add(time.Second), tr)
+	open["x"], open["z"] = true, false // x's master goes down, z's comes back
+	var sent []string
+	for tr := e.Next(); tr != nil; tr = e.Next() {
+		for _, r := range tr.Refunds {
+			sent = append(sent, string(r.ID))
+		}
+		answerAll(tr)
+		e.Done(t0.Add(time.Second), tr)
+	}
+	if !slices.Equal(sent, []string{"y", "z"}) {
+		t.Fatalf("sent %v, want y's retry and z's debt, x's retry held", sent)
+	}
+	if _, forgiven := e.Finish(); forgiven != 1 {
+		t.Fatalf("forgiven %d, want x's 1", forgiven)
+	}
+}
+
+// TestDebtsBehindAnOpenMasterDoNotHoldRefills: while the first debts looked at are all
+// behind an open breaker, no debt trip is due, so refills are not passed over for one
+// that never comes.
+func TestDebtsBehindAnOpenMasterDoNotHoldRefills(t *testing.T) {
+	for _, blocked := range []int{10, debtScan} {
+		t.Run(fmt.Sprint(blocked), func(t *testing.T) {
+			e, lm := failLocalEngine(t, new(bool), func(c *Config) {
+				c.BreakerOpen = func() bool { return true }
+				c.KeyOpen = func(_, key string) bool { return key[0] == 'a' }
+			})
+			e.Tick(t0)
+			sh := lm.Shape("")
+			e.mu.Lock()
+			for i := range blocked {
+				e.cl.charges.add(lm, sh, fmt.Sprintf("a%d", i), 1, 0, false, &e.debtSeq, nil)
+			}
+			e.debts.add(lm, sh, "b", 1, 0, false, &e.debtSeq, nil)
+			e.cl.asyncDue, e.debtWait, e.lastTake = true, false, true
+			e.mu.Unlock()
+			decide(e, t0, lm, "k", 1) // a refill waits
+			kinds := map[TripKind]int{}
+			var sent []string
+			for tr := e.Next(); tr != nil; tr = e.Next() {
+				kinds[tr.Kind]++
+				if tr.debts {
+					for _, r := range tr.Refunds {
+						sent = append(sent, string(r.ID))
+					}
+				}
+				answerAll(tr)
+				e.Done(t0, tr)
+			}
+			if kinds[TakeTrip] != 1 {
+				t.Fatalf("trips %v: the refill did not go", kinds)
+			}
+			// b is owed after the blocked charges: within the first debtScan it goes, past
+			// them it waits its turn.
+			if want := blocked < debtScan; slices.Contains(sent, "b") != want || len(sent) > 1 {
+				t.Fatalf("debts sent %v; want b's: %v, nothing behind the open breaker", sent, want)
+			}
+		})
+	}
+}
+
 // TestFinishCountsForgivenDebts: debts no trip could send before Finish (the breaker
 // open throughout the shutdown) are forgiven, and Finish says how many tokens.
 func TestFinishCountsForgivenDebts(t *testing.T) {
