@@ -97,7 +97,7 @@ func Example() {
 	}
 	// Redis is back. Close refunds the tokens this server still holds and charges the
 	// buckets for what the outage admitted; had Redis stayed away, its error would say
-	// how many admissions it could not charge (ErrNotCharged).
+	// how many admissions it could not charge.
 	m.SetError("")
 	if err := lim.Close(ctx); err != nil {
 		fmt.Println("close:", err)

@@ -36,12 +36,6 @@ var (
 	ErrClosed = errors.New("hybrid: limiter closed")
 	// ErrUnknownTier is returned for a tier the limit does not have.
 	ErrUnknownTier = errors.New("hybrid: unknown tier")
-	// ErrNotCharged is wrapped by Close's error when it could not charge buckets for
-	// what this server admitted without them (a FailLocal limit's admissions during an
-	// outage, a ChargeLater limit's not charged yet): Redis refused or did not answer
-	// their last trips, or an open breaker kept them back, and the fleet may have
-	// admitted that many more than its limits (LimitStats.Forgiven counts them).
-	ErrNotCharged = errors.New("hybrid: admissions not charged to their buckets")
 )
 
 // InfDuration is the RetryAfter of a request that can never be allowed.
@@ -952,7 +946,10 @@ var errNotSent = errors.New("queued after Close sent its last refunds")
 // Close stops the Limiter and gives every unused leased token back to Redis, bounded by
 // ctx; the error reports tokens that could not be (LimitStats.RefundsLost counts them),
 // also when ctx has ended before Close, and admissions it could not charge to their
-// buckets (ErrNotCharged; LimitStats.Forgiven). It first waits for take calls whose answers are
+// buckets (a FailLocal limit's admissions during an outage, a ChargeLater limit's not
+// charged yet), which it reports wrapping global.ErrUnavailable, and LimitStats.Forgiven
+// counts: Redis did not take their last trips, and the fleet may have admitted that
+// many more than its limits. It first waits for take calls whose answers are
 // late (at most the breaker's probe deadline), so that what refills were granted, and
 // reservations' claims that failed took, is given back too; and, when a breaker is open (a passing stall tripped it) and ctx has
 // a deadline, for it to let a probe through (its OpenTimeout), once and for at most half
@@ -1078,13 +1075,13 @@ func (l *Limiter) close(ctx context.Context) error {
 	}
 	switch {
 	case lost > 0 && forgiven > 0:
-		return fmt.Errorf("hybrid: %d leased tokens not refunded (%w), and %w: %d tokens", lost, firstErr, ErrNotCharged, forgiven)
+		return fmt.Errorf("hybrid: %d leased tokens not refunded (%w), and %d admitted tokens not charged to their buckets: %w", lost, firstErr, forgiven, global.ErrUnavailable)
 	case lost > 0:
 		return fmt.Errorf("hybrid: %d leased tokens not refunded: %w", lost, firstErr)
 	case forgiven > 0 && ctx.Err() != nil:
-		return fmt.Errorf("%w: %d tokens: %w", ErrNotCharged, forgiven, ctx.Err())
+		return fmt.Errorf("hybrid: %d admitted tokens not charged to their buckets: %w: %w", forgiven, global.ErrUnavailable, ctx.Err())
 	case forgiven > 0:
-		return fmt.Errorf("%w: %d tokens", ErrNotCharged, forgiven)
+		return fmt.Errorf("hybrid: %d admitted tokens not charged to their buckets: %w", forgiven, global.ErrUnavailable)
 	}
 	return nil
 }

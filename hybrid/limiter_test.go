@@ -802,7 +802,7 @@ func TestCloseWaitsForAProbeInFlight(t *testing.T) {
 
 // TestCloseReportsAdmissionsNotCharged: what a FailLocal limit admitted during an
 // outage that lasts through Close cannot be charged to its bucket; Close says so
-// (ErrNotCharged) and LimitStats.Forgiven counts it, with a live ctx or an ended one,
+// (wrapping global.ErrUnavailable) and LimitStats.Forgiven counts it, with a live ctx or an ended one,
 // beside leased tokens it could not refund (which match ctx's error).
 func TestCloseReportsAdmissionsNotCharged(t *testing.T) {
 	for _, tc := range []struct {
@@ -851,8 +851,8 @@ func TestCloseReportsAdmissionsNotCharged(t *testing.T) {
 			}
 			defer cancel()
 			err := l.Close(cctx)
-			if !errors.Is(err, hybrid.ErrNotCharged) || tc.ended != errors.Is(err, context.Canceled) {
-				t.Fatalf("Close = %v, want ErrNotCharged, and context.Canceled: %v", err, tc.ended)
+			if !errors.Is(err, global.ErrUnavailable) || !strings.Contains(err.Error(), "not charged") || tc.ended != errors.Is(err, context.Canceled) {
+				t.Fatalf("Close = %v, want the admissions not charged, ErrUnavailable, and context.Canceled: %v", err, tc.ended)
 			}
 			st := l.Stats().Limits
 			if st[0].Forgiven != int64(admitted) || tc.leased != (st[1].RefundsLost > 0) {

@@ -243,15 +243,17 @@ type owedItem struct {
 // of its buckets is behind an open breaker. It changes nothing; it requires that e.mu
 // is held.
 func (e *Engine) planDebts(debts, charges *owed, open bool, max int) (retry int, items []owedItem) {
-	var held map[debtKey]bool // the buckets of the retries passed over
+	// The buckets of the retries passed over, by the limit's name: a limit's companions
+	// (reps.go) share it, and their debts of a key are of the same bucket.
+	type bucketName struct{ limit, key string }
+	var held map[bucketName]bool
 	for i, b := range e.debtRetry {
 		if !open {
 			return i, nil
 		}
 		blocked := false
 		for _, r := range b.reqs {
-			k := debtKey{e.limitNamed(r.Limit.Name), string(r.ID)}
-			if held[k] || e.keyOpen(r.Limit.Name, k.key) {
+			if held[bucketName{r.Limit.Name, string(r.ID)}] || e.keyOpen(r.Limit.Name, string(r.ID)) {
 				blocked = true
 				break
 			}
@@ -260,14 +262,14 @@ func (e *Engine) planDebts(debts, charges *owed, open bool, max int) (retry int,
 			return i, nil
 		}
 		if held == nil {
-			held = make(map[debtKey]bool)
+			held = make(map[bucketName]bool)
 		}
 		for _, r := range b.reqs {
-			held[debtKey{e.limitNamed(r.Limit.Name), string(r.ID)}] = true
+			held[bucketName{r.Limit.Name, string(r.ID)}] = true
 		}
 	}
 	walkOwed(debts, charges, func(q *owed, k debtKey, d *debt) bool {
-		if !open || !held[k] && !e.bucketOpen(k) {
+		if !open || !held[bucketName{k.lim.name, k.key}] && !e.bucketOpen(k) {
 			items = append(items, owedItem{q, k, d})
 		}
 		return len(items) < max

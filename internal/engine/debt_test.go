@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 )
 
 // TestDebtsWaitForRedis: what FailLocal admits while the breaker is open is owed, per
@@ -512,6 +513,33 @@ func TestDebtRetryBehindAnOpenMaster(t *testing.T) {
 	}
 	if _, forgiven := e.Finish(); forgiven != 1 {
 		t.Fatalf("forgiven %d, want x's 1", forgiven)
+	}
+}
+
+// TestHeldRetryHoldsCompanions: a retry passed over (one of its buckets is behind an
+// open breaker) holds the later debts of its other buckets, a companion limit's too
+// (reps.go: the same name, a Limit of its own), which must not run before it.
+func TestHeldRetryHoldsCompanions(t *testing.T) {
+	e, lm := failLocalEngine(t, new(bool), func(c *Config) {
+		c.BreakerOpen = func() bool { return true }
+		c.KeyOpen = func(_, key string) bool { return key == "o" }
+	})
+	comp := &Limit{name: lm.name, e: e}
+	sh := lm.Shape("")
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.debtRetry = []debtBatch{{reqs: []redisstore.RefundRequest{
+		{Limit: sh.glim, ID: "x", N: -1}, {Limit: sh.glim, ID: "o", N: -1}}, charges: []*chargeLater{nil, nil}}}
+	e.debts.add(comp, sh, "x", 1, 0, false, &e.debtSeq, nil)
+	e.debts.add(lm, sh, "x", 1, 0, false, &e.debtSeq, nil)
+	e.debts.add(lm, sh, "y", 1, 0, false, &e.debtSeq, nil)
+	retry, items := e.planDebts(&e.debts, nil, true, MaxBatch)
+	var keys []string
+	for _, it := range items {
+		keys = append(keys, it.k.key)
+	}
+	if retry != -1 || !slices.Equal(keys, []string{"y"}) {
+		t.Fatalf("planned retry %d and debts of %v; want no retry and y's debt alone", retry, keys)
 	}
 }
 

@@ -896,10 +896,19 @@ func lateAnswer(e *Engine, t *Trip, granted int, now time.Time) bool {
 // resend. When the key's lease is let go of before the resend was sent (an eviction, or
 // Close's Drain), no take will read the grant: the late answer gives it back to Redis.
 // A resend that went before the lease was let go of reads it, and is given back with its
-// own answer (Lease.Granted), so the late answer gives nothing.
+// own answer (Lease.Granted), so the late answer gives nothing. A key made again after
+// the eviction holds a new lease, which no resend of the lost take's will read either.
 func TestLateGrantOfAnAbandonedResend(t *testing.T) {
-	for _, sent := range []bool{false, true} {
-		t.Run(map[bool]string{false: "resend not sent", true: "resend sent"}[sent], func(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		sent, made bool // the resend went before the eviction; the key is made again after it
+	}{
+		{"resend not sent", false, false},
+		{"resend sent", true, false},
+		{"resend not sent, the key made again", false, true},
+	} {
+		sent := tc.sent
+		t.Run(tc.name, func(t *testing.T) {
 			e, lm := testEngine(t, nil) // FailClosed: the waiter is denied, nothing owed
 			if _, w := decide(e, t0, lm, "k", 1); w == nil {
 				t.Fatal("no refill for a new key")
@@ -915,6 +924,9 @@ func TestLateGrantOfAnAbandonedResend(t *testing.T) {
 				}
 			}
 			lm.keys.Remove("k") // evicted: its lease let go of
+			if tc.made {
+				decide(e, t0.Add(16*ms), lm, "k", 1) // a new entry, of the same bucket
+			}
 			took := lateAnswer(e, trip, 10, t0.Add(20*ms))
 			back := 0
 			for x := e.Next(); x != nil; x = e.Next() {

@@ -127,8 +127,11 @@ func (e *Engine) Next() *Trip {
 	case refunds:
 		t = e.refundTrip()
 	case debts:
-		if t = e.debtTrip(); t == nil {
-			return nil
+		if t = e.debtTrip(); t == nil { // a breaker opened since debtsDue
+			if len(e.pending) == 0 {
+				return nil
+			}
+			t = e.takeTrip()
 		}
 	default:
 		return nil
@@ -586,14 +589,14 @@ func (e *Engine) Late(now time.Time, t *Trip, i int, r *redisstore.TakeResult) b
 		back = max(g.Granted, 0) - paid
 		expires = at.Add(en.lease.lifeFrom(at))
 	})
-	if !found && (!f.resend || e.abandoned(f.rseq)) {
-		// Evicted or re-shaped meanwhile, and no take read the grant back: what the
-		// policy admitted is paid, the rest goes back, to f's bucket. (One sent again
-		// under f's number before the lease was let go of may have read it into the
-		// lease the eviction or the change refunded; one planned and not sent never
-		// will: Lease.Drain.)
+	// Evicted or re-shaped meanwhile (the key's entry may have been made again since),
+	// and no take read the grant back: what the policy admitted is paid, the rest goes
+	// back, to f's bucket. One sent again under f's number before the lease was let go
+	// of may have read it into the lease the eviction or the change refunded; one
+	// planned and not sent never will (Lease.Drain, abandon).
+	if giveBack := !found && !f.resend || !took && f.resend && e.abandoned(f.rseq); giveBack {
 		paid = min(f.owed, max(g.Granted, 0))
-		back, took = max(g.Granted, 0)-paid, true
+		back, took, found = max(g.Granted, 0)-paid, true, false
 		if back > 0 {
 			e.queueRefund(lm, f.shape, f.key, back)
 		}
