@@ -897,17 +897,21 @@ func lateAnswer(e *Engine, t *Trip, granted int, now time.Time) bool {
 // Close's Drain), no take will read the grant: the late answer gives it back to Redis.
 // A resend that went before the lease was let go of reads it, and is given back with its
 // own answer (Lease.Granted), so the late answer gives nothing. A key made again after
-// the eviction holds a new lease, which no resend of the lost take's will read either.
+// the eviction holds a new lease, which no resend of the lost take's will read either;
+// and a resend started before the eviction and refused before it was sent read nothing.
 func TestLateGrantOfAnAbandonedResend(t *testing.T) {
 	for _, tc := range []struct {
-		name       string
-		sent, made bool // the resend went before the eviction; the key is made again after it
+		name string
+		// the resend went before the eviction; the key is made again after it; the
+		// resend waited for its trip at the eviction, and was refused before it was sent
+		sent, made, refused bool
 	}{
-		{"resend not sent", false, false},
-		{"resend sent", true, false},
-		{"resend not sent, the key made again", false, true},
+		{"resend not sent", false, false, false},
+		{"resend sent", true, false, false},
+		{"resend not sent, the key made again", false, true, false},
+		{"resend refused after the eviction", false, false, true},
 	} {
-		sent := tc.sent
+		sent, refused := tc.sent, tc.refused
 		t.Run(tc.name, func(t *testing.T) {
 			e, lm := testEngine(t, nil) // FailClosed: the waiter is denied, nothing owed
 			if _, w := decide(e, t0, lm, "k", 1); w == nil {
@@ -923,7 +927,20 @@ func TestLateGrantOfAnAbandonedResend(t *testing.T) {
 					t.Fatalf("the refill went under %d, want the lost take's %d", out.Takes[0].Seq, lost)
 				}
 			}
+			if refused { // the resend waits for its trip when the key is evicted
+				if _, w := decide(e, t0.Add(15*ms), lm, "k", 1); w == nil {
+					t.Fatal("no refill after the lost one")
+				}
+			}
 			lm.keys.Remove("k") // evicted: its lease let go of
+			if refused {        // its trip is refused before it is sent: it never ran
+				out := e.Next()
+				if out.Kind != TakeTrip || out.Takes[0].Seq != lost {
+					t.Fatalf("trip %+v, want the resend under %d", out, lost)
+				}
+				out.Err = breaker.ErrOpen
+				e.Done(t0.Add(17*ms), out)
+			}
 			if tc.made {
 				decide(e, t0.Add(16*ms), lm, "k", 1) // a new entry, of the same bucket
 			}

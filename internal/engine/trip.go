@@ -453,6 +453,11 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 			back = g.Granted
 		}
 		f.lost.Store(lost)
+		if err != nil && !lost && f.again {
+			// A resend under a lost take's number that never ran, of a key let go of
+			// while it waited: nothing reads that take's grant now (abandon).
+			e.abandon(f.rseq)
+		}
 	}
 	if err == nil {
 		lm.stats.granted.Add(int64(g.Granted))
