@@ -802,8 +802,8 @@ func TestCloseWaitsForAProbeInFlight(t *testing.T) {
 
 // TestCloseReportsAdmissionsNotCharged: what a FailLocal limit admitted during an
 // outage that lasts through Close cannot be charged to its bucket; Close says so
-// (wrapping global.ErrUnavailable) and LimitStats.Forgiven counts it, with a live ctx or an ended one,
-// beside leased tokens it could not refund (which match ctx's error).
+// (wrapping global.ErrUnavailable) and LimitStats.Forgiven counts it, with a live ctx
+// or an ended one, beside leased tokens it could not refund (which match ctx's error).
 func TestCloseReportsAdmissionsNotCharged(t *testing.T) {
 	for _, tc := range []struct {
 		name          string
