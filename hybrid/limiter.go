@@ -935,10 +935,22 @@ func (l *Limiter) await(ctx context.Context, w *engine.Waiter) (engine.Decision,
 	}
 }
 
+// minLoopGrace is the least Close waits for the limiter's loop to stop once its ctx has
+// ended (loopGrace): scheduling slack past the breaker's Timeout.
+const minLoopGrace = 100 * time.Millisecond
+
 // loopGrace is how long Close waits for the limiter's loop to stop once its ctx has
 // ended: the loop ends when its trip is answered or Do gives up on it, by the breaker's
-// Timeout (10 ms by default), and a Cluster's map reload after it (reloadTimeout).
-const loopGrace = 100 * time.Millisecond
+// Timeout (a zero Timeout is the breaker's default, 10 ms, which minLoopGrace covers),
+// and a Cluster's map reload after it (reloadTimeout), with minLoopGrace for the
+// scheduling.
+func (l *Limiter) loopGrace() time.Duration {
+	d := l.nodes.all.brk.Settings().Timeout
+	if l.nodes.cc != nil {
+		d += reloadTimeout
+	}
+	return d + minLoopGrace
+}
 
 // errNotSent explains refunds queued while Close was sending the last ones.
 var errNotSent = errors.New("queued after Close sent its last refunds")
@@ -1023,7 +1035,7 @@ func (l *Limiter) close(ctx context.Context) error {
 		// ctx ended first, or before Close (a server's shutdown spent it): the loop stops
 		// within microseconds when idle, by the breaker's Timeout when a trip is out.
 		// Close waits that long, then counts what it could not give back.
-		grace := time.NewTimer(loopGrace)
+		grace := time.NewTimer(l.loopGrace())
 		select {
 		case <-stopped:
 			grace.Stop()

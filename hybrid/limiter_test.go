@@ -607,6 +607,8 @@ type lateTakes struct {
 	held, release chan struct{}
 	claims        bool
 	once          sync.Once
+	// waits, when set, makes the hook pass every call through until it is armed.
+	waits, armed atomic.Bool
 }
 
 func (h *lateTakes) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -615,7 +617,7 @@ func (h *lateTakes) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		// EVALSHA sha 1 key, then the take's arguments: its floor (ARGV[8]) is args[11].
 		args := cmd.Args()
 		if len(args) < 2 || args[0] != "evalsha" || args[1] != luascript.Take.Hash() ||
-			h.claims && (len(args) < 12 || fmt.Sprint(args[11]) == "0") {
+			h.claims && (len(args) < 12 || fmt.Sprint(args[11]) == "0") || h.waits.Load() && !h.armed.Load() {
 			return next(ctx, cmd)
 		}
 		first := false
@@ -765,6 +767,50 @@ func TestCloseWithAnEndedContext(t *testing.T) {
 	}
 	if err2 := l.Close(ctx); err2 != err {
 		t.Fatalf("Close again = %v, want the first's %v", err2, err)
+	}
+}
+
+// TestCloseWithAnEndedContextWaitsForTheLoop: Close with an ended ctx while a take is
+// out waits for the loop to stop, which it does by the breaker's Timeout (here 300 ms,
+// past Close's 100 ms floor), and then drains the leases: the tokens they held are
+// counted lost, none stays held, rather than Close giving up on the loop and leaving them.
+func TestCloseWithAnEndedContextWaitsForTheLoop(t *testing.T) {
+	_, c := redistest.Mini(t)
+	h := &lateTakes{held: make(chan struct{}), release: make(chan struct{})}
+	h.waits.Store(true)
+	c.AddHook(h)
+	brk, err := breaker.New(breaker.Settings{Timeout: 300 * time.Millisecond, FailureThreshold: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := hybrid.New(newStore(t, c), hybrid.Config{FleetSize: 1, Breaker: brk, Limits: []hybrid.Limit{
+		{Name: "api", Rate: 0.01, Burst: 100, Policy: breaker.FailClosed, MaxWait: time.Second, Lease: hybrid.LeaseTuning{Lifetime: time.Minute}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer close(h.release)
+	ctx := context.Background()
+	for range 30 {
+		if d, err := l.Allow(ctx, "api", "k"); err != nil || !d.Allowed {
+			t.Fatalf("Allow: %+v, %v", d, err)
+		}
+	}
+	held := l.Stats().Limits[0].Held
+	if held == 0 {
+		t.Fatal("nothing leased: nothing to test")
+	}
+	h.armed.Store(true)
+	go l.Allow(ctx, "api", "other") // a refill whose answer the hook holds
+	<-h.held
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	err = l.Close(ended)
+	if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "not refunded") {
+		t.Fatalf("Close(ended ctx) with a take out = %v, want the tokens not refunded, matching context.Canceled", err)
+	}
+	if st := l.Stats().Limits[0]; st.Held != 0 || st.RefundsLost != held {
+		t.Fatalf("after Close: held %d, refunds lost %d; want 0 and the %d held", st.Held, st.RefundsLost, held)
 	}
 }
 
