@@ -942,12 +942,12 @@ const minLoopGrace = 100 * time.Millisecond
 // loopGrace is how long Close waits for the limiter's loop to stop once its ctx has
 // ended: the loop ends when its trip is answered or Do gives up on it, by the breaker's
 // Timeout (a zero Timeout is the breaker's default, 10 ms, which minLoopGrace covers),
-// and a Cluster's map reload after it (reloadTimeout), with minLoopGrace for the
+// and a Cluster's map reloads after it (reloadTimeout each), with minLoopGrace for the
 // scheduling.
 func (l *Limiter) loopGrace() time.Duration {
 	d := l.nodes.all.brk.Settings().Timeout
 	if l.nodes.cc != nil {
-		d += reloadTimeout
+		d += 3 * reloadTimeout // a pass may reload the slot map thrice: recheck, a split's, settle
 	}
 	return d + minLoopGrace
 }
@@ -957,7 +957,9 @@ var errNotSent = errors.New("queued after Close sent its last refunds")
 
 // Close stops the Limiter and gives every unused leased token back to Redis, bounded by
 // ctx; the error reports tokens that could not be (LimitStats.RefundsLost counts them),
-// also when ctx has ended before Close, and admissions it could not charge to their
+// also when ctx has ended before Close (Close then waits for the Limiter's round trip
+// in flight to end, by the breaker's Timeout and 100 ms more, so that its leases are let
+// go of and counted), and admissions it could not charge to their
 // buckets (a FailLocal limit's admissions during an outage, a ChargeLater limit's not
 // charged yet), which it reports wrapping global.ErrUnavailable, and LimitStats.Forgiven
 // counts: Redis did not take their last trips, and the fleet may have admitted that

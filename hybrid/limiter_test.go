@@ -783,13 +783,10 @@ func TestCloseWithAnEndedContextWaitsForTheLoop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := hybrid.New(newStore(t, c), hybrid.Config{FleetSize: 1, Breaker: brk, Limits: []hybrid.Limit{
+	defer close(h.release) // before the Limiter's cleanup (t.Cleanup runs after deferred calls): the held call goes first
+	l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1, Breaker: brk, Limits: []hybrid.Limit{
 		{Name: "api", Rate: 0.01, Burst: 100, Policy: breaker.FailClosed, MaxWait: time.Second, Lease: hybrid.LeaseTuning{Lifetime: time.Minute}},
 	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer close(h.release)
 	ctx := context.Background()
 	for range 30 {
 		if d, err := l.Allow(ctx, "api", "k"); err != nil || !d.Allowed {
@@ -802,7 +799,11 @@ func TestCloseWithAnEndedContextWaitsForTheLoop(t *testing.T) {
 	}
 	h.armed.Store(true)
 	go l.Allow(ctx, "api", "other") // a refill whose answer the hook holds
-	<-h.held
+	select {
+	case <-h.held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no take held")
+	}
 	ended, cancel := context.WithCancel(ctx)
 	cancel()
 	err = l.Close(ended)
