@@ -1087,15 +1087,16 @@ func (l *Limiter) close(ctx context.Context) error {
 		lost += n
 		firstErr = cmp.Or(firstErr, ctx.Err(), errNotSent)
 	}
-	switch {
-	case lost > 0 && forgiven > 0:
-		return fmt.Errorf("hybrid: %d leased tokens not refunded (%w), and %d admitted tokens not charged to their buckets: %w", lost, firstErr, forgiven, global.ErrUnavailable)
-	case lost > 0:
-		return fmt.Errorf("hybrid: %d leased tokens not refunded: %w", lost, firstErr)
-	case forgiven > 0 && ctx.Err() != nil:
-		return fmt.Errorf("hybrid: %d admitted tokens not charged to their buckets: %w: %w", forgiven, global.ErrUnavailable, ctx.Err())
-	case forgiven > 0:
-		return fmt.Errorf("hybrid: %d admitted tokens not charged to their buckets: %w", forgiven, global.ErrUnavailable)
+	var errs []error
+	if lost > 0 {
+		errs = append(errs, fmt.Errorf("hybrid: %d leased tokens not refunded: %w", lost, firstErr))
 	}
-	return nil
+	if forgiven > 0 {
+		err := fmt.Errorf("hybrid: %d admitted tokens not charged to their buckets: %w", forgiven, global.ErrUnavailable)
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w: %w", err, ctx.Err())
+		}
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }

@@ -748,7 +748,7 @@ func (e *Engine) laterNextTick(t time.Time) time.Time {
 // Close sends them once the breaker lets a probe through. It requires e.mu.
 func (e *Engine) stopLater() {
 	e.cl.lowDue, e.cl.lowAt = false, time.Time{}
-	e.debtHeld, e.debtWait, e.debtSpreadUntil = false, false, time.Time{}
+	e.debtHoldUntil, e.debtWait, e.debtSpreadUntil = time.Time{}, false, time.Time{}
 	if e.cl.charges.len() > 0 || len(e.debtRetry) > 0 {
 		e.cl.asyncDue, e.cl.asyncAt = true, time.Time{}
 	}

@@ -191,39 +191,38 @@ func (e *Engine) settle(lm *Limit, key string, n int) {
 // against the breaker), past the spread after that answer (debtsMayGo), or async
 // admissions wait and their charges are due (Async passed since the first of them);
 // and, while a breaker is open, one of them is owed to a bucket whose breaker is not (a
-// Cluster's other masters: sendable). It requires that e.mu is held.
+// Cluster's other masters: planDebts). It requires that e.mu is held.
 func (e *Engine) debtsDue() bool {
-	if e.debtHeld {
+	if !e.debtHoldUntil.IsZero() {
 		return false
 	}
-	charges := e.dueCharges()
-	debts := e.debtsMayGo()
-	ready := debts || charges != nil
-	due := len(e.debtRetry) > 0 && ready || debts && e.debts.len() > 0 || charges.len() > 0
+	debts, charges := e.owedDue()
+	due := len(e.debtRetry) > 0 && (debts != nil || charges != nil) || debts.len() > 0 || charges.len() > 0
 	if !due || e.open == nil || !e.open() {
 		return due
 	}
-	return e.sendable(debts, charges)
+	retry, items := e.planDebts(debts, charges, true, 1)
+	return retry >= 0 || len(items) > 0
 }
 
-// debtScan bounds the debts a debt trip looks at while a breaker is open (sendable,
+// owedDue returns FailLocal's debts if they may go (debtsMayGo) and the charges if they
+// are due (dueCharges), nil for each that may not. It requires that e.mu is held.
+func (e *Engine) owedDue() (debts, charges *owed) {
+	if e.debtsMayGo() {
+		debts = &e.debts
+	}
+	return debts, e.dueCharges()
+}
+
+// debtScan bounds the debts a debt trip looks at while a breaker is open (debtsDue,
 // debtTrip): those owed to a bucket behind it stay owed, in their order, and the next
 // trip looks at the same ones first.
 const debtScan = 4 * MaxBatch
 
-// bucketOpen reports whether the breaker that guards k's bucket is open (Config.KeyOpen,
-// which New sets whenever BreakerOpen is).
-func (e *Engine) bucketOpen(k debtKey) bool { return e.keyOpen != nil && e.keyOpen(k.lim.name, k.key) }
-
-// sendable reports whether the next debt trip has something to send while a breaker is
-// open (planDebts). It requires that e.mu is held.
-func (e *Engine) sendable(debts bool, charges *owed) bool {
-	var q *owed
-	if debts {
-		q = &e.debts
-	}
-	retry, items := e.planDebts(q, charges, true, 1)
-	return retry >= 0 || len(items) > 0
+// bucketOpen reports whether the breaker that guards the bucket of limit and key (its
+// ID) is open (Config.KeyOpen, which New sets whenever BreakerOpen is).
+func (e *Engine) bucketOpen(limit, key string) bool {
+	return e.keyOpen != nil && e.keyOpen(limit, key)
 }
 
 // owedItem is a debt of q, of bucket k, planned for the next debt trip.
@@ -253,7 +252,7 @@ func (e *Engine) planDebts(debts, charges *owed, open bool, max int) (retry int,
 		}
 		blocked := false
 		for _, r := range b.reqs {
-			if held[bucketName{r.Limit.Name, string(r.ID)}] || e.keyOpen(r.Limit.Name, string(r.ID)) {
+			if held[bucketName{r.Limit.Name, string(r.ID)}] || e.bucketOpen(r.Limit.Name, string(r.ID)) {
 				blocked = true
 				break
 			}
@@ -269,7 +268,7 @@ func (e *Engine) planDebts(debts, charges *owed, open bool, max int) (retry int,
 		}
 	}
 	walkOwed(debts, charges, func(q *owed, k debtKey, d *debt) bool {
-		if !open || !held[bucketName{k.lim.name, k.key}] && !e.bucketOpen(k) {
+		if !open || !held[bucketName{k.lim.name, k.key}] && !e.bucketOpen(k.lim.name, k.key) {
 			items = append(items, owedItem{q, k, d})
 		}
 		return len(items) < max
@@ -328,11 +327,7 @@ func (e *Engine) Owes() bool {
 // MaxBatch debts in the order they were first owed, each as a refund of -n: FailLocal's
 // once Redis answered a trip, the charges once due. It requires that e.mu is held.
 func (e *Engine) debtTrip() *Trip {
-	var debts *owed
-	if e.debtsMayGo() {
-		debts = &e.debts
-	}
-	charges := e.dueCharges()
+	debts, charges := e.owedDue()
 	retry, items := e.planDebts(debts, charges, e.open != nil && e.open(), MaxBatch)
 	var batch debtBatch
 	if retry >= 0 {
@@ -383,11 +378,8 @@ func (e *Engine) charged(now time.Time, t *Trip) {
 	// chance, and they go again at once, for stopRetries failed trips (each of which may
 	// have taken the breaker's Timeout); Finish forgives what is left.
 	hold := !e.stopped || e.stopFailed >= stopRetries
-	failed := t.Err != nil || !t.Answered
-	if failed && hold {
-		e.debtHeld, e.debtHoldUntil = true, now.Add(debtRetry)
-	}
 	e.mu.Unlock()
+	failed := t.Err != nil || !t.Answered
 	var again debtBatch
 	for i, r := range t.Refunds {
 		err := t.Err
@@ -421,11 +413,6 @@ func (e *Engine) charged(now time.Time, t *Trip) {
 				cl.charged(sh, string(r.ID), false, 0, now)
 			}
 		default:
-			if hold {
-				e.mu.Lock()
-				e.debtHeld, e.debtHoldUntil = true, now.Add(debtRetry)
-				e.mu.Unlock()
-			}
 			if sh == nil {
 				sh = lm.Shape("")
 			}
@@ -438,9 +425,6 @@ func (e *Engine) charged(now time.Time, t *Trip) {
 	}
 	if len(again.reqs) > 0 {
 		e.mu.Lock()
-		if hold {
-			e.debtHeld, e.debtHoldUntil = true, now.Add(debtRetry)
-		}
 		// Back at the head of the retries, in their order: a later item of a bucket must
 		// not run before an earlier one, which Redis would then answer stale, charging
 		// nothing (refund.lua: the server's record of the bucket holds the later number).
@@ -453,8 +437,11 @@ func (e *Engine) charged(now time.Time, t *Trip) {
 		e.debtRetry = append(parts, e.debtRetry...)
 		e.mu.Unlock()
 	}
-	if failed {
+	if failed { // the trip, or one of its items: the debts wait debtRetry (hold)
 		e.mu.Lock()
+		if hold {
+			e.debtHoldUntil = now.Add(debtRetry)
+		}
 		if e.stopped {
 			e.stopFailed++
 		}

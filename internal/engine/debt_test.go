@@ -340,15 +340,7 @@ func TestFailedDebtTripGoesAgainAtStop(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			open := false
-			e, lm := failLocalEngine(t, &open, nil)
-			e.Tick(t0)
-			open = true
-			decide(e, t0, lm, "x", 1) // owed during the outage
-			decide(e, t0, lm, "y", 1)
-			e.Stop(t0.Add(ms))
-			open = false
-			e.Drain()
+			e, lm := owedAtStop(t, false, 1, 1)
 			var seqs [][]uint64
 			for tr := e.Next(); tr != nil; tr = e.Next() {
 				if !tr.debts {
@@ -384,14 +376,7 @@ func TestFailedDebtTripGoesAgainAtStop(t *testing.T) {
 // 1 + stopRetries debt trips, not a loop that a Close without a deadline cannot leave;
 // Finish then forgives the debts and says so.
 func TestShutdownDebtRetriesAreBounded(t *testing.T) {
-	open := false
-	e, lm := failLocalEngine(t, &open, nil)
-	e.Tick(t0)
-	open = true
-	decide(e, t0, lm, "x", 1)
-	e.Stop(t0.Add(ms))
-	open = false
-	e.Drain()
+	e, _ := owedAtStop(t, false, 1)
 	trips := 0
 	for tr := e.Next(); tr != nil && trips < 100; tr = e.Next() {
 		if tr.debts {
@@ -590,14 +575,7 @@ func TestDebtsBehindAnOpenMasterDoNotHoldRefills(t *testing.T) {
 // TestFinishCountsForgivenDebts: debts no trip could send before Finish (the breaker
 // open throughout the shutdown) are forgiven, and Finish says how many tokens.
 func TestFinishCountsForgivenDebts(t *testing.T) {
-	open := false
-	e, lm := failLocalEngine(t, &open, nil)
-	e.Tick(t0)
-	open = true
-	decide(e, t0, lm, "x", 1)
-	decide(e, t0, lm, "y", 2)
-	e.Stop(t0.Add(ms))
-	e.Drain()
+	e, lm := owedAtStop(t, true, 1, 2)
 	for tr := e.Next(); tr != nil; tr = e.Next() {
 		if tr.debts {
 			t.Fatal("a debt trip while the breaker is open")
@@ -609,6 +587,24 @@ func TestFinishCountsForgivenDebts(t *testing.T) {
 	if st := lm.Stats(); forgiven != 3 || st.Forgiven != 3 || lost != 0 {
 		t.Fatalf("Finish: %d lost, %d forgiven; stats forgiven %d; want 0 and 3", lost, forgiven, st.Forgiven)
 	}
+}
+
+// owedAtStop is failLocalEngine's engine after requests of the given costs, for keys x,
+// y, ... in turn, decided while its breaker was open (owed: FailLocal's debts), then
+// Stop and Drain, the breaker open still if stillOpen.
+func owedAtStop(t *testing.T, stillOpen bool, costs ...int) (*Engine, *Limit) {
+	t.Helper()
+	open := false
+	e, lm := failLocalEngine(t, &open, nil)
+	e.Tick(t0)
+	open = true
+	for i, n := range costs {
+		decide(e, t0, lm, string(rune('x'+i)), n)
+	}
+	e.Stop(t0.Add(ms))
+	open = stillOpen
+	e.Drain()
+	return e, lm
 }
 
 // failLocalEngine is testEngine's with a FailLocal limit and a breaker open while *open,

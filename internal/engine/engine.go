@@ -156,9 +156,8 @@ type Engine struct {
 	repsDue       bool // the record of representations is to be written and read (reps.go)
 	firstReps     bool // and it was never answered
 	nextReps      time.Time
-	debtHeld      bool // a debt trip failed: debts wait until debtHoldUntil
-	debtWait      bool // a debt was owed since Redis last answered a trip: debts wait for an answer
-	debtHoldUntil time.Time
+	debtWait      bool      // a debt was owed since Redis last answered a trip: debts wait for an answer
+	debtHoldUntil time.Time // if not zero: a debt trip failed, and debts wait until then
 	// debtSpreadUntil, if not zero: FailLocal's debts, which waited for Redis to answer,
 	// wait until then more (redisAnswered), once for each time they waited.
 	debtSpreadUntil time.Time

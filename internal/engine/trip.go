@@ -599,9 +599,10 @@ func (e *Engine) Late(now time.Time, t *Trip, i int, r *redisstore.TakeResult) b
 	// back, to f's bucket. One sent again under f's number before the lease was let go
 	// of may have read it into the lease the eviction or the change refunded; one
 	// planned and not sent never will (Lease.Drain, abandon).
-	if giveBack := !found && !f.resend || !took && f.resend && e.abandoned(f.rseq); giveBack {
+	giveBack := !found && !f.resend || !took && f.resend && e.abandoned(f.rseq)
+	if giveBack {
 		paid = min(f.owed, max(g.Granted, 0))
-		back, took, found = max(g.Granted, 0)-paid, true, false
+		back, took = max(g.Granted, 0)-paid, true
 		if back > 0 {
 			e.queueRefund(lm, f.shape, f.key, back)
 		}
@@ -613,7 +614,7 @@ func (e *Engine) Late(now time.Time, t *Trip, i int, r *redisstore.TakeResult) b
 	lm.stats.recovered.Add(int64(g.Granted))
 	e.settle(lm, f.key, paid)
 	e.mu.Lock()
-	if found && back > 0 {
+	if found && !giveBack && back > 0 { // on hand in the lease
 		heap.Push(&e.expiries, expiry{lim: lm, key: f.key, at: expires})
 	}
 	e.redisAnswered(now) // Redis runs what it is sent, if late
@@ -712,8 +713,8 @@ func (e *Engine) wake() {
 // interval), so that servers started together do not sweep and beat together.
 func (e *Engine) Tick(now time.Time) {
 	e.mu.Lock()
-	if e.debtHeld && !now.Before(e.debtHoldUntil) {
-		e.debtHeld = false
+	if !e.debtHoldUntil.IsZero() && !now.Before(e.debtHoldUntil) {
+		e.debtHoldUntil = time.Time{}
 	}
 	if !e.debtSpreadUntil.IsZero() && !now.Before(e.debtSpreadUntil) {
 		// Redis answered before the spread began: what was owed during it goes too.
@@ -779,7 +780,7 @@ func (e *Engine) NextTick() time.Time {
 	if !e.stopped && e.nextReps.Before(t) {
 		t = e.nextReps
 	}
-	if e.debtHeld && e.debtHoldUntil.Before(t) {
+	if !e.debtHoldUntil.IsZero() && e.debtHoldUntil.Before(t) {
 		t = e.debtHoldUntil
 	}
 	if !e.debtSpreadUntil.IsZero() && e.debtSpreadUntil.Before(t) {
