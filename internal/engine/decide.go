@@ -157,8 +157,13 @@ func (exact) undo(*Shape, string, int) int                       { return 0 }
 func (b *bucket) decide(now time.Time, tier, key string, n int) (Decision, *Waiter) {
 	lm, e := b.lm, b.lm.e
 	var o outcome
-	if !b.decideLocked(&o, now, wire.KeyID(key), tier, n) {
+	switch b.decideLocked(&o, now, wire.KeyID(key), tier, n) {
+	case passClosed:
 		return Decision{Reason: ReasonClosed, Servers: e.Servers()}, nil
+	case passHit:
+		o.d.Servers = e.Servers()
+		lm.stats.count(&o.d, n)
+		return o.d, nil
 	}
 	o.d.Servers = e.Servers()
 	o.refund(e, lm)
@@ -179,18 +184,50 @@ func (b *bucket) decide(now time.Time, tier, key string, n int) (Decision, *Wait
 	return o.d, nil
 }
 
-// decideLocked is decideKey for a new request for the key of ID id, under its store
-// lock (Acquire, Touch and Release: keystore.Store.Update without the closure and the
-// call a function value costs); it reports false, deciding nothing, once the store is
-// closed.
-func (b *bucket) decideLocked(o *outcome, now time.Time, id, tier string, n int) bool {
+// pass is how decideLocked decided.
+type pass uint8
+
+const (
+	passFull   pass = iota // decideKey decided: o holds what to do
+	passHit                // hitKey decided: o holds only the decision, less its Servers
+	passClosed             // nothing was decided: the store is closed
+)
+
+// decideLocked is hitKey, or decideKey if the lease cannot serve the request alone, for
+// a new request for the key of ID id, under its store lock (Acquire, Touch and Release:
+// keystore.Store.Update without the closure and the call a function value costs).
+func (b *bucket) decideLocked(o *outcome, now time.Time, id, tier string, n int) pass {
 	keys := b.lm.keys
 	sh, ke, ok := keys.Acquire(now, id)
 	if !ok {
-		return false
+		return passClosed
 	}
 	defer keys.Release(sh) // a panic must not leave the shard locked
-	b.decideKey(o, &ke.Val, ke.Touch(now), tier, n, nil)
+	en, t := &ke.Val, ke.Touch(now)
+	if b.hitKey(&o.d, en, t, tier, n) {
+		return passHit
+	}
+	b.decideKey(o, en, t, tier, n, nil)
+	return passFull
+}
+
+// hitKey is decideKey's common path on its own, for a new request: the key on its
+// shape, a lease whose tokens on hand serve the request with nothing else to do
+// (Lease.serves), and a pre-check that has its tokens. It reports false, changing
+// nothing, for any other request, and otherwise writes the decision to d (a zero one),
+// all but its Servers. It requires the key's lock.
+func (b *bucket) hitKey(d *Decision, en *entry, t time.Time, tier string, n int) bool {
+	sh := b.lm.cur.Load().of(tier)
+	if en.shape != sh {
+		return false
+	}
+	c := sh.lease.Load()
+	lt, ok := en.lease.serves(c, t, n)
+	if !ok || !en.pre.AllowN(t, n) {
+		return false
+	}
+	d.Allowed, d.Source, d.Reason = true, SourceLease, ReasonLease
+	d.Remaining = en.lease.hit(c, lt, n)
 	return true
 }
 
@@ -295,6 +332,9 @@ func (b *bucket) hitLocked(o *outcome, now time.Time, id, tier string, n int) bo
 	}
 	defer lm.keys.Release(ksh) // a panic must not leave the shard locked
 	en, t := &ke.Val, ke.Touch(now)
+	if b.hitKey(&o.d, en, t, tier, n) {
+		return true
+	}
 	sh := lm.cur.Load().of(tier)
 	c := sh.lease.Load()
 	if n <= 0 || en.shape != sh || !en.lease.CanServe(c, t, n) || !en.pre.AllowN(t, n) {

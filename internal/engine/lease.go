@@ -398,8 +398,7 @@ func (l *Lease) decide(c *LeaseConfig, t int64, n int, st *Step) {
 		st.Action, st.Reason = Deny, ReasonExceedsBurst
 		st.RetryAfter = InfDuration
 	case l.tokens >= n:
-		l.tokens -= n
-		l.consumed += int64(n)
+		l.spend(n)
 		st.Action, st.Reason = Allow, ReasonLease
 		st.Refill = l.prefetch(c, t, max(n, 1))
 	case l.inflight:
@@ -415,12 +414,52 @@ func (l *Lease) decide(c *LeaseConfig, t int64, n int, st *Step) {
 		st.Action, st.Reason = Wait, ReasonRefill
 		st.Refill = l.start(want, need)
 	}
-	st.Remaining = l.tokens + int(l.bucket)
+	st.Remaining = l.remaining(c)
+}
+
+// remaining is Step.Remaining: the tokens on hand and the bucket's level at the last
+// answer.
+func (l *Lease) remaining(c *LeaseConfig) int {
 	if !l.heard {
 		// Nothing is known of the key's bucket yet (a cost-0 request on a new key): a
 		// bucket nobody took from is full, the likeliest; a refill's answer says better.
-		st.Remaining = c.Burst
+		return c.Burst
 	}
+	return l.tokens + int(l.bucket)
+}
+
+// spend takes n tokens from those on hand, which hold them, for a request allowed.
+func (l *Lease) spend(n int) {
+	l.tokens -= n
+	l.consumed += int64(n)
+}
+
+// serves reports whether acquire at now would allow a request of cost n from the tokens
+// on hand and do nothing else: n > 0 of them on hand, unexpired (nothing to refund), and
+// no refill to start after it (quiet); t is now as an offset (at), for hit. It changes
+// nothing; hit then does what acquire would.
+func (l *Lease) serves(c *LeaseConfig, now time.Time, n int) (t int64, ok bool) {
+	t = now.UnixNano() - l.base
+	return t, l.based && n > 0 && n <= c.Burst && l.tokens >= n && t < l.expires && l.quiet(c, t, l.tokens-n)
+}
+
+// hit is acquire at offset t for a request of cost n that serves allowed, without the
+// Step: it returns Step.Remaining. A lease hit is the path of nearly every decision,
+// and this is acquire's work on it with no branch it cannot take.
+func (l *Lease) hit(c *LeaseConfig, t int64, n int) int {
+	l.roll(c, t)
+	l.cur += int64(n)
+	l.spend(n)
+	return l.remaining(c)
+}
+
+// quiet reports whether prefetch starts no refill at t with tokens on hand, without
+// estimating demand: a refill in flight, the key paced, prefetch off, or the tokens
+// still above the watermark of the last batch (the common case; a batch that grew since
+// is seen at the next refill).
+func (l *Lease) quiet(c *LeaseConfig, t int64, tokens int) bool {
+	return l.inflight || t < l.pacedUntil || c.LowWatermark < 0 ||
+		l.want > 0 && float64(tokens) >= c.LowWatermark*float64(l.want)
 }
 
 // prefetch starts a refill when the tokens on hand fell below the low watermark, no refill
@@ -429,12 +468,7 @@ func (l *Lease) decide(c *LeaseConfig, t int64, n int, st *Step) {
 // once in a while must not hold tokens only to refund them, at three Redis calls for one
 // request. The refill asks for the batch, roomy or not.
 func (l *Lease) prefetch(c *LeaseConfig, t int64, cost int) Refill {
-	if l.inflight || t < l.pacedUntil || c.LowWatermark < 0 {
-		return Refill{}
-	}
-	if l.want > 0 && float64(l.tokens) >= c.LowWatermark*float64(l.want) {
-		// Still above the watermark of the last batch: the common case, decided without
-		// estimating demand. A batch that grew since is seen at the next refill.
+	if l.quiet(c, t, l.tokens) {
 		return Refill{}
 	}
 	batch, interval := l.batches(c, t, cost)

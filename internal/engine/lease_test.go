@@ -484,12 +484,15 @@ func TestLeasePacingStopsAtFullBucket(t *testing.T) {
 // TestLeaseConservesTokens drives a lease with random demand, grants (full, partial, zero,
 // over-long), failures, late answers, expiry and drains, and checks that the tokens it
 // hands out (consumed) plus those it hands back (refunded) never exceed those granted, that
-// the stats balance exactly, and that a server never holds more than its cap.
+// the stats balance exactly, and that a server never holds more than its cap. On every
+// request that Lease.serves says a hit serves, Lease.hit must leave the lease as Acquire
+// does and answer as it does (the engine's hot path takes hit for Acquire).
 func TestLeaseConservesTokens(t *testing.T) {
 	seeds := 400
 	if testing.Short() {
 		seeds = 50
 	}
+	var hits, full int
 	for seed := range seeds {
 		r := rand.New(rand.NewPCG(uint64(seed), 99))
 		c, err := LeaseConfig{
@@ -514,7 +517,21 @@ func TestLeaseConservesTokens(t *testing.T) {
 			switch k := r.IntN(10); {
 			case k < 5: // a request
 				n := r.IntN(maxCost + 1)
+				hl := l
+				at, served := hl.serves(&c, now, n)
+				var remaining int
+				if served {
+					remaining = hl.hit(&c, at, n)
+				}
 				st := l.Acquire(&c, now, n)
+				switch {
+				case !served:
+					full++
+				case hl != l || st != (Step{Action: Allow, Reason: ReasonLease, Remaining: remaining}):
+					t.Fatalf("seed %d: hit of %d at %v left %+v, answered %d; Acquire left %+v, answered %+v", seed, n, now.Sub(t0), hl, remaining, l, st)
+				default:
+					hits++
+				}
 				refunded += int64(st.Refund)
 				if st.Action == Allow {
 					consumed += int64(max(n, 0))
@@ -574,6 +591,9 @@ func TestLeaseConservesTokens(t *testing.T) {
 				t.Fatalf("seed %d: %d on hand, cap %d", seed, s.OnHand, c.Cap(maxCost))
 			}
 		}
+	}
+	if hits < 1000 || full < 1000 {
+		t.Errorf("%d requests a hit served and %d it did not: the walk does not test Lease.hit", hits, full)
 	}
 }
 
