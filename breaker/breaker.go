@@ -441,12 +441,12 @@ func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) er
 	}
 	res := make(chan outcome, 1)
 	go func() {
-		defer b.inFlight.Add(-1)
 		o := call(cctx, fn)
 		res <- o // buffered: never blocks
 		if state.CompareAndSwap(running, finished) {
-			return
+			return // Do reports the outcome, then frees the call's slot
 		}
+		defer b.inFlight.Add(-1)
 		switch state.Load() {
 		case left:
 			stop()
@@ -504,6 +504,10 @@ func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) er
 		}
 		o = <-res // it finished: its send came before its state change
 	}
+	// The call finished (state finished): its slot is freed once gobreaker has its
+	// outcome, so that InFlight at 0 means no probe is pending there either (a caller
+	// that waits for a half-open breaker's probe reads InFlight: hybrid's Close).
+	defer b.inFlight.Add(-1)
 	if o.panicked {
 		b.report(done, errFailure)
 		panic(o.panicVal)
@@ -638,7 +642,7 @@ type Stats struct {
 	Rejected    int64 // calls refused with ErrOpen
 	Overloaded  int64 // calls refused with ErrOverloaded
 	Abandoned   int64 // calls still running when Do returned
-	InFlight    int64 // store calls running now, abandoned ones included
+	InFlight    int64 // store calls running now, abandoned ones included; a call counts until the breaker has its outcome
 	MaxInFlight int64 // the most store calls that ran at once
 	// Opened, HalfOpened and Closed count the state changes into each state. A change
 	// is counted when it happens, before OnStateChange hears of it.

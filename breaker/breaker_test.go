@@ -700,3 +700,47 @@ func TestProbeTimeout(t *testing.T) {
 		}
 	}
 }
+
+// TestInFlightHoldsAProbeUntilItsOutcomeIsIn: a call's slot (Stats.InFlight) is freed only
+// once gobreaker has the call's outcome, so that a caller who reads no call in flight on a
+// half-open breaker knows its own call will not be refused as a second probe (hybrid's
+// Close waits so for another caller's probe). When a probe's success closes the breaker,
+// that probe still holds its slot. The call's goroutine ends about when Do reads its
+// outcome: 50 rounds give the two every chance to run in either order.
+func TestInFlightHoldsAProbeUntilItsOutcomeIsIn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var b *Breaker
+		var seen []int64 // InFlight as each probe closed the breaker
+		b, err := New(Settings{FailureThreshold: 1, OpenTimeout: time.Second, OnStateChange: func(_, to State) {
+			if to == StateClosed {
+				seen = append(seen, b.Stats().InFlight)
+			}
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		for range 50 {
+			b.Do(ctx, func(context.Context) error { return io.EOF })
+			if got := b.State(); got != StateOpen {
+				t.Fatalf("after a failure: state %v, want open", got)
+			}
+			time.Sleep(time.Second + time.Millisecond) // gobreaker: strictly after OpenTimeout
+			if err := b.Do(ctx, func(context.Context) error { return nil }); err != nil {
+				t.Fatalf("probe: %v", err)
+			}
+		}
+		synctest.Wait()
+		if len(seen) != 50 {
+			t.Fatalf("%d probes closed the breaker, want 50", len(seen))
+		}
+		for i, n := range seen {
+			if n != 1 {
+				t.Fatalf("probe %d closed the breaker with %d calls in flight, want itself: 1", i, n)
+			}
+		}
+		if n := b.Stats().InFlight; n != 0 {
+			t.Fatalf("%d calls in flight after the last, want 0", n)
+		}
+	})
+}
