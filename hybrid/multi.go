@@ -35,17 +35,21 @@ type MultiDecision struct {
 // AllowMulti decides a request that counts against several items at once, all or nothing:
 // it is admitted only if every item admits it, and a denial spends nothing. Errors are
 // AllowN's, for the first item that has one; an empty items is ErrInvalidCost.
-func (l *Limiter) AllowMulti(ctx context.Context, items []Item) (MultiDecision, error) {
-	return l.allowMulti(ctx, items, l.onDecision)
+func (l *Limiter) AllowMulti(ctx context.Context, items []Item) (md MultiDecision, err error) {
+	err = l.allowMulti(&md, ctx, items, l.onDecision)
+	return md, err
 }
 
-// allowMulti is AllowMulti telling hook (nil: nobody) of the decision, once.
-func (l *Limiter) allowMulti(ctx context.Context, items []Item, hook func(string, Decision)) (MultiDecision, error) {
+// allowMulti is AllowMulti writing its decision to *out (as allowN does, to spare a
+// copy) and telling hook (nil: nobody) of it, once.
+func (l *Limiter) allowMulti(out *MultiDecision, ctx context.Context, items []Item, hook func(string, Decision)) (err error) {
 	if len(items) == 0 {
-		return MultiDecision{Denied: -1, RetryAfter: InfDuration}, fmt.Errorf("%w: no items", ErrInvalidCost)
+		*out = MultiDecision{Denied: -1, RetryAfter: InfDuration}
+		return fmt.Errorf("%w: no items", ErrInvalidCost)
 	}
 	if l.closed.Load() {
-		return MultiDecision{Denied: 0, Decision: Decision{Reason: reasonClosed}}, ErrClosed
+		*out = MultiDecision{Denied: 0, Decision: Decision{Reason: reasonClosed}}
+		return ErrClosed
 	}
 	// Every item must be valid before anything is looked at or counted.
 	dry := false
@@ -55,43 +59,47 @@ func (l *Limiter) allowMulti(ctx context.Context, items []Item, hook func(string
 		lm := l.eng.Limit(it.Limit)
 		switch {
 		case lm == nil:
-			return MultiDecision{Denied: i, RetryAfter: InfDuration, Decision: Decision{RetryAfter: InfDuration, Limit: it.Limit, Tier: it.Tier}}, ErrUnknownLimit
+			*out = MultiDecision{Denied: i, RetryAfter: InfDuration, Decision: Decision{RetryAfter: InfDuration, Limit: it.Limit, Tier: it.Tier}}
+			return ErrUnknownLimit
 		case it.Tier != "" && !lm.HasTier(it.Tier):
-			return MultiDecision{Denied: i, RetryAfter: InfDuration, Decision: Decision{RetryAfter: InfDuration, Limit: it.Limit, Tier: it.Tier}}, ErrUnknownTier
+			*out = MultiDecision{Denied: i, RetryAfter: InfDuration, Decision: Decision{RetryAfter: InfDuration, Limit: it.Limit, Tier: it.Tier}}
+			return ErrUnknownTier
 		case it.Cost < 0:
 			d := engine.Decision{Reason: engine.ReasonInvalidCost, RetryAfter: InfDuration}
-			return MultiDecision{Denied: i, RetryAfter: InfDuration, Decision: decision(lm, it.Tier, &d)}, ErrInvalidCost
+			*out = MultiDecision{Denied: i, RetryAfter: InfDuration, Decision: decision(lm, it.Tier, &d)}
+			return ErrInvalidCost
 		}
 		dry = dry || lm.Shape(it.Tier).DryRun()
 		m.Add(engine.MultiItem{Limit: lm, Tier: it.Tier, Key: it.Key, N: it.Cost})
 	}
 	if dry {
-		return l.allowMultiDry(ctx, items, hook)
+		*out, err = l.allowMultiDry(ctx, items, hook)
+		return err
 	}
-	return l.decideMulti(ctx, &m, hook)
+	return l.decideMulti(out, ctx, &m, hook)
 }
 
-// decideMulti decides m, its items added, waiting as AllowMulti does, and tells hook
-// (nil: nobody) of the decision.
-func (l *Limiter) decideMulti(ctx context.Context, m *engine.Multi, hook func(string, Decision)) (MultiDecision, error) {
+// decideMulti decides m, its items added, waiting as AllowMulti does, writes the
+// decision to *out and tells hook (nil: nobody) of it.
+func (l *Limiter) decideMulti(out *MultiDecision, ctx context.Context, m *engine.Multi, hook func(string, Decision)) (err error) {
 	w, done := l.eng.StartMulti(l.clock.Now(), m)
-	var err error
 	for !done {
 		d, werr := l.await(ctx, w)
 		err = cmp.Or(err, werr)
 		w, done = l.eng.ResumeMulti(l.clock.Now(), m, d)
 	}
 	it := m.At(m.Item)
-	out := MultiDecision{Allowed: m.Allowed, Denied: m.Denied, RetryAfter: m.RetryAfter}
+	out.Allowed, out.Denied, out.RetryAfter = m.Allowed, m.Denied, m.RetryAfter
 	if m.Decision.Reason == engine.ReasonClosed {
-		out.Decision, err = l.closedDecision(it.Limit.Name(), it.Tier)
-		return out, err
+		var cerr error
+		out.Decision, cerr = l.closedDecision(it.Limit.Name(), it.Tier)
+		return cerr
 	}
 	out.Decision.set(it.Limit, it.Tier, &m.Decision)
 	if hook != nil {
 		hook(it.Key, out.Decision)
 	}
-	return out, err
+	return err
 }
 
 // allowMultiDry is AllowMulti for items some of which are of DryRun limits: the others
@@ -118,7 +126,7 @@ func (l *Limiter) allowMultiDry(ctx context.Context, items []Item, hook func(str
 	out := MultiDecision{Allowed: true, Denied: -1}
 	var err error
 	if len(enforced) > 0 {
-		out, err = l.allowMulti(ctx, enforced, heard)
+		err = l.allowMulti(&out, ctx, enforced, heard)
 		if !out.Allowed || err != nil {
 			if out.Denied >= 0 {
 				out.Denied = at[out.Denied]
@@ -133,7 +141,8 @@ func (l *Limiter) allowMultiDry(ctx context.Context, items []Item, hook func(str
 	first := len(enforced) == 0
 	for _, i := range dry {
 		it := items[i]
-		d, derr := l.allowN(ctx, it.Limit, it.Tier, it.Key, it.Cost, heard)
+		var d Decision
+		derr := l.allowN(&d, ctx, it.Limit, it.Tier, it.Key, it.Cost, heard)
 		if derr != nil && len(enforced) > 0 {
 			// The request stands on the enforced items, admitted and spent: a DryRun
 			// item that could not be decided (the context ended, its limit removed)

@@ -98,7 +98,8 @@ func (r *Reservation) cancelAt(t time.Time) {
 // Redis does not answer the reservation is not OK. A Windowed limit's reservation is OK
 // only if the request is admitted now.
 func (l *Limiter) ReserveN(ctx context.Context, limit, key string, n int) (*Reservation, error) {
-	d, err := l.allowN(ctx, limit, "", key, n, nil)
+	var d Decision
+	err := l.allowN(&d, ctx, limit, "", key, n, nil)
 	lm := l.eng.Limit(limit)
 	if err == nil && lm == nil { // removed (Reconfigure) since allowN found it
 		err = ErrUnknownLimit
