@@ -111,7 +111,11 @@ type Multi struct {
 // Add adds an item to m, before StartMulti.
 func (m *Multi) Add(it MultiItem) {
 	if m.n < len(m.items) {
-		m.items[m.n] = it
+		// Field by field: copied whole, the item is read with 16-byte loads from the
+		// caller's temporary just written with 8-byte stores, which a CPU does not
+		// forward from its store buffer: each load waits for them to reach the cache.
+		p := &m.items[m.n]
+		p.Limit, p.Tier, p.Key, p.N = it.Limit, it.Tier, it.Key, it.N
 	} else {
 		m.moreItems = append(m.moreItems, it)
 	}
