@@ -3,7 +3,9 @@ package engine
 import (
 	"context"
 	"math"
+	"math/rand/v2"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -1121,7 +1123,7 @@ func BenchmarkWindowRate(b *testing.B) {
 	}{{"first-minute", 30 * time.Second}, {"after-an-hour", time.Hour}} {
 		b.Run(c.name, func(b *testing.B) {
 			tau := decayTime(time.Second)
-			wl := &windowed{w: time.Second, iv: 120 * time.Millisecond, tau: tau, tauSec: tau.Seconds(), ivSec: 0.12, start: t0}
+			wl := &windowed{w: time.Second, iv: 120 * time.Millisecond, tau: tau, tauSec: tau.Seconds(), ivSec: 0.12, start: t0, startAt: at(t0)}
 			st := &wkey{}
 			now := t0.Add(c.ran)
 			var sum float64
@@ -1323,4 +1325,60 @@ func TestWindowedRemovedReportsLast(t *testing.T) {
 	if left2 != 0 {
 		t.Errorf("%d removed limits retiring after their last report went (%d before the check)", left2, left)
 	}
+}
+
+// TestExpAge: expAge is math.Exp(-d/tau) to within two ulps of 1 (the scale of 1 - e^-x,
+// which rate reads) for the ages a server's decisions bring in its first countedAfter
+// decay times, in order and out of it (steps of a microsecond to a minute, and back),
+// whether the age held serves them or not, also from goroutines at once.
+func TestExpAge(t *testing.T) {
+	tau := decayTime(time.Second)
+	near := func(t *testing.T, got float64, d time.Duration) {
+		t.Helper()
+		if want := math.Exp(-float64(d) / float64(tau)); math.Abs(got-want) > 2*0x1p-52 {
+			t.Fatalf("expAge(%v) = %v, want math.Exp's %v", d, got, want)
+		}
+	}
+	t.Run("in turn", func(t *testing.T) {
+		wl := &windowed{tau: tau}
+		r := rand.New(rand.NewPCG(1, 2))
+		d, held := 100*time.Millisecond, 0
+		for range 20000 {
+			switch k := r.IntN(100); {
+			case k < 90:
+				d += time.Duration(r.IntN(int(time.Millisecond)))
+			case k < 95:
+				d += time.Duration(r.IntN(int(time.Minute)))
+			default:
+				d = max(d-time.Duration(r.IntN(int(time.Second))), time.Microsecond)
+			}
+			if d >= countedAfter*tau { // rate asks only for younger ages
+				d = time.Duration(r.Int64N(int64(countedAfter * tau)))
+			}
+			if a := wl.ageAt.Load(); a > 0 && d >= time.Duration(a) && float64(d-time.Duration(a))/float64(tau) < 0x1p-10 {
+				held++
+			}
+			near(t, wl.expAge(d), d)
+		}
+		if held < 10000 {
+			t.Fatalf("the age held served %d of 20000: the test does not test it", held)
+		}
+	})
+	t.Run("at once", func(t *testing.T) {
+		wl := &windowed{tau: tau}
+		var wg sync.WaitGroup
+		for g := range 8 {
+			wg.Go(func() {
+				d := time.Duration(g+1) * time.Millisecond
+				for i := range 5000 {
+					d += time.Duration(i%7) * time.Microsecond
+					if got := wl.expAge(d); math.Abs(got-math.Exp(-float64(d)/float64(tau))) > 2*0x1p-52 {
+						t.Errorf("goroutine %d: expAge(%v) = %v, want math.Exp's %v", g, d, got, math.Exp(-float64(d)/float64(tau)))
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+	})
 }
