@@ -160,7 +160,8 @@ type Settings struct {
 	// breaker's locks are released, on the goroutine of a call that caused
 	// or observed the change. It may call the breaker. The change from open
 	// to half-open happens when the breaker is next used (Do or State)
-	// after OpenTimeout, not on a timer.
+	// after OpenTimeout, not on a timer. A call whose outcome it is told of
+	// keeps its place among MaxInFlight (Stats.InFlight) until it returns.
 	OnStateChange func(from, to State)
 
 	// Clock is where Do reads the time and sets its deadlines: the start
@@ -416,10 +417,22 @@ func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) er
 	const running, finished, abandoned, left, lingering = 0, 1, 2, 3, 4
 	var state atomic.Int32
 	var settled atomic.Bool
+	// The call's slot (inFlight) is freed once both its goroutine has ended and its
+	// outcome is reported (to gobreaker, and OnStateChange told), whichever comes last:
+	// a caller that reads no call in flight on a half-open breaker knows no probe is
+	// pending there either (hybrid's Close waits so for another caller's probe).
+	var parts atomic.Int32
+	parts.Store(2)
+	release := func() {
+		if parts.Add(-1) == 0 {
+			b.inFlight.Add(-1)
+		}
+	}
 	settle := func(o outcome) {
 		if !settled.CompareAndSwap(false, true) {
 			return
 		}
+		defer release()
 		if o.panicked {
 			b.report(done, errFailure)
 		} else {
@@ -441,12 +454,12 @@ func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) er
 	}
 	res := make(chan outcome, 1)
 	go func() {
+		defer release()
 		o := call(cctx, fn)
 		res <- o // buffered: never blocks
 		if state.CompareAndSwap(running, finished) {
-			return // Do reports the outcome, then frees the call's slot
+			return // Do reports the outcome
 		}
-		defer b.inFlight.Add(-1)
 		switch state.Load() {
 		case left:
 			stop()
@@ -496,18 +509,17 @@ func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) er
 			// to its own deadline for its caller to read what it answers.
 			handedOff = true
 			b.stats.abandoned.Add(1)
+			defer release()
 			return b.finish(done, ctx, deadlinePassed{cctx}, context.DeadlineExceeded, budget, b.clock.Now().Sub(start), false)
 		}
 		if state.CompareAndSwap(running, abandoned) {
 			b.stats.abandoned.Add(1)
+			defer release()
 			return b.finish(done, ctx, cctx, cctx.Err(), budget, b.clock.Now().Sub(start), false)
 		}
 		o = <-res // it finished: its send came before its state change
 	}
-	// The call finished (state finished): its slot is freed once gobreaker has its
-	// outcome, so that InFlight at 0 means no probe is pending there either (a caller
-	// that waits for a half-open breaker's probe reads InFlight: hybrid's Close).
-	defer b.inFlight.Add(-1)
+	defer release() // the call finished: Do reports it
 	if o.panicked {
 		b.report(done, errFailure)
 		panic(o.panicVal)

@@ -744,3 +744,55 @@ func TestInFlightHoldsAProbeUntilItsOutcomeIsIn(t *testing.T) {
 		}
 	})
 }
+
+// TestInFlightHoldsALeftCallUntilItsOutcomeIsIn: a call Do gives up on at its deadline
+// keeps its slot until its outcome is reported, also when the call itself ends first:
+// OnStateChange, told that the call's timeout opened the breaker, waits for the call's
+// goroutine to end and still reads it in flight. The call is abandoned (an ordinary
+// call: Do reports its timeout) or left (a half-open probe, whose own longer deadline
+// reports it, after Do has returned).
+func TestInFlightHoldsALeftCallUntilItsOutcomeIsIn(t *testing.T) {
+	for _, probe := range []bool{false, true} {
+		t.Run(map[bool]string{false: "abandoned", true: "probe"}[probe], func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var b *Breaker
+				seen := int64(-1) // InFlight as the timeout opened the breaker, the call ended
+				b, err := New(Settings{FailureThreshold: 1, Timeout: 50 * time.Millisecond, OpenTimeout: time.Second,
+					OnStateChange: func(_, to State) {
+						if to == StateOpen {
+							synctest.Wait() // the call's goroutine has ended
+							seen = b.Stats().InFlight
+						}
+					}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx := context.Background()
+				if probe {
+					b.Do(ctx, func(context.Context) error { return io.EOF })
+					synctest.Wait()
+					time.Sleep(time.Second + time.Millisecond) // gobreaker: strictly after OpenTimeout
+					if got := b.State(); got != StateHalfOpen {
+						t.Fatalf("state %v, want half-open", got)
+					}
+					seen = -1
+				}
+				err = b.Do(ctx, func(ctx context.Context) error {
+					<-ctx.Done() // ends at its deadline, as its outcome is reported
+					return ctx.Err()
+				})
+				if !errors.Is(err, ErrTimeout) {
+					t.Fatalf("Do = %v, want ErrTimeout", err)
+				}
+				time.Sleep(time.Minute) // past a probe's own deadline
+				synctest.Wait()
+				if seen != 1 {
+					t.Fatalf("the timeout opened the breaker with %d calls in flight, want the call's own: 1", seen)
+				}
+				if n := b.Stats().InFlight; n != 0 {
+					t.Fatalf("%d calls in flight once the call ended, want 0", n)
+				}
+			})
+		})
+	}
+}
