@@ -846,7 +846,7 @@ func (l *Limiter) AllowTier(ctx context.Context, limit, tier, key string, n int)
 }
 
 // allowN is AllowTier writing its decision to *out and telling hook (nil: nobody) of it.
-// It writes through out, where returning the Decision would copy its 104 bytes once more
+// It writes through out, where returning the Decision would copy its 96 bytes once more
 // on every decision, just after they were written: 4% of a lease hit (docs/hot-path.md).
 func (l *Limiter) allowN(out *Decision, ctx context.Context, limit, tier, key string, n int, hook func(string, Decision)) (err error) {
 	lm := l.eng.Limit(limit)

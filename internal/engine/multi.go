@@ -50,7 +50,9 @@ func (e *Engine) Return(now, at time.Time, lm *Limit, key string, n int, d Decis
 	lm.stats.givenBack.Add(1)
 }
 
-// MultiItem is one (limit, tier, key, cost) of an all-or-nothing request.
+// MultiItem is one (limit, tier, key, cost) of an all-or-nothing request. Multi.Add
+// copies its fields one by one: a field added here must be copied there too
+// (TestMultiAddCopiesEveryField).
 type MultiItem struct {
 	Limit *Limit
 	Tier  string

@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"reflect"
+	"strconv"
 	"testing"
 	"time"
 
@@ -87,4 +89,21 @@ func lmState(lm *Limit) (tokens int, pre float64, demand float64, allowed int64)
 		}
 	}
 	return
+}
+
+// TestMultiAddCopiesEveryField: Add copies a MultiItem field by field, so a field
+// MultiItem gains must be copied there too; the item read back equals the one added,
+// every field set, in the Multi itself and past its first 8.
+func TestMultiAddCopiesEveryField(t *testing.T) {
+	if n := reflect.TypeFor[MultiItem]().NumField(); n != 4 {
+		t.Fatalf("MultiItem has %d fields: copy the new ones in Multi.Add, and set them here", n)
+	}
+	var m Multi
+	for i := range 10 {
+		it := MultiItem{Limit: &Limit{}, Tier: "gold", Key: "k" + strconv.Itoa(i), N: i + 1}
+		m.Add(it)
+		if got := *m.At(i); got != it {
+			t.Fatalf("item %d read back %+v, want %+v", i, got, it)
+		}
+	}
 }

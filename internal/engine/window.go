@@ -243,9 +243,11 @@ type windowed struct {
 	offset   atomic.Int64 // Redis's clock minus this server's, in nanoseconds, as last measured
 	marksGen atomic.Uint64
 	last     atomic.Int64 // the latest instant seen, in Unix nanoseconds: a trip is built at it
-	// ageAt and ageExp hold e^-(a/tau) (its bits) for an age a > 0 of the limit (rate's
-	// share of tau counted, in a server's first countedAfter decay times), for expAge:
-	// ageAt is a, or busyAge while one decision writes the two, 0 before the first.
+	// ageAt and ageExp hold e^-(a/tau) (ageExp's bits) for an age a = ageAt > 0 of the
+	// limit (rate's share of tau counted, in a server's first countedAfter decay times),
+	// for expAge. ageSeq counts their writes, twice each: odd while a decision writes
+	// them, 0 before the first (a sequence lock).
+	ageSeq atomic.Uint64
 	ageAt  atomic.Int64
 	ageExp atomic.Uint64
 
@@ -577,32 +579,29 @@ func (wl *windowed) rate(st *wkey, t instant) (ewc, perSec float64) {
 	return ewc, ewc / counted / wl.tauSec
 }
 
-// busyAge is ageAt while a decision writes ageAt and ageExp.
-const busyAge = -1
-
-// expAge returns e^-(d/tau) for the limit's age d > 0. Every request
-// of a server's first minutes reads it, and math.Exp was a sixth of their hit: an age
-// within 2^-10 tau after the one held (ageAt) costs a multiplication by expNeg of the
-// difference, within two ulps of 1 of math.Exp (TestExpAge; rate reads 1 - e^-x, whose
-// scale is 1); other ages call math.Exp and are held for the next (so what is held is
-// always math.Exp's own value). Decisions read and write it
-// at once, under their keys' locks alone: a reader takes the value only if ageAt reads
-// the same before and after it (the value is a function of the age, so one written
-// again for the same age is the same), and one writer at a time claims ageAt.
+// expAge returns e^-(d/tau) for the limit's age d > 0. Every request of a server's
+// first minutes reads it, and math.Exp was a sixth of their hit: an age within 2^-10
+// tau after the one held (ageAt) costs a multiplication by expNeg of the difference,
+// within two ulps of 1 of math.Exp (TestExpAge; rate reads 1 - e^-x, whose scale is
+// 1); other ages call math.Exp and are held for the next (so what is held is always
+// math.Exp's own value). Decisions read and write it at once, under their keys' locks
+// alone: a reader takes the age and value held only if ageSeq reads the same even count
+// before and after them, and one writer at a time claims ageSeq (odd) to write them.
 func (wl *windowed) expAge(d time.Duration) float64 {
-	a := wl.ageAt.Load()
-	if a > 0 && d >= time.Duration(a) {
-		if x := float64(d-time.Duration(a)) / float64(wl.tau); x < 0x1p-10 {
-			e := math.Float64frombits(wl.ageExp.Load())
-			if wl.ageAt.Load() == a {
+	seq := wl.ageSeq.Load()
+	if seq != 0 && seq%2 == 0 {
+		a, e := time.Duration(wl.ageAt.Load()), math.Float64frombits(wl.ageExp.Load())
+		if wl.ageSeq.Load() == seq && d >= a {
+			if x := float64(d-a) / float64(wl.tau); x < 0x1p-10 {
 				return e * expNeg(x)
 			}
 		}
 	}
 	e := math.Exp(-float64(d) / float64(wl.tau))
-	if a != busyAge && wl.ageAt.CompareAndSwap(a, busyAge) {
-		wl.ageExp.Store(math.Float64bits(e))
+	if seq%2 == 0 && wl.ageSeq.CompareAndSwap(seq, seq+1) {
 		wl.ageAt.Store(int64(d))
+		wl.ageExp.Store(math.Float64bits(e))
+		wl.ageSeq.Store(seq + 2)
 	}
 	return e
 }
