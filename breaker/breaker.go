@@ -160,8 +160,11 @@ type Settings struct {
 	// breaker's locks are released, on the goroutine of a call that caused
 	// or observed the change. It may call the breaker. The change from open
 	// to half-open happens when the breaker is next used (Do or State)
-	// after OpenTimeout, not on a timer. A call whose outcome it is told of
-	// keeps its place among MaxInFlight (Stats.InFlight) until it returns.
+	// after OpenTimeout, not on a timer. A call keeps its place among
+	// MaxInFlight (Stats.InFlight) while its own goroutine tells of the
+	// change its outcome caused: a Do from OnStateChange under MaxInFlight 1
+	// is ErrOverloaded. (A change another goroutine is already telling of is
+	// told by that goroutine, after the call may have ended.)
 	OnStateChange func(from, to State)
 
 	// Clock is where Do reads the time and sets its deadlines: the start
@@ -379,8 +382,8 @@ func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) er
 	}
 	n := b.inFlight.Add(1)
 	if n > b.maxInFlight {
+		b.report(done, errExcluded) // before the slot is freed, as for a call made
 		b.inFlight.Add(-1)
-		b.report(done, errExcluded)
 		b.stats.overloaded.Add(1)
 		return ErrOverloaded
 	}
@@ -418,9 +421,10 @@ func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) er
 	var state atomic.Int32
 	var settled atomic.Bool
 	// The call's slot (inFlight) is freed once both its goroutine has ended and its
-	// outcome is reported (to gobreaker, and OnStateChange told), whichever comes last:
-	// a caller that reads no call in flight on a half-open breaker knows no probe is
-	// pending there either (hybrid's Close waits so for another caller's probe).
+	// outcome is reported (gobreaker has it, and this goroutine has told OnStateChange
+	// of the changes it is to tell), whichever comes last: a caller that reads no call
+	// in flight on a half-open breaker knows no probe let through is pending there
+	// either (hybrid's Close waits so for another caller's probe).
 	var parts atomic.Int32
 	parts.Store(2)
 	release := func() {

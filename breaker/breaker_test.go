@@ -760,7 +760,8 @@ func TestInFlightHoldsALeftCallUntilItsOutcomeIsIn(t *testing.T) {
 				b, err := New(Settings{FailureThreshold: 1, Timeout: 50 * time.Millisecond, OpenTimeout: time.Second,
 					OnStateChange: func(_, to State) {
 						if to == StateOpen {
-							synctest.Wait() // the call's goroutine has ended
+							time.Sleep(time.Millisecond) // the call's last nanosecond
+							synctest.Wait()              // its goroutine has ended
 							seen = b.Stats().InFlight
 						}
 					}})
@@ -778,7 +779,10 @@ func TestInFlightHoldsALeftCallUntilItsOutcomeIsIn(t *testing.T) {
 					seen = -1
 				}
 				err = b.Do(ctx, func(ctx context.Context) error {
-					<-ctx.Done() // ends at its deadline, as its outcome is reported
+					// It ends just after its deadline: whoever reports its timeout (Do for
+					// the abandoned call, the probe's timer) has moved its state first.
+					<-ctx.Done()
+					time.Sleep(time.Nanosecond)
 					return ctx.Err()
 				})
 				if !errors.Is(err, ErrTimeout) {
