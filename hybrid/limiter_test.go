@@ -607,8 +607,8 @@ type lateTakes struct {
 	held, release chan struct{}
 	claims        bool
 	once          sync.Once
-	// waits, when set, makes the hook pass every call through until it is armed.
-	waits, armed atomic.Bool
+	// pass, while set, makes the hook pass every call through.
+	pass atomic.Bool
 }
 
 func (h *lateTakes) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -617,7 +617,7 @@ func (h *lateTakes) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		// EVALSHA sha 1 key, then the take's arguments: its floor (ARGV[8]) is args[11].
 		args := cmd.Args()
 		if len(args) < 2 || args[0] != "evalsha" || args[1] != luascript.Take.Hash() ||
-			h.claims && (len(args) < 12 || fmt.Sprint(args[11]) == "0") || h.waits.Load() && !h.armed.Load() {
+			h.claims && (len(args) < 12 || fmt.Sprint(args[11]) == "0") || h.pass.Load() {
 			return next(ctx, cmd)
 		}
 		first := false
@@ -777,7 +777,7 @@ func TestCloseWithAnEndedContext(t *testing.T) {
 func TestCloseWithAnEndedContextWaitsForTheLoop(t *testing.T) {
 	_, c := redistest.Mini(t)
 	h := &lateTakes{held: make(chan struct{}), release: make(chan struct{})}
-	h.waits.Store(true)
+	h.pass.Store(true)
 	c.AddHook(h)
 	brk, err := breaker.New(breaker.Settings{Timeout: 300 * time.Millisecond, FailureThreshold: 100})
 	if err != nil {
@@ -797,7 +797,7 @@ func TestCloseWithAnEndedContextWaitsForTheLoop(t *testing.T) {
 	if held == 0 {
 		t.Fatal("nothing leased: nothing to test")
 	}
-	h.armed.Store(true)
+	h.pass.Store(false)
 	go l.Allow(ctx, "api", "other") // a refill whose answer the hook holds
 	select {
 	case <-h.held:

@@ -157,13 +157,8 @@ func (exact) undo(*Shape, string, int) int                       { return 0 }
 func (b *bucket) decide(now time.Time, tier, key string, n int) (Decision, *Waiter) {
 	lm, e := b.lm, b.lm.e
 	var o outcome
-	switch b.decideLocked(&o, now, wire.KeyID(key), tier, n) {
-	case passClosed:
+	if !b.decideLocked(&o, now, wire.KeyID(key), tier, n) {
 		return Decision{Reason: ReasonClosed, Servers: e.Servers()}, nil
-	case passHit:
-		o.d.Servers = e.Servers()
-		lm.stats.count(&o.d, n)
-		return o.d, nil
 	}
 	o.d.Servers = e.Servers()
 	o.refund(e, lm)
@@ -184,31 +179,23 @@ func (b *bucket) decide(now time.Time, tier, key string, n int) (Decision, *Wait
 	return o.d, nil
 }
 
-// pass is how decideLocked decided.
-type pass uint8
-
-const (
-	passFull   pass = iota // decideKey decided: o holds what to do
-	passHit                // hitKey decided: o holds only the decision, less its Servers
-	passClosed             // nothing was decided: the store is closed
-)
-
 // decideLocked is hitKey, or decideKey if the lease cannot serve the request alone, for
 // a new request for the key of ID id, under its store lock (Acquire, Touch and Release:
-// keystore.Store.Update without the closure and the call a function value costs).
-func (b *bucket) decideLocked(o *outcome, now time.Time, id, tier string, n int) pass {
+// keystore.Store.Update without the closure and the call a function value costs); it
+// reports false, deciding nothing, once the store is closed. A hit leaves o with its
+// decision alone, which decide's steps after the lock pass over.
+func (b *bucket) decideLocked(o *outcome, now time.Time, id, tier string, n int) bool {
 	keys := b.lm.keys
 	sh, ke, ok := keys.Acquire(now, id)
 	if !ok {
-		return passClosed
+		return false
 	}
 	defer keys.Release(sh) // a panic must not leave the shard locked
 	en, t := &ke.Val, ke.Touch(now)
-	if b.hitKey(&o.d, en, t, tier, n) {
-		return passHit
+	if !b.hitKey(&o.d, en, t, tier, n) {
+		b.decideKey(o, en, t, tier, n, nil)
 	}
-	b.decideKey(o, en, t, tier, n, nil)
-	return passFull
+	return true
 }
 
 // hitKey is decideKey's common path on its own, for a new request: the key on its
