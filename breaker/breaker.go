@@ -164,7 +164,11 @@ type Settings struct {
 	// MaxInFlight (Stats.InFlight) while its own goroutine tells of the
 	// change its outcome caused: a Do from OnStateChange under MaxInFlight 1
 	// is ErrOverloaded. (A change another goroutine is already telling of is
-	// told by that goroutine, after the call may have ended.)
+	// told by that goroutine, after the call may have ended.) A panic in it
+	// goes on to the caller of the Do or State that told the change (told
+	// from a call's own goroutine after Do returned, it ends the program, as
+	// a panic on any goroutine of its own does); the breaker stays whole, and
+	// the next call tells the changes after it.
 	OnStateChange func(from, to State)
 
 	// Clock is where Do reads the time and sets its deadlines: the start
@@ -382,9 +386,9 @@ func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) er
 	}
 	n := b.inFlight.Add(1)
 	if n > b.maxInFlight {
-		b.report(done, errExcluded) // before the slot is freed, as for a call made
-		b.inFlight.Add(-1)
 		b.stats.overloaded.Add(1)
+		defer b.inFlight.Add(-1)    // after the report, as for a call made, even if OnStateChange panics
+		b.report(done, errExcluded) // the report tells OnStateChange of changes queued by others
 		return ErrOverloaded
 	}
 	for m := b.stats.maxInFlight.Load(); n > m; m = b.stats.maxInFlight.Load() {
@@ -632,13 +636,25 @@ func (b *Breaker) dispatch() {
 		return // the goroutine dispatching will see the new events
 	}
 	b.dispatching = true
+	telling := false
+	defer func() {
+		if telling {
+			// OnStateChange panicked, with evMu released: the panic goes on to the
+			// caller, and the next call tells the changes after this one.
+			b.evMu.Lock()
+			b.dispatching = false
+			b.evMu.Unlock()
+		}
+	}()
 	for len(b.events) > 0 {
 		ev := b.events[0]
 		b.events = b.events[1:]
 		b.evPending.Store(int32(len(b.events)))
 		b.evMu.Unlock()
 		if b.onChange != nil {
+			telling = true
 			b.onChange(ev.from, ev.to)
+			telling = false
 		}
 		b.evMu.Lock()
 	}

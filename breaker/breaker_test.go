@@ -800,3 +800,48 @@ func TestInFlightHoldsALeftCallUntilItsOutcomeIsIn(t *testing.T) {
 		})
 	}
 }
+
+// TestOnStateChangePanics: a panic in OnStateChange goes on to the caller of the Do that
+// told the change, frees the call's slot, and leaves the breaker whole: the change
+// queued behind the one that panicked is told by the next call, and later changes are
+// told as they happen.
+func TestOnStateChangePanics(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var told []string
+		panicked := false
+		b, err := New(Settings{FailureThreshold: 1, OpenTimeout: time.Second, OnStateChange: func(from, to State) {
+			told = append(told, from.String()+"->"+to.String())
+			if to == StateHalfOpen && !panicked {
+				panicked = true
+				panic("boom")
+			}
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		b.Do(ctx, func(context.Context) error { return io.EOF })
+		time.Sleep(time.Second + time.Millisecond) // gobreaker: strictly after OpenTimeout
+		func() {
+			defer func() {
+				if r := recover(); r != "boom" {
+					t.Errorf("recovered %v, want OnStateChange's panic", r)
+				}
+			}()
+			// The probe succeeds: open->half-open and half-open->closed are queued
+			// when Do reports it, and telling the first panics.
+			b.Do(ctx, func(context.Context) error { return nil })
+		}()
+		if n := b.Stats().InFlight; n != 0 {
+			t.Errorf("%d calls in flight after the panic, want 0", n)
+		}
+		if got := b.State(); got != StateClosed {
+			t.Errorf("state %v after the probe succeeded, want closed", got)
+		}
+		b.Do(ctx, func(context.Context) error { return io.EOF })
+		want := []string{"closed->open", "open->half-open", "half-open->closed", "closed->open"}
+		if !slices.Equal(told, want) {
+			t.Errorf("OnStateChange told %v, want %v", told, want)
+		}
+	})
+}
