@@ -7,7 +7,6 @@ package keystore
 import (
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"runtime"
 	"strings"
 	"sync"
@@ -115,7 +114,7 @@ type StoreConfig[V any] struct {
 type Store[V any] struct {
 	shards []Shard[V]
 	mask   uint64
-	seed   maphash.Seed
+	hasher hasher
 	// hashBits masks every key's hash: all ones, fewer in tests that make keys
 	// collide (FuzzStoreMatchesModel).
 	hashBits uint64
@@ -198,7 +197,7 @@ func NewStore[V any](cfg StoreConfig[V]) (*Store[V], error) {
 	s := &Store[V]{
 		shards:   make([]Shard[V], n),
 		mask:     uint64(n - 1),
-		seed:     maphash.MakeSeed(),
+		hasher:   newHasher(),
 		hashBits: ^uint64(0),
 		init:     cfg.Init,
 		onEvict:  cfg.OnEvict,
@@ -426,7 +425,7 @@ func (s *Store[V]) Inspect(key string, now time.Time, fn func(e *Entry[V])) {
 
 // shardFor returns key's hash and its shard.
 func (s *Store[V]) shardFor(key string) (uint64, *Shard[V]) {
-	h := maphash.String(s.seed, key) & s.hashBits
+	h := s.hasher.hash(key) & s.hashBits
 	return h, &s.shards[h&s.mask]
 }
 
