@@ -165,10 +165,13 @@ type Settings struct {
 	// change its outcome caused: a Do from OnStateChange under MaxInFlight 1
 	// is ErrOverloaded. (A change another goroutine is already telling of is
 	// told by that goroutine, after the call may have ended.) A panic in it
-	// goes on to the caller of the Do or State that told the change (told
-	// from a call's own goroutine after Do returned, it ends the program, as
-	// a panic on any goroutine of its own does); the breaker stays whole, and
-	// the next call tells the changes after it.
+	// goes on to the caller of the Do or State that told the change, and the
+	// breaker stays whole: the changes after it are told by the next Do or
+	// State that looks. A change told after Do returned, on the goroutine of a
+	// call left to run or of its deadline's timer (a half-open probe that
+	// outlives Do: the usual end of an outage), has no caller to go to: a
+	// panic there ends the program, as a panic on any goroutine of its own
+	// does.
 	OnStateChange func(from, to State)
 
 	// Clock is where Do reads the time and sets its deadlines: the start
@@ -377,8 +380,8 @@ func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) er
 	// breaker meanwhile is taken as a plain call, as gobreaker takes its outcome.
 	probe := err == nil && b.cb.State() == gobreaker.StateHalfOpen
 	if err != nil {
-		b.dispatch()
 		b.stats.rejected.Add(1)
+		b.dispatch()
 		if errors.Is(err, gobreaker.ErrTooManyRequests) {
 			return errTooManyReqs
 		}
@@ -388,7 +391,7 @@ func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) er
 	if n > b.maxInFlight {
 		b.stats.overloaded.Add(1)
 		defer b.inFlight.Add(-1)    // after the report, as for a call made, even if OnStateChange panics
-		b.report(done, errExcluded) // the report tells OnStateChange of changes queued by others
+		b.report(done, errExcluded) // the report tells OnStateChange of the change Allow made, if any
 		return ErrOverloaded
 	}
 	for m := b.stats.maxInFlight.Load(); n > m; m = b.stats.maxInFlight.Load() {
@@ -529,8 +532,10 @@ func (b *Breaker) Do(ctx context.Context, fn func(ctx context.Context) error) er
 	}
 	defer release() // the call finished: Do reports it
 	if o.panicked {
+		// fn's panic goes on, with its own value even if OnStateChange panics in the report.
+		defer func() { panic(o.panicVal) }()
 		b.report(done, errFailure)
-		panic(o.panicVal)
+		return nil
 	}
 	return b.finish(done, ctx, cctx, o.err, budget, b.clock.Now().Sub(start), false)
 }

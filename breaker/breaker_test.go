@@ -804,44 +804,100 @@ func TestInFlightHoldsALeftCallUntilItsOutcomeIsIn(t *testing.T) {
 // TestOnStateChangePanics: a panic in OnStateChange goes on to the caller of the Do that
 // told the change, frees the call's slot, and leaves the breaker whole: the change
 // queued behind the one that panicked is told by the next call, and later changes are
-// told as they happen.
+// told as they happen. Three ways a Do tells a change: reporting a call's outcome, an
+// overloaded call reporting its exclusion (it tells the change its own Allow made), and
+// a call whose fn panicked, which goes on with fn's panic.
 func TestOnStateChangePanics(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		var told []string
-		panicked := false
-		b, err := New(Settings{FailureThreshold: 1, OpenTimeout: time.Second, OnStateChange: func(from, to State) {
-			told = append(told, from.String()+"->"+to.String())
-			if to == StateHalfOpen && !panicked {
-				panicked = true
-				panic("boom")
-			}
-		}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx := context.Background()
-		b.Do(ctx, func(context.Context) error { return io.EOF })
-		time.Sleep(time.Second + time.Millisecond) // gobreaker: strictly after OpenTimeout
-		func() {
-			defer func() {
-				if r := recover(); r != "boom" {
-					t.Errorf("recovered %v, want OnStateChange's panic", r)
+	t.Run("outcome", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			var told []string
+			panicked := false
+			b, err := New(Settings{FailureThreshold: 1, OpenTimeout: time.Second, OnStateChange: func(from, to State) {
+				told = append(told, from.String()+"->"+to.String())
+				if to == StateHalfOpen && !panicked {
+					panicked = true
+					panic("boom")
 				}
-			}()
-			// The probe succeeds: open->half-open and half-open->closed are queued
-			// when Do reports it, and telling the first panics.
-			b.Do(ctx, func(context.Context) error { return nil })
-		}()
-		if n := b.Stats().InFlight; n != 0 {
-			t.Errorf("%d calls in flight after the panic, want 0", n)
-		}
-		if got := b.State(); got != StateClosed {
-			t.Errorf("state %v after the probe succeeded, want closed", got)
-		}
-		b.Do(ctx, func(context.Context) error { return io.EOF })
-		want := []string{"closed->open", "open->half-open", "half-open->closed", "closed->open"}
-		if !slices.Equal(told, want) {
-			t.Errorf("OnStateChange told %v, want %v", told, want)
-		}
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			b.Do(ctx, func(context.Context) error { return io.EOF })
+			time.Sleep(time.Second + time.Millisecond) // gobreaker: strictly after OpenTimeout
+			// The probe succeeds: open->half-open and half-open->closed are queued when
+			// Do reports it, and telling the first panics.
+			if r := recovered(func() { b.Do(ctx, func(context.Context) error { return nil }) }); r != "boom" {
+				t.Errorf("recovered %v, want OnStateChange's panic", r)
+			}
+			if n := b.Stats().InFlight; n != 0 {
+				t.Errorf("%d calls in flight after the panic, want 0", n)
+			}
+			if got := b.State(); got != StateClosed {
+				t.Errorf("state %v after the probe succeeded, want closed", got)
+			}
+			b.Do(ctx, func(context.Context) error { return io.EOF })
+			want := []string{"closed->open", "open->half-open", "half-open->closed", "closed->open"}
+			if !slices.Equal(told, want) {
+				t.Errorf("OnStateChange told %v, want %v", told, want)
+			}
+		})
 	})
+	t.Run("overloaded", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			b, err := New(Settings{FailureThreshold: 1, MaxInFlight: 1, Timeout: 50 * time.Millisecond, OpenTimeout: time.Second,
+				OnStateChange: func(_, to State) {
+					if to == StateHalfOpen {
+						panic("boom")
+					}
+				}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			// A call that ignores its context times out, opens the breaker and keeps
+			// the one slot.
+			stall := make(chan struct{})
+			b.Do(ctx, func(context.Context) error { <-stall; return nil })
+			time.Sleep(time.Second + time.Millisecond)
+			// The next call's Allow moves the breaker to half-open; the call is
+			// overloaded, and its report tells the change, which panics.
+			if r := recovered(func() { b.Do(ctx, func(context.Context) error { return nil }) }); r != "boom" {
+				t.Errorf("recovered %v, want OnStateChange's panic", r)
+			}
+			if n := b.Stats().InFlight; n != 1 {
+				t.Errorf("%d calls in flight after the overloaded call, want the stalled one: 1", n)
+			}
+			close(stall)
+			synctest.Wait()
+			if n := b.Stats().InFlight; n != 0 {
+				t.Errorf("%d calls in flight once the stalled call ended, want 0", n)
+			}
+			if st := b.Stats(); st.Overloaded != 1 {
+				t.Errorf("Overloaded %d, want 1", st.Overloaded)
+			}
+		})
+	})
+	t.Run("fn panicked", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			b, err := New(Settings{FailureThreshold: 1, OnStateChange: func(_, to State) { panic("callback") }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// fn's panic opens the breaker, and telling that panics too: fn's goes on.
+			if r := recovered(func() { b.Do(context.Background(), func(context.Context) error { panic("fn") }) }); r != "fn" {
+				t.Errorf("recovered %v, want fn's panic", r)
+			}
+			if n := b.Stats().InFlight; n != 0 {
+				t.Errorf("%d calls in flight after the panic, want 0", n)
+			}
+		})
+	})
+}
+
+// recovered runs f and returns what it panicked with, or nil.
+func recovered(f func()) (r any) {
+	defer func() { r = recover() }()
+	f()
+	return nil
 }
