@@ -3,6 +3,7 @@ package httplimit_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -237,6 +238,28 @@ func TestMiddlewareEndToEnd(t *testing.T) {
 			t.Errorf("no key: status %d, RateLimit-Policy %q", resp.StatusCode, resp.Header.Get("RateLimit-Policy"))
 		}
 	})
+}
+
+// TestEmptyKey: a key function that returns an empty key sends the request to OnError
+// with ErrNoKey (400 by default), not to a bucket every such request would share.
+func TestEmptyKey(t *testing.T) {
+	_, c := redistest.Mini(t)
+	lim := newLimiter(t, redistest.Target{Client: c}, hybrid.Limit{Name: "api", Rate: 100, Burst: 100, Policy: breaker.FailClosed})
+	var got error
+	mw, err := httplimit.New(httplimit.Config{Limiter: lim, Limit: "api",
+		Key: func(*http.Request) (string, error) { return "", nil },
+		OnError: func(w http.ResponseWriter, r *http.Request, err error) {
+			got = err
+			httplimit.DefaultOnError(w, r, err)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := httptest.NewRecorder()
+	mw.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("the handler ran") })).ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/", nil))
+	if w.Code != http.StatusBadRequest || !errors.Is(got, httplimit.ErrNoKey) {
+		t.Errorf("%d, %v; want 400 and ErrNoKey", w.Code, got)
+	}
 }
 
 func TestNewRejectsBadConfig(t *testing.T) {

@@ -226,12 +226,11 @@ func ExampleKeyByEndpoint() {
 }
 
 // Behind Cloudflare, the client's address is in CF-Connecting-IP; IPv6 clients are
-// counted by their /64.
+// counted by their /64 (IPv6Prefix's default).
 func ExampleClientIP_cloudflare() {
 	key, err := httplimit.ClientIP(httplimit.IPOptions{
-		Trusted:    []netip.Prefix{netip.MustParsePrefix("173.245.48.0/20")}, // Cloudflare's ranges, in full
-		Header:     "CF-Connecting-IP",
-		IPv6Prefix: 64,
+		Trusted: []netip.Prefix{netip.MustParsePrefix("173.245.48.0/20")}, // Cloudflare's ranges, in full
+		Header:  "CF-Connecting-IP",
 	})
 	if err != nil {
 		panic(err)

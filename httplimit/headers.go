@@ -92,6 +92,21 @@ func resetAfter(d hybrid.Decision) (int64, bool) {
 	return seconds(d.Reset), true
 }
 
+// epochAfter is X-RateLimit-Reset as a Unix time: the first whole second at or after the
+// instant resetAfter counts to from now (its duration unrounded), so that a client that
+// waits until it never comes early.
+func epochAfter(now time.Time, d hybrid.Decision) int64 {
+	wait := d.Reset
+	if !d.Allowed {
+		wait = d.RetryAfter
+	}
+	t := now.Add(max(wait, 0))
+	if s := t.Unix(); t.Equal(time.Unix(s, 0)) {
+		return s
+	}
+	return t.Unix() + 1
+}
+
 // WriteHeaders writes the rate-limit headers of d that set selects into h, and
 // Retry-After when d is a denial that can pass later; now is only read for
 // HeadersXResetEpoch. A handler of its own (a custom 429 page, a gRPC gateway) calls it
@@ -192,7 +207,7 @@ func writeHeaders(h http.Header, d hybrid.Decision, policies []policy, kept *pol
 				b = strconv.AppendInt(b, remaining, 10)
 				add("X-Ratelimit-Remaining")
 				if set&HeadersXResetEpoch != 0 {
-					reset += now.Unix()
+					reset = epochAfter(now, d)
 				}
 				b = strconv.AppendInt(b, reset, 10)
 				add("X-Ratelimit-Reset")

@@ -159,3 +159,29 @@ func TestPolicyCache(t *testing.T) {
 		t.Fatalf("text = %q, want the kept %q", got, want)
 	}
 }
+
+// TestAcceptsProblem: problem details only for a client whose Accept names them, and not
+// with q=0 (RFC 9110, 12.4.2: not acceptable).
+func TestAcceptsProblem(t *testing.T) {
+	for _, tc := range []struct {
+		accept []string
+		want   bool
+	}{
+		{nil, false},
+		{[]string{"text/plain"}, false},
+		{[]string{"application/problem+json"}, true},
+		{[]string{"application/json, Application/Problem+JSON;q=0.9"}, true},
+		{[]string{"text/html", "application/problem+json"}, true},
+		{[]string{"application/problem+json;q=0, text/plain"}, false},
+		{[]string{"application/problem+json ; Q = 0.000"}, false},
+		{[]string{"application/problem+json;charset=utf-8;q=0.001"}, true},
+	} {
+		r, _ := http.NewRequest(http.MethodGet, "/", nil)
+		for _, v := range tc.accept {
+			r.Header.Add("Accept", v)
+		}
+		if got := acceptsProblem(r); got != tc.want {
+			t.Errorf("Accept %q: %v, want %v", tc.accept, got, tc.want)
+		}
+	}
+}

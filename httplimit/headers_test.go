@@ -68,6 +68,35 @@ func TestWriteHeaders(t *testing.T) {
 	}
 }
 
+// TestEpochResetNeverEarly: X-RateLimit-Reset as a Unix time is the first whole second
+// at or after the instant the request may pass (a denial) or the bucket is full (an
+// admission), whatever fraction of a second now is: a client that waits until it is
+// never early, and waits less than a second more than it must.
+func TestEpochResetNeverEarly(t *testing.T) {
+	for _, frac := range []time.Duration{0, 100 * time.Millisecond, 500 * time.Millisecond, 900 * time.Millisecond, time.Second - 1} {
+		now := time.Unix(1_800_000_000, 0).Add(frac)
+		for _, wait := range []time.Duration{30 * time.Millisecond, 200 * time.Millisecond, 999 * time.Millisecond, time.Second, 1500 * time.Millisecond, 2 * time.Second} {
+			denied := limitDecision("api", 100, 200)
+			denied.RetryAfter, denied.Reset, denied.Source = wait, 2*time.Second, hybrid.SourceLease
+			allowed := limitDecision("api", 100, 200)
+			allowed.Allowed, allowed.Remaining, allowed.Reset, allowed.Source = true, 150, wait, hybrid.SourceLease
+			for _, d := range []hybrid.Decision{denied, allowed} {
+				h := http.Header{}
+				httplimit.WriteHeaders(h, d, httplimit.HeadersX|httplimit.HeadersXResetEpoch, now)
+				epoch, err := strconv.ParseInt(h.Get("X-RateLimit-Reset"), 10, 64)
+				if err != nil {
+					t.Fatalf("X-RateLimit-Reset %q: %v", h.Get("X-RateLimit-Reset"), err)
+				}
+				at, due := time.Unix(epoch, 0), now.Add(wait)
+				if at.Before(due) || !at.Before(due.Add(time.Second)) {
+					t.Errorf("now %v, allowed %v, wait %v: X-RateLimit-Reset %d (%v), want the first second at or after %v",
+						now.Format(time.StampMilli), d.Allowed, wait, epoch, at.Format(time.StampMilli), due.Format(time.StampMilli))
+				}
+			}
+		}
+	}
+}
+
 // BenchmarkWriteHeaders is the cost of the standard fields on one response.
 func BenchmarkWriteHeaders(b *testing.B) {
 	d := limitDecision("api", 100, 200)

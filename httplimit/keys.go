@@ -53,18 +53,20 @@ type IPOptions struct {
 	//     is not an address ("unknown", an obfuscated "_name") fails with ErrNoKey;
 	//   - any other name ("X-Real-IP", "CF-Connecting-IP", "True-Client-IP",
 	//     "Fly-Client-IP"): one address, set by the trusted proxy in front; without it the
-	//     peer is the client.
+	//     peer is the client. If the request carries it more than once (a proxy that
+	//     adds its line to the client's instead of replacing it), or as a list, the last
+	//     address is the proxy's and is the one read.
 	Header string
-	// IPv6Prefix, if not 0, keys an IPv6 client by its prefix of that many bits: 64
-	// counts a /64, which an ISP hands to one customer and which a client can rotate
-	// addresses within, as one client. 0 keys the whole address. From 1 to 128.
+	// IPv6Prefix keys an IPv6 client by its prefix of that many bits, from 1 to 128. 0
+	// is 64: a /64 is what an ISP hands to one customer, whose client can rotate through
+	// its addresses, so keying the whole address (128) lets one client be many.
 	IPv6Prefix int
 }
 
 // ClientIP returns a KeyFunc that keys a request by its client's IP address, read as o
 // says, or an error wrapping ErrInvalidConfig for an IPv6Prefix out of range or a Header
-// that is not a valid header name. Keys are addresses ("198.51.100.9"), or prefixes with
-// IPv6Prefix ("2001:db8:1:2::/64").
+// that is not a valid header name. Keys are IPv4 addresses ("198.51.100.9") and IPv6
+// prefixes ("2001:db8:1:2::/64"; whole addresses with IPv6Prefix 128).
 //
 // Without trusted proxies the client is the peer (Request.RemoteAddr): headers are
 // ignored, since any client can write them. When the peer is in one of the trusted
@@ -74,7 +76,8 @@ type IPOptions struct {
 // entry is trusted, the leftmost one is used.
 //
 // An entry may carry a port ("203.0.113.7:4711", "[2001:db8::1]:443"), as some proxies
-// write it; the port is dropped. IPv4-mapped IPv6 addresses are keyed as IPv4. An
+// write it; the port is dropped. IPv4-mapped IPv6 addresses are keyed as IPv4, and a
+// trusted prefix written in that form ("::ffff:10.0.0.0/104") is read as IPv4 too. An
 // unparsable address fails with ErrNoKey.
 func ClientIP(o IPOptions) (KeyFunc, error) {
 	if o.IPv6Prefix < 0 || o.IPv6Prefix > 128 {
@@ -84,7 +87,16 @@ func ClientIP(o IPOptions) (KeyFunc, error) {
 	if strings.ContainsAny(name, " \t\r\n:") {
 		return nil, fmt.Errorf("%w: Header %q is not a header name", ErrInvalidConfig, o.Header)
 	}
-	trusted := append([]netip.Prefix(nil), o.Trusted...)
+	prefixBits := cmp.Or(o.IPv6Prefix, 64)
+	// A peer or hop that is an IPv4-mapped IPv6 address is read as IPv4 (Unmap), so a
+	// trusted prefix written in that form is made IPv4 too, or it would match nothing.
+	trusted := make([]netip.Prefix, 0, len(o.Trusted))
+	for _, p := range o.Trusted {
+		if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
+			p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+		}
+		trusted = append(trusted, p)
+	}
 	isTrusted := func(a netip.Addr) bool {
 		for _, p := range trusted {
 			if p.Contains(a) {
@@ -94,10 +106,10 @@ func ClientIP(o IPOptions) (KeyFunc, error) {
 		return false
 	}
 	key := func(a netip.Addr) (string, error) {
-		if o.IPv6Prefix == 0 || !a.Is6() {
+		if prefixBits == 128 || !a.Is6() {
 			return a.String(), nil
 		}
-		p, err := a.Prefix(o.IPv6Prefix)
+		p, err := a.Prefix(prefixBits)
 		if err != nil {
 			return "", fmt.Errorf("%w: %v", ErrNoKey, err)
 		}
@@ -119,13 +131,21 @@ func ClientIP(o IPOptions) (KeyFunc, error) {
 			return key(peer)
 		}
 		lines := r.Header[name]
-		if entry == nil { // one address, written by the trusted proxy
-			if len(lines) == 0 || strings.TrimSpace(lines[0]) == "" {
+		if entry == nil { // one address, written by the trusted proxy: the last one
+			last := ""
+			if len(lines) > 0 {
+				last = lines[len(lines)-1]
+				if j := strings.LastIndexByte(last, ','); j >= 0 {
+					last = last[j+1:]
+				}
+				last = strings.TrimSpace(last)
+			}
+			if last == "" {
 				return key(peer)
 			}
-			a, err := parseHop(strings.TrimSpace(lines[0]))
+			a, err := parseHop(last)
 			if err != nil {
-				return "", fmt.Errorf("%w: %s %q: %v", ErrNoKey, name, lines[0], err)
+				return "", fmt.Errorf("%w: %s %q: %v", ErrNoKey, name, last, err)
 			}
 			return key(a.Unmap())
 		}

@@ -30,12 +30,13 @@ func TestClientIP(t *testing.T) {
 		{"several header lines", []netip.Prefix{lb}, "10.1.2.3:80", []string{"6.6.6.6", "198.51.100.9, 10.0.0.2"}, "198.51.100.9"},
 		{"all trusted", []netip.Prefix{lb}, "10.1.2.3:80", []string{"10.0.0.9, 10.0.0.8"}, "10.0.0.9"},
 		{"no header", []netip.Prefix{lb}, "10.1.2.3:80", nil, "10.1.2.3"},
-		{"ipv6 peer", nil, "[2001:db8::1]:443", nil, "2001:db8::1"},
-		{"ipv6 cdn", []netip.Prefix{cdn}, "[2001:db8:cd::5]:443", []string{"2001:db8:1::abcd"}, "2001:db8:1::abcd"},
+		{"ipv6 peer: its /64", nil, "[2001:db8::1]:443", nil, "2001:db8::/64"},
+		{"ipv6 cdn", []netip.Prefix{cdn}, "[2001:db8:cd::5]:443", []string{"2001:db8:1::abcd"}, "2001:db8:1::/64"},
 		{"mapped ipv4", nil, "[::ffff:192.0.2.1]:80", nil, "192.0.2.1"},
 		{"garbage entry", []netip.Prefix{lb}, "10.1.2.3:80", []string{"not-an-ip"}, ""},
 		{"entry with a port", []netip.Prefix{lb}, "10.1.2.3:80", []string{"203.0.113.7:4711"}, "203.0.113.7"},
-		{"ipv6 entry with a port", []netip.Prefix{lb}, "10.1.2.3:80", []string{"[2001:db8::1]:443"}, "2001:db8::1"},
+		{"ipv6 entry with a port", []netip.Prefix{lb}, "10.1.2.3:80", []string{"[2001:db8::1]:443"}, "2001:db8::/64"},
+		{"trusted prefix written IPv4-mapped", []netip.Prefix{netip.MustParsePrefix("::ffff:10.0.0.0/104")}, "[::ffff:10.1.2.3]:80", []string{"198.51.100.9"}, "198.51.100.9"},
 		{"garbage remote", nil, "pipe", nil, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -79,15 +80,15 @@ func TestHeader(t *testing.T) {
 }
 
 // FuzzClientIP: whatever a client writes into X-Forwarded-For, the key is a valid IP
-// address (never a fragment of the header) or ErrNoKey, and a peer outside the trusted
-// prefixes is always keyed by its own address.
+// address (never a fragment of the header; IPv6Prefix 128 keys whole addresses) or
+// ErrNoKey, and a peer outside the trusted prefixes is always keyed by its own address.
 func FuzzClientIP(f *testing.F) {
 	f.Add("10.1.2.3:80", "198.51.100.9, 10.0.0.2")
 	f.Add("203.0.113.7:1", "1.2.3.4")
 	f.Add("10.0.0.1:1", ",,, ,")
 	f.Add("[::1]:1", "::ffff:1.2.3.4,[::1]")
 	trusted := netip.MustParsePrefix("10.0.0.0/8")
-	key, err := httplimit.ClientIP(httplimit.IPOptions{Trusted: []netip.Prefix{trusted}})
+	key, err := httplimit.ClientIP(httplimit.IPOptions{Trusted: []netip.Prefix{trusted}, IPv6Prefix: 128})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -129,9 +130,9 @@ func TestClientIPHeaders(t *testing.T) {
 	}{
 		{"Forwarded", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "Forwarded"}, "10.1.2.3:80",
 			map[string][]string{"Forwarded": {`for=6.6.6.6, for=198.51.100.9;proto=https;by=10.0.0.1`}}, "198.51.100.9"},
-		{"Forwarded, quoted IPv6 with a port", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "forwarded"}, "10.1.2.3:80",
+		{"Forwarded, quoted IPv6 with a port", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "forwarded", IPv6Prefix: 128}, "10.1.2.3:80",
 			map[string][]string{"Forwarded": {`For="[2001:db8:cafe::17]:4711"`}}, "2001:db8:cafe::17"},
-		{"Forwarded, bracketed IPv6", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "Forwarded"}, "10.1.2.3:80",
+		{"Forwarded, bracketed IPv6", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "Forwarded", IPv6Prefix: 128}, "10.1.2.3:80",
 			map[string][]string{"Forwarded": {`for="[2001:db8::1]"`}}, "2001:db8::1"},
 		{"Forwarded, trusted hops skipped", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "Forwarded"}, "10.1.2.3:80",
 			map[string][]string{"Forwarded": {`for=198.51.100.9`, `for=10.9.9.9;proto=http`}}, "198.51.100.9"},
@@ -146,7 +147,11 @@ func TestClientIPHeaders(t *testing.T) {
 		{"X-Real-IP", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "X-Real-IP"}, "10.1.2.3:80",
 			map[string][]string{"X-Real-Ip": {"198.51.100.9"}}, "198.51.100.9"},
 		{"CF-Connecting-IP", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "CF-Connecting-IP"}, "10.1.2.3:80",
-			map[string][]string{"Cf-Connecting-Ip": {"2001:db8::9"}, "X-Forwarded-For": {"6.6.6.6"}}, "2001:db8::9"},
+			map[string][]string{"Cf-Connecting-Ip": {"2001:db8::9"}, "X-Forwarded-For": {"6.6.6.6"}}, "2001:db8::/64"},
+		{"X-Real-IP added to the client's: the proxy's, last", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "X-Real-IP"}, "10.1.2.3:80",
+			map[string][]string{"X-Real-Ip": {"6.6.6.6", "198.51.100.9"}}, "198.51.100.9"},
+		{"X-Real-IP merged into a list: the last", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "X-Real-IP"}, "10.1.2.3:80",
+			map[string][]string{"X-Real-Ip": {"6.6.6.6, 198.51.100.9"}}, "198.51.100.9"},
 		{"CF-Connecting-IP missing: the peer", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "CF-Connecting-IP"}, "10.1.2.3:80",
 			nil, "10.1.2.3"},
 		{"X-Real-IP garbage", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "X-Real-IP"}, "10.1.2.3:80",
@@ -154,6 +159,8 @@ func TestClientIPHeaders(t *testing.T) {
 		{"X-Real-IP from an untrusted peer", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "X-Real-IP"}, "203.0.113.7:80",
 			map[string][]string{"X-Real-Ip": {"1.2.3.4"}}, "203.0.113.7"},
 		{"IPv6 /64", httplimit.IPOptions{IPv6Prefix: 64}, "[2001:db8:1:2:aaaa::1]:443", nil, "2001:db8:1:2::/64"},
+		{"IPv6 /64 by default", httplimit.IPOptions{}, "[2001:db8:1:2:aaaa::1]:443", nil, "2001:db8:1:2::/64"},
+		{"IPv6 whole address", httplimit.IPOptions{IPv6Prefix: 128}, "[2001:db8:1:2:aaaa::1]:443", nil, "2001:db8:1:2:aaaa::1"},
 		{"IPv6 /64, another address of it", httplimit.IPOptions{IPv6Prefix: 64}, "[2001:db8:1:2:bbbb::7]:443", nil, "2001:db8:1:2::/64"},
 		{"IPv6 prefix leaves IPv4 alone", httplimit.IPOptions{IPv6Prefix: 64}, "192.0.2.1:80", nil, "192.0.2.1"},
 		{"IPv6 /56 behind a proxy", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, IPv6Prefix: 56}, "10.1.2.3:80",

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -33,7 +34,11 @@ type Config struct {
 	Limiter *hybrid.Limiter
 	Limit   string
 	// Key returns the request's key: Header, ClientIP, or a function of your own (a
-	// user id from the request's context).
+	// user id from the request's context). An empty key goes to OnError as ErrNoKey,
+	// never to a bucket all such requests would share. A key the client writes (an API
+	// key's header, before your authentication has checked it) is one the client can
+	// change on every request: key by an identity your server has checked, or add a
+	// limit by ClientIP with Also.
 	Key KeyFunc
 	// Tier, if set, returns the tier of the request's key under Limit (hybrid.Limit's
 	// Tiers, hybrid.Limiter.AllowTier): a paid plan read from the request's token, say.
@@ -172,6 +177,9 @@ func (m *Middleware) Check(w http.ResponseWriter, r *http.Request) (*http.Reques
 		return r, true
 	}
 	key, err := m.key(r)
+	if err == nil && key == "" {
+		err = fmt.Errorf("%w: the key function returned an empty key", ErrNoKey)
+	}
 	if err != nil {
 		m.onError(w, r, err)
 		return r, false
@@ -380,14 +388,27 @@ func DefaultDeny(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(append(body, '\n'))
 }
 
-// acceptsProblem reports whether r's Accept header names application/problem+json.
+// acceptsProblem reports whether r's Accept header names application/problem+json, and
+// not with q=0, which says the client does not accept it (RFC 9110, 12.4.2).
 func acceptsProblem(r *http.Request) bool {
 	for _, v := range r.Header.Values("Accept") {
 		for part := range strings.SplitSeq(v, ",") {
-			mt, _, _ := strings.Cut(part, ";")
-			if strings.EqualFold(strings.TrimSpace(mt), "application/problem+json") {
+			mt, params, _ := strings.Cut(part, ";")
+			if strings.EqualFold(strings.TrimSpace(mt), "application/problem+json") && !refused(params) {
 				return true
 			}
+		}
+	}
+	return false
+}
+
+// refused reports whether the parameters of a media range in Accept carry q=0.
+func refused(params string) bool {
+	for p := range strings.SplitSeq(params, ";") {
+		k, v, _ := strings.Cut(p, "=")
+		if strings.EqualFold(strings.TrimSpace(k), "q") {
+			q, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return err == nil && q == 0
 		}
 	}
 	return false
