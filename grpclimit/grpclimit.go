@@ -19,6 +19,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -60,7 +61,11 @@ func Metadata(name string) KeyFunc {
 }
 
 // PeerIP keys a call by the IP address of its peer, the connection's other end (behind
-// a proxy, that is the proxy: key by a metadata entry it sets instead).
+// a proxy, that is the proxy: key by a metadata entry it sets instead): an IPv4 address
+// ("198.51.100.9"; IPv4-mapped IPv6 too), or an IPv6 peer's /64 ("2001:db8:1:2::/64"),
+// what an ISP hands to one customer, whose client can rotate through its addresses, as
+// httplimit.ClientIP does by default. A peer that is not an IP address (a Unix socket)
+// is keyed by its address as it is.
 func PeerIP() KeyFunc {
 	return func(ctx context.Context, _ string) (string, error) {
 		p, ok := peer.FromContext(ctx)
@@ -71,7 +76,18 @@ func PeerIP() KeyFunc {
 		if host, _, err := net.SplitHostPort(s); err == nil {
 			s = host
 		}
-		return s, nil
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return s, nil
+		}
+		if a = a.Unmap(); a.Is4() {
+			return a.String(), nil
+		}
+		pfx, err := a.WithZone("").Prefix(64)
+		if err != nil {
+			return "", fmt.Errorf("%w: peer %s: %v", ErrNoKey, s, err)
+		}
+		return pfx.String(), nil
 	}
 }
 
@@ -79,10 +95,15 @@ func PeerIP() KeyFunc {
 type Config struct {
 	Limiter *hybrid.Limiter
 	// Limit is the limit of the Limiter a call counts against; Methods, if set, names
-	// another for some full method names ("/package.Service/Method").
+	// another for some full method names ("/package.Service/Method", as gRPC writes
+	// them: a name not of that form would match no call, and is an error).
 	Limit   string
 	Methods map[string]string
-	// Key returns a call's key: Metadata, PeerIP, or a function of your own.
+	// Key returns a call's key: Metadata, PeerIP, or a function of your own. An empty
+	// key fails the call as ErrNoKey does, never counting it in a bucket every such call
+	// would share. A key the client sends (an API key's metadata, before your
+	// authentication has checked it) is one it can change on every call: key by an
+	// identity your server has checked.
 	Key KeyFunc
 	// Cost returns a call's cost in tokens (at least 0). nil: every call costs 1. A
 	// stream is one call, decided when it opens.
@@ -111,6 +132,12 @@ func New(cfg Config) (*Interceptor, error) {
 	for _, name := range append([]string{cfg.Limit}, slices.Collect(maps.Values(cfg.Methods))...) {
 		if _, _, err := quota.Of(cfg.Limiter, name, ""); err != nil {
 			return nil, fmt.Errorf("%w: limit %q: %w", ErrInvalidConfig, name, err)
+		}
+	}
+	for m := range cfg.Methods {
+		svc, method, ok := strings.Cut(strings.TrimPrefix(m, "/"), "/")
+		if !strings.HasPrefix(m, "/") || !ok || svc == "" || method == "" || strings.Contains(method, "/") {
+			return nil, fmt.Errorf("%w: method %q, want a full method name: /package.Service/Method", ErrInvalidConfig, m)
 		}
 	}
 	cfg.Methods = maps.Clone(cfg.Methods)
@@ -158,6 +185,9 @@ func (i *Interceptor) check(ctx context.Context, fullMethod string) (context.Con
 		limit = l
 	}
 	key, err := i.cfg.Key(ctx, fullMethod)
+	if err == nil && key == "" {
+		err = fmt.Errorf("%w: the key function returned an empty key", ErrNoKey)
+	}
 	if err != nil {
 		return ctx, status.Error(codes.InvalidArgument, err.Error())
 	}

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/fleetlimit/fleetlimit/breaker"
@@ -186,10 +187,63 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{Limiter: lim, Limit: "api"},
 		{Limiter: lim, Limit: "nope", Key: grpclimit.PeerIP()},
 		{Limiter: lim, Limit: "api", Key: grpclimit.PeerIP(), Methods: map[string]string{"/a.B/C": "nope"}},
+		{Limiter: lim, Limit: "api", Key: grpclimit.PeerIP(), Methods: map[string]string{"a.B/C": "api"}},
+		{Limiter: lim, Limit: "api", Key: grpclimit.PeerIP(), Methods: map[string]string{"/a.B": "api"}},
+		{Limiter: lim, Limit: "api", Key: grpclimit.PeerIP(), Methods: map[string]string{"/a.B/": "api"}},
+		{Limiter: lim, Limit: "api", Key: grpclimit.PeerIP(), Methods: map[string]string{"//C": "api"}},
+		{Limiter: lim, Limit: "api", Key: grpclimit.PeerIP(), Methods: map[string]string{"/a.B/C/D": "api"}},
 	} {
 		if _, err := grpclimit.New(cfg); !errors.Is(err, grpclimit.ErrInvalidConfig) {
 			t.Errorf("New(%+v) = %v, want ErrInvalidConfig", cfg, err)
 		}
+	}
+}
+
+// TestPeerIP: a peer's IPv4 address (IPv4-mapped ones too), an IPv6 peer's /64, a Unix
+// socket's address as it is, and ErrNoKey without a peer.
+func TestPeerIP(t *testing.T) {
+	for _, tc := range []struct {
+		addr net.Addr
+		want string // "": ErrNoKey
+	}{
+		{&net.TCPAddr{IP: net.ParseIP("198.51.100.9"), Port: 4711}, "198.51.100.9"},
+		{&net.TCPAddr{IP: net.ParseIP("::ffff:198.51.100.9"), Port: 4711}, "198.51.100.9"},
+		{&net.TCPAddr{IP: net.ParseIP("2001:db8:1:2:aaaa::1"), Port: 443}, "2001:db8:1:2::/64"},
+		{&net.TCPAddr{IP: net.ParseIP("fe80::1"), Port: 443, Zone: "eth0"}, "fe80::/64"},
+		{&net.UnixAddr{Name: "/run/api.sock", Net: "unix"}, "/run/api.sock"},
+		{nil, ""},
+	} {
+		ctx := context.Background()
+		if tc.addr != nil {
+			ctx = peer.NewContext(ctx, &peer.Peer{Addr: tc.addr})
+		}
+		got, err := grpclimit.PeerIP()(ctx, "/a.B/C")
+		if tc.want == "" {
+			if !errors.Is(err, grpclimit.ErrNoKey) {
+				t.Errorf("%v: %q, %v; want ErrNoKey", tc.addr, got, err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("%v: %q, %v; want %q", tc.addr, got, err, tc.want)
+		}
+	}
+}
+
+// TestEmptyKey: a key function that returns an empty key fails the call with
+// InvalidArgument, as a missing key does, and spends nothing.
+func TestEmptyKey(t *testing.T) {
+	lim, _ := limiter(t, "", hybrid.Limit{Name: "api", Rate: 1, Burst: 1, Policy: breaker.FailOpen})
+	i, err := grpclimit.New(grpclimit.Config{Limiter: lim, Limit: "api", Key: func(context.Context, string) (string, error) { return "", nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = i.Unary()(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/a.B/C"}, func(context.Context, any) (any, error) {
+		t.Error("the handler ran")
+		return nil, nil
+	})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Errorf("%v, want InvalidArgument", err)
 	}
 }
 
