@@ -27,7 +27,9 @@ func Header(name string) KeyFunc {
 // http.ServeMux (Request.Pattern, "GET /items/{id}": one bucket for every item) when
 // the Middleware runs inside the mux, as a handler's wrapper; else the method and the
 // path ("GET /items/42"), which gives every distinct path a bucket of its own: wrap
-// per route, or key by a route name of your own, where paths carry ids.
+// per route, or key by a route name of your own, where paths carry ids. A subtree
+// pattern ("/api/", a mux mounted under another) is one route: every path under it
+// shares its bucket, so wrap the handlers of the inner mux's routes instead.
 func KeyByEndpoint(k KeyFunc) KeyFunc {
 	return func(r *http.Request) (string, error) {
 		key, err := k(r)
