@@ -173,7 +173,8 @@ type Config struct {
 	// Fleet, if set, names the fleet in Redis: the Limiter announces itself there and
 	// divides the limits by the live count.
 	Fleet string
-	// HeartbeatInterval is how often the Limiter announces itself. default: 1s
+	// HeartbeatInterval is how often the Limiter announces itself: at least 1ms.
+	// default: 1s
 	HeartbeatInterval time.Duration
 	// Breaker guards the Redis calls; nil builds one with the defaults. Share one per
 	// Redis. On a Redis Cluster each master gets its own, made with Breaker's settings.

@@ -93,6 +93,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"pre-check looser than the limit", hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{{Name: "api", Rate: 10, Burst: 10, PreRate: 20, Policy: breaker.FailOpen}}}, hybrid.ErrInvalidConfig},
 		{"max cost above burst", hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{{Name: "api", Rate: 10, Burst: 10, MaxCost: 11, Policy: breaker.FailOpen}}}, hybrid.ErrInvalidConfig},
 		{"bad fleet name", hybrid.Config{FleetSize: 1, Fleet: "a b", Limits: []hybrid.Limit{ok}}, hybrid.ErrInvalidConfig},
+		{"heartbeat below a millisecond", hybrid.Config{FleetSize: 1, Fleet: "web", HeartbeatInterval: 100 * time.Microsecond, Limits: []hybrid.Limit{ok}}, hybrid.ErrInvalidConfig},
+		{"negative heartbeat", hybrid.Config{FleetSize: 1, Fleet: "web", HeartbeatInterval: -time.Second, Limits: []hybrid.Limit{ok}}, hybrid.ErrInvalidConfig},
 		{"windows of 1ms", hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{{Name: "api", Rate: 1000, Burst: 1, Policy: breaker.FailOpen, Mode: hybrid.Windowed(time.Millisecond)}}}, hybrid.ErrInvalidConfig},
 		{"windowed reports over half the window", hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{{Name: "api", Rate: 10, Burst: 10, Policy: breaker.FailOpen, Mode: hybrid.Windowed(time.Second)}}}, hybrid.ErrInvalidConfig},
 	}

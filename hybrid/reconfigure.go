@@ -14,7 +14,10 @@ func init() {
 	}
 }
 
-// Limits returns the Limiter's limits as they are now, defaults filled in.
+// Limits returns the Limiter's limits as they are now, MaxWait and MaxCost's defaults
+// filled in; a pre-check left to its default (PreRate and PreBurst 0: the limit's own
+// rate and burst) stays 0, so that a Limits() passed back to Reconfigure with a new Rate
+// or Burst moves the pre-check with them.
 func (l *Limiter) Limits() []Limit {
 	var out []Limit
 	for _, lm := range l.eng.Limits() {

@@ -40,6 +40,7 @@ func TestChangeRules(t *testing.T) {
 		{"rate, higher version", with(func(l *hybrid.Limit) { l.Rate, l.Version = 5, 4 }), true},
 		{"lower version", with(func(l *hybrid.Limit) { l.Version = 2 }), false},
 		{"MaxKeys", with(func(l *hybrid.Limit) { l.MaxKeys = 10 }), false},
+		{"MaxKeys named at its default", with(func(l *hybrid.Limit) { l.MaxKeys = 100_000 }), true},
 		{"invalid burst", with(func(l *hybrid.Limit) { l.Burst, l.Version = 0, 4 }), false},
 		{"tier without a name", with(func(l *hybrid.Limit) { l.Tiers[0].Name, l.Version = "", 4 }), false},
 		{"tier twice", with(func(l *hybrid.Limit) { l.Tiers, l.Version = append(l.Tiers, l.Tiers[0]), 4 }), false},
@@ -301,5 +302,83 @@ func TestReconfigureAfterClose(t *testing.T) {
 	}
 	if got := l.Limits(); len(got) != 1 || got[0].Name != "a" {
 		t.Fatalf("limits after a refused Reconfigure: %+v, want a alone", got)
+	}
+}
+
+// TestReconfigurePolicyTakesEffect: a change of a limit's failure policy, or of its
+// MaxCost, with its bucket the same, is what decides requests once Redis does not
+// answer: not only what Limits reports. Each case runs with Redis gone (connections
+// refused), so that every new key's request goes to the policy.
+func TestReconfigurePolicyTakesEffect(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name        string
+		before, now hybrid.Limit
+		cost        int
+		allowed     bool
+	}{
+		{"FailClosed to FailOpen",
+			hybrid.Limit{Name: "api", Rate: 10, Burst: 10, Policy: breaker.FailClosed, MaxWait: 10 * time.Millisecond},
+			hybrid.Limit{Name: "api", Rate: 10, Burst: 10, Policy: breaker.FailOpen, MaxWait: 10 * time.Millisecond}, 1, true},
+		{"FailOpen to FailClosed",
+			hybrid.Limit{Name: "api", Rate: 10, Burst: 10, Policy: breaker.FailOpen, MaxWait: 10 * time.Millisecond},
+			hybrid.Limit{Name: "api", Rate: 10, Burst: 10, Policy: breaker.FailClosed, MaxWait: 10 * time.Millisecond}, 1, false},
+		{"FailLocal's MaxCost raised",
+			hybrid.Limit{Name: "api", Rate: 10, Burst: 10, Policy: breaker.FailLocal(), MaxWait: 10 * time.Millisecond, MaxCost: 1},
+			hybrid.Limit{Name: "api", Rate: 10, Burst: 10, Policy: breaker.FailLocal(), MaxWait: 10 * time.Millisecond, MaxCost: 5}, 5, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, c := redistest.Mini(t)
+			// Ten servers: FailLocal's share of burst 10 is max(1, MaxCost).
+			l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 10, Limits: []hybrid.Limit{tc.before}})
+			m.Close()
+			if err := l.Reconfigure([]hybrid.Limit{tc.now}); err != nil {
+				t.Fatal(err)
+			}
+			d, err := l.AllowN(ctx, "api", "new-key", tc.cost)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Source != hybrid.SourceFallback || d.Allowed != tc.allowed {
+				t.Errorf("after Reconfigure to %v, MaxCost %d: allowed %v from %v (%v); want %v from the policy",
+					tc.now.Policy, tc.now.MaxCost, d.Allowed, d.Source, d.Reason, tc.allowed)
+			}
+		})
+	}
+}
+
+// TestLimitsRoundTripMovesThePreCheck: a pre-check left to its default follows the limit
+// through the round trip the docs give for changing one limit (Limits, one field
+// changed, Reconfigure): raising the burst admits the new burst, and lowering it is
+// accepted, not refused as a pre-check looser than the limit.
+func TestLimitsRoundTripMovesThePreCheck(t *testing.T) {
+	_, c := redistest.Mini(t)
+	l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1,
+		Limits: []hybrid.Limit{{Name: "api", Rate: 1e-3, Burst: 5, Policy: breaker.FailClosed, MaxWait: time.Second}}})
+	change := func(burst int, version uint64) error {
+		lims := l.Limits()
+		if lims[0].PreRate != 0 || lims[0].PreBurst != 0 {
+			t.Errorf("Limits() gives a pre-check of %v/s, burst %d; want the default, 0", lims[0].PreRate, lims[0].PreBurst)
+		}
+		lims[0].Burst, lims[0].Version = burst, version
+		return l.Reconfigure(lims)
+	}
+	if err := change(50, 1); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	admitted := 0
+	for range 60 {
+		if d, err := l.Allow(ctx, "api", "k"); err != nil {
+			t.Fatal(err)
+		} else if d.Allowed {
+			admitted++
+		}
+	}
+	if admitted != 50 {
+		t.Errorf("burst raised to 50: %d of 60 admitted, want 50", admitted)
+	}
+	if err := change(3, 2); err != nil {
+		t.Errorf("burst lowered to 3: %v", err)
 	}
 }

@@ -225,8 +225,9 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Servers < 1 {
 		return nil, fmt.Errorf("FleetSize %d: say how many servers share the limits (with Fleet set, the first guess)", cfg.Servers)
 	}
-	if cfg.HeartbeatInterval < 0 {
-		return nil, fmt.Errorf("HeartbeatInterval %v is negative", cfg.HeartbeatInterval)
+	if cfg.HeartbeatInterval < 0 || cfg.HeartbeatInterval > 0 && cfg.HeartbeatInterval < time.Millisecond {
+		// Redis counts a server live for three intervals, in whole milliseconds.
+		return nil, fmt.Errorf("HeartbeatInterval %v: want 0 (the default) or at least 1ms", cfg.HeartbeatInterval)
 	}
 	if cfg.NextSeq == nil {
 		return nil, errors.New("no NextSeq")

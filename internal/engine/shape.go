@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/internal/fallback"
+	"github.com/fleetlimit/fleetlimit/internal/keystore"
 	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
 )
@@ -34,7 +35,7 @@ type TierConfig struct {
 // changes once built, but for its fleet size.
 type Shape struct {
 	tier       string
-	cfg        LimitConfig // the tier's Rate, Burst, PreRate and PreBurst; defaults filled in
+	cfg        LimitConfig // the tier's Rate, Burst, PreRate and PreBurst (0: the default, as given)
 	glim       redisstore.Limit
 	lease      atomic.Pointer[LeaseConfig]
 	fallback   *fallback.Fallback
@@ -137,7 +138,6 @@ func buildShapes(c LimitConfig, servers int) (*shapes, LimitConfig, error) {
 	if ss.base, err = newShape(c, TierConfig{Rate: c.Rate, Burst: c.Burst, PreRate: c.PreRate, PreBurst: c.PreBurst}, servers); err != nil {
 		return nil, c, err
 	}
-	c.PreRate, c.PreBurst = ss.base.cfg.PreRate, ss.base.cfg.PreBurst
 	for i, t := range c.Tiers {
 		if t.Name == "" || len(t.Name) > redisstore.MaxNameLen {
 			return nil, c, fmt.Errorf("limit %q: tier %d: name %q must be 1 to %d bytes", c.Name, i, t.Name, redisstore.MaxNameLen)
@@ -152,7 +152,6 @@ func buildShapes(c LimitConfig, servers int) (*shapes, LimitConfig, error) {
 		if err != nil {
 			return nil, c, err
 		}
-		c.Tiers[i].PreRate, c.Tiers[i].PreBurst = s.cfg.PreRate, s.cfg.PreBurst
 		ss.tiers = append(ss.tiers, s)
 	}
 	return ss, c, nil
@@ -172,9 +171,9 @@ func newShape(c LimitConfig, t TierConfig, servers int) (*Shape, error) {
 	case t.PreRate > t.Rate || t.PreBurst > t.Burst:
 		return nil, fmt.Errorf("%s: the pre-check (%v/s, burst %d) must be tighter than the limit (%v/s, burst %d)", what, t.PreRate, t.PreBurst, t.Rate, t.Burst)
 	}
-	c.Rate, c.Burst = t.Rate, t.Burst
-	c.PreRate = cmpOr(t.PreRate, t.Rate)
-	c.PreBurst = cmpOr(t.PreBurst, t.Burst)
+	// The configuration keeps the pre-check as given (0: the tier's own rate or burst),
+	// so that one read back and changed moves a default pre-check with the limit.
+	c.Rate, c.Burst, c.PreRate, c.PreBurst = t.Rate, t.Burst, t.PreRate, t.PreBurst
 	c.MaxCost = min(c.MaxCost, c.Burst)
 	lc, err := LeaseConfig{
 		Rate: c.Rate, Burst: c.Burst, Servers: servers,
@@ -186,7 +185,7 @@ func newShape(c LimitConfig, t TierConfig, servers int) (*Shape, error) {
 	s := &Shape{
 		tier: t.Name, cfg: c,
 		glim:    redisstore.Limit{Name: c.Name, Rate: c.Rate, Burst: c.Burst, Version: c.Version},
-		preRate: c.PreRate, preBurst: c.PreBurst,
+		preRate: cmpOr(t.PreRate, t.Rate), preBurst: cmpOr(t.PreBurst, t.Burst),
 		window: tokenbucket.Duration(float64(c.Burst), c.Rate), perToken: float64(time.Second) / c.Rate,
 	}
 	s.lostWindow = min(s.window, 120*time.Second)
@@ -301,8 +300,9 @@ func (e *Engine) SetLimit(now time.Time, c LimitConfig) error {
 		return err
 	}
 	for _, s := range ss.all() {
-		if o := old.of(s.tier); o.tier == s.tier && o.sameBucket(s) {
-			// Same bucket: keep the shape's fallback, with its keys' local buckets.
+		if o := old.of(s.tier); o.tier == s.tier && o.sameBucket(s) && o.fallback.Same(s.fallback) {
+			// Same bucket and policy: keep the shape's fallback, with its keys' local
+			// buckets.
 			s.fallback.Close()
 			s.fallback = o.fallback
 		}
@@ -325,7 +325,8 @@ func (e *Engine) SetLimit(now time.Time, c LimitConfig) error {
 // configuration is old, or why it cannot replace it.
 func (e *Engine) checkChange(old *shapes, c LimitConfig) (*shapes, error) {
 	oc := old.base.cfg
-	if c.MaxKeys != oc.MaxKeys {
+	// 0 is the key store's default: naming the default is no change.
+	if cmpOr(c.MaxKeys, keystore.DefaultMaxKeys) != cmpOr(oc.MaxKeys, keystore.DefaultMaxKeys) {
 		return nil, fmt.Errorf("limit %q: MaxKeys cannot change at run time (%d, was %d): remove the limit and add it again", c.Name, c.MaxKeys, oc.MaxKeys)
 	}
 	if err := checkKindChange(c, oc); err != nil {

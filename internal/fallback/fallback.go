@@ -107,6 +107,14 @@ type Fallback struct {
 	lim  *local.Limiter // Local only
 }
 
+// Same reports whether f and o decide alike: the same policy, for the same limit and
+// largest cost (the live server count aside, which SetServersAt moves), so that o's keys'
+// local buckets can stand for f's.
+func (f *Fallback) Same(o *Fallback) bool {
+	a, b := f.cfg, o.cfg
+	return f.spec == o.spec && a.Rate == b.Rate && a.Burst == b.Burst && a.MaxCost == b.MaxCost && a.MaxKeys == b.MaxKeys
+}
+
 // New returns the Fallback of a valid policy's spec s for the limit cfg, or an error if its
 // local limit cannot be built (local.ErrInvalidConfig).
 func New(s Spec, cfg Config) (*Fallback, error) {
