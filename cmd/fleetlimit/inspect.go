@@ -29,6 +29,12 @@ func inspect(ctx context.Context, c redis.UniversalClient, f inspectFlags, w io.
 	if f.limit == "" || f.key == "" {
 		return fmt.Errorf("%w: inspect needs -limit and -key", errUsage)
 	}
+	if (f.rate > 0) != (f.burst > 0) {
+		return fmt.Errorf("%w: -rate and -burst go together (a windowed limit's), or neither", errUsage)
+	}
+	if _, err := global.NewLimit(f.limit, 1, 1); err != nil {
+		return fmt.Errorf("%w: -limit: %w", errUsage, err) // a name no limit can have
+	}
 	store, err := global.New(c, global.Prefix(f.prefix))
 	if err != nil {
 		return err
@@ -44,7 +50,7 @@ func inspect(ctx context.Context, c redis.UniversalClient, f inspectFlags, w io.
 	}
 	fmt.Fprintf(w, "bucket %s\n", key)
 	if len(h) == 0 {
-		fmt.Fprintln(w, "  none: no server took from it within its lifetime (it is full)")
+		fmt.Fprintln(w, "  none: no server took from it within its lifetime (a bucket limit's is full; a windowed limit has none)")
 	} else {
 		fmt.Fprintf(w, "  expires in %v\n", ttl.Round(time.Millisecond))
 		names := make([]string, 0, len(h))

@@ -86,6 +86,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
+	if fs.NArg() > 0 {
+		// The flags stop at the first argument that is not one: "doctor 10.0.0.5:6379
+		// -cluster" would check the default address, without -cluster.
+		fmt.Fprintf(stderr, "fleetlimit %s: unexpected argument %q: every option is a flag (-addr host:port), and flags come first\n", args[0], fs.Arg(0))
+		return 2
+	}
 	if *password == "" {
 		*password = os.Getenv("REDIS_PASSWORD")
 	}

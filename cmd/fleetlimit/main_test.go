@@ -307,3 +307,34 @@ func TestDoctorCluster(t *testing.T) {
 		t.Errorf("a master requiring full coverage: exit %d\n%s", code, out.String())
 	}
 }
+
+// TestRejectsStrayArguments: an argument that is not a flag stops flag parsing, so the
+// flags after it would go unread and the command would check another Redis (the default
+// address) than the one named: it exits 2 and says why, before it connects.
+func TestRejectsStrayArguments(t *testing.T) {
+	for _, args := range [][]string{
+		{"doctor", "127.0.0.1:1", "-cluster"},
+		{"inspect", "-limit", "api", "-key", "k", "extra"},
+	} {
+		var out, errs bytes.Buffer
+		if code := run(context.Background(), args, &out, &errs); code != 2 || !strings.Contains(errs.String(), "unexpected argument") {
+			t.Errorf("%q: exit %d, %q; want 2 and the stray argument named", args, code, errs.String())
+		}
+	}
+}
+
+// TestInspectRejectsBadFlags: -rate without -burst (or the reverse) and a limit name no
+// limit can have are usage errors, not a report on nothing.
+func TestInspectRejectsBadFlags(t *testing.T) {
+	srv := redistest.StartServer(t)
+	for _, args := range [][]string{
+		{"inspect", "-addr", srv.Addr, "-limit", "api", "-key", "k", "-rate", "10"},
+		{"inspect", "-addr", srv.Addr, "-limit", "api", "-key", "k", "-burst", "10"},
+		{"inspect", "-addr", srv.Addr, "-limit", "a{b}", "-key", "k"},
+	} {
+		var out, errs bytes.Buffer
+		if code := run(context.Background(), args, &out, &errs); code != 2 {
+			t.Errorf("%q: exit %d (%s%s), want 2", args, code, out.String(), errs.String())
+		}
+	}
+}
