@@ -64,7 +64,10 @@ func (r *Reservation) Decision() Decision {
 }
 
 // Cancel tells the limiter that the reserved action will not be done: its tokens go
-// back if the instant to act has not come yet; later they count as used.
+// back if the instant to act has not come yet; later they count as used. After the
+// Limiter's Close nothing goes back (Close has sent its last refunds): the tokens stay
+// spent and LimitStats counts them among the refunds lost, so cancel pending
+// reservations before closing.
 func (r *Reservation) Cancel() {
 	if !r.ok { // a zero Reservation too, as in x/time/rate
 		return
