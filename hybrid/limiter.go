@@ -192,8 +192,10 @@ type Config struct {
 	// LogInterval is the shortest time between two lines of one kind of event. default:
 	// 10s
 	LogInterval time.Duration
-	// OnDecision, if set, is called with every decision (once per AllowMulti call), on
-	// the caller's goroutine before it returns: keep it short.
+	// OnDecision, if set, is called with the decision of every Allow, AllowN, AllowTier,
+	// WaitN and AllowMulti call (once per AllowMulti call; not ReserveN's, whose
+	// Reservation carries it), on the caller's goroutine before it returns: keep it
+	// short.
 	OnDecision func(key string, d Decision)
 }
 
