@@ -13,6 +13,7 @@
 package grpclimit
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -61,11 +62,13 @@ func Metadata(name string) KeyFunc {
 }
 
 // PeerIP keys a call by the IP address of its peer, the connection's other end (behind
-// a proxy, that is the proxy: key by a metadata entry it sets instead): an IPv4 address
-// ("198.51.100.9"; IPv4-mapped IPv6 too), or an IPv6 peer's /64 ("2001:db8:1:2::/64"),
-// what an ISP hands to one customer, whose client can rotate through its addresses, as
-// httplimit.ClientIP does by default. A peer that is not an IP address (a Unix socket)
-// is keyed by its address as it is.
+// a proxy, that is the proxy: key by a metadata entry it sets instead); an IPv4-mapped
+// IPv6 address is keyed as IPv4. It keys the whole address, as service-to-service calls
+// want (a Kubernetes node's pods share a /64). Clients on the public internet can rotate
+// addresses within their /64: key those by its prefix with a KeyFunc of your own
+// (netip.Addr.Prefix(64)), as httplimit.ClientIP does by default. A peer with no IP
+// address (a Unix socket) is keyed by its address, or by its network's name ("unix")
+// when it has none.
 func PeerIP() KeyFunc {
 	return func(ctx context.Context, _ string) (string, error) {
 		p, ok := peer.FromContext(ctx)
@@ -76,18 +79,10 @@ func PeerIP() KeyFunc {
 		if host, _, err := net.SplitHostPort(s); err == nil {
 			s = host
 		}
-		a, err := netip.ParseAddr(s)
-		if err != nil {
-			return s, nil
+		if a, err := netip.ParseAddr(s); err == nil {
+			return a.Unmap().String(), nil
 		}
-		if a = a.Unmap(); a.Is4() {
-			return a.String(), nil
-		}
-		pfx, err := a.WithZone("").Prefix(64)
-		if err != nil {
-			return "", fmt.Errorf("%w: peer %s: %v", ErrNoKey, s, err)
-		}
-		return pfx.String(), nil
+		return cmp.Or(s, p.Addr.Network()), nil
 	}
 }
 

@@ -199,8 +199,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	}
 }
 
-// TestPeerIP: a peer's IPv4 address (IPv4-mapped ones too), an IPv6 peer's /64, a Unix
-// socket's address as it is, and ErrNoKey without a peer.
+// TestPeerIP: a peer's IP address (an IPv4-mapped one as IPv4), a Unix socket's address
+// as it is (its network's name when it has none), and ErrNoKey without a peer.
 func TestPeerIP(t *testing.T) {
 	for _, tc := range []struct {
 		addr net.Addr
@@ -208,9 +208,9 @@ func TestPeerIP(t *testing.T) {
 	}{
 		{&net.TCPAddr{IP: net.ParseIP("198.51.100.9"), Port: 4711}, "198.51.100.9"},
 		{&net.TCPAddr{IP: net.ParseIP("::ffff:198.51.100.9"), Port: 4711}, "198.51.100.9"},
-		{&net.TCPAddr{IP: net.ParseIP("2001:db8:1:2:aaaa::1"), Port: 443}, "2001:db8:1:2::/64"},
-		{&net.TCPAddr{IP: net.ParseIP("fe80::1"), Port: 443, Zone: "eth0"}, "fe80::/64"},
-		{&net.UnixAddr{Name: "/run/api.sock", Net: "unix"}, "/run/api.sock"},
+		{&net.TCPAddr{IP: net.ParseIP("2001:db8:1:2:aaaa::1"), Port: 443}, "2001:db8:1:2:aaaa::1"},
+		{&net.UnixAddr{Name: "@", Net: "unix"}, "@"},
+		{&net.UnixAddr{Name: "", Net: "unix"}, "unix"},
 		{nil, ""},
 	} {
 		ctx := context.Background()

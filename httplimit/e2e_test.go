@@ -240,25 +240,33 @@ func TestMiddlewareEndToEnd(t *testing.T) {
 	})
 }
 
-// TestEmptyKey: a key function that returns an empty key sends the request to OnError
-// with ErrNoKey (400 by default), not to a bucket every such request would share.
+// TestEmptyKey: a key function that returns an empty key, Config.Key's or an Also
+// limit's, sends the request to OnError with ErrNoKey (400 by default), not to a bucket
+// every such request would share.
 func TestEmptyKey(t *testing.T) {
 	_, c := redistest.Mini(t)
-	lim := newLimiter(t, redistest.Target{Client: c}, hybrid.Limit{Name: "api", Rate: 100, Burst: 100, Policy: breaker.FailClosed})
-	var got error
-	mw, err := httplimit.New(httplimit.Config{Limiter: lim, Limit: "api",
-		Key: func(*http.Request) (string, error) { return "", nil },
-		OnError: func(w http.ResponseWriter, r *http.Request, err error) {
+	lim := newLimiter(t, redistest.Target{Client: c}, hybrid.Limit{Name: "api", Rate: 100, Burst: 100, Policy: breaker.FailClosed},
+		hybrid.Limit{Name: "user", Rate: 100, Burst: 100, Policy: breaker.FailClosed})
+	empty := func(*http.Request) (string, error) { return "", nil }
+	for _, cfg := range []httplimit.Config{
+		{Limiter: lim, Limit: "api", Key: empty},
+		{Limiter: lim, Limit: "api", Key: httplimit.Header("X-API-Key"), Also: []httplimit.Also{{Limit: "user", Key: empty}}},
+	} {
+		var got error
+		cfg.OnError = func(w http.ResponseWriter, r *http.Request, err error) {
 			got = err
 			httplimit.DefaultOnError(w, r, err)
-		}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := httptest.NewRecorder()
-	mw.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("the handler ran") })).ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/", nil))
-	if w.Code != http.StatusBadRequest || !errors.Is(got, httplimit.ErrNoKey) {
-		t.Errorf("%d, %v; want 400 and ErrNoKey", w.Code, got)
+		}
+		mw, err := httplimit.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, r := httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil)
+		r.Header.Set("X-API-Key", "k")
+		mw.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("the handler ran") })).ServeHTTP(w, r)
+		if w.Code != http.StatusBadRequest || !errors.Is(got, httplimit.ErrNoKey) {
+			t.Errorf("Also %v: %d, %v; want 400 and ErrNoKey", cfg.Also != nil, w.Code, got)
+		}
 	}
 }
 

@@ -32,7 +32,7 @@ func Header(name string) KeyFunc {
 // shares its bucket, so wrap the handlers of the inner mux's routes instead.
 func KeyByEndpoint(k KeyFunc) KeyFunc {
 	return func(r *http.Request) (string, error) {
-		key, err := k(r)
+		key, err := keyOf(k, r)
 		if err != nil {
 			return "", err
 		}
@@ -134,17 +134,14 @@ func ClientIP(o IPOptions) (KeyFunc, error) {
 		}
 		lines := r.Header[name]
 		if entry == nil { // one address, written by the trusted proxy: the last one
-			last := ""
-			if len(lines) > 0 {
-				last = lines[len(lines)-1]
-				if j := strings.LastIndexByte(last, ','); j >= 0 {
-					last = last[j+1:]
-				}
-				last = strings.TrimSpace(last)
-			}
-			if last == "" {
+			if len(lines) == 0 || strings.TrimSpace(lines[len(lines)-1]) == "" {
 				return key(peer)
 			}
+			last := lines[len(lines)-1]
+			if j := strings.LastIndexByte(last, ','); j >= 0 {
+				last = last[j+1:]
+			}
+			last = strings.TrimSpace(last)
 			a, err := parseHop(last)
 			if err != nil {
 				return "", fmt.Errorf("%w: %s %q: %v", ErrNoKey, name, last, err)

@@ -152,6 +152,8 @@ func TestClientIPHeaders(t *testing.T) {
 			map[string][]string{"X-Real-Ip": {"6.6.6.6", "198.51.100.9"}}, "198.51.100.9"},
 		{"X-Real-IP merged into a list: the last", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "X-Real-IP"}, "10.1.2.3:80",
 			map[string][]string{"X-Real-Ip": {"6.6.6.6, 198.51.100.9"}}, "198.51.100.9"},
+		{"X-Real-IP list ending empty", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "X-Real-IP"}, "10.1.2.3:80",
+			map[string][]string{"X-Real-Ip": {"198.51.100.9,"}}, ""},
 		{"CF-Connecting-IP missing: the peer", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "CF-Connecting-IP"}, "10.1.2.3:80",
 			nil, "10.1.2.3"},
 		{"X-Real-IP garbage", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "X-Real-IP"}, "10.1.2.3:80",
@@ -247,5 +249,9 @@ func TestKeyByEndpoint(t *testing.T) {
 	r.Header.Del("X-API-Key")
 	if _, err := k(r); !errors.Is(err, httplimit.ErrNoKey) {
 		t.Errorf("no key: %v, want ErrNoKey", err)
+	}
+	empty := httplimit.KeyByEndpoint(func(*http.Request) (string, error) { return "", nil })
+	if got, err := empty(r); !errors.Is(err, httplimit.ErrNoKey) {
+		t.Errorf("an empty key: %q, %v; want ErrNoKey, not one bucket per route for every keyless request", got, err)
 	}
 }

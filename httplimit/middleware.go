@@ -176,10 +176,7 @@ func (m *Middleware) Check(w http.ResponseWriter, r *http.Request) (*http.Reques
 	if m.skip != nil && m.skip(r) {
 		return r, true
 	}
-	key, err := m.key(r)
-	if err == nil && key == "" {
-		err = fmt.Errorf("%w: the key function returned an empty key", ErrNoKey)
-	}
+	key, err := keyOf(m.key, r)
 	if err != nil {
 		m.onError(w, r, err)
 		return r, false
@@ -265,7 +262,7 @@ func (m *Middleware) decide(r *http.Request, tier, key string, n int) (hybrid.De
 	var buf [maxAlso + 1]hybrid.Item
 	items := append(buf[:0], hybrid.Item{Limit: m.limit, Tier: tier, Key: key, Cost: n})
 	for _, a := range m.also {
-		k, err := a.Key(r)
+		k, err := keyOf(a.Key, r)
 		if err != nil {
 			return hybrid.Decision{}, err
 		}
@@ -277,6 +274,16 @@ func (m *Middleware) decide(r *http.Request, tier, key string, n int) (hybrid.De
 		d.RetryAfter = md.RetryAfter // the request cannot pass before every item can
 	}
 	return d, err
+}
+
+// keyOf is k's key for r; an empty key is ErrNoKey, never a bucket that every request
+// without one would share.
+func keyOf(k KeyFunc, r *http.Request) (string, error) {
+	key, err := k(r)
+	if err == nil && key == "" {
+		err = fmt.Errorf("%w: the key function returned an empty key", ErrNoKey)
+	}
+	return key, err
 }
 
 type decisionKey struct{}

@@ -64,10 +64,11 @@ func (r *Reservation) Decision() Decision {
 }
 
 // Cancel tells the limiter that the reserved action will not be done: its tokens go
-// back if the instant to act has not come yet; later they count as used. After the
-// Limiter's Close nothing goes back (Close has sent its last refunds): the tokens stay
-// spent and LimitStats counts them among the refunds lost, so cancel pending
-// reservations before closing.
+// back if the instant to act has not come yet; later they count as used (a reservation
+// of tokens on hand may act at once, so its Cancel gives nothing back). After the
+// Limiter's Close nothing goes back (Close has sent its last refunds): a claim's tokens
+// stay spent, counted among LimitStats' refunds lost, so cancel pending reservations
+// before closing.
 func (r *Reservation) Cancel() {
 	if !r.ok { // a zero Reservation too, as in x/time/rate
 		return

@@ -66,8 +66,8 @@ type LimitStats struct {
 	// a Windowed limit's window arrays found lost, which its servers count again.
 	LostBuckets int64
 	// GivenBack counts admitted AllowMulti items whose tokens went back because another
-	// item denied, and reservations of tokens on hand (not claims) canceled before their
-	// instant to act: the allowed Decisions less GivenBack is what the limit let through.
+	// item denied (and a reservation of tokens on hand canceled at the instant it was
+	// made): the allowed Decisions less GivenBack is what the limit let through.
 	GivenBack int64
 	// Reshaped counts keys re-shaped with another rate or burst (a tier change,
 	// Reconfigure).

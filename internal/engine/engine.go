@@ -316,7 +316,8 @@ func (e *Engine) Limit(name string) *Limit {
 	return nil
 }
 
-// Config returns the limit's current configuration with its defaults filled in.
+// Config returns the limit's current configuration, MaxWait's and MaxCost's defaults
+// filled in; a default pre-check stays 0 (PreRate, PreBurst), as given.
 func (lm *Limit) Config() LimitConfig { return lm.cur.Load().base.cfg }
 
 // Shape returns the current shape of tier ("" for the limit's own rate and burst; a

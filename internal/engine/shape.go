@@ -108,7 +108,7 @@ func (ss *shapes) of(tier string) *Shape {
 func (ss *shapes) all() []*Shape { return append([]*Shape{ss.base}, ss.tiers...) }
 
 // buildShapes validates c and returns its shapes for a fleet of servers, with c's
-// defaults filled in.
+// MaxWait and MaxCost defaults filled in (a default pre-check stays 0).
 func buildShapes(c LimitConfig, servers int) (*shapes, LimitConfig, error) {
 	if _, err := redisstore.NewLimit(c.Name, c.Rate, c.Burst); err != nil {
 		return nil, c, err
@@ -157,7 +157,8 @@ func buildShapes(c LimitConfig, servers int) (*shapes, LimitConfig, error) {
 	return ss, c, nil
 }
 
-// newShape is the shape of tier t of the limit c (defaults filled in).
+// newShape is the shape of tier t of the limit c; its configuration keeps t's pre-check
+// as given (0: the default), its preRate and preBurst the ones in force.
 func newShape(c LimitConfig, t TierConfig, servers int) (*Shape, error) {
 	what := fmt.Sprintf("limit %q", c.Name)
 	if t.Name != "" {

@@ -5,11 +5,13 @@
 package fallback
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 
 	"golang.org/x/time/rate"
 
+	"github.com/fleetlimit/fleetlimit/internal/keystore"
 	"github.com/fleetlimit/fleetlimit/internal/tokenbucket"
 	"github.com/fleetlimit/fleetlimit/local"
 )
@@ -112,7 +114,8 @@ type Fallback struct {
 // local buckets can stand for f's.
 func (f *Fallback) Same(o *Fallback) bool {
 	a, b := f.cfg, o.cfg
-	return f.spec == o.spec && a.Rate == b.Rate && a.Burst == b.Burst && a.MaxCost == b.MaxCost && a.MaxKeys == b.MaxKeys
+	keys := func(n int) int { return cmp.Or(n, keystore.DefaultMaxKeys) } // 0: local's default
+	return f.spec == o.spec && a.Rate == b.Rate && a.Burst == b.Burst && a.MaxCost == b.MaxCost && keys(a.MaxKeys) == keys(b.MaxKeys)
 }
 
 // New returns the Fallback of a valid policy's spec s for the limit cfg, or an error if its

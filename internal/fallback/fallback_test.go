@@ -152,3 +152,40 @@ func TestResizeSlowestRate(t *testing.T) {
 		t.Error("a fleet of 4 does not refill at the slowest rate a bucket holds")
 	}
 }
+
+// TestSame: two Fallbacks decide alike when their policy (a FailLocalLimit's own rate
+// and burst included), limit, largest cost and key cap are the same, the key cap's 0
+// being its default; the live server count does not matter.
+func TestSame(t *testing.T) {
+	base := fallback.Config{Rate: 100, Burst: 100, Servers: 10, MaxCost: 1}
+	with := func(f func(*fallback.Config)) fallback.Config { c := base; f(&c); return c }
+	for _, tc := range []struct {
+		name string
+		p    breaker.Policy
+		cfg  fallback.Config
+		same bool
+	}{
+		{"the same", breaker.FailLocal(), base, true},
+		{"another server count", breaker.FailLocal(), with(func(c *fallback.Config) { c.Servers = 20 }), true},
+		{"MaxKeys named at its default", breaker.FailLocal(), with(func(c *fallback.Config) { c.MaxKeys = 100_000 }), true},
+		{"another policy", breaker.FailOpen, base, false},
+		{"a FailLocalLimit", breaker.FailLocalLimit(5, 5), base, false},
+		{"another MaxCost", breaker.FailLocal(), with(func(c *fallback.Config) { c.MaxCost = 5 }), false},
+		{"another MaxKeys", breaker.FailLocal(), with(func(c *fallback.Config) { c.MaxKeys = 10 }), false},
+		{"another burst", breaker.FailLocal(), with(func(c *fallback.Config) { c.Burst = 50 }), false},
+	} {
+		a, err := fallback.New(fallback.Of(breaker.FailLocal()), base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := fallback.New(fallback.Of(tc.p), tc.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := a.Same(b); got != tc.same {
+			t.Errorf("%s: Same %v, want %v", tc.name, got, tc.same)
+		}
+		a.Close()
+		b.Close()
+	}
+}
