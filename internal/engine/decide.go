@@ -431,10 +431,20 @@ func (e *Engine) recheck(now time.Time, b *bucket, w *Waiter) bool {
 // spends its pre-check tokens, and its limit's kind accounts for it (admitFallback,
 // fellBack).
 func (e *Engine) fallback(now time.Time, lm *Limit, tier, key string, n int, why Reason) Decision {
+	return e.fallbackOn(now, lm, lm.Shape(tier), tier, key, n, why)
+}
+
+// fallbackOn is fallback by the shape sh, read for tier before. A SetLimit that
+// replaced sh since may have closed its fallback, which then denies everything: a
+// denial is asked again of the tier's shape in force, once.
+func (e *Engine) fallbackOn(now time.Time, lm *Limit, sh *Shape, tier, key string, n int, why Reason) Decision {
 	servers := e.Servers()
-	sh := lm.Shape(tier)
 	d := Decision{Source: SourceFallback, Reason: why, Servers: servers}
 	d.Allowed = sh.fallback.AllowN(now, key, n)
+	if cur := lm.Shape(tier); !d.Allowed && cur != sh {
+		sh = cur
+		d.Allowed = sh.fallback.AllowN(now, key, n)
+	}
 	if !d.Allowed {
 		r, _, ok := sh.fallback.LocalLimit(servers)
 		if !ok { // FailClosed: this server's share of the refill

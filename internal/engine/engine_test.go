@@ -963,3 +963,19 @@ func TestLateGrantOfAnAbandonedResend(t *testing.T) {
 		})
 	}
 }
+
+// TestFallbackAfterAPolicyChange: a request that read its shape just before a SetLimit
+// replaced the limit's policy, closing the FailLocal fallback it read, is decided by the
+// policy in force (FailOpen: admitted), not denied by the closed one.
+func TestFallbackAfterAPolicyChange(t *testing.T) {
+	e, lm := testEngine(t, func(c *Config) { c.Limits[0].Policy = breaker.FailLocal() })
+	sh := lm.Shape("") // what the request read
+	c := lm.Config()
+	c.Policy = breaker.FailOpen
+	if err := e.SetLimit(t0, c); err != nil {
+		t.Fatal(err)
+	}
+	if d := e.fallbackOn(t0, lm, sh, "", "k", 1, ReasonUnavailable); !d.Allowed || d.Source != SourceFallback {
+		t.Errorf("decision %+v, want admitted by FailOpen, the policy in force", d)
+	}
+}
