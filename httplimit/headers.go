@@ -101,10 +101,10 @@ func epochAfter(now time.Time, d hybrid.Decision) int64 {
 		wait = d.RetryAfter
 	}
 	t := now.Add(max(wait, 0))
-	if s := t.Unix(); t.Equal(time.Unix(s, 0)) {
-		return s
+	if t.Nanosecond() > 0 {
+		return t.Unix() + 1
 	}
-	return t.Unix() + 1
+	return t.Unix()
 }
 
 // WriteHeaders writes the rate-limit headers of d that set selects into h, and

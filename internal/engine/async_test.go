@@ -522,7 +522,7 @@ func TestAsyncUnchargedOutlivesTheEntry(t *testing.T) {
 		e.Done(at, trip)
 	}
 	c := lm.Config()
-	c.Version, c.Burst, c.PreBurst = 1, 80, 0
+	c.Version, c.Burst = 1, 80
 	if err := e.SetLimit(at, c); err != nil {
 		t.Fatal(err)
 	}

@@ -441,9 +441,11 @@ func (e *Engine) fallbackOn(now time.Time, lm *Limit, sh *Shape, tier, key strin
 	servers := e.Servers()
 	d := Decision{Source: SourceFallback, Reason: why, Servers: servers}
 	d.Allowed = sh.fallback.AllowN(now, key, n)
-	if cur := lm.Shape(tier); !d.Allowed && cur != sh {
-		sh = cur
-		d.Allowed = sh.fallback.AllowN(now, key, n)
+	if !d.Allowed {
+		if cur := lm.Shape(tier); cur != sh {
+			sh = cur
+			d.Allowed = sh.fallback.AllowN(now, key, n)
+		}
 	}
 	if !d.Allowed {
 		r, _, ok := sh.fallback.LocalLimit(servers)

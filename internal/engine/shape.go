@@ -327,7 +327,7 @@ func (e *Engine) SetLimit(now time.Time, c LimitConfig) error {
 func (e *Engine) checkChange(old *shapes, c LimitConfig) (*shapes, error) {
 	oc := old.base.cfg
 	// 0 is the key store's default: naming the default is no change.
-	if cmpOr(c.MaxKeys, keystore.DefaultMaxKeys) != cmpOr(oc.MaxKeys, keystore.DefaultMaxKeys) {
+	if keystore.MaxKeys(c.MaxKeys) != keystore.MaxKeys(oc.MaxKeys) {
 		return nil, fmt.Errorf("limit %q: MaxKeys cannot change at run time (%d, was %d): remove the limit and add it again", c.Name, c.MaxKeys, oc.MaxKeys)
 	}
 	if err := checkKindChange(c, oc); err != nil {

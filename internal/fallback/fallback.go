@@ -5,7 +5,6 @@
 package fallback
 
 import (
-	"cmp"
 	"fmt"
 	"time"
 
@@ -114,8 +113,8 @@ type Fallback struct {
 // local buckets can stand for f's.
 func (f *Fallback) Same(o *Fallback) bool {
 	a, b := f.cfg, o.cfg
-	keys := func(n int) int { return cmp.Or(n, keystore.DefaultMaxKeys) } // 0: local's default
-	return f.spec == o.spec && a.Rate == b.Rate && a.Burst == b.Burst && a.MaxCost == b.MaxCost && keys(a.MaxKeys) == keys(b.MaxKeys)
+	return f.spec == o.spec && a.Rate == b.Rate && a.Burst == b.Burst && a.MaxCost == b.MaxCost &&
+		keystore.MaxKeys(a.MaxKeys) == keystore.MaxKeys(b.MaxKeys)
 }
 
 // New returns the Fallback of a valid policy's spec s for the limit cfg, or an error if its

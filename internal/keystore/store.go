@@ -23,6 +23,15 @@ var ErrInvalidConfig = errors.New("key store")
 // MaxKeys at zero.
 const DefaultMaxKeys = 100_000
 
+// MaxKeys returns the number of keys a Store configured with MaxKeys n holds: n, or
+// DefaultMaxKeys for 0.
+func MaxKeys(n int) int {
+	if n == 0 {
+		return DefaultMaxKeys
+	}
+	return n
+}
+
 // EvictReason says why a Store let go of a key.
 type EvictReason uint8
 
@@ -189,10 +198,7 @@ func NewStore[V any](cfg StoreConfig[V]) (*Store[V], error) {
 	if cfg.Shards < 0 {
 		return nil, fmt.Errorf("%w: Shards %d is negative", ErrInvalidConfig, cfg.Shards)
 	}
-	maxKeys := cfg.MaxKeys
-	if maxKeys == 0 {
-		maxKeys = DefaultMaxKeys
-	}
+	maxKeys := MaxKeys(cfg.MaxKeys)
 	n := shardCount(cfg.Shards, maxKeys)
 	s := &Store[V]{
 		shards:   make([]Shard[V], n),
