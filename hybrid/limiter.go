@@ -181,7 +181,10 @@ type Config struct {
 	Breaker *breaker.Breaker
 	// Seed seeds the pacing jitter; 0 picks a random seed.
 	Seed uint64
-	// Clock is the Limiter's time and timers, for tests. nil: the system clock.
+	// Clock is the Limiter's time and timers, for tests. nil: the system clock. Its
+	// instants must lie within the years 1678 to 2261, where time.Time.UnixNano holds
+	// them: the engine keeps a key's instants as Unix nanoseconds. New refuses a Clock
+	// that reads a year outside them.
 	Clock breaker.Clock
 	// Logger, if set, hears of the rare events an operator needs; never a line per
 	// request.
@@ -339,6 +342,7 @@ type Limiter struct {
 	store *redisstore.Store
 	nodes *nodes // the breakers: Config.Breaker, and one per master of a Cluster
 	clock breaker.Clock
+	sys   bool // clock is the system clock (nanos)
 
 	onDecision  func(key string, d Decision)
 	events      *events            // nil without a Logger
@@ -368,6 +372,11 @@ func New(store *global.Store, cfg Config) (*Limiter, error) {
 	if cfg.LogInterval < 0 {
 		return nil, fmt.Errorf("%w: LogInterval %v is negative", ErrInvalidConfig, cfg.LogInterval)
 	}
+	if cfg.Clock != nil {
+		if y := cfg.Clock.Now().Year(); y < 1678 || y > 2261 {
+			return nil, fmt.Errorf("%w: Clock reads the year %d, outside the years 1678 to 2261 that Unix nanoseconds hold", ErrInvalidConfig, y)
+		}
+	}
 	if cfg.RequireNoEviction {
 		ctx, cancel := context.WithTimeout(context.Background(), evictionCheckTimeout)
 		err := store.CheckEviction(ctx)
@@ -387,6 +396,7 @@ func New(store *global.Store, cfg Config) (*Limiter, error) {
 	if l.clock == nil {
 		l.clock = sysclock.Clock{}
 	}
+	_, l.sys = l.clock.(sysclock.Clock)
 	brk := cfg.Breaker
 	if brk == nil {
 		b, err := breaker.New(breaker.Settings{Clock: l.clock})
@@ -879,7 +889,7 @@ func (l *Limiter) allowN(out *Decision, ctx context.Context, limit, tier, key st
 		return err
 	}
 	var d engine.Decision
-	if w := l.eng.Decide(l.clock.Now(), lm, tier, key, n, &d); w != nil {
+	if w := l.eng.Decide(l.nanos(), lm, tier, key, n, &d); w != nil {
 		*out, err = l.wait(ctx, lm, tier, key, w, hook)
 		return err
 	}
@@ -892,6 +902,15 @@ func (l *Limiter) allowN(out *Decision, ctx context.Context, limit, tier, key st
 		hook(key, *out)
 	}
 	return nil
+}
+
+// nanos is the clock's instant in Unix nanoseconds, as Engine.Decide takes it: on the
+// system clock read without building a time.Time (sysclock.UnixNano).
+func (l *Limiter) nanos() int64 {
+	if l.sys {
+		return sysclock.UnixNano()
+	}
+	return l.clock.Now().UnixNano()
 }
 
 // closedDecision is the answer to a request of limit and tier the engine found closed:

@@ -95,6 +95,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"bad fleet name", hybrid.Config{FleetSize: 1, Fleet: "a b", Limits: []hybrid.Limit{ok}}, hybrid.ErrInvalidConfig},
 		{"heartbeat below a millisecond", hybrid.Config{FleetSize: 1, Fleet: "web", HeartbeatInterval: 100 * time.Microsecond, Limits: []hybrid.Limit{ok}}, hybrid.ErrInvalidConfig},
 		{"negative heartbeat", hybrid.Config{FleetSize: 1, Fleet: "web", HeartbeatInterval: -time.Second, Limits: []hybrid.Limit{ok}}, hybrid.ErrInvalidConfig},
+		{"clock at the zero Time", hybrid.Config{FleetSize: 1, Clock: clockAt(func() time.Time { return time.Time{} }), Limits: []hybrid.Limit{ok}}, hybrid.ErrInvalidConfig},
+		{"clock past 2261", hybrid.Config{FleetSize: 1, Clock: clockAt(func() time.Time { return time.Date(2262, 6, 1, 0, 0, 0, 0, time.UTC) }), Limits: []hybrid.Limit{ok}}, hybrid.ErrInvalidConfig},
 		{"windows of 1ms", hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{{Name: "api", Rate: 1000, Burst: 1, Policy: breaker.FailOpen, Mode: hybrid.Windowed(time.Millisecond)}}}, hybrid.ErrInvalidConfig},
 		{"windowed reports over half the window", hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{{Name: "api", Rate: 10, Burst: 10, Policy: breaker.FailOpen, Mode: hybrid.Windowed(time.Second)}}}, hybrid.ErrInvalidConfig},
 	}

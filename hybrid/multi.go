@@ -82,11 +82,11 @@ func (l *Limiter) allowMulti(out *MultiDecision, ctx context.Context, items []It
 // decideMulti decides m, its items added, waiting as AllowMulti does, writes the
 // decision to *out and tells hook (nil: nobody) of it.
 func (l *Limiter) decideMulti(out *MultiDecision, ctx context.Context, m *engine.Multi, hook func(string, Decision)) (err error) {
-	w, done := l.eng.StartMulti(l.clock.Now(), m)
+	w, done := l.eng.StartMulti(l.nanos(), m)
 	for !done {
 		d, werr := l.await(ctx, w)
 		err = cmp.Or(err, werr)
-		w, done = l.eng.ResumeMulti(l.clock.Now(), m, d)
+		w, done = l.eng.ResumeMulti(l.nanos(), m, d)
 	}
 	it := m.At(m.Item)
 	out.Allowed, out.Denied, out.RetryAfter = m.Allowed, m.Denied, m.RetryAfter

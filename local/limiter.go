@@ -76,6 +76,11 @@ type Limiter struct {
 
 	mu          sync.Mutex // serialises SetLimitAt
 	defaultIdle bool       // IdleTimeout follows the refill time
+	// epoch is the instant the Limiter was made: the key store keeps a key's latest
+	// instant as nanoseconds since (nanos), read by time.Time's Sub, on the monotonic
+	// clock when both instants have a reading of it, so a step of the wall clock does
+	// not make keys idle.
+	epoch time.Time
 }
 
 // limitConfig is one version of the limit; buckets pick up a newer version
@@ -103,7 +108,7 @@ func NewLimiter(cfg Config) (*Limiter, error) {
 	if cfg.IdleTimeout < 0 {
 		return nil, fmt.Errorf("%w: IdleTimeout %v is negative", ErrInvalidConfig, cfg.IdleTimeout)
 	}
-	l := &Limiter{defaultIdle: cfg.IdleTimeout == 0}
+	l := &Limiter{defaultIdle: cfg.IdleTimeout == 0, epoch: time.Now()}
 	l.cfg.Store(lc)
 	idle := cfg.IdleTimeout
 	if l.defaultIdle {
@@ -138,11 +143,17 @@ func newLimitConfig(r rate.Limit, burst int) (*limitConfig, error) {
 	return &limitConfig{r: r, burst: burst, fill: fill}, nil
 }
 
+// nanos is t as the key store keeps it: nanoseconds since the Limiter was made.
+func (l *Limiter) nanos(t time.Time) int64 { return int64(t.Sub(l.epoch)) }
+
+// instant is the instant the key store keeps as ns (nanos).
+func (l *Limiter) instant(ns int64) time.Time { return l.epoch.Add(time.Duration(ns)) }
+
 // initBucket makes a full bucket for a new key: its history starts one
 // fill time before now. It runs under the shard lock.
-func (l *Limiter) initBucket(b *bucket, _ string, now time.Time) {
+func (l *Limiter) initBucket(b *bucket, _ string, now int64) {
 	c := l.cfg.Load()
-	start := now.Add(-c.fill)
+	start := l.instant(now).Add(-c.fill)
 	b.lim.SetLimitAt(start, c.r)
 	b.lim.SetBurstAt(start, c.burst)
 	b.gen = c.gen
@@ -156,11 +167,12 @@ func (l *Limiter) AllowN(now time.Time, key string, n int) bool {
 	if n < 0 {
 		return false
 	}
-	sh, e, ok := l.store.Acquire(now, key)
+	ns := l.nanos(now)
+	sh, e, ok := l.store.Acquire(ns, key)
 	if !ok {
 		return false
 	}
-	t := l.advance(e, now)
+	t := l.advance(e, now, ns)
 	allowed := n == 0 || e.Val.lim.AllowN(t, n)
 	l.store.Release(sh)
 	return allowed
@@ -179,18 +191,19 @@ func (l *Limiter) Allow(key string) bool {
 // after SetLimitAt, the key's time moves to that change's instant).
 func (l *Limiter) TokensAt(now time.Time, key string) float64 {
 	tokens := float64(l.cfg.Load().burst) // a key not held: AllowN would start afresh
-	l.store.Inspect(key, now, func(e *keystore.Entry[bucket]) {
+	ns := l.nanos(now)
+	l.store.Inspect(key, ns, func(e *keystore.Entry[bucket]) {
 		if e == nil {
 			return
 		}
-		t := e.Last
-		if now.After(t) {
-			t = now
+		t := now
+		if ns-e.Last < 0 {
+			t = l.instant(e.Last)
 		}
 		if c := l.cfg.Load(); e.Val.gen < c.gen {
 			// Applying the newer limit moves the bucket's time to when it was set;
 			// the key's time follows it (never beyond), so its idle time is not reset.
-			e.Last = l.applyConfig(&e.Val, c, e.Last, t)
+			e.Last = l.nanos(l.applyConfig(&e.Val, c, l.instant(e.Last), t))
 		}
 		// rate.Limiter.TokensAt only reads: the key's time stays as it was, so
 		// looking does not keep an idle key alive.
@@ -200,13 +213,16 @@ func (l *Limiter) TokensAt(now time.Time, key string) float64 {
 }
 
 // advance moves the entry's time to max(now, its last instant), applies a
-// newer limit if there is one, and returns that time. It requires that the
-// entry's shard is locked.
-func (l *Limiter) advance(e *keystore.Entry[bucket], now time.Time) time.Time {
+// newer limit if there is one, and returns that time; ns is now as the key store
+// keeps it (nanos). It requires that the entry's shard is locked.
+func (l *Limiter) advance(e *keystore.Entry[bucket], now time.Time, ns int64) time.Time {
 	prev := e.Last
-	t := e.Touch(now)
+	t := now
+	if e.Touch(ns) != ns {
+		t = l.instant(e.Last) // now is earlier: it counts as the key's latest instant
+	}
 	if c := l.cfg.Load(); e.Val.gen < c.gen {
-		l.applyConfig(&e.Val, c, prev, t)
+		l.applyConfig(&e.Val, c, l.instant(prev), t)
 	}
 	return t
 }
@@ -272,7 +288,7 @@ func (l *Limiter) Len() int {
 // Buckets are also dropped as new keys arrive, so Sweep is only needed to
 // give memory back promptly.
 func (l *Limiter) Sweep(now time.Time, max int) int {
-	return l.store.Sweep(now, max)
+	return l.store.Sweep(l.nanos(now), max)
 }
 
 // Close drops every bucket; AllowN then reports false. Close is

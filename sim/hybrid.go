@@ -275,7 +275,7 @@ func (h *hybridStrat) handle(s *server, q *request) {
 		return
 	}
 	var d engine.Decision
-	if w := hs.eng.Decide(s.clock(f.e.now), hs.lim, "", f.keyName(q.key), q.n, &d); w == nil {
+	if w := hs.eng.Decide(s.clock(f.e.now).UnixNano(), hs.lim, "", f.keyName(q.key), q.n, &d); w == nil {
 		h.settle(s, hs, q, d)
 	} else {
 		hs.waiting[w] = q

@@ -91,7 +91,7 @@ func (h *hybridStrat) handleMulti(s *server, hs *hybridServer, q *request) {
 		m.Add(engine.MultiItem{Limit: hs.also[i], Key: h.alsoKey(i, q.key), N: q.n})
 	}
 	m.Add(engine.MultiItem{Limit: hs.lim, Key: f.keyName(q.key), N: q.n})
-	w, done := hs.eng.StartMulti(s.clock(f.e.now), m)
+	w, done := hs.eng.StartMulti(s.clock(f.e.now).UnixNano(), m)
 	h.multiStep(s, hs, &multiReq{q: q, m: m}, w, done)
 }
 
@@ -117,7 +117,7 @@ func (h *hybridStrat) multiStep(s *server, hs *hybridServer, r *multiReq, w *eng
 
 // resume goes on with r after one of its items was decided d.
 func (h *hybridStrat) resume(s *server, hs *hybridServer, r *multiReq, d engine.Decision) {
-	w, done := hs.eng.ResumeMulti(s.clock(h.f.e.now), r.m, d)
+	w, done := hs.eng.ResumeMulti(s.clock(h.f.e.now).UnixNano(), r.m, d)
 	h.multiStep(s, hs, r, w, done)
 	h.wake(s, hs)
 }

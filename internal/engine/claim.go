@@ -45,7 +45,7 @@ func (b *bucket) claim(now time.Time, id string, n int) (Decision, *Waiter) {
 	f := &Flight{lim: lm, b: b, shape: sh, key: id, want: n, min: n, floor: sh.cfg.Burst, waiters: []*Waiter{w}}
 	// What the key's lease heard of the bucket, if this server holds the key: a claim
 	// that finds the bucket lost starts it empty too.
-	lm.keys.Peek(id, func(en *entry, _ time.Time) { f.seen = en.lease.seen() })
+	lm.keys.Peek(id, func(en *entry, _ int64) { f.seen = en.lease.seen() })
 	if e.send(now, f, w) {
 		return w.d, nil // refused at once
 	}

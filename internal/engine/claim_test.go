@@ -66,7 +66,7 @@ func TestClaim(t *testing.T) {
 				t.Fatalf("a claim counted among the decisions: %v", st.Decisions)
 			}
 			var lease Lease
-			lm.keys.Peek("k", func(en *entry, _ time.Time) { lease = en.lease })
+			lm.keys.Peek("k", func(en *entry, _ int64) { lease = en.lease })
 			if lease.Tokens() != 0 {
 				t.Fatalf("the claim's tokens went to the lease: %d", lease.Tokens())
 			}

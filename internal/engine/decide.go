@@ -102,7 +102,11 @@ func (o *outcome) refund(e *Engine, lm *Limit) {
 
 // Decide decides a request of cost n for key under tier of lm ("" for the limit's own
 // rate and burst; a tier the limit does not have is that one too) at now, writing the
-// decision to d. A key decided under another shape than its last (another tier, or a
+// decision to d. now is Unix nanoseconds (time.Time.UnixNano of the driver's clock, whose
+// instants must lie in its range, the years 1678 to 2262), where the engine's other
+// methods take a time.Time: a lease hit then subtracts and compares integers, and
+// builds no time.Time, whose Add, Sub and After cost it about a sixth of its
+// instructions (docs/hot-path.md). A key decided under another shape than its last (another tier, or a
 // configuration SetLimit replaced) is re-shaped first.
 // On the common path (the lease holds enough unexpired tokens) it is one pass under the
 // key's store lock, with no allocation. When the request must wait for a refill it
@@ -114,7 +118,7 @@ func (o *outcome) refund(e *Engine, lm *Limit) {
 // a brace, is held as the digest its Redis key carries, so a server holds a bounded
 // number of bytes per key whatever the keys' length. Such a key costs a SHA-256 and an
 // allocation per decision.
-func (e *Engine) Decide(now time.Time, lm *Limit, tier, key string, n int, d *Decision) *Waiter {
+func (e *Engine) Decide(now int64, lm *Limit, tier, key string, n int, d *Decision) *Waiter {
 	var w *Waiter
 	*d, w = lm.kind.decide(now, tier, key, n) // by value: d must not escape through the interface
 	return w
@@ -154,7 +158,7 @@ func (exact) note(*Shape, string, float64, time.Time)            {}
 func (exact) undo(*Shape, string, int) int                       { return 0 }
 
 // decide is Decide for a bucket kind.
-func (b *bucket) decide(now time.Time, tier, key string, n int) (Decision, *Waiter) {
+func (b *bucket) decide(now int64, tier, key string, n int) (Decision, *Waiter) {
 	lm, e := b.lm, b.lm.e
 	var o outcome
 	if !b.decideLocked(&o, now, wire.KeyID(key), tier, n) {
@@ -163,12 +167,12 @@ func (b *bucket) decide(now time.Time, tier, key string, n int) (Decision, *Wait
 	o.d.Servers = e.Servers()
 	o.refund(e, lm)
 	if o.async > 0 {
-		b.spill.charge(o.shape, o.key, o.async, now)
+		b.spill.charge(o.shape, o.key, o.async, timeAt(now))
 	}
 	if o.start {
 		e.wake() // the driver's next Tick plans the first low-key exchange
 	}
-	if o.f != nil && e.send(now, o.f, o.w) && o.w != nil {
+	if o.f != nil && e.send(timeAt(now), o.f, o.w) && o.w != nil {
 		// The refill failed at once (breaker open, stopped): the policy decided o.w.
 		return o.w.d, nil
 	}
@@ -184,7 +188,7 @@ func (b *bucket) decide(now time.Time, tier, key string, n int) (Decision, *Wait
 // keystore.Store.Update without the closure and the call a function value costs); it
 // reports false, deciding nothing, once the store is closed. A hit leaves o with its
 // decision alone, which decide's steps after the lock pass over.
-func (b *bucket) decideLocked(o *outcome, now time.Time, id, tier string, n int) bool {
+func (b *bucket) decideLocked(o *outcome, now int64, id, tier string, n int) bool {
 	keys := b.lm.keys
 	sh, ke, ok := keys.Acquire(now, id)
 	if !ok {
@@ -193,7 +197,7 @@ func (b *bucket) decideLocked(o *outcome, now time.Time, id, tier string, n int)
 	defer keys.Release(sh) // a panic must not leave the shard locked
 	en, t := &ke.Val, ke.Touch(now)
 	if !b.hitKey(&o.d, en, t, tier, n) {
-		b.decideKey(o, en, t, tier, n, nil)
+		b.decideKey(o, en, timeAt(t), tier, n, nil)
 	}
 	return true
 }
@@ -203,7 +207,7 @@ func (b *bucket) decideLocked(o *outcome, now time.Time, id, tier string, n int)
 // (Lease.serves), and a pre-check that has its tokens. It reports false, changing
 // nothing, for any other request, and otherwise writes the decision to d (a zero one),
 // all but its Servers. It requires the key's lock.
-func (b *bucket) hitKey(d *Decision, en *entry, t time.Time, tier string, n int) bool {
+func (b *bucket) hitKey(d *Decision, en *entry, t int64, tier string, n int) bool {
 	sh := b.lm.cur.Load().of(tier)
 	if en.shape != sh {
 		return false
@@ -230,12 +234,12 @@ func (b *bucket) decideKey(o *outcome, en *entry, t time.Time, tier string, n in
 	lm := b.lm
 	sh := lm.cur.Load().of(tier)
 	if en.shape != sh {
-		lm.reshape(en, sh, t)
+		lm.reshape(en, sh, t.UnixNano())
 	}
 	c := sh.lease.Load()
 	o.key, o.shape = en.key, sh
 	if en.lease.CanServe(c, t, n) {
-		if !en.pre.AllowN(t, n) {
+		if !en.pre.AllowN(t.UnixNano(), n) {
 			o.d = lm.preDenied(en, t, n)
 			return
 		}
@@ -245,7 +249,7 @@ func (b *bucket) decideKey(o *outcome, en *entry, t time.Time, tier string, n in
 	}
 	// A cost above the burst can never pass: the lease says so, whatever the
 	// pre-check holds.
-	if n > 0 && n <= c.Burst && en.pre.TokensAt(t) < float64(n) {
+	if n > 0 && n <= c.Burst && en.pre.TokensAt(t.UnixNano()) < float64(n) {
 		o.d = lm.preDenied(en, t, n)
 		return
 	}
@@ -254,7 +258,7 @@ func (b *bucket) decideKey(o *outcome, en *entry, t time.Time, tier string, n in
 		trusted, o.start = b.spill.trusts(en, sh, t, n)
 	}
 	if trusted {
-		en.pre.AllowN(t, n)
+		en.pre.AllowN(t.UnixNano(), n)
 		o.async = n
 		// Remaining: nothing here says the key is low, the likeliest is a full bucket.
 		o.d = Decision{Allowed: true, Remaining: c.Burst - n, Source: SourceLease, Reason: ReasonAsync}
@@ -266,7 +270,7 @@ func (b *bucket) decideKey(o *outcome, en *entry, t time.Time, tier string, n in
 		o.st = en.lease.Recheck(c, t, n)
 	}
 	if o.st.Action == Allow {
-		en.pre.AllowN(t, n)
+		en.pre.AllowN(t.UnixNano(), n)
 	}
 	b.decided(o, en, sh, tier, n, w)
 }
@@ -295,7 +299,7 @@ func (b *bucket) decided(o *outcome, en *entry, sh *Shape, tier string, n int, w
 
 // hit is kind.hit for a bucket kind: the first branch of decideKey, a lease that serves
 // the request and a pre-check that has its tokens, and nothing else.
-func (b *bucket) hit(now time.Time, tier, id string, n int) (Decision, bool) {
+func (b *bucket) hit(now int64, tier, id string, n int) (Decision, bool) {
 	lm, e := b.lm, b.lm.e
 	var o outcome
 	if !b.hitLocked(&o, now, id, tier, n) {
@@ -304,14 +308,14 @@ func (b *bucket) hit(now time.Time, tier, id string, n int) (Decision, bool) {
 	o.d.Servers = e.Servers()
 	o.refund(e, lm)
 	if o.f != nil {
-		e.send(now, o.f, nil) // a refill ahead of need: nobody waits for it
+		e.send(timeAt(now), o.f, nil) // a refill ahead of need: nobody waits for it
 	}
 	return o.d, true
 }
 
 // hitLocked is hit's part under the key's store lock: it reports whether the lease
 // and the pre-check served the request, and fills in o if they did.
-func (b *bucket) hitLocked(o *outcome, now time.Time, id, tier string, n int) bool {
+func (b *bucket) hitLocked(o *outcome, now int64, id, tier string, n int) bool {
 	lm := b.lm
 	ksh, ke, ok := lm.keys.Acquire(now, id)
 	if !ok {
@@ -324,23 +328,24 @@ func (b *bucket) hitLocked(o *outcome, now time.Time, id, tier string, n int) bo
 	}
 	sh := lm.cur.Load().of(tier)
 	c := sh.lease.Load()
-	if n <= 0 || en.shape != sh || !en.lease.CanServe(c, t, n) || !en.pre.AllowN(t, n) {
+	tt := timeAt(t)
+	if n <= 0 || en.shape != sh || !en.lease.CanServe(c, tt, n) || !en.pre.AllowN(t, n) {
 		return false
 	}
 	o.key, o.shape = en.key, sh
-	en.lease.acquire(c, t, n, &o.st)
+	en.lease.acquire(c, tt, n, &o.st)
 	b.decided(o, en, sh, tier, n, nil)
 	return true
 }
 
 // unhit undoes what hit did at now for a request of cost n for the key of ID id, its
 // demand included: the request is decided again, on the full path.
-func (b *bucket) unhit(now time.Time, id string, n int) {
+func (b *bucket) unhit(now int64, id string, n int) {
 	back := false
-	b.lm.keys.Peek(id, func(en *entry, last time.Time) {
-		t := later(now, last) // the pre-check's clock must not go back
+	b.lm.keys.Peek(id, func(en *entry, last int64) {
+		t := max(now, last) // the pre-check's clock must not go back
 		en.pre.AllowN(t, -n)
-		back = en.lease.unhit(t, n)
+		back = en.lease.unhit(timeAt(t), n)
 	})
 	if !back {
 		b.lm.e.queueRefund(b.lm, b.lm.Shape(""), id, n)
@@ -368,7 +373,7 @@ func (lm *Limit) join(o *outcome, en *entry, tier string, n int, w *Waiter) {
 func (lm *Limit) preDenied(en *entry, t time.Time, n int) Decision {
 	d := Decision{Source: SourcePreCheck, Reason: ReasonPreCheck, RetryAfter: InfDuration}
 	if n <= en.shape.preBurst {
-		d.RetryAfter = tokenbucket.Duration(float64(n)-en.pre.TokensAt(t), en.shape.preRate)
+		d.RetryAfter = tokenbucket.Duration(float64(n)-en.pre.TokensAt(t.UnixNano()), en.shape.preRate)
 	}
 	return d
 }
@@ -406,8 +411,8 @@ func (e *Engine) recheck(now time.Time, b *bucket, w *Waiter) bool {
 	}
 	lm := w.lim
 	var o outcome
-	if !lm.keys.Update(now, w.key, func(en *entry, t time.Time) {
-		b.decideKey(&o, en, t, w.tier, w.n, w)
+	if !lm.keys.Update(now.UnixNano(), w.key, func(en *entry, t int64) {
+		b.decideKey(&o, en, lastOf(now, t), w.tier, w.n, w)
 	}) {
 		w.set(Decision{Reason: ReasonClosed, Servers: e.Servers()})
 		return true
@@ -456,16 +461,17 @@ func (e *Engine) fallbackOn(now time.Time, lm *Limit, sh *Shape, tier, key strin
 	}
 	ref, hasRef := 0.0, false
 	if d.Allowed && n > 0 {
-		lm.keys.Update(now, key, func(en *entry, t time.Time) {
+		lm.keys.Update(now.UnixNano(), key, func(en *entry, ns int64) {
+			t := lastOf(now, ns)
 			ref, hasRef = en.credit, en.hasCredit
 			if en.shape != sh {
-				lm.reshape(en, sh, t)
+				lm.reshape(en, sh, ns)
 			}
-			if !en.pre.AllowN(t, n) {
+			if !en.pre.AllowN(ns, n) {
 				d = lm.preDenied(en, t, n)
 				d.Servers = servers
 			} else if ok, retry := lm.kind.admitFallback(en, t, n); !ok {
-				en.pre.AllowN(t, -n) // refused: its pre-check tokens go back
+				en.pre.AllowN(ns, -n) // refused: its pre-check tokens go back
 				d = Decision{Source: SourceFallback, Reason: why, Servers: servers, RetryAfter: retry}
 			}
 		})
@@ -522,14 +528,14 @@ func (b *bucket) undo(now, _ time.Time, id string, n int, d Decision) int {
 	fromLease := spends(d.Reason)
 	back := false // the lease took its tokens back
 	sh := lm.Shape("")
-	lm.keys.Peek(id, func(en *entry, last time.Time) {
+	lm.keys.Peek(id, func(en *entry, last int64) {
 		if en.shape != nil {
 			sh = en.shape
 		}
-		t := later(now, last) // never before the entry's last use: the pre-check's clock must not go back
+		t := lastOf(now, last) // never before the entry's last use: the pre-check's clock must not go back
 		// A negative cost gives tokens back: x/time/rate adds them, and caps the level
 		// at the burst at its next use (TestPreCheckTakesTokensBack pins this).
-		en.pre.AllowN(t, -n)
+		en.pre.AllowN(t.UnixNano(), -n)
 		back = fromLease && en.lease.unspend(t, n)
 	})
 	if d.Reason == ReasonAsync {

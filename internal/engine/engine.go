@@ -206,6 +206,10 @@ type entry struct {
 	hasCredit bool
 	flight    *Flight // the refill in flight, nil if none
 	win       *wkey   // a windowed limit's state of the key (window.go); nil for a bucket's
+
+	// pad makes a key's state (with the store's fields) 352 bytes, where it would be 320:
+	// a hit over 10,000 keys measured about 0.85 of the time with it (TestEntrySize).
+	pad [32]byte
 }
 
 type refund struct {
@@ -362,7 +366,7 @@ func (e *Engine) setServers(now time.Time, n int) {
 
 // initEntry makes the state of a key new to this server: an empty lease, and no shape
 // yet (its first decision gives it one, with a full pre-check bucket: reshape).
-func (lm *Limit) initEntry(en *entry, key string, now time.Time) {
+func (lm *Limit) initEntry(en *entry, key string, _ int64) {
 	h := hashKey(key)
 	en.pre = tokenbucket.Bucket{}
 	en.shape = nil

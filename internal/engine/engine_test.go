@@ -54,7 +54,7 @@ func readReps(t *testing.T, e *Engine, now time.Time) {
 // decide is Decide returning the decision.
 func decide(e *Engine, now time.Time, lm *Limit, key string, n int) (Decision, *Waiter) {
 	var d Decision
-	w := e.Decide(now, lm, "", key, n, &d)
+	w := e.Decide(now.UnixNano(), lm, "", key, n, &d)
 	return d, w
 }
 
@@ -304,7 +304,7 @@ func TestShutdown(t *testing.T) {
 		t.Fatalf("a request after Stop: %+v, %v", d, w)
 	}
 	// A key that holds tokens: they are refunded at Drain.
-	lm.keys.Update(t0, "held", func(en *entry, t time.Time) { en.lease.tokens = 7 })
+	lm.keys.Update(t0.UnixNano(), "held", func(en *entry, _ int64) { en.lease.tokens = 7 })
 	e.Drain()
 	trip := e.Next()
 	if trip == nil || trip.Kind != RefundTrip || len(trip.Refunds) != 1 || trip.Refunds[0].N != 7 {
@@ -527,7 +527,7 @@ func TestLostTakeIsSentAgain(t *testing.T) {
 func TestGrantPaysThePolicy(t *testing.T) {
 	e, lm := testEngine(t, func(c *Config) { c.Limits[0].Policy = breaker.FailOpen })
 	tokens := func(key string) (n int) {
-		lm.keys.Peek(key, func(en *entry, _ time.Time) { n = en.lease.Tokens() })
+		lm.keys.Peek(key, func(en *entry, _ int64) { n = en.lease.Tokens() })
 		return n
 	}
 	// Two requests wait; one gives up at its MaxWait (FailOpen admits it); the grant of
@@ -613,7 +613,7 @@ func TestLateGrant(t *testing.T) {
 				t.Error("the same late answer was taken twice")
 			}
 			var tokens int
-			lm.keys.Peek("k", func(en *entry, _ time.Time) { tokens = en.lease.Tokens() })
+			lm.keys.Peek("k", func(en *entry, _ int64) { tokens = en.lease.Tokens() })
 			if tokens != tc.tokens {
 				t.Errorf("%d tokens on hand, want %d", tokens, tc.tokens)
 			}
@@ -815,17 +815,17 @@ func TestLateGrantOfAnotherBucket(t *testing.T) {
 			c.Limits[0].Tiers = []TierConfig{{Name: "small", Rate: 10, Burst: 10}}
 		})
 		var d Decision
-		if w := e.Decide(t0, lm, "", "k", 50, &d); w == nil {
+		if w := e.Decide(t0.UnixNano(), lm, "", "k", 50, &d); w == nil {
 			t.Fatal("no refill")
 		}
 		trip := e.Next()
-		if w := e.Decide(t0.Add(ms), lm, "small", "k", 1, &d); w == nil { // the key moves tier
+		if w := e.Decide(t0.Add(ms).UnixNano(), lm, "small", "k", 1, &d); w == nil { // the key moves tier
 			t.Fatal("no refill under the new tier")
 		}
 		lose(e, trip, t0.Add(10*ms)) // the old tier's take times out, having run:
 		lateAnswer(e, trip, trip.Takes[0].Want, t0.Add(20*ms))
 		var tokens int
-		lm.keys.Peek("k", func(en *entry, _ time.Time) { tokens = en.lease.Tokens() })
+		lm.keys.Peek("k", func(en *entry, _ int64) { tokens = en.lease.Tokens() })
 		if tokens != 0 {
 			t.Fatalf("the key on tier small holds %d tokens of the old tier's grant", tokens)
 		}
@@ -856,7 +856,7 @@ func TestLateGrantOfAnotherBucket(t *testing.T) {
 		var m Multi // k's entry made again, and j denies at the look: k not decided
 		m.Add(MultiItem{Limit: lm, Key: "k", N: 1})
 		m.Add(MultiItem{Limit: lm, Key: "j", N: 100})
-		if _, done := e.StartMulti(t0.Add(11*ms), &m); !done || m.Allowed {
+		if _, done := e.StartMulti(t0.Add(11*ms).UnixNano(), &m); !done || m.Allowed {
 			t.Fatalf("the multi: done %v, allowed %v; want it denied at once", done, m.Allowed)
 		}
 		if !lateAnswer(e, trip, 10, t0.Add(20*ms)) {

@@ -26,14 +26,14 @@ type kind interface {
 	// decide is Engine.Decide for a request of the limit. It returns the decision by
 	// value: a pointer passed through an interface escapes, and the hot path must not
 	// allocate.
-	decide(now time.Time, tier, key string, n int) (Decision, *Waiter)
+	decide(now int64, tier, key string, n int) (Decision, *Waiter)
 	// hit decides a request of cost n > 0 for the key of ID id only if the kind's common
 	// path serves it now, on the key's state alone: it spends, and returns the decision
 	// (not counted). Otherwise it changes nothing the full path would not and returns
 	// false. StartMulti's one pass runs on it; a kind without such a path returns false.
-	hit(now time.Time, tier, id string, n int) (Decision, bool)
+	hit(now int64, tier, id string, n int) (Decision, bool)
 	// unhit undoes a request hit served, demand included: it is to be decided again.
-	unhit(now time.Time, id string, n int)
+	unhit(now int64, id string, n int)
 	// admitFallback is called under the key's lock once the limit's failure policy
 	// admitted n for the key of en and its pre-check spent them: it accounts for the
 	// admission, or refuses it (ok false), the request to try again after retry.

@@ -434,12 +434,12 @@ func (l *Lease) spend(n int) {
 	l.consumed += int64(n)
 }
 
-// serves reports whether acquire at now would allow a request of cost n from the tokens
-// on hand and do nothing else: n > 0 of them on hand, unexpired (nothing to refund), and
-// no refill to start after it (quiet); t is now as an offset (at), for hit. It changes
-// nothing; hit then does what acquire would.
-func (l *Lease) serves(c *LeaseConfig, now time.Time, n int) (t int64, ok bool) {
-	t = now.UnixNano() - l.base
+// serves reports whether acquire at now (Unix nanoseconds) would allow a request of
+// cost n from the tokens on hand and do nothing else: n > 0 of them on hand, unexpired
+// (nothing to refund), and no refill to start after it (quiet); t is now as an offset
+// (at), for hit. It changes nothing; hit then does what acquire would.
+func (l *Lease) serves(c *LeaseConfig, now int64, n int) (t int64, ok bool) {
+	t = now - l.base
 	return t, l.based && n > 0 && n <= c.Burst && l.tokens >= n && t < l.expires && l.quiet(c, t, l.tokens-n)
 }
 

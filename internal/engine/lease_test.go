@@ -518,7 +518,7 @@ func TestLeaseConservesTokens(t *testing.T) {
 			case k < 5: // a request
 				n := r.IntN(maxCost + 1)
 				hl := l
-				at, served := hl.serves(&c, now, n)
+				at, served := hl.serves(&c, now.UnixNano(), n)
 				var remaining int
 				if served {
 					remaining = hl.hit(&c, at, n)

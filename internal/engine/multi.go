@@ -22,8 +22,8 @@ func (e *Engine) look(now time.Time, lm *Limit, tier, key string, n int) (Decisi
 	}
 	var d Decision
 	denied := false
-	lm.keys.Peek(wire.KeyID(key), func(en *entry, _ time.Time) {
-		if en.shape == sh && en.pre.TokensAt(now) < float64(n) {
+	lm.keys.Peek(wire.KeyID(key), func(en *entry, _ int64) {
+		if en.shape == sh && en.pre.TokensAt(now.UnixNano()) < float64(n) {
 			d, denied = lm.preDenied(en, now, n), true
 		}
 	})
@@ -100,8 +100,8 @@ type Multi struct {
 	// at is the instant m started at (StartMulti), when the items it decided without
 	// waiting were decided: the instant of their decisions, for a give-back (Return).
 	// An item decided after a wait was decided later; a windowed one then gives back
-	// nothing if its window changed in between, which is conservative.
-	at time.Time
+	// nothing if its window changed in between, which is conservative. Unix nanoseconds.
+	at int64
 
 	// users is the number of items the driver added, set when m is first started; the
 	// items after them are the companions' (reps.go), orig[i-users] the item item i
@@ -142,9 +142,10 @@ func (m *Multi) taken(i int) Decision {
 	return m.more[i-len(m.small)]
 }
 
-// StartMulti decides m as far as it can at now: it returns (nil, true) once m is decided,
-// or the Waiter of the item that waits for a refill and false.
-func (e *Engine) StartMulti(now time.Time, m *Multi) (*Waiter, bool) {
+// StartMulti decides m as far as it can at now (Unix nanoseconds, as Decide's): it
+// returns (nil, true) once m is decided, or the Waiter of the item that waits for a
+// refill and false.
+func (e *Engine) StartMulti(now int64, m *Multi) (*Waiter, bool) {
 	m.at = now
 	m.expand()
 	w, done := e.startMulti(now, m)
@@ -155,7 +156,7 @@ func (e *Engine) StartMulti(now time.Time, m *Multi) (*Waiter, bool) {
 }
 
 // startMulti is StartMulti on m's items, companions' included.
-func (e *Engine) startMulti(now time.Time, m *Multi) (*Waiter, bool) {
+func (e *Engine) startMulti(now int64, m *Multi) (*Waiter, bool) {
 	if e.hits(now, m) {
 		return nil, true
 	}
@@ -175,7 +176,7 @@ func (e *Engine) startMulti(now time.Time, m *Multi) (*Waiter, bool) {
 		if repeat {
 			continue // looked at with its first occurrence
 		}
-		d, denied := e.look(now, it.Limit, it.Tier, it.Key, cost)
+		d, denied := e.look(timeAt(now), it.Limit, it.Tier, it.Key, cost)
 		if !denied {
 			continue
 		}
@@ -204,7 +205,7 @@ func (m *Multi) reset() {
 // counted once m is admitted. At the first item that is not a hit, the items before it
 // are undone (kind.unhit, uncounted) and m takes the full path: the look decides a
 // certain denial before anything is spent, and the spend the rest.
-func (e *Engine) hits(now time.Time, m *Multi) bool {
+func (e *Engine) hits(now int64, m *Multi) bool {
 	if m.n > len(m.small) {
 		return false
 	}
@@ -230,8 +231,8 @@ func (e *Engine) hits(now time.Time, m *Multi) bool {
 }
 
 // ResumeMulti goes on with m after the item that waited was decided d (the Waiter's
-// decision, or GiveUp's), at now.
-func (e *Engine) ResumeMulti(now time.Time, m *Multi, d Decision) (*Waiter, bool) {
+// decision, or GiveUp's), at now (Unix nanoseconds).
+func (e *Engine) ResumeMulti(now int64, m *Multi, d Decision) (*Waiter, bool) {
 	w, done := (*Waiter)(nil), e.took(now, m, &d)
 	if !done {
 		w, done = e.spend(now, m)
@@ -243,7 +244,7 @@ func (e *Engine) ResumeMulti(now time.Time, m *Multi, d Decision) (*Waiter, bool
 }
 
 // spend decides m's items from m.next on, until one waits or m is decided.
-func (e *Engine) spend(now time.Time, m *Multi) (*Waiter, bool) {
+func (e *Engine) spend(now int64, m *Multi) (*Waiter, bool) {
 	for m.next < m.n {
 		it := m.At(m.next)
 		var d Decision
@@ -260,12 +261,12 @@ func (e *Engine) spend(now time.Time, m *Multi) (*Waiter, bool) {
 
 // took applies the decision *d of item m.next and reports whether it decided m (a
 // denial, whose items before it give their tokens back).
-func (e *Engine) took(now time.Time, m *Multi, d *Decision) bool {
+func (e *Engine) took(now int64, m *Multi, d *Decision) bool {
 	i := m.next
 	if !d.Allowed {
 		for j := i - 1; j >= 0; j-- {
 			it := m.At(j)
-			e.Return(now, m.at, it.Limit, it.Key, it.N, m.taken(j))
+			e.Return(timeAt(now), timeAt(m.at), it.Limit, it.Key, it.N, m.taken(j))
 		}
 		m.Denied, m.Item, m.Decision, m.RetryAfter = i, i, *d, d.RetryAfter
 		return true

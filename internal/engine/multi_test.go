@@ -4,7 +4,6 @@ import (
 	"reflect"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/fleetlimit/fleetlimit/breaker"
 )
@@ -39,7 +38,7 @@ func TestMultiOnePass(t *testing.T) {
 		var m Multi
 		m.Add(MultiItem{Limit: a, Key: "k", N: 1})
 		m.Add(MultiItem{Limit: b, Key: "k", N: 1})
-		if w, done := e.StartMulti(t0, &m); w != nil || !done {
+		if w, done := e.StartMulti(t0.UnixNano(), &m); w != nil || !done {
 			t.Fatalf("StartMulti waited (%v, %v); every item is a hit or a certain denial", w, done)
 		}
 		return &m
@@ -78,9 +77,9 @@ func TestMultiOnePass(t *testing.T) {
 // lmState is key k of lm: its lease's tokens on hand, its pre-check's tokens and its
 // demand estimate at t0, and the limit's admitted decisions.
 func lmState(lm *Limit) (tokens int, pre float64, demand float64, allowed int64) {
-	lm.keys.Peek("k", func(en *entry, _ time.Time) {
+	lm.keys.Peek("k", func(en *entry, _ int64) {
 		c := en.shape.lease.Load()
-		tokens, pre, demand = en.lease.Tokens(), en.pre.TokensAt(t0), en.lease.Demand(c, t0)
+		tokens, pre, demand = en.lease.Tokens(), en.pre.TokensAt(t0.UnixNano()), en.lease.Demand(c, t0)
 	})
 	s := lm.Stats()
 	for src := range NumSources {

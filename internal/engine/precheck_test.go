@@ -46,7 +46,7 @@ func TestPreCheckNeverDeniesWhatTheBucketWouldAllow(t *testing.T) {
 		lm.cur.Store(&shapes{base: sh})
 		var en entry
 		now := t0
-		lm.initEntry(&en, "k", now)
+		lm.initEntry(&en, "k", now.UnixNano())
 		g := newBucket(burst, rateLimit)
 		alone := rate.NewLimiter(rate.Limit(rateLimit), burst) // the bucket alone: spends what is admitted
 		alone.SetLimitAt(now, rate.Limit(rateLimit))
@@ -59,7 +59,7 @@ func TestPreCheckNeverDeniesWhatTheBucketWouldAllow(t *testing.T) {
 				// pre-check): the lease is refunded, the key starts afresh and full.
 				n, _ := en.lease.Drain()
 				g.refund(now, n)
-				lm.initEntry(&en, "k", now)
+				lm.initEntry(&en, "k", now.UnixNano())
 			}
 			n := 1 + r.IntN(maxCost)
 			var w *Waiter // the request's, once it waited
@@ -96,7 +96,7 @@ func TestPreCheckNeverDeniesWhatTheBucketWouldAllow(t *testing.T) {
 					break
 				}
 			}
-			if p, a := en.pre.TokensAt(now), alone.TokensAt(now); p < a-eps {
+			if p, a := en.pre.TokensAt(now.UnixNano()), alone.TokensAt(now); p < a-eps {
 				t.Fatalf("seed %d step %d: the pre-check holds %.4f, the bucket alone %.4f", seed, step, p, a)
 			}
 		}
@@ -116,12 +116,12 @@ func TestPreCheckStartsFull(t *testing.T) {
 		lm := &Limit{}
 		lm.kind = &bucket{lm: lm, spill: exact{}}
 		var en entry
-		lm.initEntry(&en, "k", t0)
-		lm.reshape(&en, &Shape{preRate: tc.rate, preBurst: tc.burst}, t0)
-		if got := en.pre.TokensAt(t0); got != float64(tc.burst) {
+		lm.initEntry(&en, "k", t0.UnixNano())
+		lm.reshape(&en, &Shape{preRate: tc.rate, preBurst: tc.burst}, t0.UnixNano())
+		if got := en.pre.TokensAt(t0.UnixNano()); got != float64(tc.burst) {
 			t.Errorf("rate %v burst %d: a new key's pre-check holds %v, want %d", tc.rate, tc.burst, got, tc.burst)
 		}
-		if !en.pre.AllowN(t0, tc.burst) || en.pre.AllowN(t0, 1) {
+		if !en.pre.AllowN(t0.UnixNano(), tc.burst) || en.pre.AllowN(t0.UnixNano(), 1) {
 			t.Errorf("rate %v burst %d: the burst must pass at once, then nothing", tc.rate, tc.burst)
 		}
 	}

@@ -97,12 +97,12 @@ func TestCompanions(t *testing.T) {
 	for range 8 {
 		m = Multi{}
 		m.Add(MultiItem{Limit: api, Key: "k", N: 1})
-		w, done := e.StartMulti(t0, &m)
+		w, done := e.StartMulti(t0.UnixNano(), &m)
 		for !done {
 			trip := e.Next()
 			answerAll(trip)
 			e.Done(t0, trip)
-			w, done = e.ResumeMulti(t0, &m, w.Decision())
+			w, done = e.ResumeMulti(t0.UnixNano(), &m, w.Decision())
 		}
 		if m.Allowed {
 			admitted++

@@ -227,13 +227,13 @@ func (ss *shapes) idleTimeout() time.Duration {
 	return d
 }
 
-// reshape moves the key of en to shape s at t: the first shape of a new key fills its
+// reshape moves the key of en to shape s at t (Unix nanoseconds): the first shape of a new key fills its
 // pre-check; a key of another shape with other bucket parameters gives its leased tokens
 // back (queued for refund on the shape they were leased under: Redis adds them back
 // only if the bucket still has it) and drops a refill in flight, whose answer is
 // refunded the same way, and its pre-check takes s's rate and burst, keeping what it
 // holds up to the new burst. It requires the key's lock.
-func (lm *Limit) reshape(en *entry, s *Shape, t time.Time) {
+func (lm *Limit) reshape(en *entry, s *Shape, t int64) {
 	old := en.shape
 	en.shape = s
 	if old == nil {

@@ -416,7 +416,7 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 	lost := mayHaveRun(err)
 	var expires time.Time // the granted tokens' expiry, for the sweep: set when Granted ran
 	var ws []*Waiter
-	lm.keys.Peek(f.key, func(en *entry, last time.Time) {
+	lm.keys.Peek(f.key, func(en *entry, last int64) {
 		if en.flight != f {
 			return
 		}
@@ -435,12 +435,12 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 		// records surely live: the bucket was lost (evicted, flushed, deleted), and the
 		// take started it empty (Refill.Seen).
 		sh := en.shape
-		if en.lease.answeredWithin(later(now, last), sh.lostWindow) && g.First {
+		if en.lease.answeredWithin(lastOf(now, last), sh.lostWindow) && g.First {
 			lm.stats.lostBuckets.Add(1)
 		}
 		lc := sh.lease.Load()
 		en.credit, en.hasCredit = g.Credit, true
-		at := later(now, last)
+		at := lastOf(now, last)
 		back = en.lease.Granted(lc, at, f.seq, g)
 		expires = at.Add(en.lease.lifeFrom(at)) // a roomy grant's tokens live longer
 	})
@@ -508,12 +508,12 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 	switch {
 	case !found:
 	case lost:
-		lm.keys.Peek(f.key, func(en *entry, _ time.Time) {
+		lm.keys.Peek(f.key, func(en *entry, _ int64) {
 			f.owed = adm
 			f.resend = en.lease.Lost(f.seq, f.rseq, f.again, adm > 0)
 		})
 	case adm > 0 && err == nil:
-		lm.keys.Peek(f.key, func(en *entry, _ time.Time) { paid = en.lease.pay(adm) })
+		lm.keys.Peek(f.key, func(en *entry, _ int64) { paid = en.lease.pay(adm) })
 		e.settle(lm, f.key, paid)
 	}
 }
@@ -580,7 +580,7 @@ func (e *Engine) Late(now time.Time, t *Trip, i int, r *redisstore.TakeResult) b
 	}
 	took, found, paid, back := false, false, 0, 0
 	var expires time.Time // the tokens' expiry, for the sweep: set when the key is found
-	lm.keys.Peek(f.key, func(en *entry, last time.Time) {
+	lm.keys.Peek(f.key, func(en *entry, last int64) {
 		if en.shape == nil || !en.shape.sameBucket(f.shape) {
 			// The key moved to another bucket (a tier, a new rate or burst) since f went,
 			// and its lease went back then; or its entry is new and not decided yet:
@@ -589,7 +589,7 @@ func (e *Engine) Late(now time.Time, t *Trip, i int, r *redisstore.TakeResult) b
 		}
 		found = true
 		lc := en.shape.lease.Load()
-		at := later(now, last)
+		at := lastOf(now, last)
 		paid, took = en.lease.Late(lc, at, f.rseq, f.resend, f.owed, g)
 		back = max(g.Granted, 0) - paid
 		expires = at.Add(en.lease.lifeFrom(at))
@@ -676,6 +676,21 @@ func later(a, b time.Time) time.Time {
 	return a
 }
 
+// lastOf is later(now, last) for last an instant as the key store keeps it (Unix
+// nanoseconds): a time.Time of now's clock, made from now by the difference, which holds
+// for any two instants within 292 years of each other, a virtual clock's at the zero Time
+// included.
+func lastOf(now time.Time, last int64) time.Time {
+	if d := last - now.UnixNano(); d > 0 {
+		return now.Add(time.Duration(d))
+	}
+	return now
+}
+
+// timeAt is the instant ns (Unix nanoseconds) as a time.Time, for a decision's slow path
+// from Decide's instant; it requires ns within UnixNano's range (the years 1678 to 2262).
+func timeAt(ns int64) time.Time { return time.Unix(0, ns) }
+
 // queueRefund queues n tokens of (lm, key) to be given back to the bucket, for a key of
 // shape sh (nil: the limit's own).
 func (e *Engine) queueRefund(lm *Limit, sh *Shape, key string, n int) {
@@ -752,9 +767,9 @@ func (e *Engine) Tick(now time.Time) {
 	for _, x := range due {
 		n := 0
 		var sh *Shape
-		x.lim.keys.Peek(x.key, func(en *entry, last time.Time) {
+		x.lim.keys.Peek(x.key, func(en *entry, last int64) {
 			if sh = en.shape; sh != nil {
-				n = en.lease.Expire(sh.lease.Load(), later(now, last))
+				n = en.lease.Expire(sh.lease.Load(), lastOf(now, last))
 			}
 		})
 		if n > 0 {

@@ -435,7 +435,7 @@ type wdecision struct {
 // admit admits a request of cost n for the key of en (state st) at now, for r: its
 // pre-check spends, and the decision says what grants the key holds after it.
 func (o *wdecision) admit(en *entry, st *wkey, now time.Time, n int, r Reason) {
-	en.pre.Take(now, o.pre, n)
+	en.pre.Take(now.UnixNano(), o.pre, n)
 	o.d = Decision{Allowed: true, Remaining: max(0, st.grants), Source: SourceLease, Reason: r}
 }
 
@@ -456,7 +456,7 @@ func (wl *windowed) decideKey(o *wdecision, en *entry, now time.Time, n int) {
 		return
 	}
 	// The pre-check's tokens, read once: admit spends from them.
-	if o.pre = en.pre.TokensAt(now); o.pre < float64(n) {
+	if o.pre = en.pre.TokensAt(now.UnixNano()); o.pre < float64(n) {
 		o.d = wl.lm.preDenied(en, now, n)
 		return
 	}

@@ -861,7 +861,7 @@ func TestWindowedGrantsWithoutTheLimitLock(t *testing.T) {
 			<-w.Done()
 		}
 		f.serve(0, now)
-		lm.keys.Peek(key, func(en *entry, _ time.Time) { grants = en.win.grants })
+		lm.keys.Peek(key, func(en *entry, _ int64) { grants = en.win.grants })
 	}
 	if grants < 2 {
 		t.Fatalf("the key holds %d grants: nothing to test", grants)
@@ -883,7 +883,7 @@ func TestWindowedGrantsWithoutTheLimitLock(t *testing.T) {
 		wl.mu.Unlock()
 		t.Fatal("a key served from its grants waited for the limit's lock")
 	}
-	lm.keys.Peek(key, func(en *entry, _ time.Time) {
+	lm.keys.Peek(key, func(en *entry, _ int64) {
 		if en.win.grants != grants-1 {
 			t.Errorf("grants %d after the decision, want %d", en.win.grants, grants-1)
 		}

@@ -38,7 +38,7 @@ type windowPending struct {
 }
 
 // decide is Decide for a windowed limit.
-func (wl *windowed) decide(now time.Time, _, key string, n int) (Decision, *Waiter) {
+func (wl *windowed) decide(now int64, _, key string, n int) (Decision, *Waiter) {
 	lm, e := wl.lm, wl.lm.e
 	var o wdecision
 	if !wl.decideLocked(&o, now, wire.KeyID(key), n) {
@@ -57,7 +57,7 @@ func (wl *windowed) decide(now time.Time, _, key string, n int) (Decision, *Wait
 
 // decideLocked is decideKey for a new request for the key of ID id, under its store
 // lock, as bucket.decideLocked is for a bucket kind; false once the store is closed.
-func (wl *windowed) decideLocked(o *wdecision, now time.Time, id string, n int) bool {
+func (wl *windowed) decideLocked(o *wdecision, now int64, id string, n int) bool {
 	lm := wl.lm
 	ksh, ke, ok := lm.keys.Acquire(now, id)
 	if !ok {
@@ -68,18 +68,18 @@ func (wl *windowed) decideLocked(o *wdecision, now time.Time, id string, n int) 
 	if sh := lm.cur.Load().base; en.shape != sh { // new, or a new pre-check (SetLimit)
 		lm.reshape(en, sh, t)
 	}
-	wl.decideKey(o, en, t, n)
+	wl.decideKey(o, en, timeAt(t), n)
 	return true
 }
 
 // hit: a windowed key's common path (fastDecide) runs under the key's lock beside the
 // limit's report state; StartMulti takes the full path for windowed items.
-func (wl *windowed) hit(time.Time, string, string, int) (Decision, bool) {
+func (wl *windowed) hit(int64, string, string, int) (Decision, bool) {
 	return Decision{}, false
 }
 
 // unhit: hit serves nothing.
-func (wl *windowed) unhit(time.Time, string, int) {}
+func (wl *windowed) unhit(int64, string, int) {}
 
 // tick advances the windowed limit's schedule to now and reports whether a trip is due.
 func (wl *windowed) tick(now time.Time) bool {
@@ -407,11 +407,11 @@ func (wl *windowed) done(now time.Time, it *windowItem, xs []redisstore.WindowTr
 		// A key evicted while op was out is not made again (Peek): a new entry has no
 		// shape, and the key's requests are decided from op alone.
 		if op.dropped { // not sent: its window is long gone
-			if !lm.keys.Peek(op.id, func(en *entry, last time.Time) {
+			if !lm.keys.Peek(op.id, func(en *entry, last int64) {
 				wl.mu.Lock()
 				defer wl.mu.Unlock()
-				wl.key(en.win, en.key, later(now, last))
-				pend = wl.rejoin(op, en, later(now, last), pend)
+				wl.key(en.win, en.key, lastOf(now, last))
+				pend = wl.rejoin(op, en, lastOf(now, last), pend)
 			}) {
 				wl.mu.Lock()
 				pend = wl.rejoin(op, nil, now, pend)
@@ -428,7 +428,7 @@ func (wl *windowed) done(now time.Time, it *windowItem, xs []redisstore.WindowTr
 		}
 		count := xs[k].Ops[j].Count
 		if op.n < 0 { // a give-back: it takes off what this server counted
-			lm.keys.Peek(op.id, func(en *entry, _ time.Time) {
+			lm.keys.Peek(op.id, func(en *entry, _ int64) {
 				wl.mu.Lock()
 				defer wl.mu.Unlock()
 				if st := en.win; st != nil && op.win == st.mineWin {
@@ -437,10 +437,10 @@ func (wl *windowed) done(now time.Time, it *windowItem, xs []redisstore.WindowTr
 			})
 			continue
 		}
-		if !lm.keys.Peek(op.id, func(en *entry, last time.Time) {
+		if !lm.keys.Peek(op.id, func(en *entry, last int64) {
 			wl.mu.Lock()
 			defer wl.mu.Unlock()
-			pend = wl.answer(en, op, count, later(now, last), pend)
+			pend = wl.answer(en, op, count, lastOf(now, last), pend)
 		}) {
 			wl.mu.Lock()
 			pend = wl.answerGone(op, count, pend)
@@ -627,9 +627,9 @@ func emptied[V any](m map[string]V) map[string]V {
 // count with the next report. A fallback's admission, or a key no longer held, stays
 // counted, which is conservative. It reports whether anything went back to the window.
 func (wl *windowed) undoWin(now time.Time, id string, n int, r Reason, win int64) (back bool) {
-	wl.lm.keys.Peek(id, func(en *entry, last time.Time) {
-		t := later(now, last)
-		en.pre.AllowN(t, -n)
+	wl.lm.keys.Peek(id, func(en *entry, last int64) {
+		t := lastOf(now, last)
+		en.pre.AllowN(t.UnixNano(), -n)
 		wl.mu.Lock()
 		defer wl.mu.Unlock()
 		st := en.win
@@ -796,10 +796,10 @@ func (wl *windowed) answer(en *entry, op wop, count int, now time.Time, pend []w
 		switch {
 		case got == 0:
 			d.Reason, d.RetryAfter = ReasonPaced, wl.retry(st, now)
-		case en.pre.TokensAt(now) < float64(op.w.n): // the pre-check emptied meanwhile
+		case en.pre.TokensAt(now.UnixNano()) < float64(op.w.n): // the pre-check emptied meanwhile
 			d = wl.lm.preDenied(en, now, op.w.n)
 		default:
-			en.pre.AllowN(now, op.w.n)
+			en.pre.AllowN(now.UnixNano(), op.w.n)
 			spent = op.w.n
 		}
 		pend = append(pend, windowPending{w: op.w, d: d, win: op.win})
@@ -864,11 +864,11 @@ func (wl *windowed) answer(en *entry, op wop, count int, now time.Time, pend []w
 func (wl *windowed) serve(en *entry, w *Waiter, now time.Time, pend []windowPending) []windowPending {
 	st := en.win
 	switch {
-	case st.grants >= w.n && en.pre.TokensAt(now) < float64(w.n):
+	case st.grants >= w.n && en.pre.TokensAt(now.UnixNano()) < float64(w.n):
 		return append(pend, windowPending{w: w, d: wl.lm.preDenied(en, now, w.n)})
 	case st.grants >= w.n:
 		st.grants -= w.n
-		en.pre.AllowN(now, w.n)
+		en.pre.AllowN(now.UnixNano(), w.n)
 		return append(pend, windowPending{w: w, d: Decision{Allowed: true, Remaining: st.grants, Source: SourceGlobal, Reason: ReasonGranted}, win: st.win})
 	case st.failed():
 		return append(pend, windowPending{w: w, d: Decision{Source: SourceGlobal, Reason: ReasonPaced, RetryAfter: wl.retry(st, now)}})
@@ -936,11 +936,11 @@ func (wl *windowed) mark(st *wkey, id string, win int64, spent, over bool, now t
 // failed puts back op, which a failed round trip carried: admissions and carries of
 // windows still open go again; requests waiting for its grants go to the policy.
 func (wl *windowed) failed(now time.Time, op wop, err error, pend []windowPending) []windowPending {
-	if !wl.lm.keys.Peek(op.id, func(en *entry, last time.Time) {
+	if !wl.lm.keys.Peek(op.id, func(en *entry, last int64) {
 		wl.mu.Lock()
 		defer wl.mu.Unlock()
 		st := en.win
-		wl.key(st, en.key, later(now, last))
+		wl.key(st, en.key, lastOf(now, last))
 		pend = wl.unsent(op, st, st.win, err, pend)
 	}) {
 		// evicted while op was out: its admissions still count, its requests go to

@@ -19,7 +19,7 @@ type lruModel struct {
 
 type modelEntry struct {
 	key  string
-	last time.Time
+	last int64
 	used bool
 }
 
@@ -39,13 +39,13 @@ func (m *lruModel) toFront(i int) {
 }
 
 // update is Store.Update of key at now.
-func (m *lruModel) update(now time.Time, key string) {
+func (m *lruModel) update(now int64, key string) {
 	m.pend = 0
 	if i := m.find(key); i >= 0 {
 		e := m.list[i]
-		if m.idle <= 0 || now.Sub(e.last) < m.idle {
+		if m.idle <= 0 || time.Duration(now-e.last) < m.idle {
 			e.used = true
-			if now.After(e.last) {
+			if now > e.last {
 				e.last = now
 			}
 			return
@@ -62,13 +62,13 @@ func (m *lruModel) update(now time.Time, key string) {
 }
 
 // sweep is Shard.sweep.
-func (m *lruModel) sweep(now time.Time, max int) int {
+func (m *lruModel) sweep(now int64, max int) int {
 	n, promoted := 0, 0
 	for n < max && m.pend < maxPending && len(m.list) > 0 {
 		i := len(m.list) - 1
 		e := m.list[i]
 		switch {
-		case now.Sub(e.last) >= m.idle:
+		case time.Duration(now-e.last) >= m.idle:
 			m.evict(i, EvictIdle)
 			n++
 		case e.used && promoted < maxPromote:
@@ -96,7 +96,7 @@ func (m *lruModel) oldest() int {
 }
 
 // storeSweep is Store.Sweep on one shard.
-func (m *lruModel) storeSweep(now time.Time, max int) {
+func (m *lruModel) storeSweep(now int64, max int) {
 	if m.idle <= 0 {
 		return
 	}
@@ -140,7 +140,7 @@ func FuzzStoreMatchesModel(f *testing.F) {
 			key := fmt.Sprint("k", b&7)
 			switch b >> 6 {
 			case 0, 1: // the common call, with time moving on by 0–7 ms
-				now = now.Add(time.Duration(b>>3&7) * time.Millisecond)
+				now += int64(time.Duration(b>>3&7) * time.Millisecond)
 				incr(s, now, key)
 				m.update(now, key)
 			case 2:
@@ -160,7 +160,7 @@ func FuzzStoreMatchesModel(f *testing.F) {
 						m.evict(len(m.list)-1, EvictPurged)
 					}
 				} else {
-					now = now.Add(time.Duration(b&0x3f) * time.Millisecond)
+					now += int64(time.Duration(b&0x3f) * time.Millisecond)
 				}
 			}
 			var keys []string
@@ -169,7 +169,7 @@ func FuzzStoreMatchesModel(f *testing.F) {
 			}
 			for k := range 8 {
 				key := fmt.Sprint("k", k)
-				held := s.Peek(key, func(*int, time.Time) {})
+				held := s.Peek(key, func(*int, int64) {})
 				if held != slices.Contains(keys, key) {
 					t.Fatalf("step %d (%#x): %s held %v, the model holds %v", step, b, key, held, keys)
 				}

@@ -93,7 +93,7 @@ type StoreConfig[V any] struct {
 	// copy, which for a key of up to 24 bytes lives in the key's entry: a
 	// string kept from it keeps the whole entry in memory, after the key is
 	// let go of too, so keep a clone (strings.Clone) of it instead.
-	Init func(v *V, key string, now time.Time)
+	Init func(v *V, key string, now int64)
 
 	// OnEvict, if set, is told about every key the store lets go of, after
 	// the store's locks are released, on the goroutine whose call caused the
@@ -108,7 +108,10 @@ type StoreConfig[V any] struct {
 // most MaxKeys keys, drops the least recently used when full, and drops keys
 // that have been idle for IdleTimeout. Time is never read from the clock:
 // every call that needs it takes the instant as a parameter, so a simulator
-// can drive a Store in virtual time.
+// can drive a Store in virtual time. An instant is nanoseconds on any one
+// scale the caller keeps to (the engine's: Unix nanoseconds; package local's:
+// since its Limiter was made), compared by differences, so that a hit
+// subtracts integers where time.Time's Sub and After are two calls.
 //
 // Each key also carries the latest instant it was used at; instants passed
 // for a key never move it backwards (an earlier instant is treated as the
@@ -128,7 +131,7 @@ type Store[V any] struct {
 	// collide (FuzzStoreMatchesModel).
 	hashBits uint64
 	idle     atomic.Int64 // nanoseconds; 0 = no idle expiry
-	init     func(v *V, key string, now time.Time)
+	init     func(v *V, key string, now int64)
 	onEvict  func(key string, v *V, reason EvictReason)
 	closed   atomic.Bool
 }
@@ -166,8 +169,8 @@ type Entry[V any] struct {
 	// they fit in kb (a key's own allocation would be a cache line more to read).
 	key  string
 	kb   [inlineKey]byte
-	Last time.Time // the latest instant the key was used at
-	Used bool      // used since it was last moved to the front of the LRU list
+	Last int64 // the latest instant the key was used at
+	Used bool  // used since it was last moved to the front of the LRU list
 	Val  V
 	// The shard's bookkeeping, which a hit does not read: the key's hash and its
 	// neighbours in the LRU list, prev toward the front.
@@ -255,7 +258,7 @@ func shardCount(requested, maxKeys int) int {
 // must not call the Store, and v is valid only until fn returns. Evictions
 // the call causes are reported to OnEvict after the lock is released.
 // Update reports false, without calling fn, once the Store is closed.
-func (s *Store[V]) Update(now time.Time, key string, fn func(v *V, now time.Time)) bool {
+func (s *Store[V]) Update(now int64, key string, fn func(v *V, now int64)) bool {
 	sh, e, ok := s.Acquire(now, key)
 	if !ok {
 		return false
@@ -269,8 +272,8 @@ func (s *Store[V]) Update(now time.Time, key string, fn func(v *V, now time.Time
 // instant Update gives its function. It requires the key's shard lock (Acquire); with
 // Acquire and Release it is Update for a caller on a hot path, which a function value
 // would cost a closure and a call.
-func (e *Entry[V]) Touch(now time.Time) time.Time {
-	if now.After(e.Last) {
+func (e *Entry[V]) Touch(now int64) int64 {
+	if now-e.Last > 0 {
 		e.Last = now
 	}
 	return e.Last
@@ -279,7 +282,7 @@ func (e *Entry[V]) Touch(now time.Time) time.Time {
 // Peek calls fn with the value stored for key, if the key is present,
 // without creating it, marking it used or checking its idle time, and
 // reports whether it did. The rules for fn are those of Update.
-func (s *Store[V]) Peek(key string, fn func(v *V, last time.Time)) bool {
+func (s *Store[V]) Peek(key string, fn func(v *V, last int64)) bool {
 	h, sh := s.shardFor(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -313,7 +316,7 @@ func (s *Store[V]) Remove(key string) bool {
 // after it until a later Sweep, when that one is idle or used again. A Store
 // never sweeps on its own; call Sweep from a goroutine of yours when idle
 // keys must be let go of promptly (for example to return what they hold).
-func (s *Store[V]) Sweep(now time.Time, max int) int {
+func (s *Store[V]) Sweep(now int64, max int) int {
 	idle := time.Duration(s.idle.Load())
 	if idle <= 0 {
 		return 0
@@ -418,12 +421,12 @@ func (s *Store[V]) purge(closing bool) int {
 // Inspect runs fn under key's shard lock with the key's entry, or with nil if the key is
 // not held or has been idle for the idle timeout; it neither creates the key nor makes it
 // more recently used.
-func (s *Store[V]) Inspect(key string, now time.Time, fn func(e *Entry[V])) {
+func (s *Store[V]) Inspect(key string, now int64, fn func(e *Entry[V])) {
 	h, sh := s.shardFor(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.find(h, key)
-	if idle := time.Duration(s.idle.Load()); e == nil || sh.closed || idle > 0 && now.Sub(e.Last) >= idle {
+	if idle := time.Duration(s.idle.Load()); e == nil || sh.closed || idle > 0 && time.Duration(now-e.Last) >= idle {
 		e = nil
 	}
 	fn(e)
@@ -460,11 +463,11 @@ func (sh *Shard[V]) len() int { return len(sh.items) + len(sh.more) }
 // used entry to the front when it reaches the back (lazy promotion, as in
 // CLOCK). The cap stays exact; the order is least recently used as of each
 // key's last promotion.
-func (s *Store[V]) Acquire(now time.Time, key string) (sh *Shard[V], e *Entry[V], ok bool) {
+func (s *Store[V]) Acquire(now int64, key string) (sh *Shard[V], e *Entry[V], ok bool) {
 	h, sh := s.shardFor(key)
 	sh.mu.Lock()
 	if e = sh.find(h, key); e != nil && !sh.closed {
-		if idle := s.idle.Load(); idle <= 0 || now.Sub(e.Last) < time.Duration(idle) {
+		if idle := s.idle.Load(); idle <= 0 || now-e.Last < idle {
 			e.Used = true
 			return sh, e, true
 		}
@@ -474,7 +477,7 @@ func (s *Store[V]) Acquire(now time.Time, key string) (sh *Shard[V], e *Entry[V]
 
 // acquireSlow is acquire for a key that is absent (old is nil) or idle (old
 // is its entry), or a closed Store; it requires that sh.mu is held.
-func (s *Store[V]) acquireSlow(sh *Shard[V], h uint64, old *Entry[V], now time.Time, key string) (*Shard[V], *Entry[V], bool) {
+func (s *Store[V]) acquireSlow(sh *Shard[V], h uint64, old *Entry[V], now int64, key string) (*Shard[V], *Entry[V], bool) {
 	if sh.closed {
 		sh.mu.Unlock()
 		return nil, nil, false
@@ -540,14 +543,14 @@ func (sh *Shard[V]) evict(e *Entry[V], reason EvictReason) {
 // neither idle nor used since its last move (a used one is moved to the
 // front, up to maxPromote of them). It requires that sh.mu is held and room
 // for max evictions.
-func (sh *Shard[V]) sweep(now time.Time, idle time.Duration, max int) int {
+func (sh *Shard[V]) sweep(now int64, idle time.Duration, max int) int {
 	n, promoted := 0, 0
 	for n < max && sh.npend < maxPending {
 		e := sh.back
 		switch {
 		case e == nil:
 			return n
-		case now.Sub(e.Last) >= idle:
+		case time.Duration(now-e.Last) >= idle:
 			sh.evict(e, EvictIdle)
 			n++
 		case e.Used && promoted < maxPromote:

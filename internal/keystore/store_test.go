@@ -12,9 +12,9 @@ import (
 	"unsafe"
 )
 
-var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC).UnixNano()
 
-func at(d time.Duration) time.Time { return t0.Add(d) }
+func at(d time.Duration) int64 { return t0 + int64(d) }
 
 type evicted struct {
 	key    string
@@ -45,9 +45,9 @@ func newCountingStore(t *testing.T, cfg StoreConfig[int]) (*Store[int], *[]evict
 	return s, &got
 }
 
-func incr(s *Store[int], now time.Time, key string) int {
+func incr(s *Store[int], now int64, key string) int {
 	var n int
-	s.Update(now, key, func(v *int, _ time.Time) { *v++; n = *v })
+	s.Update(now, key, func(v *int, _ int64) { *v++; n = *v })
 	return n
 }
 
@@ -107,14 +107,14 @@ func TestStoreTimeNeverBackwards(t *testing.T) {
 		{6 * time.Second, 6 * time.Second},
 		{0, 6 * time.Second},
 	} {
-		var got time.Time
-		s.Update(at(tt.now), "k", func(_ *int, now time.Time) { got = now })
-		if !got.Equal(at(tt.want)) {
-			t.Errorf("Update(t0+%v) saw t0+%v, want t0+%v", tt.now, got.Sub(t0), tt.want)
+		var got int64
+		s.Update(at(tt.now), "k", func(_ *int, now int64) { got = now })
+		if got != at(tt.want) {
+			t.Errorf("Update(t0+%v) saw t0+%v, want t0+%v", tt.now, time.Duration(got-t0), tt.want)
 		}
 	}
-	var last time.Time
-	if !s.Peek("k", func(_ *int, l time.Time) { last = l }) || !last.Equal(at(6*time.Second)) {
+	var last int64
+	if !s.Peek("k", func(_ *int, l int64) { last = l }) || last != at(6*time.Second) {
 		t.Errorf("Peek saw last = %v", last)
 	}
 }
@@ -122,7 +122,7 @@ func TestStoreTimeNeverBackwards(t *testing.T) {
 func TestStoreRemovePurgeClose(t *testing.T) {
 	var inits []string
 	s, ev := newCountingStore(t, StoreConfig[int]{
-		Init: func(v *int, key string, _ time.Time) { *v = 10; inits = append(inits, key) },
+		Init: func(v *int, key string, _ int64) { *v = 10; inits = append(inits, key) },
 	})
 	incr(s, at(0), "a")
 	incr(s, at(0), "a")
@@ -139,7 +139,7 @@ func TestStoreRemovePurgeClose(t *testing.T) {
 	incr(s, at(0), "c")
 	s.Close()
 	s.Close()
-	if s.Update(at(0), "d", func(*int, time.Time) { t.Error("fn ran on a closed store") }) {
+	if s.Update(at(0), "d", func(*int, int64) { t.Error("fn ran on a closed store") }) {
 		t.Error("Update on a closed store reported true")
 	}
 	want := []evicted{{"a", 12, EvictRemoved}, {"b", 11, EvictPurged}, {"c", 11, EvictPurged}}
@@ -159,7 +159,7 @@ func TestStoreCallbackReentry(t *testing.T) {
 	s, err := NewStore(StoreConfig[int]{MaxKeys: 1, OnEvict: func(key string, v *int, r EvictReason) {
 		if r == EvictCapacity && readded < 3 {
 			readded++
-			s.Update(at(0), key, func(*int, time.Time) {})
+			s.Update(at(0), key, func(*int, int64) {})
 		}
 	}})
 	if err != nil {
@@ -241,7 +241,7 @@ func TestStoreConcurrent(t *testing.T) {
 	evictions := 0
 	s, err := NewStore(StoreConfig[int]{
 		MaxKeys: 64, Shards: 4, IdleTimeout: 50 * time.Millisecond,
-		Init:    func(v *int, _ string, _ time.Time) { *v = 1 },
+		Init:    func(v *int, _ string, _ int64) { *v = 1 },
 		OnEvict: func(string, *int, EvictReason) { mu.Lock(); evictions++; mu.Unlock() },
 	})
 	if err != nil {
@@ -254,7 +254,7 @@ func TestStoreConcurrent(t *testing.T) {
 			for i := range 2000 {
 				key := fmt.Sprintf("k%d", (g*7+i)%200)
 				now := at(time.Duration(i) * time.Millisecond)
-				s.Update(now, key, func(v *int, _ time.Time) {
+				s.Update(now, key, func(v *int, _ int64) {
 					if *v == 1 {
 						c, _ := created.LoadOrStore(key, new(int))
 						mu.Lock()
@@ -265,7 +265,7 @@ func TestStoreConcurrent(t *testing.T) {
 				})
 				if i%100 == 0 {
 					s.Sweep(now, 5)
-					s.Peek(key, func(*int, time.Time) {})
+					s.Peek(key, func(*int, int64) {})
 				}
 				if s.Len() > 64 {
 					t.Error("cap exceeded")
@@ -290,7 +290,7 @@ func TestStoreUpdatePanic(t *testing.T) {
 	s, _ := newCountingStore(t, StoreConfig[int]{Shards: 1})
 	func() {
 		defer func() { recover() }()
-		s.Update(at(0), "a", func(*int, time.Time) { panic("boom") })
+		s.Update(at(0), "a", func(*int, int64) { panic("boom") })
 	}()
 	if got := incr(s, at(0), "a"); got != 1 {
 		t.Errorf("a = %d after a panicking update, want 1", got)

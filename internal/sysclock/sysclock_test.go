@@ -30,3 +30,23 @@ func TestNowMixesWithTimeNow(t *testing.T) {
 		t.Fatalf("an hour from Now is %v from time.Now", got)
 	}
 }
+
+// TestUnixNanoIsNows: UnixNano reads what Now's instant reads as Unix nanoseconds, between
+// the two reads around it.
+func TestUnixNanoIsNows(t *testing.T) {
+	var c Clock
+	for range 1000 {
+		a := c.Now().UnixNano()
+		u := UnixNano()
+		b := c.Now().UnixNano()
+		if u < a || u > b {
+			t.Fatalf("UnixNano %d, outside the Now reads around it, %d and %d", u, a, b)
+		}
+	}
+	// And exactly: an instant start plus d reads startNano plus d.
+	for _, d := range []time.Duration{0, 1, 999_999_999, time.Hour + 7, 400 * 24 * time.Hour} {
+		if got, want := start.Add(d).UnixNano(), startNano+int64(d); got != want {
+			t.Errorf("start+%v reads %d, want %d", d, got, want)
+		}
+	}
+}

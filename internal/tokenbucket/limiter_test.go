@@ -20,7 +20,9 @@ func FuzzBucketMatchesRate(f *testing.F) {
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		var b Bucket
 		var r rate.Limiter
-		now := time.Unix(1_700_000_000, 0) // with no monotonic reading: Sub of walls
+		// The Bucket is given the instants' Unix nanoseconds, the rate.Limiter the instants:
+		// with no monotonic reading (Sub of walls), and every other check one with.
+		now := time.Unix(1_700_000_000, 0)
 		mono := time.Now()
 		check := func(i int, what string) {
 			t.Helper()
@@ -28,7 +30,7 @@ func FuzzBucketMatchesRate(f *testing.F) {
 			if i%2 == 1 {
 				at = mono.Add(now.Sub(time.Unix(1_700_000_000, 0)))
 			}
-			got, want := b.TokensAt(at), r.TokensAt(at)
+			got, want := b.TokensAt(at.UnixNano()), r.TokensAt(at)
 			if got != want && !(math.IsNaN(got) && math.IsNaN(want)) {
 				t.Fatalf("op %d (%s): TokensAt %v, rate.Limiter's %v", i, what, got, want)
 			}
@@ -38,16 +40,16 @@ func FuzzBucketMatchesRate(f *testing.F) {
 			switch op {
 			case 0: // AllowN, cost -3..12
 				n := int(arg%16) - 3
-				if g, w := b.AllowN(now, n), r.AllowN(now, n); g != w {
+				if g, w := b.AllowN(now.UnixNano(), n), r.AllowN(now, n); g != w {
 					t.Fatalf("op %d: AllowN(%d) = %v, rate.Limiter's %v", i, n, g, w)
 				}
 			case 1: // SetRateAt
 				v := rates[int(arg)%len(rates)]
-				b.SetRateAt(now, v)
+				b.SetRateAt(now.UnixNano(), v)
 				r.SetLimitAt(now, rate.Limit(v))
 			case 2: // SetBurstAt
 				n := int(arg%20) - 2
-				b.SetBurstAt(now, n)
+				b.SetBurstAt(now.UnixNano(), n)
 				r.SetBurstAt(now, n)
 			case 3: // time forward, up to 1.3 s
 				now = now.Add(time.Duration(arg) * time.Duration(arg) * 20 * time.Microsecond)
@@ -57,12 +59,12 @@ func FuzzBucketMatchesRate(f *testing.F) {
 				now = now.Add(time.Nanosecond)
 			case 6: // Take what TokensAt found, as a windowed key's admission does; AllowN if not found
 				n := int(arg%16) - 3
-				if tokens := b.TokensAt(now); n >= 1 && n <= b.burst && tokens >= float64(n) {
-					b.Take(now, tokens, n)
+				if tokens := b.TokensAt(now.UnixNano()); n >= 1 && n <= b.burst && tokens >= float64(n) {
+					b.Take(now.UnixNano(), tokens, n)
 					if !r.AllowN(now, n) {
 						t.Fatalf("op %d: Take(%d) of %v tokens, where rate.Limiter's AllowN refuses", i, n, tokens)
 					}
-				} else if g, w := b.AllowN(now, n), r.AllowN(now, n); g != w {
+				} else if g, w := b.AllowN(now.UnixNano(), n), r.AllowN(now, n); g != w {
 					t.Fatalf("op %d: AllowN(%d) = %v, rate.Limiter's %v", i, n, g, w)
 				}
 			}
