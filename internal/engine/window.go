@@ -326,6 +326,17 @@ func (wl *windowed) allowance(st *wkey) int {
 // rnow is Redis's time at this server's now, as last measured, in Unix microseconds.
 func (wl *windowed) rnow(now time.Time) int64 { return shiftMicro(now, wl.off()) }
 
+// rnowAt is rnow of the instant ns (Unix nanoseconds), for a hit (fastDecide): the
+// shifted nanoseconds' microseconds, rounded down as UnixMicro rounds.
+func (wl *windowed) rnowAt(ns int64) int64 {
+	x := ns + int64(wl.off())
+	us := x / 1000
+	if x%1000 < 0 {
+		us--
+	}
+	return us
+}
+
 // shiftMicro is now.Add(off).UnixMicro() without building the instant (Time.Add's
 // carries cost the path of every windowed request more than the rest of this): now's
 // whole microseconds, off's, and the carry of their nanoseconds below a microsecond,
@@ -432,16 +443,17 @@ type wdecision struct {
 	pre  float64 // the key's pre-check tokens at now, at least the request's cost
 }
 
-// admit admits a request of cost n for the key of en (state st) at now, for r: its
-// pre-check spends, and the decision says what grants the key holds after it.
-func (o *wdecision) admit(en *entry, st *wkey, now time.Time, n int, r Reason) {
-	en.pre.Take(now.UnixNano(), o.pre, n)
+// admit admits a request of cost n for the key of en (state st) at now (Unix
+// nanoseconds), for r: its pre-check spends, and the decision says what grants the key
+// holds after it.
+func (o *wdecision) admit(en *entry, st *wkey, now int64, n int, r Reason) {
+	en.pre.Take(now, o.pre, n)
 	o.d = Decision{Allowed: true, Remaining: max(0, st.grants), Source: SourceLease, Reason: r}
 }
 
-// decide decides a request of cost n of the key of entry en at now; it requires the
-// key's lock and takes wl.mu.
-func (wl *windowed) decideKey(o *wdecision, en *entry, now time.Time, n int) {
+// decide decides a request of cost n of the key of entry en at ns (Unix nanoseconds);
+// it requires the key's lock and takes wl.mu unless fastDecide decides.
+func (wl *windowed) decideKey(o *wdecision, en *entry, ns int64, n int) {
 	burst := wl.glim.Burst
 	switch {
 	case n < 0:
@@ -456,13 +468,14 @@ func (wl *windowed) decideKey(o *wdecision, en *entry, now time.Time, n int) {
 		return
 	}
 	// The pre-check's tokens, read once: admit spends from them.
-	if o.pre = en.pre.TokensAt(now.UnixNano()); o.pre < float64(n) {
-		o.d = wl.lm.preDenied(en, now, n)
+	if o.pre = en.pre.TokensAt(ns); o.pre < float64(n) {
+		o.d = wl.lm.preDenied(en, timeAt(ns), n)
 		return
 	}
-	if wl.fastDecide(o, en, now, n) {
+	if wl.fastDecide(o, en, ns, n) {
 		return
 	}
+	now := timeAt(ns)
 	wl.mu.Lock()
 	defer wl.mu.Unlock()
 	if wl.stopped.Load() { // nothing would answer what it asks
@@ -490,7 +503,7 @@ func (wl *windowed) decideKey(o *wdecision, en *entry, now time.Time, n int) {
 	// An over key's request is refused while its grant comes, which can then wait for the
 	// next report, unless windows are short against reports (under four report intervals).
 	urgent := !over || wl.w < 4*wl.iv
-	admit := func(r Reason) { o.admit(en, st, now, n, r) }
+	admit := func(r Reason) { o.admit(en, st, ns, n, r) }
 	deny := func() {
 		o.d = Decision{Source: SourceLease, Reason: ReasonPaced, RetryAfter: wl.retry(st, now)}
 	}
@@ -625,23 +638,23 @@ func expNeg(x float64) float64 {
 // next twentieth of a report interval. It reports whether it decided; if not, it changed
 // nothing. This is the path of a key served from its grants: no decision of one key
 // there waits for another's.
-func (wl *windowed) fastDecide(o *wdecision, en *entry, now time.Time, n int) bool {
+func (wl *windowed) fastDecide(o *wdecision, en *entry, now int64, n int) bool {
 	st := en.win
 	if !wl.started.Load() || wl.stopped.Load() || !st.init || st.gen != wl.marksGen.Load() || st.grants < n ||
-		wire.WindowIndex(wl.rnow(now), st.phase, wl.wUs) != st.win {
+		wire.WindowIndex(wl.rnowAt(now), st.phase, wl.wUs) != st.win {
 		return false
 	}
-	t := at(now)
+	t := instant(now)
 	ewc, perSec := wl.rate(st, t)
 	often := wl.warm.Load() && perSec*wl.ivSec >= 1
 	// need is at most perSec·d, d the twentieth: the grants left above that need no window
 	// end read (inline: a helper calling need is past the inliner's budget, and costs a
 	// hit about 35 instructions)
 	left := float64(st.grants - n)
-	if t < st.over || often && left < perSec*(wl.iv/20).Seconds() && left < wl.need(st, perSec, wl.iv/20, now) {
+	if t < st.over || often && left < perSec*(wl.iv/20).Seconds() && left < wl.need(st, perSec, wl.iv/20, timeAt(now)) {
 		return false
 	}
-	wl.now(now)
+	wl.nowAt(now)
 	st.ewc, st.ewAt = ewc, t
 	st.often, st.perSec = often, perSec
 	st.grants -= n

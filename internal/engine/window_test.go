@@ -1382,3 +1382,28 @@ func TestExpAge(t *testing.T) {
 		wg.Wait()
 	})
 }
+
+// TestRnowAtIsRnow: a hit's reading of Redis's time from Unix nanoseconds (rnowAt) is
+// rnow's of the same instant, for instants UnixNano holds (Engine.Decide's): before and
+// after 1970, with every carry of the nanoseconds below a microsecond, Redis's clock
+// ahead and behind.
+func TestRnowAtIsRnow(t *testing.T) {
+	nows := []time.Time{
+		time.Unix(1_700_000_000, 0), time.Unix(1_700_000_000, 999_999_999), time.Unix(-5, 1),
+		time.Unix(-1, 999_999_500), time.Unix(0, 0), t0, time.Now(),
+		time.Date(1678, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2261, 12, 31, 0, 0, 0, 0, time.UTC),
+	}
+	offs := []time.Duration{0, 1, -1, 999, -999, 1000, -1000, 1001, -1001, 500, -500, 37*time.Minute + 999_999, -(37*time.Minute + 999_999)}
+	for _, now := range nows {
+		for _, off := range offs {
+			wl := &windowed{}
+			wl.offset.Store(int64(off))
+			for _, ns := range []time.Duration{0, 1, 499, 500, 501, 999} {
+				n := now.Add(ns)
+				if got, want := wl.rnowAt(n.UnixNano()), wl.rnow(n); got != want {
+					t.Errorf("rnowAt(%v) with offset %v = %d, rnow %d", n, off, got, want)
+				}
+			}
+		}
+	}
+}

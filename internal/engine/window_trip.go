@@ -68,7 +68,7 @@ func (wl *windowed) decideLocked(o *wdecision, now int64, id string, n int) bool
 	if sh := lm.cur.Load().base; en.shape != sh { // new, or a new pre-check (SetLimit)
 		lm.reshape(en, sh, t)
 	}
-	wl.decideKey(o, en, timeAt(t), n)
+	wl.decideKey(o, en, t, n)
 	return true
 }
 
@@ -977,8 +977,11 @@ func (wl *windowed) unsent(op wop, st *wkey, cur int64, err error, pend []window
 }
 
 // now records the latest instant the limit has seen: a trip is built at it.
-func (wl *windowed) now(t time.Time) {
-	for n := t.UnixNano(); ; {
+func (wl *windowed) now(t time.Time) { wl.nowAt(t.UnixNano()) }
+
+// nowAt is now of the instant n (Unix nanoseconds).
+func (wl *windowed) nowAt(n int64) {
+	for {
 		old := wl.last.Load()
 		if n <= old || wl.last.CompareAndSwap(old, n) {
 			return
