@@ -3,6 +3,7 @@ package engine
 import (
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/fleetlimit/fleetlimit/internal/keystore"
@@ -54,5 +55,38 @@ func TestEntryKeyIsItsOwn(t *testing.T) {
 		if !found {
 			t.Errorf("%q: no entry", key)
 		}
+	}
+}
+
+// panicSpill is a spill whose trusts panics: a fault in a decision past the lease hit.
+type panicSpill struct{ exact }
+
+func (panicSpill) trusts(*entry, *Shape, time.Time, int) (bool, bool) { panic("trusts") }
+
+// TestPanicLeavesTheShardUnlocked: a panic while a decision holds its key's shard lock
+// (past the lease hit, where decideKey runs) releases the lock, so the next decision on
+// the shard is made; the caller (net/http, say) recovers it and goes on.
+func TestPanicLeavesTheShardUnlocked(t *testing.T) {
+	e, lm := testEngine(t, nil)
+	b := lm.kind.(*bucket)
+	b.spill = panicSpill{}
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the decision did not panic")
+			}
+		}()
+		decide(e, t0, lm, "k", 1) // a new key: its lease cannot serve it, trusts is asked
+	}()
+	b.spill = exact{}
+	done := make(chan struct{})
+	go func() {
+		decide(e, t0, lm, "k", 1)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the next decision on the shard is blocked: the panic left its lock held")
 	}
 }
