@@ -192,13 +192,15 @@ type entry struct {
 	// What a lease hit reads and writes comes first, together (with the store's own
 	// fields before it, the key's bytes among them, about four cache lines): a hit on
 	// one of many keys misses the cache once per line.
-	shape *Shape // the shape the key was last decided on; nil for a new key
-	// key is the key's ID (wire.KeyID), the engine's own copy (initEntry), apart from
-	// the store's, which may live in this entry: flights, waiters, refunds and expiries
-	// hold it, never the caller's string, which may pin a larger buffer.
-	key   string
+	shape *Shape             // the shape the key was last decided on; nil for a new key
 	pre   tokenbucket.Bucket // the pre-check: x/time/rate's arithmetic, under the key's lock
 	lease Lease              // its hot fields first
+
+	// key is the key's ID (wire.KeyID), the engine's own copy (initEntry), apart from
+	// the store's, which may live in this entry: flights, waiters, refunds and expiries
+	// hold it, never the caller's string, which may pin a larger buffer. A hit does
+	// not read it.
+	key string
 
 	// credit is the bucket's credit (redisstore.Grant.Credit) at the key's last grant on
 	// this server, if hasCredit: the reference of a debt its fallback runs up.
