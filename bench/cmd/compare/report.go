@@ -296,6 +296,9 @@ func writeMarkdown(w io.Writer, env Env, rvs []rival, runs []Run, plotFile strin
 	p("The command starts a private `redis-server` (from PATH) on a spare loopback port with `--save \"\" --appendonly no` ")
 	p("in a temporary directory, and stops it when it ends. It needs Go and redis-server; it never talks to a Redis it did not start. ")
 	p("The limiters are modules of `bench/go.mod`, a module of its own, so none of them enters the module graph of a service that imports fleetlimit.\n\n")
+	p("This page measures what each limiter costs Redis, and the decisions it makes, over one Redis. What a fleetlimit decision costs in process, ")
+	p("where a lease serves it without a Redis call (against a bare x/time/rate `Allow`, interleaved in one run, with the profile that explains it), ")
+	p("is measured in [hot-path.md](hot-path.md), and held there by CI's guard.\n\n")
 
 	p("## Where\n\n")
 	p("| | |\n|---|---|\n")
