@@ -66,7 +66,9 @@ type Config struct {
 // is shorthand for AllowN(time.Now(), key, 1). An instant earlier than one
 // already seen for the same key counts as that later instant, so a clock
 // that steps back never creates tokens (a bare rate.Limiter does create
-// them in that case).
+// them in that case). Its instants may come from any clock, a virtual one
+// starting at the zero Time included, as long as they lie within 292 years of
+// the first one it is given (a time.Duration).
 //
 // Most callers should use AllowN, or Allow. A Limiter is safe for
 // simultaneous use by multiple goroutines and starts no goroutines.
@@ -76,11 +78,14 @@ type Limiter struct {
 
 	mu          sync.Mutex // serialises SetLimitAt
 	defaultIdle bool       // IdleTimeout follows the refill time
-	// epoch is the instant the Limiter was made: the key store keeps a key's latest
-	// instant as nanoseconds since (nanos), read by time.Time's Sub, on the monotonic
-	// clock when both instants have a reading of it, so a step of the wall clock does
-	// not make keys idle.
-	epoch time.Time
+	// epoch is the first instant the Limiter was given (once based is set, under
+	// epochMu): the key store keeps a key's latest instant as nanoseconds since
+	// (nanos), read by time.Time's Sub, on the monotonic clock when both instants have
+	// a reading of it, so a step of the wall clock does not make keys idle, and exact
+	// for any clock within 292 years of it.
+	epochMu sync.Mutex
+	based   atomic.Bool
+	epoch   time.Time
 }
 
 // limitConfig is one version of the limit; buckets pick up a newer version
@@ -108,7 +113,7 @@ func NewLimiter(cfg Config) (*Limiter, error) {
 	if cfg.IdleTimeout < 0 {
 		return nil, fmt.Errorf("%w: IdleTimeout %v is negative", ErrInvalidConfig, cfg.IdleTimeout)
 	}
-	l := &Limiter{defaultIdle: cfg.IdleTimeout == 0, epoch: time.Now()}
+	l := &Limiter{defaultIdle: cfg.IdleTimeout == 0}
 	l.cfg.Store(lc)
 	idle := cfg.IdleTimeout
 	if l.defaultIdle {
@@ -143,8 +148,24 @@ func newLimitConfig(r rate.Limit, burst int) (*limitConfig, error) {
 	return &limitConfig{r: r, burst: burst, fill: fill}, nil
 }
 
-// nanos is t as the key store keeps it: nanoseconds since the Limiter was made.
-func (l *Limiter) nanos(t time.Time) int64 { return int64(t.Sub(l.epoch)) }
+// nanos is t as the key store keeps it: nanoseconds since the first instant the
+// Limiter was given (t, if it is that one).
+func (l *Limiter) nanos(t time.Time) int64 {
+	if !l.based.Load() {
+		l.setEpoch(t)
+	}
+	return int64(t.Sub(l.epoch))
+}
+
+// setEpoch makes t the Limiter's epoch unless another instant was first.
+func (l *Limiter) setEpoch(t time.Time) {
+	l.epochMu.Lock()
+	defer l.epochMu.Unlock()
+	if !l.based.Load() {
+		l.epoch = t
+		l.based.Store(true)
+	}
+}
 
 // instant is the instant the key store keeps as ns (nanos).
 func (l *Limiter) instant(ns int64) time.Time { return l.epoch.Add(time.Duration(ns)) }

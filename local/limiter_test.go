@@ -427,3 +427,33 @@ func TestLimiterTokensAtIsReadOnly(t *testing.T) {
 		t.Fatalf("Sweep after the idle timeout dropped %d keys, want 1", got)
 	}
 }
+
+// TestLimiterAnyClock: a Limiter works on any clock whose instants lie within 292 years of
+// its first: a virtual one from the zero Time, one in 1700 or 2400, one with a monotonic
+// reading. A full bucket of 5 spends, refills at its rate 10 s later, and an idle key is
+// swept after its idle timeout.
+func TestLimiterAnyClock(t *testing.T) {
+	for _, base := range []time.Time{{}, time.Date(1700, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2400, 1, 1, 0, 0, 0, 0, time.UTC), time.Now()} {
+		t.Run(base.String(), func(t *testing.T) {
+			l := newTestLimiter(t, Config{Rate: 10, Burst: 5, IdleTimeout: time.Minute})
+			for i := range 5 {
+				if !l.AllowN(base, "k", 1) {
+					t.Fatalf("request %d of a full bucket of 5 denied", i+1)
+				}
+			}
+			if l.AllowN(base, "k", 1) {
+				t.Fatal("a sixth request admitted from a bucket of 5")
+			}
+			later := base.Add(10 * time.Second)
+			if got := l.TokensAt(later, "k"); got != 5 {
+				t.Fatalf("10 s later the bucket holds %v tokens, want 5", got)
+			}
+			if !l.AllowN(later, "k", 5) {
+				t.Fatal("10 s later a cost of 5 is denied")
+			}
+			if n := l.Sweep(later.Add(time.Hour), 0); n != 1 || l.Len() != 0 {
+				t.Fatalf("an hour later Sweep dropped %d keys, %d left; want 1 and 0", n, l.Len())
+			}
+		})
+	}
+}

@@ -104,7 +104,7 @@ func (o *outcome) refund(e *Engine, lm *Limit) {
 // Decide decides a request of cost n for key under tier of lm ("" for the limit's own
 // rate and burst; a tier the limit does not have is that one too) at now, writing the
 // decision to d. now is Unix nanoseconds (time.Time.UnixNano of the driver's clock, whose
-// instants must lie in its range, the years 1678 to 2262), where the engine's other
+// instants must lie in its range, the years 1678 to 2261), where the engine's other
 // methods take a time.Time: a lease hit then subtracts and compares integers, and
 // builds no time.Time, whose Add, Sub and After cost it about a sixth of its
 // instructions (docs/hot-path.md). A key decided under another shape than its last (another tier, or a
@@ -367,7 +367,10 @@ func (b *bucket) hitMissLocked(o *outcome, ksh *keystore.Shard[entry], en *entry
 func (b *bucket) unhit(now int64, id string, n int) {
 	back := false
 	b.lm.keys.Peek(id, func(en *entry, last int64) {
-		t := max(now, last) // the pre-check's clock must not go back
+		t := now
+		if last-now > 0 {
+			t = last // the pre-check's clock must not go back
+		}
 		en.pre.AllowN(t, -n)
 		back = en.lease.unhit(timeAt(t), n)
 	})

@@ -677,9 +677,8 @@ func later(a, b time.Time) time.Time {
 }
 
 // lastOf is later(now, last) for last an instant as the key store keeps it (Unix
-// nanoseconds): a time.Time of now's clock, made from now by the difference, which holds
-// for any two instants within 292 years of each other, a virtual clock's at the zero Time
-// included.
+// nanoseconds): a time.Time of now's clock, made from now by the difference (so with
+// now's monotonic reading, if it has one).
 func lastOf(now time.Time, last int64) time.Time {
 	if d := last - now.UnixNano(); d > 0 {
 		return now.Add(time.Duration(d))
@@ -688,7 +687,7 @@ func lastOf(now time.Time, last int64) time.Time {
 }
 
 // timeAt is the instant ns (Unix nanoseconds) as a time.Time, for a decision's slow path
-// from Decide's instant; it requires ns within UnixNano's range (the years 1678 to 2262).
+// from Decide's instant; it requires ns within UnixNano's range (the years 1678 to 2261).
 func timeAt(ns int64) time.Time { return time.Unix(0, ns) }
 
 // queueRefund queues n tokens of (lm, key) to be given back to the bucket, for a key of
