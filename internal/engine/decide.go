@@ -105,9 +105,8 @@ func (o *outcome) refund(e *Engine, lm *Limit) {
 // rate and burst; a tier the limit does not have is that one too) at now, writing the
 // decision to d. now is Unix nanoseconds (time.Time.UnixNano of the driver's clock, whose
 // instants must lie in its range, the years 1678 to 2261), where the engine's other
-// methods take a time.Time: a lease hit then subtracts and compares integers, and
-// builds no time.Time, whose Add, Sub and After cost it about a sixth of its
-// instructions (docs/hot-path.md). A key decided under another shape than its last (another tier, or a
+// methods take a time.Time: a lease hit subtracts and compares integers and builds no
+// time.Time (docs/hot-path.md). A key decided under another shape than its last (another tier, or a
 // configuration SetLimit replaced) is re-shaped first.
 // On the common path (the lease holds enough unexpired tokens) it is one pass under the
 // key's store lock, with no allocation. When the request must wait for a refill it
@@ -193,7 +192,7 @@ func (b *bucket) decide(now int64, tier, key string, n int) (Decision, *Waiter) 
 // The lock is released by a defer only past the hit (missLocked), so that a panic there
 // does not leave the shard locked: hitKey is arithmetic on the key's own fields, with no
 // index, division by an integer or pointer that can be nil, and cannot panic, and the
-// defer cost a hit about 50 instructions.
+// defer cost a hit 50 to 65 instructions.
 func (b *bucket) decideLocked(o *outcome, now int64, id, tier string, n int) bool {
 	keys := b.lm.keys
 	sh, ke, ok := keys.Acquire(now, id)

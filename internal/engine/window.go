@@ -359,8 +359,8 @@ func (wl *windowed) end(win, phase int64) time.Time {
 
 // endAt is at(wl.end(win, phase)) without building the time.Time: Unix nanoseconds
 // wrap the same way for every instant (Lease.at), so it equals it even where the
-// nanoseconds overflow (the simulator's instants count from the zero Time); but for a
-// window that ends at the zero Time itself, which at reads as never.
+// nanoseconds overflow; but for a window that ends at the zero Time itself, which at
+// reads as never.
 func (wl *windowed) endAt(win, phase int64) instant {
 	return instant(wire.WindowStart(win+1, phase, wl.wUs)*1000 - int64(wl.off()))
 }

@@ -110,7 +110,7 @@ type StoreConfig[V any] struct {
 // every call that needs it takes the instant as a parameter, so a simulator
 // can drive a Store in virtual time. An instant is nanoseconds on any one
 // scale the caller keeps to (the engine's: Unix nanoseconds; package local's:
-// since its Limiter was made), compared by differences, so that a hit
+// since the first instant its Limiter was given), compared by differences, so that a hit
 // subtracts integers where time.Time's Sub and After are two calls.
 //
 // Each key also carries the latest instant it was used at; instants passed

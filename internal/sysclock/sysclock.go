@@ -27,9 +27,8 @@ var (
 func (Clock) Now() time.Time { return start.Add(time.Since(start)) }
 
 // UnixNano is Clock{}.Now().UnixNano() without building the instant: start's Unix
-// nanoseconds plus the monotonic time since. A lease hit reads the clock so, where
-// building the time.Time (Time.Add's carries and checks) cost it about a tenth of its
-// time (docs/hot-path.md).
+// nanoseconds plus the monotonic time since. A decision's hot path reads the clock so
+// (docs/hot-path.md).
 func UnixNano() int64 { return startNano + int64(time.Since(start)) }
 
 // AfterFunc calls time.AfterFunc(d, f) and returns the timer's Stop method.
