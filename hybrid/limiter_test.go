@@ -64,6 +64,23 @@ func newLimiter(t testing.TB, s *global.Store, cfg hybrid.Config) *hybrid.Limite
 	return l
 }
 
+// admittedOf makes n requests of cost 1 for key under limit and returns how many were
+// admitted; an error fails the test.
+func admittedOf(t testing.TB, l *hybrid.Limiter, limit, key string, n int) int {
+	t.Helper()
+	admitted := 0
+	for range n {
+		d, err := l.Allow(context.Background(), limit, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			admitted++
+		}
+	}
+	return admitted
+}
+
 // setLimit changes the limit named lim.Name, and only it, through Reconfigure.
 func setLimit(l *hybrid.Limiter, lim hybrid.Limit) error {
 	limits := l.Limits()
@@ -885,14 +902,7 @@ func TestCloseReportsAdmissionsNotCharged(t *testing.T) {
 				t.Fatalf("%d tokens held, want some: %v", held, tc.leased)
 			}
 			m.SetError("ERR injected outage")
-			admitted := 0
-			for range 5 {
-				if d, err := l.Allow(ctx, "local", "k"); err != nil {
-					t.Fatal(err)
-				} else if d.Allowed {
-					admitted++
-				}
-			}
+			admitted := admittedOf(t, l, "local", "k", 5)
 			if admitted == 0 {
 				t.Fatal("nothing admitted during the outage: nothing owed")
 			}

@@ -366,16 +366,7 @@ func TestLimitsRoundTripMovesThePreCheck(t *testing.T) {
 	if err := change(50, 1); err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	admitted := 0
-	for range 60 {
-		if d, err := l.Allow(ctx, "api", "k"); err != nil {
-			t.Fatal(err)
-		} else if d.Allowed {
-			admitted++
-		}
-	}
-	if admitted != 50 {
+	if admitted := admittedOf(t, l, "api", "k", 60); admitted != 50 {
 		t.Errorf("burst raised to 50: %d of 60 admitted, want 50", admitted)
 	}
 	if err := change(3, 2); err != nil {

@@ -78,14 +78,13 @@ type Limiter struct {
 
 	mu          sync.Mutex // serialises SetLimitAt
 	defaultIdle bool       // IdleTimeout follows the refill time
-	// epoch is the first instant the Limiter was given (once based is set, under
-	// epochMu): the key store keeps a key's latest instant as nanoseconds since
-	// (nanos), read by time.Time's Sub, on the monotonic clock when both instants have
-	// a reading of it, so a step of the wall clock does not make keys idle, and exact
-	// for any clock within 292 years of it.
-	epochMu sync.Mutex
-	based   atomic.Bool
-	epoch   time.Time
+	// epoch is the first instant the Limiter was given (set once, by epochOnce): the
+	// key store keeps a key's latest instant as nanoseconds since (nanos), read by
+	// time.Time's Sub, on the monotonic clock when both instants have a reading of it,
+	// so a step of the wall clock does not make keys idle, and exact for any clock
+	// within 292 years of it.
+	epochOnce sync.Once
+	epoch     time.Time
 }
 
 // limitConfig is one version of the limit; buckets pick up a newer version
@@ -151,20 +150,8 @@ func newLimitConfig(r rate.Limit, burst int) (*limitConfig, error) {
 // nanos is t as the key store keeps it: nanoseconds since the first instant the
 // Limiter was given (t, if it is that one).
 func (l *Limiter) nanos(t time.Time) int64 {
-	if !l.based.Load() {
-		l.setEpoch(t)
-	}
+	l.epochOnce.Do(func() { l.epoch = t })
 	return int64(t.Sub(l.epoch))
-}
-
-// setEpoch makes t the Limiter's epoch unless another instant was first.
-func (l *Limiter) setEpoch(t time.Time) {
-	l.epochMu.Lock()
-	defer l.epochMu.Unlock()
-	if !l.based.Load() {
-		l.epoch = t
-		l.based.Store(true)
-	}
 }
 
 // instant is the instant the key store keeps as ns (nanos).

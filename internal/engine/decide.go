@@ -166,13 +166,17 @@ func (b *bucket) decide(now int64, tier, key string, n int) (Decision, *Waiter) 
 	}
 	o.d.Servers = e.Servers()
 	o.refund(e, lm)
+	var t time.Time // now as a time.Time, for the slow steps that take one
+	if o.async > 0 || o.f != nil {
+		t = timeAt(now)
+	}
 	if o.async > 0 {
-		b.spill.charge(o.shape, o.key, o.async, timeAt(now))
+		b.spill.charge(o.shape, o.key, o.async, t)
 	}
 	if o.start {
 		e.wake() // the driver's next Tick plans the first low-key exchange
 	}
-	if o.f != nil && e.send(timeAt(now), o.f, o.w) && o.w != nil {
+	if o.f != nil && e.send(t, o.f, o.w) && o.w != nil {
 		// The refill failed at once (breaker open, stopped): the policy decided o.w.
 		return o.w.d, nil
 	}
@@ -245,15 +249,16 @@ func (b *bucket) hitKey(d *Decision, en *entry, t int64, tier string, n int) boo
 // alone would allow.
 func (b *bucket) decideKey(o *outcome, en *entry, t time.Time, tier string, n int, w *Waiter) {
 	lm := b.lm
+	ns := t.UnixNano() // the pre-check's instant
 	sh := lm.cur.Load().of(tier)
 	if en.shape != sh {
-		lm.reshape(en, sh, t.UnixNano())
+		lm.reshape(en, sh, ns)
 	}
 	c := sh.lease.Load()
 	o.key, o.shape = en.key, sh
 	if en.lease.CanServe(c, t, n) {
-		if !en.pre.AllowN(t.UnixNano(), n) {
-			o.d = lm.preDenied(en, t, n)
+		if !en.pre.AllowN(ns, n) {
+			o.d = lm.preDenied(en, ns, n)
 			return
 		}
 		en.lease.acquire(c, t, n, &o.st)
@@ -262,8 +267,8 @@ func (b *bucket) decideKey(o *outcome, en *entry, t time.Time, tier string, n in
 	}
 	// A cost above the burst can never pass: the lease says so, whatever the
 	// pre-check holds.
-	if n > 0 && n <= c.Burst && en.pre.TokensAt(t.UnixNano()) < float64(n) {
-		o.d = lm.preDenied(en, t, n)
+	if n > 0 && n <= c.Burst && en.pre.TokensAt(ns) < float64(n) {
+		o.d = lm.preDenied(en, ns, n)
 		return
 	}
 	var trusted bool
@@ -271,7 +276,7 @@ func (b *bucket) decideKey(o *outcome, en *entry, t time.Time, tier string, n in
 		trusted, o.start = b.spill.trusts(en, sh, t, n)
 	}
 	if trusted {
-		en.pre.AllowN(t.UnixNano(), n)
+		en.pre.AllowN(ns, n)
 		o.async = n
 		// Remaining: nothing here says the key is low, the likeliest is a full bucket.
 		o.d = Decision{Allowed: true, Remaining: c.Burst - n, Source: SourceLease, Reason: ReasonAsync}
@@ -283,7 +288,7 @@ func (b *bucket) decideKey(o *outcome, en *entry, t time.Time, tier string, n in
 		o.st = en.lease.Recheck(c, t, n)
 	}
 	if o.st.Action == Allow {
-		en.pre.AllowN(t.UnixNano(), n)
+		en.pre.AllowN(ns, n)
 	}
 	b.decided(o, en, sh, tier, n, w)
 }
@@ -396,10 +401,10 @@ func (lm *Limit) join(o *outcome, en *entry, tier string, n int, w *Waiter) {
 }
 
 // preDenied is the decision of an empty pre-check bucket, for a key with a shape.
-func (lm *Limit) preDenied(en *entry, t time.Time, n int) Decision {
+func (lm *Limit) preDenied(en *entry, t int64, n int) Decision {
 	d := Decision{Source: SourcePreCheck, Reason: ReasonPreCheck, RetryAfter: InfDuration}
 	if n <= en.shape.preBurst {
-		d.RetryAfter = tokenbucket.Duration(float64(n)-en.pre.TokensAt(t.UnixNano()), en.shape.preRate)
+		d.RetryAfter = tokenbucket.Duration(float64(n)-en.pre.TokensAt(t), en.shape.preRate)
 	}
 	return d
 }
@@ -494,7 +499,7 @@ func (e *Engine) fallbackOn(now time.Time, lm *Limit, sh *Shape, tier, key strin
 				lm.reshape(en, sh, ns)
 			}
 			if !en.pre.AllowN(ns, n) {
-				d = lm.preDenied(en, t, n)
+				d = lm.preDenied(en, ns, n)
 				d.Servers = servers
 			} else if ok, retry := lm.kind.admitFallback(en, t, n); !ok {
 				en.pre.AllowN(ns, -n) // refused: its pre-check tokens go back

@@ -12,7 +12,7 @@ import (
 // not be re-shaped). It returns that denial and true, or false when the request may pass
 // (from the lease, or after a refill). A caller that decides several items all or
 // nothing looks at every item before it spends on any.
-func (e *Engine) look(now time.Time, lm *Limit, tier, key string, n int) (Decision, bool) {
+func (e *Engine) look(now int64, lm *Limit, tier, key string, n int) (Decision, bool) {
 	sh := lm.Shape(tier)
 	if n > sh.cfg.Burst {
 		return Decision{Source: SourceLease, Reason: ReasonExceedsBurst, RetryAfter: InfDuration, Servers: e.Servers()}, true
@@ -23,7 +23,7 @@ func (e *Engine) look(now time.Time, lm *Limit, tier, key string, n int) (Decisi
 	var d Decision
 	denied := false
 	lm.keys.Peek(wire.KeyID(key), func(en *entry, _ int64) {
-		if en.shape == sh && en.pre.TokensAt(now.UnixNano()) < float64(n) {
+		if en.shape == sh && en.pre.TokensAt(now) < float64(n) {
 			d, denied = lm.preDenied(en, now, n), true
 		}
 	})
@@ -176,7 +176,7 @@ func (e *Engine) startMulti(now int64, m *Multi) (*Waiter, bool) {
 		if repeat {
 			continue // looked at with its first occurrence
 		}
-		d, denied := e.look(timeAt(now), it.Limit, it.Tier, it.Key, cost)
+		d, denied := e.look(now, it.Limit, it.Tier, it.Key, cost)
 		if !denied {
 			continue
 		}
@@ -264,9 +264,10 @@ func (e *Engine) spend(now int64, m *Multi) (*Waiter, bool) {
 func (e *Engine) took(now int64, m *Multi, d *Decision) bool {
 	i := m.next
 	if !d.Allowed {
+		t, at := timeAt(now), timeAt(m.at)
 		for j := i - 1; j >= 0; j-- {
 			it := m.At(j)
-			e.Return(timeAt(now), timeAt(m.at), it.Limit, it.Key, it.N, m.taken(j))
+			e.Return(t, at, it.Limit, it.Key, it.N, m.taken(j))
 		}
 		m.Denied, m.Item, m.Decision, m.RetryAfter = i, i, *d, d.RetryAfter
 		return true

@@ -434,13 +434,12 @@ func (e *Engine) answer(now time.Time, f *Flight, g Grant, err error, self *Wait
 		// A bucket with no record of this server, which took from it within the time its
 		// records surely live: the bucket was lost (evicted, flushed, deleted), and the
 		// take started it empty (Refill.Seen).
-		sh := en.shape
-		if en.lease.answeredWithin(lastOf(now, last), sh.lostWindow) && g.First {
+		sh, at := en.shape, lastOf(now, last)
+		if en.lease.answeredWithin(at, sh.lostWindow) && g.First {
 			lm.stats.lostBuckets.Add(1)
 		}
 		lc := sh.lease.Load()
 		en.credit, en.hasCredit = g.Credit, true
-		at := lastOf(now, last)
 		back = en.lease.Granted(lc, at, f.seq, g)
 		expires = at.Add(en.lease.lifeFrom(at)) // a roomy grant's tokens live longer
 	})

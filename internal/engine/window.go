@@ -469,7 +469,7 @@ func (wl *windowed) decideKey(o *wdecision, en *entry, ns int64, n int) {
 	}
 	// The pre-check's tokens, read once: admit spends from them.
 	if o.pre = en.pre.TokensAt(ns); o.pre < float64(n) {
-		o.d = wl.lm.preDenied(en, timeAt(ns), n)
+		o.d = wl.lm.preDenied(en, ns, n)
 		return
 	}
 	if wl.fastDecide(o, en, ns, n) {

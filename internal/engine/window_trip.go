@@ -410,8 +410,9 @@ func (wl *windowed) done(now time.Time, it *windowItem, xs []redisstore.WindowTr
 			if !lm.keys.Peek(op.id, func(en *entry, last int64) {
 				wl.mu.Lock()
 				defer wl.mu.Unlock()
-				wl.key(en.win, en.key, lastOf(now, last))
-				pend = wl.rejoin(op, en, lastOf(now, last), pend)
+				t := lastOf(now, last)
+				wl.key(en.win, en.key, t)
+				pend = wl.rejoin(op, en, t, pend)
 			}) {
 				wl.mu.Lock()
 				pend = wl.rejoin(op, nil, now, pend)
@@ -792,14 +793,14 @@ func (wl *windowed) answer(en *entry, op wop, count int, now time.Time, pend []w
 			got = 0
 		}
 		d := Decision{Allowed: got > 0, Source: SourceGlobal, Reason: ReasonGranted}
-		spent := 0
+		spent, ns := 0, now.UnixNano()
 		switch {
 		case got == 0:
 			d.Reason, d.RetryAfter = ReasonPaced, wl.retry(st, now)
-		case en.pre.TokensAt(now.UnixNano()) < float64(op.w.n): // the pre-check emptied meanwhile
-			d = wl.lm.preDenied(en, now, op.w.n)
+		case en.pre.TokensAt(ns) < float64(op.w.n): // the pre-check emptied meanwhile
+			d = wl.lm.preDenied(en, ns, op.w.n)
 		default:
-			en.pre.AllowN(now.UnixNano(), op.w.n)
+			en.pre.AllowN(ns, op.w.n)
 			spent = op.w.n
 		}
 		pend = append(pend, windowPending{w: op.w, d: d, win: op.win})
@@ -862,13 +863,13 @@ func (wl *windowed) answer(en *entry, op wop, count int, now time.Time, pend []w
 // cover it, from the grants the key holds, or refuses it if its window is known spent,
 // or makes it wait for the next grant. It requires the key's lock and wl.mu.
 func (wl *windowed) serve(en *entry, w *Waiter, now time.Time, pend []windowPending) []windowPending {
-	st := en.win
+	st, ns := en.win, now.UnixNano()
 	switch {
-	case st.grants >= w.n && en.pre.TokensAt(now.UnixNano()) < float64(w.n):
-		return append(pend, windowPending{w: w, d: wl.lm.preDenied(en, now, w.n)})
+	case st.grants >= w.n && en.pre.TokensAt(ns) < float64(w.n):
+		return append(pend, windowPending{w: w, d: wl.lm.preDenied(en, ns, w.n)})
 	case st.grants >= w.n:
 		st.grants -= w.n
-		en.pre.AllowN(now.UnixNano(), w.n)
+		en.pre.AllowN(ns, w.n)
 		return append(pend, windowPending{w: w, d: Decision{Allowed: true, Remaining: st.grants, Source: SourceGlobal, Reason: ReasonGranted}, win: st.win})
 	case st.failed():
 		return append(pend, windowPending{w: w, d: Decision{Source: SourceGlobal, Reason: ReasonPaced, RetryAfter: wl.retry(st, now)}})
