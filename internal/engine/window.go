@@ -221,19 +221,38 @@ type wmark struct {
 	at        time.Time // when it was last heard
 }
 
+// windowTimes are a windowed limit's durations, and what its decisions derive from
+// them, computed once (timesOf): rate and fastDecide are on the path of every request.
+type windowTimes struct {
+	w             time.Duration // the window: Burst / Rate
+	wUs           int64         // w in microseconds
+	iv            time.Duration // report interval (LimitConfig.Windowed)
+	tau           time.Duration // the decay time of a key's count (rate)
+	tauSec, ivSec float64       // tau and iv in seconds
+	perTau        float64       // 1/tau, in nanoseconds: a multiplication where a division is slow
+	young         time.Duration // the least age rate counts: min(w/10, iv)
+	counted       time.Duration // countedAfter decay times
+	ahead         time.Duration // iv/20: how far ahead an often key's grants are to last
+	aheadSec      float64       // ahead in seconds
+}
+
+// timesOf is the windowTimes of windows of wUs microseconds and reports every iv.
+func timesOf(wUs int64, iv time.Duration) windowTimes {
+	w := time.Duration(wUs) * time.Microsecond
+	tau := decayTime(w)
+	return windowTimes{
+		w: w, wUs: wUs, iv: iv, tau: tau, tauSec: tau.Seconds(), ivSec: iv.Seconds(), perTau: 1 / float64(tau),
+		young: min(w/10, iv), counted: countedAfter * tau, ahead: iv / 20, aheadSec: (iv / 20).Seconds(),
+	}
+}
+
 // windowed is a windowed limit's server-wide state.
 type windowed struct {
-	lm  *Limit
-	w   time.Duration // the window: Burst / Rate
-	wUs int64
-	iv  time.Duration // report interval (LimitConfig.Windowed)
-	// tau is the decay time of a key's count (rate); tauSec and ivSec are tau and iv in
-	// seconds, converted once: on the path of every request.
-	tau           time.Duration
-	tauSec, ivSec float64
-	width         int // counters per row of a shard's array (redisstore.ShardWidth)
-	shards        int // LimitConfig.WindowShards
-	glim          redisstore.Limit
+	lm *Limit
+	windowTimes
+	width  int // counters per row of a shard's array (redisstore.ShardWidth)
+	shards int // LimitConfig.WindowShards
+	glim   redisstore.Limit
 
 	// Read by a decision under its key's lock alone (fastDecide), written under mu:
 	started  atomic.Bool  // the first decision came (begin); start is set before it
@@ -291,12 +310,9 @@ func (lm *Limit) windowed() *windowed {
 }
 
 func newWindowed(lm *Limit, c LimitConfig, seed uint64) *windowed {
-	wUs := wire.WindowMicros(c.Rate, c.Burst)
-	w := time.Duration(wUs) * time.Microsecond
-	tau := decayTime(w)
 	shards := max(c.WindowShards, 1)
 	return &windowed{
-		lm: lm, w: w, wUs: wUs, iv: c.Windowed, tau: tau, tauSec: tau.Seconds(), ivSec: c.Windowed.Seconds(),
+		lm: lm, windowTimes: timesOf(wire.WindowMicros(c.Rate, c.Burst), c.Windowed),
 		width:  redisstore.ShardWidth(cmpOr(c.WindowWidth, DefaultWindowWidth), shards),
 		shards: shards, lastRead: make([]time.Time, shards), since: make([]time.Time, shards), skip: make([]int, shards), tidyAt: make([]time.Time, shards),
 		glim:     redisstore.Limit{Name: c.Name, Rate: c.Rate, Burst: c.Burst, Version: c.Version},
@@ -451,7 +467,23 @@ func (o *wdecision) admit(en *entry, st *wkey, now int64, n int, r Reason) {
 	o.d = Decision{Allowed: true, Remaining: max(0, st.grants), Source: SourceLease, Reason: r}
 }
 
-// decide decides a request of cost n of the key of entry en at ns (Unix nanoseconds);
+// hitKey is decideKey's common path on its own: a request of a valid cost whose
+// pre-check has its tokens, which the key's grants serve with nothing to ask
+// (fastDecide). It reports false, changing nothing, for any other request. Like
+// bucket.hitKey it cannot panic: arithmetic on the key's own fields (its window state is
+// made with the entry: initKey) and the limit's atomics, with no index, map or division
+// by an integer but the window's length, at least 1 µs. It requires the key's lock.
+func (wl *windowed) hitKey(o *wdecision, en *entry, ns int64, n int) bool {
+	if n <= 0 || n > wl.glim.Burst {
+		return false
+	}
+	if o.pre = en.pre.TokensAt(ns); o.pre < float64(n) {
+		return false
+	}
+	return wl.fastDecide(o, en, ns, n)
+}
+
+// decideKey decides a request of cost n of the key of entry en at ns (Unix nanoseconds);
 // it requires the key's lock and takes wl.mu unless fastDecide decides.
 func (wl *windowed) decideKey(o *wdecision, en *entry, ns int64, n int) {
 	burst := wl.glim.Burst
@@ -525,7 +557,7 @@ func (wl *windowed) decideKey(o *wdecision, en *entry, ns int64, n int) {
 		admit(ReasonLease)
 		switch {
 		case often:
-			if float64(st.grants) < wl.need(st, perSec, wl.iv/20, now) {
+			if float64(st.grants) < wl.need(st, perSec, wl.ahead, now) {
 				wl.askGrant(st, en.key, n, perSec, urgent, now)
 			}
 		case over:
@@ -584,12 +616,12 @@ func (wl *windowed) rate(st *wkey, t instant) (ewc, perSec float64) {
 	// in a server's first tenth of a window (or report interval) a key's first request
 	// may count as often, and ask a grant with its admission. Counting this request makes
 	// a key this server sees rarely look faster than it is.
-	ewc = st.ewc*expNeg(float64(t-st.ewAt)/float64(wl.tau)) + 1
+	ewc = st.ewc*expNeg(float64(t-st.ewAt)*wl.perTau) + 1
 	counted := 1.0
-	if d := max(time.Duration(t-wl.startAt), min(wl.w/10, wl.iv)); d < countedAfter*wl.tau {
+	if d := max(time.Duration(t-wl.startAt), wl.young); d < wl.counted {
 		counted = 1 - wl.expAge(d)
 	}
-	return ewc, ewc / counted / wl.tauSec
+	return ewc, ewc / (counted * wl.tauSec)
 }
 
 // expAge returns e^-(d/tau) for the limit's age d > 0. Every request of a server's
@@ -605,7 +637,7 @@ func (wl *windowed) expAge(d time.Duration) float64 {
 	if seq != 0 && seq%2 == 0 {
 		a, e := time.Duration(wl.ageAt.Load()), math.Float64frombits(wl.ageExp.Load())
 		if wl.ageSeq.Load() == seq && d >= a {
-			if x := float64(d-a) / float64(wl.tau); x < 0x1p-10 {
+			if x := float64(d-a) * wl.perTau; x < 0x1p-10 {
 				return e * expNeg(x)
 			}
 		}
@@ -626,7 +658,7 @@ func (wl *windowed) expAge(d time.Duration) float64 {
 // key's grants serve.
 func expNeg(x float64) float64 {
 	if x >= 0 && x < 0x1p-10 {
-		return 1 - x*(1-x/2*(1-x/3*(1-x/4)))
+		return 1 - x*(1-x*(0.5-x*(1.0/6-x*(1.0/24))))
 	}
 	return math.Exp(-x)
 }
@@ -651,7 +683,7 @@ func (wl *windowed) fastDecide(o *wdecision, en *entry, now int64, n int) bool {
 	// end read (inline: a helper calling need is past the inliner's budget, and costs a
 	// hit about 35 instructions)
 	left := float64(st.grants - n)
-	if t < st.over || often && left < perSec*(wl.iv/20).Seconds() && left < wl.need(st, perSec, wl.iv/20, timeAt(now)) {
+	if t < st.over || often && left < perSec*wl.aheadSec && left < wl.need(st, perSec, wl.ahead, timeAt(now)) {
 		return false
 	}
 	wl.nowAt(now)

@@ -1122,8 +1122,7 @@ func BenchmarkWindowRate(b *testing.B) {
 		ran  time.Duration
 	}{{"first-minute", 30 * time.Second}, {"after-an-hour", time.Hour}} {
 		b.Run(c.name, func(b *testing.B) {
-			tau := decayTime(time.Second)
-			wl := &windowed{w: time.Second, iv: 120 * time.Millisecond, tau: tau, tauSec: tau.Seconds(), ivSec: 0.12, start: t0, startAt: at(t0)}
+			wl := &windowed{windowTimes: timesOf(time.Second.Microseconds(), 120*time.Millisecond), start: t0, startAt: at(t0)}
 			st := &wkey{}
 			now := t0.Add(c.ran)
 			var sum float64
@@ -1148,7 +1147,7 @@ func TestWindowLeft(t *testing.T) {
 	for _, base := range []time.Time{{}, t0, time.Now(), time.Unix(0, 0), time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)} {
 		for _, w := range []time.Duration{time.Microsecond, 7 * time.Millisecond, time.Second, time.Hour} {
 			for _, off := range []time.Duration{0, 1, -1, 3*time.Millisecond + 17, -time.Hour} {
-				wl := &windowed{wUs: w.Microseconds()}
+				wl := &windowed{windowTimes: timesOf(w.Microseconds(), 0)}
 				wl.offset.Store(int64(off))
 				for i, d := range []time.Duration{0, 1, 999, time.Microsecond, 1234567, w / 2, w, 3*w + 11} {
 					now := base.Add(d)
@@ -1340,7 +1339,7 @@ func TestExpAge(t *testing.T) {
 		}
 	}
 	t.Run("in turn", func(t *testing.T) {
-		wl := &windowed{tau: tau}
+		wl := &windowed{windowTimes: timesOf(time.Second.Microseconds(), 120*time.Millisecond)}
 		r := rand.New(rand.NewPCG(1, 2))
 		d, held := 100*time.Millisecond, 0
 		for range 20000 {
@@ -1365,7 +1364,7 @@ func TestExpAge(t *testing.T) {
 		}
 	})
 	t.Run("at once", func(t *testing.T) {
-		wl := &windowed{tau: tau}
+		wl := &windowed{windowTimes: timesOf(time.Second.Microseconds(), 120*time.Millisecond)}
 		var wg sync.WaitGroup
 		for g := range 8 {
 			wg.Go(func() {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fleetlimit/fleetlimit/internal/keystore"
 	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
@@ -55,21 +56,35 @@ func (wl *windowed) decide(now int64, _, key string, n int) (Decision, *Waiter) 
 	return o.d, nil
 }
 
-// decideLocked is decideKey for a new request for the key of ID id, under its store
-// lock, as bucket.decideLocked is for a bucket kind; false once the store is closed.
+// decideLocked is hitKey, or decideKey if the key's grants cannot serve the request
+// alone, for a new request for the key of ID id, under its store lock, as
+// bucket.decideLocked is for a bucket kind; false once the store is closed. The lock is
+// released by a defer only past the hit (missLocked), as bucket.decideLocked's is.
 func (wl *windowed) decideLocked(o *wdecision, now int64, id string, n int) bool {
-	lm := wl.lm
-	ksh, ke, ok := lm.keys.Acquire(now, id)
+	keys := wl.lm.keys
+	ksh, ke, ok := keys.Acquire(now, id)
 	if !ok {
 		return false
 	}
-	defer lm.keys.Release(ksh) // a panic must not leave the shard locked
 	en, t := &ke.Val, ke.Touch(now)
-	if sh := lm.cur.Load().base; en.shape != sh { // new, or a new pre-check (SetLimit)
-		lm.reshape(en, sh, t)
+	if en.shape == wl.lm.cur.Load().base && wl.hitKey(o, en, t, n) {
+		keys.Release(ksh)
+		return true
+	}
+	wl.missLocked(o, ksh, en, t, n)
+	return true
+}
+
+// missLocked is decideKey for decideLocked, which holds the lock of shard sh: it
+// releases it, by a defer.
+func (wl *windowed) missLocked(o *wdecision, sh *keystore.Shard[entry], en *entry, t int64, n int) {
+	lm := wl.lm
+	defer lm.keys.Release(sh) // a panic must not leave the shard locked
+	// a new key, or a new pre-check (SetLimit)
+	if s := lm.cur.Load().base; en.shape != s {
+		lm.reshape(en, s, t)
 	}
 	wl.decideKey(o, en, t, n)
-	return true
 }
 
 // hit: a windowed key's common path (fastDecide) runs under the key's lock beside the
