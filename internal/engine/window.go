@@ -686,7 +686,7 @@ func (wl *windowed) fastDecide(o *wdecision, en *entry, now int64, n int) bool {
 	if t < st.over || often && left < perSec*wl.aheadSec && left < wl.need(st, perSec, wl.ahead, timeAt(now)) {
 		return false
 	}
-	wl.nowAt(now)
+	wl.seen(now)
 	st.ewc, st.ewAt = ewc, t
 	st.often, st.perSec = often, perSec
 	st.grants -= n

@@ -1406,3 +1406,42 @@ func TestRnowAtIsRnow(t *testing.T) {
 		}
 	}
 }
+
+// TestSeen: what a trip is built at (latest) never runs back, takes every instant that
+// passes the microsecond it holds, whether a hit (seen) or the limit's lock (nowAt)
+// brought it, and is never more than a microsecond behind the latest instant seen.
+func TestSeen(t *testing.T) {
+	base := t0.UnixNano() - t0.UnixNano()%1000 // a microsecond's start
+	for _, tc := range []struct {
+		name  string
+		steps []int64 // nanoseconds after base; below 0: through nowAt
+		want  []int64 // latest after each, after base
+	}{
+		{"within a microsecond", []int64{0, 1, 500, 999}, []int64{0, 0, 0, 0}},
+		{"past it", []int64{0, 999, 1000, 1001, 2500}, []int64{0, 0, 1000, 1000, 2500}},
+		{"never back", []int64{3000, 1000, 2999, 0}, []int64{3000, 3000, 3000, 3000}},
+		{"the lock's instants", []int64{10, -20, 30, -40, 1040}, []int64{0, 20, 20, 40, 1040}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			wl := &windowed{}
+			wl.nowAt(base)
+			latest := base
+			for i, s := range tc.steps {
+				if s < 0 {
+					wl.nowAt(base - s)
+					latest = max(latest, base-s)
+				} else {
+					wl.seen(base + s)
+					latest = max(latest, base+s)
+				}
+				got := wl.latest().UnixNano()
+				if got != base+tc.want[i] {
+					t.Errorf("step %d (%d): latest +%d, want +%d", i, s, got-base, tc.want[i])
+				}
+				if latest-got >= 1000 {
+					t.Errorf("step %d (%d): latest %d behind the latest instant seen", i, s, latest-got)
+				}
+			}
+		})
+	}
+}

@@ -1005,6 +1005,17 @@ func (wl *windowed) nowAt(n int64) {
 	}
 }
 
+// seen is nowAt for a hit: it records n only once it passes the microsecond of the
+// instant held, so that the keys' hits within one microsecond do not each make an atomic
+// compare-and-swap on the limit's one cache line. What a trip is built at (latest) may
+// then be up to a microsecond before a hit's instant: the marks it records and the times
+// it keeps are milliseconds, and report intervals longer still.
+func (wl *windowed) seen(n int64) {
+	if n/1000 > wl.last.Load()/1000 {
+		wl.nowAt(n)
+	}
+}
+
 // latest is the latest instant seen (now).
 func (wl *windowed) latest() time.Time {
 	if n := wl.last.Load(); n != 0 {
