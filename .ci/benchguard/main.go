@@ -43,13 +43,13 @@ type pair struct {
 //	AllowLease            1.07-1.09   1.1
 //	AllowLease10kKeys     1.25-1.30   1.3
 //	AllowLeaseParallel    1.02-1.10   1.4   (kept: see below)
-//	AllowWindowed         1.44-1.60   1.3   (see below)
+//	AllowWindowed         1.16-1.20   1.2   (at 22c0757: see below)
 //	AllowAsync            1.03-1.11   1.2
 //	AllowMulti            2.83-2.97   3.0
 //
-// AllowWindowed's hit got faster after those runs (93a0bbb, 22c0757: 0.82 of the time,
-// in interleaved runs): three runs at 22c0757 read 1.16-1.20 on a quieter host (bare
-// Allow 91-96 ns), and 1.60 × 0.82 puts it at 1.31 on the busier one; 1.3.
+// AllowWindowed's runs are of a later build, 22c0757, on a quieter host (bare Allow
+// 91-96 ns). In interleaved runs its hit took 0.92 of 3eaa893's time, and 64499c1's 0.92
+// of 31916b1's: about 1.35 on the busier host, under the failing line (1.2 × 1.4 = 1.68).
 //
 // AllowLeaseParallel's ceiling is above that rule's 1.1: its bare baseline, two
 // goroutines on the two shared cores, moves most (93-128 ns in these runs, 95-169 ns in
@@ -60,7 +60,7 @@ var pairs = []pair{
 	{"BenchmarkAllowLease10kKeys", "BenchmarkBareRateAllow10kKeys", 1.3},
 	{"BenchmarkAllowLeaseParallel", "BenchmarkBareRateAllowParallel", 1.4},
 	{"BenchmarkAllowMulti", "BenchmarkBareRateAllow", 3.0},
-	{"BenchmarkAllowWindowed", "BenchmarkBareRateAllow", 1.3},
+	{"BenchmarkAllowWindowed", "BenchmarkBareRateAllow", 1.2},
 	{"BenchmarkAllowAsync", "BenchmarkBareRateAllow", 1.2},
 }
 

@@ -229,7 +229,7 @@ type windowTimes struct {
 	iv            time.Duration // report interval (LimitConfig.Windowed)
 	tau           time.Duration // the decay time of a key's count (rate)
 	tauSec, ivSec float64       // tau and iv in seconds
-	perTau        float64       // 1/tau, in nanoseconds: a multiplication where a division is slow
+	perTau        float64       // 1/tau, per nanosecond: a multiplication where a division is slow
 	young         time.Duration // the least age rate counts: min(w/10, iv)
 	counted       time.Duration // countedAfter decay times
 	ahead         time.Duration // iv/20: how far ahead an often key's grants are to last
@@ -311,7 +311,7 @@ func (lm *Limit) windowed() *windowed {
 
 func newWindowed(lm *Limit, c LimitConfig, seed uint64) *windowed {
 	shards := max(c.WindowShards, 1)
-	return &windowed{
+	wl := &windowed{
 		lm: lm, windowTimes: timesOf(wire.WindowMicros(c.Rate, c.Burst), c.Windowed),
 		width:  redisstore.ShardWidth(cmpOr(c.WindowWidth, DefaultWindowWidth), shards),
 		shards: shards, lastRead: make([]time.Time, shards), since: make([]time.Time, shards), skip: make([]int, shards), tidyAt: make([]time.Time, shards),
@@ -319,6 +319,8 @@ func newWindowed(lm *Limit, c LimitConfig, seed uint64) *windowed {
 		announce: map[wmk]int{}, demOp: map[string]int{}, admOp: map[string]int{}, marks: map[string]wmark{}, gone: map[string]int{},
 		rng: seed ^ 0x77696e64,
 	}
+	wl.last.Store(never)
+	return wl
 }
 
 // share is c: the admissions without asking per key a server may have unanswered.
@@ -344,10 +346,13 @@ func (wl *windowed) rnow(now time.Time) int64 { return shiftMicro(now, wl.off())
 
 // rnowAt is rnow of the instant ns (Unix nanoseconds), for a hit (fastDecide): the
 // shifted nanoseconds' microseconds, rounded down as UnixMicro rounds.
-func (wl *windowed) rnowAt(ns int64) int64 {
-	x := ns + int64(wl.off())
-	us := x / 1000
-	if x%1000 < 0 {
+func (wl *windowed) rnowAt(ns int64) int64 { return floorMicro(ns + int64(wl.off())) }
+
+// floorMicro is the microsecond of the instant n (Unix nanoseconds), rounded down as
+// UnixMicro rounds: before 1970 too.
+func floorMicro(n int64) int64 {
+	us := n / 1000
+	if n%1000 < 0 {
 		us--
 	}
 	return us
@@ -471,8 +476,8 @@ func (o *wdecision) admit(en *entry, st *wkey, now int64, n int, r Reason) {
 // pre-check has its tokens, which the key's grants serve with nothing to ask
 // (fastDecide). It reports false, changing nothing, for any other request. Like
 // bucket.hitKey it cannot panic: arithmetic on the key's own fields (its window state is
-// made with the entry: initKey) and the limit's atomics, with no index, map or division
-// by an integer but the window's length, at least 1 µs. It requires the key's lock.
+// made with the entry: initKey) and the limit's atomics, with no index, map, or division
+// by a variable but the window's length, at least 1 µs. It requires the key's lock.
 func (wl *windowed) hitKey(o *wdecision, en *entry, ns int64, n int) bool {
 	if n <= 0 || n > wl.glim.Burst {
 		return false
@@ -483,8 +488,10 @@ func (wl *windowed) hitKey(o *wdecision, en *entry, ns int64, n int) bool {
 	return wl.fastDecide(o, en, ns, n)
 }
 
-// decideKey decides a request of cost n of the key of entry en at ns (Unix nanoseconds);
-// it requires the key's lock and takes wl.mu unless fastDecide decides.
+// decideKey decides a request of cost n of the key of entry en at ns (Unix nanoseconds)
+// that its hit (hitKey) did not decide, or that came with a new shape; it requires the
+// key's lock and takes wl.mu for any request of a valid cost whose pre-check has its
+// tokens. What fastDecide would decide it decides the same way (fastDecide's comment).
 func (wl *windowed) decideKey(o *wdecision, en *entry, ns int64, n int) {
 	burst := wl.glim.Burst
 	switch {
@@ -502,9 +509,6 @@ func (wl *windowed) decideKey(o *wdecision, en *entry, ns int64, n int) {
 	// The pre-check's tokens, read once: admit spends from them.
 	if o.pre = en.pre.TokensAt(ns); o.pre < float64(n) {
 		o.d = wl.lm.preDenied(en, ns, n)
-		return
-	}
-	if wl.fastDecide(o, en, ns, n) {
 		return
 	}
 	now := timeAt(ns)

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 
 	"github.com/fleetlimit/fleetlimit/breaker"
+	"github.com/fleetlimit/fleetlimit/internal/keystore"
 	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/internal/storeerr"
@@ -1407,41 +1409,81 @@ func TestRnowAtIsRnow(t *testing.T) {
 	}
 }
 
-// TestSeen: what a trip is built at (latest) never runs back, takes every instant that
-// passes the microsecond it holds, whether a hit (seen) or the limit's lock (nowAt)
-// brought it, and is never more than a microsecond behind the latest instant seen.
+// TestSeen: what a trip is built at (latest) never runs back, takes every instant a
+// microsecond or more past the one it holds, and every instant the limit's lock (nowAt)
+// brings, and is never a microsecond or more behind the latest instant seen: in 2026,
+// and around and before 1970, where the clocks a Limiter takes may read too.
 func TestSeen(t *testing.T) {
-	base := t0.UnixNano() - t0.UnixNano()%1000 // a microsecond's start
-	for _, tc := range []struct {
-		name  string
-		steps []int64 // nanoseconds after base; below 0: through nowAt
-		want  []int64 // latest after each, after base
-	}{
-		{"within a microsecond", []int64{0, 1, 500, 999}, []int64{0, 0, 0, 0}},
-		{"past it", []int64{0, 999, 1000, 1001, 2500}, []int64{0, 0, 1000, 1000, 2500}},
-		{"never back", []int64{3000, 1000, 2999, 0}, []int64{3000, 3000, 3000, 3000}},
-		{"the lock's instants", []int64{10, -20, 30, -40, 1040}, []int64{0, 20, 20, 40, 1040}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			wl := &windowed{}
-			wl.nowAt(base)
-			latest := base
-			for i, s := range tc.steps {
-				if s < 0 {
-					wl.nowAt(base - s)
-					latest = max(latest, base-s)
-				} else {
-					wl.seen(base + s)
-					latest = max(latest, base+s)
+	for _, base := range []int64{t0.UnixNano() - t0.UnixNano()%1000, 0, -5_000_000, time.Date(1700, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()} {
+		for _, tc := range []struct {
+			name  string
+			steps []int64 // nanoseconds after base; below 0: through nowAt
+			want  []int64 // latest after each, after base
+		}{
+			{"within a microsecond", []int64{0, 1, 500, 999}, []int64{0, 0, 0, 0}},
+			{"past it", []int64{0, 999, 1000, 1001, 2500}, []int64{0, 0, 1000, 1000, 2500}},
+			{"never back", []int64{3000, 1000, 2999, 0}, []int64{3000, 3000, 3000, 3000}},
+			{"the lock's instants", []int64{10, -20, 30, -40, 1040}, []int64{0, 20, 20, 40, 1040}},
+		} {
+			t.Run(fmt.Sprintf("%d/%s", base, tc.name), func(t *testing.T) {
+				wl := &windowed{}
+				wl.last.Store(never)
+				if !wl.latest().IsZero() {
+					t.Fatalf("latest %v before any instant", wl.latest())
 				}
-				got := wl.latest().UnixNano()
-				if got != base+tc.want[i] {
-					t.Errorf("step %d (%d): latest +%d, want +%d", i, s, got-base, tc.want[i])
+				wl.seen(base)
+				latest := base
+				for i, s := range tc.steps {
+					if s < 0 {
+						wl.nowAt(base - s)
+						latest = max(latest, base-s)
+					} else {
+						wl.seen(base + s)
+						latest = max(latest, base+s)
+					}
+					got := wl.latest().UnixNano()
+					if got != base+tc.want[i] {
+						t.Errorf("step %d (%d): latest +%d, want +%d", i, s, got-base, tc.want[i])
+					}
+					if latest-got >= 1000 {
+						t.Errorf("step %d (%d): latest %d behind the latest instant seen", i, s, latest-got)
+					}
 				}
-				if latest-got >= 1000 {
-					t.Errorf("step %d (%d): latest %d behind the latest instant seen", i, s, latest-got)
-				}
+			})
+		}
+	}
+}
+
+// TestWindowedPanicLeavesTheShardUnlocked: a windowed decision that panics past its hit
+// (in missLocked, the key's window state lost) leaves the key's shard unlocked, and the
+// limit's lock too, as a bucket's does (TestPanicLeavesTheShardUnlocked).
+func TestWindowedPanicLeavesTheShardUnlocked(t *testing.T) {
+	e, lm := testEngine(t, func(c *Config) {
+		c.Limits[0].Rate, c.Limits[0].Burst = 10, 10
+		c.Limits[0].Windowed = 100 * time.Millisecond
+	})
+	decide(e, t0, lm, "k", 1)
+	// With a lock left held, Inspect or the decision blocks, and go test's -timeout
+	// reports the test.
+	set := func(st *wkey) {
+		lm.keys.Inspect("k", t0.UnixNano(), func(ke *keystore.Entry[entry]) {
+			if ke == nil {
+				t.Fatal("no entry for the key")
 			}
+			ke.Val.win, ke.Val.shape = st, nil // no shape: the decision skips the hit
 		})
+	}
+	set(nil)
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the decision did not panic")
+			}
+		}()
+		decide(e, t0, lm, "k", 1)
+	}()
+	set(new(wkey))
+	if d, w := decide(e, t0, lm, "k", 1); w == nil && d.Reason == ReasonClosed {
+		t.Fatalf("the next decision: %+v", d)
 	}
 }

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"cmp"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -995,6 +996,10 @@ func (wl *windowed) unsent(op wop, st *wkey, cur int64, err error, pend []window
 // now records the latest instant the limit has seen: a trip is built at it.
 func (wl *windowed) now(t time.Time) { wl.nowAt(t.UnixNano()) }
 
+// never is what wl.last holds before the limit has seen an instant: below every instant
+// a Clock may read (1678 to 2261).
+const never = math.MinInt64
+
 // nowAt is now of the instant n (Unix nanoseconds).
 func (wl *windowed) nowAt(n int64) {
 	for {
@@ -1005,20 +1010,20 @@ func (wl *windowed) nowAt(n int64) {
 	}
 }
 
-// seen is nowAt for a hit: it records n only once it passes the microsecond of the
-// instant held, so that the keys' hits within one microsecond do not each make an atomic
+// seen is nowAt for a hit: it records n only once n is a microsecond or more past the
+// instant held, so that the keys' hits within a microsecond do not each make an atomic
 // compare-and-swap on the limit's one cache line. What a trip is built at (latest) may
 // then be up to a microsecond before a hit's instant: the marks it records and the times
 // it keeps are milliseconds, and report intervals longer still.
 func (wl *windowed) seen(n int64) {
-	if n/1000 > wl.last.Load()/1000 {
+	if last := wl.last.Load(); n-last >= 1000 || last == never {
 		wl.nowAt(n)
 	}
 }
 
 // latest is the latest instant seen (now).
 func (wl *windowed) latest() time.Time {
-	if n := wl.last.Load(); n != 0 {
+	if n := wl.last.Load(); n != never {
 		return time.Unix(0, n)
 	}
 	return time.Time{}
