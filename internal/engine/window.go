@@ -147,7 +147,8 @@ func checkWindow(c LimitConfig) error {
 // are 8 bytes each, not a time.Time's 24: a windowed limit holds one per key.
 type wkey struct {
 	phase     int64 // µs: the key's windows start where (Redis time + phase) is a multiple of w
-	win       int64 // the window it was last decided in
+	win       int64 // the window it was last decided in (setWin)
+	lo, hi    int64 // win's start and end on Redis's clock, µs: a hit compares, not divides
 	ewc       float64
 	ewAt      instant
 	grants    int   // grants held for win
@@ -411,7 +412,7 @@ func (wl *windowed) begin(now time.Time) {
 func (wl *windowed) key(st *wkey, id string, now time.Time) {
 	if !st.init {
 		*st = wkey{init: true, phase: wire.WindowPhase(id, wl.wUs)}
-		st.win = wire.WindowIndex(wl.rnow(now), st.phase, wl.wUs)
+		st.setWin(wire.WindowIndex(wl.rnow(now), st.phase, wl.wUs), wl.wUs)
 		// Evicted with admissions unanswered: they count here. Below zero, answers came
 		// before the old entry's eviction was recorded, which will cancel them: left
 		// for it, else the eviction would leave a count no answer takes off.
@@ -428,12 +429,18 @@ func (wl *windowed) key(st *wkey, id string, now time.Time) {
 		if st.nextFull == j {
 			st.spent = max(st.spent, j+1)
 		}
-		st.win, st.next = j, 0
+		st.next = 0
+		st.setWin(j, wl.wUs)
 	}
 	if m, ok := wl.marks[id]; ok {
 		st.learn(m)
 	}
 	st.gen = wl.marksGen.Load()
+}
+
+// setWin makes win, of windows of w µs, the key's window, with its bounds.
+func (st *wkey) setWin(win, w int64) {
+	st.win, st.lo, st.hi = win, wire.WindowStart(win, st.phase, w), wire.WindowStart(win+1, st.phase, w)
 }
 
 func (st *wkey) learn(m wmark) {
@@ -676,8 +683,9 @@ func expNeg(x float64) float64 {
 // there waits for another's.
 func (wl *windowed) fastDecide(o *wdecision, en *entry, now int64, n int) bool {
 	st := en.win
-	if !wl.started.Load() || wl.stopped.Load() || !st.init || st.gen != wl.marksGen.Load() || st.grants < n ||
-		wire.WindowIndex(wl.rnowAt(now), st.phase, wl.wUs) != st.win {
+	// us outside [lo, hi): the key's window is no longer win
+	if us := wl.rnowAt(now); !wl.started.Load() || wl.stopped.Load() || !st.init || st.gen != wl.marksGen.Load() || st.grants < n ||
+		us < st.lo || us >= st.hi {
 		return false
 	}
 	t := instant(now)

@@ -1487,3 +1487,24 @@ func TestWindowedPanicLeavesTheShardUnlocked(t *testing.T) {
 		t.Fatalf("the next decision: %+v", d)
 	}
 }
+
+// TestSetWinBounds: a key's window bounds (setWin), which a hit compares Redis's time
+// with, hold exactly the instants WindowIndex puts in its window, for windows of a
+// microsecond to an hour, any phase, before and after 1970.
+func TestSetWinBounds(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, w := range []int64{1, 7, 1000, 999_983, 3_600_000_000} {
+		for range 2000 {
+			st := &wkey{phase: r.Int64N(w)}
+			us := r.Int64N(1<<52) - 1<<51
+			win := wire.WindowIndex(us, st.phase, w)
+			st.setWin(win, w)
+			for _, d := range []int64{-w - 1, -w, -1, 0, 1, w - 1, w, w + 1} {
+				x := us + d
+				if in, want := x >= st.lo && x < st.hi, wire.WindowIndex(x, st.phase, w) == win; in != want {
+					t.Fatalf("w %d, phase %d, window %d [%d, %d): %d in it %v, WindowIndex says %v", w, st.phase, win, st.lo, st.hi, x, in, want)
+				}
+			}
+		}
+	}
+}
