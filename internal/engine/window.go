@@ -530,7 +530,7 @@ func (wl *windowed) decideKey(o *wdecision, en *entry, ns int64, n int) {
 	st := en.win
 	wl.key(st, en.key, now)
 	var perSec float64
-	t := at(now)
+	t := instant(ns)
 	st.ewc, perSec = wl.rate(st, t)
 	st.ewAt = t
 	over, low := t < st.over, t < st.low
@@ -692,10 +692,10 @@ func (wl *windowed) fastDecide(o *wdecision, en *entry, now int64, n int) bool {
 	ewc, perSec := wl.rate(st, t)
 	often := wl.warm.Load() && perSec*wl.ivSec >= 1
 	// need is at most perSec·d, d the twentieth: the grants left above that need no window
-	// end read (inline: a helper calling need is past the inliner's budget, and costs a
-	// hit about 35 instructions)
+	// end read; below it, need itself, inline (a helper calling need is past the inliner's
+	// budget, and costs a hit about 35 instructions), the end from the key's bounds
 	left := float64(st.grants - n)
-	if t < st.over || often && left < perSec*wl.aheadSec && left < wl.need(st, perSec, wl.ahead, timeAt(now)) {
+	if t < st.over || often && left < perSec*wl.aheadSec && left < perSec*min(wl.ahead, wl.leftOf(st, now)).Seconds() {
 		return false
 	}
 	wl.seen(now)
@@ -776,6 +776,12 @@ func (wl *windowed) odds(st *wkey, perSec float64, now time.Time) float64 {
 // need is what this server, seeing the key at perSec, admits in the next d of its window.
 func (wl *windowed) need(st *wkey, perSec float64, d time.Duration, now time.Time) float64 {
 	return perSec * min(d, wl.left(st.win, st.phase, now)).Seconds()
+}
+
+// leftOf is wl.left(st.win, st.phase, timeAt(ns)) from the key's window end (setWin),
+// without building the instant: need for a hit.
+func (wl *windowed) leftOf(st *wkey, ns int64) time.Duration {
+	return time.Duration(st.hi*1000 - int64(wl.off()) - ns)
 }
 
 // maxQueued is the most ops a windowed limit's queue holds for Redis (about 4 MB) before

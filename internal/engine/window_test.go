@@ -1490,7 +1490,8 @@ func TestWindowedPanicLeavesTheShardUnlocked(t *testing.T) {
 
 // TestSetWinBounds: a key's window bounds (setWin), which a hit compares Redis's time
 // with, hold exactly the instants WindowIndex puts in its window, for windows of a
-// microsecond to an hour, any phase, before and after 1970.
+// microsecond to an hour, any phase, before and after 1970; and the time left that a hit
+// reads from them (leftOf) is left's.
 func TestSetWinBounds(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	for _, w := range []int64{1, 7, 1000, 999_983, 3_600_000_000} {
@@ -1504,6 +1505,12 @@ func TestSetWinBounds(t *testing.T) {
 				if in, want := x >= st.lo && x < st.hi, wire.WindowIndex(x, st.phase, w) == win; in != want {
 					t.Fatalf("w %d, phase %d, window %d [%d, %d): %d in it %v, WindowIndex says %v", w, st.phase, win, st.lo, st.hi, x, in, want)
 				}
+			}
+			// leftOf, a hit's time left in the window, is left's, whatever Redis's offset.
+			wl := &windowed{windowTimes: timesOf(w, 0)}
+			wl.offset.Store(r.Int64N(2e9) - 1e9)
+			if ns := us*1000 + r.Int64N(3000) - 1500; wl.leftOf(st, ns) != wl.left(win, st.phase, time.Unix(0, ns)) {
+				t.Fatalf("w %d, window %d, at %d: leftOf %v, left %v", w, win, ns, wl.leftOf(st, ns), wl.left(win, st.phase, time.Unix(0, ns)))
 			}
 		}
 	}
