@@ -119,7 +119,7 @@ func (m *lruModel) storeSweep(now int64, max int) {
 // shard and on lruModel, and requires the same evictions, in the same order and for the
 // same reasons, and the same keys held after every call. In half the inputs the keys'
 // hashes keep only their lowest bit, so that the shard's keys share two hashes and
-// most of them are held by key (Shard.more).
+// the table tells most of them apart by their keys.
 func FuzzStoreMatchesModel(f *testing.F) {
 	f.Add([]byte{4, 10, 0, 1, 2, 3, 4, 5, 0, 0, 6, 1, 7, 2, 0x41, 0x82, 0xc3, 9})
 	f.Add([]byte{2, 0, 0, 1, 0, 2, 0, 1, 3, 4, 5, 6, 7, 0xc0, 0x80, 1, 2})

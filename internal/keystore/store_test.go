@@ -3,6 +3,7 @@ package keystore
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -310,5 +311,72 @@ func TestStoreSweepUsedIdle(t *testing.T) {
 	}
 	if got := incr(s, at(1500*time.Millisecond), "recent"); got != 3 {
 		t.Errorf("recent = %d, want it kept (3)", got)
+	}
+}
+
+// TestTableMatchesMap adds and removes keys at random in one shard's table, many of them
+// with homes in the table's last slots so that their runs wrap around its end, others
+// sharing one hash, and after every step requires that find returns every key held and
+// no other, that the count is right, and that no free slot lies between a key's home
+// and its place (which find's stopping at a free slot relies on).
+func TestTableMatchesMap(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	sh := &Shard[int]{slots: make([]slot[int], minSlots), cap: 1 << 20}
+	held := map[string]*Entry[int]{}
+	var keys []string
+	hashOf := func(i int) uint64 {
+		switch i % 4 {
+		case 0: // home in the last six slots of any table
+			return ^uint64(0) - uint64(i%6)<<16
+		case 1: // one hash for all of them
+			return 42 << 16
+		default:
+			return rng.Uint64()
+		}
+	}
+	for step := range 20_000 {
+		if len(keys) > 0 && (rng.IntN(2) == 0 || len(keys) > 600) {
+			j := rng.IntN(len(keys))
+			k := keys[j]
+			keys[j] = keys[len(keys)-1]
+			keys = keys[:len(keys)-1]
+			h := held[k].hash
+			sh.remove(held[k])
+			delete(held, k)
+			if sh.find(h, k) != nil {
+				t.Fatalf("step %d: %q found after its removal", step, k)
+			}
+		} else {
+			k := fmt.Sprint("k", step)
+			e := &Entry[int]{Val: step}
+			sh.add(k, hashOf(step), e)
+			held[k] = e
+			keys = append(keys, k)
+		}
+		if sh.len() != len(held) {
+			t.Fatalf("step %d: len %d, want %d", step, sh.len(), len(held))
+		}
+		if step%97 != 0 && len(keys) > 8 {
+			continue
+		}
+		for k, e := range held {
+			if got := sh.find(e.hash, k); got != e {
+				t.Fatalf("step %d: find(%q) = %p, want %p", step, k, got, e)
+			}
+		}
+		mask := uint64(len(sh.slots) - 1)
+		for i, s := range sh.slots {
+			if s.e == nil {
+				continue
+			}
+			for j := home(s.h, mask); j != uint64(i); j = (j + 1) & mask {
+				if sh.slots[j].e == nil {
+					t.Fatalf("step %d: %q at %d, its home %d, past the free slot %d", step, s.e.key, i, home(s.h, mask), j)
+				}
+			}
+		}
+		if taken := len(held) * 4; taken > len(sh.slots)*3 {
+			t.Fatalf("step %d: %d keys in %d slots", step, len(held), len(sh.slots))
+		}
 	}
 }
