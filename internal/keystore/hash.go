@@ -7,13 +7,13 @@ import (
 )
 
 // hasher is the Store's seeded hash of its keys: wyhash's mixing, inline, for a key of
-// up to maxInline bytes, and maphash past that. A key's hash picks its shard and is its
-// key in the shard's map, so a hit hashes it once: maphash.String takes three calls
+// up to maxInline bytes, and maphash past that. A key's hash picks its shard, its table
+// and its place there, so a hit hashes it once: maphash.String takes three calls
 // down to the runtime's AES hash, this one inlined multiply-mix or two, 41 instructions
 // fewer a lease hit (docs/hot-path.md). Its secrets are random per Store, as a Go map's
 // seed is, and of the same class as the hash Go's maps use where the CPU has no AES. A
-// key that shares another's hash costs no correctness either: its shard keeps it by the
-// key itself.
+// key that shares another's hash costs no correctness either: its table tells the two
+// apart by their keys.
 type hasher struct {
 	k0, k1 uint64
 	seed   maphash.Seed

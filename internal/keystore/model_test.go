@@ -129,7 +129,7 @@ func FuzzStoreMatchesModel(f *testing.F) {
 		if len(in) < 2 {
 			return
 		}
-		capacity, idle := 1+int(in[0]&0x7f%6), time.Duration(in[1]%16)*time.Millisecond
+		capacity, idle := 1+int(in[0]&0x7f%24), time.Duration(in[1]%16)*time.Millisecond
 		s, got := newCountingStore(t, StoreConfig[int]{MaxKeys: capacity, Shards: 1, IdleTimeout: idle})
 		if in[0]&0x80 != 0 {
 			s.hashBits = 1
@@ -137,7 +137,7 @@ func FuzzStoreMatchesModel(f *testing.F) {
 		m := &lruModel{cap: capacity, idle: idle}
 		now := t0
 		for step, b := range in[2:] {
-			key := fmt.Sprint("k", b&7)
+			key := fmt.Sprint("k", int(b&7)+8*(step%4)) // 32 keys: tables grow
 			switch b >> 6 {
 			case 0, 1: // the common call, with time moving on by 0–7 ms
 				now += int64(time.Duration(b>>3&7) * time.Millisecond)
@@ -167,7 +167,7 @@ func FuzzStoreMatchesModel(f *testing.F) {
 			for _, e := range m.list {
 				keys = append(keys, e.key)
 			}
-			for k := range 8 {
+			for k := range 32 {
 				key := fmt.Sprint("k", k)
 				held := s.Peek(key, func(*int, int64) {})
 				if held != slices.Contains(keys, key) {

@@ -7,6 +7,7 @@ package keystore
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"runtime"
 	"strings"
 	"sync"
@@ -125,6 +126,7 @@ type StoreConfig[V any] struct {
 // shard's table.
 type Store[V any] struct {
 	shards []Shard[V]
+	empty  []slot[V] // one free slot: the table of a table with no keys yet
 	mask   uint64
 	hasher hasher
 	// hashBits masks every key's hash: all ones, fewer in tests that make keys
@@ -149,12 +151,14 @@ type Shard[V any] struct {
 	// The fields below are guarded by mu; those a hit reads come first, to
 	// share the mutex's cache line.
 	closed bool
+	shift  uint8 // 64 less the bits that pick a key's table (tabs)
 	npend  int
-	// slots is the shard's table of its keys, by open addressing with linear
-	// probing: a key's place is the first free slot at or after its home slot
-	// (home), and no free slot lies between the two. Its length is a power of
-	// two, at least minSlots, and at most three quarters of it are taken.
-	slots   []slot[V]
+	// tabs are the shard's tables of its keys, a key's picked by the top bits of
+	// its hash (h >> shift; a shift of 64 for one table), so many that each holds
+	// about tableKeys keys or fewer when the shard is full: a table grows by
+	// doubling, placing its keys afresh under the lock, and small tables bound
+	// that pause, where one table over 12,000 keys would take a millisecond or more.
+	tabs    []table[V]
 	n       int       // the keys held
 	front   *Entry[V] // the most recently promoted key; nil when the shard is empty
 	back    *Entry[V] // the least recently promoted key
@@ -165,7 +169,7 @@ type Shard[V any] struct {
 
 // Entry is a key's place in a Store: its value and its latest instant.
 type Entry[V any] struct {
-	// key is the key, which a hit compares: the shard's map holds keys by their
+	// key is the key, which a hit compares: the shard's tables hold keys by their
 	// hash. It is first, with the fields a hit reads, and so are its bytes when
 	// they fit in kb (a key's own allocation would be a cache line more to read).
 	key  string
@@ -184,6 +188,15 @@ type Entry[V any] struct {
 // allocator class, where it was 328 in the same class.
 const inlineKey = 24
 
+// table is one of a shard's tables, by open addressing with linear probing: a key's
+// place is the first free slot at or after its home slot (home), and no free slot lies
+// between the two. Its length is a power of two, at most three quarters of it are taken,
+// and until its first key it is the Store's one free slot (Store.empty), never written.
+type table[V any] struct {
+	slots []slot[V]
+	n     int
+}
+
 // slot is one place in a shard's table: an entry and its key's hash, which a probe
 // compares before it reads the entry's key. e is nil in a free slot.
 type slot[V any] struct {
@@ -191,8 +204,12 @@ type slot[V any] struct {
 	e *Entry[V]
 }
 
-// minSlots is the length a shard's table starts at.
-const minSlots = 8
+// minSlots is the length a table takes for its first key; tableKeys the keys a table
+// holds, about, when its shard is full: its rehash then places at most 768 keys.
+const (
+	minSlots  = 8
+	tableKeys = 512
+)
 
 // eviction is an entry taken out of its shard, to report to OnEvict (under its key,
 // e.key) once the lock is released.
@@ -216,6 +233,7 @@ func NewStore[V any](cfg StoreConfig[V]) (*Store[V], error) {
 	n := shardCount(cfg.Shards, maxKeys)
 	s := &Store[V]{
 		shards:   make([]Shard[V], n),
+		empty:    make([]slot[V], 1),
 		mask:     uint64(n - 1),
 		hasher:   newHasher(),
 		hashBits: ^uint64(0),
@@ -228,8 +246,8 @@ func NewStore[V any](cfg StoreConfig[V]) (*Store[V], error) {
 		if i < maxKeys%n {
 			c++
 		}
-		s.shards[i].slots = make([]slot[V], minSlots)
 		s.shards[i].cap = c
+		s.shards[i].reset(s.empty)
 	}
 	return s, nil
 }
@@ -423,8 +441,8 @@ func (s *Store[V]) purge(closing bool) int {
 			e.prev, e.next = nil, nil
 			e = next
 		}
-		sh.front, sh.back, sh.n = nil, nil, 0
-		sh.slots = make([]slot[V], minSlots)
+		sh.front, sh.back = nil, nil
+		sh.reset(s.empty)
 		sh.mu.Unlock()
 		total += n
 		for _, ev := range out {
@@ -455,15 +473,34 @@ func (s *Store[V]) shardFor(key string) (uint64, *Shard[V]) {
 }
 
 // home returns the slot a key of hash h is looked for from, in a table of mask+1
-// slots. The hash's low bits pick the key's shard, so its place in the shard is
-// taken from the bits above those (a Store has at most 1<<16 shards).
+// slots: bits 16 and up of the hash, which the shard (its low bits, a Store having at
+// most 1<<16 shards) and the table (its top bits) leave to it.
 func home(h, mask uint64) uint64 { return h >> 16 & mask }
+
+// reset empties the shard's tables, making as many as its cap asks for.
+func (sh *Shard[V]) reset(empty []slot[V]) {
+	n := 1
+	for n*tableKeys < sh.cap {
+		n <<= 1
+	}
+	if len(sh.tabs) != n {
+		sh.tabs = make([]table[V], n)
+		sh.shift = uint8(64 - bits.TrailingZeros(uint(n)))
+	}
+	for i := range sh.tabs {
+		sh.tabs[i] = table[V]{slots: empty}
+	}
+	sh.n = 0
+}
+
+// table returns the table of the keys of hash h.
+func (sh *Shard[V]) table(h uint64) *table[V] { return &sh.tabs[h>>sh.shift] }
 
 // find returns the entry of key, whose hash is h, or nil; it requires that sh.mu
 // is held. Two keys of one hash (once in 2^64 pairs or so, but the Store must be
 // right then too) are two slots, told apart by their keys.
 func (sh *Shard[V]) find(h uint64, key string) *Entry[V] {
-	slots := sh.slots
+	slots := sh.table(h).slots
 	mask := uint64(len(slots) - 1)
 	for i := home(h, mask); ; i = (i + 1) & mask {
 		if e := slots[i].e; e == nil || slots[i].h == h && e.key == key {
@@ -608,47 +645,51 @@ func (sh *Shard[V]) oldest() *Entry[V] {
 // LRU list; it requires that sh.mu is held and that key is not held.
 func (sh *Shard[V]) add(key string, h uint64, e *Entry[V]) {
 	e.key, e.hash = key, h
-	if (sh.n+1)*4 > len(sh.slots)*3 {
-		sh.grow()
+	t := sh.table(h)
+	if (t.n+1)*4 > len(t.slots)*3 {
+		t.grow()
 	}
-	sh.place(slot[V]{h, e})
+	t.place(slot[V]{h, e})
+	t.n++
 	sh.n++
 	sh.pushFront(e)
 }
 
 // place puts s in the first free slot from its home; the table must have one.
-func (sh *Shard[V]) place(s slot[V]) {
-	mask := uint64(len(sh.slots) - 1)
+func (t *table[V]) place(s slot[V]) {
+	mask := uint64(len(t.slots) - 1)
 	i := home(s.h, mask)
-	for sh.slots[i].e != nil {
+	for t.slots[i].e != nil {
 		i = (i + 1) & mask
 	}
-	sh.slots[i] = s
+	t.slots[i] = s
 }
 
-// grow doubles the table, placing every key afresh.
-func (sh *Shard[V]) grow() {
-	old := sh.slots
-	sh.slots = make([]slot[V], 2*len(old))
+// grow doubles the table (to minSlots from the Store's free slot), placing every key
+// afresh.
+func (t *table[V]) grow() {
+	old := t.slots
+	t.slots = make([]slot[V], max(minSlots, 2*len(old)))
 	for _, s := range old {
 		if s.e != nil {
-			sh.place(s)
+			t.place(s)
 		}
 	}
 }
 
 // remove takes e out of the shard; it requires that sh.mu is held. The slots
 // after e's, up to the next free one, move back where that keeps each at or
-// after its home (backward-shift deletion), so the table needs no tombstones.
+// after its home (backward-shift deletion), so a table needs no tombstones.
 func (sh *Shard[V]) remove(e *Entry[V]) {
-	mask := uint64(len(sh.slots) - 1)
+	t := sh.table(e.hash)
+	mask := uint64(len(t.slots) - 1)
 	i := home(e.hash, mask)
-	for sh.slots[i].e != e {
+	for t.slots[i].e != e {
 		i = (i + 1) & mask
 	}
 	for j := i; ; {
 		j = (j + 1) & mask
-		s := sh.slots[j]
+		s := t.slots[j]
 		if s.e == nil {
 			break
 		}
@@ -656,10 +697,11 @@ func (sh *Shard[V]) remove(e *Entry[V]) {
 		if (j-home(s.h, mask))&mask < (j-i)&mask {
 			continue
 		}
-		sh.slots[i] = s
+		t.slots[i] = s
 		i = j
 	}
-	sh.slots[i] = slot[V]{}
+	t.slots[i] = slot[V]{}
+	t.n--
 	sh.n--
 	sh.unlink(e)
 }

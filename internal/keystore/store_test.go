@@ -314,20 +314,28 @@ func TestStoreSweepUsedIdle(t *testing.T) {
 	}
 }
 
-// TestTableMatchesMap adds and removes keys at random in one shard's table, many of them
-// with homes in the table's last slots so that their runs wrap around its end, others
-// sharing one hash, and after every step requires that find returns every key held and
-// no other, that the count is right, and that no free slot lies between a key's home
-// and its place (which find's stopping at a free slot relies on).
+// TestTableMatchesMap adds and removes keys at random in one shard, many of them with
+// homes in their table's last slots so that their runs wrap around its end, others
+// sharing one hash, the rest spread over the shard's tables, and after every step
+// requires that find returns every key held and none removed, that the counts are
+// right, and that no free slot lies between a key's home and its place (which find's
+// stopping at a free slot relies on).
 func TestTableMatchesMap(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
-	sh := &Shard[int]{slots: make([]slot[int], minSlots), cap: 1 << 20}
-	held := map[string]*Entry[int]{}
+	s, err := NewStore(StoreConfig[int]{MaxKeys: 4 * tableKeys, Shards: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh := &s.shards[0]
+	if len(sh.tabs) != 4 {
+		t.Fatalf("%d tables for %d keys, want 4", len(sh.tabs), sh.cap)
+	}
+	held, gone := map[string]*Entry[int]{}, map[string]uint64{}
 	var keys []string
 	hashOf := func(i int) uint64 {
 		switch i % 4 {
-		case 0: // home in the last six slots of any table
-			return ^uint64(0) - uint64(i%6)<<16
+		case 0: // the last table, homes in the last six slots of any length
+			return ^uint64(0) - uint64(i/4%6)<<16
 		case 1: // one hash for all of them
 			return 42 << 16
 		default:
@@ -340,12 +348,9 @@ func TestTableMatchesMap(t *testing.T) {
 			k := keys[j]
 			keys[j] = keys[len(keys)-1]
 			keys = keys[:len(keys)-1]
-			h := held[k].hash
+			gone[k] = held[k].hash
 			sh.remove(held[k])
 			delete(held, k)
-			if sh.find(h, k) != nil {
-				t.Fatalf("step %d: %q found after its removal", step, k)
-			}
 		} else {
 			k := fmt.Sprint("k", step)
 			e := &Entry[int]{Val: step}
@@ -356,27 +361,110 @@ func TestTableMatchesMap(t *testing.T) {
 		if sh.len() != len(held) {
 			t.Fatalf("step %d: len %d, want %d", step, sh.len(), len(held))
 		}
-		if step%97 != 0 && len(keys) > 8 {
-			continue
-		}
 		for k, e := range held {
 			if got := sh.find(e.hash, k); got != e {
 				t.Fatalf("step %d: find(%q) = %p, want %p", step, k, got, e)
 			}
 		}
-		mask := uint64(len(sh.slots) - 1)
-		for i, s := range sh.slots {
-			if s.e == nil {
-				continue
+		for k, h := range gone {
+			if sh.find(h, k) != nil {
+				t.Fatalf("step %d: %q found after its removal", step, k)
 			}
-			for j := home(s.h, mask); j != uint64(i); j = (j + 1) & mask {
-				if sh.slots[j].e == nil {
-					t.Fatalf("step %d: %q at %d, its home %d, past the free slot %d", step, s.e.key, i, home(s.h, mask), j)
+		}
+		total := 0
+		for ti := range sh.tabs {
+			tb := &sh.tabs[ti]
+			mask := uint64(len(tb.slots) - 1)
+			n := 0
+			for i, sl := range tb.slots {
+				if sl.e == nil {
+					continue
+				}
+				n++
+				if got := sh.table(sl.h); got != tb {
+					t.Fatalf("step %d: %q in table %d, its hash's is another", step, sl.e.key, ti)
+				}
+				for j := home(sl.h, mask); j != uint64(i); j = (j + 1) & mask {
+					if tb.slots[j].e == nil {
+						t.Fatalf("step %d: %q at %d, its home %d, past the free slot %d", step, sl.e.key, i, home(sl.h, mask), j)
+					}
+				}
+			}
+			if n != tb.n || n*4 > len(tb.slots)*3 {
+				t.Fatalf("step %d: table %d holds %d keys, counts %d, in %d slots", step, ti, n, tb.n, len(tb.slots))
+			}
+			total += n
+		}
+		if total != len(held) {
+			t.Fatalf("step %d: the tables hold %d keys, want %d", step, total, len(held))
+		}
+		if len(gone) > 200 {
+			clear(gone)
+		}
+	}
+}
+
+// TestTablesStaySmall fills Stores of 1, 64 and 4096 shards with as many keys as their
+// cap (the fullest shards evicting some): every table
+// ends at 1,024 slots or fewer, so that growing one placed at most 768 keys under its
+// shard's lock, and a key lies on average less than one slot past its home (a home
+// drawn from bits the shard or the table also uses would pile keys up).
+func TestTablesStaySmall(t *testing.T) {
+	for _, shards := range []int{1, 64, 4096} {
+		const keys = 1 << 17
+		s, err := NewStore(StoreConfig[int]{MaxKeys: keys, Shards: shards})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range keys {
+			s.Update(0, "key-"+strconv.Itoa(i), func(*int, int64) {})
+		}
+		if n := s.Len(); n < keys*9/10 { // some shards' share of the keys is over their cap
+			t.Fatalf("%d shards: %d keys held, want about %d", shards, n, keys)
+		}
+		var held, past, most int
+		for i := range s.shards {
+			for _, tb := range s.shards[i].tabs {
+				most = max(most, len(tb.slots))
+				mask := uint64(len(tb.slots) - 1)
+				for j, sl := range tb.slots {
+					if sl.e != nil {
+						held++
+						past += int((uint64(j) - home(sl.h, mask)) & mask)
+					}
 				}
 			}
 		}
-		if taken := len(held) * 4; taken > len(sh.slots)*3 {
-			t.Fatalf("step %d: %d keys in %d slots", step, len(held), len(sh.slots))
+		if most > 1024 {
+			t.Errorf("%d shards: a table of %d slots", shards, most)
 		}
+		if mean := float64(past) / float64(held); mean >= 1 {
+			t.Errorf("%d shards: keys lie %.2f slots past their homes on average, want under 1", shards, mean)
+		}
+	}
+}
+
+// BenchmarkTableGrow times a table's growth, the pause of the add that makes it (and of
+// whoever waits for the shard's lock): at 768 keys, the most a full shard's table grows
+// with (tableKeys, give or take its share of the keys), and at 12,288, what one table
+// for each of the default Store's shards (100,000 keys over 8) would place.
+func BenchmarkTableGrow(b *testing.B) {
+	for _, keys := range []int{768, 12_288} {
+		b.Run(strconv.Itoa(keys), func(b *testing.B) {
+			rng := rand.New(rand.NewPCG(5, 6))
+			var full table[int]
+			full.slots = make([]slot[int], 1)
+			for range keys {
+				if (full.n+1)*4 > len(full.slots)*3 {
+					full.grow()
+				}
+				full.place(slot[int]{h: rng.Uint64(), e: &Entry[int]{}})
+				full.n++
+			}
+			for b.Loop() {
+				t := full
+				t.grow()
+			}
+		})
 	}
 }
