@@ -7,7 +7,6 @@ package keystore
 import (
 	"errors"
 	"fmt"
-	"math/bits"
 	"runtime"
 	"strings"
 	"sync"
@@ -151,14 +150,14 @@ type Shard[V any] struct {
 	// The fields below are guarded by mu; those a hit reads come first, to
 	// share the mutex's cache line.
 	closed bool
-	shift  uint8 // 64 less the bits that pick a key's table (tabs)
 	npend  int
-	// tabs are the shard's tables of its keys, a key's picked by the top bits of
-	// its hash (h >> shift; a shift of 64 for one table), so many that each holds
+	// tabs are the shard's tables of its keys, a key's picked by bits 40 and up of
+	// its hash (tableOf; tmask is len(tabs)-1), so many that each holds
 	// about tableKeys keys or fewer when the shard is full: a table grows by
 	// doubling, placing its keys afresh under the lock, and small tables bound
 	// that pause, where one table over 12,000 keys would take a millisecond or more.
 	tabs    []table[V]
+	tmask   uint64
 	n       int       // the keys held
 	front   *Entry[V] // the most recently promoted key; nil when the shard is empty
 	back    *Entry[V] // the least recently promoted key
@@ -209,6 +208,7 @@ type slot[V any] struct {
 const (
 	minSlots  = 8
 	tableKeys = 512
+	maxTables = 1 << 24 // tables a shard has at most, for the 24 bits from bit 40
 )
 
 // eviction is an entry taken out of its shard, to report to OnEvict (under its key,
@@ -431,15 +431,13 @@ func (s *Store[V]) purge(closing bool) int {
 		if s.onEvict != nil && n > 0 {
 			out = make([]eviction[V], 0, n)
 		}
-		for e := sh.back; e != nil; e = e.prev {
+		for e := sh.back; e != nil; {
+			prev := e.prev
 			if out != nil {
 				out = append(out, eviction[V]{e, EvictPurged})
 			}
-		}
-		for e := sh.front; e != nil; {
-			next := e.next
 			e.prev, e.next = nil, nil
-			e = next
+			e = prev
 		}
 		sh.front, sh.back = nil, nil
 		sh.reset(s.empty)
@@ -474,18 +472,19 @@ func (s *Store[V]) shardFor(key string) (uint64, *Shard[V]) {
 
 // home returns the slot a key of hash h is looked for from, in a table of mask+1
 // slots: bits 16 and up of the hash, which the shard (its low bits, a Store having at
-// most 1<<16 shards) and the table (its top bits) leave to it.
+// most 1<<16 shards) leaves to it, and below 40, where the table's bits start, in any
+// table of fewer than 1<<24 slots.
 func home(h, mask uint64) uint64 { return h >> 16 & mask }
 
 // reset empties the shard's tables, making as many as its cap asks for.
 func (sh *Shard[V]) reset(empty []slot[V]) {
 	n := 1
-	for n*tableKeys < sh.cap {
+	for n*tableKeys < sh.cap && n < maxTables {
 		n <<= 1
 	}
 	if len(sh.tabs) != n {
 		sh.tabs = make([]table[V], n)
-		sh.shift = uint8(64 - bits.TrailingZeros(uint(n)))
+		sh.tmask = uint64(n - 1)
 	}
 	for i := range sh.tabs {
 		sh.tabs[i] = table[V]{slots: empty}
@@ -493,8 +492,9 @@ func (sh *Shard[V]) reset(empty []slot[V]) {
 	sh.n = 0
 }
 
-// table returns the table of the keys of hash h.
-func (sh *Shard[V]) table(h uint64) *table[V] { return &sh.tabs[h>>sh.shift] }
+// table returns the table of the keys of hash h: bits 40 and up pick it, a fixed shift
+// where one by the table count would cost a hit three instructions more for shifts of 64.
+func (sh *Shard[V]) table(h uint64) *table[V] { return &sh.tabs[h>>40&sh.tmask] }
 
 // find returns the entry of key, whose hash is h, or nil; it requires that sh.mu
 // is held. Two keys of one hash (once in 2^64 pairs or so, but the Store must be
