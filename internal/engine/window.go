@@ -387,12 +387,14 @@ func (wl *windowed) endAt(win, phase int64) instant {
 	return instant(wire.WindowStart(win+1, phase, wl.wUs)*1000 - int64(wl.off()))
 }
 
-// left is wl.end(win, phase).Sub(now), without building the instant: on the path of
-// every request a key's grants serve. Unix nanoseconds wrap the same way for every
-// instant (Lease.at), so the difference is exact wherever Sub does not saturate: a
-// difference within 292 years, which a window shorter than 146 years keeps it.
-func (wl *windowed) left(win, phase int64, now time.Time) time.Duration {
-	return time.Duration(wl.endAt(win, phase) - instant(now.UnixNano()))
+// left is the time from the instant ns (Unix nanoseconds) to the end of the key's
+// window (st.hi, setWin): wl.end(st.win, st.phase).Sub(timeAt(ns)), without building
+// either instant, on the path of every request a key's grants serve. Unix nanoseconds
+// wrap the same way for every instant (Lease.at), so the difference is exact wherever
+// Sub does not saturate: a difference within 292 years, which a window shorter than 146
+// years keeps it. It requires a key made by key (st.init).
+func (wl *windowed) left(st *wkey, ns int64) time.Duration {
+	return time.Duration(st.hi*1000 - int64(wl.off()) - ns)
 }
 
 // begin starts the server's schedule at its first request or Tick; it requires wl.mu.
@@ -695,7 +697,7 @@ func (wl *windowed) fastDecide(o *wdecision, en *entry, now int64, n int) bool {
 	// end read; below it, need itself, inline (a helper calling need is past the inliner's
 	// budget, and costs a hit about 35 instructions), the end from the key's bounds
 	left := float64(st.grants - n)
-	if t < st.over || often && left < perSec*wl.aheadSec && left < perSec*min(wl.ahead, wl.leftOf(st, now)).Seconds() {
+	if t < st.over || often && left < perSec*wl.aheadSec && left < perSec*min(wl.ahead, wl.left(st, now)).Seconds() {
 		return false
 	}
 	wl.seen(now)
@@ -711,7 +713,7 @@ func (wl *windowed) fastDecide(o *wdecision, en *entry, now int64, n int) bool {
 // window when it is known spent, else about one request's refill.
 func (wl *windowed) retry(st *wkey, now time.Time) time.Duration {
 	if st.failed() {
-		return max(0, wl.left(st.win, st.phase, now))
+		return max(0, wl.left(st, now.UnixNano()))
 	}
 	return wl.refill()
 }
@@ -775,13 +777,7 @@ func (wl *windowed) odds(st *wkey, perSec float64, now time.Time) float64 {
 
 // need is what this server, seeing the key at perSec, admits in the next d of its window.
 func (wl *windowed) need(st *wkey, perSec float64, d time.Duration, now time.Time) float64 {
-	return perSec * min(d, wl.left(st.win, st.phase, now)).Seconds()
-}
-
-// leftOf is wl.left(st.win, st.phase, timeAt(ns)) from the key's window end (setWin),
-// without building the instant: need for a hit.
-func (wl *windowed) leftOf(st *wkey, ns int64) time.Duration {
-	return time.Duration(st.hi*1000 - int64(wl.off()) - ns)
+	return perSec * min(d, wl.left(st, now.UnixNano())).Seconds()
 }
 
 // maxQueued is the most ops a windowed limit's queue holds for Redis (about 4 MB) before
@@ -888,7 +884,7 @@ func (wl *windowed) askGrant(st *wkey, id string, n int, perSec float64, urgent 
 	}
 	wl.ask(st, id, wl.size(st, n, perSec, now))
 	st.ask.now = urgent
-	if wl.left(st.win, st.phase, now) < 2*wl.iv {
+	if wl.left(st, now.UnixNano()) < 2*wl.iv {
 		wl.askNext(st, id, n, perSec, now)
 	}
 	if urgent {

@@ -1141,7 +1141,8 @@ func BenchmarkWindowRate(b *testing.B) {
 	}
 }
 
-// TestWindowLeft: left is end's Sub, and endAt is at(end) (but for the zero Time, which at
+// TestWindowLeft: left, from a key's window bounds (setWin), is end's Sub, and endAt is
+// at(end) (but for the zero Time, which at
 // reads as never), on virtual instants
 // from the zero Time (the simulator's), on the wall clock with and without a monotonic
 // reading, with Redis's clock ahead and behind, windows of a microsecond to an hour.
@@ -1156,7 +1157,9 @@ func TestWindowLeft(t *testing.T) {
 					phase := wire.WindowPhase("key"+strconv.Itoa(i), wl.wUs)
 					win := wire.WindowIndex(wl.rnow(now), phase, wl.wUs)
 					for _, k := range []int64{win - 1, win, win + 2} {
-						if got, want := wl.left(k, phase, now), wl.end(k, phase).Sub(now); got != want {
+						st := &wkey{init: true, phase: phase}
+						st.setWin(k, wl.wUs)
+						if got, want := wl.left(st, now.UnixNano()), wl.end(k, phase).Sub(now); got != want {
 							t.Errorf("base %v, w %v, off %v, now +%v, win %d: left %v, end's Sub %v", base, w, off, d, k-win, got, want)
 						}
 						if e := wl.end(k, phase); !e.IsZero() && wl.endAt(k, phase) != at(e) { // at(zero) is never
@@ -1490,8 +1493,8 @@ func TestWindowedPanicLeavesTheShardUnlocked(t *testing.T) {
 
 // TestSetWinBounds: a key's window bounds (setWin), which a hit compares Redis's time
 // with, hold exactly the instants WindowIndex puts in its window, for windows of a
-// microsecond to an hour, any phase, before and after 1970; and the time left that a hit
-// reads from them (leftOf) is left's.
+// microsecond to an hour, any phase, before and after 1970; and the time left read from
+// them (left) is end's Sub.
 func TestSetWinBounds(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	for _, w := range []int64{1, 7, 1000, 999_983, 3_600_000_000} {
@@ -1506,11 +1509,11 @@ func TestSetWinBounds(t *testing.T) {
 					t.Fatalf("w %d, phase %d, window %d [%d, %d): %d in it %v, WindowIndex says %v", w, st.phase, win, st.lo, st.hi, x, in, want)
 				}
 			}
-			// leftOf, a hit's time left in the window, is left's, whatever Redis's offset.
+			// left, a key's time left in its window, is end's Sub, whatever Redis's offset.
 			wl := &windowed{windowTimes: timesOf(w, 0)}
 			wl.offset.Store(r.Int64N(2e9) - 1e9)
-			if ns := us*1000 + r.Int64N(3000) - 1500; wl.leftOf(st, ns) != wl.left(win, st.phase, time.Unix(0, ns)) {
-				t.Fatalf("w %d, window %d, at %d: leftOf %v, left %v", w, win, ns, wl.leftOf(st, ns), wl.left(win, st.phase, time.Unix(0, ns)))
+			if ns := us*1000 + r.Int64N(3000) - 1500; wl.left(st, ns) != wl.end(win, st.phase).Sub(time.Unix(0, ns)) {
+				t.Fatalf("w %d, window %d, at %d: left %v, end's Sub %v", w, win, ns, wl.left(st, ns), wl.end(win, st.phase).Sub(time.Unix(0, ns)))
 			}
 		}
 	}
