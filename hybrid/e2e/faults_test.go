@@ -1024,6 +1024,36 @@ func TestClusterFailover(t *testing.T) {
 	}
 }
 
+// breakersSettle bounds how long after a failover cell's load stops its servers may
+// keep a breaker for the old master or an open one. The servers recheck the slot map
+// every 100 ms while a breaker is open, each load bounded by 50 ms, and on a quiet
+// machine, or with three busy loops beside -race on 2 cores, they had settled 1-7 ms
+// after the load stopped; a CI run on a loaded host once found two open breakers at
+// that instant. A load that runs out of its time is tried again 100 ms later.
+const breakersSettle = 5 * time.Second
+
+// breakersSettled waits until no server of fleet keeps a breaker for oldMaster or an
+// open one, at most breakersSettle, and returns how long it waited and, if it ran out
+// of time, what each server still kept.
+func breakersSettled(fleet []*server, oldMaster string) (time.Duration, []string) {
+	start := time.Now()
+	for {
+		var stuck []string
+		for i, s := range fleet {
+			for _, nd := range s.limiter.Stats().Nodes {
+				if nd.Addr == oldMaster || nd.Breaker == breaker.StateOpen {
+					stuck = append(stuck, fmt.Sprintf("server %d: breaker of %s (%v)", i, nd.Addr, nd.Breaker))
+				}
+			}
+		}
+		waited := time.Since(start)
+		if len(stuck) == 0 || waited > breakersSettle {
+			return waited, stuck
+		}
+		time.Sleep(10 * time.Millisecond) // nothing to wait on: each server's goroutine rechecks on its own
+	}
+}
+
 // failoverRecovery is how soon after its replica's promotion a killed master's keys are
 // decided by Redis again: the breaker's next probe fails on the dead address and makes
 // the client reload its slot map, and the probe after it reaches the new master (two
@@ -1167,16 +1197,19 @@ func runFailoverCell(t *testing.T, f clusterFault, policy breaker.Policy, health
 	coldShare := func(onShard bool) float64 { return share(&coldOnShard, onShard, &load.cold, &load.coldFallback) }
 	winShare := func(onShard bool) float64 { return share(&winOnShard, onShard, &load.win, &load.winFallback) }
 	// Of all the cold keys' decisions in the outage, the policy makes about the failed
-	// master's share: with one of 3 masters stopped, at most 1/3 + 5%.
+	// master's share: the share of its keys (onFailed of coldKeys: the keys' slots are
+	// the same in every run, the prefix being outside their hash tags), plus at most 5%
+	// of the others', which the next check bounds.
 	var coldAll, coldFell int64
+	onFailed := 0
 	for n := range coldKeys {
 		coldAll += load.cold[phaseOutage][n].Load()
 		coldFell += load.coldFallback[phaseOutage][n].Load()
+		if coldOnShard[n] {
+			onFailed++
+		}
 	}
 	allShare := 100 * float64(coldFell) / float64(max(coldAll, 1))
-	if allShare > 100.0/3+5 {
-		t.Errorf("cold keys: %.0f%% of their decisions in the outage went to the policy, want at most 1/3 + 5%%", allShare)
-	}
 	// A failed master costs only its own keys: each master has its breaker, and the
 	// others answer (cluster-require-full-coverage no). A windowed limit's keys whose
 	// shards the other masters hold are counted there.
@@ -1193,27 +1226,27 @@ func runFailoverCell(t *testing.T, f clusterFault, policy breaker.Policy, health
 		t.Errorf("windowed keys whose shards the failed master holds: %.0f%% of their decisions in the outage went to the policy, want at least 30%%", s)
 	}
 	// The failed master's breaker is gone with it once its slots moved: no breaker
-	// stays open for an address that no longer serves a slot.
-	for i, s := range fleet {
-		for _, nd := range s.limiter.Stats().Nodes {
-			if nd.Addr == oldMaster || nd.Breaker == breaker.StateOpen {
-				t.Errorf("server %d: breaker of %s still kept (%v) after the failover", i, nd.Addr, nd.Breaker)
-			}
-		}
+	// stays open for an address that no longer serves a slot. Each server finds that
+	// out on its own goroutine (recheck, every 100 ms while a breaker is open, a slot
+	// map load of at most 50 ms each), so the check waits for it, up to breakersSettle
+	// after the load stopped, and reports how long it took.
+	settled, stuck := breakersSettled(fleet, oldMaster)
+	for _, s := range stuck {
+		t.Errorf("%s still kept %v after the load stopped", s, breakersSettle)
 	}
 	outage := promotedAt.Sub(faultAt)
 	afterFor := elapsed - promotedAt.Sub(load.start)
 	late, lateOf := load.lateBefore(time.Time{})
-	t.Logf("%v: hot key on shard %d; promoted %v after the fault; Redis served the hot key again %v after that; hot key admitted %d (%.2f× rate·T): healthy %.2f×, outage %.2f×, after %.2f×; cold keys' decisions by the policy in the outage: %.0f%% (on the failed master %.0f%%, on the others %.0f%%); windowed keys': %.0f%% and %.0f%%; p99.9 %v; old master's grants lost: %d tokens in %d of its %d takes; lost buckets %d (hot %d); granted net %d (%.2f× burst + rate·T); late fallback %d of %d",
+	t.Logf("%v: hot key on shard %d; promoted %v after the fault; Redis served the hot key again %v after that; hot key admitted %d (%.2f× rate·T): healthy %.2f×, outage %.2f×, after %.2f×; cold keys' decisions by the policy in the outage: %.0f%% (on the failed master, %d of %d keys, %.0f%%, on the others %.0f%%); windowed keys': %.0f%% and %.0f%%; p99.9 %v; old master's grants lost: %d tokens in %d of its %d takes; lost buckets %d (hot %d); granted net %d (%.2f× burst + rate·T); late fallback %d of %d; breakers settled %v after the load",
 		elapsed.Round(time.Millisecond), shard, outage.Round(time.Millisecond), recovery,
 		admitted, float64(admitted)/(hotRate*elapsed.Seconds()),
 		float64(load.admitted[phaseHealthy].Load())/(hotRate*faultAt.Sub(load.start).Seconds()),
 		float64(load.admitted[phaseOutage].Load())/(hotRate*outage.Seconds()),
 		float64(load.admitted[phaseAfter].Load())/(hotRate*afterFor.Seconds()),
-		allShare, coldShare(true), coldShare(false), winShare(true), winShare(false),
+		allShare, onFailed, coldKeys, coldShare(true), coldShare(false), winShare(true), winShare(false),
 		p999, lostTokens, lostTakes, oldTakes, lost, hotLost,
 		granted-refunded, float64(granted-refunded)/(hotBurst+hotRate*elapsed.Seconds()),
-		late, lateOf)
+		late, lateOf, settled.Round(time.Millisecond))
 	// The failed master's keys leave its open breaker once the promotion shows in the
 	// slot map (the Limiter rechecks it while a master's breaker is open): before a
 	// second half-open probe, which would go to the old address and fail, opening the
