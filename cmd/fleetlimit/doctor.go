@@ -14,6 +14,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/internal/redisstore"
+	"github.com/fleetlimit/fleetlimit/internal/storeerr"
 )
 
 // verdict is a check's outcome.
@@ -35,20 +36,43 @@ type check struct {
 // doctor checks c for what a Limiter needs, prints a line per check to w, and reports
 // whether one failed. deadline is the breaker's deadline the fleet runs with
 // (breaker.Settings.Timeout), which the round-trip time is judged against. An error is
-// for the command itself (no answer at all).
+// for the command itself: no answer at all, or ctx's end before the checks were done,
+// which leaves the checks done printed and no verdict for the rest (each would fail on
+// the ended context, not on what it checks).
 func doctor(ctx context.Context, c redis.UniversalClient, cluster bool, deadline time.Duration, prefix string, w io.Writer) (failed bool, err error) {
-	var checks []check
-	add := func(ch check) { checks = append(checks, ch) }
+	var (
+		checks   []check
+		timedOut string // the check ctx ended in
+	)
+	add := func(ch check) {
+		switch {
+		case timedOut != "":
+		case ch.v != pass && ctx.Err() != nil:
+			timedOut = ch.name
+		default:
+			checks = append(checks, ch)
+		}
+	}
 
 	// Round-trip time: a refill is two round trips within the breaker's deadline.
-	if err := c.Ping(ctx).Err(); err != nil { // the connection's dial is not a round trip
-		return false, fmt.Errorf("PING: %w", err)
+	ping := func() error {
+		err := c.Ping(ctx).Err()
+		switch {
+		case err == nil:
+			return nil
+		case ctx.Err() != nil:
+			return fmt.Errorf("-timeout ran out in the round trip check: raise -timeout: %w", ctx.Err())
+		}
+		return fmt.Errorf("PING: %w", err)
+	}
+	if err := ping(); err != nil { // the connection's dial is not a round trip
+		return false, err
 	}
 	var rtts []time.Duration
 	for range 20 {
 		t0 := time.Now()
-		if err := c.Ping(ctx).Err(); err != nil {
-			return false, fmt.Errorf("PING: %w", err)
+		if err := ping(); err != nil {
+			return false, err
 		}
 		rtts = append(rtts, time.Since(t0))
 	}
@@ -98,7 +122,7 @@ func doctor(ctx context.Context, c redis.UniversalClient, cluster bool, deadline
 	}
 	// Scripts, on every master: SCRIPT LOAD of each.
 	if err := redisstore.Of(store).Warm(ctx); err != nil {
-		add(check{v: fail, name: "scripts", detail: err.Error(), fix: "allow SCRIPT LOAD and EVALSHA for the limiter's user (ACL +@scripting)"})
+		add(check{v: fail, name: "scripts", detail: err.Error(), fix: refusedFix(err, "allow SCRIPT LOAD and EVALSHA for the limiter's user (ACL +@scripting)")})
 	} else {
 		add(check{v: pass, name: "scripts", detail: "every script loads (every master)"})
 	}
@@ -110,7 +134,7 @@ func doctor(ctx context.Context, c redis.UniversalClient, cluster bool, deadline
 	_, err = pipe.Exec(ctx)
 	c.Del(ctx, key)
 	if err != nil || len(bf.Val()) != 1 || bf.Val()[0] != 1 {
-		add(check{v: fail, name: "BITFIELD", detail: fmt.Sprint(err, bf.Val()), fix: "windowed limits need BITFIELD (ACL +bitfield) on the Store's keys (" + key + " was tried: -prefix sets it); the other kinds do not"})
+		add(check{v: fail, name: "BITFIELD", detail: fmt.Sprint(err, bf.Val()), fix: refusedFix(err, "windowed limits need BITFIELD (ACL +bitfield) on the Store's keys ("+key+" was tried: -prefix sets it); the other kinds do not")})
 	} else {
 		add(check{v: pass, name: "BITFIELD", detail: "OVERFLOW SAT INCRBY answers (windowed limits)"})
 	}
@@ -124,7 +148,21 @@ func doctor(ctx context.Context, c redis.UniversalClient, cluster bool, deadline
 		}
 		failed = failed || ch.v == fail
 	}
+	if timedOut != "" {
+		return failed, fmt.Errorf("-timeout ran out in the %s check, with %d done (above): raise -timeout (each check is a round trip or a few): %w", timedOut, len(checks), ctx.Err())
+	}
 	return failed, nil
+}
+
+// refusedFix is the fix of a check that failed with err: fix when Redis refused it (an
+// ACL, a command it lacks), and otherwise what says that it could not serve it, which
+// no ACL change mends: no answer in time, a lost connection, or a reply such as
+// LOADING, BUSY or OOM (storeerr.IsNodeFailure, the breaker's rule).
+func refusedFix(err error, fix string) string {
+	if err != nil && storeerr.IsNodeFailure(err) {
+		return "Redis could not serve it now (no answer in time, a lost connection, or a reply such as LOADING or OOM): see the round trip above, and run doctor again"
+	}
+	return fix
 }
 
 // clusterChecks checks a Cluster's state and, on every master, the settings a failover

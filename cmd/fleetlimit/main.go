@@ -38,6 +38,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
@@ -63,7 +64,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	tlsCA := fs.String("tls-ca", "", "with -tls: a PEM file of the CA certificates to check the server's against, instead of the system's")
 	// Read after parsing: a default is printed in the usage text.
 	password := fs.String("password", "", "Redis password (default $REDIS_PASSWORD)")
-	var ins inspectFlags
+	ins := inspectFlags{width: wire.DefaultWindowWidth}
 	fs.StringVar(&ins.prefix, "prefix", "fl:", "the Store's key prefix (global.Prefix): doctor's test key goes under it too, for an ACL of key patterns")
 	timeout := fs.Duration("timeout", 5*time.Second, "how long the whole command may take")
 	var deadline *time.Duration
@@ -75,7 +76,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fs.StringVar(&ins.key, "key", "", "the client key")
 		fs.Float64Var(&ins.rate, "rate", 0, "a windowed limit's rate per second (with -burst): read its window counts")
 		fs.IntVar(&ins.burst, "burst", 0, "a windowed limit's burst (with -rate)")
-		fs.IntVar(&ins.width, "width", 1<<18, "a windowed limit's counters per row (WindowWidth)")
+		fs.IntVar(&ins.width, "width", ins.width, "a windowed limit's counters per row over all its shards: hybrid.Limiter's are the default")
 	default:
 		fmt.Fprintf(stderr, "fleetlimit: unknown command %q: doctor, inspect or simulate\n", args[0])
 		return 2
@@ -102,6 +103,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "fleetlimit: -deadline %v: want a positive duration\n", *deadline)
 		return 2
 	}
+	if *timeout <= 0 {
+		fmt.Fprintf(stderr, "fleetlimit: -timeout %v: want a positive duration\n", *timeout)
+		return 2
+	}
+	if w := ins.width; w < redisstore.MinWindowWidth || w > redisstore.MaxWindowWidth || w&(w-1) != 0 {
+		fmt.Fprintf(stderr, "fleetlimit: -width %d: want a power of two from %d to %d\n", w, redisstore.MinWindowWidth, redisstore.MaxWindowWidth)
+		return 2
+	}
 	var tc *tls.Config
 	if *useTLS {
 		var err error
@@ -123,6 +132,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		c = redis.NewClient(&redis.Options{Addr: *addr, Username: *user, Password: *password, MaxRetries: -1, TLSConfig: tc})
 	}
 	defer c.Close()
+	if !*cluster && clusterNode(ctx, c) {
+		// Its keys are on every master: a plain client would check or read one node's,
+		// and a key of another's slot answers MOVED.
+		fmt.Fprintf(stderr, "fleetlimit %s: %s is a Redis Cluster node: add -cluster\n", args[0], *addr)
+		return 2
+	}
 	var err error
 	if args[0] == "doctor" {
 		var failed bool
@@ -145,15 +160,23 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 var errUsage = errors.New("usage")
 
-// tlsConfig is the TLS configuration of a connection to addr: the server's certificate
-// checked for addr's host against the system's roots, or the CA certificates of the PEM
-// file ca when it is not empty.
+// clusterNode reports whether c's server says it is a Redis Cluster node (INFO cluster);
+// false when it cannot tell (no answer, INFO refused), which the command's own calls
+// then report.
+func clusterNode(ctx context.Context, c redis.UniversalClient) bool {
+	info, err := c.Info(ctx, "cluster").Result()
+	return err == nil && field(info, "cluster_enabled") == "1"
+}
+
+// tlsConfig is the TLS configuration of a connection to addr: each server's certificate
+// checked for the host it is dialled at (addr's, and on a Cluster each node's: the
+// config names none, so the dial takes it from the address) against the system's roots,
+// or the CA certificates of the PEM file ca when it is not empty.
 func tlsConfig(addr, ca string) (*tls.Config, error) {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
 		return nil, fmt.Errorf("-addr %q: %w", addr, err)
 	}
-	tc := &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
 	if ca != "" {
 		pem, err := os.ReadFile(ca)
 		if err != nil {

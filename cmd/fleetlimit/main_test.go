@@ -11,6 +11,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"maps"
 	"math/big"
 	"net"
@@ -88,6 +89,60 @@ func TestDoctor(t *testing.T) {
 	if !strings.Contains(out.String(), "against a 10ms deadline") {
 		t.Errorf("no -deadline: the round trip is not judged against the breaker's 10ms\n%s", out.String())
 	}
+}
+
+// TestDoctorRunsOutOfTime: when -timeout ends part way through the checks (a Redis 50 ms
+// away, 30-odd round trips, 1.5 s), doctor says so, with the checks it finished, and
+// gives no verdict on the checks the ended context failed: no FAIL, no ACL fix.
+func TestDoctorRunsOutOfTime(t *testing.T) {
+	srv := redistest.StartServer(t)
+	addr := slowProxy(t, srv.Addr, 50*time.Millisecond)
+	var out, errs bytes.Buffer
+	code := run(context.Background(), []string{"doctor", "-addr", addr, "-deadline", "1s", "-timeout", "1500ms"}, &out, &errs)
+	if code != 1 || !strings.Contains(errs.String(), "-timeout ran out in the") || strings.Contains(out.String(), "FAIL") || strings.Contains(out.String(), "ACL") {
+		t.Errorf("exit %d, want 1 and the timeout named, no verdict on the checks it cut\nstdout:\n%sstderr:\n%s", code, out.String(), errs.String())
+	}
+}
+
+// slowProxy forwards connections to addr, each request reaching it delay late: a Redis
+// that far away. It stops with the test.
+func slowProxy(t *testing.T, addr string, delay time.Duration) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			to, err := net.Dial("tcp", addr)
+			if err != nil {
+				_ = in.Close()
+				continue
+			}
+			t.Cleanup(func() { _ = in.Close(); _ = to.Close() })
+			go func() { _, _ = io.Copy(in, to) }()
+			go func() {
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := in.Read(buf)
+					if err != nil {
+						_ = to.Close()
+						return
+					}
+					time.Sleep(delay) // the distance, not a wait for something
+					if _, err := to.Write(buf[:n]); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
 }
 
 // newLimiter is a Limiter of one server on store, its limit "api" (10/s, burst 20) of
@@ -283,6 +338,18 @@ func TestInspectCluster(t *testing.T) {
 	if code := run(ctx, args, &out, &errs); code != 0 || !strings.Contains(out.String(), ": 3 of 20") {
 		t.Errorf("inspect -cluster, windowed: exit %d, want the current window's 3 of 20\n%s%s", code, out.String(), errs.String())
 	}
+	// Without -cluster, a plain client would read one node's keys (or get MOVED): the
+	// command says to add it, before it reads or writes anything.
+	for _, args := range [][]string{
+		{"inspect", "-addr", c.Options().Addrs[0], "-prefix", prefix, "-limit", "api", "-key", "client-1"},
+		{"doctor", "-addr", c.Options().Addrs[0], "-prefix", prefix},
+	} {
+		out.Reset()
+		errs.Reset()
+		if code := run(ctx, args, &out, &errs); code != 2 || !strings.Contains(errs.String(), "add -cluster") || out.Len() > 0 {
+			t.Errorf("%s on a Cluster node without -cluster: exit %d, want 2 and the flag named\n%s%s", args[0], code, out.String(), errs.String())
+		}
+	}
 }
 
 // TestDoctorCluster: on a Cluster of the test's own (full coverage off, as
@@ -323,14 +390,20 @@ func TestRejectsStrayArguments(t *testing.T) {
 	}
 }
 
-// TestInspectRejectsBadFlags: -rate without -burst (or the reverse) and a limit name no
-// limit can have are usage errors, not a report on nothing.
+// TestInspectRejectsBadFlags: -rate without -burst (or the reverse), a limit name no
+// limit can have, a -width that is not a power of two in range (ShardWidth would round
+// it to other counters than the ones named) and a -timeout that is not positive are
+// usage errors, not a report on nothing.
 func TestInspectRejectsBadFlags(t *testing.T) {
 	srv := redistest.StartServer(t)
 	for _, args := range [][]string{
 		{"inspect", "-addr", srv.Addr, "-limit", "api", "-key", "k", "-rate", "10"},
 		{"inspect", "-addr", srv.Addr, "-limit", "api", "-key", "k", "-burst", "10"},
 		{"inspect", "-addr", srv.Addr, "-limit", "a{b}", "-key", "k"},
+		{"inspect", "-addr", srv.Addr, "-limit", "api", "-key", "k", "-rate", "10", "-burst", "10", "-width", "1000"},
+		{"inspect", "-addr", srv.Addr, "-limit", "api", "-key", "k", "-width", "8"},
+		{"inspect", "-addr", srv.Addr, "-limit", "api", "-key", "k", "-timeout", "0s"},
+		{"doctor", "-addr", srv.Addr, "-timeout", "-1s"},
 	} {
 		var out, errs bytes.Buffer
 		if code := run(context.Background(), args, &out, &errs); code != 2 {

@@ -57,6 +57,10 @@ func simulate(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fs.Usage()
 		return 2
 	}
+	if *timeout <= 0 {
+		fmt.Fprintf(stderr, "fleetlimit simulate: -timeout %v: want a positive duration\n", *timeout)
+		return 2
+	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	if err := runSimulation(ctx, files[0], *out, *src, stdout, stderr); err != nil {
@@ -105,15 +109,28 @@ func runSimulation(ctx context.Context, file, out, src string, stdout, stderr io
 	return nil
 }
 
+// simulatorGrace is how long past -timeout the simulator's process may live when it
+// was not killed with go test, and how long the command waits for go test's output once
+// it is killed.
+const simulatorGrace = 10 * time.Second
+
 // runSim runs TestFleet on the scenario file in the source at src, writing the report,
 // and returns what the simulator logged per scenario: its table, after the notes it
 // logged for the run as a whole. A scenario the simulator refuses, or any other failure,
 // is an error holding what the test printed.
 func runSim(ctx context.Context, src, file, report string) (map[string]string, error) {
 	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, "go", "test", "-json", "-count=1", "-timeout=0", "-run=^TestFleet$", "./sim",
+	limit := "0" // none
+	if d, ok := ctx.Deadline(); ok {
+		// The simulator's own bound, a little past ctx's: a simulator that outlived its
+		// go test (ownGroup does not reach it everywhere) ends by itself.
+		limit = max(time.Until(d)+simulatorGrace, time.Second).Round(time.Second).String()
+	}
+	cmd := exec.CommandContext(ctx, "go", "test", "-json", "-count=1", "-timeout="+limit, "-run=^TestFleet$", "./sim",
 		"-args", "-scenario", file, "-report", report)
 	cmd.Dir = src
+	ownGroup(cmd)
+	cmd.WaitDelay = simulatorGrace // Wait returns, pipes held open or not
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	runErr := cmd.Run()
 	if errors.Is(runErr, exec.ErrNotFound) {

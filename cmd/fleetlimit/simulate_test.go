@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestSimulate runs a small scenario file through the simulator, as an operator would,
@@ -93,6 +96,7 @@ func TestSimulateRejects(t *testing.T) {
 		{"no file", []string{"-out", out}, 2, "usage: fleetlimit simulate FILE"},
 		{"no -out", []string{unknown}, 2, "usage: fleetlimit simulate FILE"},
 		{"two files", []string{unknown, "-out", out, array}, 2, "usage: fleetlimit simulate FILE"},
+		{"no time", []string{unknown, "-out", out, "-timeout", "0s"}, 2, "want a positive duration"},
 		{"missing file", []string{filepath.Join(dir, "none.json"), "-out", out}, 1, "no such file"},
 		{"not JSON", []string{notJSON, "-out", out}, 1, "is not a scenario"},
 		{"a JSON array", []string{array, "-out", out}, 1, "is not a scenario"},
@@ -110,5 +114,91 @@ func TestSimulateRejects(t *testing.T) {
 				t.Error("a refused scenario wrote a page")
 			}
 		})
+	}
+}
+
+// TestSimulateStopsTheSimulator: when the command gives up (its context ends: -timeout,
+// or the caller's), the simulator's process ends with it, not only go test's: a source
+// tree whose TestFleet never ends stands in for a long simulation.
+func TestSimulateStopsTheSimulator(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("reads the simulator's state in /proc")
+	}
+	src := t.TempDir()
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	t.Setenv("FLEETLIMIT_TEST_PIDFILE", pidFile)
+	for name, text := range map[string]string{
+		"go.mod": "module " + rootModule + "\n\ngo 1.22\n",
+		"sim/sim_test.go": `package sim
+
+import (
+	"flag"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+)
+
+var _, _ = flag.String("scenario", "", ""), flag.String("report", "", "")
+
+func TestFleet(t *testing.T) {
+	if err := os.WriteFile(os.Getenv("FLEETLIMIT_TEST_PIDFILE"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Hour) // a simulation that does not end
+}
+`,
+	} {
+		p := filepath.Join(src, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	done := make(chan int)
+	go func() {
+		done <- run(ctx, []string{"simulate", "testdata/tiny.json", "-out", t.TempDir(), "-src", src}, &stdout, &stderr)
+	}()
+	var pid int
+	waitUntil(t, "the simulator to start", func() bool {
+		select {
+		case code := <-done:
+			t.Fatalf("exit %d before the simulator started: %s", code, stderr.String())
+		default:
+		}
+		b, err := os.ReadFile(pidFile)
+		pid, _ = strconv.Atoi(string(b))
+		return err == nil && pid > 0
+	})
+	cancel()
+	if code := <-done; code != 1 || !strings.Contains(stderr.String(), "did not end") {
+		t.Errorf("exit %d, stderr %q; want 1 and that the simulation did not end", code, stderr.String())
+	}
+	waitUntil(t, "the simulator's process to end", func() bool {
+		// Gone, or a zombie its new parent has not reaped yet.
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return true
+		}
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		return len(f) > 0 && (f[0] == "Z" || f[0] == "X")
+	})
+}
+
+// waitUntil polls cond until it holds, failing the test after 30 s (a compile of the
+// stand-in simulator included).
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -55,10 +55,6 @@ import (
 
 // Constants of windowed limits.
 const (
-	// DefaultWindowWidth is the counters per row of a windowed limit's arrays, over all
-	// its shards: 2^18, two rows of a 16-bit sketch and a demand row, 1.5 MB per window
-	// (on a Cluster, wire.WindowShards arrays of 2^12 counters a row).
-	DefaultWindowWidth = 1 << 18
 	// minWindowWidth is the smallest LimitConfig.WindowWidth.
 	minWindowWidth = 1 << 8
 	// windowMemory is how long a key stays over, and how long the set of marks keeps one.
@@ -314,7 +310,7 @@ func newWindowed(lm *Limit, c LimitConfig, seed uint64) *windowed {
 	shards := max(c.WindowShards, 1)
 	wl := &windowed{
 		lm: lm, windowTimes: timesOf(wire.WindowMicros(c.Rate, c.Burst), c.Windowed),
-		width:  redisstore.ShardWidth(cmpOr(c.WindowWidth, DefaultWindowWidth), shards),
+		width:  redisstore.ShardWidth(cmpOr(c.WindowWidth, wire.DefaultWindowWidth), shards),
 		shards: shards, lastRead: make([]time.Time, shards), since: make([]time.Time, shards), skip: make([]int, shards), tidyAt: make([]time.Time, shards),
 		glim:     redisstore.Limit{Name: c.Name, Rate: c.Rate, Burst: c.Burst, Version: c.Version},
 		announce: map[wmk]int{}, demOp: map[string]int{}, admOp: map[string]int{}, marks: map[string]wmark{}, gone: map[string]int{},

@@ -94,6 +94,12 @@ func WindowBits(burst int) int {
 // the limit's name alone.
 const WindowShards = 60
 
+// DefaultWindowWidth is the counters per row of a windowed limit's arrays, over all its
+// shards, that hybrid.Limiter counts in: 2^18, two rows of a 16-bit sketch and a demand
+// row, 1.5 MB per window (on a Cluster, WindowShards arrays of 2^12 counters a row).
+// Servers that count a limit in other widths write other counters.
+const DefaultWindowWidth = 1 << 18
+
 // WindowShard is the shard of key id among shards (at least 1): its hash with salt
 // 1+WindowRows, modulo shards.
 func WindowShard(id string, shards int) int {
