@@ -2,6 +2,7 @@ package httplimit
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -51,8 +52,10 @@ type IPOptions struct {
 	// Header is where a trusted peer names the client:
 	//   - "X-Forwarded-For" (the default): a list each proxy appends to; the client is
 	//     the rightmost entry not trusted;
-	//   - "Forwarded" (RFC 7239): the same walk over its for= parameters; an entry that
-	//     is not an address ("unknown", an obfuscated "_name") fails with ErrNoKey;
+	//   - "Forwarded" (RFC 7239): the same walk over its elements' for= parameters, each
+	//     line parsed whole (quoted values, as a host= holding commas, are read as
+	//     values); an element the walk reaches that is not an address ("unknown", an
+	//     obfuscated "_name"), and a line that does not parse, fail with ErrNoKey;
 	//   - any other name ("X-Real-IP", "CF-Connecting-IP", "True-Client-IP",
 	//     "Fly-Client-IP"): one address, set by the trusted proxy in front; without it the
 	//     peer is the client. If the request carries it more than once (a proxy that
@@ -117,13 +120,6 @@ func ClientIP(o IPOptions) (KeyFunc, error) {
 		}
 		return p.String(), nil
 	}
-	var entry func(string) (netip.Addr, error) // one hop of a list header
-	switch name {
-	case "X-Forwarded-For":
-		entry = parseHop
-	case "Forwarded":
-		entry = forwardedFor
-	}
 	return func(r *http.Request) (string, error) {
 		peer, err := parseRemoteAddr(r.RemoteAddr)
 		if err != nil {
@@ -133,75 +129,225 @@ func ClientIP(o IPOptions) (KeyFunc, error) {
 			return key(peer)
 		}
 		lines := r.Header[name]
-		if entry == nil { // one address, written by the trusted proxy: the last one
-			if len(lines) == 0 || strings.TrimSpace(lines[len(lines)-1]) == "" {
-				return key(peer)
-			}
-			last := lines[len(lines)-1]
-			if j := strings.LastIndexByte(last, ','); j >= 0 {
-				last = last[j+1:]
-			}
-			last = strings.TrimSpace(last)
-			a, err := parseHop(last)
-			if err != nil {
-				return "", fmt.Errorf("%w: %s %q: %v", ErrNoKey, name, last, err)
-			}
-			return key(a.Unmap())
+		switch name {
+		case "X-Forwarded-For":
+			return walkXFF(lines, peer, isTrusted, key)
+		case "Forwarded":
+			return walkForwarded(lines, peer, isTrusted, key)
 		}
-		client := peer
-		for i := len(lines) - 1; i >= 0; i-- {
-			line := lines[i]
-			for line != "" {
-				var hop string
-				if j := strings.LastIndexByte(line, ','); j >= 0 {
-					line, hop = line[:j], line[j+1:]
-				} else {
-					line, hop = "", line
-				}
-				a, err := entry(strings.TrimSpace(hop))
-				if err != nil {
-					return "", fmt.Errorf("%w: %s entry %q: %v", ErrNoKey, name, hop, err)
-				}
-				client = a.Unmap()
-				if !isTrusted(client) {
-					return key(client)
-				}
-			}
+		// One address, written by the trusted proxy: the last one.
+		if len(lines) == 0 || strings.TrimSpace(lines[len(lines)-1]) == "" {
+			return key(peer)
 		}
-		return key(client)
+		last := lines[len(lines)-1]
+		if j := strings.LastIndexByte(last, ','); j >= 0 {
+			last = last[j+1:]
+		}
+		last = strings.TrimSpace(last)
+		a, err := parseHop(last)
+		if err != nil {
+			return "", fmt.Errorf("%w: %s %q: %v", ErrNoKey, name, last, err)
+		}
+		return key(a.Unmap())
 	}, nil
 }
 
-// forwardedFor parses the for= parameter of one element of a Forwarded field (RFC 7239:
-// "for=192.0.2.60;proto=http", "for=\"[2001:db8::17]:4711\""). Quoted values never
-// hold a comma in a for= address, so the caller's split on commas is safe; an element
-// without for=, or whose for= is not an address, is an error.
-func forwardedFor(elem string) (netip.Addr, error) {
-	for pair := range strings.SplitSeq(elem, ";") {
-		k, v, ok := strings.Cut(strings.TrimSpace(pair), "=")
-		if !ok || !strings.EqualFold(k, "for") {
-			continue
+// walkXFF finds the client in X-Forwarded-For's lines: the rightmost hop that is not
+// trusted, the lines read from the last, each from its end, so that what the client
+// wrote to the left of the trusted proxies' hops is never parsed; the leftmost hop if
+// every one is trusted, and the peer if there is none.
+func walkXFF(lines []string, peer netip.Addr, isTrusted func(netip.Addr) bool, key func(netip.Addr) (string, error)) (string, error) {
+	client := peer
+	for i := len(lines) - 1; i >= 0; i-- {
+		line := lines[i]
+		for line != "" {
+			var hop string
+			if j := strings.LastIndexByte(line, ','); j >= 0 {
+				line, hop = line[:j], line[j+1:]
+			} else {
+				line, hop = "", line
+			}
+			a, err := parseHop(strings.TrimSpace(hop))
+			if err != nil {
+				return "", fmt.Errorf("%w: X-Forwarded-For entry %q: %v", ErrNoKey, hop, err)
+			}
+			if client = a.Unmap(); !isTrusted(client) {
+				return key(client)
+			}
 		}
-		if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
-			v = v[1 : len(v)-1]
-		}
-		if strings.HasPrefix(v, "[") && strings.HasSuffix(v, "]") { // an IPv6 address without a port
-			v = v[1 : len(v)-1]
-		}
-		return parseHop(v)
 	}
-	return netip.Addr{}, fmt.Errorf("no for= parameter")
+	return key(client)
+}
+
+// walkForwarded is walkXFF for Forwarded (RFC 7239): the same walk over its elements'
+// for= addresses. An element's other parameters may be quoted strings holding commas,
+// semicolons and "for=" (host= carries the request's Host, which the client chooses),
+// so a line is parsed whole, from its start, before its elements are walked from its
+// end: a split on commas would let a client's Host name the address. A line that is not
+// a list of elements of pairs fails with ErrNoKey, as does an element the walk reaches
+// whose for= is missing, given twice, or not an address ("unknown", an obfuscated
+// "_name").
+func walkForwarded(lines []string, peer netip.Addr, isTrusted func(netip.Addr) bool, key func(netip.Addr) (string, error)) (string, error) {
+	client := peer
+	var buf [8]forwardedElem
+	for i := len(lines) - 1; i >= 0; i-- {
+		elems, err := parseForwarded(buf[:0], lines[i])
+		if err != nil {
+			return "", fmt.Errorf("%w: Forwarded %q: %v", ErrNoKey, lines[i], err)
+		}
+		for j := len(elems) - 1; j >= 0; j-- {
+			a, err := elems[j].addr()
+			if err != nil {
+				return "", fmt.Errorf("%w: Forwarded element %d of %q: %v", ErrNoKey, j+1, lines[i], err)
+			}
+			if client = a.Unmap(); !isTrusted(client) {
+				return key(client)
+			}
+		}
+	}
+	return key(client)
+}
+
+// forwardedElem is what the walk reads of one element of a Forwarded line: its for=
+// value, unquoted, and how many for= it has.
+type forwardedElem struct {
+	node string
+	fors int
+}
+
+// addr is the address the element's for= names (RFC 7239 §6: "192.0.2.60",
+// "[2001:db8::17]", either with a port).
+func (e forwardedElem) addr() (netip.Addr, error) {
+	switch e.fors {
+	case 0:
+		return netip.Addr{}, errors.New("no for= parameter")
+	case 1:
+	default:
+		return netip.Addr{}, errors.New("for= given twice")
+	}
+	v := e.node
+	if strings.HasPrefix(v, "[") && strings.HasSuffix(v, "]") { // an IPv6 address without a port
+		v = v[1 : len(v)-1]
+	}
+	return parseHop(v)
+}
+
+// parseForwarded appends the elements of line, a Forwarded field value, to dst in
+// order: elements separated by commas, each of pairs token=value separated by
+// semicolons, a value a token or a quoted string (with backslash escapes), optional
+// whitespace around the separators. Empty elements are skipped (RFC 9110 §5.6.1). An
+// unquoted value may also hold ':', '[' and ']', as some proxies write an address with a
+// port unquoted; none of them separates anything.
+func parseForwarded(dst []forwardedElem, line string) ([]forwardedElem, error) {
+	var (
+		cur   forwardedElem
+		pairs int
+	)
+	for i := 0; ; {
+		i = skipOWS(line, i)
+		if i < len(line) && line[i] != ',' && line[i] != ';' {
+			j := i
+			for j < len(line) && isTChar(line[j]) {
+				j++
+			}
+			if j == i || j == len(line) || line[j] != '=' {
+				return nil, fmt.Errorf("a pair at byte %d is not token=value", i)
+			}
+			name := line[i:j]
+			var (
+				val string
+				err error
+			)
+			if j++; j < len(line) && line[j] == '"' {
+				if val, j, err = unquote(line, j); err != nil {
+					return nil, err
+				}
+			} else {
+				k := j
+				for k < len(line) && (isTChar(line[k]) || line[k] == ':' || line[k] == '[' || line[k] == ']') {
+					k++
+				}
+				val, j = line[j:k], k
+			}
+			if strings.EqualFold(name, "for") {
+				cur.node = val
+				cur.fors++
+			}
+			pairs++
+			i = skipOWS(line, j)
+		}
+		if i == len(line) || line[i] == ',' {
+			if pairs > 0 {
+				dst = append(dst, cur)
+			}
+			if i == len(line) {
+				return dst, nil
+			}
+			cur, pairs = forwardedElem{}, 0
+		} else if line[i] != ';' {
+			return nil, fmt.Errorf("unexpected %q at byte %d", line[i], i)
+		}
+		i++
+	}
+}
+
+// unquote reads the quoted string that starts at s[i] (a '"'), and returns its value,
+// its escapes undone, and the index past its closing quote.
+func unquote(s string, i int) (string, int, error) {
+	start := i + 1
+	var b []byte // only for a string with escapes
+	for j := start; j < len(s); j++ {
+		switch c := s[j]; c {
+		case '"':
+			if b == nil {
+				return s[start:j], j + 1, nil
+			}
+			return string(b), j + 1, nil
+		case '\\':
+			if j+1 == len(s) {
+				return "", 0, errors.New("a quoted string ends in a backslash")
+			}
+			if b == nil {
+				b = append([]byte(nil), s[start:j]...)
+			}
+			j++
+			b = append(b, s[j])
+		default:
+			if b != nil {
+				b = append(b, c)
+			}
+		}
+	}
+	return "", 0, fmt.Errorf("a quoted string from byte %d is not closed", i)
+}
+
+// skipOWS returns the index of the first byte of s from i that is not a space or a tab.
+func skipOWS(s string, i int) int {
+	for i < len(s) && (s[i] == ' ' || s[i] == '\t') {
+		i++
+	}
+	return i
+}
+
+// isTChar reports whether c may appear in an HTTP token (RFC 9110 §5.6.2).
+func isTChar(c byte) bool {
+	switch {
+	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		return true
+	}
+	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
 }
 
 // parseHop parses an X-Forwarded-For entry: an IP, or an IP with a port ("ip:port",
-// "[ipv6]:port"), which some proxies write.
+// "[ipv6]:port"), which some proxies write. An IPv6 zone ("fe80::1%eth0") is dropped:
+// it names the proxy's interface, not the client, and a zoned address is in no prefix.
 func parseHop(s string) (netip.Addr, error) {
 	a, err := netip.ParseAddr(s)
 	if err == nil {
-		return a, nil
+		return a.WithZone(""), nil
 	}
 	if ap, perr := netip.ParseAddrPort(s); perr == nil {
-		return ap.Addr(), nil
+		return ap.Addr().WithZone(""), nil
 	}
 	return netip.Addr{}, err
 }
@@ -216,5 +362,5 @@ func parseRemoteAddr(s string) (netip.Addr, error) {
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("%w: remote address %q: %v", ErrNoKey, s, err)
 	}
-	return a.Unmap(), nil
+	return a.Unmap().WithZone(""), nil
 }

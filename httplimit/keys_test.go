@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/fleetlimit/fleetlimit/httplimit"
@@ -144,6 +145,36 @@ func TestClientIPHeaders(t *testing.T) {
 			map[string][]string{"Forwarded": {`proto=https`}}, ""},
 		{"Forwarded from an untrusted peer", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "Forwarded"}, "203.0.113.7:80",
 			map[string][]string{"Forwarded": {`for=1.2.3.4`}}, "203.0.113.7"},
+		// host= is the request's Host, which the client chooses (a reg-name may hold
+		// ',', ';' and '='), quoted by the proxy: a value, never elements or pairs.
+		{"Forwarded, a Host holding an element", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "Forwarded"}, "10.1.2.3:80",
+			map[string][]string{"Forwarded": {`for=203.0.113.9;host="a,for=6.6.6.6;x="`}}, "203.0.113.9"},
+		{"Forwarded, a Host holding a pair, before for=", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "Forwarded"}, "10.1.2.3:80",
+			map[string][]string{"Forwarded": {`host="a;for=6.6.6.7;x=";for=203.0.113.9`}}, "203.0.113.9"},
+		{"Forwarded, an escaped quote in a Host", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "Forwarded"}, "10.1.2.3:80",
+			map[string][]string{"Forwarded": {`for=203.0.113.9;host="a\",for=6.6.6.6"`}}, "203.0.113.9"},
+		{"Forwarded, a quoted by= with a comma", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "Forwarded"}, "10.1.2.3:80",
+			map[string][]string{"Forwarded": {`for=198.51.100.9;by="a,b"`}}, "198.51.100.9"},
+		{"Forwarded, the client's element before the proxy's", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "Forwarded"}, "10.1.2.3:80",
+			map[string][]string{"Forwarded": {`for=6.6.6.6;host="x,for=10.0.0.9", for=198.51.100.9`}}, "198.51.100.9"},
+		{"Forwarded, empty elements", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "Forwarded"}, "10.1.2.3:80",
+			map[string][]string{"Forwarded": {` , for=198.51.100.9 ,, `}}, "198.51.100.9"},
+		{"Forwarded, an unquoted address with a port", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "Forwarded"}, "10.1.2.3:80",
+			map[string][]string{"Forwarded": {`for=198.51.100.9:4711`}}, "198.51.100.9"},
+		{"Forwarded, for= twice in an element", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "Forwarded"}, "10.1.2.3:80",
+			map[string][]string{"Forwarded": {`for=198.51.100.9;for=6.6.6.6`}}, ""},
+		{"Forwarded, a quote not closed", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "Forwarded"}, "10.1.2.3:80",
+			map[string][]string{"Forwarded": {`for=198.51.100.9;host="a, for=6.6.6.6`}}, ""},
+		{"Forwarded, not pairs", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "Forwarded"}, "10.1.2.3:80",
+			map[string][]string{"Forwarded": {`198.51.100.9`}}, ""},
+		{"Forwarded, a client's line that does not parse, left of the proxy's", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "Forwarded"}, "10.1.2.3:80",
+			map[string][]string{"Forwarded": {`for="`, `for=198.51.100.9`}}, "198.51.100.9"},
+		// A zone names an interface of the host that saw the address, not the client: one
+		// address is one key, and a zoned trusted peer is trusted.
+		{"X-Forwarded-For, an IPv6 zone", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, IPv6Prefix: 128}, "10.1.2.3:80",
+			map[string][]string{"X-Forwarded-For": {"2001:db8::1%a"}}, "2001:db8::1"},
+		{"a zoned link-local proxy", httplimit.IPOptions{Trusted: []netip.Prefix{netip.MustParsePrefix("fe80::/10")}}, "[fe80::1%eth0]:80",
+			map[string][]string{"X-Forwarded-For": {"198.51.100.9"}}, "198.51.100.9"},
 		{"X-Real-IP", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "X-Real-IP"}, "10.1.2.3:80",
 			map[string][]string{"X-Real-Ip": {"198.51.100.9"}}, "198.51.100.9"},
 		{"CF-Connecting-IP", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "CF-Connecting-IP"}, "10.1.2.3:80",
@@ -231,6 +262,41 @@ func FuzzClientIPHeaders(f *testing.F) {
 			if _, perr := netip.ParsePrefix(got); perr != nil {
 				t.Fatalf("%q: key %q is neither an address nor a prefix", v, got)
 			}
+		}
+	})
+}
+
+// FuzzForwardedHost: a trusted proxy that writes its element for=<client>;host=<the
+// request's Host, quoted and escaped> keys the request by that client, whatever the
+// client chose for its Host and whatever Forwarded it sent itself: on a line of its own,
+// the proxy's element is read alone; on the proxy's line, before its element, it can
+// make the line fail to parse (ErrNoKey, which refuses the client's own request) but
+// never name another address.
+func FuzzForwardedHost(f *testing.F) {
+	for _, s := range [][2]string{{"a,for=6.6.6.6;x=", ""}, {`a;for=6.6.6.7;x=`, `for=1.1.1.1;a="`}, {`\", for=6.6.6.6`, `for="`}, {"", ""}} {
+		f.Add(s[0], s[1], false)
+		f.Add(s[0], s[1], true)
+	}
+	k, err := httplimit.ClientIP(httplimit.IPOptions{Trusted: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Header: "Forwarded"})
+	if err != nil {
+		f.Fatal(err)
+	}
+	escape := strings.NewReplacer(`\`, `\\`, `"`, `\"`)
+	f.Fuzz(func(t *testing.T, host, client string, sameLine bool) {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.RemoteAddr = "10.1.2.3:80"
+		elem := `for=203.0.113.9;host="` + escape.Replace(host) + `"`
+		if sameLine {
+			r.Header["Forwarded"] = []string{client + ", " + elem}
+		} else {
+			r.Header["Forwarded"] = []string{client, elem}
+		}
+		got, err := k(r)
+		if sameLine && errors.Is(err, httplimit.ErrNoKey) {
+			return
+		}
+		if err != nil || got != "203.0.113.9" {
+			t.Fatalf("Forwarded %q: key %q, %v; want 203.0.113.9", r.Header["Forwarded"], got, err)
 		}
 	})
 }
