@@ -46,7 +46,9 @@ var (
 )
 
 // KeyFunc returns the key a call is limited by; fullMethod is "/package.Service/Method".
-// An error (wrapping ErrNoKey, say) fails the call with codes.InvalidArgument.
+// An error fails the call: with its own status if it is a gRPC status error
+// (status.Error(codes.Unauthenticated, …)), with Canceled or DeadlineExceeded if it is
+// the context's end, and otherwise (wrapping ErrNoKey, say) with codes.InvalidArgument.
 type KeyFunc func(ctx context.Context, fullMethod string) (string, error)
 
 // Metadata keys a call by the first value of the incoming metadata entry name (an API
@@ -169,6 +171,32 @@ type stream struct {
 
 func (s *stream) Context() context.Context { return s.ctx }
 
+// keyError is the status a call fails with when its key function failed with err: the
+// function's own status, if it returned one (Unauthenticated for a token it could not
+// check, say); Canceled or DeadlineExceeded if the call's context ended; else
+// InvalidArgument, a call that carries no key.
+func keyError(err error) error {
+	if st, ok := status.FromError(err); ok && st.Code() != codes.Unknown {
+		return st.Err()
+	}
+	if st := ended(err); st != nil {
+		return st
+	}
+	return status.Error(codes.InvalidArgument, err.Error())
+}
+
+// ended is the status of err if it is the call's context's end (Canceled or
+// DeadlineExceeded), else nil.
+func ended(err error) error {
+	switch {
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	}
+	return nil
+}
+
 // check decides the call of fullMethod whose context is ctx: the context to go on with,
 // or the status error to answer with.
 func (i *Interceptor) check(ctx context.Context, fullMethod string) (context.Context, error) {
@@ -184,7 +212,7 @@ func (i *Interceptor) check(ctx context.Context, fullMethod string) (context.Con
 		err = fmt.Errorf("%w: the key function returned an empty key", ErrNoKey)
 	}
 	if err != nil {
-		return ctx, status.Error(codes.InvalidArgument, err.Error())
+		return ctx, keyError(err)
 	}
 	n := 1
 	if i.cfg.Cost != nil {
@@ -194,12 +222,10 @@ func (i *Interceptor) check(ctx context.Context, fullMethod string) (context.Con
 	}
 	d, err := i.cfg.Limiter.AllowN(ctx, limit, key, n)
 	if err != nil {
-		switch {
-		case errors.Is(err, context.Canceled):
-			return ctx, status.Error(codes.Canceled, err.Error())
-		case errors.Is(err, context.DeadlineExceeded):
-			return ctx, status.Error(codes.DeadlineExceeded, err.Error())
-		case errors.Is(err, hybrid.ErrUnknownLimit): // removed by Reconfigure: the server's configuration
+		if st := ended(err); st != nil {
+			return ctx, st
+		}
+		if errors.Is(err, hybrid.ErrUnknownLimit) { // removed by Reconfigure: the server's configuration
 			return ctx, status.Error(codes.Internal, err.Error())
 		}
 		return ctx, status.Error(codes.Unavailable, err.Error()) // closed

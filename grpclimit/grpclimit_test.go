@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"testing"
@@ -244,6 +245,40 @@ func TestEmptyKey(t *testing.T) {
 	})
 	if status.Code(err) != codes.InvalidArgument {
 		t.Errorf("%v, want InvalidArgument", err)
+	}
+}
+
+// TestKeyErrors: a key function's status error is the call's, its context's end is
+// Canceled or DeadlineExceeded, and any other error InvalidArgument; none spends.
+func TestKeyErrors(t *testing.T) {
+	lim, _ := limiter(t, "", hybrid.Limit{Name: "api", Rate: 1, Burst: 1, Policy: breaker.FailOpen})
+	for _, tc := range []struct {
+		err  error
+		want codes.Code
+	}{
+		{status.Error(codes.Unauthenticated, "bad token"), codes.Unauthenticated},
+		{fmt.Errorf("identity service: %w", status.Error(codes.Unavailable, "down")), codes.Unavailable},
+		{fmt.Errorf("looking up the tenant: %w", context.DeadlineExceeded), codes.DeadlineExceeded},
+		{context.Canceled, codes.Canceled},
+		{fmt.Errorf("%w: no tenant", grpclimit.ErrNoKey), codes.InvalidArgument},
+		{errors.New("no tenant"), codes.InvalidArgument},
+	} {
+		i, err := grpclimit.New(grpclimit.Config{Limiter: lim, Limit: "api", Key: func(context.Context, string) (string, error) { return "", tc.err }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = i.Unary()(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/a.B/C"}, func(context.Context, any) (any, error) {
+			t.Error("the handler ran")
+			return nil, nil
+		})
+		if status.Code(err) != tc.want {
+			t.Errorf("key error %v: %v, want %v", tc.err, err, tc.want)
+		}
+	}
+	for _, ls := range lim.Stats().Limits {
+		if len(ls.Decisions) != 0 {
+			t.Errorf("limit %s decided calls without a key: %+v", ls.Name, ls.Decisions)
+		}
 	}
 }
 
