@@ -270,6 +270,24 @@ func TestEmptyKey(t *testing.T) {
 	}
 }
 
+// TestDefaultOnErrorKeepsInternalsOut: a key function's error that is not ErrNoKey (a
+// lookup that failed) answers 400 without its text; ErrNoKey's says what is missing.
+func TestDefaultOnErrorKeepsInternalsOut(t *testing.T) {
+	for _, tc := range []struct {
+		err        error
+		want, hide string
+	}{
+		{errors.New("dial tcp 10.0.0.5:5432: connection refused"), "no key in request", "10.0.0.5"},
+		{fmt.Errorf("%w: header X-Api-Key missing", httplimit.ErrNoKey), "header X-Api-Key missing", "\x00"},
+	} {
+		w := httptest.NewRecorder()
+		httplimit.DefaultOnError(w, httptest.NewRequest(http.MethodGet, "/", nil), tc.err)
+		if body := w.Body.String(); w.Code != http.StatusBadRequest || !strings.Contains(body, tc.want) || strings.Contains(body, tc.hide) {
+			t.Errorf("%v: %d %q; want 400, %q and not %q", tc.err, w.Code, body, tc.want, tc.hide)
+		}
+	}
+}
+
 func TestNewRejectsBadConfig(t *testing.T) {
 	_, c := redistest.Mini(t)
 	lim := newLimiter(t, redistest.Target{Client: c}, hybrid.Limit{Name: "api", Rate: 1, Burst: 1, Policy: breaker.FailOpen})

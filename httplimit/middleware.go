@@ -425,7 +425,9 @@ func refused(params string) bool {
 // the key function failed or the request's tier is not one of the limit's, 500 for a
 // negative cost (the Cost function's bug) or a limit the Limiter no longer has (removed
 // by Reconfigure: the server's configuration), 503 Service Unavailable when the Limiter
-// is closed or the request's context ended.
+// is closed or the request's context ended. The body names what is missing for an error
+// wrapping ErrNoKey (this package's key functions'); the text of a key function's other
+// errors, which may be a lookup's internals, stays out of the response.
 func DefaultOnError(w http.ResponseWriter, r *http.Request, err error) {
 	status := http.StatusServiceUnavailable
 	msg := "rate limiter unavailable"
@@ -437,8 +439,10 @@ func DefaultOnError(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, hybrid.ErrUnknownTier):
 		status, msg = http.StatusBadRequest, "unknown tier"
 	case errors.Is(err, hybrid.ErrClosed), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-	default: // the key function's
+	case errors.Is(err, ErrNoKey):
 		status, msg = http.StatusBadRequest, err.Error()
+	default: // the key function's own
+		status, msg = http.StatusBadRequest, ErrNoKey.Error()
 	}
 	http.Error(w, msg, status)
 }
