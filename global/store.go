@@ -121,9 +121,10 @@ func (s *Store) Key(name, key string) string { return s.s.Key(name, key) }
 
 // CheckEviction asks Redis (CONFIG GET; every master of a Cluster) whether it may evict
 // keys: a maxmemory limit with any policy but noeviction. The buckets carry TTLs, so the
-// volatile-* policies evict them as readily as allkeys-*; an evicted bucket comes back
-// empty (its servers saw it in use), taking from its key the tokens it held, and a
-// charge-later limit's debts and low keys are not so kept. It returns
+// volatile-* policies evict them as readily as allkeys-*; an evicted bucket that a
+// Limiter's servers lease from comes back empty (they saw it in use), taking from its key
+// the tokens it held, one that only AllowN uses comes back full, giving its key its burst
+// again, and a charge-later limit's debts and low keys are not so kept. It returns
 // nil when nothing can be evicted, an error wrapping ErrEvicting that names the fix when
 // buckets can be, and another error (classified as the Store's are) when Redis does not
 // answer or refuses CONFIG, as managed services often do: then the operator must check.

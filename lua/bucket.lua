@@ -28,5 +28,8 @@ end
 -- backwards (ts = max(ts, now)), so a Redis clock that steps back cannot refill the
 -- same period twice once it catches up again.
 redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', math.max(ts, now))
-redis.call('PEXPIRE', KEYS[1], math.ceil(capacity / rate * 1000) + 1000)
+-- The TTL: until the bucket is full again (one a lease's take or a debt left below zero
+-- needs longer), plus 1 s; written as digits, since Redis 7.2.0-7.2.4 pass a Lua number
+-- such as 100000000 as "1e+08", which PEXPIRE refuses.
+redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(math.max(capacity, capacity - tokens) / rate * 1000) + 1000))
 return { allowed, tostring(tokens) }

@@ -296,14 +296,16 @@ func paramsField(p Params, now float64) string {
 	return fmt.Sprintf("%d %.17g %.17g %d", p.Version, p.Capacity, p.Rate, int64(now))
 }
 
-// store is the shared second half: HSET tokens and ts (and a record when field is not
-// empty), then PEXPIRE the bucket's TTL.
-func (m *Model) store(key string, capacity, rate float64, tokens, ts string, field, record string) {
-	m.storeTTL(key, tokenbucket.TTLMillis(capacity, rate), tokens, ts, field, record)
+// ttlOf is the TTL of a bucket of capacity and rate that holds tokens: the time it takes
+// to be full again, from below zero too, plus 1 s.
+func ttlOf(capacity, rate, tokens float64) float64 {
+	return tokenbucket.TTLMillis(math.Max(capacity, capacity-tokens), rate)
 }
 
-// storeTTL is store with the TTL given: take.lua and refund.lua keep a bucket below zero
-// until it is full again, ceil(max(capacity, capacity - tokens) / rate * 1000) + 1000.
+// storeTTL is the scripts' shared second half: HSET tokens and ts (and a record when
+// field is not empty), then PEXPIRE ttl: every script keeps a bucket until it is full
+// again, a bucket below zero longer, ceil(max(capacity, capacity - tokens) / rate * 1000)
+// + 1000 (ttlOf).
 func (m *Model) storeTTL(key string, ttl float64, tokens, ts string, field, record string) {
 	e := m.hash(key)
 	e.fields["tokens"] = tokens
@@ -323,7 +325,7 @@ func (m *Model) Bucket(now time.Time, key string, capacity, rate, cost float64) 
 	if allowed {
 		tokens -= cost
 	}
-	m.store(key, capacity, rate, luaNum(tokens), luaNum(math.Max(ts, ms)), "", "")
+	m.storeTTL(key, ttlOf(capacity, rate, tokens), luaNum(tokens), luaNum(math.Max(ts, ms)), "", "")
 	return wire.BucketReply{Allowed: allowed, Tokens: tokens}
 }
 
@@ -338,7 +340,7 @@ func (m *Model) BucketCallerClock(now time.Time, key string, capacity, rate, cos
 	if allowed {
 		tokens -= cost
 	}
-	m.store(key, capacity, rate, luaNum(tokens), luaNum(callerMillis), "", "")
+	m.storeTTL(key, ttlOf(capacity, rate, tokens), luaNum(tokens), luaNum(callerMillis), "", "")
 	return wire.BucketReply{Allowed: allowed, Tokens: tokens}
 }
 
@@ -446,7 +448,7 @@ func (m *Model) Take(now time.Time, key string, capacity, rate float64, want, mi
 		wait = math.Ceil(-tokens / rate * 1000)
 	}
 	left := luaNum(tokens)
-	m.storeTTL(key, tokenbucket.TTLMillis(math.Max(capacity, capacity-tokens), rate), left, luaNum(math.Max(ts, ms)), field,
+	m.storeTTL(key, ttlOf(capacity, rate, tokens), left, luaNum(math.Max(ts, ms)), field,
 		strconv.FormatUint(seq, 10)+" "+luaNum(granted)+" "+left+" "+luaNum(wait)+" "+luaNum(ms))
 	m.get(key).setParams(p, credit, ms)
 	flag := 0
@@ -504,7 +506,7 @@ func (m *Model) Refund(now time.Time, key string, capacity, rate float64, amount
 		tokens = math.Min(capacity, tokens+float64(amount))
 	}
 	left := luaNum(tokens)
-	m.storeTTL(key, tokenbucket.TTLMillis(math.Max(capacity, capacity-tokens), rate), left, luaNum(math.Max(ts, ms)), field,
+	m.storeTTL(key, ttlOf(capacity, rate, tokens), left, luaNum(math.Max(ts, ms)), field,
 		strconv.FormatUint(seq, 10)+" "+left+" "+luaNum(ms))
 	m.get(key).setParams(p, credit, ms)
 	return wire.RefundReply{Tokens: tokens, Version: p.Version}

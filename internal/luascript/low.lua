@@ -45,7 +45,7 @@ if card > 100000 then
   redis.call('ZREMRANGEBYRANK', KEYS[1], 0, card - 100000 - 1)
 end
 if card > 0 and redis.call('PTTL', KEYS[1]) < memory then
-  redis.call('PEXPIRE', KEYS[1], memory)
+  redis.call('PEXPIRE', KEYS[1], string.format('%d', memory))
 end
 if most == 0 then
   return {}

@@ -120,6 +120,59 @@ func TestTTLRule(t *testing.T) {
 	})
 }
 
+// TestTTLBelowZero: a bucket a lease's take or a debt left below zero keeps its deficit
+// until it is full again, whichever script writes it next: AllowN's script (bucket)
+// too, or the bucket would expire part empty and come back full. Capacity 7, rate 3,
+// 14 tokens below zero: ceil(21/3*1000)+1000 = 8000 ms, where a full bucket's is 3334.
+func TestTTLBelowZero(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		ctx := context.Background()
+		for _, tc := range []struct {
+			name string
+			s    *redis.Script
+			args []any
+		}{
+			{"bucket", luascript.Bucket, []any{7, 3, 1}},
+			{"take", luascript.Take, []any{7, 3, 2, 1, "s1", 1, 0}},
+		} {
+			key := redistest.Unique(t) + tc.name
+			now, err := tg.Client.Time(ctx).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := tg.Client.HSet(ctx, key, "tokens", -14, "ts", now.UnixMilli()).Err(); err != nil {
+				t.Fatal(err)
+			}
+			run(t, tg.Client, tc.s, key, tc.args...)
+			pttl, err := tg.Client.PTTL(ctx, key).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pttl > 8000*time.Millisecond || pttl < 7500*time.Millisecond {
+				t.Errorf("%s: PTTL = %v, want about 8000ms", tc.name, pttl)
+			}
+		}
+	})
+}
+
+// TestReplayExact: a replayed take (the same server and seq) answers the grant it
+// recorded to the token, across the documented range of bursts (up to 2^53, at a rate
+// that keeps the TTL in range), where
+// Lua's own number-to-text keeps 14 digits.
+func TestReplayExact(t *testing.T) {
+	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
+		for _, want := range []int64{123456789012345, 1<<53 - 1} {
+			key := redistest.Unique(t) + strconv.FormatInt(want, 10)
+			args := []any{int64(1) << 53, 1e6, want, 1, "s1", 7, 0}
+			fresh := run(t, tg.Client, luascript.Take, key, args...)
+			replay := run(t, tg.Client, luascript.Take, key, args...)
+			if fresh[0] != want || replay[0] != fresh[0] || replay[4] != int64(1) {
+				t.Errorf("want %d: fresh %v, replay %v; want the grant %d twice, the second a replay (flag 1)", want, fresh, replay, want)
+			}
+		}
+	})
+}
+
 // TestClockNeverBackwards moves miniredis's clock back, then forward: the stored ts must
 // stay at its high-water mark, so the same period is not refilled twice.
 func TestClockNeverBackwards(t *testing.T) {

@@ -193,7 +193,7 @@ local function refund(key, capacity, rate, amount, server, seq, seq_s, version, 
   -- the TTL: until the bucket is full again (a bucket below zero needs longer), plus 1 s.
   -- The refund is made: an error here (none the checks above leave possible) must not
   -- hide it.
-  redis.pcall('PEXPIRE', key, math.ceil(math.max(capacity, capacity - tokens) / rate * 1000) + 1000)
+  redis.pcall('PEXPIRE', key, string.format('%d', math.ceil(math.max(capacity, capacity - tokens) / rate * 1000) + 1000))
   return left, 0, version
 end
 

@@ -183,7 +183,7 @@ local ts_new = now_s
 if ts > now then ts_new = ts end
 -- the record (a wait of 0 as a literal: every number written as text is a conversion)
 local set = { 'tokens', tokens, 'ts', ts_new,
-  field, ARGV[6] .. ' ' .. granted .. ' ' .. left .. ' ' .. (wait == 0 and '0' or wait) .. ' ' .. now_s }
+  field, ARGV[6] .. ' ' .. string.format('%d', granted) .. ' ' .. left .. ' ' .. (wait == 0 and '0' or wait) .. ' ' .. now_s }
 if not (p_stands and fresh(p_at)) then
   set[7], set[8] = 'p', string.format('%d %.17g %.17g %d', version, capacity, rate, now)
 end
@@ -191,8 +191,9 @@ if credit ~= held_credit or not fresh(num(c_at)) then
   set[#set + 1], set[#set + 2] = 'c', credit_s .. ' ' .. now_s
 end
 redis.call('HSET', KEYS[1], unpack(set))
--- the TTL: until the bucket is full again (a bucket below zero needs longer), plus 1 s
-redis.call('PEXPIRE', KEYS[1], math.ceil(math.max(capacity, capacity - tokens) / rate * 1000) + 1000)
+-- the TTL: until the bucket is full again (a bucket below zero needs longer), plus 1 s, as
+-- digits (Redis 7.2.0-7.2.4 would pass 100000000 as "1e+08", which PEXPIRE refuses)
+redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(math.max(capacity, capacity - tokens) / rate * 1000) + 1000))
 local flag = 0
 if not rec then flag = 3 end
 return { granted, left, wait, now, flag, version, credit_s }
