@@ -2,6 +2,7 @@ package hybrid_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"testing"
@@ -136,5 +137,25 @@ func TestOnDecisionOncePerMultiWithDryRun(t *testing.T) {
 		if !found {
 			t.Fatalf("%v: OnDecision heard key %q for limit %q, not an item's", items, got[0].key, md.Decision.Limit)
 		}
+	}
+}
+
+// TestAllowMultiDryOnlyFails: an AllowMulti of DryRun items alone whose item cannot be
+// decided (its context ends while it waits for Redis) fails as AllowN on that limit
+// does: not allowed, that item denying, with the context's error; a DryRun limit turns
+// a denial into an admission, never a call that did not decide.
+func TestAllowMultiDryOnlyFails(t *testing.T) {
+	_, c := redistest.Mini(t)
+	slow := &slowTakes{}
+	c.AddHook(slow)
+	l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{
+		{Name: "d1", Rate: 10, Burst: 20, Policy: breaker.FailClosed, MaxWait: time.Second, DryRun: true},
+		{Name: "d2", Rate: 10, Burst: 20, Policy: breaker.FailClosed, MaxWait: time.Second, DryRun: true}}})
+	slow.delay.Store(int64(300 * time.Millisecond))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	md, err := l.AllowMulti(ctx, []hybrid.Item{{Limit: "d1", Key: "k", Cost: 1}, {Limit: "d2", Key: "k", Cost: 1}})
+	if md.Allowed || md.Denied != 0 || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("AllowMulti of DryRun items, its context ended: %+v, %v; want not allowed, item 0, DeadlineExceeded", md, err)
 	}
 }

@@ -939,21 +939,21 @@ func (l *Limiter) result(lm *engine.Limit, tier, key string, d *engine.Decision,
 // wait waits for the decision of a request that waits for a refill (await), and
 // returns it as AllowN does.
 func (l *Limiter) wait(ctx context.Context, lm *engine.Limit, tier, key string, w *engine.Waiter, hook func(string, Decision)) (Decision, error) {
-	d, err := l.await(ctx, w)
+	d, err := l.await(ctx, w, lm.Config().MaxWait)
 	return l.result(lm, tier, key, &d, err, hook)
 }
 
 // await waits for the decision of a request that waits for a refill: the engine's, or
-// the policy's once the limit's MaxWait has passed, or a denial with ctx.Err() once ctx
-// ends.
-func (l *Limiter) await(ctx context.Context, w *engine.Waiter) (engine.Decision, error) {
+// the policy's once maxWait (the limit's MaxWait, or what a caller has left of it) has
+// passed, or a denial with ctx.Err() once ctx ends.
+func (l *Limiter) await(ctx context.Context, w *engine.Waiter, maxWait time.Duration) (engine.Decision, error) {
 	select {
 	case <-w.Done(): // decided already
 		return w.Decision(), nil
 	default:
 	}
 	expired := make(chan struct{})
-	stop := l.clock.AfterFunc(w.Limit().Config().MaxWait, func() { close(expired) })
+	stop := l.clock.AfterFunc(maxWait, func() { close(expired) })
 	defer stop()
 	select {
 	case <-w.Done():
@@ -1003,7 +1003,9 @@ var errNotSent = errors.New("queued after Close sent its last refunds")
 // a deadline, for it to let a probe through (its OpenTimeout), once and for at most half
 // of what ctx leaves, since an open breaker refuses the refunds, and the charges of a
 // ChargeLater limit and the debts of FailLocal, which it then sends too.
-// Calls after Close return ErrClosed.
+// Calls after Close return ErrClosed, and so do WaitN calls asleep toward their
+// reservations' instants when it starts: they cancel their reservations rather than act
+// after Close, and a ReserveN whose claim was waiting for Redis returns ErrClosed.
 // Close may be called more than once: every call returns once the first is done.
 func (l *Limiter) Close(ctx context.Context) error {
 	if l.closed.Swap(true) {

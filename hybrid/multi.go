@@ -84,7 +84,7 @@ func (l *Limiter) allowMulti(out *MultiDecision, ctx context.Context, items []It
 func (l *Limiter) decideMulti(out *MultiDecision, ctx context.Context, m *engine.Multi, hook func(string, Decision)) (err error) {
 	w, done := l.eng.StartMulti(l.nanos(), m)
 	for !done {
-		d, werr := l.await(ctx, w)
+		d, werr := l.await(ctx, w, w.Limit().Config().MaxWait)
 		err = cmp.Or(err, werr)
 		w, done = l.eng.ResumeMulti(l.nanos(), m, d)
 	}
@@ -149,7 +149,16 @@ func (l *Limiter) allowMultiDry(ctx context.Context, items []Item, hook func(str
 			// changes nothing.
 			continue
 		}
-		err = cmp.Or(err, derr)
+		if derr != nil {
+			// Nothing stands on enforced items: an item that could not be decided fails
+			// the request, as AllowN on its limit would (a DryRun limit does not turn a
+			// canceled or closed decision into an admission).
+			out.Allowed, out.Denied, out.Decision = false, i, d
+			if hook != nil && decided {
+				hook(it.Key, d)
+			}
+			return out, derr
+		}
 		if first || d.WouldDeny && !out.Decision.WouldDeny || !out.Decision.WouldDeny && d.Remaining < out.Decision.Remaining {
 			out.Decision, first, reported = d, false, it.Key
 		}

@@ -103,6 +103,7 @@ func (r *Reservation) cancelAt(t time.Time) {
 // only if the request is admitted now.
 func (l *Limiter) ReserveN(ctx context.Context, limit, key string, n int) (*Reservation, error) {
 	var d Decision
+	start := l.clock.Now()
 	err := l.allowN(&d, ctx, limit, "", key, n, nil)
 	lm := l.eng.Limit(limit)
 	if err == nil && lm == nil { // removed (Reconfigure) since allowN found it
@@ -125,14 +126,23 @@ func (l *Limiter) ReserveN(ctx context.Context, limit, key string, n int) (*Rese
 	if !r.d.Claimable() {
 		return r, nil // it can never pass
 	}
-	// A claim on the bucket's refill: want n, all or nothing, down to minus the burst.
+	// A claim on the bucket's refill: want n, all or nothing, down to minus the burst. It
+	// waits for Redis what the lease's decision left of MaxWait, which bounds the whole
+	// call; with nothing left, the reservation is not OK, as a claim that ran out would be.
+	left := lm.Config().MaxWait - l.clock.Now().Sub(start)
+	if left <= 0 {
+		return r, nil
+	}
 	sh := lm.Shape("")
 	var cd engine.Decision
 	if w := l.eng.Claim(l.clock.Now(), lm, key, n, &cd); w != nil {
 		var err error
-		if cd, err = l.await(ctx, w); err != nil {
+		if cd, err = l.await(ctx, w, left); err != nil {
 			return r, err // ctx ended while the claim waited, as AllowN's wait would
 		}
+	}
+	if cd.Reason == engine.ReasonClosed { // Close ran while the claim waited
+		return r, ErrClosed
 	}
 	if !cd.Allowed {
 		if cd.Source == engine.SourceGlobal { // Redis answered: when the bucket could hold it

@@ -56,7 +56,7 @@ func (l *Limiter) waitN(ctx context.Context, limit, key string, n int) (Decision
 			}
 			if err := l.sleep(ctx, delay); err != nil {
 				r.Cancel()
-				return Decision{Limit: d.Limit, Tier: d.Tier, Quota: d.Quota, Window: d.Window, Servers: d.Servers, Reason: reasonCanceled, Source: SourceFallback}, err
+				return Decision{Limit: d.Limit, Tier: d.Tier, Quota: d.Quota, Window: d.Window, Servers: d.Servers, Reason: interrupted(err), Source: SourceFallback}, err
 			}
 			return d, nil
 		}
@@ -68,12 +68,17 @@ func (l *Limiter) waitN(ctx context.Context, limit, key string, n int) (Decision
 			return d, fmt.Errorf("%w: retry after %v", ErrWouldExceedDeadline, d.RetryAfter)
 		}
 		if err := l.sleep(ctx, pause); err != nil {
+			if errors.Is(err, ErrClosed) {
+				d.Reason = reasonClosed
+			}
 			return d, err
 		}
 	}
 }
 
-// sleep waits d on the Limiter's clock, or until ctx ends (its error).
+// sleep waits d on the Limiter's clock, or until ctx ends (its error) or the Limiter
+// closes (ErrClosed): a WaitN that sleeps toward its reservation's instant does not act
+// after Close, and gives its tokens back (its caller cancels the reservation).
 func (l *Limiter) sleep(ctx context.Context, d time.Duration) error {
 	woke := make(chan struct{})
 	stop := l.clock.AfterFunc(d, func() { close(woke) })
@@ -83,5 +88,15 @@ func (l *Limiter) sleep(ctx context.Context, d time.Duration) error {
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
+	case <-l.stop:
+		return ErrClosed
 	}
+}
+
+// interrupted is the Reason of a WaitN that sleep ended with err.
+func interrupted(err error) Reason {
+	if errors.Is(err, ErrClosed) {
+		return reasonClosed
+	}
+	return reasonCanceled
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/luascript"
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
 )
 
@@ -206,4 +207,100 @@ func (h *heldCalls) hold() {
 	default:
 	}
 	<-h.release
+}
+
+// TestWaitNEndsAtClose: a WaitN asleep toward its reservation's instant (a minute away)
+// when Close runs returns ErrClosed at once, not admitted, rather than acting a minute
+// after the Limiter closed.
+func TestWaitNEndsAtClose(t *testing.T) {
+	_, c := redistest.Mini(t)
+	l, err := hybrid.New(newStore(t, c), hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{
+		{Name: "jobs", Rate: 1.0 / 60, Burst: 1, Policy: breaker.FailClosed, MaxWait: time.Second}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bg := context.Background()
+	if d, err := l.Allow(bg, "jobs", "k"); err != nil || !d.Allowed {
+		t.Fatalf("the first request: %+v, %v", d, err)
+	}
+	type result struct {
+		d   hybrid.Decision
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		d, err := l.WaitN(bg, "jobs", "k", 1)
+		done <- result{d, err}
+	}()
+	waitFor(t, "the WaitN's reservation", func() bool { return l.Stats().Limits[0].Reserved > 0 })
+	if err := l.Close(bg); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-done:
+		if !errors.Is(r.err, hybrid.ErrClosed) || r.d.Allowed || r.d.Reason.String() != "limiter closed" {
+			t.Errorf("WaitN across Close: %+v, %v; want not allowed, limiter closed, ErrClosed", r.d, r.err)
+		}
+	case <-time.After(10 * time.Second): // its reservation acts in about a minute
+		t.Fatal("WaitN still asleep 10 s after Close")
+	}
+}
+
+// TestReserveNWaitsAtMostMaxWait: ReserveN waits for Redis at most the limit's MaxWait in
+// all, the lease's refill and the claim after it together. A server whose lease is empty
+// and whose peer drained the bucket waits 1 s for the refill (every take answers 1 s
+// late), and its claim then has the 0.2 s MaxWait leaves, not 1.2 s more.
+func TestReserveNWaitsAtMostMaxWait(t *testing.T) {
+	_, c := redistest.Mini(t)
+	slow := &slowTakes{}
+	c.AddHook(slow)
+	s := newStore(t, c)
+	lim := hybrid.Limit{Name: "jobs", Rate: 0.1, Burst: 5, Policy: breaker.FailClosed, MaxWait: 1200 * time.Millisecond}
+	brk, err := breaker.New(breaker.Settings{Timeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newLimiter(t, s, hybrid.Config{FleetSize: 2, Limits: []hybrid.Limit{lim}})
+	b := newLimiter(t, s, hybrid.Config{FleetSize: 2, Limits: []hybrid.Limit{lim}, Breaker: brk})
+	bg := context.Background()
+	for range 10 { // server a drains the key's bucket
+		a.Allow(bg, "jobs", "k")
+	}
+	slow.delay.Store(int64(time.Second))
+	start := time.Now()
+	r, err := b.ReserveN(bg, "jobs", "k", 1)
+	took := time.Since(start)
+	slow.delay.Store(0)
+	t.Logf("ReserveN: ok %v, delay %v, %+v, %v, in %v", r.OK(), r.Delay(), r.Decision(), err, took)
+	if err != nil || took > 1700*time.Millisecond {
+		t.Errorf("ReserveN: ok %v, %v, in %v; want at most MaxWait (1.2 s) and scheduling", r.OK(), err, took)
+	}
+}
+
+// slowTakes is a go-redis hook that delays every take (and every pipeline holding one)
+// by delay: a Redis that answers that late.
+type slowTakes struct{ delay atomic.Int64 }
+
+func (*slowTakes) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *slowTakes) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.wait([]redis.Cmder{cmd})
+		return next(ctx, cmd)
+	}
+}
+func (h *slowTakes) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.wait(cmds)
+		return next(ctx, cmds)
+	}
+}
+
+// wait sleeps delay (the latency it stands for) if cmds hold a take.
+func (h *slowTakes) wait(cmds []redis.Cmder) {
+	for _, cmd := range cmds {
+		if args := cmd.Args(); len(args) >= 2 && args[0] == "evalsha" && args[1] == luascript.Take.Hash() {
+			time.Sleep(time.Duration(h.delay.Load()))
+			return
+		}
+	}
 }
