@@ -35,9 +35,10 @@ func (e *subError) Unwrap() error { return e.class }
 // comparable values: FailOpen, FailClosed and FailLocal() each compare
 // equal to themselves.
 type Policy struct {
-	kind  fallback.Kind
-	rate  rate.Limit // explicit local limit; 0 means the fleet share
-	burst int
+	kind     fallback.Kind
+	explicit bool       // FailLocalLimit's: rate and burst are checked, zeros too
+	rate     rate.Limit // explicit local limit; 0 means the fleet share
+	burst    int
 }
 
 // The engine checks a Policy and reads its parts through package fallback, which
@@ -75,13 +76,13 @@ func FailLocal() Policy { return Policy{kind: fallback.Local} }
 // share; the burst is raised to the limit's largest cost (MaxCost) if below
 // it, so that every request can still pass.
 func FailLocalLimit(r rate.Limit, burst int) Policy {
-	return Policy{kind: fallback.Local, rate: r, burst: burst}
+	return Policy{kind: fallback.Local, explicit: true, rate: r, burst: burst}
 }
 
 // String describes the policy, as in "fail-open" or
 // "fail-local(5/s, burst 2)".
 func (p Policy) String() string {
-	if p.kind == fallback.Local && p.rate != 0 {
+	if p.explicit {
 		return fmt.Sprintf("fail-local(%v/s, burst %d)", float64(p.rate), p.burst)
 	}
 	return p.kind.String()
@@ -90,13 +91,14 @@ func (p Policy) String() string {
 // validate returns nil for a usable policy, and otherwise an error wrapping
 // ErrInvalidConfig: wrapping ErrNoPolicy too for the zero Policy, and saying
 // what is wrong with a FailLocalLimit whose rate is not positive (or NaN) or
-// whose burst is less than 1.
+// whose burst is less than 1: FailLocalLimit(0, 0), a limit read from a
+// configuration that left both out, say, is an error, not FailLocal().
 func (p Policy) validate() error {
 	switch p.kind {
 	case fallback.Open, fallback.Closed:
 		return nil
 	case fallback.Local:
-		if p.rate == 0 && p.burst == 0 {
+		if !p.explicit {
 			return nil
 		}
 		err := tokenbucket.CheckBurst(p.burst) // rate.Inf admits everything, as in package local

@@ -19,7 +19,8 @@ func TestPolicyValidate(t *testing.T) {
 		{FailClosed, nil, "fail-closed"},
 		{FailLocal(), nil, "fail-local"},
 		{FailLocalLimit(5, 2), nil, "fail-local(5/s, burst 2)"},
-		{FailLocalLimit(0, 2), ErrInvalidConfig, "fail-local"},
+		{FailLocalLimit(0, 2), ErrInvalidConfig, "fail-local(0/s, burst 2)"},
+		{FailLocalLimit(0, 0), ErrInvalidConfig, "fail-local(0/s, burst 0)"}, // not FailLocal()
 		{FailLocalLimit(-1, 2), ErrInvalidConfig, "fail-local(-1/s, burst 2)"},
 		{FailLocalLimit(rate.Limit(math.NaN()), 2), ErrInvalidConfig, "fail-local(NaN/s, burst 2)"},
 		{FailLocalLimit(5, 0), ErrInvalidConfig, "fail-local(5/s, burst 0)"},
@@ -37,7 +38,7 @@ func TestPolicyValidate(t *testing.T) {
 			t.Errorf("String() = %q, want %q", got, tt.str)
 		}
 	}
-	if FailLocal() != FailLocal() || FailOpen == FailClosed || FailLocal() == FailLocalLimit(1, 1) {
+	if FailLocal() != FailLocal() || FailOpen == FailClosed || FailLocal() == FailLocalLimit(1, 1) || FailLocal() == FailLocalLimit(0, 0) {
 		t.Error("policies do not compare as documented")
 	}
 }
