@@ -146,7 +146,7 @@ func New(client redis.Scripter, opts ...Option) (*Store, error) {
 	// and stay below 2^53 (Lua numbers): microseconds since 1970 do both until 2255.
 	s.seq.Store(uint64(time.Now().UnixMicro()))
 	if cc, ok := client.(*redis.ClusterClient); ok {
-		cc.AddHook(reloadOnFailure{cc}) // a failed-over master's slots are found at once
+		hookOnce(cc) // a failed-over master's slots are found at once
 	}
 	return s, nil
 }

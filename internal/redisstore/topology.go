@@ -2,13 +2,35 @@ package redisstore
 
 import (
 	"context"
+	"runtime"
+	"sync"
+	"weak"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/fleetlimit/internal/storeerr"
 )
 
-// reloadOnFailure is the hook New adds to a *redis.ClusterClient: a call that fails
+// hooked holds the Cluster clients hookOnce has hooked, weakly: a client dropped leaves
+// it once the collector has freed it (runtime.AddCleanup).
+var hooked sync.Map // weak.Pointer[redis.ClusterClient] → struct{}
+
+// hookOnce adds reloadOnFailure to cc unless a Store made on cc before has, and reports
+// whether it did. go-redis keeps a client's hooks for its life and runs every one on
+// every command: a program that makes a Store per prefix or tenant, or again on each
+// configuration reload, on one client would stack a hook per Store, each command
+// passing through all of them and each failure reloading the map once per hook.
+func hookOnce(cc *redis.ClusterClient) bool {
+	k := weak.Make(cc)
+	if _, loaded := hooked.LoadOrStore(k, struct{}{}); loaded {
+		return false
+	}
+	runtime.AddCleanup(cc, func(k weak.Pointer[redis.ClusterClient]) { hooked.Delete(k) }, k)
+	cc.AddHook(reloadOnFailure{cc})
+	return true
+}
+
+// reloadOnFailure is the hook New adds to a *redis.ClusterClient (once, hookOnce): a call that fails
 // with an unavailable error (a refused dial, a reset or timeout, CLUSTERDOWN) asks the
 // client to reload its slot map in the background.
 //
