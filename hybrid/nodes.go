@@ -33,6 +33,7 @@ type nodes struct {
 	byAddr  map[string]*node   // guarded by mu
 	gone    map[string]dropped // guarded by mu: the nodes a prune dropped, by address, until a map names them again
 	drops   uint64             // guarded by mu: the prunes' drops so far, the order of gone's
+	retired breaker.Stats      // guarded by mu: the counters of the nodes gone forgot (goneMax), as they were then
 	masters atomic.Pointer[[]*node]
 	slots   [wire.Slots]atomic.Pointer[node] // the master each slot's last call went to
 
@@ -206,6 +207,7 @@ func (n *nodes) drop(nd *node) {
 				oldest = addr
 			}
 		}
+		addCounts(&n.retired, n.gone[oldest].nd.brk.Stats())
 		delete(n.gone, oldest)
 	}
 	n.drops++
@@ -396,7 +398,9 @@ func pick[T any](in []T, p *part) []T {
 }
 
 // stats returns the breakers' state and counters folded (see Stats.Breaker), and each
-// master's on a Cluster.
+// master's on a Cluster. The state is the masters' alone; the counters are every
+// breaker's the Limiter has had, the dropped masters' too (a failover's), so that they
+// never go back, as a metric's counters must not.
 func (n *nodes) stats() (state breaker.State, sum breaker.Stats, masters []NodeStats) {
 	n.forEach(func(nd *node) {
 		st, bs := nd.brk.State(), nd.brk.Stats()
@@ -406,20 +410,34 @@ func (n *nodes) stats() (state breaker.State, sum breaker.Stats, masters []NodeS
 		if st == breaker.StateOpen || st == breaker.StateHalfOpen && state != breaker.StateOpen {
 			state = st
 		}
-		sum.Calls += bs.Calls
-		sum.Successes += bs.Successes
-		sum.Failures += bs.Failures
-		sum.Timeouts += bs.Timeouts
-		sum.Excluded += bs.Excluded
-		sum.Starved += bs.Starved
-		sum.Rejected += bs.Rejected
-		sum.Overloaded += bs.Overloaded
-		sum.Abandoned += bs.Abandoned
+		addCounts(&sum, bs)
 		sum.InFlight += bs.InFlight
-		sum.MaxInFlight = max(sum.MaxInFlight, bs.MaxInFlight)
-		sum.Opened += bs.Opened
-		sum.HalfOpened += bs.HalfOpened
-		sum.Closed += bs.Closed
 	})
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, d := range n.gone {
+		bs := d.nd.brk.Stats()
+		addCounts(&sum, bs)
+		sum.InFlight += bs.InFlight // its abandoned calls, until they end
+	}
+	addCounts(&sum, n.retired)
 	return state, sum, masters
+}
+
+// addCounts adds bs's counters to sum (MaxInFlight: the larger), all but InFlight, which
+// is a count of now.
+func addCounts(sum *breaker.Stats, bs breaker.Stats) {
+	sum.Calls += bs.Calls
+	sum.Successes += bs.Successes
+	sum.Failures += bs.Failures
+	sum.Timeouts += bs.Timeouts
+	sum.Excluded += bs.Excluded
+	sum.Starved += bs.Starved
+	sum.Rejected += bs.Rejected
+	sum.Overloaded += bs.Overloaded
+	sum.Abandoned += bs.Abandoned
+	sum.MaxInFlight = max(sum.MaxInFlight, bs.MaxInFlight)
+	sum.Opened += bs.Opened
+	sum.HalfOpened += bs.HalfOpened
+	sum.Closed += bs.Closed
 }

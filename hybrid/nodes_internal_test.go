@@ -184,7 +184,7 @@ func TestGoneForgetsTheOldest(t *testing.T) {
 	defer n.mu.Unlock()
 	addr := func(i int) string { return fmt.Sprintf("10.0.%d.%d:6379", i/256, i%256) }
 	for i := range goneMax + 1 {
-		nd := &node{addr: addr(i)}
+		nd := &node{addr: addr(i), brk: brk} // every node has a breaker
 		n.byAddr[nd.addr] = nd
 		n.drop(nd)
 	}
@@ -269,5 +269,54 @@ func TestOutcomeOfSeveralParts(t *testing.T) {
 		if answered != tc.answered || err != tc.err {
 			t.Errorf("%s: answered %v, %v; want %v, %v", tc.name, answered, err, tc.answered, tc.err)
 		}
+	}
+}
+
+// TestBreakerCountsSurviveFailover: the folded breaker counters (Stats.BreakerStats, the
+// metrics' breaker series) never go back: a failed master's counts stay in them after a
+// failover drops its breaker, and after the dropped breakers past goneMax are forgotten;
+// the folded state is the masters' of now.
+func TestBreakerCountsSurviveFailover(t *testing.T) {
+	const old, promoted, key = "10.0.0.1:6379", "10.0.0.2:6379", "{cold:client-1}"
+	ctx := context.Background()
+	maps := &slotMaps{maps: []string{old}}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{ClusterSlots: maps.load})
+	defer cc.Close()
+	brk, err := breaker.New(breaker.Settings{Name: "redis", FailureThreshold: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := newNodes(brk, cc)
+	nd := n.split(ctx, 1, func(int) string { return key })[0].nd
+	for range 5 {
+		_ = nd.brk.Do(ctx, func(context.Context) error { return nil })
+	}
+	for range 3 {
+		_ = nd.brk.Do(ctx, func(context.Context) error { return errors.New("down") })
+	}
+	st, before, _ := n.stats()
+	if st != breaker.StateOpen || before.Successes != 5 || before.Failures != 3 || before.Opened != 1 {
+		t.Fatalf("the master failed: %v %+v", st, before)
+	}
+	maps.then(promoted)
+	n.prune(ctx)
+	st, after, _ := n.stats()
+	before.InFlight, after.InFlight = 0, 0 // a count of now, not a counter: a call may be ending
+	if st != breaker.StateClosed || after != before {
+		t.Errorf("after the failover: %v %+v; want closed and the counts %+v", st, after, before)
+	}
+	// More dropped masters than gone keeps: the first ones forgotten, their counts kept.
+	for i := range goneMax + 2 {
+		b, err := breaker.New(breaker.Settings{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = b.Do(ctx, func(context.Context) error { return nil })
+		n.mu.Lock()
+		n.drop(&node{addr: fmt.Sprintf("10.1.0.%d:6379", i), brk: b})
+		n.mu.Unlock()
+	}
+	if _, s, _ := n.stats(); s.Successes != before.Successes+goneMax+2 || s.Failures != before.Failures {
+		t.Errorf("after %d more drops: %+v; want %d successes, %d failures", goneMax+2, s, before.Successes+goneMax+2, before.Failures)
 	}
 }

@@ -22,7 +22,9 @@ type Stats struct {
 	Heartbeats int64
 	// Servers is the live server count the limits are divided by.
 	Servers int
-	// Breaker and BreakerStats are the breaker's, folded over the masters of a Cluster.
+	// Breaker and BreakerStats are the breaker's, folded over the masters of a Cluster:
+	// the state over the masters of now, the counters over every master the Limiter has
+	// had a breaker for, so that a failover does not take them back.
 	Breaker      breaker.State
 	BreakerStats breaker.Stats
 	// Nodes are the breakers of the Redis Cluster masters called; empty for a plain

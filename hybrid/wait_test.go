@@ -214,11 +214,8 @@ func (h *heldCalls) hold() {
 // after the Limiter closed.
 func TestWaitNEndsAtClose(t *testing.T) {
 	_, c := redistest.Mini(t)
-	l, err := hybrid.New(newStore(t, c), hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{
+	l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{
 		{Name: "jobs", Rate: 1.0 / 60, Burst: 1, Policy: breaker.FailClosed, MaxWait: time.Second}}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	bg := context.Background()
 	if d, err := l.Allow(bg, "jobs", "k"); err != nil || !d.Allowed {
 		t.Fatalf("the first request: %+v, %v", d, err)
