@@ -21,7 +21,8 @@
 // for a Redis with ACL users, and -tls (with -tls-ca FILE for a CA of your own) for one
 // that speaks TLS.
 //
-// go run github.com/fleetlimit/fleetlimit/cmd/fleetlimit@latest doctor -addr ...
+// Build it from a clone of the repository: go -C cmd/fleetlimit build -o fleetlimit .
+// (its go.mod takes the library from the checkout, which go run …@version refuses).
 package main
 
 import (

@@ -29,7 +29,7 @@ const rootModule = "github.com/fleetlimit/fleetlimit"
 // The simulator is package sim's test TestFleet, which nothing imports (it drives the
 // engine hybrid.Limiter drives, with a virtual clock and a modelled Redis); simulate runs
 // it as `go test ./sim -args -scenario FILE -report DIR/report.jsonl` in fleetlimit's
-// source, so it needs the Go toolchain, which `go run …@latest` has. The source is -src,
+// source, so it needs the Go toolchain, which building the command took. The source is -src,
 // else the checkout the working directory is in, else the module this command was built
 // with, from the module cache.
 func simulate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
