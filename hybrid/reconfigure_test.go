@@ -287,6 +287,55 @@ func TestAddRemoveLimit(t *testing.T) {
 	})
 }
 
+// TestCountersSurviveRemoval: a limit's counters never go back: removed, its counts
+// stay in Stats' totals; added again under its name (as a change of kind is made), it
+// goes on from them, so a metric's series is not reset.
+func TestCountersSurviveRemoval(t *testing.T) {
+	_, c := redistest.Mini(t)
+	a := hybrid.Limit{Name: "a", Rate: 10, Burst: 20, Policy: breaker.FailOpen}
+	b := hybrid.Limit{Name: "b", Rate: 10, Burst: 20, Policy: breaker.FailOpen}
+	l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{a, b}})
+	ctx := context.Background()
+	admitted := func(st hybrid.Stats, name string) (n int64) {
+		for _, ls := range st.Limits {
+			if ls.Name == name {
+				for _, dc := range ls.Decisions {
+					if dc.Allowed {
+						n += dc.Count
+					}
+				}
+			}
+		}
+		return n
+	}
+	for range 5 {
+		l.Allow(ctx, "a", "k")
+	}
+	before := l.Stats()
+	if admitted(before, "a") != 5 || before.Granted == 0 {
+		t.Fatalf("before: a admitted %d, granted %d", admitted(before, "a"), before.Granted)
+	}
+	if err := l.Reconfigure([]hybrid.Limit{b}); err != nil {
+		t.Fatal(err)
+	}
+	if st := l.Stats(); st.Granted < before.Granted || st.Lease < before.Lease {
+		t.Errorf("a removed: totals granted %d, lease %d; want at least %d, %d", st.Granted, st.Lease, before.Granted, before.Lease)
+	}
+	if err := l.Reconfigure([]hybrid.Limit{a, b}); err != nil {
+		t.Fatal(err)
+	}
+	l.Allow(ctx, "a", "k")
+	after := l.Stats()
+	if got := admitted(after, "a"); got != 6 {
+		t.Errorf("a added again: %d admitted, want its 5 and 1 more", got)
+	}
+	for _, ls := range after.Limits {
+		if ls.Name == "a" && ls.Granted < before.Limits[0].Granted {
+			t.Errorf("a added again: granted %d, want at least %d", ls.Granted, before.Limits[0].Granted)
+		}
+	}
+}
+
 // TestReconfigureAfterClose: after Close, Reconfigure changes nothing, and says why:
 // it removed limits before it found it could add none.
 func TestReconfigureAfterClose(t *testing.T) {

@@ -41,7 +41,9 @@ type NodeStats struct {
 	BreakerStats breaker.Stats
 }
 
-// LimitStats are one limit's counters on this server since New.
+// LimitStats are one limit's counters on this server since New. A limit Reconfigure
+// removes and adds again (a change of kind) goes on from its counters, and a removed
+// limit's stay in Stats' totals: no counter goes back.
 type LimitStats struct {
 	// Name, Rate and Burst are the limit's.
 	Name  string
@@ -102,14 +104,13 @@ func (l *Limiter) Stats() Stats {
 	}
 	out.Breaker, out.BreakerStats, out.Nodes = l.nodes.stats()
 	for _, lm := range l.eng.Limits() {
-		out.Limits = append(out.Limits, limitStats(lm))
+		out.Limits = append(out.Limits, limitStats(lm, l.eng.StatsOf(lm)))
 	}
 	return out
 }
 
-// limitStats are lm's counters as the user sees them.
-func limitStats(lm *engine.Limit) LimitStats {
-	s := lm.Stats()
+// limitStats are lm's counters s as the user sees them.
+func limitStats(lm *engine.Limit, s engine.LimitStats) LimitStats {
 	out := LimitStats{
 		Name: lm.Name(), Rate: lm.Rate(), Burst: lm.Burst(), DryRun: lm.Config().DryRun,
 		Representations: 1 + len(lm.Companions()),

@@ -119,6 +119,10 @@ type Engine struct {
 	cfgMu     sync.Mutex
 	removedMu sync.Mutex
 	removed   []*Limit // removed limits, whose refunds may still be out
+	// past are the limits RemoveLimit removed (not their companions), guarded by
+	// removedMu: their counters stay in Stats, and in StatsOf a limit added again under
+	// their name, so that counters since New never go back.
+	past []*Limit
 	// retiring are the removed windowed limits whose last report has not gone (what they
 	// admitted without asking, the grants their keys gave back); guarded by mu.
 	retiring []*windowed

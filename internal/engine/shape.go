@@ -407,8 +407,8 @@ func (e *Engine) AddLimit(c LimitConfig) error {
 // RemoveLimit removes the limit named name at run time: its keys are let go of (their
 // leased tokens are queued for refund; a windowed limit's admissions without asking and
 // the grants its waiting requests asked go with a last report) and its requests from
-// now on are denied with ReasonClosed; Engine.Limit no longer finds it, and its counters
-// leave Stats.
+// now on are denied with ReasonClosed; Engine.Limit no longer finds it. Its counters stay
+// in Stats' totals, and go on in StatsOf of a limit added again under its name.
 func (e *Engine) RemoveLimit(name string) error {
 	e.cfgMu.Lock()
 	defer e.cfgMu.Unlock()
@@ -424,6 +424,9 @@ func (e *Engine) RemoveLimit(name string) error {
 	for _, c := range comps {
 		e.dropLimit(c)
 	}
+	e.removedMu.Lock()
+	e.past = append(e.past, lm)
+	e.removedMu.Unlock()
 	e.wake()
 	return nil
 }

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"slices"
 	"sync/atomic"
 	"unsafe"
 )
@@ -167,14 +168,58 @@ func (lm *Limit) Stats() LimitStats {
 	return s
 }
 
-// Stats returns the engine's counters, summed over its limits.
+// StatsOf returns lm's counters with those of the limits of its name RemoveLimit removed
+// before it was added (a change of kind is a removal and an addition): the counters of a
+// name never go back, as a metric's series must not.
+func (e *Engine) StatsOf(lm *Limit) LimitStats {
+	s := lm.Stats()
+	e.removedMu.Lock()
+	defer e.removedMu.Unlock()
+	for _, old := range e.past {
+		if old != lm && old.Name() == lm.Name() {
+			s.add(old.Stats())
+		}
+	}
+	return s
+}
+
+// add adds o's counters to s.
+func (s *LimitStats) add(o LimitStats) {
+	for a := range s.Decisions {
+		for src := range s.Decisions[a] {
+			for r := range s.Decisions[a][src] {
+				s.Decisions[a][src][r] += o.Decisions[a][src][r]
+			}
+		}
+	}
+	s.Takes += o.Takes
+	s.RefillErrors += o.RefillErrors
+	s.Granted += o.Granted
+	s.Refunded += o.Refunded
+	s.RefundsLost += o.RefundsLost
+	s.Recovered += o.Recovered
+	s.Held += o.Held
+	s.LostBuckets += o.LostBuckets
+	s.GivenBack += o.GivenBack
+	s.Reshaped += o.Reshaped
+	s.Owed += o.Owed
+	s.Charged += o.Charged
+	s.Forgiven += o.Forgiven
+	s.Reserved += o.Reserved
+}
+
+// Stats returns the engine's counters, summed over its limits and those RemoveLimit
+// removed.
 func (e *Engine) Stats() Stats {
 	s := Stats{
 		RoundTrips: e.stats.roundTrips.Load(), RefundCalls: e.stats.refundCalls.Load(),
 		Heartbeats: e.stats.heartbeats.Load(),
 		Servers:    e.Servers(),
 	}
-	for _, lm := range e.Limits() {
+	e.removedMu.Lock()
+	all := append(slices.Clip(e.Limits()), e.past...)
+	e.removedMu.Unlock()
+	for _, lm := range all {
 		ls := lm.Stats()
 		for a := range ls.Decisions {
 			for src := range ls.Decisions[a] {
