@@ -262,7 +262,9 @@ func (l *Limiter) applyConfig(b *bucket, c *limitConfig, prev, t time.Time) time
 // between two changes, only the later one applies to it, from its instant.
 // If the idle timeout was left to its default, it grows to the new refill
 // time when that is longer, and never shrinks: a bucket last used under the
-// old limit may need the old time to fill.
+// old limit may need the old time to fill. now is meant as the present: a
+// request at an earlier instant (a caller's clock behind the one that set
+// the limit) takes the new limit at its own instant, not at now.
 func (l *Limiter) SetLimitAt(now time.Time, r rate.Limit, burst int) error {
 	nc, err := newLimitConfig(r, burst)
 	if err != nil {
