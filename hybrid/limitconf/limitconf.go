@@ -31,6 +31,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -49,19 +50,19 @@ type document struct {
 
 // limit is one limit's JSON form: hybrid.Limit's fields, in snake case.
 type limit struct {
-	Name     string   `json:"name"`
-	Rate     string   `json:"rate"`
-	Burst    int      `json:"burst"`
-	Policy   string   `json:"policy"`
-	PreRate  string   `json:"pre_rate"`
-	PreBurst int      `json:"pre_burst"`
-	MaxWait  duration `json:"max_wait"`
-	MaxCost  int      `json:"max_cost"`
-	Mode     string   `json:"mode"`
+	Name     string `json:"name"`
+	Rate     string `json:"rate"`
+	Burst    int    `json:"burst"`
+	Policy   string `json:"policy"`
+	PreRate  string `json:"pre_rate"`
+	PreBurst int    `json:"pre_burst"`
+	MaxWait  string `json:"max_wait"`
+	MaxCost  int    `json:"max_cost"`
+	Mode     string `json:"mode"`
 	Lease    struct {
-		RefillInterval duration `json:"refill_interval"`
-		Lifetime       duration `json:"lifetime"`
-		LowWatermark   float64  `json:"low_watermark"`
+		RefillInterval string  `json:"refill_interval"`
+		Lifetime       string  `json:"lifetime"`
+		LowWatermark   float64 `json:"low_watermark"`
 	} `json:"lease"`
 	MaxKeys int    `json:"max_keys"`
 	Version uint64 `json:"version"`
@@ -75,20 +76,16 @@ type limit struct {
 	DryRun bool `json:"dry_run"`
 }
 
-// duration is a time.Duration written as Go writes it ("10ms", "1m30s").
-type duration time.Duration
-
-func (d *duration) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err != nil {
-		return fmt.Errorf("a duration is a string such as \"10ms\", not %s", b)
+// parseDuration reads the duration of field as Go writes it ("10ms", "1m30s"); "" is 0.
+func parseDuration(field, s string) (time.Duration, error) {
+	if s == "" {
+		return 0, nil
 	}
-	v, err := time.ParseDuration(s)
+	d, err := time.ParseDuration(s)
 	if err != nil {
-		return err
+		return 0, fmt.Errorf("%s %q: a duration as Go writes it, such as \"10ms\" or \"1m30s\"", field, s)
 	}
-	*d = duration(v)
-	return nil
+	return d, nil
 }
 
 // Load reads the limits from the JSON file at path. ${NAME} and $NAME in it are
@@ -155,6 +152,12 @@ func Parse(data []byte) ([]hybrid.Limit, error) {
 		d := json.NewDecoder(bytes.NewReader(raw))
 		d.DisallowUnknownFields()
 		if err := d.Decode(&l); err != nil {
+			var named struct {
+				Name string `json:"name"`
+			}
+			if json.Unmarshal(raw, &named) == nil && named.Name != "" {
+				err = fmt.Errorf("limit %q: %w", named.Name, err)
+			}
 			return nil, syntaxError(data, err, at)
 		}
 		hl, err := l.convert()
@@ -174,11 +177,23 @@ func (l *limit) convert() (hybrid.Limit, error) {
 	if l.Name == "" {
 		return hybrid.Limit{}, errors.New("no name")
 	}
-	out := hybrid.Limit{Name: l.Name, Burst: l.Burst, PreBurst: l.PreBurst, MaxWait: time.Duration(l.MaxWait),
+	out := hybrid.Limit{Name: l.Name, Burst: l.Burst, PreBurst: l.PreBurst,
 		MaxCost: l.MaxCost, MaxKeys: l.MaxKeys, Version: l.Version, DryRun: l.DryRun,
-		Lease: hybrid.LeaseTuning{RefillInterval: time.Duration(l.Lease.RefillInterval),
-			Lifetime: time.Duration(l.Lease.Lifetime), LowWatermark: l.Lease.LowWatermark}}
+		Lease: hybrid.LeaseTuning{LowWatermark: l.Lease.LowWatermark}}
 	var err error
+	for _, d := range []struct {
+		to    *time.Duration
+		field string
+		s     string
+	}{
+		{&out.MaxWait, "max_wait", l.MaxWait},
+		{&out.Lease.RefillInterval, "lease.refill_interval", l.Lease.RefillInterval},
+		{&out.Lease.Lifetime, "lease.lifetime", l.Lease.Lifetime},
+	} {
+		if *d.to, err = parseDuration(d.field, d.s); err != nil {
+			return out, err
+		}
+	}
 	if out.Rate, err = parseRate(l.Rate); err != nil {
 		return out, err
 	}
@@ -322,12 +337,36 @@ func syntaxError(data []byte, err error, base int) error {
 	case errors.As(err, &se):
 		return fmt.Errorf("%w: line %d: %v", ErrInvalid, lineOf(data, base+int(se.Offset)), err)
 	case errors.As(err, &te):
-		return fmt.Errorf("%w: line %d: %s: want %v", ErrInvalid, lineOf(data, base+int(te.Offset)), te.Field, te.Type)
+		what := te.Field
+		if limit, _, ok := strings.Cut(err.Error(), ": json: "); ok { // the name Parse put before it
+			what = limit + ": " + what
+		}
+		return fmt.Errorf("%w: line %d: %s: want %s", ErrInvalid, lineOf(data, base+int(te.Offset)), what, jsonKind(te.Type))
 	}
 	if base > 0 {
 		return fmt.Errorf("%w: line %d: %v", ErrInvalid, lineOf(data, base), err)
 	}
 	return fmt.Errorf("%w: %v", ErrInvalid, err)
+}
+
+// jsonKind is what a JSON value must be to decode into t, in JSON's words.
+func jsonKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a whole number"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	}
+	return t.String()
 }
 
 // lineOf is the 1-based line of data's byte at offset.
