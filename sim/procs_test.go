@@ -29,6 +29,12 @@ func procScenario(servers int, st Strategy) Scenario {
 	sc := Scenario{Name: fmt.Sprintf("procs-%d", servers), Servers: servers, Duration: 10 * time.Second, Seed: 1,
 		Rate: 5, Burst: 5, Demand: 1600, Keys: 1000, ZipfS: 1.1, GoModel: true, Policy: FailClosed}
 	if st == HybridWindow {
+		// 20 s: over 10 s the windowed kind's calls per request at 8 servers varied by
+		// about 1.5% from run to run on a 2-core host, a few percent off the simulator's
+		// first-seconds figure, and one run in sixteen fell past the 5% the check allows;
+		// over 20 s three runs read 1.018-1.025 of the simulator's at 8 and 0.994-1.008
+		// at 16.
+		sc.Duration = 20 * time.Second
 		sc.Windowed = DefaultWindowed
 	} else {
 		sc.Async = 100 * time.Millisecond
@@ -47,11 +53,12 @@ const procEnv = "FLEETLIMIT_PROC" // set in a child: "strategy index servers add
 
 // TestAsyncProcesses runs procScenario as N separate processes (N = 8 and 16), each one
 // server with its own hybrid.Limiter (Async 100ms) on a redis-server of the test's own,
-// each sending Demand/N Poisson requests a second over Zipf keys for 10 s, and compares
+// each sending Demand/N Poisson requests a second over Zipf keys for 10 s (20 s for
+// TestWindowProcesses), and compares
 // the fleet's Redis calls per request and admitted share with the simulator's prediction
 // for the same parameters: each within 5%. It needs redis-server (skipped without, failed
 // under CI without), and runs only with -long (not under -short): two fleets of
-// processes for 10 s of real time each, which the package's parallel tests wait for, so
+// processes for 10 or 20 s of real time each, which the package's parallel tests wait for, so
 // that nothing else loads the machine meanwhile.
 func TestAsyncProcesses(t *testing.T) { testProcesses(t, HybridAsync) }
 
@@ -64,7 +71,7 @@ func testProcesses(t *testing.T, st Strategy) {
 		return
 	}
 	if testing.Short() || !*longFlag {
-		t.Skip("two fleets of processes, 10 s of real time each: run with -args -long")
+		t.Skip("two fleets of processes, 10 or 20 s of real time each: run with -args -long")
 	}
 	srv := redistest.StartServer(t)
 	for _, n := range []int{8, 16} {
