@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -148,7 +147,7 @@ func ClientIP(o IPOptions) (KeyFunc, error) {
 		if err != nil {
 			return "", fmt.Errorf("%w: %s %q: %v", ErrNoKey, name, last, err)
 		}
-		return key(a.Unmap())
+		return key(a)
 	}, nil
 }
 
@@ -171,7 +170,7 @@ func walkXFF(lines []string, peer netip.Addr, isTrusted func(netip.Addr) bool, k
 			if err != nil {
 				return "", fmt.Errorf("%w: X-Forwarded-For entry %q: %v", ErrNoKey, hop, err)
 			}
-			if client = a.Unmap(); !isTrusted(client) {
+			if client = a; !isTrusted(client) {
 				return key(client)
 			}
 		}
@@ -200,7 +199,7 @@ func walkForwarded(lines []string, peer netip.Addr, isTrusted func(netip.Addr) b
 			if err != nil {
 				return "", fmt.Errorf("%w: Forwarded element %d of %q: %v", ErrNoKey, j+1, lines[i], err)
 			}
-			if client = a.Unmap(); !isTrusted(client) {
+			if client = a; !isTrusted(client) {
 				return key(client)
 			}
 		}
@@ -338,29 +337,27 @@ func isTChar(c byte) bool {
 	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
 }
 
-// parseHop parses an X-Forwarded-For entry: an IP, or an IP with a port ("ip:port",
-// "[ipv6]:port"), which some proxies write. An IPv6 zone ("fe80::1%eth0") is dropped:
-// it names the proxy's interface, not the client, and a zoned address is in no prefix.
+// parseHop parses a hop of a forwarding header: an IP, or an IP with a port ("ip:port",
+// "[ipv6]:port"), which some proxies write, as a hop is compared and keyed: IPv4-mapped
+// IPv6 as IPv4, and without an IPv6 zone ("fe80::1%eth0"), which names the proxy's
+// interface, not the client, and puts the address in no prefix.
 func parseHop(s string) (netip.Addr, error) {
 	a, err := netip.ParseAddr(s)
-	if err == nil {
-		return a.WithZone(""), nil
+	if err != nil {
+		ap, perr := netip.ParseAddrPort(s)
+		if perr != nil {
+			return netip.Addr{}, err
+		}
+		a = ap.Addr()
 	}
-	if ap, perr := netip.ParseAddrPort(s); perr == nil {
-		return ap.Addr().WithZone(""), nil
-	}
-	return netip.Addr{}, err
+	return a.Unmap().WithZone(""), nil
 }
 
-// parseRemoteAddr parses RemoteAddr, "ip:port" or a bare IP.
+// parseRemoteAddr parses RemoteAddr, "ip:port" or a bare IP, as a hop (parseHop).
 func parseRemoteAddr(s string) (netip.Addr, error) {
-	host := s
-	if h, _, err := net.SplitHostPort(s); err == nil {
-		host = h
-	}
-	a, err := netip.ParseAddr(host)
+	a, err := parseHop(s)
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("%w: remote address %q: %v", ErrNoKey, s, err)
 	}
-	return a.Unmap().WithZone(""), nil
+	return a, nil
 }

@@ -134,7 +134,7 @@ func Parse(data []byte) ([]hybrid.Limit, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&doc); err != nil {
-		return nil, syntaxError(data, err, 0)
+		return nil, syntaxError(data, err, 0, "")
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, fmt.Errorf("%w: line %d: more after the document", ErrInvalid, lineOf(data, int(dec.InputOffset())))
@@ -155,17 +155,12 @@ func Parse(data []byte) ([]hybrid.Limit, error) {
 			var named struct {
 				Name string `json:"name"`
 			}
-			if json.Unmarshal(raw, &named) == nil && named.Name != "" {
-				err = fmt.Errorf("limit %q: %w", named.Name, err)
-			}
-			return nil, syntaxError(data, err, at)
+			_ = json.Unmarshal(raw, &named) // the name, if it reads alone
+			return nil, syntaxError(data, err, at, named.Name)
 		}
 		hl, err := l.convert()
 		if err != nil {
-			if l.Name != "" {
-				return nil, fmt.Errorf("%w: line %d: limit %q: %v", ErrInvalid, line, l.Name, err)
-			}
-			return nil, fmt.Errorf("%w: line %d: %v", ErrInvalid, line, err)
+			return nil, fmt.Errorf("%w: %s: %v", ErrInvalid, where(line, l.Name), err)
 		}
 		out = append(out, hl)
 	}
@@ -329,24 +324,29 @@ func unitOf(u string) time.Duration {
 }
 
 // syntaxError is a JSON decoding error as this package reports it: with the line it is
-// on, from the offset the error gives (relative to base, where the decoded text starts).
-func syntaxError(data []byte, err error, base int) error {
+// on, from the offset the error gives (relative to base, where the decoded text starts),
+// and the limit it is in ("" if none, or not known).
+func syntaxError(data []byte, err error, base int, limit string) error {
 	var se *json.SyntaxError
 	var te *json.UnmarshalTypeError
 	switch {
 	case errors.As(err, &se):
-		return fmt.Errorf("%w: line %d: %v", ErrInvalid, lineOf(data, base+int(se.Offset)), err)
+		return fmt.Errorf("%w: %s: %v", ErrInvalid, where(lineOf(data, base+int(se.Offset)), limit), err)
 	case errors.As(err, &te):
-		what := te.Field
-		if limit, _, ok := strings.Cut(err.Error(), ": json: "); ok { // the name Parse put before it
-			what = limit + ": " + what
-		}
-		return fmt.Errorf("%w: line %d: %s: want %s", ErrInvalid, lineOf(data, base+int(te.Offset)), what, jsonKind(te.Type))
+		return fmt.Errorf("%w: %s: %s: want %s", ErrInvalid, where(lineOf(data, base+int(te.Offset)), limit), te.Field, jsonKind(te.Type))
 	}
 	if base > 0 {
-		return fmt.Errorf("%w: line %d: %v", ErrInvalid, lineOf(data, base), err)
+		return fmt.Errorf("%w: %s: %v", ErrInvalid, where(lineOf(data, base), limit), err)
 	}
 	return fmt.Errorf("%w: %v", ErrInvalid, err)
+}
+
+// where is what an error's message starts with: its line, and its limit if named.
+func where(line int, limit string) string {
+	if limit == "" {
+		return fmt.Sprintf("line %d", line)
+	}
+	return fmt.Sprintf("line %d: limit %q", line, limit)
 }
 
 // jsonKind is what a JSON value must be to decode into t, in JSON's words.

@@ -96,7 +96,6 @@ func TestBucketSeedExample(t *testing.T) {
 // makes the ceil matter: ceil(7/3*1000)+1000 = 3334 ms.
 func TestTTLRule(t *testing.T) {
 	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
-		ctx := context.Background()
 		cases := []struct {
 			name string
 			s    *redis.Script
@@ -107,17 +106,23 @@ func TestTTLRule(t *testing.T) {
 			{"refund (a debt: a refund to no bucket writes nothing)", luascript.Refund, []any{7, 3, -1, "s1", 1, 0}},
 		}
 		for _, tc := range cases {
-			key := redistest.Unique(t) + tc.name
-			run(t, tg.Client, tc.s, key, tc.args...)
-			pttl, err := tg.Client.PTTL(ctx, key).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
+			pttl := pttlAfter(t, tg.Client, tc.s, redistest.Unique(t)+tc.name, tc.args...)
 			if pttl > 3334*time.Millisecond || pttl < 2500*time.Millisecond || (!tg.Real() && pttl != 3334*time.Millisecond) {
 				t.Errorf("%s: PTTL = %v, want 3334ms", tc.name, pttl)
 			}
 		}
 	})
+}
+
+// pttlAfter runs s on key with args and returns the key's PTTL then.
+func pttlAfter(t *testing.T, c redis.Cmdable, s *redis.Script, key string, args ...any) time.Duration {
+	t.Helper()
+	run(t, c, s, key, args...)
+	pttl, err := c.PTTL(context.Background(), key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pttl
 }
 
 // TestTTLBelowZero: a bucket a lease's take or a debt left below zero keeps its deficit
@@ -143,12 +148,7 @@ func TestTTLBelowZero(t *testing.T) {
 			if err := tg.Client.HSet(ctx, key, "tokens", -14, "ts", now.UnixMilli()).Err(); err != nil {
 				t.Fatal(err)
 			}
-			run(t, tg.Client, tc.s, key, tc.args...)
-			pttl, err := tg.Client.PTTL(ctx, key).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if pttl > 8000*time.Millisecond || pttl < 7500*time.Millisecond {
+			if pttl := pttlAfter(t, tg.Client, tc.s, key, tc.args...); pttl > 8000*time.Millisecond || pttl < 7500*time.Millisecond {
 				t.Errorf("%s: PTTL = %v, want about 8000ms", tc.name, pttl)
 			}
 		}
