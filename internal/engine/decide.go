@@ -366,11 +366,17 @@ func (b *bucket) hitMissLocked(o *outcome, ksh *keystore.Shard[entry], en *entry
 	return true
 }
 
-// unhit undoes what hit did at now for a request of cost n for the key of ID id, its
-// demand included: the request is decided again, on the full path.
-func (b *bucket) unhit(now int64, id string, n int) {
+// unhit undoes what hit did at now for a request of tier and cost n for the key of ID
+// id, its demand included: the request is decided again, on the full path. Tokens the
+// lease no longer holds (they expired meanwhile) go back to Redis under the shape they
+// were leased under: the key's, or its tier's when the key is gone.
+func (b *bucket) unhit(now int64, tier, id string, n int) {
 	back := false
+	sh := b.lm.Shape(tier)
 	b.lm.keys.Peek(id, func(en *entry, last int64) {
+		if en.shape != nil {
+			sh = en.shape
+		}
 		t := now
 		if last-now > 0 {
 			t = last // the pre-check's clock must not go back
@@ -379,7 +385,7 @@ func (b *bucket) unhit(now int64, id string, n int) {
 		back = en.lease.unhit(timeAt(t), n)
 	})
 	if !back {
-		b.lm.e.queueRefund(b.lm, b.lm.Shape(""), id, n)
+		b.lm.e.queueRefund(b.lm, sh, id, n)
 	}
 }
 

@@ -979,3 +979,54 @@ func TestFallbackAfterAPolicyChange(t *testing.T) {
 		t.Errorf("decision %+v, want admitted by FailOpen, the policy in force", d)
 	}
 }
+
+// TestRefundsStayApartPerShape: refunds of one key queued under two shapes (a tier it
+// moved from, the version before SetLimit) go as one request each, under its own
+// shape, numbered in the order queued: Redis adds only what was leased under the
+// parameters in force, and a sum under either shape would give back the other's tokens
+// or lose its own.
+func TestRefundsStayApartPerShape(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		other func(t *testing.T, e *Engine, lm *Limit) *Shape
+	}{
+		{"tier", func(t *testing.T, e *Engine, lm *Limit) *Shape { return lm.Shape("gold") }},
+		{"version", func(t *testing.T, e *Engine, lm *Limit) *Shape {
+			cfg := lm.Config()
+			cfg.Rate, cfg.Version = 200, 1
+			if err := e.SetLimit(t0, cfg); err != nil {
+				t.Fatal(err)
+			}
+			return lm.Shape("")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, lm := testEngine(t, func(c *Config) {
+				c.Limits[0].Tiers = []TierConfig{{Name: "gold", Rate: 1000, Burst: 1000}}
+			})
+			first := lm.Shape("")
+			second := tc.other(t, e, lm)
+			if first.glim == second.glim {
+				t.Fatal("the two shapes have the same parameters")
+			}
+			e.queueRefund(lm, first, "k", 5)
+			e.queueRefund(lm, second, "k", 7)
+			e.queueRefund(lm, first, "k", 2)
+			rt := e.Next()
+			if rt == nil || rt.Kind != RefundTrip || len(rt.Refunds) != 2 {
+				t.Fatalf("trip %+v, want two refunds", rt)
+			}
+			for i, want := range []struct {
+				glim redisstore.Limit
+				n    int
+			}{{first.glim, 7}, {second.glim, 7}} {
+				if r := rt.Refunds[i]; r.Limit != want.glim || r.N != want.n {
+					t.Errorf("refund %d: %d under %+v, want %d under %+v", i, r.N, r.Limit, want.n, want.glim)
+				}
+			}
+			if rt.Refunds[0].Seq >= rt.Refunds[1].Seq {
+				t.Errorf("sequence numbers %d, %d: not in the order queued", rt.Refunds[0].Seq, rt.Refunds[1].Seq)
+			}
+		})
+	}
+}

@@ -33,7 +33,7 @@ type kind interface {
 	// false. StartMulti's one pass runs on it; a kind without such a path returns false.
 	hit(now int64, tier, id string, n int) (Decision, bool)
 	// unhit undoes a request hit served, demand included: it is to be decided again.
-	unhit(now int64, id string, n int)
+	unhit(now int64, tier, id string, n int)
 	// admitFallback is called under the key's lock once the limit's failure policy
 	// admitted n for the key of en and its pre-check spent them: it accounts for the
 	// admission, or refuses it (ok false), the request to try again after retry.

@@ -216,7 +216,7 @@ func (e *Engine) hits(now int64, m *Multi) bool {
 		if !ok {
 			for j := i - 1; j >= 0; j-- {
 				jt := m.At(j)
-				jt.Limit.kind.unhit(now, wire.KeyID(jt.Key), jt.N)
+				jt.Limit.kind.unhit(now, jt.Tier, wire.KeyID(jt.Key), jt.N)
 			}
 			return false
 		}

@@ -106,3 +106,44 @@ func TestMultiAddCopiesEveryField(t *testing.T) {
 		}
 	}
 }
+
+// TestUnhitRefundsUnderItsShape: a hit undone after its lease's tokens expired (another
+// request swept them meanwhile) sends its token back to Redis under the shape it was
+// leased under, the key's tier's, with the swept ones: under the limit's own shape
+// Redis would add nothing of either.
+func TestUnhitRefundsUnderItsShape(t *testing.T) {
+	e, lm := testEngine(t, func(c *Config) {
+		c.Limits[0].Tiers = []TierConfig{{Name: "gold", Rate: 1000, Burst: 1000}}
+	})
+	gold := lm.Shape("gold")
+	var d Decision
+	if w := e.Decide(t0.UnixNano(), lm, "gold", "k", 1, &d); w == nil {
+		t.Fatal("no refill for a new key")
+	}
+	tr := e.Next()
+	answerAll(tr)
+	tr.TakeResults[0].Granted, tr.TakeResults[0].Remaining = 10, 0
+	e.Done(t0.Add(ms), tr)
+	b := lm.kind.(*bucket)
+	now := t0.Add(2 * ms).UnixNano()
+	if _, ok := b.hit(now, "gold", "k", 1); !ok {
+		t.Fatal("no hit on a lease of 9")
+	}
+	// Past the lease's lifetime, a request sweeps the 8 left; then the hit is undone.
+	e.Decide(t0.Add(1500*ms).UnixNano(), lm, "gold", "k", 1, &d)
+	b.unhit(now, "gold", "k", 1)
+	refunded := 0
+	for tr = e.Next(); tr != nil; tr = e.Next() {
+		for _, r := range tr.Refunds {
+			if r.Limit != gold.glim {
+				t.Errorf("refund of %d under %+v, want the tier's %+v", r.N, r.Limit, gold.glim)
+			}
+			refunded += r.N
+		}
+		answerAll(tr)
+		e.Done(t0.Add(1600*ms), tr)
+	}
+	if refunded != 9 {
+		t.Errorf("%d tokens refunded, want 9 (8 swept, 1 undone)", refunded)
+	}
+}

@@ -162,27 +162,31 @@ func (e *Engine) takeTrip() *Trip {
 }
 
 // refundTrip returns the next refund trip, first summing the queued refunds per key
-// (at most a burst each: the bucket holds no more), numbering them and cutting them into
-// trips of MaxBatch; it requires that e.mu is held.
+// and shape (at most a burst each: the bucket holds no more), numbering them in the
+// order queued and cutting them into trips of MaxBatch; it requires that e.mu is held.
+// Refunds of one key under two shapes (a tier it moved from, a version before
+// SetLimit) stay apart: Redis adds what was leased under the parameters in force and
+// nothing of the rest, and one sum under either shape would give back the other's
+// tokens or drop its own.
 func (e *Engine) refundTrip() *Trip {
 	if len(e.refundTrips) == 0 {
 		type bucketKey struct {
-			lim *Limit
-			key string
+			lim  *Limit
+			key  string
+			glim redisstore.Limit
 		}
 		at := make(map[bucketKey]int, len(e.refunds)) // index in reqs
 		reqs := make([]redisstore.RefundRequest, 0, len(e.refunds))
 		lims := make([]*Limit, 0, len(e.refunds))
 		for _, r := range e.refunds {
-			k := bucketKey{r.lim, r.key}
+			k := bucketKey{r.lim, r.key, r.shape.glim}
 			i, ok := at[k]
 			if !ok {
 				i = len(reqs)
 				at[k] = i
-				reqs = append(reqs, redisstore.RefundRequest{ID: redisstore.KeyID(r.key), Seq: e.nextSeq()})
+				reqs = append(reqs, redisstore.RefundRequest{Limit: r.shape.glim, ID: redisstore.KeyID(r.key), Seq: e.nextSeq()})
 				lims = append(lims, r.lim)
 			}
-			reqs[i].Limit = r.shape.glim // the key's latest shape
 			reqs[i].N += r.n
 		}
 		e.refunds = nil

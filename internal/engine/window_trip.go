@@ -95,7 +95,7 @@ func (wl *windowed) hit(int64, string, string, int) (Decision, bool) {
 }
 
 // unhit: hit serves nothing.
-func (wl *windowed) unhit(int64, string, int) {}
+func (wl *windowed) unhit(int64, string, string, int) {}
 
 // tick advances the windowed limit's schedule to now and reports whether a trip is due.
 func (wl *windowed) tick(now time.Time) bool {
