@@ -230,6 +230,45 @@ func TestWindowedSpent(t *testing.T) {
 	}
 }
 
+// TestWindowedJudgesOverWithoutOverflow: a key whose window is spent is over only when it
+// spent it at four times its rate or more, whatever the burst and the window: a burst of
+// 10^6 over an hour, or 10^5 over a day, takes burst × elapsed nanoseconds past int64.
+func TestWindowedJudgesOverWithoutOverflow(t *testing.T) {
+	for _, tc := range []struct {
+		burst int
+		w     time.Duration
+		at    float64 // the part of the window gone when it is found spent
+		over  bool
+	}{
+		{1000, time.Hour, 5.0 / 6, false},
+		{1_000_000, time.Hour, 5.0 / 6, false},
+		{100_000, 24 * time.Hour, 5.0 / 6, false},
+		{1 << 30, 24 * time.Hour, 5.0 / 6, false},
+		{1_000_000, time.Hour, 1.0 / 5, true},
+		{1 << 30, 24 * time.Hour, 1.0 / 5, true},
+	} {
+		_, lm := testEngine(t, func(c *Config) {
+			c.Limits[0].Burst = tc.burst
+			c.Limits[0].Rate = float64(tc.burst) / tc.w.Seconds()
+			c.Limits[0].Windowed = time.Second
+		})
+		wl := lm.windowed()
+		wl.mu.Lock()
+		wl.begin(t0.Add(-2 * tc.w))
+		st := new(wkey)
+		wl.key(st, "k", t0)
+		now := wl.end(st.win-1, st.phase).Add(time.Duration(float64(tc.w) * tc.at))
+		wl.key(st, "k", now)
+		wl.judge(st, "k", st.win, tc.burst, false, now)
+		over := instant(now.UnixNano()) < st.over
+		wl.mu.Unlock()
+		if !st.failed() || over != tc.over {
+			t.Errorf("burst %d, window %v, spent %.2f of the way: spent %v, over %v; want spent, over %v",
+				tc.burst, tc.w, tc.at, st.failed(), over, tc.over)
+		}
+	}
+}
+
 // TestWindowedOftenGrants: a key a server sees at least once a report interval is served
 // from grants of its window sized by that rate; closing the server gives back what it
 // holds.

@@ -908,9 +908,11 @@ func (wl *windowed) judge(st *wkey, id string, win int64, count int, refused boo
 		return
 	}
 	// spent at four times its rate or more, over the part of the window this server has
-	// seen: a key within its limit carrying a debt spends a window early, not that fast
+	// seen: a key within its limit carrying a debt spends a window early, not that fast.
+	// In float64: a burst of 10^6 and an hour's window take burst × elapsed past int64.
 	start := wl.end(win-1, st.phase)
-	fast := time.Duration(count)*wl.w >= 4*time.Duration(burst)*max(0, now.Sub(later(start, wl.start)))
+	elapsed := max(0, now.Sub(later(start, wl.start)))
+	fast := float64(count)*float64(wl.w) >= 4*float64(burst)*float64(elapsed)
 	wl.mark(st, id, win, spent, spent && fast, now)
 }
 
