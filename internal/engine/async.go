@@ -647,7 +647,11 @@ func (c *chargeLater) note(sh *Shape, key string, remaining float64, now time.Ti
 func (c *chargeLater) charge(sh *Shape, key string, n int, now time.Time) {
 	lm, e := c.lm, c.lm.e
 	e.mu.Lock()
-	if e.finished || !e.cl.charges.add(lm, sh, key, n, 0, false, &e.debtSeq, c) {
+	added, ok := 0, false
+	if !e.finished {
+		added, ok = e.cl.charges.add(lm, sh, key, n, 0, false, &e.debtSeq, c)
+	}
+	if !ok {
 		if e.finished {
 			lm.stats.forgiven.Add(int64(n))
 		}
@@ -655,7 +659,7 @@ func (c *chargeLater) charge(sh *Shape, key string, n int, now time.Time) {
 		c.low.charged(key) // forgiven: nothing will charge it
 		return
 	}
-	lm.stats.owed.Add(int64(n))
+	lm.stats.owed.Add(int64(added))
 	e.cl.lowNews = true
 	wake := false
 	if e.stopped {

@@ -65,14 +65,16 @@ func (q *owed) len() int {
 
 // add adds n tokens to what this server owes the bucket of (lm, key), of shape sh, with
 // the reference ref (hasRef: there is one); a debt new to q takes the next number of
-// *seq. It reports false when the debt was forgiven instead (maxDebtKeys keys owed).
-func (q *owed) add(lm *Limit, sh *Shape, key string, n int, ref float64, hasRef bool, seq *uint64, cl *chargeLater) bool {
+// *seq. It returns the tokens it added, and reports false when the debt was forgiven
+// instead (maxDebtKeys keys owed). A debt holds at most MaxInt32 tokens: what would
+// take it above is forgiven, and counted so.
+func (q *owed) add(lm *Limit, sh *Shape, key string, n int, ref float64, hasRef bool, seq *uint64, cl *chargeLater) (int, bool) {
 	k := debtKey{lm, key}
 	d, ok := q.m[k]
 	if !ok {
 		if len(q.m) >= maxDebtKeys {
 			lm.stats.forgiven.Add(int64(n))
-			return false
+			return 0, false
 		}
 		if q.m == nil {
 			q.m = make(map[debtKey]*debt)
@@ -86,8 +88,12 @@ func (q *owed) add(lm *Limit, sh *Shape, key string, n int, ref float64, hasRef 
 		d.ref, d.hasRef = ref, true
 	}
 	d.shape = sh
-	d.n = int(min(float64(d.n)+float64(n), math.MaxInt32))
-	return true
+	added := min(n, math.MaxInt32-d.n)
+	if over := n - added; over > 0 {
+		lm.stats.forgiven.Add(int64(over))
+	}
+	d.n += added
+	return added, true
 }
 
 // prune drops from q's order the keys among its first debtScan that q no longer holds
@@ -163,9 +169,9 @@ func (e *Engine) owe(lm *Limit, sh *Shape, key string, n int, ref float64, hasRe
 		lm.stats.forgiven.Add(int64(n))
 		return
 	}
-	if e.debts.add(lm, sh, key, n, ref, hasRef, &e.debtSeq, nil) {
+	if added, ok := e.debts.add(lm, sh, key, n, ref, hasRef, &e.debtSeq, nil); ok {
 		e.debtWait = true
-		lm.stats.owed.Add(int64(n))
+		lm.stats.owed.Add(int64(added))
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -695,5 +696,21 @@ func TestDebtsSpreadAfterRedisAnswers(t *testing.T) {
 		if n == 0 {
 			t.Errorf("no hold in quarter %d of %v: %v", q, debtRetry, holds)
 		}
+	}
+}
+
+// TestDebtCapIsForgiven: a key's debt holds at most MaxInt32 tokens; what would take it
+// above is counted forgiven, not owed, so that Owed returns to 0 once the debt is gone.
+func TestDebtCapIsForgiven(t *testing.T) {
+	e, lm := testEngine(t, nil)
+	sh := lm.Shape("")
+	e.owe(lm, sh, "k", math.MaxInt32, 0, false)
+	e.owe(lm, sh, "k", math.MaxInt32, 0, false)
+	if s := lm.Stats(); s.Owed != math.MaxInt32 || s.Forgiven != math.MaxInt32 {
+		t.Errorf("owed %d, forgiven %d; want %d each", s.Owed, s.Forgiven, int64(math.MaxInt32))
+	}
+	e.Finish()
+	if s := lm.Stats(); s.Owed != 0 || s.Forgiven != 2*math.MaxInt32 {
+		t.Errorf("after Finish: owed %d, forgiven %d; want 0 and %d", s.Owed, s.Forgiven, int64(2*math.MaxInt32))
 	}
 }

@@ -318,8 +318,9 @@ func (l *Lease) PacedUntil() time.Time {
 	return time.Unix(0, l.base+l.pacedUntil)
 }
 
-// Acquire answers a new request of cost n at now, and counts it in the demand estimate.
-// Cost 0 is allowed without spending anything.
+// Acquire answers a new request of cost n at now, and counts it in the demand estimate
+// unless it is above the burst: such a request can never pass, and its cost, however
+// large, says nothing of the key's demand. Cost 0 is allowed without spending anything.
 func (l *Lease) Acquire(c *LeaseConfig, now time.Time, n int) Step {
 	var st Step
 	l.acquire(c, now, n, &st)
@@ -329,7 +330,7 @@ func (l *Lease) Acquire(c *LeaseConfig, now time.Time, n int) Step {
 // acquire is Acquire writing its answer into st (a zero Step), without copying it.
 func (l *Lease) acquire(c *LeaseConfig, now time.Time, n int, st *Step) {
 	t := l.at(now)
-	if n > 0 {
+	if n > 0 && n <= c.Burst {
 		l.roll(c, t)
 		l.cur += int64(n)
 	}

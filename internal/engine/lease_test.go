@@ -612,3 +612,26 @@ func BenchmarkLeaseAcquire(b *testing.B) {
 }
 
 func nan() float64 { return math.NaN() }
+
+// TestCostAboveBurstIsNoDemand: a request above the burst is denied and left out of the
+// key's demand estimate, however large its cost: the estimate after it and one request
+// of 1 is the estimate after that request alone.
+func TestCostAboveBurstIsNoDemand(t *testing.T) {
+	c, err := (&LeaseConfig{Rate: 100, Burst: 100, Servers: 1}).Normalize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := NewLease(1)
+	plain.Acquire(&c, t0.Add(ms), 1)
+	want := plain.Demand(&c, t0.Add(ms))
+	for _, n := range []int{101, 1 << 40, math.MaxInt} {
+		l := NewLease(1)
+		if st := l.Acquire(&c, t0, n); st.Action != Deny || st.Reason != ReasonExceedsBurst || st.RetryAfter != InfDuration {
+			t.Errorf("cost %d: %+v, want denied for good", n, st)
+		}
+		l.Acquire(&c, t0.Add(ms), 1)
+		if got := l.Demand(&c, t0.Add(ms)); got != want {
+			t.Errorf("cost %d, then 1: demand %v, want %v (the 1 alone)", n, got, want)
+		}
+	}
+}
