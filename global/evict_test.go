@@ -94,3 +94,29 @@ func TestCheckEvictionCluster(t *testing.T) {
 		t.Fatalf("one master evicting: CheckEviction = %v; want ErrEvicting naming %s", err, one.Options().Addr)
 	}
 }
+
+// TestCheckEvictionRing: on a Ring every shard is checked, each with its own memory: one
+// that may evict is reported by its address on every call, where a command without a
+// key would go to one shard at random.
+func TestCheckEvictionRing(t *testing.T) {
+	a, b := redistest.StartServer(t), redistest.StartServer(t)
+	ctx := context.Background()
+	evicting := b.Client()
+	for k, v := range map[string]string{"maxmemory": "100mb", "maxmemory-policy": "allkeys-lru"} {
+		if err := evicting.ConfigSet(ctx, k, v).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ring := redis.NewRing(&redis.RingOptions{MaxRetries: -1,
+		Addrs: map[string]string{"a": a.Client().Options().Addr, "b": evicting.Options().Addr}})
+	t.Cleanup(func() { ring.Close() })
+	s, err := global.New(ring)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		if err := s.CheckEviction(ctx); !errors.Is(err, global.ErrEvicting) || !strings.Contains(err.Error(), evicting.Options().Addr) {
+			t.Fatalf("call %d: CheckEviction = %v; want ErrEvicting naming %s", i, err, evicting.Options().Addr)
+		}
+	}
+}

@@ -36,21 +36,7 @@ func TestFirstRequestsAfterReady(t *testing.T) {
 	c := srv.Client(func(o *redis.Options) { *o = *opts })
 	after := &afterReady{}
 	c.AddHook(after)
-	store, err := global.New(c, global.Prefix(prefix(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := hybrid.New(store, hybrid.Config{FleetSize: 1,
-		Limits: []hybrid.Limit{{Name: "api", Rate: 100, Burst: 100, Policy: breaker.FailClosed}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close(context.Background())
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := l.Ready(ctx); err != nil {
-		t.Fatalf("Ready: %v", err)
-	}
+	ctx, l := readyLimiter(t, c, global.Prefix(prefix(t)))
 	after.armed.Store(true) // from here on, a dial is one Ready did not make
 	ok, err := c.ScriptExists(ctx, luascript.Take.Hash(), luascript.Refund.Hash(), luascript.Heartbeat.Hash(), luascript.Low.Hash()).Result()
 	if err != nil || !ok[0] || !ok[1] || !ok[2] || !ok[3] {
@@ -169,4 +155,43 @@ func TestRequireNoEviction(t *testing.T) {
 	if _, err := hybrid.New(newStore(t, mc), cfg); !errors.Is(err, hybrid.ErrInvalidConfig) || errors.Is(err, global.ErrEvicting) {
 		t.Errorf("miniredis (no CONFIG): New = %v; want ErrInvalidConfig, not ErrEvicting (it could not check)", err)
 	}
+}
+
+// TestReadyLoadsEveryRingShard: on a Ring, Ready loads the scripts into every shard's
+// cache, each its own: a command without a key would reach one shard at random.
+func TestReadyLoadsEveryRingShard(t *testing.T) {
+	a, b := redistest.StartServer(t), redistest.StartServer(t)
+	shards := []*redis.Client{a.Client(), b.Client()}
+	ring := redis.NewRing(&redis.RingOptions{MaxRetries: -1,
+		Addrs: map[string]string{"a": shards[0].Options().Addr, "b": shards[1].Options().Addr}})
+	t.Cleanup(func() { ring.Close() })
+	ctx, _ := readyLimiter(t, ring)
+	for _, c := range shards {
+		ok, err := c.ScriptExists(ctx, luascript.Take.Hash(), luascript.Refund.Hash(), luascript.Heartbeat.Hash(), luascript.Low.Hash(), luascript.Bucket.Hash()).Result()
+		if err != nil || len(ok) != 5 || !ok[0] || !ok[1] || !ok[2] || !ok[3] || !ok[4] {
+			t.Errorf("%s: scripts cached after Ready: %v, %v; want all five", c.Options().Addr, ok, err)
+		}
+	}
+}
+
+// readyLimiter returns a Limiter of one limit on a Store of c, closed when the test
+// ends, once its Ready has returned, and a context of 10 s for the test's calls.
+func readyLimiter(t *testing.T, c redis.UniversalClient, opts ...global.Option) (context.Context, *hybrid.Limiter) {
+	t.Helper()
+	store, err := global.New(c, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := hybrid.New(store, hybrid.Config{FleetSize: 1,
+		Limits: []hybrid.Limit{{Name: "api", Rate: 100, Burst: 100, Policy: breaker.FailClosed}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close(context.Background()) })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	if err := l.Ready(ctx); err != nil {
+		t.Fatalf("Ready: %v", err)
+	}
+	return ctx, l
 }

@@ -20,26 +20,45 @@ type configGetter interface {
 	ConfigGet(ctx context.Context, parameter string) *redis.MapStringStringCmd
 }
 
-// masterWalker is implemented by *redis.ClusterClient: each master has its own memory.
-type masterWalker interface {
-	ForEachMaster(ctx context.Context, fn func(ctx context.Context, client *redis.Client) error) error
+// nodeWalker runs fn on each node that holds keys of a client of several: every master
+// of a Cluster (ForEachMaster), every shard of a Ring (ForEachShard). Each has its own
+// memory and its own script cache.
+type nodeWalker func(ctx context.Context, fn func(ctx context.Context, client *redis.Client) error) error
+
+// nodesOf returns c's nodeWalker, or nil for a client of one node.
+func nodesOf(c redis.Scripter) nodeWalker {
+	switch c := c.(type) {
+	case *redis.ClusterClient:
+		return c.ForEachMaster
+	case *redis.Ring:
+		return c.ForEachShard
+	}
+	return nil
+}
+
+// onEachNode runs fn on every node walk visits, all of them whatever fails, and returns
+// their errors joined, with walk's own wrapped under op.
+func onEachNode(ctx context.Context, walk nodeWalker, op string, fn func(ctx context.Context, c *redis.Client) error) error {
+	var mu sync.Mutex
+	var errs []error
+	err := walk(ctx, func(ctx context.Context, c *redis.Client) error {
+		if err := fn(ctx, c); err != nil {
+			mu.Lock()
+			errs = append(errs, err)
+			mu.Unlock()
+		}
+		return nil
+	})
+	return errors.Join(append(errs, wrap(op, err))...)
 }
 
 // CheckEviction is global.Store.CheckEviction: CONFIG GET maxmemory* on the node, or on
-// every master of a Cluster.
+// every master of a Cluster and every shard of a Ring.
 func (s *Store) CheckEviction(ctx context.Context) error {
-	if w, ok := s.c.(masterWalker); ok {
-		var mu sync.Mutex
-		var errs []error
-		err := w.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-			if err := checkEviction(ctx, c, c.Options().Addr); err != nil {
-				mu.Lock()
-				errs = append(errs, err)
-				mu.Unlock()
-			}
-			return nil
+	if walk := nodesOf(s.c); walk != nil {
+		return onEachNode(ctx, walk, "check eviction", func(ctx context.Context, c *redis.Client) error {
+			return checkEviction(ctx, c, c.Options().Addr)
 		})
-		return errors.Join(append(errs, wrap("check eviction", err))...)
 	}
 	c, ok := s.c.(configGetter)
 	if !ok {

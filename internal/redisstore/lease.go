@@ -473,8 +473,9 @@ type RefundResult struct {
 // again with their Seq).
 //
 // Scripts go out as EVALSHA; calls answered NOSCRIPT are re-sent as EVAL in a second
-// round trip, as in TakeBatch. Items with N == 0 are not sent; invalid items (a bad
-// limit, N < 0 or N > Burst) get an error wrapping ErrInvalidLimit and are not sent.
+// round trip, as in TakeBatch. Items with N == 0 are not sent; a negative N is a debt
+// (Refund); invalid items (a bad limit, N < -MaxDebt or N > Burst, a debt floor Redis
+// cannot expire) get an error wrapping ErrInvalidLimit and are not sent.
 // Two items for one bucket are two refunds, run in their order. The returned error is
 // the first item error (nil when every item was refunded); out must be at least as long
 // as reqs. An item that timed out may have been refunded in Redis.

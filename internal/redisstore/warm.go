@@ -2,8 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"errors"
-	"sync"
 
 	"github.com/redis/go-redis/v9"
 
@@ -17,7 +15,7 @@ const WarmConns = 2
 
 // Warm readies Redis and the client for a limiter's first requests, so that they cost
 // what every later request costs: it loads the scripts into the script cache of every
-// node (of every master of a Cluster) and opens WarmConns connections to each. A first
+// node (of every master of a Cluster, every shard of a Ring) and opens WarmConns connections to each. A first
 // call that waited for both could run past a breaker's 10 ms deadline on a healthy
 // Redis. hybrid.New starts it (Limiter.Ready waits for it); calls that run before or
 // while Warm does are served as usual.
@@ -25,18 +23,10 @@ const WarmConns = 2
 // It returns the errors of the nodes it could not ready, classified as the Store's
 // calls are; a Scripter that is not a go-redis client only gets its scripts loaded.
 func (s *Store) Warm(ctx context.Context) error {
-	if w, ok := s.c.(masterWalker); ok {
-		var mu sync.Mutex
-		var errs []error
-		err := w.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-			if err := warmNode(ctx, c, c); err != nil {
-				mu.Lock()
-				errs = append(errs, err)
-				mu.Unlock()
-			}
-			return nil
+	if walk := nodesOf(s.c); walk != nil {
+		return onEachNode(ctx, walk, "warm", func(ctx context.Context, c *redis.Client) error {
+			return warmNode(ctx, c, c)
 		})
-		return errors.Join(append(errs, wrap("warm", err))...)
 	}
 	c, _ := s.c.(*redis.Client)
 	return warmNode(ctx, s.c, c)
