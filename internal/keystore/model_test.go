@@ -62,8 +62,7 @@ func (m *lruModel) update(now int64, key string) {
 }
 
 // sweep is Shard.sweep.
-func (m *lruModel) sweep(now int64, max int) int {
-	n, promoted := 0, 0
+func (m *lruModel) sweep(now int64, max int) (n, promoted int) {
 	for n < max && m.pend < maxPending && len(m.list) > 0 {
 		i := len(m.list) - 1
 		e := m.list[i]
@@ -76,10 +75,10 @@ func (m *lruModel) sweep(now int64, max int) int {
 			m.toFront(i)
 			promoted++
 		default:
-			return n
+			return n, promoted
 		}
 	}
-	return n
+	return n, promoted
 }
 
 // oldest is Shard.oldest: the index of the entry to evict.
@@ -100,16 +99,16 @@ func (m *lruModel) storeSweep(now int64, max int) {
 	if m.idle <= 0 {
 		return
 	}
-	total := 0
+	total, moves := 0, len(m.list)
 	for max <= 0 || total < max {
 		batch := maxPending
 		if max > 0 {
 			batch = min(batch, max-total)
 		}
 		m.pend = 0
-		n := m.sweep(now, batch)
+		n, promoted := m.sweep(now, batch)
 		total += n
-		if n < batch {
+		if moves -= promoted; n < batch && (promoted < maxPromote || moves <= 0) {
 			break
 		}
 	}

@@ -208,7 +208,11 @@ type slot[V any] struct {
 const (
 	minSlots  = 8
 	tableKeys = 512
-	maxTables = 1 << 24 // tables a shard has at most, for the 24 bits from bit 40
+	// maxTables is the most tables a shard has, made when it is (128 KiB): a shard's
+	// cap of up to 2 million keys gets tables of tableKeys; past that its tables hold
+	// more each, and their growth pauses are longer. A cap meant as "no cap"
+	// (MaxKeys: math.MaxInt) costs no more up front. At most 1<<24: the bits from 40.
+	maxTables = 1 << 12
 )
 
 // eviction is an entry taken out of its shard, to report to OnEvict (under its key,
@@ -341,10 +345,11 @@ func (s *Store[V]) Remove(key string) bool {
 // shard, reports each to OnEvict with EvictIdle, and returns how many it
 // dropped. In each shard it stops at the first key that is neither idle nor
 // used since it was last moved: a used key moves to the front lazily, when a
-// sweep or an eviction finds it, so an idle key may wait behind one used
-// after it until a later Sweep, when that one is idle or used again. A Store
-// never sweeps on its own; call Sweep from a goroutine of yours when idle
-// keys must be let go of promptly (for example to return what they hold).
+// sweep or an eviction finds it (as many as the shard held when its sweep
+// began, maxPromote under one hold of its lock), so an idle key may wait behind
+// one that is neither until a later Sweep. A Store never sweeps on its own;
+// call Sweep from a goroutine of yours when idle keys must be let go of
+// promptly (for example to return what they hold).
 func (s *Store[V]) Sweep(now int64, max int) int {
 	idle := time.Duration(s.idle.Load())
 	if idle <= 0 {
@@ -353,16 +358,20 @@ func (s *Store[V]) Sweep(now int64, max int) int {
 	total := 0
 	for i := range s.shards {
 		sh := &s.shards[i]
+		moves := -1 // the used keys the shard's sweep may still move; -1: not read yet
 		for max <= 0 || total < max {
 			batch := maxPending
 			if max > 0 {
 				batch = min(batch, max-total)
 			}
 			sh.mu.Lock()
-			n := sh.sweep(now, idle, batch)
+			if moves < 0 {
+				moves = sh.n
+			}
+			n, promoted := sh.sweep(now, idle, batch)
 			s.Release(sh)
 			total += n
-			if n < batch {
+			if moves -= promoted; n < batch && (promoted < maxPromote || moves <= 0) {
 				break
 			}
 		}
@@ -598,17 +607,16 @@ func (sh *Shard[V]) evict(e *Entry[V], reason EvictReason) {
 }
 
 // sweep drops up to max of the least recently used keys that are idle at
-// now, and returns how many it dropped; it stops at the first key that is
-// neither idle nor used since its last move (a used one is moved to the
-// front, up to maxPromote of them). It requires that sh.mu is held and room
-// for max evictions.
-func (sh *Shard[V]) sweep(now int64, idle time.Duration, max int) int {
-	n, promoted := 0, 0
+// now, and returns how many it dropped and how many used keys it moved; it
+// stops at the first key that is neither idle nor used since its last move (a
+// used one is moved to the front, up to maxPromote of them). It requires that
+// sh.mu is held and room for max evictions.
+func (sh *Shard[V]) sweep(now int64, idle time.Duration, max int) (n, promoted int) {
 	for n < max && sh.npend < maxPending {
 		e := sh.back
 		switch {
 		case e == nil:
-			return n
+			return n, promoted
 		case time.Duration(now-e.Last) >= idle:
 			sh.evict(e, EvictIdle)
 			n++
@@ -617,10 +625,10 @@ func (sh *Shard[V]) sweep(now int64, idle time.Duration, max int) int {
 			sh.toFront(e)
 			promoted++
 		default:
-			return n
+			return n, promoted
 		}
 	}
-	return n
+	return n, promoted
 }
 
 // maxPromote bounds the work of one oldest call.

@@ -3,7 +3,9 @@ package keystore
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -213,6 +215,31 @@ func TestNewStoreInvalid(t *testing.T) {
 	}
 }
 
+// TestNewStoreUpFront: what a Store makes before its first key is bounded whatever its
+// cap: MaxKeys of math.MaxInt, meant as no cap, makes each shard's 4,096 tables (128
+// KiB), not tables for its share of 2^63 keys.
+func TestNewStoreUpFront(t *testing.T) {
+	for _, cfg := range []StoreConfig[int]{
+		{MaxKeys: math.MaxInt, Shards: 1}, {MaxKeys: 1 << 40, Shards: 1}, {MaxKeys: math.MaxInt, Shards: 8},
+	} {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		s, err := NewStore(cfg)
+		runtime.ReadMemStats(&after)
+		if err != nil {
+			t.Fatal(err)
+		}
+		limit := uint64(cfg.Shards) * (4096*uint64(unsafe.Sizeof(table[int]{})) + 4096)
+		if got := after.TotalAlloc - before.TotalAlloc; got > limit {
+			t.Errorf("NewStore(MaxKeys %d, %d shards) made %d bytes, want at most %d", cfg.MaxKeys, cfg.Shards, got, limit)
+		}
+		s.Update(0, "k", func(*int, int64) {})
+		if s.Len() != 1 {
+			t.Errorf("MaxKeys %d: %d keys held after one, want 1", cfg.MaxKeys, s.Len())
+		}
+	}
+}
+
 func TestShardCount(t *testing.T) {
 	tests := []struct{ requested, maxKeys, want int }{
 		{1, 100, 1}, {3, 100, 4}, {16, 10, 8}, {0, 1, 1}, {5, 5, 4}, {1 << 20, 1 << 30, 1 << 16},
@@ -311,6 +338,21 @@ func TestStoreSweepUsedIdle(t *testing.T) {
 	}
 	if got := incr(s, at(1500*time.Millisecond), "recent"); got != 3 {
 		t.Errorf("recent = %d, want it kept (3)", got)
+	}
+}
+
+// TestStoreSweepPastUsedKeys: idle keys behind more used keys than one hold of the lock
+// moves (maxPromote) are dropped by the same Sweep, not one Sweep per maxPromote used.
+func TestStoreSweepPastUsedKeys(t *testing.T) {
+	s, _ := newCountingStore(t, StoreConfig[int]{Shards: 1, IdleTimeout: time.Second})
+	for i := range 30 {
+		incr(s, at(0), "k"+strconv.Itoa(i))
+	}
+	for i := range 20 { // the oldest 20 used again: each due a move to the front
+		incr(s, at(500*time.Millisecond), "k"+strconv.Itoa(i))
+	}
+	if n := s.Sweep(at(1200*time.Millisecond), 0); n != 10 || s.Len() != 20 {
+		t.Fatalf("Sweep dropped %d, %d left; want the 10 idle ones dropped, 20 left", n, s.Len())
 	}
 }
 
