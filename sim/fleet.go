@@ -272,8 +272,8 @@ func (r *redisSim) roundTrip(m, cmds int, cost time.Duration, exec func(redisNow
 // known once it ran): it delays what follows.
 func (r *redisSim) extend(m int, d time.Duration) {
 	ms := &r.masters[m]
-	if r.f.e.now < r.f.sc.Duration {
-		r.busy += d
+	if start := ms.busyUntil; start < r.f.sc.Duration {
+		r.busy += min(d, r.f.sc.Duration-start) // as roundTrip counts: Redis's time within the run
 	}
 	r.steady(ms, ms.busyUntil, d)
 	ms.busyUntil += d

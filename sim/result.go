@@ -291,7 +291,9 @@ func (r *recorder) decide(q *request, now time.Duration, allowed bool, src sourc
 	}
 }
 
-// percentile returns the p-quantile of sorted (nearest rank), in microseconds.
+// percentile returns the p-quantile of sorted, in microseconds: the value of rank p·n
+// rounded to the nearest integer (at least 1), where the nearest-rank method rounds it
+// up; for the p99 of n samples that is one rank lower when n mod 100 is over 50.
 func percentile(sorted []time.Duration, p float64) float64 {
 	if len(sorted) == 0 {
 		return 0
