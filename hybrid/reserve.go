@@ -94,7 +94,7 @@ func (r *Reservation) cancelAt(t time.Time) {
 		r.l.eng.CancelClaim(r.lm, r.claim, r.key, r.n)
 		return
 	}
-	r.l.eng.Return(t, r.act, r.lm, r.key, r.n, r.d) // r.act: the instant of its decision
+	r.l.eng.Return(t, r.act, r.lm, r.tier, r.key, r.n, r.d) // r.act: the instant of its decision
 }
 
 // ReserveN reserves n tokens for key under the named limit (see Reservation), waiting for

@@ -1027,7 +1027,7 @@ func TestAsyncReturnTakesBackTheCharge(t *testing.T) {
 	}
 	t.Run("queued", func(t *testing.T) {
 		e, lm, now, d := admitted(t)
-		e.Return(now, now, lm, "k", 3, d)
+		e.Return(now, now, lm, "", "k", 3, d)
 		if st := lm.Stats(); st.Owed != 0 || st.GivenBack != 1 {
 			t.Fatalf("after Return: owed %d, given back %d; want 0 and 1", st.Owed, st.GivenBack)
 		}
@@ -1058,7 +1058,7 @@ func TestAsyncReturnTakesBackTheCharge(t *testing.T) {
 			t.Fatalf("charge trip %+v, want k's charge of 3", charge)
 		}
 		at := now.Add(300 * time.Millisecond)
-		e.Return(at, now, lm, "k", 3, d)
+		e.Return(at, now, lm, "", "k", 3, d)
 		answerAll(charge)
 		e.Done(at, charge)
 		moves := trips(e, at, at.Add(time.Second))

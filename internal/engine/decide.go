@@ -556,15 +556,15 @@ func (lm *Limit) drain(en *entry, sh *Shape) {
 }
 
 // undo gives back what d took: leased tokens go back to the key's lease, or to Redis as
-// a refund when the key is no longer held or its tokens expired; an admission to be
-// charged later takes its charge back (spill.undo); the pre-check gets its n tokens
-// back. Tokens a fallback admitted stay spent in the policy's local limiter, which is
-// conservative.
-func (b *bucket) undo(now, _ time.Time, id string, n int, d Decision) int {
+// a refund, under the key's shape (its tier's when the key is gone), when the key is no
+// longer held or its tokens expired; an admission to be charged later takes its charge
+// back (spill.undo); the pre-check gets its n tokens back. Tokens a fallback admitted
+// stay spent in the policy's local limiter, which is conservative.
+func (b *bucket) undo(now, _ time.Time, tier, id string, n int, d Decision) int {
 	lm := b.lm
 	fromLease := spends(d.Reason)
 	back := false // the lease took its tokens back
-	sh := lm.Shape("")
+	sh := lm.Shape(tier)
 	lm.keys.Peek(id, func(en *entry, last int64) {
 		if en.shape != nil {
 			sh = en.shape

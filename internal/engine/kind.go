@@ -43,9 +43,9 @@ type kind interface {
 	// there was one).
 	fellBack(sh *Shape, key string, n int, ref float64, hasRef bool)
 	// undo gives back at now what decision d, made at the instant at, took for a request
-	// of cost n > 0 for the key of ID id (Engine.Return), and returns the tokens that went
-	// back where they came from.
-	undo(now, at time.Time, id string, n int, d Decision) int
+	// of tier and cost n > 0 for the key of ID id (Engine.Return), and returns the tokens
+	// that went back where they came from.
+	undo(now, at time.Time, tier, id string, n int, d Decision) int
 	// claim is Engine.Claim for a key of ID id.
 	claim(now time.Time, id string, n int) (Decision, *Waiter)
 	// initKey makes the kind's state of a key new to this server.

@@ -32,18 +32,18 @@ func (e *Engine) look(now int64, lm *Limit, tier, key string, n int) (Decision, 
 }
 
 // Return undoes at now a decision d, made at the instant at, that admitted a request of
-// cost n for key under lm: the tokens go back where they came from, and
+// tier and cost n for key under lm: the tokens go back where they came from, and
 // LimitStats.GivenBack counts it (the decision stays counted as it was made: the counters
 // only grow); where the tokens go is the limit's kind's (kind.undo: a windowed limit's
 // go back only to the window the decision was counted in). A decision that did not admit
 // is left alone.
-func (e *Engine) Return(now, at time.Time, lm *Limit, key string, n int, d Decision) {
+func (e *Engine) Return(now, at time.Time, lm *Limit, tier, key string, n int, d Decision) {
 	if !d.Allowed || d.Source >= NumSources || d.Reason >= NumReasons {
 		return
 	}
 	if n > 0 {
 		id := wire.KeyID(key)
-		if r := lm.kind.undo(now, at, id, n, d); r > 0 {
+		if r := lm.kind.undo(now, at, tier, id, n, d); r > 0 {
 			lm.stats.gaveBack(r)
 		}
 	}
@@ -267,7 +267,7 @@ func (e *Engine) took(now int64, m *Multi, d *Decision) bool {
 		t, at := timeAt(now), timeAt(m.at)
 		for j := i - 1; j >= 0; j-- {
 			it := m.At(j)
-			e.Return(t, at, it.Limit, it.Key, it.N, m.taken(j))
+			e.Return(t, at, it.Limit, it.Tier, it.Key, it.N, m.taken(j))
 		}
 		m.Denied, m.Item, m.Decision, m.RetryAfter = i, i, *d, d.RetryAfter
 		return true

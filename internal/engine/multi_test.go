@@ -147,3 +147,40 @@ func TestUnhitRefundsUnderItsShape(t *testing.T) {
 		t.Errorf("%d tokens refunded, want 9 (8 swept, 1 undone)", refunded)
 	}
 }
+
+// TestReturnOfAGoneKeyRefundsUnderItsTier: a lease decision given back (Engine.Return)
+// after its key was let go is refunded under the tier it was decided under, not the
+// limit's own shape, under which Redis would add nothing.
+func TestReturnOfAGoneKeyRefundsUnderItsTier(t *testing.T) {
+	e, lm := testEngine(t, func(c *Config) {
+		c.Limits[0].Tiers = []TierConfig{{Name: "gold", Rate: 1000, Burst: 1000}}
+	})
+	gold := lm.Shape("gold")
+	var d Decision
+	if w := e.Decide(t0.UnixNano(), lm, "gold", "k", 1, &d); w == nil {
+		t.Fatal("no refill for a new key")
+	}
+	tr := e.Next()
+	answerAll(tr)
+	tr.TakeResults[0].Granted, tr.TakeResults[0].Remaining = 10, 0
+	e.Done(t0.Add(ms), tr)
+	if w := e.Decide(t0.Add(2*ms).UnixNano(), lm, "gold", "k", 2, &d); w != nil || !d.Allowed {
+		t.Fatalf("a lease of 9: %+v, want served", d)
+	}
+	lm.keys.Remove("k") // its 7 left queued under gold
+	e.Return(t0.Add(3*ms), t0.Add(2*ms), lm, "gold", "k", 2, d)
+	refunded := 0
+	for tr = e.Next(); tr != nil; tr = e.Next() {
+		for _, r := range tr.Refunds {
+			if r.Limit != gold.glim {
+				t.Errorf("refund of %d under %+v, want the tier's %+v", r.N, r.Limit, gold.glim)
+			}
+			refunded += r.N
+		}
+		answerAll(tr)
+		e.Done(t0.Add(4*ms), tr)
+	}
+	if refunded != 9 {
+		t.Errorf("%d tokens refunded, want 9 (7 held, 2 given back)", refunded)
+	}
+}

@@ -672,7 +672,7 @@ func TestWindowedAfterReview(t *testing.T) {
 		e, lm := f.es[0], f.lms[0]
 		now := t0.Add(2 * time.Second)
 		d := f.admitFree("k", now)
-		e.Return(now, now, lm, "k", 1, d)
+		e.Return(now, now, lm, "", "k", 1, d)
 		f.serve(0, now.Add(100*time.Millisecond))
 		if got := f.count("k", now); got != 0 {
 			t.Errorf("count after the admission was undone: %d, want 0", got)
@@ -697,7 +697,7 @@ func TestWindowedAfterReview(t *testing.T) {
 		if err := f.store.Windows(context.Background(), &fill); err != nil { // the fleet spent win+1
 			t.Fatal(err)
 		}
-		e.Return(next, now, lm, key, 1, d)
+		e.Return(next, now, lm, "", key, 1, d)
 		f.serve(0, next.Add(100*time.Millisecond))
 		if got := f.count(key, next.Add(100*time.Millisecond)); got != 10 {
 			t.Errorf("window win+1, spent by the fleet (10), counts %d after win's admission was undone", got)

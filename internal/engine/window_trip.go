@@ -691,7 +691,7 @@ func (wl *windowed) fellBack(*Shape, string, int, float64, bool) {}
 // undo is undoWin in the key's window at the instant at, the decision's (on this
 // server's clock against Redis's as last measured): a decision counted in a window that
 // has ended gives nothing back. It returns n if anything went back.
-func (wl *windowed) undo(now, at time.Time, id string, n int, d Decision) int {
+func (wl *windowed) undo(now, at time.Time, _, id string, n int, d Decision) int {
 	if wl.undoWin(now, id, n, d.Reason, wire.WindowIndex(wl.rnow(at), wire.WindowPhase(id, wl.wUs), wl.wUs)) {
 		return n
 	}
