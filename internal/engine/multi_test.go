@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/fleetlimit/fleetlimit/breaker"
 )
@@ -107,80 +108,68 @@ func TestMultiAddCopiesEveryField(t *testing.T) {
 	}
 }
 
-// TestUnhitRefundsUnderItsShape: a hit undone after its lease's tokens expired (another
-// request swept them meanwhile) sends its token back to Redis under the shape it was
-// leased under, the key's tier's, with the swept ones: under the limit's own shape
-// Redis would add nothing of either.
-func TestUnhitRefundsUnderItsShape(t *testing.T) {
-	e, lm := testEngine(t, func(c *Config) {
-		c.Limits[0].Tiers = []TierConfig{{Name: "gold", Rate: 1000, Burst: 1000}}
-	})
-	gold := lm.Shape("gold")
-	var d Decision
-	if w := e.Decide(t0.UnixNano(), lm, "gold", "k", 1, &d); w == nil {
-		t.Fatal("no refill for a new key")
-	}
-	tr := e.Next()
-	answerAll(tr)
-	tr.TakeResults[0].Granted, tr.TakeResults[0].Remaining = 10, 0
-	e.Done(t0.Add(ms), tr)
-	b := lm.kind.(*bucket)
-	now := t0.Add(2 * ms).UnixNano()
-	if _, ok := b.hit(now, "gold", "k", 1); !ok {
-		t.Fatal("no hit on a lease of 9")
-	}
-	// Past the lease's lifetime, a request sweeps the 8 left; then the hit is undone.
-	e.Decide(t0.Add(1500*ms).UnixNano(), lm, "gold", "k", 1, &d)
-	b.unhit(now, "gold", "k", 1)
-	refunded := 0
-	for tr = e.Next(); tr != nil; tr = e.Next() {
-		for _, r := range tr.Refunds {
-			if r.Limit != gold.glim {
-				t.Errorf("refund of %d under %+v, want the tier's %+v", r.N, r.Limit, gold.glim)
+// TestGivenBackUnderItsTier: tokens of a key on a tier that go back to Redis because
+// the lease no longer holds them go under the tier's shape, with the lease's own: under
+// the limit's own shape Redis would add nothing of either. A hit of an all-or-nothing
+// request undone (unhit) after another request swept its lease's expired tokens; a
+// decision given back (Engine.Return) after its key was let go.
+func TestGivenBackUnderItsTier(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// giveBack spends from k's lease of 9 tokens on hand at t0+2ms and gives back;
+		// it returns when, for the trips that follow.
+		giveBack func(t *testing.T, e *Engine, lm *Limit) time.Time
+	}{
+		{"unhit", func(t *testing.T, e *Engine, lm *Limit) time.Time {
+			b := lm.kind.(*bucket)
+			now := t0.Add(2 * ms).UnixNano()
+			if _, ok := b.hit(now, "gold", "k", 1); !ok {
+				t.Fatal("no hit on a lease of 9")
 			}
-			refunded += r.N
-		}
-		answerAll(tr)
-		e.Done(t0.Add(1600*ms), tr)
-	}
-	if refunded != 9 {
-		t.Errorf("%d tokens refunded, want 9 (8 swept, 1 undone)", refunded)
-	}
-}
-
-// TestReturnOfAGoneKeyRefundsUnderItsTier: a lease decision given back (Engine.Return)
-// after its key was let go is refunded under the tier it was decided under, not the
-// limit's own shape, under which Redis would add nothing.
-func TestReturnOfAGoneKeyRefundsUnderItsTier(t *testing.T) {
-	e, lm := testEngine(t, func(c *Config) {
-		c.Limits[0].Tiers = []TierConfig{{Name: "gold", Rate: 1000, Burst: 1000}}
-	})
-	gold := lm.Shape("gold")
-	var d Decision
-	if w := e.Decide(t0.UnixNano(), lm, "gold", "k", 1, &d); w == nil {
-		t.Fatal("no refill for a new key")
-	}
-	tr := e.Next()
-	answerAll(tr)
-	tr.TakeResults[0].Granted, tr.TakeResults[0].Remaining = 10, 0
-	e.Done(t0.Add(ms), tr)
-	if w := e.Decide(t0.Add(2*ms).UnixNano(), lm, "gold", "k", 2, &d); w != nil || !d.Allowed {
-		t.Fatalf("a lease of 9: %+v, want served", d)
-	}
-	lm.keys.Remove("k") // its 7 left queued under gold
-	e.Return(t0.Add(3*ms), t0.Add(2*ms), lm, "gold", "k", 2, d)
-	refunded := 0
-	for tr = e.Next(); tr != nil; tr = e.Next() {
-		for _, r := range tr.Refunds {
-			if r.Limit != gold.glim {
-				t.Errorf("refund of %d under %+v, want the tier's %+v", r.N, r.Limit, gold.glim)
+			// Past the lease's lifetime, a request sweeps the 8 left; then the hit is undone.
+			var d Decision
+			e.Decide(t0.Add(1500*ms).UnixNano(), lm, "gold", "k", 1, &d)
+			b.unhit(now, "gold", "k", 1)
+			return t0.Add(1600 * ms)
+		}},
+		{"return", func(t *testing.T, e *Engine, lm *Limit) time.Time {
+			var d Decision
+			if w := e.Decide(t0.Add(2*ms).UnixNano(), lm, "gold", "k", 2, &d); w != nil || !d.Allowed {
+				t.Fatalf("a lease of 9: %+v, want served", d)
 			}
-			refunded += r.N
-		}
-		answerAll(tr)
-		e.Done(t0.Add(4*ms), tr)
-	}
-	if refunded != 9 {
-		t.Errorf("%d tokens refunded, want 9 (7 held, 2 given back)", refunded)
+			lm.keys.Remove("k") // its 7 left queued under gold
+			e.Return(t0.Add(3*ms), t0.Add(2*ms), lm, "gold", "k", 2, d)
+			return t0.Add(4 * ms)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, lm := testEngine(t, func(c *Config) {
+				c.Limits[0].Tiers = []TierConfig{{Name: "gold", Rate: 1000, Burst: 1000}}
+			})
+			gold := lm.Shape("gold")
+			var d Decision
+			if w := e.Decide(t0.UnixNano(), lm, "gold", "k", 1, &d); w == nil {
+				t.Fatal("no refill for a new key")
+			}
+			tr := e.Next()
+			answerAll(tr)
+			tr.TakeResults[0].Granted, tr.TakeResults[0].Remaining = 10, 0
+			e.Done(t0.Add(ms), tr)
+			at := tc.giveBack(t, e, lm)
+			refunded := 0
+			for tr = e.Next(); tr != nil; tr = e.Next() {
+				for _, r := range tr.Refunds {
+					if r.Limit != gold.glim {
+						t.Errorf("refund of %d under %+v, want the tier's %+v", r.N, r.Limit, gold.glim)
+					}
+					refunded += r.N
+				}
+				answerAll(tr)
+				e.Done(at, tr)
+			}
+			if refunded != 9 { // the grant of 10 less the first request's token
+				t.Errorf("%d tokens refunded, want 9", refunded)
+			}
+		})
 	}
 }
