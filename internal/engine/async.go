@@ -684,7 +684,8 @@ func (c *chargeLater) charge(sh *Shape, key string, n int, now time.Time) {
 // queued, for a caller that gives the admission back (Engine.Return): off the
 // queued charges while it waits there, and then, its charge gone, the key may be
 // admitted uncharged again; a charge already sent (it is answered, or goes again, under
-// its number) is made good by a refund of n.
+// its number) is made good by a refund of n. It returns the tokens refunded: a charge
+// taken off the queue moved no token of a lease's or the bucket's.
 func (c *chargeLater) undo(sh *Shape, key string, n int) int {
 	lm, e := c.lm, c.lm.e
 	e.mu.Lock()
@@ -699,7 +700,7 @@ func (c *chargeLater) undo(sh *Shape, key string, n int) int {
 	if x < n {
 		e.queueRefund(lm, sh, key, n-x)
 	}
-	return n
+	return n - x
 }
 
 // charged takes the answer of a charge of key (the bucket's shape sh, nil if the limit

@@ -1027,9 +1027,11 @@ func TestAsyncReturnTakesBackTheCharge(t *testing.T) {
 	}
 	t.Run("queued", func(t *testing.T) {
 		e, lm, now, d := admitted(t)
+		held := lm.Stats().Held
 		e.Return(now, now, lm, "", "k", 3, d)
-		if st := lm.Stats(); st.Owed != 0 || st.GivenBack != 1 {
-			t.Fatalf("after Return: owed %d, given back %d; want 0 and 1", st.Owed, st.GivenBack)
+		// The charge off the queue moved no leased token: Held stays.
+		if st := lm.Stats(); st.Owed != 0 || st.GivenBack != 1 || st.Held != held {
+			t.Fatalf("after Return: owed %d, given back %d, held %d; want 0, 1 and %d", st.Owed, st.GivenBack, st.Held, held)
 		}
 		if d, w := decide(e, now, lm, "k", 2); w != nil || d.Reason != ReasonAsync {
 			t.Fatalf("k again after Return: %+v, want it admitted uncharged", d)
@@ -1066,6 +1068,38 @@ func TestAsyncReturnTakesBackTheCharge(t *testing.T) {
 			t.Fatalf("after the charge went, the trips moved %+v, want a refund of 3 to k", moves)
 		}
 	})
+}
+
+// TestLostChargeKeepsItsSeq: a charge whose answer was lost (it may have run) goes again
+// under its number, and keeps it when that retry fails without running (a dial refused):
+// under a fresh number Redis would charge the admission twice if the first sending ran.
+func TestLostChargeKeepsItsSeq(t *testing.T) {
+	open := false
+	e, lm := asyncEngine(t, &open)
+	warmUp(t, e, lm)
+	now := t0.Add(60 * time.Millisecond)
+	if d, w := decide(e, now, lm, "a", 3); w != nil || d.Reason != ReasonAsync {
+		t.Fatalf("%+v, want a admitted uncharged", d)
+	}
+	timeout := fmt.Errorf("%w: %w", breaker.ErrTimeout, context.DeadlineExceeded)
+	dial := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
+	var seqs []uint64
+	debtTrips(e, now, 3, func(trip *Trip, i int) {
+		seqs = append(seqs, trip.Refunds[0].Seq)
+		answerAll(trip) // a Cluster's trip: the other nodes answered
+		switch i {
+		case 0:
+			trip.RefundResults[0].Err = timeout // it ran, its answer lost
+		case 1:
+			trip.RefundResults[0].Err = dial // the retry never reached Redis
+		}
+	})
+	if len(seqs) != 3 || seqs[1] != seqs[0] || seqs[2] != seqs[0] {
+		t.Fatalf("the charge went under %v, want three sendings under one number", seqs)
+	}
+	if st := lm.Stats(); st.Charged != 3 || st.Owed != 0 {
+		t.Errorf("charged %d, owed %d; want 3 and 0", st.Charged, st.Owed)
+	}
 }
 
 // debtTrips ticks e from now every 10 ms, for at most 5 s, until n debt trips went:

@@ -340,6 +340,7 @@ func (e *Engine) debtTrip() *Trip {
 		batch = e.debtRetry[retry]
 		e.debtRetry = slices.Delete(e.debtRetry, retry, retry+1)
 	}
+	resent := len(batch.reqs)
 	for _, it := range items {
 		d, k := it.d, it.k
 		delete(it.q.m, k)
@@ -359,7 +360,7 @@ func (e *Engine) debtTrip() *Trip {
 		return nil
 	}
 	return &Trip{Kind: RefundTrip, Refunds: batch.reqs, RefundResults: make([]redisstore.RefundResult, len(batch.reqs)),
-		debts: true, charges: batch.charges}
+		debts: true, charges: batch.charges, resent: resent}
 }
 
 // debtBatch is the items of a debt trip, and for each a charge's limit (nil: a debt).
@@ -371,11 +372,12 @@ type debtBatch struct {
 // charged counts the answers of a debt trip. A batch that timed out goes again, in
 // halves (its charges may have run: each keeps its sequence number), and so do the items
 // whose own answer was lost to a timeout (one node's, in a Cluster), with their sequence
-// numbers, ahead of the other retries; any other failed
-// item is owed again, with a fresh sequence number (Redis answered that it did not
-// run, or the call was refused before it was sent). An Async charge answered, or never
-// to be sent, lets its key be admitted uncharged again; its answer says whether the key
-// is low.
+// numbers, ahead of the other retries; so does an item sent before whose answer was lost
+// and that failed now without running (the first sending may have run: under a fresh
+// number Redis would charge it twice). Any other failed item is owed again, with a fresh
+// sequence number (Redis answered that it did not run, or the call was refused before it
+// was sent). An Async charge answered, or never to be sent, lets its key be admitted
+// uncharged again; its answer says whether the key is low.
 func (e *Engine) charged(now time.Time, t *Trip) {
 	e.stats.refundCalls.Add(1)
 	e.mu.Lock()
@@ -392,7 +394,7 @@ func (e *Engine) charged(now time.Time, t *Trip) {
 		if t.Answered {
 			err = t.RefundResults[i].Err
 		}
-		lost := !t.Answered || mayHaveRun(err) // it may have run: only its own Seq may go
+		lost := !t.Answered || mayHaveRun(err) || err != nil && i < t.resent // it may have run: only its own Seq may go
 		failed = failed || err != nil
 		if lost && !finished {
 			again.reqs = append(again.reqs, r)

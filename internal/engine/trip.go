@@ -77,6 +77,7 @@ type Trip struct {
 	flights  []*Flight      // of a TakeTrip, by item
 	debts    bool           // a RefundTrip of debts (negative refunds)
 	charges  []*chargeLater // of a debt trip, by item: a charge's limit, nil for a debt
+	resent   int            // of a debt trip: its first items, sent before and their answers lost
 	warms    bool           // a LowTrip whose answer makes the server warm
 	winItems []windowItem   // of a WindowsTrip, by item
 	lost     int            // tokens of a RefundTrip not refunded
