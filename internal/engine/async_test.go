@@ -1070,38 +1070,6 @@ func TestAsyncReturnTakesBackTheCharge(t *testing.T) {
 	})
 }
 
-// TestLostChargeKeepsItsSeq: a charge whose answer was lost (it may have run) goes again
-// under its number, and keeps it when that retry fails without running (a dial refused):
-// under a fresh number Redis would charge the admission twice if the first sending ran.
-func TestLostChargeKeepsItsSeq(t *testing.T) {
-	open := false
-	e, lm := asyncEngine(t, &open)
-	warmUp(t, e, lm)
-	now := t0.Add(60 * time.Millisecond)
-	if d, w := decide(e, now, lm, "a", 3); w != nil || d.Reason != ReasonAsync {
-		t.Fatalf("%+v, want a admitted uncharged", d)
-	}
-	timeout := fmt.Errorf("%w: %w", breaker.ErrTimeout, context.DeadlineExceeded)
-	dial := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
-	var seqs []uint64
-	debtTrips(e, now, 3, func(trip *Trip, i int) {
-		seqs = append(seqs, trip.Refunds[0].Seq)
-		answerAll(trip) // a Cluster's trip: the other nodes answered
-		switch i {
-		case 0:
-			trip.RefundResults[0].Err = timeout // it ran, its answer lost
-		case 1:
-			trip.RefundResults[0].Err = dial // the retry never reached Redis
-		}
-	})
-	if len(seqs) != 3 || seqs[1] != seqs[0] || seqs[2] != seqs[0] {
-		t.Fatalf("the charge went under %v, want three sendings under one number", seqs)
-	}
-	if st := lm.Stats(); st.Charged != 3 || st.Owed != 0 {
-		t.Errorf("charged %d, owed %d; want 3 and 0", st.Charged, st.Owed)
-	}
-}
-
 // debtTrips ticks e from now every 10 ms, for at most 5 s, until n debt trips went:
 // each is given to answer (its index among them), then done; every other trip is
 // answered in full.
@@ -1164,17 +1132,21 @@ func TestDebtRetriesKeepTheirOrder(t *testing.T) {
 // TestDebtLostConnectionKeepsItsNumber: a charge whose connection was lost once it was
 // written (its node's, in a trip the other nodes answered) may have run: it goes again
 // under its sequence number, which Redis answers as a replay if it ran, not as a new
-// charge under a fresh one, which would charge twice. One refused before it went (its
-// node's breaker open) takes a fresh number.
+// charge under a fresh one, which would charge twice; and so it stays, until answered,
+// when a sending after fails without running (a dial refused). One refused before it
+// first went (its node's breaker open) takes a fresh number.
 func TestDebtLostConnectionKeepsItsNumber(t *testing.T) {
+	timeout := fmt.Errorf("%w: %w", breaker.ErrTimeout, context.DeadlineExceeded)
+	dial := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
 	for _, tc := range []struct {
 		name string
-		err  error
-		same bool
+		errs []error // of the first sendings; the next one is answered
+		same bool    // every sending under one number
 	}{
-		{"connection reset", &net.OpError{Op: "read", Net: "tcp", Err: errors.New("connection reset by peer")}, true},
-		{"EOF", io.EOF, true},
-		{"breaker open", breaker.ErrOpen, false},
+		{"connection reset", []error{&net.OpError{Op: "read", Net: "tcp", Err: errors.New("connection reset by peer")}}, true},
+		{"EOF", []error{io.EOF}, true},
+		{"breaker open", []error{breaker.ErrOpen}, false},
+		{"timeout, then dial refused", []error{timeout, dial}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			open := false
@@ -1185,18 +1157,18 @@ func TestDebtLostConnectionKeepsItsNumber(t *testing.T) {
 				t.Fatalf("%+v, want it admitted uncharged", d)
 			}
 			var seqs []uint64
-			debtTrips(e, now, 2, func(trip *Trip, i int) {
+			debtTrips(e, now, len(tc.errs)+1, func(trip *Trip, i int) {
 				seqs = append(seqs, trip.Refunds[0].Seq)
 				trip.Answered = true // the trip's other nodes answered (a Cluster's)
-				if i == 0 {
-					trip.RefundResults[0].Err = tc.err
+				if i < len(tc.errs) {
+					trip.RefundResults[0].Err = tc.errs[i]
 				}
 			})
-			if len(seqs) != 2 {
-				t.Fatalf("charge sent %d times, want 2", len(seqs))
+			if len(seqs) != len(tc.errs)+1 {
+				t.Fatalf("charge sent %d times, want %d", len(seqs), len(tc.errs)+1)
 			}
-			if (seqs[0] == seqs[1]) != tc.same {
-				t.Fatalf("sent under %d, then %d: want the same number %v", seqs[0], seqs[1], tc.same)
+			if same := !slices.ContainsFunc(seqs, func(s uint64) bool { return s != seqs[0] }); same != tc.same {
+				t.Fatalf("sent under %v: want one number %v", seqs, tc.same)
 			}
 			if st := lm.Stats(); st.Charged != 1 || st.Owed != 0 {
 				t.Fatalf("charged %d, owed %d; want 1 and 0", st.Charged, st.Owed)
