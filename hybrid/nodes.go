@@ -400,8 +400,12 @@ func pick[T any](in []T, p *part) []T {
 // stats returns the breakers' state and counters folded (see Stats.Breaker), and each
 // master's on a Cluster. The state is the masters' alone; the counters are every
 // breaker's the Limiter has had, the dropped masters' too (a failover's), so that they
-// never go back, as a metric's counters must not.
+// never go back, as a metric's counters must not. It holds n.mu over both readings, the
+// masters' and the dropped ones': a failover between the two (prune, revive) would count
+// a breaker twice or not at all.
 func (n *nodes) stats() (state breaker.State, sum breaker.Stats, masters []NodeStats) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
 	n.forEach(func(nd *node) {
 		st, bs := nd.brk.State(), nd.brk.Stats()
 		if nd != n.all {
@@ -413,8 +417,6 @@ func (n *nodes) stats() (state breaker.State, sum breaker.Stats, masters []NodeS
 		addCounts(&sum, bs)
 		sum.InFlight += bs.InFlight
 	})
-	n.mu.Lock()
-	defer n.mu.Unlock()
 	for _, d := range n.gone {
 		bs := d.nd.brk.Stats()
 		addCounts(&sum, bs)

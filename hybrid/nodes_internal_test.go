@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -59,14 +60,7 @@ func TestRouteAfterFailover(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := context.Background()
-			maps := &slotMaps{maps: []string{old}}
-			cc := redis.NewClusterClient(&redis.ClusterOptions{ClusterSlots: maps.load})
-			defer cc.Close()
-			brk, err := breaker.New(breaker.Settings{Name: "redis"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			n := newNodes(brk, cc)
+			n, maps := clusterNodes(t, breaker.Settings{Name: "redis"}, old)
 			nd := n.split(ctx, 1, func(int) string { return key })[0].nd
 			if nd.addr != old {
 				t.Fatalf("before the failover: routed to %q, want %q", nd.addr, old)
@@ -84,10 +78,10 @@ func TestRouteAfterFailover(t *testing.T) {
 			// Then a load from a node that has not learnt of it yet stores a map
 			// naming the old master again.
 			maps.then(append([]string{old}, tt.loads...)...)
-			if err := cc.ForEachMaster(ctx, func(context.Context, *redis.Client) error { return nil }); err != nil {
+			if err := n.cc.ForEachMaster(ctx, func(context.Context, *redis.Client) error { return nil }); err != nil {
 				t.Fatal(err)
 			}
-			if c, err := cc.MasterForKey(ctx, key); err != nil || c.Options().Addr != old {
+			if c, err := n.cc.MasterForKey(ctx, key); err != nil || c.Options().Addr != old {
 				t.Fatalf("the client's map is not the stale one: %v, %v", c, err)
 			}
 
@@ -137,14 +131,7 @@ func TestDroppedMasterKeepsItsBreaker(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
-			maps := &slotMaps{maps: []string{old}}
-			cc := redis.NewClusterClient(&redis.ClusterOptions{ClusterSlots: maps.load})
-			defer cc.Close()
-			brk, err := breaker.New(breaker.Settings{Name: "redis", FailureThreshold: 1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			n := newNodes(brk, cc)
+			n, maps := clusterNodes(t, breaker.Settings{Name: "redis", FailureThreshold: 1}, old)
 			nd := n.split(ctx, 1, func(int) string { return key })[0].nd
 			_ = nd.brk.Do(ctx, func(context.Context) error { return errors.New("read: i/o timeout") })
 			if nd.addr != old || nd.brk.State() != breaker.StateOpen {
@@ -155,7 +142,7 @@ func TestDroppedMasterKeepsItsBreaker(t *testing.T) {
 			if _, ok := n.byAddr[old]; ok {
 				t.Fatal("prune kept the old master")
 			}
-			if err := tc.stale(n, cc, maps); err != nil {
+			if err := tc.stale(n, n.cc, maps); err != nil {
 				t.Fatal(err)
 			}
 			got := n.split(ctx, 1, func(int) string { return key })[0].nd
@@ -212,14 +199,7 @@ func TestPruneAfterTheCalls(t *testing.T) {
 		key = "{cold:client-1}"
 	)
 	ctx := context.Background()
-	maps := &slotMaps{maps: []string{a}}
-	cc := redis.NewClusterClient(&redis.ClusterOptions{ClusterSlots: maps.load})
-	defer cc.Close()
-	brk, err := breaker.New(breaker.Settings{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := newNodes(brk, cc)
+	n, maps := clusterNodes(t, breaker.Settings{}, a)
 	if parts := n.split(ctx, 1, func(int) string { return key }); parts[0].nd.addr != a {
 		t.Fatalf("routed to %q, want %q", parts[0].nd.addr, a)
 	}
@@ -228,7 +208,7 @@ func TestPruneAfterTheCalls(t *testing.T) {
 	}
 	// The slot moves to b (a resharding, a failover), and the client's map says so.
 	maps.then(b)
-	if err := cc.ForEachMaster(ctx, func(context.Context, *redis.Client) error { return nil }); err != nil {
+	if err := n.cc.ForEachMaster(ctx, func(context.Context, *redis.Client) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 	loads := maps.loads
@@ -279,14 +259,7 @@ func TestOutcomeOfSeveralParts(t *testing.T) {
 func TestBreakerCountsSurviveFailover(t *testing.T) {
 	const old, promoted, key = "10.0.0.1:6379", "10.0.0.2:6379", "{cold:client-1}"
 	ctx := context.Background()
-	maps := &slotMaps{maps: []string{old}}
-	cc := redis.NewClusterClient(&redis.ClusterOptions{ClusterSlots: maps.load})
-	defer cc.Close()
-	brk, err := breaker.New(breaker.Settings{Name: "redis", FailureThreshold: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := newNodes(brk, cc)
+	n, maps := clusterNodes(t, breaker.Settings{Name: "redis", FailureThreshold: 3}, old)
 	nd := n.split(ctx, 1, func(int) string { return key })[0].nd
 	for range 5 {
 		_ = nd.brk.Do(ctx, func(context.Context) error { return nil })
@@ -319,4 +292,52 @@ func TestBreakerCountsSurviveFailover(t *testing.T) {
 	if _, s, _ := n.stats(); s.Successes != before.Successes+goneMax+2 || s.Failures != before.Failures {
 		t.Errorf("after %d more drops: %+v; want %d successes, %d failures", goneMax+2, s, before.Successes+goneMax+2, before.Failures)
 	}
+}
+
+// TestStatsDuringFailover: a master dropped and revived over and over (the slot map
+// flapping between two masters) is counted once in every Stats taken meanwhile: its
+// calls neither double (read in the masters' list and among the dropped) nor vanish.
+func TestStatsDuringFailover(t *testing.T) {
+	const old, new, key = "10.0.0.1:6379", "10.0.0.2:6379", "{cold:client-1}"
+	ctx := context.Background()
+	n, maps := clusterNodes(t, breaker.Settings{Name: "redis"}, old)
+	nd := n.split(ctx, 1, func(int) string { return key })[0].nd
+	for range 5 {
+		_ = nd.brk.Do(ctx, func(context.Context) error { return nil })
+	}
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for !stop.Load() {
+			for _, m := range []string{new, old} {
+				maps.then(m)
+				n.prune(ctx)
+			}
+		}
+	})
+	seen := map[int64]int{}
+	for range 200_000 {
+		_, sum, _ := n.stats()
+		seen[sum.Calls]++
+	}
+	stop.Store(true)
+	wg.Wait()
+	if len(seen) != 1 || seen[5] == 0 {
+		t.Errorf("calls read (value: times) %v, want 5 every time", seen)
+	}
+}
+
+// clusterNodes returns the nodes of a Limiter whose breakers have settings st, over a
+// Cluster client (closed when the test ends) whose slot map, every slot on one master,
+// maps gives: first, until the test sets others (slotMaps.then).
+func clusterNodes(t *testing.T, st breaker.Settings, first string) (*nodes, *slotMaps) {
+	t.Helper()
+	maps := &slotMaps{maps: []string{first}}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{ClusterSlots: maps.load})
+	t.Cleanup(func() { cc.Close() })
+	brk, err := breaker.New(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newNodes(brk, cc), maps
 }
