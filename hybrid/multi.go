@@ -80,11 +80,16 @@ func (l *Limiter) allowMulti(out *MultiDecision, ctx context.Context, items []It
 }
 
 // decideMulti decides m, its items added, waiting as AllowMulti does, writes the
-// decision to *out and tells hook (nil: nobody) of it.
+// decision to *out and tells hook (nil: nobody) of it. The items' refills go one after
+// another, and an item waits for Redis until its limit's MaxWait from the call's start,
+// not a MaxWait of its own after the items before it: the call waits at most the
+// largest MaxWait of its limits.
 func (l *Limiter) decideMulti(out *MultiDecision, ctx context.Context, m *engine.Multi, hook func(string, Decision)) (err error) {
-	w, done := l.eng.StartMulti(l.nanos(), m)
+	start := l.nanos()
+	w, done := l.eng.StartMulti(start, m)
 	for !done {
-		d, werr := l.await(ctx, w, w.Limit().Config().MaxWait)
+		left := max(w.Limit().Config().MaxWait-time.Duration(l.nanos()-start), 0)
+		d, werr := l.await(ctx, w, left)
 		err = cmp.Or(err, werr)
 		w, done = l.eng.ResumeMulti(l.nanos(), m, d)
 	}

@@ -274,6 +274,35 @@ func TestReserveNWaitsAtMostMaxWait(t *testing.T) {
 	}
 }
 
+// TestAllowMultiWaitsAtMostMaxWait: an all-or-nothing request waits for Redis at most
+// its limits' MaxWait from its start, not a MaxWait per item: its items' refills go one
+// after another, and against a Redis that answers every take 1 s late, four items of
+// MaxWait 0.3 s whose policy admits took 1.2 s where each policy decides at 0.3 s.
+func TestAllowMultiWaitsAtMostMaxWait(t *testing.T) {
+	_, c := redistest.Mini(t)
+	slow := &slowTakes{}
+	c.AddHook(slow)
+	brk, err := breaker.New(breaker.Settings{Timeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lims []hybrid.Limit
+	var items []hybrid.Item
+	for _, name := range []string{"a", "b", "c", "d"} {
+		lims = append(lims, hybrid.Limit{Name: name, Rate: 100, Burst: 100, Policy: breaker.FailOpen, MaxWait: 300 * time.Millisecond})
+		items = append(items, hybrid.Item{Limit: name, Key: "k", Cost: 1})
+	}
+	l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1, Limits: lims, Breaker: brk})
+	slow.delay.Store(int64(time.Second))
+	defer slow.delay.Store(0)
+	start := time.Now()
+	md, err := l.AllowMulti(context.Background(), items)
+	took := time.Since(start)
+	if err != nil || !md.Allowed || md.Decision.Reason != hybrid.ReasonTimeout || took > 900*time.Millisecond {
+		t.Errorf("AllowMulti: %+v, %v, in %v; want the policies' admission for a MaxWait run out, at 0.3 s and scheduling", md, err, took)
+	}
+}
+
 // slowTakes is a go-redis hook that delays every take (and every pipeline holding one)
 // by delay: a Redis that answers that late.
 type slowTakes struct{ delay atomic.Int64 }
