@@ -33,10 +33,10 @@ type events struct {
 	servers  int
 	lost     throttle
 	refused  throttle
-	gone     throttle               // lost buckets
-	limits   func() []*engine.Limit // to read their lost-bucket counters
-	goneSeen int64                  // lost buckets counted when last logged
-	dryLast  time.Time              // when the DryRun limits' denials were last looked at
+	gone     throttle                // lost buckets
+	limits   func() []*engine.Limit  // to read their lost-bucket counters
+	goneSeen map[*engine.Limit]int64 // each limit's lost buckets when last logged
+	dryLast  time.Time               // when the DryRun limits' denials were last looked at
 	drySeen  map[*engine.Limit]int64
 	repsSeen map[*engine.Limit]int // each limit's representations as last logged (1: its own)
 	ctx      context.Context
@@ -69,7 +69,7 @@ type breakerSeen struct {
 func newEvents(log *slog.Logger, every time.Duration, nodes *nodes, fleet string, servers int, limits func() []*engine.Limit) *events {
 	ev := &events{
 		log: log, every: every, nodes: nodes, seen: map[*node]breakerSeen{}, fleet: fleet, servers: servers, limits: limits,
-		drySeen: map[*engine.Limit]int64{}, repsSeen: map[*engine.Limit]int{},
+		drySeen: map[*engine.Limit]int64{}, repsSeen: map[*engine.Limit]int{}, goneSeen: map[*engine.Limit]int64{},
 		ctx: context.Background(),
 	}
 	ev.seen[nodes.all] = breakerSeen{nodes.all.brk.State(), nodes.all.brk.Stats()}
@@ -221,27 +221,34 @@ func (ev *events) eviction(err error) {
 	}
 }
 
-// lostBuckets logs buckets and window arrays found lost in Redis since the last line: a
-// bucket came back empty, its key losing the tokens it held; a window array's servers
-// count again what each knows it added.
+// lostBuckets logs buckets and window arrays found lost in Redis since the last line, and
+// the limits they are of: a bucket came back empty, its key losing the tokens it held; a
+// window array's servers count again what each knows it added. Each limit's count is
+// read against its own as last logged, so that a limit Reconfigure removed takes
+// nothing off the others'.
 func (ev *events) lostBuckets(now time.Time) {
 	var n int64
 	for _, lm := range ev.limits() {
-		n += lm.LostBuckets()
+		n += max(lm.LostBuckets()-ev.goneSeen[lm], 0)
 	}
-	if n == ev.goneSeen {
+	if n == 0 {
 		return
 	}
 	if skipped, ok := ev.gone.allow(now, ev.every); ok {
 		var names []string
+		seen := make(map[*engine.Limit]int64, len(ev.goneSeen)) // the removed limits' left out
+		n = 0
 		for _, lm := range ev.limits() {
-			if lm.LostBuckets() > 0 {
+			c := lm.LostBuckets()
+			if d := c - ev.goneSeen[lm]; d > 0 {
+				n += d
 				names = append(names, lm.Name())
 			}
+			seen[lm] = c
 		}
+		ev.goneSeen = seen
 		ev.log.LogAttrs(ev.ctx, slog.LevelError, "fleetlimit: Redis lost rate-limit buckets (evicted, flushed or deleted); buckets came back empty, window arrays are counted again",
-			slog.Int64("buckets", n-ev.goneSeen), slog.Any("limits", names), slog.Int("lines_skipped", skipped))
-		ev.goneSeen = n
+			slog.Int64("buckets", n), slog.Any("limits", names), slog.Int("lines_skipped", skipped))
 	}
 }
 

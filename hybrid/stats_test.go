@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -332,20 +334,24 @@ func TestLoggerWarnsOfEviction(t *testing.T) {
 // TestLostBucketIsDetected: a bucket deleted from Redis while this server takes from it
 // (as eviction or FLUSHALL would) is counted and logged when the next refill finds no
 // record of this server, and comes back empty, not full (luascript's TestTakeSeen: it
-// refills from then on); a bucket merely taken from again is not counted.
+// refills from then on); a bucket merely taken from again is not counted. Each line
+// counts the buckets lost since the last and names their limits: a limit removed by
+// Reconfigure takes nothing off the count, and a later loss of another is its own.
 func TestLostBucketIsDetected(t *testing.T) {
 	redistest.Run(t, func(t *testing.T, tg redistest.Target) {
 		s := newStore(t, tg.Client)
 		var logs syncBuffer
 		now := time.Now()
 		var mu sync.Mutex
+		// Batches of one token (a tiny refill interval): every request refills.
+		api := hybrid.Limit{Name: "api", Rate: 1, Burst: 100, Policy: breaker.FailClosed,
+			MaxWait: time.Second, Lease: hybrid.LeaseTuning{RefillInterval: time.Nanosecond, LowWatermark: -1}}
 		l := newLimiter(t, s, hybrid.Config{
-			FleetSize: 1,
-			Clock:     clockAt(func() time.Time { mu.Lock(); defer mu.Unlock(); return now }),
-			Logger:    slog.New(slog.NewJSONHandler(&logs, nil)),
-			// Batches of one token (a tiny refill interval): every request refills.
-			Limits: []hybrid.Limit{{Name: "api", Rate: 1, Burst: 100, Policy: breaker.FailClosed,
-				MaxWait: time.Second, Lease: hybrid.LeaseTuning{RefillInterval: time.Nanosecond, LowWatermark: -1}}},
+			FleetSize:   1,
+			Clock:       clockAt(func() time.Time { mu.Lock(); defer mu.Unlock(); return now }),
+			Logger:      slog.New(slog.NewJSONHandler(&logs, nil)),
+			Limits:      []hybrid.Limit{api},
+			LogInterval: time.Nanosecond,
 		})
 		ctx := context.Background()
 		allow := func() {
@@ -372,5 +378,40 @@ func TestLostBucketIsDetected(t *testing.T) {
 		}
 
 		waitFor(t, "the lost-bucket line", func() bool { return logs.has(t, "Redis lost rate-limit buckets") })
+
+		other := api
+		other.Name = "other"
+		mu.Lock()
+		now = now.Add(2 * time.Second) // api's refused key paced past
+		mu.Unlock()
+		if err := l.Reconfigure([]hybrid.Limit{api, other}); err != nil {
+			t.Fatal(err)
+		}
+		for range 3 {
+			if d, err := l.Allow(ctx, "other", "k"); err != nil || !d.Allowed {
+				t.Fatalf("other: Allow = %+v, %v", d, err)
+			}
+		}
+		if err := l.Reconfigure([]hybrid.Limit{other}); err != nil { // api, its lost bucket counted, goes
+			t.Fatal(err)
+		}
+		if err := tg.Client.Del(ctx, s.Key("other", "k")).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if d, err := l.Allow(ctx, "other", "k"); err != nil || d.Allowed {
+			t.Fatalf("other, after its bucket was deleted: Allow = %+v, %v; want refused", d, err)
+		}
+		waitFor(t, "other's lost-bucket line", func() bool {
+			return slices.ContainsFunc(logs.lines(t), func(m map[string]any) bool { return fmt.Sprint(m["limits"]) == "[other]" })
+		})
+		var got []string
+		for _, m := range logs.lines(t) {
+			if strings.Contains(m["msg"].(string), "lost rate-limit buckets") {
+				got = append(got, fmt.Sprint(m["buckets"], m["limits"]))
+			}
+		}
+		if want := []string{"1 [api]", "1 [other]"}; !slices.Equal(got, want) {
+			t.Errorf("lost-bucket lines (buckets, limits) %q, want %q", got, want)
+		}
 	})
 }
