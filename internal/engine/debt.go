@@ -335,7 +335,7 @@ func (e *Engine) Owes() bool {
 func (e *Engine) debtTrip() *Trip {
 	debts, charges := e.owedDue()
 	retry, items := e.planDebts(debts, charges, e.open != nil && e.open(), MaxBatch)
-	var batch debtBatch
+	var batch refundBatch
 	if retry >= 0 {
 		batch = e.debtRetry[retry]
 		e.debtRetry = slices.Delete(e.debtRetry, retry, retry+1)
@@ -347,7 +347,7 @@ func (e *Engine) debtTrip() *Trip {
 		floor := d.shape.debtFloor()
 		batch.reqs = append(batch.reqs, redisstore.RefundRequest{Limit: d.shape.glim, ID: redisstore.KeyID(k.key),
 			N: -min(d.n, floor), Floor: floor, Seq: e.nextSeq(), Ref: d.ref, HasRef: d.hasRef})
-		batch.charges = append(batch.charges, d.cl)
+		batch.lims, batch.charges = append(batch.lims, k.lim), append(batch.charges, d.cl)
 		if over := d.n - floor; over > 0 {
 			k.lim.stats.forgiven.Add(int64(over))
 			k.lim.stats.owed.Add(-int64(over))
@@ -360,13 +360,7 @@ func (e *Engine) debtTrip() *Trip {
 		return nil
 	}
 	return &Trip{Kind: RefundTrip, Refunds: batch.reqs, RefundResults: make([]redisstore.RefundResult, len(batch.reqs)),
-		debts: true, charges: batch.charges, resent: resent}
-}
-
-// debtBatch is the items of a debt trip, and for each a charge's limit (nil: a debt).
-type debtBatch struct {
-	reqs    []redisstore.RefundRequest
-	charges []*chargeLater
+		debts: true, lims: batch.lims, charges: batch.charges, resent: resent}
 }
 
 // charged counts the answers of a debt trip. A batch that timed out goes again, in
@@ -388,7 +382,7 @@ func (e *Engine) charged(now time.Time, t *Trip) {
 	hold := !e.stopped || e.stopFailed >= stopRetries
 	e.mu.Unlock()
 	failed := t.Err != nil || !t.Answered
-	var again debtBatch
+	var again refundBatch
 	for i, r := range t.Refunds {
 		err := t.Err
 		if t.Answered {
@@ -397,15 +391,10 @@ func (e *Engine) charged(now time.Time, t *Trip) {
 		lost := !t.Answered || mayHaveRun(err) || err != nil && i < t.resent // it may have run: only its own Seq may go
 		failed = failed || err != nil
 		if lost && !finished {
-			again.reqs = append(again.reqs, r)
-			again.charges = append(again.charges, t.charges[i])
+			again.add(t, i)
 			continue
 		}
-		lm := e.limitNamed(r.Limit.Name)
-		if lm == nil {
-			continue
-		}
-		cl := t.charges[i]
+		lm, cl := t.lims[i], t.charges[i]
 		n := -r.N
 		lm.stats.owed.Add(-int64(n))
 		sh := lm.shapeOf(r.Limit)
@@ -436,11 +425,10 @@ func (e *Engine) charged(now time.Time, t *Trip) {
 		// Back at the head of the retries, in their order: a later item of a bucket must
 		// not run before an earlier one, which Redis would then answer stale, charging
 		// nothing (refund.lua: the server's record of the bucket holds the later number).
-		parts := []debtBatch{again}
+		parts := []refundBatch{again}
 		if t.timedOutWhole() && len(again.reqs) > 1 {
-			r1, r2 := halves(again.reqs)
-			c1, c2 := halves(again.charges)
-			parts = []debtBatch{{reqs: r1, charges: c1}, {reqs: r2, charges: c2}}
+			a, b := again.halves()
+			parts = []refundBatch{a, b}
 		}
 		e.debtRetry = append(parts, e.debtRetry...)
 		e.mu.Unlock()
@@ -472,12 +460,10 @@ func (lm *Limit) shapeOf(g redisstore.Limit) *Shape {
 func (e *Engine) forgiveDebts() (n int) {
 	n = e.debts.forgive() + e.forgiveCharges()
 	for _, b := range e.debtRetry {
-		for _, r := range b.reqs {
+		for i, r := range b.reqs {
 			n -= r.N
-			if lm := e.limitNamed(r.Limit.Name); lm != nil {
-				lm.stats.owed.Add(int64(r.N))
-				lm.stats.forgiven.Add(-int64(r.N))
-			}
+			b.lims[i].stats.owed.Add(int64(r.N))
+			b.lims[i].stats.forgiven.Add(-int64(r.N))
 		}
 	}
 	e.debtRetry = nil

@@ -514,8 +514,8 @@ func TestHeldRetryHoldsCompanions(t *testing.T) {
 	sh := lm.Shape("")
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.debtRetry = []debtBatch{{reqs: []redisstore.RefundRequest{
-		{Limit: sh.glim, ID: "x", N: -1}, {Limit: sh.glim, ID: "o", N: -1}}, charges: []*chargeLater{nil, nil}}}
+	e.debtRetry = []refundBatch{{reqs: []redisstore.RefundRequest{
+		{Limit: sh.glim, ID: "x", N: -1}, {Limit: sh.glim, ID: "o", N: -1}}, lims: []*Limit{lm, lm}, charges: []*chargeLater{nil, nil}}}
 	e.debts.add(comp, sh, "x", 1, 0, false, &e.debtSeq, nil)
 	e.debts.add(lm, sh, "x", 1, 0, false, &e.debtSeq, nil)
 	e.debts.add(lm, sh, "y", 1, 0, false, &e.debtSeq, nil)

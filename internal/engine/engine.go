@@ -143,17 +143,17 @@ type Engine struct {
 
 	mu sync.Mutex
 	// The fields below are guarded by mu.
-	rng           uint64                       // splitmix64 state: the schedule's phase
-	pending       []*Flight                    // refills waiting to be sent
-	refunds       []refund                     // tokens waiting to be refunded
-	refundTrips   [][]redisstore.RefundRequest // refunds summed and numbered, one trip each
-	expiries      expiries                     // grants by the end of their lifetime
-	busy          bool                         // a trip is out
-	lastTake      bool                         // the last trip was a TakeTrip
-	lastWindows   bool                         // the last trip was a WindowsTrip
-	stopped       bool                         // Stop was called: refills fail at once
-	finished      bool                         // Finish was called: refunds are counted lost
-	ticked        bool                         // Tick has run once
+	rng           uint64        // splitmix64 state: the schedule's phase
+	pending       []*Flight     // refills waiting to be sent
+	refunds       []refund      // tokens waiting to be refunded
+	refundTrips   []refundBatch // refunds summed and numbered, one trip each
+	expiries      expiries      // grants by the end of their lifetime
+	busy          bool          // a trip is out
+	lastTake      bool          // the last trip was a TakeTrip
+	lastWindows   bool          // the last trip was a WindowsTrip
+	stopped       bool          // Stop was called: refills fail at once
+	finished      bool          // Finish was called: refunds are counted lost
+	ticked        bool          // Tick has run once
 	nextExpiry    time.Time
 	nextBeat      time.Time
 	beatDue       bool
@@ -165,11 +165,11 @@ type Engine struct {
 	// debtSpreadUntil, if not zero: FailLocal's debts, which waited for Redis to answer,
 	// wait until then more (redisAnswered), once for each time they waited.
 	debtSpreadUntil time.Time
-	debts           owed        // FailLocal's admissions, owed to the buckets
-	debtSeq         uint64      // debts and charges first owed, to send them in that order
-	stopFailed      int         // debt trips failed after Stop (stopRetries)
-	abandonedSeqs   []uint64    // lost takes whose planned resend was let go of (abandon), oldest first
-	debtRetry       []debtBatch // debt trips that timed out, to send again with their sequence numbers (one that timed out whole, in halves)
+	debts           owed          // FailLocal's admissions, owed to the buckets
+	debtSeq         uint64        // debts and charges first owed, to send them in that order
+	stopFailed      int           // debt trips failed after Stop (stopRetries)
+	abandonedSeqs   []uint64      // lost takes whose planned resend was let go of (abandon), oldest first
+	debtRetry       []refundBatch // debt trips that timed out, to send again with their sequence numbers (one that timed out whole, in halves)
 
 	stats counters
 }

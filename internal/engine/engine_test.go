@@ -1030,3 +1030,18 @@ func TestRefundsStayApartPerShape(t *testing.T) {
 		})
 	}
 }
+
+// leased decides at now a first request of cost 1 for key, a new key of lm's of tier, and
+// answers the refill it waits for with a grant of granted from a bucket it left empty:
+// the key's lease then holds granted - 1, for the lifetime of a low bucket's grant.
+func leased(t *testing.T, e *Engine, lm *Limit, tier, key string, granted int, now time.Time) {
+	t.Helper()
+	var d Decision
+	if w := e.Decide(now.UnixNano(), lm, tier, key, 1, &d); w == nil {
+		t.Fatalf("%s: no refill for a new key", key)
+	}
+	trip := e.Next()
+	answerAll(trip)
+	trip.TakeResults[0].Granted, trip.TakeResults[0].Remaining = granted, 0
+	e.Done(now, trip)
+}

@@ -23,13 +23,7 @@ func TestMultiOnePass(t *testing.T) {
 	b := e.Limit("b")
 	// A lease on each key: a refill of one token, granted ten.
 	for _, lm := range []*Limit{a, b} {
-		if _, w := decide(e, t0, lm, "k", 1); w == nil {
-			t.Fatal("no refill for a new key")
-		}
-		trip := e.Next()
-		answerAll(trip)
-		trip.TakeResults[0].Granted = 10
-		e.Done(t0, trip)
+		leased(t, e, lm, "", "k", 10, t0)
 		if tokens, _, _, _ := lmState(lm); tokens != 9 {
 			t.Fatalf("%s: %d tokens on hand after a grant of 10 for one request, want 9", lm.Name(), tokens)
 		}
@@ -147,17 +141,10 @@ func TestGivenBackUnderItsTier(t *testing.T) {
 				c.Limits[0].Tiers = []TierConfig{{Name: "gold", Rate: 1000, Burst: 1000}}
 			})
 			gold := lm.Shape("gold")
-			var d Decision
-			if w := e.Decide(t0.UnixNano(), lm, "gold", "k", 1, &d); w == nil {
-				t.Fatal("no refill for a new key")
-			}
-			tr := e.Next()
-			answerAll(tr)
-			tr.TakeResults[0].Granted, tr.TakeResults[0].Remaining = 10, 0
-			e.Done(t0.Add(ms), tr)
+			leased(t, e, lm, "gold", "k", 10, t0)
 			at := tc.giveBack(t, e, lm)
 			refunded := 0
-			for tr = e.Next(); tr != nil; tr = e.Next() {
+			for tr := e.Next(); tr != nil; tr = e.Next() {
 				for _, r := range tr.Refunds {
 					if r.Limit != gold.glim {
 						t.Errorf("refund of %d under %+v, want the tier's %+v", r.N, r.Limit, gold.glim)

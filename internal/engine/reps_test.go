@@ -120,3 +120,52 @@ func TestCompanions(t *testing.T) {
 		t.Fatalf("companions left once the record holds api's own alone: %v", api.Companions())
 	}
 }
+
+// TestCompanionKeepsItsOwnCounts: a windowed limit's bucket companion (the fleet's
+// servers still on the bucket) owes and refunds its own bucket: its FailLocal debt and
+// its lease's refunds are counted on it once Redis answers them, not on the windowed
+// limit, which leased and owed nothing (its Owed went to -1 by a name lookup).
+func TestCompanionKeepsItsOwnCounts(t *testing.T) {
+	open := false
+	e, api := testEngine(t, func(c *Config) {
+		c.Limits[0] = LimitConfig{Name: "api", Rate: 10, Burst: 10, Policy: breaker.FailLocal(), Windowed: 100 * time.Millisecond}
+		c.BreakerOpen = func() bool { return open }
+	})
+	e.mu.Lock()
+	e.repsDue = true
+	e.mu.Unlock()
+	trip := e.Next()
+	trip.RepsGot, trip.Answered = append(trip.Reps, "api bucket 10 10"), true
+	e.Done(t0, trip)
+	comps := api.Companions()
+	if len(comps) != 1 {
+		t.Fatalf("companions of api: %v, want its bucket", comps)
+	}
+	comp := comps[0]
+	e.Tick(t0)
+	// Redis grants the companion's refill 5 (4 left to refund), then its breaker opens:
+	// FailLocal admits a new key and owes the companion's bucket.
+	leased(t, e, comp, "", "k", 5, t0)
+	comp.keys.Remove("k") // let go: its 4 tokens left go back
+	open = true
+	if d, _ := decide(e, t0.Add(time.Millisecond), comp, "j", 1); !d.Allowed || d.Source != SourceFallback {
+		t.Fatalf("a new key behind an open breaker: %+v, want FailLocal's admission", d)
+	}
+	open = false
+	now := t0.Add(time.Millisecond)
+	for range 400 { // the refund goes, and the debt once Redis answers
+		now = now.Add(10 * time.Millisecond)
+		e.Tick(now)
+		for tr := e.Next(); tr != nil; tr = e.Next() {
+			answerAll(tr)
+			e.Done(now, tr)
+		}
+	}
+	ps, cs := e.StatsOf(api), comp.Stats()
+	if ps.Owed != 0 || ps.Charged != 0 || ps.Granted != 0 || ps.Refunded != 0 {
+		t.Errorf("api (windowed): owed %d, charged %d, granted %d, refunded %d; want none", ps.Owed, ps.Charged, ps.Granted, ps.Refunded)
+	}
+	if cs.Owed != 0 || cs.Charged != 1 || cs.Granted != 5 || cs.Refunded != 4 {
+		t.Errorf("companion (bucket): owed %d, charged %d, granted %d, refunded %d; want 0, 1, 5, 4", cs.Owed, cs.Charged, cs.Granted, cs.Refunded)
+	}
+}

@@ -76,6 +76,7 @@ type Trip struct {
 
 	flights  []*Flight      // of a TakeTrip, by item
 	debts    bool           // a RefundTrip of debts (negative refunds)
+	lims     []*Limit       // of a RefundTrip, by item: the limit it counts on
 	charges  []*chargeLater // of a debt trip, by item: a charge's limit, nil for a debt
 	resent   int            // of a debt trip: its first items, sent before and their answers lost
 	warms    bool           // a LowTrip whose answer makes the server warm
@@ -201,12 +202,45 @@ func (e *Engine) refundTrip() *Trip {
 		}
 		for lo := 0; lo < len(reqs); lo += MaxBatch {
 			hi := min(lo+MaxBatch, len(reqs))
-			e.refundTrips = append(e.refundTrips, reqs[lo:hi:hi])
+			e.refundTrips = append(e.refundTrips, refundBatch{reqs: reqs[lo:hi:hi], lims: lims[lo:hi:hi]})
 		}
 	}
-	reqs := e.refundTrips[0]
+	b := e.refundTrips[0]
 	e.refundTrips = e.refundTrips[1:]
-	return &Trip{Kind: RefundTrip, Refunds: reqs, RefundResults: make([]redisstore.RefundResult, len(reqs))}
+	return &Trip{Kind: RefundTrip, Refunds: b.reqs, RefundResults: make([]redisstore.RefundResult, len(b.reqs)), lims: b.lims}
+}
+
+// refundBatch is the items of a refund or debt trip: the requests, and for each the
+// limit it counts on (a companion's own, though it has its limit's name) and, of a debt
+// trip, a charge's limit (nil: a debt).
+type refundBatch struct {
+	reqs    []redisstore.RefundRequest
+	lims    []*Limit
+	charges []*chargeLater
+}
+
+// batch is t's items as a refundBatch.
+func (t *Trip) batch() refundBatch {
+	return refundBatch{reqs: t.Refunds, lims: t.lims, charges: t.charges}
+}
+
+// add appends item i of t to b.
+func (b *refundBatch) add(t *Trip, i int) {
+	b.reqs, b.lims = append(b.reqs, t.Refunds[i]), append(b.lims, t.lims[i])
+	if t.charges != nil {
+		b.charges = append(b.charges, t.charges[i])
+	}
+}
+
+// halves splits b in two as halves does each of its slices.
+func (b refundBatch) halves() (refundBatch, refundBatch) {
+	r1, r2 := halves(b.reqs)
+	l1, l2 := halves(b.lims)
+	x, y := refundBatch{reqs: r1, lims: l1}, refundBatch{reqs: r2, lims: l2}
+	if b.charges != nil {
+		x.charges, y.charges = halves(b.charges)
+	}
+	return x, y
 }
 
 // Done takes the answers of trip t, made by the driver, at now: grants fill their leases
@@ -319,23 +353,23 @@ func halves[T any](s []T) (a, b []T) {
 func (e *Engine) refunded(t *Trip) {
 	e.stats.refundCalls.Add(1)
 	if t.timedOutWhole() {
-		a, b := halves(t.Refunds)
+		a, b := t.batch().halves()
 		e.refundAgain(a, b)
 		return
 	}
-	var again []redisstore.RefundRequest
+	var again refundBatch
 	for i, r := range t.Refunds {
 		err := t.Err
 		if t.Answered {
 			err = t.RefundResults[i].Err
 		}
-		lc := e.counters(r.Limit.Name)
+		lc := &t.lims[i].stats
 		if err == nil {
 			lc.refunded.Add(int64(r.N))
 			continue
 		}
 		if t.Answered && mayHaveRun(err) {
-			again = append(again, r)
+			again.add(t, i)
 			continue
 		}
 		lc.refundsLost.Add(int64(r.N))
@@ -344,41 +378,17 @@ func (e *Engine) refunded(t *Trip) {
 			t.firstErr = err
 		}
 	}
-	if len(again) > 0 {
+	if len(again.reqs) > 0 {
 		e.refundAgain(again)
 	}
 }
 
-// refundAgain queues refund trips of reqs, sent before, at the head of the queue: they
+// refundAgain queues refund trips of bs, sent before, at the head of the queue: they
 // keep their sequence numbers, and go before the refunds queued since.
-func (e *Engine) refundAgain(reqs ...[]redisstore.RefundRequest) {
+func (e *Engine) refundAgain(bs ...refundBatch) {
 	e.mu.Lock()
-	e.refundTrips = append(reqs, e.refundTrips...)
+	e.refundTrips = append(bs, e.refundTrips...)
 	e.mu.Unlock()
-}
-
-// counters returns the counters of the limit named name. Every refund names a limit of
-// this engine, or one it removed.
-func (e *Engine) counters(name string) *limitCounters {
-	if lm := e.limitNamed(name); lm != nil {
-		return &lm.stats
-	}
-	return &limitCounters{} // not reached
-}
-
-// limitNamed is the limit named name, or the last removed one of that name; nil if none.
-func (e *Engine) limitNamed(name string) *Limit {
-	if lm := e.Limit(name); lm != nil {
-		return lm
-	}
-	e.removedMu.Lock()
-	defer e.removedMu.Unlock()
-	for _, lm := range slices.Backward(e.removed) {
-		if lm.name == name {
-			return lm
-		}
-	}
-	return nil
 }
 
 // send queues refill f, or fails it at once when its key's breaker is open or the engine is
@@ -851,10 +861,10 @@ func (e *Engine) Finish() (lost, forgiven int) {
 		lost += r.n
 		r.lim.stats.refundsLost.Add(int64(r.n))
 	}
-	for _, trip := range e.refundTrips {
-		for _, r := range trip {
+	for _, b := range e.refundTrips {
+		for i, r := range b.reqs {
 			lost += r.N
-			e.counters(r.Limit.Name).refundsLost.Add(int64(r.N))
+			b.lims[i].stats.refundsLost.Add(int64(r.N))
 		}
 	}
 	e.refunds, e.refundTrips = nil, nil
