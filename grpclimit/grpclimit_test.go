@@ -12,6 +12,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
@@ -64,7 +66,7 @@ func serve(t *testing.T, i *grpclimit.Interceptor, client ...grpc.DialOption) *g
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(i.Unary()), grpc.StreamInterceptor(i.Stream()))
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(i.Unary(), decided), grpc.ChainStreamInterceptor(i.Stream(), decidedStream))
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
 	go func() { _ = srv.Serve(ln) }()
@@ -75,6 +77,23 @@ func serve(t *testing.T, i *grpclimit.Interceptor, client ...grpc.DialOption) *g
 	}
 	t.Cleanup(func() { _ = cc.Close() })
 	return cc
+}
+
+// decided and decidedStream stand between the Interceptor and the handler of every call
+// serve's server takes, and fail a call whose handler's context holds no admitting
+// Decision (FromContext): what the Interceptor lets through, it lets through decided.
+func decided(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if d, ok := grpclimit.FromContext(ctx); !ok || !d.Allowed {
+		return nil, status.Errorf(codes.Internal, "the handler's context holds no admitting Decision (%v, %+v)", ok, d)
+	}
+	return handler(ctx, req)
+}
+
+func decidedStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if d, ok := grpclimit.FromContext(ss.Context()); !ok || !d.Allowed {
+		return status.Errorf(codes.Internal, "the stream's context holds no admitting Decision (%v, %+v)", ok, d)
+	}
+	return handler(srv, ss)
 }
 
 // TestInterceptor, end to end over a real gRPC server and client, on miniredis and, when
@@ -181,6 +200,51 @@ func TestRetryUnary(t *testing.T) {
 	}
 }
 
+// TestRetryUnaryGivesUp: the client interceptor calls again on ResourceExhausted and
+// Unavailable with a RetryInfo delay, at most attempts times in all, and returns the
+// last error at once on any other code, without RetryInfo, or when the delay would pass
+// the call's deadline (before it: the deadline has not passed when it returns).
+func TestRetryUnaryGivesUp(t *testing.T) {
+	withDelay := func(c codes.Code, d time.Duration) error {
+		st, err := status.New(c, "limited").WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(d)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Err()
+	}
+	for _, tc := range []struct {
+		name     string
+		err      error
+		deadline time.Duration // 0: none
+		calls    int
+	}{
+		{"resource exhausted", withDelay(codes.ResourceExhausted, time.Millisecond), 0, 3},
+		{"unavailable", withDelay(codes.Unavailable, time.Millisecond), 0, 3},
+		{"another code", withDelay(codes.FailedPrecondition, time.Millisecond), 0, 1},
+		{"no RetryInfo", status.Error(codes.ResourceExhausted, "limited"), 0, 1},
+		{"past the deadline", withDelay(codes.ResourceExhausted, time.Hour), time.Second, 1},
+		{"within the deadline", withDelay(codes.ResourceExhausted, time.Millisecond), time.Minute, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			if tc.deadline > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, tc.deadline)
+				defer cancel()
+			}
+			calls := 0
+			invoker := func(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error {
+				calls++
+				return tc.err
+			}
+			err := grpclimit.RetryUnary(3)(ctx, "/a.B/C", nil, nil, nil, invoker)
+			if calls != tc.calls || status.Code(err) != status.Code(tc.err) || ctx.Err() != nil {
+				t.Errorf("%d calls, %v, context %v; want %d and the invoker's error, in time", calls, err, ctx.Err(), tc.calls)
+			}
+		})
+	}
+}
+
 func TestNewRejectsBadConfig(t *testing.T) {
 	lim, _ := limiter(t, "", hybrid.Limit{Name: "api", Rate: 1, Burst: 1, Policy: breaker.FailOpen})
 	for _, cfg := range []grpclimit.Config{
@@ -209,6 +273,7 @@ func TestPeerIP(t *testing.T) {
 	}{
 		{&net.TCPAddr{IP: net.ParseIP("198.51.100.9"), Port: 4711}, "198.51.100.9"},
 		{&net.TCPAddr{IP: net.ParseIP("::ffff:198.51.100.9"), Port: 4711}, "198.51.100.9"},
+		{stringAddr("[::ffff:198.51.100.9]:4711"), "198.51.100.9"}, // a transport's own Addr, written mapped
 		{&net.TCPAddr{IP: net.ParseIP("2001:db8:1:2:aaaa::1"), Port: 443}, "2001:db8:1:2:aaaa::1"},
 		{&net.UnixAddr{Name: "@", Net: "unix"}, "@"},
 		{&net.UnixAddr{Name: "", Net: "unix"}, "unix"},
@@ -319,3 +384,10 @@ func (nopStream) Method() string                  { return "/grpc.health.v1.Heal
 func (nopStream) SetHeader(metadata.MD) error     { return nil }
 func (nopStream) SendHeader(metadata.MD) error    { return nil }
 func (nopStream) SetTrailer(md metadata.MD) error { return nil }
+
+// stringAddr is a net.Addr that writes itself as it is: an IPv4-mapped address stays
+// mapped, as net.TCPAddr's String would not write it.
+type stringAddr string
+
+func (a stringAddr) Network() string { return "tcp" }
+func (a stringAddr) String() string  { return string(a) }

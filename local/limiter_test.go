@@ -170,6 +170,14 @@ func TestLimiterSetLimit(t *testing.T) {
 	if got, want := l.store.IdleTimeout(), 11*time.Second; got != want {
 		t.Errorf("idle timeout %v, want %v", got, want)
 	}
+	// It grows with a limit slower to fill (10 tokens at 0.1/s: 100 s, and a
+	// second): a key let go of half-way through its refill would come back full.
+	if err := l.SetLimitAt(at(6*time.Second), 0.1, 10); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := l.store.IdleTimeout(), 101*time.Second; got != want {
+		t.Errorf("idle timeout %v after a limit of 101 s to fill, want %v", got, want)
+	}
 }
 
 // TestLimiterSetLimitKeyAhead: a key whose clock is ahead of the instant of

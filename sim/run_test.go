@@ -216,3 +216,30 @@ func TestNaiveRacesAsTheArticleTrace(t *testing.T) {
 		}
 	}
 }
+
+// TestPercentile: the value of rank p·n rounded to the nearest integer, at least the
+// first and at most the last: p = 1 is the slowest decision (Result.MaxDecisionUS, which
+// the checks bound).
+func TestPercentile(t *testing.T) {
+	us := func(n int) []time.Duration {
+		s := make([]time.Duration, n)
+		for i := range s {
+			s[i] = time.Duration(i+1) * time.Microsecond // rank i+1 holds i+1 µs
+		}
+		return s
+	}
+	for _, tc := range []struct {
+		n    int
+		p    float64
+		want float64
+	}{
+		{0, 0.5, 0}, {1, 0.5, 1}, {1, 1, 1}, {2, 0.5, 1}, {2, 1, 2},
+		{99, 0.5, 50}, {99, 0.99, 98}, {99, 1, 99},
+		{101, 0.5, 51}, {101, 0.99, 100}, {150, 0.99, 149}, {150, 1, 150},
+		{160, 0.99, 158}, // 158.4: one rank below nearest rank's 159
+	} {
+		if got := percentile(us(tc.n), tc.p); got != tc.want {
+			t.Errorf("percentile of %d at %v = %v, want %v", tc.n, tc.p, got, tc.want)
+		}
+	}
+}
