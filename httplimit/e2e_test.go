@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -314,18 +315,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 // RateLimit-Policy lists both limits, in the order of the configuration, whichever
 // decided; RateLimit names the one that decided.
 func TestMiddlewareAlso(t *testing.T) {
-	_, c := redistest.Mini(t)
-	lim := newLimiter(t, redistest.Target{Client: c},
-		hybrid.Limit{Name: "api", Rate: 1e-3, Burst: 5, Policy: breaker.FailClosed, MaxWait: time.Second},
+	lim, h := alsoHandler(t, hybrid.Limit{Name: "api", Rate: 1e-3, Burst: 5, Policy: breaker.FailClosed, MaxWait: time.Second},
 		hybrid.Limit{Name: "tenant", Rate: 1e-3, Burst: 3, Policy: breaker.FailClosed, MaxWait: time.Second})
-	mw, err := httplimit.New(httplimit.Config{
-		Limiter: lim, Limit: "api", Key: httplimit.Header("X-API-Key"),
-		Also: []httplimit.Also{{Limit: "tenant", Key: httplimit.Header("X-Tenant")}},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	codes := ""
 	var last *httptest.ResponseRecorder
 	for i := range 6 {
@@ -361,6 +352,44 @@ func TestMiddlewareAlso(t *testing.T) {
 		Also: []httplimit.Also{{Limit: "nope", Key: httplimit.Header("Y")}}}); err == nil {
 		t.Fatal("New accepted an unknown limit in Also")
 	}
+}
+
+// TestMiddlewareAlsoRetryAfter: a request denied by several limits says to retry when
+// every one of them can admit it: the longest wait, not that of the limit that decided
+// (the first to deny, here the per-key limit's 0.1 s against the tenant's 1,000 s).
+func TestMiddlewareAlsoRetryAfter(t *testing.T) {
+	_, h := alsoHandler(t, hybrid.Limit{Name: "api", Rate: 10, Burst: 1, Policy: breaker.FailClosed, MaxWait: time.Second},
+		hybrid.Limit{Name: "tenant", Rate: 1e-3, Burst: 1, Policy: breaker.FailClosed, MaxWait: time.Second})
+	var codes []int
+	var last *httptest.ResponseRecorder
+	for range 2 {
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.Header.Set("X-API-Key", "k")
+		req.Header.Set("X-Tenant", "acme")
+		last = httptest.NewRecorder()
+		h.ServeHTTP(last, req)
+		codes = append(codes, last.Code)
+	}
+	ra, err := strconv.Atoi(last.Header().Get("Retry-After"))
+	if !slices.Equal(codes, []int{200, 429}) || err != nil || ra < 999 {
+		t.Fatalf("statuses %v, Retry-After %q; want 200 then 429, retry after the tenant's 1,000 s", codes, last.Header().Get("Retry-After"))
+	}
+}
+
+// alsoHandler is a no-op handler behind a Middleware over miniredis that limits each
+// request by its X-API-Key under api, and by its X-Tenant under tenant (Also).
+func alsoHandler(t *testing.T, api, tenant hybrid.Limit) (*hybrid.Limiter, http.Handler) {
+	t.Helper()
+	_, c := redistest.Mini(t)
+	lim := newLimiter(t, redistest.Target{Client: c}, api, tenant)
+	mw, err := httplimit.New(httplimit.Config{
+		Limiter: lim, Limit: api.Name, Key: httplimit.Header("X-API-Key"),
+		Also: []httplimit.Also{{Limit: tenant.Name, Key: httplimit.Header("X-Tenant")}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lim, mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 }
 
 // TestMiddlewareTier: the request's tier, read from a header, picks the rate and burst

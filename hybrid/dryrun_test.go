@@ -46,6 +46,13 @@ func TestDryRun(t *testing.T) {
 	if denied := deniedOf(l, "new"); denied != 2 {
 		t.Errorf("the limit counted %d denials, want the 2 it would have made", denied)
 	}
+	// An invalid cost is the caller's error, not a denial a dry run admits.
+	if d, err := l.AllowN(ctx, "new", "k", -1); !errors.Is(err, hybrid.ErrInvalidCost) || d.Allowed || d.WouldDeny {
+		t.Errorf("a negative cost: %+v, %v; want not allowed, ErrInvalidCost", d, err)
+	}
+	if md, err := l.AllowMulti(ctx, []hybrid.Item{{Limit: "new", Key: "k", Cost: -1}}); !errors.Is(err, hybrid.ErrInvalidCost) || md.Allowed {
+		t.Errorf("AllowMulti, a negative cost: %+v, %v; want not allowed, ErrInvalidCost", md, err)
+	}
 	mu.Lock()
 	if n := len(heard); n != 4 || !heard[3].WouldDeny {
 		t.Errorf("OnDecision heard %d decisions (last %+v), want 4, the last WouldDeny", n, heard[n-1])

@@ -209,37 +209,57 @@ func (h *heldCalls) hold() {
 	<-h.release
 }
 
-// TestWaitNEndsAtClose: a WaitN asleep toward its reservation's instant (a minute away)
-// when Close runs returns ErrClosed at once, not admitted, rather than acting a minute
-// after the Limiter closed.
-func TestWaitNEndsAtClose(t *testing.T) {
-	_, c := redistest.Mini(t)
-	l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{
-		{Name: "jobs", Rate: 1.0 / 60, Burst: 1, Policy: breaker.FailClosed, MaxWait: time.Second}}})
-	bg := context.Background()
-	if d, err := l.Allow(bg, "jobs", "k"); err != nil || !d.Allowed {
-		t.Fatalf("the first request: %+v, %v", d, err)
-	}
-	type result struct {
-		d   hybrid.Decision
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		d, err := l.WaitN(bg, "jobs", "k", 1)
-		done <- result{d, err}
-	}()
-	waitFor(t, "the WaitN's reservation", func() bool { return l.Stats().Limits[0].Reserved > 0 })
-	if err := l.Close(bg); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case r := <-done:
-		if !errors.Is(r.err, hybrid.ErrClosed) || r.d.Allowed || r.d.Reason.String() != "limiter closed" {
-			t.Errorf("WaitN across Close: %+v, %v; want not allowed, limiter closed, ErrClosed", r.d, r.err)
-		}
-	case <-time.After(10 * time.Second): // its reservation acts in about a minute
-		t.Fatal("WaitN still asleep 10 s after Close")
+// TestWaitNEndsAsleep: a WaitN asleep toward its reservation's instant (a minute away)
+// ends at once when its context does (context.Canceled), its reservation canceled and
+// its token given back, or when Close runs (ErrClosed), not admitted, rather than acting
+// a minute after the Limiter closed.
+func TestWaitNEndsAsleep(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func(l *hybrid.Limiter, cancel context.CancelFunc) error
+		want error
+	}{
+		{"canceled", func(_ *hybrid.Limiter, cancel context.CancelFunc) error { cancel(); return nil }, context.Canceled},
+		{"closed", func(l *hybrid.Limiter, _ context.CancelFunc) error { return l.Close(context.Background()) }, hybrid.ErrClosed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, c := redistest.Mini(t)
+			l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{
+				{Name: "jobs", Rate: 1.0 / 60, Burst: 1, Policy: breaker.FailClosed, MaxWait: time.Second}}})
+			bg := context.Background()
+			if d, err := l.Allow(bg, "jobs", "k"); err != nil || !d.Allowed {
+				t.Fatalf("the first request: %+v, %v", d, err)
+			}
+			type result struct {
+				d   hybrid.Decision
+				err error
+			}
+			done := make(chan result, 1)
+			ctx, cancel := context.WithCancel(bg)
+			defer cancel()
+			go func() {
+				d, err := l.WaitN(ctx, "jobs", "k", 1)
+				done <- result{d, err}
+			}()
+			waitFor(t, "the WaitN's reservation", func() bool { return l.Stats().Limits[0].Reserved > 0 })
+			if err := tc.end(l, cancel); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case r := <-done:
+				if !errors.Is(r.err, tc.want) || r.d.Allowed {
+					t.Errorf("WaitN: %+v, %v; want not allowed, %v", r.d, r.err, tc.want)
+				}
+				if tc.want == hybrid.ErrClosed && r.d.Reason.String() != "limiter closed" {
+					t.Errorf("WaitN across Close: reason %v, want limiter closed", r.d.Reason)
+				}
+			case <-time.After(10 * time.Second): // its reservation acts in about a minute
+				t.Fatal("WaitN still asleep 10 s after its end")
+			}
+			if tc.want == context.Canceled {
+				waitFor(t, "the canceled reservation's token back", func() bool { return l.Stats().Limits[0].Reserved == 0 })
+			}
+		})
 	}
 }
 
@@ -328,5 +348,31 @@ func (h *slowTakes) wait(cmds []redis.Cmder) {
 			time.Sleep(time.Duration(h.delay.Load()))
 			return
 		}
+	}
+}
+
+// TestCanceledWaitIsCounted: a request whose context ends while it waits for Redis is
+// not allowed, returns the context's error, and is counted as canceled (Stats.Canceled,
+// and its limit's decisions), so that the totals still add up to the requests made.
+func TestCanceledWaitIsCounted(t *testing.T) {
+	_, c := redistest.Mini(t)
+	hook := &heldCalls{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	c.AddHook(hook)
+	l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{
+		{Name: "api", Rate: 100, Burst: 100, Policy: breaker.FailClosed, MaxWait: time.Minute}}})
+	hook.on.Store(true) // the new key's refill is held in Redis's way
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		<-hook.entered
+		cancel()
+	}()
+	d, err := l.Allow(ctx, "api", "k")
+	hook.on.Store(false)
+	close(hook.release)
+	if !errors.Is(err, context.Canceled) || d.Allowed {
+		t.Fatalf("Allow whose context ended while it waited: %+v, %v; want not allowed, context.Canceled", d, err)
+	}
+	if st := l.Stats(); st.Canceled != 1 || st.PreCheck+st.Lease+st.Global+st.Fallback+st.Canceled != 1 {
+		t.Errorf("stats %+v: want the one request counted, as canceled", st)
 	}
 }

@@ -1045,3 +1045,24 @@ func leased(t *testing.T, e *Engine, lm *Limit, tier, key string, granted int, n
 	trip.TakeResults[0].Granted, trip.TakeResults[0].Remaining = granted, 0
 	e.Done(now, trip)
 }
+
+// TestExpiredTokensGoBack: the tokens a lease held past its lifetime go back to Redis
+// when the key's next request finds them expired, however few: one, two, or many.
+func TestExpiredTokensGoBack(t *testing.T) {
+	for _, left := range []int{1, 2, 40} {
+		e, lm := testEngine(t, nil)
+		leased(t, e, lm, "", "k", left+1, t0)
+		decide(e, t0.Add(time.Minute), lm, "k", 1) // past the lease's lifetime
+		refunded := 0
+		for tr := e.Next(); tr != nil; tr = e.Next() {
+			for _, r := range tr.Refunds {
+				refunded += r.N
+			}
+			answerAll(tr)
+			e.Done(t0.Add(time.Minute), tr)
+		}
+		if refunded != left {
+			t.Errorf("%d tokens left to expire: %d refunded", left, refunded)
+		}
+	}
+}

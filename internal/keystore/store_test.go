@@ -341,6 +341,26 @@ func TestStoreSweepUsedIdle(t *testing.T) {
 	}
 }
 
+// TestStoreIdleBoundary: a key idle for exactly IdleTimeout is gone for Inspect as for
+// Update (which starts it afresh); one a nanosecond short of it is held by both.
+func TestStoreIdleBoundary(t *testing.T) {
+	for _, tc := range []struct {
+		idle time.Duration // since the key's last use
+		held bool
+	}{
+		{time.Second - 1, true}, {time.Second, false}, {time.Second + 1, false},
+	} {
+		s, _ := newCountingStore(t, StoreConfig[int]{Shards: 1, IdleTimeout: time.Second})
+		incr(s, at(0), "k")
+		found := false
+		s.Inspect("k", at(tc.idle), func(e *Entry[int]) { found = e != nil })
+		kept := incr(s, at(tc.idle), "k") == 2
+		if found != tc.held || kept != tc.held {
+			t.Errorf("idle %v: Inspect found it %v, Update kept it %v; want both %v", tc.idle, found, kept, tc.held)
+		}
+	}
+}
+
 // TestStoreSweepPastUsedKeys: idle keys behind more used keys than one hold of the lock
 // moves (maxPromote) are dropped by the same Sweep, not one Sweep per maxPromote used.
 func TestStoreSweepPastUsedKeys(t *testing.T) {
