@@ -1557,3 +1557,31 @@ func TestSetWinBounds(t *testing.T) {
 		}
 	}
 }
+
+// TestWindowedFallbackRefusedKeepsThePreCheck: a request whose wait for Redis ran out,
+// with the limit's queue for Redis full, cannot be counted where its policy admits it:
+// it is refused for a report interval, and its pre-check tokens go back, so that the
+// refusal costs the key nothing.
+func TestWindowedFallbackRefusedKeepsThePreCheck(t *testing.T) {
+	e, lm := testEngine(t, func(c *Config) {
+		c.Limits[0].Windowed, c.Limits[0].Policy = 100*time.Millisecond, breaker.FailOpen
+		c.Limits[0].PreRate, c.Limits[0].PreBurst = 1, 2
+	})
+	_, w := decide(e, t0, lm, "k", 1)
+	if w == nil {
+		t.Fatal("a new key of a new server did not ask Redis")
+	}
+	wl := lm.windowed()
+	wl.mu.Lock()
+	wl.ops = make([]wop, maxQueued) // full
+	wl.mu.Unlock()
+	d := e.GiveUp(t0, w, ReasonTimeout)
+	if d.Allowed || d.Source != SourceFallback || d.RetryAfter <= 0 {
+		t.Fatalf("a request its policy admits, the queue full: %+v, want refused for a report interval", d)
+	}
+	var pre float64
+	lm.keys.Peek("k", func(en *entry, _ int64) { pre = en.pre.TokensAt(t0.UnixNano()) })
+	if pre != 2 {
+		t.Errorf("the key's pre-check holds %v after the refusal, want its burst, 2", pre)
+	}
+}
