@@ -923,3 +923,21 @@ func TestCloseReportsAdmissionsNotCharged(t *testing.T) {
 		})
 	}
 }
+
+// TestFallbackResetsInAWindow: a decision the failure policy made while Redis did not
+// answer says the key's bucket is full again in a window (Decision.Reset): its state is
+// unknown, whatever the policy's own local limit holds (FailLocal's remaining tokens).
+func TestFallbackResetsInAWindow(t *testing.T) {
+	m, c := redistest.Mini(t)
+	l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{
+		{Name: "local", Rate: 100, Burst: 100, Policy: breaker.FailLocal(), MaxWait: time.Second},
+		{Name: "open", Rate: 100, Burst: 100, Policy: breaker.FailOpen, MaxWait: time.Second},
+		{Name: "closed", Rate: 100, Burst: 100, Policy: breaker.FailClosed, MaxWait: time.Second}}})
+	m.SetError("ERR injected outage")
+	for _, name := range []string{"local", "open", "closed"} {
+		d, err := l.Allow(context.Background(), name, "k")
+		if err != nil || d.Source != hybrid.SourceFallback || d.Reset != d.Window {
+			t.Errorf("%s, Redis down: %+v, %v; want the policy's decision, resetting in a window (%v)", name, d, err, d.Window)
+		}
+	}
+}
