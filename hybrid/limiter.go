@@ -1008,7 +1008,12 @@ var errNotSent = errors.New("queued after Close sent its last refunds")
 // after Close, and a ReserveN whose claim was waiting for Redis returns ErrClosed.
 // Close may be called more than once: every call returns once the first is done.
 func (l *Limiter) Close(ctx context.Context) error {
-	if l.closed.Swap(true) {
+	// Under reconfMu: a Reconfigure that found the Limiter open finishes first, so that no
+	// limit is added once Close has let the leases go.
+	l.reconfMu.Lock()
+	was := l.closed.Swap(true)
+	l.reconfMu.Unlock()
+	if was {
 		select {
 		case <-l.closeDone:
 			return l.closeErr
