@@ -298,7 +298,7 @@ func writeMarkdown(w io.Writer, env Env, rvs []rival, runs []Run, plotFile strin
 	p("The limiters are modules of `bench/go.mod`, a module of its own, so none of them enters the module graph of a service that imports fleetlimit.\n\n")
 	p("This page measures what each limiter costs Redis, and the decisions it makes, over one Redis. What a fleetlimit decision costs in process, ")
 	p("where a lease serves it without a Redis call (against a bare x/time/rate `Allow`, interleaved in one run, with the profile that explains it), ")
-	p("is measured in [hot-path.md](hot-path.md), and held there by CI's guard.\n\n")
+	p("is measured in [hot-path.md](hot-path.md); CI's guard fails when one of its ratios to the bare `Allow` passes 1.4 times its ceiling there.\n\n")
 
 	p("## Where\n\n")
 	p("| | |\n|---|---|\n")
@@ -322,8 +322,8 @@ func writeMarkdown(w io.Writer, env Env, rvs []rival, runs []Run, plotFile strin
 	p("a decision's latency includes waiting for a CPU. The machine is shared: repeats of one row differ, so compare ratios, not the last digit. ")
 	p("Other work on the machine (its load average above) moves decisions/s and the latencies most. ")
 	p("Commands, script runs and round trips per decision are counts: they move with the load only as far as it changes how requests batch. ")
-	p("Redis CPU per decision moves little with the load (Redis's own CPU time, though a busier machine makes each system call dearer): ")
-	p("trust those columns before decisions/s.\n\n")
+	p("Redis CPU per decision is Redis's own CPU time, but it moves with the load too (a busier machine makes each system call dearer, and a limiter ")
+	p("that runs slower batches less): repeats of one row differ by up to 2×.\n\n")
 
 	p("## The limiters\n\n")
 	p("| limiter | module, version pinned in bench/go.mod | per decision | held to, over a run of T on one key |\n|---|---|---|---|\n")
@@ -533,7 +533,7 @@ func perClient(p func(string, ...any), rs []Row, rvs []rival) {
 	}
 	bk := kindOf(best)
 	p("**For per-client keys, choose the %s kind.** ", bk)
-	p("The choice is made on Redis CPU per decision at %d servers and %s, the figure that decides how many requests a Redis serves and that moves least with the machine's load, ", fleetServers, goroutines(g))
+	p("The choice is made on Redis CPU per decision at %d servers and %s, the figure that decides how many requests a Redis serves, ", fleetServers, goroutines(g))
 	p("the median over the repeats in which at most %s of the decisions failed or fell back (a decision of the failure policy costs Redis nothing): ", percent(maxFallback))
 	p("there the %s kind spends %s µs a decision, %s (%s µs), with %s commands and %s script runs a decision%s", bk, sig(best.SteadyCPUDec), share(best.SteadyCPUDec/base.CPUDec, ref+"'s"), sig(base.CPUDec), sig(best.SteadyCmdsDec), sig(best.SteadyScriptsDec), steadyOf(best, " (%s)"))
 	var others []string
@@ -558,6 +558,29 @@ func perClient(p func(string, ...any), rs []Row, rvs []rival) {
 		}
 	}
 	p("\n\n")
+	lo, hi := math.Inf(1), 0.0
+	for _, r := range all {
+		lo, hi = min(lo, r.DecPerS), max(hi, r.DecPerS)
+	}
+	p("The rows are closed loops: each limiter decides as fast as its decisions come back, so each row's Redis CPU per decision is read at a rate of its own, ")
+	p("%s to %s decisions a second for fleetlimit's %d-server rows at %s against %s's %s. ", num(lo, 0), num(hi, 0), fleetServers, goroutines(g), ref, num(base.DecPerS, 0))
+	p("A fleetlimit kind's Redis work per decision falls as a key gets more requests per lease, so a ratio here is what each spends at its own rate, not at %s's: ", ref)
+	p("the rows at %s, whose rates are closer, show what a fleet at a rate like %s's would see", goroutines(goroutineCounts[0]), ref)
+	var slow Row // the kind that spends least at the fewest goroutines
+	slow.CPUDec = math.Inf(1)
+	for _, rv := range fleet {
+		if r, ok := find(rv.Name, goroutineCounts[0]); ok && rv.Servers == fleetServers && r.CPUDec < slow.CPUDec {
+			slow = r
+		}
+	}
+	switch k := kindOf(slow); {
+	case math.IsInf(slow.CPUDec, 1):
+		p(".\n\n")
+	case k == bk:
+		p(", where the %s kind spends least too.\n\n", bk)
+	default:
+		p(", where the %s kind spends least.\n\n", k)
+	}
 	switch bk {
 	case "windowed":
 		p("What the windowed kind gives up (docs/limits.md, \"Windowed limits\"): a key's burst is per fixed window of burst/rate, ")
