@@ -38,6 +38,7 @@ func TestClientIP(t *testing.T) {
 		{"entry with a port", []netip.Prefix{lb}, "10.1.2.3:80", []string{"203.0.113.7:4711"}, "203.0.113.7"},
 		{"ipv6 entry with a port", []netip.Prefix{lb}, "10.1.2.3:80", []string{"[2001:db8::1]:443"}, "2001:db8::/64"},
 		{"trusted prefix written IPv4-mapped", []netip.Prefix{netip.MustParsePrefix("::ffff:10.0.0.0/104")}, "[::ffff:10.1.2.3]:80", []string{"198.51.100.9"}, "198.51.100.9"},
+		{"every IPv4 address trusted, written IPv4-mapped", []netip.Prefix{netip.MustParsePrefix("::ffff:0.0.0.0/96")}, "10.1.2.3:80", []string{"198.51.100.9"}, "198.51.100.9"},
 		{"garbage remote", nil, "pipe", nil, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -165,6 +166,12 @@ func TestClientIPHeaders(t *testing.T) {
 			map[string][]string{"Forwarded": {`for=198.51.100.9;for=6.6.6.6`}}, ""},
 		{"Forwarded, a quote not closed", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "Forwarded"}, "10.1.2.3:80",
 			map[string][]string{"Forwarded": {`for=198.51.100.9;host="a, for=6.6.6.6`}}, ""},
+		{"Forwarded, a line ending in a quoted backslash", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "Forwarded"}, "10.1.2.3:80",
+			map[string][]string{"Forwarded": {`for="\`}}, ""},
+		{"Forwarded, an unquoted bracketed IPv6 with a port", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "Forwarded", IPv6Prefix: 128}, "10.1.2.3:80",
+			map[string][]string{"Forwarded": {`for=[2001:db8::1]:443`}}, "2001:db8::1"},
+		{"Forwarded, every hop trusted: the leftmost", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "Forwarded"}, "10.1.2.3:80",
+			map[string][]string{"Forwarded": {`for=10.0.0.9, for=10.0.0.8`}}, "10.0.0.9"},
 		{"Forwarded, not pairs", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "Forwarded"}, "10.1.2.3:80",
 			map[string][]string{"Forwarded": {`198.51.100.9`}}, ""},
 		{"Forwarded, a client's line that does not parse, left of the proxy's", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "Forwarded"}, "10.1.2.3:80",
@@ -183,6 +190,8 @@ func TestClientIPHeaders(t *testing.T) {
 			map[string][]string{"X-Real-Ip": {"6.6.6.6", "198.51.100.9"}}, "198.51.100.9"},
 		{"X-Real-IP merged into a list: the last", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "X-Real-IP"}, "10.1.2.3:80",
 			map[string][]string{"X-Real-Ip": {"6.6.6.6, 198.51.100.9"}}, "198.51.100.9"},
+		{"X-Real-IP merged into a list of three: the last", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "X-Real-IP"}, "10.1.2.3:80",
+			map[string][]string{"X-Real-Ip": {"6.6.6.6, 7.7.7.7, 198.51.100.9"}}, "198.51.100.9"},
 		{"X-Real-IP list ending empty", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "X-Real-IP"}, "10.1.2.3:80",
 			map[string][]string{"X-Real-Ip": {"198.51.100.9,"}}, ""},
 		{"CF-Connecting-IP missing: the peer", httplimit.IPOptions{Trusted: []netip.Prefix{lb}, Header: "CF-Connecting-IP"}, "10.1.2.3:80",
@@ -234,7 +243,8 @@ func TestClientIPHeaders(t *testing.T) {
 // Forwarded, the key is an address or a prefix, or the error is ErrNoKey; nothing
 // panics.
 func FuzzClientIPHeaders(f *testing.F) {
-	for _, s := range []string{"198.51.100.9", "6.6.6.6, 10.0.0.1", `for="[2001:db8::1]:1"`, "for=unknown", `for=";,"`, "[::1]:x", ""} {
+	for _, s := range []string{"198.51.100.9", "6.6.6.6, 10.0.0.1", `for="[2001:db8::1]:1"`, "for=unknown", `for=";,"`, "[::1]:x", "",
+		`for="\`, `for=1.2.3.4;host="a\`} {
 		f.Add(s, true, uint8(0))
 		f.Add(s, false, uint8(64))
 	}
