@@ -1176,3 +1176,15 @@ func TestDebtLostConnectionKeepsItsNumber(t *testing.T) {
 		})
 	}
 }
+
+// TestShareOf: a server's share of a burst is the burst over the servers rounded up,
+// at least 1: the servers' shares cover the burst.
+func TestShareOf(t *testing.T) {
+	for _, tc := range []struct{ burst, servers, want int }{
+		{10, 3, 4}, {9, 3, 3}, {1, 200, 1}, {100, 1, 100}, {10_000, 200, 50}, {10_001, 200, 51},
+	} {
+		if got := shareOf(tc.burst, tc.servers); got != tc.want {
+			t.Errorf("shareOf(%d, %d) = %d, want %d", tc.burst, tc.servers, got, tc.want)
+		}
+	}
+}

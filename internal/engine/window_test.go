@@ -1585,3 +1585,17 @@ func TestWindowedFallbackRefusedKeepsThePreCheck(t *testing.T) {
 		t.Errorf("the key's pre-check holds %v after the refusal, want its burst, 2", pre)
 	}
 }
+
+// TestWindowGranted: a grant gets what the key's count, answered after it, leaves
+// within the burst: all it asked below it, the part that fits across it, none past it.
+func TestWindowGranted(t *testing.T) {
+	_, lm := testEngine(t, func(c *Config) { c.Limits[0].Burst, c.Limits[0].Windowed = 10, 10*time.Millisecond })
+	wl := lm.windowed()
+	for _, tc := range []struct{ n, count, want int }{
+		{3, 5, 3}, {3, 10, 3}, {5, 12, 3}, {5, 15, 0}, {5, 20, 0}, {1, 11, 0}, {10, 10, 10},
+	} {
+		if got := wl.granted(wop{n: tc.n}, tc.count); got != tc.want {
+			t.Errorf("a grant of %d answered %d of a burst of 10: %d, want %d", tc.n, tc.count, got, tc.want)
+		}
+	}
+}
