@@ -86,12 +86,14 @@ func (l *Limiter) allowMulti(out *MultiDecision, ctx context.Context, items []It
 // largest MaxWait of its limits.
 func (l *Limiter) decideMulti(out *MultiDecision, ctx context.Context, m *engine.Multi, hook func(string, Decision)) (err error) {
 	start := l.nanos()
+	now := start
 	w, done := l.eng.StartMulti(start, m)
 	for !done {
-		left := max(w.Limit().Config().MaxWait-time.Duration(l.nanos()-start), 0)
+		left := max(w.Limit().Config().MaxWait-time.Duration(now-start), 0)
 		d, werr := l.await(ctx, w, left)
 		err = cmp.Or(err, werr)
-		w, done = l.eng.ResumeMulti(l.nanos(), m, d)
+		now = l.nanos()
+		w, done = l.eng.ResumeMulti(now, m, d)
 	}
 	it := m.At(m.Item)
 	out.Allowed, out.Denied, out.RetryAfter = m.Allowed, m.Denied, m.RetryAfter

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/metricstest"
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
 )
 
@@ -296,17 +297,13 @@ func TestCountersSurviveRemoval(t *testing.T) {
 	b := hybrid.Limit{Name: "b", Rate: 10, Burst: 20, Policy: breaker.FailOpen}
 	l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{a, b}})
 	ctx := context.Background()
-	admitted := func(st hybrid.Stats, name string) (n int64) {
+	admitted := func(st hybrid.Stats, name string) int64 {
 		for _, ls := range st.Limits {
 			if ls.Name == name {
-				for _, dc := range ls.Decisions {
-					if dc.Allowed {
-						n += dc.Count
-					}
-				}
+				return metricstest.Allowed(ls)
 			}
 		}
-		return n
+		return 0
 	}
 	for range 5 {
 		l.Allow(ctx, "a", "k")

@@ -372,11 +372,9 @@ func (b *bucket) hitMissLocked(o *outcome, ksh *keystore.Shard[entry], en *entry
 // were leased under: the key's, or its tier's when the key is gone.
 func (b *bucket) unhit(now int64, tier, id string, n int) {
 	back := false
-	sh := b.lm.Shape(tier)
+	var sh *Shape // the key's; its tier's when the key is gone (looked up only then)
 	b.lm.keys.Peek(id, func(en *entry, last int64) {
-		if en.shape != nil {
-			sh = en.shape
-		}
+		sh = en.shape
 		t := now
 		if last-now > 0 {
 			t = last // the pre-check's clock must not go back
@@ -385,6 +383,9 @@ func (b *bucket) unhit(now int64, tier, id string, n int) {
 		back = en.lease.unhit(timeAt(t), n)
 	})
 	if !back {
+		if sh == nil {
+			sh = b.lm.Shape(tier)
+		}
 		b.lm.e.queueRefund(b.lm, sh, id, n)
 	}
 }

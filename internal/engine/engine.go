@@ -118,7 +118,6 @@ type Engine struct {
 	// of the fleet size, which resizes every shape.
 	cfgMu     sync.Mutex
 	removedMu sync.Mutex
-	removed   []*Limit // removed limits, whose refunds may still be out
 	// past are the limits RemoveLimit removed (not their companions), guarded by
 	// removedMu: their counters stay in Stats, and in StatsOf a limit added again under
 	// their name, so that counters since New never go back.

@@ -1053,15 +1053,7 @@ func TestExpiredTokensGoBack(t *testing.T) {
 		e, lm := testEngine(t, nil)
 		leased(t, e, lm, "", "k", left+1, t0)
 		decide(e, t0.Add(time.Minute), lm, "k", 1) // past the lease's lifetime
-		refunded := 0
-		for tr := e.Next(); tr != nil; tr = e.Next() {
-			for _, r := range tr.Refunds {
-				refunded += r.N
-			}
-			answerAll(tr)
-			e.Done(t0.Add(time.Minute), tr)
-		}
-		if refunded != left {
+		if refunded := refundAll(e, t0.Add(time.Minute)); refunded != left {
 			t.Errorf("%d tokens left to expire: %d refunded", left, refunded)
 		}
 	}

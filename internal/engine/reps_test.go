@@ -156,10 +156,7 @@ func TestCompanionKeepsItsOwnCounts(t *testing.T) {
 	for range 400 { // the refund goes, and the debt once Redis answers
 		now = now.Add(10 * time.Millisecond)
 		e.Tick(now)
-		for tr := e.Next(); tr != nil; tr = e.Next() {
-			answerAll(tr)
-			e.Done(now, tr)
-		}
+		sendAll(e, now)
 	}
 	ps, cs := e.StatsOf(api), comp.Stats()
 	if ps.Owed != 0 || ps.Charged != 0 || ps.Granted != 0 || ps.Refunded != 0 {

@@ -432,13 +432,11 @@ func (e *Engine) RemoveLimit(name string) error {
 }
 
 // dropLimit lets go of lm, no longer in the engine's table: its keys (their leased
-// tokens are queued for refund) and its fallbacks; its refunds may still be out. A
-// windowed limit sends what it queued with a last report (retiring): the requests
-// waiting for its grants are decided on their answers, as they would have been.
+// tokens are queued for refund) and its fallbacks; its refunds may still be out (each
+// carries lm: refundBatch). A windowed limit sends what it queued with a last report
+// (retiring): the requests waiting for its grants are decided on their answers, as they
+// would have been.
 func (e *Engine) dropLimit(lm *Limit) {
-	e.removedMu.Lock()
-	e.removed = append(e.removed, lm)
-	e.removedMu.Unlock()
 	lm.keys.Close() // drains every lease through evicted
 	for _, s := range lm.cur.Load().all() {
 		s.fallback.Close()
