@@ -49,14 +49,24 @@ func TestWaitErrors(t *testing.T) {
 	_, c := redistest.Mini(t)
 	l := newLimiter(t, newStore(t, c), hybrid.Config{
 		FleetSize: 1,
-		Limits:    []hybrid.Limit{{Name: "api", Rate: 0.1, Burst: 2, Policy: breaker.FailClosed, MaxWait: time.Second}},
+		Limits: []hybrid.Limit{{Name: "api", Rate: 0.1, Burst: 2, Policy: breaker.FailClosed, MaxWait: time.Second},
+			{Name: "held", Rate: 0.1, Burst: 1, Policy: breaker.FailClosed, MaxWait: time.Second}},
 	})
 	bg := context.Background()
 	if d, err := l.WaitN(bg, "api", "k", 2); err != nil || !d.Allowed {
 		t.Fatalf("WaitN(2) on a full bucket = %+v, %v", d, err)
 	}
+	if d, err := l.WaitN(bg, "held", "k", 1); err != nil || !d.Allowed {
+		t.Fatalf("WaitN(1) on a full bucket = %+v, %v", d, err)
+	}
+	if r, err := l.ReserveN(bg, "held", "k", 1); err != nil || !r.OK() {
+		t.Fatalf("ReserveN(1) on an empty bucket = %+v, %v; want a claim", r.Decision(), err)
+	}
 	// The bucket is empty and refills one token in 10 s; the deadline is sooner, and
-	// outlives every case below on a loaded machine.
+	// outlives every case below on a loaded machine. "held"'s bucket is at minus its
+	// burst, held there by the claim above: a request is denied, not reserved (no claim
+	// may take it lower), with a RetryAfter of 10 s (when one may again), past the
+	// deadline too, which WaitN must not sleep toward.
 	short, cancel := context.WithTimeout(bg, 5*time.Second)
 	defer cancel()
 	canceled, cancel2 := context.WithCancel(bg)
@@ -69,6 +79,7 @@ func TestWaitErrors(t *testing.T) {
 		want error
 	}{
 		{"retry after the deadline", short, "api", 1, hybrid.ErrWouldExceedDeadline},
+		{"denied until after the deadline", short, "held", 1, hybrid.ErrWouldExceedDeadline},
 		{"cost above the burst", bg, "api", 3, hybrid.ErrNeverAllowed},
 		{"canceled while waiting", canceled, "api", 1, context.Canceled},
 		{"unknown limit", bg, "nope", 1, hybrid.ErrUnknownLimit},
