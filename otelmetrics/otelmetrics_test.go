@@ -246,9 +246,21 @@ func TestCollectHasTheSpec(t *testing.T) {
 		if m.Description == "" {
 			t.Errorf("%s: no description", name)
 		}
+		// A unit is an annotation ({token}) or none: the Prometheus exporter adds a suffix
+		// to the name for any other, and the name would no longer be the table's.
+		if u := m.Unit; u != "" && (!strings.HasPrefix(u, "{") || !strings.HasSuffix(u, "}")) {
+			t.Errorf("%s: unit %q, want an annotation such as {token}, or none", name, u)
+		}
 		points := dataPoints(m)
 		if len(points) == 0 {
 			t.Errorf("%s: no data point", name)
+		}
+		for _, p := range points {
+			// allowed is a boolean attribute (docs/metrics.md): an OTLP backend keeps its
+			// type, and a query on the boolean does not match a string "true".
+			if v, ok := p.Attributes.Value("allowed"); ok && v.Type() != attribute.BOOL {
+				t.Errorf("%s: allowed is a %v attribute, want a BOOL", name, v.Type())
+			}
 		}
 		want := append([]string{"limiter", "region"}, sp.Labels...)
 		slices.Sort(want)
@@ -285,5 +297,41 @@ func TestUnregister(t *testing.T) {
 	}
 	if n := len(dataPoints(collect(t, rd)["fleetlimit_servers"])); n != 0 {
 		t.Errorf("%d data points of fleetlimit_servers after Unregister", n)
+	}
+}
+
+// TestCollectPerLimitCounters: the per-limit counters and gauge that Busy's Limiter
+// leaves at 0 are collected under their own names with their own limit's values
+// (metricstest.PerLimit).
+func TestCollectPerLimitCounters(t *testing.T) {
+	l, want := metricstest.PerLimit(t)
+	checkCollected(t, register(t, l), want)
+}
+
+// TestCollectBreaker: the state gauge follows the breaker through closed, open and
+// half-open, and each transition and call counter is collected under its own attribute
+// (metricstest.Breaker).
+func TestCollectBreaker(t *testing.T) {
+	l, walk := metricstest.Breaker(t)
+	rd := register(t, l)
+	want := walk(func(state string) {
+		checkCollected(t, rd, metricstest.Want{"fleetlimit_breaker_state": {"closed": 0, "half-open": 0, "open": 0, state: 1}})
+	})
+	checkCollected(t, rd, want)
+}
+
+// checkCollected fails t unless each metric of want is collected from rd with want's
+// values, under its OpenTelemetry name.
+func checkCollected(t *testing.T, rd *sdkmetric.ManualReader, want metricstest.Want) {
+	t.Helper()
+	ms := collect(t, rd)
+	for _, m := range metricstest.Metrics {
+		w, ok := want[m.Name]
+		if !ok {
+			continue
+		}
+		if got := series(t, ms, instrument(m), metricstest.Label(t, m.Name)); !reflect.DeepEqual(got, w) {
+			t.Errorf("%s: collected %v, want %v", instrument(m), got, w)
+		}
 	}
 }

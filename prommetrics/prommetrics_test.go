@@ -279,3 +279,37 @@ func TestTwoLimitersOneRegistry(t *testing.T) {
 		t.Error("a second Collector with the same constant labels registered")
 	}
 }
+
+// TestScrapePerLimitCounters: the per-limit counters and gauge that Busy's Limiter leaves
+// at 0 are scraped under their own names with their own limit's values
+// (metricstest.PerLimit).
+func TestScrapePerLimitCounters(t *testing.T) {
+	l, want := metricstest.PerLimit(t)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(prommetrics.New(l))
+	checkScraped(t, reg, want)
+}
+
+// TestScrapeBreaker: the state gauge follows the breaker through closed, open and
+// half-open, and each transition and call counter is scraped under its own label
+// (metricstest.Breaker).
+func TestScrapeBreaker(t *testing.T) {
+	l, walk := metricstest.Breaker(t)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(prommetrics.New(l))
+	want := walk(func(state string) {
+		checkScraped(t, reg, metricstest.Want{"fleetlimit_breaker_state": {"closed": 0, "half-open": 0, "open": 0, state: 1}})
+	})
+	checkScraped(t, reg, want)
+}
+
+// checkScraped fails t unless each metric of want is scraped from reg with want's values.
+func checkScraped(t *testing.T, reg *prometheus.Registry, want metricstest.Want) {
+	t.Helper()
+	fams := scrape(t, reg)
+	for name, w := range want {
+		if got := series(t, fams, name, metricstest.Label(t, name)); !reflect.DeepEqual(got, w) {
+			t.Errorf("%s: scraped %v, want %v", name, got, w)
+		}
+	}
+}

@@ -17,9 +17,11 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -29,7 +31,9 @@ import (
 	"github.com/fleetlimit/fleetlimit/breaker"
 	"github.com/fleetlimit/fleetlimit/global"
 	"github.com/fleetlimit/fleetlimit/hybrid"
+	"github.com/fleetlimit/fleetlimit/internal/redisstore"
 	"github.com/fleetlimit/fleetlimit/internal/redistest"
+	"github.com/fleetlimit/fleetlimit/internal/wire"
 )
 
 // TestDoctor: on a redis-server of the test's own, every check passes; once it may
@@ -229,11 +233,19 @@ const windowRate = 20.0 / 3600
 // windowRate on store, then closes the Limiter: its last report counts them in Redis.
 func admitWindowed(t *testing.T, store *global.Store, n int) {
 	t.Helper()
+	admitWindowedKeys(t, store, map[string]int{"client-1": n})
+}
+
+// admitWindowedKeys is admitWindowed for several keys: n[key] requests of each.
+func admitWindowedKeys(t *testing.T, store *global.Store, n map[string]int) {
+	t.Helper()
 	ctx := context.Background()
 	l := newLimiter(t, store, hybrid.Windowed(100*time.Millisecond), windowRate)
-	for range n {
-		if d, err := l.Allow(ctx, "api", "client-1"); err != nil || !d.Allowed {
-			t.Fatalf("Allow: %+v, %v", d, err)
+	for key, n := range n {
+		for range n {
+			if d, err := l.Allow(ctx, "api", key); err != nil || !d.Allowed {
+				t.Fatalf("Allow %s: %+v, %v", key, d, err)
+			}
 		}
 	}
 	if err := l.Close(ctx); err != nil {
@@ -373,6 +385,16 @@ func TestDoctorCluster(t *testing.T) {
 		!strings.Contains(out.String(), "WARN  failover") || !strings.Contains(out.String(), "cluster-require-full-coverage no") {
 		t.Errorf("a master requiring full coverage: exit %d\n%s", code, out.String())
 	}
+	// Redis's default cluster-node-timeout, 15 s, is an outage that long for a failed
+	// master's keys: past 5 s, doctor warns.
+	if err := c.Masters[1].Client().ConfigSet(context.Background(), "cluster-node-timeout", "15000").Err(); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if code := run(context.Background(), []string{"doctor", "-cluster", "-addr", c.Addrs()[0], "-deadline", "1s"}, &out, &errs); code != 0 ||
+		!strings.Contains(out.String(), "cluster-node-timeout 15000 ms") || !strings.Contains(out.String(), "1000-2000 ms") {
+		t.Errorf("a master with cluster-node-timeout 15000: exit %d\n%s", code, out.String())
+	}
 }
 
 // TestRejectsStrayArguments: an argument that is not a flag stops flag parsing, so the
@@ -408,6 +430,268 @@ func TestInspectRejectsBadFlags(t *testing.T) {
 		var out, errs bytes.Buffer
 		if code := run(context.Background(), args, &out, &errs); code != 2 {
 			t.Errorf("%q: exit %d (%s%s), want 2", args, code, out.String(), errs.String())
+		}
+	}
+}
+
+// TestDoctorRoundTripVerdicts: the round trip passes under a fifth of -deadline, warns
+// under half of it and fails past that, and only a FAIL makes the exit status 1. A
+// Redis 40 ms away (every round trip at least that long) is judged against 200 ms (a
+// warning: 40 ms is a fifth, and a loaded machine stays under 100 ms) and against 80 ms
+// (a failure: 40 ms is half).
+func TestDoctorRoundTripVerdicts(t *testing.T) {
+	srv := redistest.StartServer(t)
+	addr := slowProxy(t, srv.Addr, 40*time.Millisecond)
+	for _, tc := range []struct {
+		deadline string
+		want     verdict
+		code     int
+	}{
+		{"200ms", warn, 0},
+		{"80ms", fail, 1},
+	} {
+		var out, errs bytes.Buffer
+		code := run(context.Background(), []string{"doctor", "-addr", addr, "-deadline", tc.deadline, "-timeout", "30s"}, &out, &errs)
+		if line := string(tc.want) + "  round trip"; code != tc.code || !strings.Contains(out.String(), line) || !strings.Contains(out.String(), "against a "+tc.deadline+" deadline") {
+			t.Errorf("-deadline %s, a Redis 40ms away: exit %d, want %d and %q\n%s%s", tc.deadline, code, tc.code, line, out.String(), errs.String())
+		}
+	}
+}
+
+// versionProxy forwards connections to addr, each reply with from, an INFO field,
+// replaced by to, of the same length (a bulk string's length goes before it): a Redis
+// that says it is another version. It stops with the test.
+func versionProxy(t *testing.T, addr, from, to string) string {
+	t.Helper()
+	if len(from) != len(to) {
+		t.Fatalf("versionProxy: %q and %q differ in length", from, to)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		_ = ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", addr)
+			if err != nil {
+				_ = in.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, in, out)
+			mu.Unlock()
+			go func() { _, _ = io.Copy(out, in); _ = out.Close() }()
+			go func() {
+				defer in.Close()
+				var pending []byte
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := out.Read(buf)
+					if err != nil {
+						return
+					}
+					pending = bytes.ReplaceAll(append(pending, buf[:n]...), []byte(from), []byte(to))
+					// A tail that may begin from waits for the next read: from may be split
+					// across two. A reply ends in CRLF, which begins no INFO field.
+					keep := 0
+					for k := min(len(from)-1, len(pending)); k > 0; k-- {
+						if bytes.HasSuffix(pending, []byte(from[:k])) {
+							keep = k
+							break
+						}
+					}
+					if _, err := in.Write(pending[:len(pending)-keep]); err != nil {
+						return
+					}
+					pending = append([]byte(nil), pending[len(pending)-keep:]...)
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// TestDoctorVersion: Redis 6 and later pass, 5 warns (it runs the scripts, untested) and
+// an older one fails (no effects replication for scripts that read TIME), with exit
+// status 1. The test's redis-server says it is each of these through a proxy.
+func TestDoctorVersion(t *testing.T) {
+	srv := redistest.StartServer(t)
+	info, err := srv.Client().Info(context.Background(), "server").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	actual := field(info, "redis_version")
+	major, rest, ok := strings.Cut(actual, ".")
+	if !ok {
+		t.Fatalf("redis_version %q", actual)
+	}
+	for _, tc := range []struct {
+		major int
+		want  verdict
+		code  int
+	}{
+		{7, pass, 0},
+		{6, pass, 0},
+		{5, warn, 0},
+		{4, fail, 1},
+	} {
+		v := fmt.Sprintf("%0*d.%s", len(major), tc.major, rest) // as long as the real one
+		addr := versionProxy(t, srv.Addr, "redis_version:"+actual, "redis_version:"+v)
+		var out, errs bytes.Buffer
+		code := run(context.Background(), []string{"doctor", "-addr", addr, "-deadline", "1s"}, &out, &errs)
+		if line := fmt.Sprintf("%s  %-12s Redis %s\n", tc.want, "version", v); code != tc.code || !strings.Contains(out.String(), line) {
+			t.Errorf("Redis %s: exit %d, want %d and %q\n%s%s", v, code, tc.code, line, out.String(), errs.String())
+		}
+	}
+}
+
+// TestDoctorACL: a user refused SCRIPT LOAD or BITFIELD fails that check, with the ACL
+// rule to add, and exit status 1; a user whose keys are those of a prefix passes the
+// BITFIELD check with -prefix, whose test key goes under it, and fails it without,
+// naming the key it tried.
+func TestDoctorACL(t *testing.T) {
+	srv := redistest.StartServer(t)
+	ctx := context.Background()
+	for user, rules := range map[string][]any{
+		"noscript":   {"~*", "+@all", "-@scripting"},
+		"nobitfield": {"~*", "+@all", "-bitfield"},
+		"tkeys":      {"~t:*", "+@all"},
+	} {
+		if err := srv.Client().Do(ctx, append([]any{"ACL", "SETUSER", user, "on", ">pw"}, rules...)...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		user   string
+		flags  []string
+		code   int
+		want   []string
+		absent []string
+	}{
+		{"noscript", nil, 1, []string{"FAIL  scripts", "fix: allow SCRIPT LOAD and EVALSHA for the limiter's user (ACL +@scripting)", "PASS  BITFIELD"}, nil},
+		{"nobitfield", nil, 1, []string{"FAIL  BITFIELD", "windowed limits need BITFIELD (ACL +bitfield)", "PASS  scripts"}, nil},
+		{"tkeys", []string{"-prefix", "t:"}, 0, []string{"PASS  BITFIELD"}, []string{"FAIL"}},
+		{"tkeys", nil, 1, []string{"FAIL  BITFIELD", "(fl:doctor:{"}, nil},
+	} {
+		var out, errs bytes.Buffer
+		args := append([]string{"doctor", "-addr", srv.Addr, "-deadline", "1s", "-user", tc.user, "-password", "pw"}, tc.flags...)
+		code := run(ctx, args, &out, &errs)
+		bad := code != tc.code
+		for _, s := range tc.want {
+			bad = bad || !strings.Contains(out.String(), s)
+		}
+		for _, s := range tc.absent {
+			bad = bad || strings.Contains(out.String(), s)
+		}
+		if bad {
+			t.Errorf("%s %v: exit %d, want %d, the lines %q and none of %q\n%s%s", tc.user, tc.flags, code, tc.code, tc.want, tc.absent, out.String(), errs.String())
+		}
+	}
+}
+
+// TestInspectWindows: inspect prints the key's previous and current windows, in order,
+// each with the instant it ends: the previous one has ended when Redis is asked, the
+// current one ends one window later, and the admissions are in the current one.
+func TestInspectWindows(t *testing.T) {
+	m, c := redistest.Mini(t)
+	store, err := global.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admitWindowed(t, store, 3)
+	var out, errs bytes.Buffer
+	before := time.Now()
+	code := run(context.Background(), []string{"inspect", "-addr", m.Addr(), "-limit", "api", "-key", "client-1",
+		"-rate", strconv.FormatFloat(windowRate, 'g', -1, 64), "-burst", "20"}, &out, &errs)
+	after := time.Now()
+	if code != 0 {
+		t.Fatalf("inspect: exit %d\n%s%s", code, out.String(), errs.String())
+	}
+	lines := regexp.MustCompile(`(?m)^  window (\d+) \(ends (\S+)\): (\d+) of 20$`).FindAllStringSubmatch(out.String(), -1)
+	if len(lines) != 2 {
+		t.Fatalf("%d window lines, want the previous and the current window's\n%s", len(lines), out.String())
+	}
+	var idx [2]int
+	var ends [2]time.Time
+	for i, l := range lines {
+		idx[i], _ = strconv.Atoi(l[1])
+		if ends[i], err = time.Parse(time.RFC3339Nano, l[2]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const window = time.Hour // burst / rate
+	if idx[1] != idx[0]+1 || ends[1].Sub(ends[0]) != window || ends[0].After(after) || !ends[1].After(before) ||
+		lines[0][3] != "0" || lines[1][3] != "3" {
+		t.Errorf("windows %v ending %v, read between %v and %v: want consecutive windows, the previous ended, the current not, 0 then 3 of 20\n%s",
+			idx, ends, before, after, out.String())
+	}
+}
+
+// TestInspectReadsTheLesserCounter: a windowed limit counts each key in two rows of
+// counters of its window's array, and another key in the same array may share either
+// of its counters; the limiter takes the lesser of the two as the key's count, and so
+// does inspect. Key a shares key p's counter in row 0, key b p's counter in row 1: each
+// reads its own count, not the sum.
+func TestInspectReadsTheLesserCounter(t *testing.T) {
+	width := redisstore.ShardWidth(wire.DefaultWindowWidth, 1) // one Redis, one shard
+	wus := wire.WindowMicros(windowRate, 20)
+	now := time.Now().UnixMicro()
+	counter := func(key string, row int) int { return wire.WindowCounter(string(redisstore.IDOf(key)), row, width) }
+	// The key's window now (each key's windows have a phase of their own), and whether
+	// it is still that window 5 minutes on: the test's admissions and reads fall in it.
+	window := func(key string) (int64, bool) {
+		phase := wire.WindowPhase(string(redisstore.IDOf(key)), wus)
+		w := wire.WindowIndex(now, phase, wus)
+		return w, w == wire.WindowIndex(now+(5*time.Minute).Microseconds(), phase, wus)
+	}
+	var p, a, b string
+	var pw int64
+	for i := 0; p == "" || a == "" || b == ""; i++ {
+		if i == 1<<24 {
+			t.Fatal("no keys share a counter in one window")
+		}
+		k := "key-" + strconv.Itoa(i)
+		w, stays := window(k)
+		switch {
+		case !stays:
+		case p == "":
+			p, pw = k, w
+		case w != pw:
+		case a == "" && counter(k, 0) == counter(p, 0) && counter(k, 1) != counter(p, 1):
+			a = k
+		case b == "" && counter(k, 1) == counter(p, 1) && counter(k, 0) != counter(p, 0):
+			b = k
+		}
+	}
+	m, c := redistest.Mini(t)
+	store, err := global.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admitWindowedKeys(t, store, map[string]int{p: 3, a: 1, b: 2})
+	for _, tc := range []struct{ key, want string }{
+		{a, ": 1 of 20"}, // its row 0 counter is p's too, at 3 or more
+		{b, ": 2 of 20"}, // its row 1 counter is p's too, at 3 or more
+	} {
+		var out, errs bytes.Buffer
+		args := []string{"inspect", "-addr", m.Addr(), "-limit", "api", "-key", tc.key,
+			"-rate", strconv.FormatFloat(windowRate, 'g', -1, 64), "-burst", "20"}
+		if code := run(context.Background(), args, &out, &errs); code != 0 || !strings.Contains(out.String(), tc.want) {
+			t.Errorf("inspect %s: exit %d, want %q\n%s%s", tc.key, code, tc.want, out.String(), errs.String())
 		}
 	}
 }

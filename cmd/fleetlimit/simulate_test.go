@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"strconv"
 	"strings"
@@ -200,5 +201,59 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestTestLogs: from go test -json, each scenario's text is what TestFleet logged for the
+// whole run (its wall time left out: the page is the scenario's, not the machine's) and
+// then what the scenario's own subtest logged, without the file:line prefixes or the
+// runner's lines; a subtest's subtests are not the scenario's table. Every logged line,
+// prefixes kept, and any line that is not JSON (a build error) go to the error text.
+func TestTestLogs(t *testing.T) {
+	var in strings.Builder
+	for _, e := range []testEvent{
+		{Action: "start"},
+		{Action: "run", Test: "TestFleet"},
+		{Action: "output", Test: "TestFleet", Output: "=== RUN   TestFleet\n"},
+		{Action: "output", Test: "TestFleet", Output: "    sim_test.go:103: a note for every scenario\n"},
+		{Action: "output", Test: "TestFleet", Output: "    sim_test.go:127: 2 runs in 1.5s of wall time\n"},
+		{Action: "output", Test: "TestFleet/tiny", Output: "=== RUN   TestFleet/tiny\n"},
+		{Action: "output", Test: "TestFleet/tiny", Output: "    sim_test.go:137: \n"},
+		{Action: "output", Test: "TestFleet/tiny", Output: "        strategy  admitted/s\n"},
+		{Action: "output", Test: "TestFleet/tiny", Output: "        hybrid    200\n"},
+		{Action: "output", Test: "TestFleet/tiny/hybrid", Output: "    run.go:9: a run's own line\n"},
+		{Action: "output", Test: "TestFleet/other", Output: "    sim_test.go:137: other's table\n"},
+		{Action: "output", Test: "TestFleet/tiny", Output: "    --- PASS: TestFleet/tiny (0.50s)\n"},
+		{Action: "pass", Test: "TestFleet/tiny", Output: "ignored\n"},
+		{Action: "output", Output: "PASS\n"},
+		{Action: "output", Output: "ok  \tgithub.com/fleetlimit/fleetlimit/sim\t1.6s\n"},
+	} {
+		b, err := json.Marshal(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		in.Write(b)
+		in.WriteString("\n")
+	}
+	in.WriteString("# github.com/fleetlimit/fleetlimit/sim\n")
+
+	logs, all := testLogs(strings.NewReader(in.String()))
+	want := map[string]string{
+		"tiny":  "a note for every scenario\n\nstrategy  admitted/s\nhybrid    200\n",
+		"other": "a note for every scenario\nother's table\n",
+	}
+	if !reflect.DeepEqual(logs, want) {
+		t.Errorf("logs:\n%q\nwant\n%q", logs, want)
+	}
+	wantAll := "    sim_test.go:103: a note for every scenario\n" +
+		"    sim_test.go:127: 2 runs in 1.5s of wall time\n" +
+		"    sim_test.go:137: \n" +
+		"        strategy  admitted/s\n" +
+		"        hybrid    200\n" +
+		"    run.go:9: a run's own line\n" +
+		"    sim_test.go:137: other's table\n" +
+		"# github.com/fleetlimit/fleetlimit/sim\n"
+	if all != wantAll {
+		t.Errorf("every line:\n%s\nwant\n%s", all, wantAll)
 	}
 }
