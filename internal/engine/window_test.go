@@ -105,37 +105,28 @@ func (f *winFleet) count(key string, now time.Time) int {
 	return f.add(key, win, 0, false)
 }
 
-// shardTrip is a trip of the first limit for key's shard, as the engine makes it: of
-// its counts, or, with marks, of its marks.
-func (f *winFleet) shardTrip(key string, marks bool) redisstore.WindowTrip {
-	lim := f.lms[0]
-	shard := wire.WindowShard(key, wire.WindowShards)
-	if marks {
-		shard = wire.WindowMarksShard(key, wire.WindowShards)
-	}
-	return redisstore.WindowTrip{Limit: redisstore.Limit{Name: lim.Name(), Rate: lim.Rate(), Burst: lim.Burst()},
-		Width: redisstore.ShardWidth(cmpOr(f.width, 1<<10), wire.WindowShards), Shards: wire.WindowShards, Shard: shard}
-}
-
-// add adds n to key's count in window win (its demand with demand), as another server
-// of the fleet would, and returns the count after it.
+// add adds n to key's count in window win in Redis (to its demand row if demand), as
+// the fleet's other servers do, and returns the count answered: with n 0, it reads it.
 func (f *winFleet) add(key string, win int64, n int, demand bool) int {
 	f.t.Helper()
-	trip := f.shardTrip(key, false)
-	trip.Ops = []redisstore.WindowOp{{ID: redisstore.KeyID(key), Win: win, N: n, Demand: demand}}
-	if err := f.store.Windows(context.Background(), &trip); err != nil {
+	wl := f.lms[0].windowed()
+	x := redisstore.WindowTrip{Limit: wl.glim, Width: wl.width, Shards: wl.shards, Shard: wire.WindowShard(key, wl.shards),
+		Ops: []redisstore.WindowOp{{ID: redisstore.KeyID(key), Win: win, N: n, Demand: demand}}}
+	if err := f.store.Windows(context.Background(), &x); err != nil {
 		f.t.Fatal(err)
 	}
-	return trip.Ops[0].Count
+	return x.Ops[0].Count
 }
 
-// mark records key's mark of window win, with flags, at at, as another server would.
-func (f *winFleet) mark(key string, flags int, win int64, at time.Time) {
+// mark records the fleet's mark of key's window win, flags (wire.MarkLow, MarkSpent,
+// MarkOver), at at, as another server's trip does: servers learn it with their next read.
+func (f *winFleet) mark(key string, win int64, flags int, at time.Time) {
 	f.t.Helper()
-	trip := f.shardTrip(key, true)
-	trip.Marks = []redisstore.WindowMark{{ID: redisstore.KeyID(key), Flags: flags, Win: win}}
-	trip.At, trip.Memory = at, windowMemory
-	if err := f.store.Windows(context.Background(), &trip); err != nil {
+	wl := f.lms[0].windowed()
+	x := redisstore.WindowTrip{Limit: wl.glim, Width: wl.width, Shards: wl.shards, Shard: wire.WindowMarksShard(key, wl.shards),
+		At: at, Memory: windowMemory, Marks: []redisstore.WindowMark{{ID: redisstore.KeyID(key), Flags: flags, Win: win}}}
+	f.m.SetTime(at)
+	if err := f.store.Windows(context.Background(), &x); err != nil {
 		f.t.Fatal(err)
 	}
 }
@@ -1857,8 +1848,7 @@ func TestWindowedReadsLowMark(t *testing.T) {
 	e, lm := f.es[0], f.lms[0]
 	now := t0.Add(2 * time.Second)
 	key, win, _ := f.roomy("k", now, 800*time.Millisecond)
-	f.m.SetTime(now.Add(-20 * time.Millisecond))
-	f.mark(key, wire.MarkLow, win, now.Add(-20*time.Millisecond))
+	f.mark(key, win, wire.MarkLow, now.Add(-20*time.Millisecond))
 	if _, w := decide(e, now.Add(-10*time.Millisecond), lm, "y", 1); w != nil {
 		f.serve(0, now.Add(-10*time.Millisecond)) // a trip, and with it a read: the mark learnt, marks fresh
 	}
@@ -1892,8 +1882,7 @@ func TestWindowedKeyWithGrantsLearnsMarks(t *testing.T) {
 		t.Fatalf("the request: %+v, want granted", d)
 	}
 	over := t0.Add(5 * time.Millisecond) // another server marks the key over
-	f.m.SetTime(over)
-	f.mark(key, wire.MarkOver, win, over)
+	f.mark(key, win, wire.MarkOver, over)
 	if _, w := decide(e, t0.Add(10*time.Millisecond), lm, "y", 1); w != nil {
 		f.serve(0, t0.Add(10*time.Millisecond)) // its trip reads the mark (not warm: every trip reads)
 	}
@@ -2090,5 +2079,704 @@ func TestWindowedLostArrayAfterGiveBacks(t *testing.T) {
 	f.serve(0, now.Add(500*time.Millisecond)) // its carry
 	if got, lost := f.count(key, now), lm.LostBuckets(); got != before+1 || lost != 2 {
 		t.Errorf("count %d after the second loss, %d arrays lost; want the %d before it and the fourth admission, 2", got, lost, before)
+	}
+}
+
+// TestWindowedAllowanceIsTheRoomLeft: once a count was answered for a key's window, a
+// server admits of it without asking no more than what that count left (room), even
+// where its share c is more: with one server c is the whole burst, and a key the fleet
+// counts 9 of 10 in its window has one admission left to decide here; the next request
+// asks Redis, and its grant is what the window still holds.
+func TestWindowedAllowanceIsTheRoomLeft(t *testing.T) {
+	f := newWinFleet(t, 1, nil) // burst 10, c = 10
+	f.warm()
+	e, lm := f.es[0], f.lms[0]
+	now := t0.Add(2 * time.Second)
+	key, win, _ := f.roomy("k", now, 800*time.Millisecond)
+	f.add(key, win, 8, false) // the other admissions of its window
+	f.admitFree(key, now)
+	f.serve(0, now.Add(100*time.Millisecond)) // its count answered: 9, a room of 1
+	at := now.Add(150 * time.Millisecond)
+	if d, w := decide(e, at, lm, key, 1); w != nil || d.Reason != ReasonAsync {
+		t.Fatalf("%s with a room of 1: %+v (waits %v), want admitted without asking", key, d, w != nil)
+	}
+	d, w := decide(e, at, lm, key, 1)
+	if w == nil {
+		t.Fatalf("%s with its room taken: %+v, want it to ask Redis", key, d)
+	}
+	f.serve(0, at)
+	if d := w.Decision(); d.Allowed || d.Reason != ReasonPaced {
+		t.Errorf("its answer: %+v, want refused: the window counts its burst", d)
+	}
+	// 8, the two admitted without asking, and the refused grant, left counted
+	if got := f.count(key, at); got != 11 {
+		t.Errorf("count %d, want 11", got)
+	}
+}
+
+// TestWindowedFreshForTwoReads: a key's marks are fresh while its shard's last read went
+// within two read periods, that instant included, and stale a nanosecond later; a server
+// not warm has no fresh marks.
+func TestWindowedFreshForTwoReads(t *testing.T) {
+	f := newWinFleet(t, 1, nil)
+	wl := f.lms[0].windowed()
+	if wl.fresh(t0, "k") {
+		t.Fatal("fresh before the server is warm")
+	}
+	f.warm()
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	last := wl.lastRead[wire.WindowMarksShard("k", wl.shards)]
+	if last.IsZero() {
+		t.Fatal("no read of k's shard went while the server warmed up")
+	}
+	if !wl.fresh(last.Add(2*windowRead), "k") || wl.fresh(last.Add(2*windowRead+1), "k") {
+		t.Errorf("fresh %v two read periods after the last read, %v a nanosecond later; want true, false",
+			wl.fresh(last.Add(2*windowRead), "k"), wl.fresh(last.Add(2*windowRead+1), "k"))
+	}
+}
+
+// TestWindowedCosts: a request may cost up to the burst: with one server (c = the
+// burst) a new key's request of the whole burst is admitted without asking; one past
+// the burst can never be, nor a negative cost; a cost of 0 is admitted at once.
+func TestWindowedCosts(t *testing.T) {
+	f := newWinFleet(t, 1, nil) // burst 10
+	f.warm()
+	now := t0.Add(2 * time.Second)
+	for _, tc := range []struct {
+		n    int
+		want Decision
+	}{
+		{10, Decision{Allowed: true, Source: SourceLease, Reason: ReasonAsync, Servers: 1}},
+		{11, Decision{Source: SourceLease, Reason: ReasonExceedsBurst, RetryAfter: InfDuration, Servers: 1}},
+		{-1, Decision{Source: SourceLease, Reason: ReasonInvalidCost, RetryAfter: InfDuration, Servers: 1}},
+		{0, Decision{Allowed: true, Source: SourceLease, Reason: ReasonLease, Servers: 1}},
+	} {
+		key, _, _ := f.roomy("k"+strconv.Itoa(tc.n)+"-", now, 500*time.Millisecond)
+		if _, w := decide(f.es[0], now.Add(-10*time.Millisecond), f.lms[0], "y", 1); w != nil {
+			f.serve(0, now.Add(-10*time.Millisecond)) // fresh marks
+		}
+		if d, w := decide(f.es[0], now, f.lms[0], key, tc.n); w != nil || d != tc.want {
+			t.Errorf("a new key's request of %d: %+v (waits %v), want %+v", tc.n, d, w != nil, tc.want)
+		}
+	}
+}
+
+// TestWindowedHotKeyAcrossWindows: a key a server sees often is served from grants of
+// its window sized by its rate, each asked before the last runs out (its first request,
+// admitted without asking, asks the first); near its window's end it asks a grant of the
+// next window with its grant of this one, so that the first request of each new window
+// finds grants too: no request after the first waits or goes unasked. What it held of a
+// window goes with it, not into the window after (each window's grants are asked of that
+// window). Closed, the server gives back what it holds: the last window counts exactly
+// its admissions, and no window counts fewer than it admitted.
+func TestWindowedHotKeyAcrossWindows(t *testing.T) {
+	f := newWinFleet(t, 2, func(c *LimitConfig) { c.Rate, c.Burst = 1000, 1000 }) // windows of 1 s
+	f.warm()
+	e, lm := f.es[0], f.lms[0]
+	wl := lm.windowed()
+	start := t0.Add(60 * time.Millisecond)
+	key, first, _ := f.roomy("hot", start, 300*time.Millisecond)
+	phase := wire.WindowPhase(key, wl.wUs)
+	admitted := map[int64]int{}
+	now, win := start, first
+	for i := 0; now.Before(start.Add(2500 * time.Millisecond)); i++ { // 200/s across two window ends
+		now = now.Add(5 * time.Millisecond)
+		d, w := decide(e, now, lm, key, 1)
+		f.serve(0, now)
+		if w != nil {
+			d = w.Decision()
+		}
+		if !d.Allowed {
+			t.Fatalf("at +%v: %+v, want every request admitted", now.Sub(start), d)
+		}
+		k := wire.WindowIndex(now.UnixMicro(), phase, wl.wUs)
+		admitted[k]++
+		if i > 0 && (w != nil || d.Reason != ReasonLease) {
+			t.Errorf("request %d, window %d (its first: %v): %+v (waited %v), want served from a grant asked ahead",
+				i+1, k-first, k != win, d, w != nil)
+		}
+		win = k
+	}
+	if win != first+2 {
+		t.Fatalf("the run ended in window %d, want %d", win-first, 2)
+	}
+	e.Stop(now)
+	e.Drain()
+	f.serve(0, now)
+	e.Finish()
+	for k := first; k <= win; k++ {
+		at := time.UnixMicro(wire.WindowStart(k, phase, wl.wUs))
+		switch got := f.count(key, at); {
+		case k == win && got != admitted[k]:
+			t.Errorf("the last window counts %d once the server closed, want its %d admissions", got, admitted[k])
+		case got < admitted[k]:
+			t.Errorf("window %d counts %d, below its %d admissions", k-first, got, admitted[k])
+		}
+	}
+}
+
+// TestWindowedOverKeyAsksEveryOtherWindow: a key a server sees often, over its limit
+// (window A spent in its first moments), is refused while its window is spent and asks
+// ahead for a grant of the next one. Refused that grant (B full), it knows B spent when B
+// comes: refused without asking until B ends. In B it does not ask for C (the every other
+// window of an abusive client), so C too is refused until it ends, though it has room;
+// in C it asks for D, and D's first request is served from that grant.
+func TestWindowedOverKeyAsksEveryOtherWindow(t *testing.T) {
+	f := newWinFleet(t, 2, func(c *LimitConfig) { c.Rate, c.Burst = 1000, 1000 }) // windows of 1 s
+	f.warm()
+	e, lm := f.es[0], f.lms[0]
+	wl := lm.windowed()
+	start := t0.Add(60 * time.Millisecond)
+	key, a, _ := f.roomy("over", start, 300*time.Millisecond)
+	phase := wire.WindowPhase(key, wl.wUs)
+	f.m.SetTime(start)        // Redis's clock, which the arrays' lives follow
+	f.add(key, a, 999, false) // the fleet's: A all but spent, B full
+	f.add(key, a+1, 1000, false)
+	now, win := start, a
+	for win < a+3 { // 200/s into D
+		now = now.Add(5 * time.Millisecond)
+		d, w := decide(e, now, lm, key, 1)
+		f.serve(0, now)
+		k := wire.WindowIndex(now.UnixMicro(), phase, wl.wUs)
+		switch end := time.UnixMicro(wire.WindowStart(k+1, phase, wl.wUs)); {
+		case k == a && now == start.Add(5*time.Millisecond):
+			if w != nil || d.Reason != ReasonAsync {
+				t.Fatalf("the first request of A: %+v (waits %v), want admitted without asking", d, w != nil)
+			}
+		case k < a+3:
+			// B spent as the answer to its grant said, C as one this server did not ask
+			if w != nil || d.Allowed || d.Reason != ReasonPaced || d.RetryAfter != end.Sub(now) {
+				t.Fatalf("window %c at +%v: %+v (waits %v), want refused until the window ends in %v",
+					'A'+k-a, now.Sub(start), d, w != nil, end.Sub(now))
+			}
+		default:
+			if w != nil || d.Reason != ReasonLease {
+				t.Errorf("the first request of D: %+v (waits %v), want served from the grant asked in C", d, w != nil)
+			}
+		}
+		win = k
+	}
+	// the key's window state is under its lock
+	if !lm.keys.Peek(key, func(en *entry, _ int64) {
+		if at(now) >= en.win.over {
+			t.Errorf("%s not over in D: the test does not test an over key", key)
+		}
+	}) {
+		t.Fatalf("%s not held", key)
+	}
+}
+
+// TestWindowedLowKeyAsks: a key the fleet marked low (a debt carried into its window)
+// asks Redis for what it admits: seen often, with no grant and nothing unanswered, it
+// still waits for a grant rather than being admitted without asking, until its window
+// ends.
+func TestWindowedLowKeyAsks(t *testing.T) {
+	f := newWinFleet(t, 2, func(c *LimitConfig) { c.Rate, c.Burst = 1000, 1000 }) // windows of 1 s; a pre-check that passes 200/s
+	f.warm()
+	e, lm := f.es[0], f.lms[0]
+	now := t0.Add(400 * time.Millisecond)
+	key, win, _ := f.roomy("low", now, 500*time.Millisecond)
+	f.mark(key, win, wire.MarkLow, t0.Add(100*time.Millisecond))
+	decide(e, now.Add(-10*time.Millisecond), lm, "y", 1)
+	f.serve(0, now.Add(-10*time.Millisecond)) // a read: the mark learnt
+	waited := 0
+	for range 40 { // 200/s: seen often
+		now = now.Add(5 * time.Millisecond)
+		d, w := decide(e, now, lm, key, 1)
+		f.serve(0, now)
+		if w != nil {
+			waited++
+			d = w.Decision()
+		}
+		if !d.Allowed || d.Reason == ReasonAsync {
+			t.Fatalf("%s, low, at +%v: %+v, want admitted by Redis (a grant)", key, now.Sub(t0), d)
+		}
+	}
+	if waited == 0 {
+		t.Error("no request of the low key waited for Redis: the test tests nothing")
+	}
+}
+
+// TestWindowedOverKeyGrantAhead: a key over its limit (the fleet's mark), marked low,
+// that this server sees seldom, is refused and asks a grant of one ahead, with the next
+// report; each grant then serves one request, which asks the next (an over key's
+// requests never pass unasked). Once its window is known spent (the fleet's mark), the
+// grant it holds still serves a request, which asks none: Redis's count stays, and the
+// next request is refused until the window ends.
+func TestWindowedOverKeyGrantAhead(t *testing.T) {
+	f := newWinFleet(t, 2, nil) // burst 10, windows of 1 s
+	f.warm()
+	e, lm := f.es[0], f.lms[0]
+	now := t0.Add(2 * time.Second)
+	key, win, end := f.roomy("over", now, 950*time.Millisecond)
+	f.mark(key, win, wire.MarkLow|wire.MarkOver, now.Add(-300*time.Millisecond))
+	if _, w := decide(e, now.Add(-10*time.Millisecond), lm, "y", 1); w == nil { // stale marks: y asks
+		t.Fatal("y did not ask with stale marks")
+	}
+	f.serve(0, now.Add(-10*time.Millisecond)) // a read: the marks learnt
+	step := func(ms int, want Decision) {
+		t.Helper()
+		at := now.Add(time.Duration(ms) * time.Millisecond)
+		want.Servers = 2
+		if d, w := decide(e, at, lm, key, 1); w != nil || d != want {
+			t.Fatalf("+%dms: %+v (waits %v), want %+v", ms, d, w != nil, want)
+		}
+	}
+	lease := Decision{Allowed: true, Source: SourceLease, Reason: ReasonLease}
+	// refused for a refill (Burst/Rate over Burst), asking a grant with the next report
+	step(0, Decision{Source: SourceLease, Reason: ReasonPaced, RetryAfter: 100 * time.Millisecond})
+	f.serve(0, now.Add(100*time.Millisecond))
+	step(200, lease)
+	f.serve(0, now.Add(300*time.Millisecond))
+	step(400, lease)
+	f.serve(0, now.Add(500*time.Millisecond))
+	if got := f.count(key, now); got != 3 {
+		t.Fatalf("count %d, want the three grants asked", got)
+	}
+	f.mark(key, win, wire.MarkLow|wire.MarkSpent|wire.MarkOver, now.Add(550*time.Millisecond))
+	decide(e, now.Add(690*time.Millisecond), lm, "y", 1)
+	f.serve(0, now.Add(700*time.Millisecond)) // a read: the window known spent
+	step(750, lease)
+	f.serve(0, now.Add(850*time.Millisecond))
+	if got := f.count(key, now); got != 3 {
+		t.Errorf("count %d once the window is known spent, want 3: a key known spent asks no grant", got)
+	}
+	at := now.Add(900 * time.Millisecond)
+	step(900, Decision{Source: SourceLease, Reason: ReasonPaced, RetryAfter: end.Sub(at)})
+}
+
+// TestWindowedOverKeyGrantUrgent: a key over its limit, seen often and holding no grant,
+// is refused while its grant comes; the grant goes at once where windows are short
+// against reports (under four report intervals), so that the next request finds it,
+// else with the next report.
+func TestWindowedOverKeyGrantUrgent(t *testing.T) {
+	for _, tc := range []struct {
+		report time.Duration
+		atOnce bool
+	}{
+		{300 * time.Millisecond, true},  // windows of 1 s < 4 × 300 ms
+		{100 * time.Millisecond, false}, // windows of 1 s ≥ 4 × 100 ms
+	} {
+		t.Run(tc.report.String(), func(t *testing.T) {
+			f := newWinFleet(t, 2, func(c *LimitConfig) { c.Windowed = tc.report })
+			now := t0.Add(60 * time.Millisecond)
+			key, win, _ := f.roomy("over", now, 800*time.Millisecond)
+			f.mark(key, win, wire.MarkOver, t0)
+			f.warm() // its reads learn the mark
+			e, lm := f.es[0], f.lms[0]
+			refused := Decision{Source: SourceLease, Reason: ReasonPaced, RetryAfter: 100 * time.Millisecond, Servers: 2}
+			if d, w := decide(e, now, lm, key, 1); w != nil || d != refused {
+				t.Fatalf("%s, over: %+v (waits %v), want %+v", key, d, w != nil, refused)
+			}
+			f.serve(0, now) // no report due: only what goes at once
+			d, w := decide(e, now, lm, key, 1)
+			if w != nil || d.Allowed != tc.atOnce || tc.atOnce && d.Reason != ReasonLease {
+				t.Fatalf("the next request at once: %+v (waits %v), want admitted from its grant %v", d, w != nil, tc.atOnce)
+			}
+			next := now.Add(2 * tc.report)
+			f.serve(0, next) // the next report has gone
+			if d, w := decide(e, next, lm, key, 1); w != nil || d.Reason != ReasonLease {
+				t.Fatalf("after the next report: %+v (waits %v), want admitted from its grant", d, w != nil)
+			}
+		})
+	}
+}
+
+// TestWindowedOverKeySeldomAllowance: a key over its limit that this server sees seldom
+// is admitted without asking at odds (here 1: burst over S times this server's rate is
+// above 1), but no more of it unanswered than its allowance, c = 5 of a burst of 10 over
+// 2 servers: the sixth request at once is refused, for a refill.
+func TestWindowedOverKeySeldomAllowance(t *testing.T) {
+	f := newWinFleet(t, 2, nil)
+	f.warm()
+	e, lm := f.es[0], f.lms[0]
+	now := t0.Add(2 * time.Second)
+	key, win, _ := f.roomy("over", now, 500*time.Millisecond)
+	f.mark(key, win-1, wire.MarkOver, now.Add(-time.Second)) // over since its last window
+	decide(e, now.Add(-10*time.Millisecond), lm, "y", 1)
+	f.serve(0, now.Add(-10*time.Millisecond)) // a read: the mark learnt
+	for i := range 6 {
+		want := Decision{Allowed: true, Source: SourceLease, Reason: ReasonAsync, Servers: 2}
+		if i == 5 {
+			want = Decision{Source: SourceLease, Reason: ReasonPaced, RetryAfter: 100 * time.Millisecond, Servers: 2}
+		}
+		if d, w := decide(e, now, lm, key, 1); w != nil || d != want {
+			t.Fatalf("request %d at once: %+v (waits %v), want %+v", i+1, d, w != nil, want)
+		}
+	}
+	lm.keys.Peek(key, func(en *entry, _ int64) {
+		if at(now) >= en.win.over || en.win.often {
+			t.Errorf("%s over %v, often %v: want over, seen seldom", key, at(now) < en.win.over, en.win.often)
+		}
+	})
+}
+
+// TestWindowedOverKeyOdds: a server admits each of many over keys it sees seldom, once
+// each, at odds of burst over S times its rate (S = 8 here, the fleet's count of their
+// requests not known yet): about that share of them, over 300 keys. The draws are a hash
+// of the limit's seed, the key and the instant, so the count is the same on every run;
+// the bounds, a quarter either way, are over three standard deviations of such a count.
+func TestWindowedOverKeyOdds(t *testing.T) {
+	const servers, keys = 8, 300
+	f := newWinFleet(t, servers, nil) // burst 10, windows of 1 s, c = 2
+	f.warm()
+	e, lm := f.es[0], f.lms[0]
+	wl := lm.windowed()
+	now := t0.Add(320 * time.Millisecond)
+	for i := range keys {
+		key := "o" + strconv.Itoa(i)
+		f.mark(key, wire.WindowIndex(now.UnixMicro(), wire.WindowPhase(key, wl.wUs), wl.wUs)-1, wire.MarkOver, t0.Add(60*time.Millisecond))
+	}
+	decide(e, now.Add(-10*time.Millisecond), lm, "y", 1)
+	f.serve(0, now.Add(-10*time.Millisecond)) // a read: the marks learnt
+	admitted := 0
+	var perSec float64
+	for i := range keys {
+		key := "o" + strconv.Itoa(i)
+		d, w := decide(e, now, lm, key, 1)
+		if w != nil || d.Allowed && d.Reason != ReasonAsync || !d.Allowed && d.Reason != ReasonPaced {
+			t.Fatalf("%s: %+v (waits %v), want admitted without asking or refused", key, d, w != nil)
+		}
+		if d.Allowed {
+			admitted++
+		}
+		var over, often bool
+		lm.keys.Peek(key, func(en *entry, _ int64) {
+			over, often = at(now) < en.win.over, en.win.often
+			perSec = en.win.perSec // the same for each: its first request at the same age
+		})
+		if !over || often {
+			t.Fatalf("%s over %v, often %v: want over, seen seldom", key, over, often)
+		}
+	}
+	p := 10 / (servers * perSec * 1) // burst / (S · rate · window)
+	if p < 0.2 || p > 0.5 {
+		t.Fatalf("odds %.3f: the test wants them well within (0, 1/2]", p)
+	}
+	t.Logf("admitted %d of %d at odds %.3f", admitted, keys, p)
+	if want := p * keys; float64(admitted) < 0.75*want || float64(admitted) > 1.25*want {
+		t.Errorf("admitted %d of %d over keys, want about %.0f (odds %.3f)", admitted, keys, want, p)
+	}
+}
+
+// TestWindowedOverKeyDemand: a server counts an over key's requests for odds at their
+// own weight while its own rate says the fleet sees few, whatever a count of the key's
+// demand from a flood says (the lower of the two is taken): the demand row grows by one
+// a request.
+func TestWindowedOverKeyDemand(t *testing.T) {
+	f := newWinFleet(t, 2, nil)
+	f.warm()
+	e, lm := f.es[0], f.lms[0]
+	now := t0.Add(2 * time.Second)
+	key, win, _ := f.roomy("over", now, 500*time.Millisecond)
+	f.mark(key, win-1, wire.MarkOver, now.Add(-time.Second))
+	f.add(key, win, 10000, true) // a flood's requests, counted for odds
+	decide(e, now.Add(-10*time.Millisecond), lm, "y", 1)
+	f.serve(0, now.Add(-10*time.Millisecond)) // a read: the mark learnt
+	for i := range 3 {
+		at := now.Add(time.Duration(i) * 150 * time.Millisecond)
+		decide(e, at, lm, key, 1)
+		f.serve(0, at.Add(100*time.Millisecond)) // its demand counted, and answered
+	}
+	if got := f.add(key, win, 0, true); got != 10003 {
+		t.Errorf("the demand row counts %d, want the flood's 10000 and the 3 requests", got)
+	}
+	lm.keys.Peek(key, func(en *entry, _ int64) {
+		if en.win.dem < 10001 || en.win.often {
+			t.Errorf("the key's demand as answered %d, often %v: want the flood's, seen seldom", en.win.dem, en.win.often)
+		}
+	})
+}
+
+// TestWindowAskGrant: the grant a key seen often asks is what its rate wants in the next
+// two report intervals of its window, less three standard deviations, less what it
+// holds: at least the request's cost, at most the burst. Within two report intervals of
+// the window's end it asks, with it, a grant of the next window sized for that window's
+// first two intervals (at most the burst), but not where the rate wants none there.
+// Here windows of 1 s, reports every 100 ms, a burst of 1000.
+func TestWindowAskGrant(t *testing.T) {
+	f := newWinFleet(t, 1, func(c *LimitConfig) { c.Rate, c.Burst = 1000, 1000 })
+	wl := f.lms[0].windowed()
+	type ask struct {
+		win int64 // 0: the key's window, 1: the next
+		n   int
+	}
+	for _, tc := range []struct {
+		name   string
+		left   time.Duration // to the window's end
+		perSec float64
+		grants int
+		want   []ask
+	}{
+		// 1000/s over 200 ms: 200 - 3·√200 = 157.6
+		{"mid-window", 500 * time.Millisecond, 1000, 0, []ask{{0, 158}}},
+		{"less what it holds", 500 * time.Millisecond, 1000, 50, []ask{{0, 108}}},
+		{"at least its cost", 500 * time.Millisecond, 1000, 300, []ask{{0, 1}}},
+		{"at most the burst", 500 * time.Millisecond, 1e5, 0, []ask{{0, 1000}}},
+		{"just past two intervals from the end", 2*100*time.Millisecond + time.Microsecond, 1000, 0, []ask{{0, 158}}},
+		// 1000/s over the 150 ms left: 150 - 3·√150 = 113.3; the next window's first 200 ms
+		{"within two intervals of the end", 150 * time.Millisecond, 1000, 0, []ask{{0, 114}, {1, 158}}},
+		{"within one", 50 * time.Millisecond, 1000, 0, []ask{{0, 29}, {1, 158}}},
+		{"the next window's at most the burst", 150 * time.Millisecond, 1e5, 0, []ask{{0, 1000}, {1, 1000}}},
+		{"none of the next window at 10/s", 150 * time.Millisecond, 10, 0, []ask{{0, 1}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			wl.mu.Lock()
+			defer wl.mu.Unlock()
+			wl.ops = nil
+			st := &wkey{init: true, phase: wire.WindowPhase("k", wl.wUs), grants: tc.grants}
+			st.setWin(wire.WindowIndex(t0.UnixMicro(), st.phase, wl.wUs), wl.wUs)
+			now := wl.end(st.win, st.phase).Add(-tc.left)
+			wl.askGrant(st, "k", 1, tc.perSec, true, now)
+			var got []ask
+			for _, op := range wl.ops {
+				if !op.grant || op.id != "k" || op.nextWin != (op.win == st.win+1) {
+					t.Fatalf("queued %+v", op)
+				}
+				got = append(got, ask{op.win - st.win, op.n})
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Errorf("asked %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestWindowOdds: the odds of admitting a request of an over key this server sees
+// seldom are burst over the fleet's count of the key's requests a window, from the count
+// answered in its window or the one before, over the part of a window that count
+// covers (from the start of the count's window, at most one, at least a quarter);
+// otherwise burst over S times this server's rate. At most 1. Here a burst of 10, windows
+// of 1 s, 2 servers; at 4/s, S times this server's rate would give 1.
+func TestWindowOdds(t *testing.T) {
+	f := newWinFleet(t, 2, nil)
+	wl := f.lms[0].windowed()
+	const win = 1000
+	start := func(w int64) instant { return wl.endAt(w-1, 0) } // a window's start, phase 0
+	for _, tc := range []struct {
+		name   string
+		demWin int64
+		dem    int
+		demAt  time.Duration // after the start of demWin
+		perSec float64
+		want   float64
+	}{
+		{"no count: S times its rate", 0, 0, 0, 10, 0.5},
+		{"no count, above 1", 0, 0, 0, 4, 1},
+		{"a count of the window, half of it", win, 40, 500 * time.Millisecond, 4, 10 * 0.5 / 40},
+		{"a count of the window, a quarter of it", win, 40, 250 * time.Millisecond, 4, 10 * 0.25 / 40},
+		{"a count of under a quarter", win, 40, 249 * time.Millisecond, 10, 0.5},
+		{"a count of the window before, answered in this one", win - 1, 40, 1500 * time.Millisecond, 4, 10.0 / 40},
+		{"a count of two windows before", win - 2, 40, 500 * time.Millisecond, 10, 0.5},
+		{"a count below the burst", win, 5, 500 * time.Millisecond, 10, 1},
+	} {
+		st := &wkey{win: win, demWin: tc.demWin, dem: tc.dem, demAt: start(tc.demWin) + instant(tc.demAt)}
+		if got := wl.odds(st, tc.perSec, t0); math.Abs(got-tc.want) > 1e-12 {
+			t.Errorf("%s: odds %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestWindowJoin: a request that waits for its key's grant asked ahead makes that grant
+// go at once (it was to go with the next report), and a trip due; with no grant asked,
+// it asks one now, sized for itself and the key's rate.
+func TestWindowJoin(t *testing.T) {
+	f := newWinFleet(t, 1, nil)
+	wl := f.lms[0].windowed()
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	st := &wkey{init: true}
+	st.setWin(wire.WindowIndex(t0.UnixMicro(), 0, wl.wUs), wl.wUs)
+	wl.ask(st, "k", 3)
+	wl.due.Store(false)
+	ahead := st.ask
+	w := &Waiter{n: 1}
+	wl.join(st, "k", w, t0)
+	if st.ask != ahead || !ahead.now || len(ahead.waiters) != 1 || ahead.waiters[0] != w || !wl.due.Load() || len(wl.ops) != 1 {
+		t.Errorf("joined the grant asked ahead: now %v, waiters %d, a trip due %v, %d ops; want it to go at once with the request, one op",
+			ahead.now, len(ahead.waiters), wl.due.Load(), len(wl.ops))
+	}
+	st2 := &wkey{init: true}
+	st2.setWin(st.win, wl.wUs)
+	w2 := &Waiter{n: 2}
+	wl.join(st2, "k2", w2, t0)
+	if op := wl.ops[len(wl.ops)-1]; st2.ask == nil || !st2.ask.now || op.ask != st2.ask || op.w != w2 || op.n != 2 || !op.grant {
+		t.Errorf("no grant asked ahead: %+v, want a grant of 2 asked now for the request", op)
+	}
+}
+
+// TestWindowedCountsAfterStopStayCounts: Stop takes the grants out of the queue, which
+// moves the ops after them; a count a trip out at the time carried, put back when that
+// trip fails, is then queued as a count of admissions again, never joined to the key's
+// count of requests for odds (its demand row) that took its place in the queue.
+func TestWindowedCountsAfterStopStayCounts(t *testing.T) {
+	f := newWinFleet(t, 1, nil)
+	wl := f.lms[0].windowed()
+	wl.mu.Lock()
+	wl.queue(wop{id: "g", win: 7, n: 2, grant: true}) // another key's grant asked ahead
+	wl.count("a", 7, 1)
+	wl.countDemand(&wkey{win: 7}, "a", 1, 0, t0)
+	wl.mu.Unlock()
+	wl.stop(nil)
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	wl.unsent(wop{id: "a", win: 7, n: 2}, nil, 7, storeerr.ErrUnavailable, nil) // the failed trip's count
+	adm, dem := 0, 0
+	for _, op := range wl.ops {
+		switch {
+		case op.id == "a" && op.demand:
+			dem += op.n
+		case op.id == "a" && op.admits():
+			adm += op.n
+		default:
+			t.Errorf("queued %+v", op)
+		}
+	}
+	if adm != 3 || dem != 1 {
+		t.Errorf("queued %d admissions and %d requests for odds of a, want 3 and 1", adm, dem)
+	}
+}
+
+// TestWindowedOftenFromOnceAReportInterval: a key is seen often from one request a
+// report interval on, that rate included: with the server's count of every key complete
+// (it has run for countedAfter decay times of 4 s), 40 requests at one instant are 10/s,
+// one per interval of 100 ms. With one server (c = 1000 of a burst of 1000) the first 39
+// are admitted without asking; the 40th, seen often with admissions unanswered, waits for
+// a grant.
+func TestWindowedOftenFromOnceAReportInterval(t *testing.T) {
+	f := newWinFleet(t, 1, func(c *LimitConfig) { c.Rate, c.Burst = 1000, 1000 })
+	f.warm()
+	e, lm := f.es[0], f.lms[0]
+	now := t0.Add(countedAfter*decayTime(time.Second) + time.Minute)
+	decide(e, now.Add(-10*time.Millisecond), lm, "y", 1)
+	f.serve(0, now.Add(-10*time.Millisecond)) // fresh marks
+	key, _, _ := f.roomy("k", now, 100*time.Millisecond)
+	for i := 1; i <= 40; i++ {
+		d, w := decide(e, now, lm, key, 1)
+		if i < 40 && (w != nil || d.Reason != ReasonAsync) || i == 40 && w == nil {
+			t.Fatalf("request %d at once: %+v (waits %v), want admitted without asking up to the 39th", i, d, w != nil)
+		}
+	}
+}
+
+// TestWindowedAtTheWindowsEnd: a key's state changes with its window at the instant the
+// window ends, on Redis's clock, and not before: a grant of the window serves a request
+// a nanosecond before its end but not at it, and a key marked low until its window ends
+// is low a nanosecond before the end but not at it.
+func TestWindowedAtTheWindowsEnd(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		low    bool          // marked low, else holding a grant
+		before time.Duration // before the window's end
+		want   Reason        // 0: it waits for Redis
+	}{
+		{"a grant, just before the end", false, 1, ReasonLease},
+		{"a grant, at the end", false, 0, 0},
+		{"low, just before the end", true, 1, 0},
+		{"low, at the end", true, 0, ReasonAsync},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newWinFleet(t, 1, nil)
+			e, lm := f.es[0], f.lms[0]
+			var key string
+			var win int64
+			var end time.Time
+			if !tc.low {
+				// a server not warm, whose request gave up: its grant held by the key
+				f.serve(0, t0)
+				key, _, end = f.roomy("g", t0, 100*time.Millisecond)
+				_, w := decide(e, t0, lm, key, 1)
+				if w == nil {
+					t.Fatal("a request before the server is warm did not wait")
+				}
+				e.GiveUp(t0, w, ReasonTimeout)
+				f.serve(0, t0)
+			} else {
+				// the fleet's mark, read 100 ms before the window ends
+				f.warm()
+				now := t0.Add(2 * time.Second)
+				for i := 0; key == "" || end.Sub(now) > 150*time.Millisecond; i++ {
+					key, win, end = f.roomy("low"+strconv.Itoa(i)+"-", now, 100*time.Millisecond)
+				}
+				f.mark(key, win, wire.MarkLow, now)
+				decide(e, end.Add(-100*time.Millisecond), lm, "y", 1)
+				f.serve(0, end.Add(-100*time.Millisecond))
+			}
+			d, w := decide(e, end.Add(-tc.before), lm, key, 1)
+			if tc.want == 0 && w == nil || tc.want != 0 && (w != nil || d.Reason != tc.want) {
+				t.Errorf("%+v (waits %v), want reason %v (0: waits for Redis)", d, w != nil, tc.want)
+			}
+		})
+	}
+}
+
+// TestWindowedReadsWhileAdmittingUnasked: a server that admitted without asking since
+// its last read keeps its marks fresh with a trip of its own for the read, once it is
+// due, though it has nothing else to send: 500 ms after its last read of the warm-up, a
+// new key is still admitted without asking.
+func TestWindowedReadsWhileAdmittingUnasked(t *testing.T) {
+	f := newWinFleet(t, 2, nil)
+	f.warm()
+	e, lm := f.es[0], f.lms[0]
+	wl := lm.windowed()
+	wl.mu.Lock()
+	last := wl.lastRead[wire.WindowMarksShard("b", wl.shards)]
+	wl.mu.Unlock()
+	if d, w := decide(e, last.Add(10*time.Millisecond), lm, "a", 1); w != nil || d.Reason != ReasonAsync {
+		t.Fatalf("a: %+v (waits %v), want admitted without asking", d, w != nil)
+	}
+	f.serve(0, last.Add(110*time.Millisecond)) // the report, before a read is due
+	f.serve(0, last.Add(210*time.Millisecond))
+	before := f.trips
+	f.serve(0, last.Add(300*time.Millisecond)) // a read due, nothing else to send
+	if f.trips != before+1 {
+		t.Errorf("%d trips once a read was due, want 1", f.trips-before)
+	}
+	if d, w := decide(e, last.Add(520*time.Millisecond), lm, "b", 1); w != nil || d.Reason != ReasonAsync {
+		t.Errorf("b, 520 ms after the warm-up's read: %+v (waits %v), want admitted without asking", d, w != nil)
+	}
+}
+
+// TestWindowedLastGrantWithoutTheLimitLock: a key this server sees seldom, served from
+// its last grant with nothing to ask, is decided under its own lock alone, as one with
+// grants to spare is (TestWindowedGrantsWithoutTheLimitLock): here a server not warm,
+// whose request gave up and gave its grant of one back to the key.
+func TestWindowedLastGrantWithoutTheLimitLock(t *testing.T) {
+	f := newWinFleet(t, 1, nil)
+	e, lm := f.es[0], f.lms[0]
+	f.serve(0, t0)
+	_, w := decide(e, t0, lm, "k", 1)
+	if w == nil {
+		t.Fatal("a request before the server is warm did not wait")
+	}
+	e.GiveUp(t0, w, ReasonTimeout)
+	f.serve(0, t0)
+	grants := func() (n int) {
+		lm.keys.Peek("k", func(en *entry, _ int64) { n = en.win.grants })
+		return n
+	}
+	if n := grants(); n != 1 {
+		t.Fatalf("the key holds %d grants, want the one given back", n)
+	}
+	wl := lm.windowed()
+	wl.mu.Lock()
+	done := make(chan Decision, 1)
+	go func() {
+		d, _ := decide(e, t0.Add(time.Millisecond), lm, "k", 1)
+		done <- d
+	}()
+	select {
+	case d := <-done:
+		wl.mu.Unlock()
+		if !d.Allowed || d.Reason != ReasonLease {
+			t.Fatalf("decided %+v, want admitted from the key's grant", d)
+		}
+	case <-time.After(10 * time.Second):
+		wl.mu.Unlock()
+		t.Fatal("a key served from its last grant waited for the limit's lock")
+	}
+	if n := grants(); n != 0 {
+		t.Errorf("the key holds %d grants after the decision, want 0", n)
 	}
 }
