@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,6 +27,15 @@ func asyncEngine(t *testing.T, open *bool) (*Engine, *Limit) {
 		c.Servers = 4
 		c.Limits[0].Async = 100 * time.Millisecond
 		c.BreakerOpen = func() bool { return *open }
+	})
+}
+
+// asyncFailLocal is asyncEngine's limit under FailLocal (failLocalEngine).
+func asyncFailLocal(t *testing.T, open *bool) (*Engine, *Limit) {
+	t.Helper()
+	return failLocalEngine(t, open, func(c *Config) {
+		c.Servers = 4
+		c.Limits[0].Async = 100 * time.Millisecond
 	})
 }
 
@@ -223,6 +233,52 @@ func TestAsyncAdmitsAndCharges(t *testing.T) {
 	}
 }
 
+// TestAsyncTrustsNoKeyItsLeaseServes: a key is not admitted uncharged while its refill
+// is out (its answer serves the key), nor while its lease is in use: a take of it was
+// answered within the lease's lifetime (1 s), even one that granted nothing, or tokens
+// it was granted live still (a roomy grant's, roomLifetimes lifetimes). Past both, it
+// is. warmUp's refill of "first" at t0 granted its token with the bucket at 50 of 100,
+// twice over for 4 servers: a roomy grant, usable until 5 s.
+func TestAsyncTrustsNoKeyItsLeaseServes(t *testing.T) {
+	at := t0.Add(time.Second)
+	// refill asks for k's 26 tokens at at, above the share: Redis is asked.
+	refill := func(e *Engine, lm *Limit) *Trip {
+		if _, w := decide(e, at, lm, "k", 26); w == nil {
+			t.Fatal("a request above the share did not wait for Redis")
+		}
+		return e.Next()
+	}
+	// nothing answers k's refill with no token, the bucket holding 50 (not low).
+	nothing := func(e *Engine, lm *Limit) {
+		trip := refill(e, lm)
+		trip.TakeResults[0].Remaining, trip.Answered = 50, true
+		e.Done(at, trip)
+	}
+	for _, tc := range []struct {
+		name  string
+		prep  func(e *Engine, lm *Limit)
+		key   string
+		after time.Duration // the request of cost 1, after t0
+		async bool
+	}{
+		{"refill out", func(e *Engine, lm *Limit) { refill(e, lm) }, "k", time.Second, false},
+		{"took nothing within the lifetime", nothing, "k", time.Second + time.Second - 1, false},
+		{"took nothing a lifetime ago", nothing, "k", time.Second + time.Second, true},
+		{"roomy grant's tokens live", nil, "first", 5*time.Second - 1, false},
+		{"roomy grant's tokens expired", nil, "first", 5 * time.Second, true},
+	} {
+		e, lm := asyncEngine(t, new(bool))
+		warmUp(t, e, lm)
+		if tc.prep != nil {
+			tc.prep(e, lm)
+		}
+		d, w := decide(e, t0.Add(tc.after), lm, tc.key, 1)
+		if got := w == nil && d.Reason == ReasonAsync; got != tc.async {
+			t.Errorf("%s: %s at %v: %+v (waits: %v); want admitted uncharged %v", tc.name, tc.key, tc.after, d, w != nil, tc.async)
+		}
+	}
+}
+
 // TestAsyncLowIsRemembered: a key low on this server stays low after its entry is let
 // go of (idle), for lowMemory after the last answer that said so; a key noted when the
 // set is full is not remembered, and the forgotten keys make room.
@@ -340,6 +396,173 @@ func TestAsyncLowIsRemembered(t *testing.T) {
 	}
 }
 
+// TestLowMarkTimes: a key this server marked low is marked again when found low once
+// the fleet has not heard so for LowShare/2, and not before; found holding its low
+// level again, it is unmarked while the fleet's set may still hold the mark (less than
+// LowShare after it went: luascript.Low drops a mark LowShare after it was made), and
+// not after, when the set forgot it.
+func TestLowMarkTimes(t *testing.T) {
+	_, lm := asyncEngine(t, new(bool))
+	sh := lm.Shape("") // low below 4 tokens
+	for _, tc := range []struct {
+		after        time.Duration // the second answer, after the mark went
+		remaining    float64
+		mark, unmark int // what the next exchange carries
+	}{
+		{LowShare/2 - 1, 0, 0, 0},
+		{LowShare / 2, 0, 1, 0},
+		{LowShare - 1, 80, 0, 1},
+		{LowShare, 80, 0, 0},
+	} {
+		var s lowKeys
+		s.note(sh, "k", 0, t0)
+		if mark, _ := s.takeMarks(); len(mark) != 1 {
+			t.Fatalf("first answer: marks %q, want k", mark)
+		}
+		s.note(sh, "k", tc.remaining, t0.Add(tc.after))
+		if mark, unmark := s.takeMarks(); len(mark) != tc.mark || len(unmark) != tc.unmark {
+			t.Errorf("found holding %v, %v after the mark: marks %q, unmarks %q; want %d and %d", tc.remaining, tc.after, mark, unmark, tc.mark, tc.unmark)
+		}
+	}
+}
+
+// TestLowKeysLearnt: a key is low while the fleet's set marks it and this server's own
+// answers have not said otherwise for LowShare; one it knows low from the set alone is
+// not once the set's answer leaves it out, unless that answer was cut at maxLowReply
+// keys (the key may be among those cut). That holds for a key this server found low
+// itself once, whose own answers are older news than the set's.
+func TestLowKeysLearnt(t *testing.T) {
+	_, lm := asyncEngine(t, new(bool))
+	sh := lm.Shape("")
+	others := func(n int) []redisstore.KeyID {
+		ids := make([]redisstore.KeyID, n)
+		for i := range ids {
+			ids[i] = redisstore.KeyID("o" + strconv.Itoa(i))
+		}
+		return ids
+	}
+	at := t0.Add(time.Second + LowShare) // the set's first answer that marks k
+	for _, tc := range []struct {
+		name  string
+		own   bool               // this server found k low at t0, then high a second later
+		after []redisstore.KeyID // the set's next answer, a second after at
+		low   bool               // k after it
+	}{
+		{"learnt, then left out", false, nil, false},
+		{"learnt, then left out of a full answer", false, others(maxLowReply), true},
+		{"learnt, then left out of an answer one short of full", false, others(maxLowReply - 1), false},
+		{"found low and high here, then learnt, then left out", true, nil, false},
+	} {
+		var s lowKeys
+		if tc.own {
+			s.note(sh, "k", 0, t0)
+			s.note(sh, "k", 80, t0.Add(time.Second))
+		}
+		s.learn(0, []redisstore.KeyID{"k"}, at)
+		if !s.low("k", at) {
+			t.Fatalf("%s: k not low while the set marks it", tc.name)
+		}
+		s.learn(0, tc.after, at.Add(time.Second))
+		if got := s.low("k", at.Add(time.Second)); got != tc.low {
+			t.Errorf("%s: k low %v, want %v", tc.name, got, tc.low)
+		}
+	}
+}
+
+// TestLowSetGoesStale: a set of the fleet's last heard from at t is fresh until lowStale
+// after it, not at lowStale: from then its keys are not admitted uncharged, and the
+// limit's knowledge counts as stale.
+func TestLowSetGoesStale(t *testing.T) {
+	for _, tc := range []struct {
+		after time.Duration
+		fresh bool
+	}{
+		{lowStale - 1, true},
+		{lowStale, false},
+	} {
+		s := lowKeys{total: new(atomic.Int64)}
+		s.learn(0, nil, t0)
+		s.setWarm(0)
+		now := t0.Add(tc.after)
+		_, _, warm, stale := s.pending(now)
+		if got := s.admit("k", now); got != tc.fresh || !warm || stale == tc.fresh {
+			t.Errorf("%v after the set answered: admitted %v, warm %v, stale %v; want admitted and fresh %v", tc.after, got, warm, stale, tc.fresh)
+		}
+	}
+}
+
+// TestLowKeysSweep: a full set of low keys drops its forgotten keys (no news for
+// lowMemory, none found high within LowShare) at most once a second, when a new key is
+// to be noted: a key noted within a second of a sweep that made no room is not; and a
+// key whose own answer found it high within LowShare is kept, so that the fleet's mark
+// does not outweigh that answer.
+func TestLowKeysSweep(t *testing.T) {
+	_, lm := asyncEngine(t, new(bool))
+	sh := lm.Shape("")
+	var s lowKeys
+	for i := range maxLowKeys - 1 {
+		s.note(sh, strconv.Itoa(i), 0, t0)
+	}
+	s.note(sh, "high", 0, t0)
+	first := t0.Add(lowMemory - 500*time.Millisecond) // no key is forgotten yet
+	s.note(sh, "high", 80, first)
+	for _, tc := range []struct {
+		at    time.Time
+		key   string
+		noted bool
+	}{
+		{first, "a", false},                             // full: the sweep finds nothing to drop
+		{first.Add(500 * time.Millisecond), "b", false}, // forgotten keys, but no sweep before a second passed
+		{first.Add(time.Second), "c", true},             // swept: the keys low at t0 go
+	} {
+		s.note(sh, tc.key, 0, tc.at)
+		if got := s.low(tc.key, tc.at); got != tc.noted {
+			t.Fatalf("%s at %v: noted %v, want %v", tc.key, tc.at.Sub(t0), got, tc.noted)
+		}
+	}
+	// high was found high a second ago: the sweep kept it, and its own answer outweighs
+	// the fleet's mark.
+	now := first.Add(time.Second)
+	s.learn(0, []redisstore.KeyID{"high"}, now)
+	if s.low("high", now) || s.size() != 2 {
+		t.Fatalf("after the sweep: high low %v, %d keys noted; want not low, and high and c noted", s.low("high", now), s.size())
+	}
+}
+
+// TestLowMarksBound: at most maxLowMarks marks wait for the exchanges; a mark past that
+// is not queued. A waiting mark gives its room back once gone: replaced by its key's
+// unmark (the key found high again before the exchange), or dropped (found high when
+// the fleet's set had forgotten any mark of it, LowShare later).
+func TestLowMarksBound(t *testing.T) {
+	_, lm := asyncEngine(t, new(bool))
+	sh := lm.Shape("")
+	for _, tc := range []struct {
+		name    string
+		high    time.Duration // when each waiting mark's key is found high; 0: never
+		unmarks int
+		newMark bool // a key found low after it is marked
+	}{
+		{"full", 0, 0, false},
+		{"replaced by unmarks", time.Second, maxLowMarks, true},
+		{"dropped", LowShare, 0, true},
+	} {
+		var s lowKeys
+		for i := range maxLowMarks {
+			s.note(sh, strconv.Itoa(i), 0, t0)
+		}
+		if tc.high > 0 {
+			for i := range maxLowMarks {
+				s.note(sh, strconv.Itoa(i), 80, t0.Add(tc.high))
+			}
+		}
+		s.note(sh, "new", 0, t0.Add(tc.high+time.Millisecond))
+		mark, unmark := s.takeMarks()
+		if got := slices.Contains(mark, "new"); got != tc.newMark || len(unmark) != tc.unmarks {
+			t.Errorf("%s: %d marks (new among them: %v), %d unmarks; want new %v, %d unmarks", tc.name, len(mark), got, len(unmark), tc.newMark, tc.unmarks)
+		}
+	}
+}
+
 // TestAsyncExchangesOnlyWhenAsked: a server makes no low-key exchange before a request
 // of a limit with Async asks more than its lease; the first two then come at a quarter
 // and half an Async after it; once warm, it exchanges within a LowEvery (at its pace,
@@ -409,6 +632,173 @@ func TestAsyncExchangesOnlyWhenAsked(t *testing.T) {
 	last = at
 	if at := first(last, last.Add(3*LowShare), ""); at != last.Add(3*LowShare) {
 		t.Fatalf("an exchange %v after the last, nothing asked since", at.Sub(last))
+	}
+}
+
+// TestScheduleLowDue: when a low-key exchange is checked for (at its planned instant,
+// lowAt), a warm server makes one due if marks wait and LowShare/2 passed since the
+// last (at its pace, here 1), or if a request asked more than its lease since and
+// LowShare passed; and a request that asks once lowStale passed since the last makes
+// one due at once, before its planned instant, unless exchanges are failing (their
+// retries keep their back-off). The last exchange was warmUp's, at 50 ms.
+func TestScheduleLowDue(t *testing.T) {
+	last := t0.Add(50 * time.Millisecond)
+	for _, tc := range []struct {
+		name    string
+		after   time.Duration // now, after the last exchange
+		planned time.Duration // lowAt, after now
+		asked   bool
+		marks   bool
+		fails   int
+		due     bool
+	}{
+		{"marks, LowShare/2 after", LowShare / 2, 0, false, true, 0, true},
+		{"marks, just before LowShare/2 after", LowShare/2 - 1, 0, false, true, 0, false},
+		{"asked, LowShare after", LowShare, 0, true, false, 0, true},
+		{"asked, just before LowShare after", LowShare - 1, 0, true, false, 0, false},
+		{"asked, stale", lowStale, time.Second, true, false, 0, true},
+		{"asked, just before stale", lowStale - 1, time.Second, true, false, 0, false},
+		{"not asked, stale", lowStale, time.Second, false, false, 0, false},
+		{"asked, stale, failing", lowStale, time.Second, true, false, 1, false},
+	} {
+		e, lm := asyncEngine(t, new(bool))
+		warmUp(t, e, lm)
+		now := last.Add(tc.after)
+		if tc.marks {
+			lm.chargeLater().low.note(lm.Shape(""), "m", 0, last)
+		}
+		e.mu.Lock()
+		e.cl.lowAt, e.cl.lowPhase, e.cl.lowFails, e.cl.lowNews = now.Add(tc.planned), 1, tc.fails, false
+		e.mu.Unlock()
+		e.cl.lowActive.Store(tc.asked)
+		e.Tick(now)
+		due := false
+		for trip := e.Next(); trip != nil; trip = e.Next() {
+			due = due || trip.Kind == LowTrip
+			answerAll(trip)
+			e.Done(now, trip)
+		}
+		if due != tc.due {
+			t.Errorf("%s: exchange due %v, want %v", tc.name, due, tc.due)
+		}
+	}
+}
+
+// TestLowExchangeBackOffResets: failed low-key exchanges go again a quarter of an Async
+// (25 ms) later, then twice as late each time; an exchange answered, or, once every set
+// is warm, answered by some set, ends the back-off: the next failure goes again 25 ms
+// later. Three exchanges failed first (the next failure's retry: 200 ms).
+func TestLowExchangeBackOffResets(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		sets   int
+		answer func(trip *Trip) // the exchange after the three failed
+		retry  time.Duration    // the retry of the failure after it
+	}{
+		{"answered", 1, func(trip *Trip) { trip.Answered = true }, 25 * time.Millisecond},
+		{"failed", 1, func(*Trip) {}, 400 * time.Millisecond},
+		{"answered by every set", 3, func(trip *Trip) { trip.Answered = true }, 25 * time.Millisecond},
+		{"answered by some set", 3, func(trip *Trip) {
+			trip.Answered = true
+			trip.Lows[1].Err = errors.New("set 1's master: down")
+		}, 25 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, lm := testEngine(t, func(c *Config) {
+				c.Servers = 4
+				c.Limits[0].Async = 100 * time.Millisecond
+				c.Limits[0].LowShards = tc.sets
+			})
+			// exchange ticks e at the exchange's instant (at least from), after an
+			// admission uncharged at from if admit (news: an exchange is due), answers
+			// the exchange with answer and every other trip in full, and returns its
+			// instant.
+			exchange := func(from time.Time, admit string, answer func(*Trip)) time.Time {
+				if admit != "" {
+					if d, w := decide(e, from, lm, admit, 1); w != nil || d.Reason != ReasonAsync {
+						t.Fatalf("%s at %v: %+v, want admitted uncharged", admit, from.Sub(t0), d)
+					}
+				}
+				e.Tick(from) // plans the exchange, if it is not yet
+				e.mu.Lock()
+				at := e.cl.lowAt // zero: due at from
+				e.mu.Unlock()
+				if at.Before(from) {
+					at = from
+				}
+				e.Tick(at)
+				low := false
+				for trip := e.Next(); trip != nil; trip = e.Next() {
+					if trip.Kind == LowTrip {
+						low = true
+						answer(trip)
+					} else {
+						answerAll(trip)
+					}
+					e.Done(at, trip)
+				}
+				if !low {
+					t.Fatalf("no low-key exchange at %v", at.Sub(t0))
+				}
+				return at
+			}
+			e.Tick(t0)
+			decide(e, t0, lm, "first", 1)
+			for trip := e.Next(); trip != nil; trip = e.Next() {
+				answerAll(trip)
+				e.Done(t0, trip)
+			}
+			all := func(trip *Trip) { trip.Answered = true }
+			fail := func(*Trip) {}
+			at := exchange(t0, "", all) // 25 ms
+			at = exchange(at, "", all)  // 50 ms: warm
+			if _, _, warm, _ := e.lowState(at); !warm {
+				t.Fatal("not warm after the exchange at half an Async")
+			}
+			at = exchange(at.Add(time.Second), "a", fail)
+			for range 2 {
+				at = exchange(at, "", fail)
+			}
+			at = exchange(at, "", tc.answer)
+			at = exchange(at.Add(time.Second), "b", fail)
+			e.mu.Lock()
+			retry := e.cl.lowAt.Sub(at)
+			e.mu.Unlock()
+			if retry != tc.retry {
+				t.Fatalf("the failure's retry %v later, want %v", retry, tc.retry)
+			}
+		})
+	}
+}
+
+// TestLowExchangesPaced: once warm, each server keeps a pace of its own, drawn from its
+// seed, LowEvery ×[0.5, 1.5) between its checks: servers started together do not
+// exchange together. Over 20 seeds the check after the warm-up's last exchange, at 50
+// ms, comes at different instants spread over most of that range.
+func TestLowExchangesPaced(t *testing.T) {
+	var lo, hi time.Duration
+	seen := map[time.Duration]bool{}
+	for seed := range uint64(20) {
+		e, lm := testEngine(t, func(c *Config) {
+			c.Servers = 4
+			c.Seed = seed + 1
+			c.Limits[0].Async = 100 * time.Millisecond
+			c.BreakerOpen = func() bool { return false }
+		})
+		warmUp(t, e, lm)
+		e.mu.Lock()
+		gap := e.cl.lowAt.Sub(t0.Add(50 * time.Millisecond))
+		e.mu.Unlock()
+		if gap < LowEvery/2 || gap >= 3*LowEvery/2 {
+			t.Fatalf("seed %d: next check %v after the last exchange, want from %v to %v", seed+1, gap, LowEvery/2, 3*LowEvery/2)
+		}
+		if seed == 0 || gap < lo {
+			lo = gap
+		}
+		hi, seen[gap] = max(hi, gap), true
+	}
+	if hi-lo < LowEvery/2 || len(seen) < 15 {
+		t.Errorf("checks from %v to %v after the last exchange, %d instants of 20; want a spread of %v or more, and different instants", lo, hi, len(seen), LowEvery/2)
 	}
 }
 
@@ -610,6 +1000,74 @@ func TestAsyncChargesGoAtStop(t *testing.T) {
 				t.Fatalf("charged %d, want %d", charged, want)
 			}
 		})
+	}
+}
+
+// TestAsyncChargeRetryGoesAtStop: a charge whose trip failed just before Stop is due
+// at Stop, as a retry (its number kept), and goes first, before a debt FailLocal owed
+// after Stop (which waits for no answered trip then). Neither is forgiven.
+func TestAsyncChargeRetryGoesAtStop(t *testing.T) {
+	open := false
+	e, lm := asyncFailLocal(t, &open)
+	warmUp(t, e, lm)
+	at := t0.Add(time.Second)
+	if d, w := decide(e, at, lm, "k", 1); w != nil || d.Reason != ReasonAsync {
+		t.Fatalf("%+v, want k admitted uncharged", d)
+	}
+	timeout := fmt.Errorf("%w: %w", breaker.ErrTimeout, context.DeadlineExceeded)
+	debtTrips(e, at, 1, func(trip *Trip, _ int) { trip.Err = timeout }) // k's charge: held, to go again
+	stop := at.Add(time.Second)
+	e.Stop(stop)
+	open = true
+	if trip := e.Next(); trip != nil { // the driver sees the breaker open
+		t.Fatalf("Next = %+v with the breaker open", trip)
+	}
+	if d, w := decide(e, stop, lm, "y", 1); w != nil || d.Source != SourceFallback || !d.Allowed {
+		t.Fatalf("y after Stop: %+v, want FailLocal's admission", d)
+	}
+	open = false
+	e.Drain()
+	var sent []string
+	for trip := e.Next(); trip != nil; trip = e.Next() {
+		for _, r := range trip.Refunds {
+			sent = append(sent, string(r.ID))
+		}
+		answerAll(trip)
+		e.Done(stop, trip)
+	}
+	if _, forgiven := e.Finish(); !slices.Equal(sent, []string{"k", "y"}) || forgiven != 0 || lm.Stats().Charged != 2 {
+		t.Fatalf("sent %q, charged %d, forgiven %d; want k's retry then y's debt, both charged", sent, lm.Stats().Charged, forgiven)
+	}
+}
+
+// TestAsyncRefusedChargeGoesAgain: a charge Redis refused without running it (its node's
+// breaker open) is queued again as a charge, under a fresh number, and goes with the
+// next batch of charges (not waiting, as FailLocal's debts do, for Redis to answer);
+// once it is answered its key may be admitted uncharged again.
+func TestAsyncRefusedChargeGoesAgain(t *testing.T) {
+	e, lm := asyncEngine(t, new(bool))
+	warmUp(t, e, lm)
+	at := t0.Add(time.Second)
+	if d, w := decide(e, at, lm, "k", 1); w != nil || d.Reason != ReasonAsync {
+		t.Fatalf("%+v, want k admitted uncharged", d)
+	}
+	var seqs []uint64
+	debtTrips(e, at, 2, func(trip *Trip, i int) {
+		seqs = append(seqs, trip.Refunds[0].Seq)
+		trip.Answered = true
+		trip.RefundResults[0].Remaining = 90
+		if i == 0 {
+			trip.RefundResults[0].Err = breaker.ErrOpen
+		}
+	})
+	if len(seqs) != 2 || seqs[0] == seqs[1] {
+		t.Fatalf("k's charge sent under %v, want twice, the second under a fresh number", seqs)
+	}
+	if st := lm.Stats(); st.Owed != 0 || st.Charged != 1 {
+		t.Fatalf("owed %d, charged %d; want 0 and 1", st.Owed, st.Charged)
+	}
+	if d, w := decide(e, at.Add(time.Second), lm, "k", 1); w != nil || d.Reason != ReasonAsync {
+		t.Fatalf("k once its charge was answered: %+v, want admitted uncharged", d)
 	}
 }
 
@@ -853,6 +1311,124 @@ func TestChargesSpread(t *testing.T) {
 	}
 	if hi-lo < 40*time.Millisecond || same > 1 {
 		t.Errorf("due from %v to %v after the first admission, %d of %d batches at the other server's instant; want a spread of 40 ms or more, and different instants", lo, hi, same, batches)
+	}
+}
+
+// TestAsyncChargesBatch: the first admission uncharged of a batch draws the instant
+// its charges are due, and wakes the driver, whose next tick must come by then; the
+// admissions after it join its batch, at that instant, without waking it again (a
+// stream of them does not put the batch off); one made while the charges are due goes
+// with them; and once they went, the next admission waits its own Async/2 at least.
+func TestAsyncChargesBatch(t *testing.T) {
+	wakes := 0
+	e, lm := testEngine(t, func(c *Config) {
+		c.Servers = 4
+		c.Limits[0].Async = 100 * time.Millisecond
+		c.BreakerOpen = func() bool { return false }
+		c.Notify = func() { wakes++ }
+	})
+	warmUp(t, e, lm)
+	// run ticks e every 10 ms from from until before until, answering every trip (a
+	// charge's bucket at 90, not low), and returns the keys charged.
+	run := func(from, until time.Time) (charged []string) {
+		for at := from; at.Before(until); at = at.Add(10 * time.Millisecond) {
+			e.Tick(at)
+			for trip := e.Next(); trip != nil; trip = e.Next() {
+				for i, r := range trip.Refunds {
+					if trip.debts {
+						charged = append(charged, string(r.ID))
+					}
+					trip.RefundResults[i].Remaining = 90
+				}
+				answerAll(trip)
+				e.Done(at, trip)
+			}
+		}
+		return charged
+	}
+	admit := func(at time.Time, key string) {
+		t.Helper()
+		if d, w := decide(e, at, lm, key, 1); w != nil || d.Reason != ReasonAsync {
+			t.Fatalf("%s at %v: %+v, want admitted uncharged", key, at.Sub(t0), d)
+		}
+	}
+	start := t0.Add(time.Second)
+	before := wakes
+	admit(start, "a")
+	if wakes != before+1 {
+		t.Fatalf("the batch's first admission woke the driver %d times, want once", wakes-before)
+	}
+	e.mu.Lock()
+	due := e.cl.asyncAt
+	e.mu.Unlock()
+	keys := []string{"a"}
+	for at := start.Add(10 * time.Millisecond); at.Before(due); at = at.Add(10 * time.Millisecond) {
+		if charged := run(at, at.Add(time.Nanosecond)); len(charged) > 0 {
+			t.Fatalf("%q charged at %v, before the batch's instant %v", charged, at.Sub(start), due.Sub(start))
+		}
+		keys = append(keys, "k"+strconv.Itoa(len(keys)))
+		before = wakes
+		admit(at, keys[len(keys)-1])
+		if wakes != before {
+			t.Fatalf("an admission into a planned batch woke the driver")
+		}
+	}
+	e.Tick(due)
+	admit(due, "late") // the charges are due, not sent yet: it goes with them
+	keys = append(keys, "late")
+	if charged := run(due, due.Add(time.Nanosecond)); !slices.Equal(charged, keys) {
+		t.Fatalf("charged %q at the batch's instant, want %q", charged, keys)
+	}
+	// The next batch: nothing is due until an admission, then not before Async/2.
+	next := due.Add(200 * time.Millisecond)
+	if charged := run(due.Add(10*time.Millisecond), next); len(charged) > 0 {
+		t.Fatalf("%q charged with nothing admitted", charged)
+	}
+	admit(next, "c")
+	if charged := run(next, next.Add(50*time.Millisecond)); len(charged) > 0 {
+		t.Fatalf("%q charged within Async/2 of its admission", charged)
+	}
+	if charged := run(next.Add(50*time.Millisecond), next.Add(110*time.Millisecond)); !slices.Equal(charged, []string{"c"}) {
+		t.Fatalf("charged %q in the second half of an Async after c's admission, want c", charged)
+	}
+}
+
+// TestAsyncAdmissionIsNews: an admission uncharged makes a low-key exchange due at this
+// server's next check (within 1.5 LowEvery of the last exchange): the fleet must learn
+// what its charge finds. A request that asked more than its lease and was not admitted
+// uncharged (its lease in use: warmUp's roomy grant of "first") is not news: the next
+// exchange waits for LowShare after the last.
+func TestAsyncAdmissionIsNews(t *testing.T) {
+	last := t0.Add(50 * time.Millisecond) // warmUp's last exchange
+	for _, tc := range []struct {
+		key      string
+		async    bool
+		exchange bool // within 1.5 LowEvery of the last
+	}{
+		{"new", true, true},
+		{"first", false, false},
+	} {
+		e, lm := asyncEngine(t, new(bool))
+		warmUp(t, e, lm)
+		at := last.Add(10 * time.Millisecond)
+		if d, w := decide(e, at, lm, tc.key, 1); (w == nil && d.Reason == ReasonAsync) != tc.async {
+			t.Fatalf("%s: %+v, want admitted uncharged %v", tc.key, d, tc.async)
+		}
+		exchange := false
+		for ; at.Before(last.Add(3 * LowEvery / 2)); at = at.Add(10 * time.Millisecond) {
+			e.Tick(at)
+			for trip := e.Next(); trip != nil; trip = e.Next() {
+				exchange = exchange || trip.Kind == LowTrip
+				for i := range trip.RefundResults {
+					trip.RefundResults[i].Remaining = 90 // not low: no mark waits
+				}
+				answerAll(trip)
+				e.Done(at, trip)
+			}
+		}
+		if exchange != tc.exchange {
+			t.Errorf("%s: an exchange within 1.5 LowEvery %v, want %v", tc.key, exchange, tc.exchange)
+		}
 	}
 }
 

@@ -170,7 +170,9 @@ func (e *Engine) owe(lm *Limit, sh *Shape, key string, n int, ref float64, hasRe
 		return
 	}
 	if added, ok := e.debts.add(lm, sh, key, n, ref, hasRef, &e.debtSeq, nil); ok {
-		e.debtWait = true
+		// After Stop no debt waits for an answered trip (stopLater): none may come
+		// before Close's last trips, and the debt would be forgiven unsent.
+		e.debtWait = !e.stopped
 		lm.stats.owed.Add(int64(added))
 	}
 }

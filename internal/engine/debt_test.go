@@ -160,6 +160,11 @@ func TestDebtBatchTimedOutGoesInHalves(t *testing.T) {
 	}
 	trip.Err = fmt.Errorf("%w: %w", breaker.ErrTimeout, context.DeadlineExceeded) // not answered
 	e.Done(t0.Add(3*ms), trip)
+	// Every debt waits to go again, as retries: the server owes them still (Close waits
+	// for a probe to send them).
+	if !e.Owes() {
+		t.Fatal("Owes false while the timed-out debts wait to go again")
+	}
 	e.Tick(t0.Add(3*ms + debtRetry))
 	decide(e, t0.Add(3*ms+debtRetry), lm, "other", 1) // Redis answers a trip: debts may go
 	var sizes []int
@@ -529,6 +534,94 @@ func TestHeldRetryHoldsCompanions(t *testing.T) {
 	}
 }
 
+// TestHeldRetryHoldsLaterRetries: a retry passed over (one of its buckets is behind an
+// open breaker) holds a later retry of any of its buckets, which must not run before
+// it; the first retry of other buckets goes.
+func TestHeldRetryHoldsLaterRetries(t *testing.T) {
+	e, lm := failLocalEngine(t, new(bool), func(c *Config) {
+		c.BreakerOpen = func() bool { return true }
+		c.KeyOpen = func(_, key string) bool { return key == "o" }
+	})
+	sh := lm.Shape("")
+	batch := func(keys ...string) refundBatch {
+		var b refundBatch
+		for _, k := range keys {
+			b.reqs = append(b.reqs, redisstore.RefundRequest{Limit: sh.glim, ID: redisstore.KeyID(k), N: -1})
+			b.lims, b.charges = append(b.lims, lm), append(b.charges, nil)
+		}
+		return b
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.debtRetry = []refundBatch{batch("o", "y"), batch("y"), batch("z")}
+	if retry, items := e.planDebts(nil, nil, true, MaxBatch); retry != 2 || len(items) != 0 {
+		t.Fatalf("planned retry %d and %d debts; want z's retry (2): y's later one waits for o's", retry, len(items))
+	}
+}
+
+// TestDebtRetryWaitsForRedis: a debt trip that timed out goes again once its hold
+// (debtRetry) is over, but not while a debt FailLocal owed since waits for Redis to
+// answer a trip (it would only time out too); once Redis answers, and the spread after
+// that answer is over, it goes, under its sequence number.
+func TestDebtRetryWaitsForRedis(t *testing.T) {
+	open := false
+	e, lm := failLocalEngine(t, &open, nil)
+	oweOneEach(t, e, lm, &open, []string{"a"})
+	trip := firstDebts(e, t0.Add(2*ms), lm)
+	if trip == nil || len(trip.Refunds) != 1 {
+		t.Fatalf("Next = %+v, want a's debt", trip)
+	}
+	seq := trip.Refunds[0].Seq
+	trip.Err = fmt.Errorf("%w: %w", breaker.ErrTimeout, context.DeadlineExceeded)
+	e.Done(t0.Add(3*ms), trip)
+	open = true
+	if d, w := decide(e, t0.Add(4*ms), lm, "b", 1); w != nil || d.Source != SourceFallback || !d.Allowed {
+		t.Fatalf("b: %+v, want FailLocal's admission", d)
+	}
+	open = false
+	after := t0.Add(3*ms + debtRetry)
+	e.Tick(after)
+	if trip := e.Next(); trip != nil {
+		t.Fatalf("Next = %+v past the hold, want nothing before Redis answers", trip)
+	}
+	trip = firstDebts(e, after, lm)
+	if trip == nil || len(trip.Refunds) != 1 || trip.Refunds[0].ID != "a" || trip.Refunds[0].Seq != seq {
+		t.Fatalf("Next = %+v once Redis answered, want a's retry under seq %d", trip, seq)
+	}
+}
+
+// TestChargeRetryKeepsTheChargesTurn: the charges' turn (their trip due) lasts while a
+// retry of them is owed: a charge retry passed over while its master's breaker was open
+// goes as soon as that breaker closes, even while FailLocal's debts wait out their spread
+// after Redis answered (debtsMayGo), which is theirs alone.
+func TestChargeRetryKeepsTheChargesTurn(t *testing.T) {
+	open := map[string]bool{"x": true}
+	e, lm := failLocalEngine(t, new(bool), func(c *Config) {
+		c.BreakerOpen = func() bool { return open["x"] }
+		c.KeyOpen = func(_, key string) bool { return open[key] }
+	})
+	e.Tick(t0)
+	sh := lm.Shape("")
+	e.mu.Lock()
+	e.debtRetry = []refundBatch{{reqs: []redisstore.RefundRequest{{Limit: sh.glim, ID: "x", N: -1, Seq: 1}},
+		lims: []*Limit{lm}, charges: []*chargeLater{nil}}} // a charge that timed out, behind x's open breaker
+	e.cl.charges.add(lm, sh, "z", 1, 0, false, &e.debtSeq, nil) // a charge due
+	e.cl.asyncDue = true
+	e.debts.add(lm, sh, "y", 1, 0, false, &e.debtSeq, nil) // FailLocal's, waiting for Redis to answer
+	e.debtWait = true
+	e.mu.Unlock()
+	trip := e.Next()
+	if trip == nil || !trip.debts || len(trip.Refunds) != 1 || trip.Refunds[0].ID != "z" {
+		t.Fatalf("Next = %+v, want z's charge alone", trip)
+	}
+	answerAll(trip)
+	e.Done(t0, trip) // Redis answered: y's debt waits out its spread
+	open["x"] = false
+	if trip := e.Next(); trip == nil || !trip.debts || len(trip.Refunds) != 1 || trip.Refunds[0].ID != "x" || trip.Refunds[0].Seq != 1 {
+		t.Fatalf("Next = %+v once x's breaker closed, want x's retry under its number", trip)
+	}
+}
+
 // TestDebtsBehindAnOpenMasterDoNotHoldRefills: while the first debts looked at are all
 // behind an open breaker, no debt trip is due, so refills are not passed over for one
 // that never comes.
@@ -712,5 +805,295 @@ func TestDebtCapIsForgiven(t *testing.T) {
 	e.Finish()
 	if s := lm.Stats(); s.Owed != 0 || s.Forgiven != 2*math.MaxInt32 {
 		t.Errorf("after Finish: owed %d, forgiven %d; want 0 and %d", s.Owed, s.Forgiven, int64(2*math.MaxInt32))
+	}
+}
+
+// TestDebtKeysBound: an engine holds the debts of at most maxDebtKeys keys; past it, a
+// new key's debt is forgiven, counted in Forgiven and not in Owed, while a key that owes
+// already owes more.
+func TestDebtKeysBound(t *testing.T) {
+	e, lm := testEngine(t, nil)
+	sh := lm.Shape("")
+	for i := range maxDebtKeys {
+		e.owe(lm, sh, fmt.Sprint(i), 1, 0, false)
+	}
+	e.owe(lm, sh, "new", 2, 0, false)
+	e.owe(lm, sh, "0", 3, 0, false)
+	if st := lm.Stats(); st.Owed != maxDebtKeys+3 || st.Forgiven != 2 || e.debts.len() != maxDebtKeys {
+		t.Fatalf("owed %d, forgiven %d, %d keys owing; want %d, 2 and %d", st.Owed, st.Forgiven, e.debts.len(), maxDebtKeys+3, maxDebtKeys)
+	}
+}
+
+// TestDebtReference: a debt keeps the largest reference of the grants its tokens were
+// owed against (the latest: a bucket's credit only grows, and the latest forgives the
+// least), whatever their order and sign; owes without one leave it as it was.
+func TestDebtReference(t *testing.T) {
+	type ref struct {
+		v   float64
+		has bool
+	}
+	for _, tc := range []struct {
+		owes []ref
+		want ref
+	}{
+		{[]ref{{-5, true}}, ref{-5, true}}, // a bucket in debt at the grant
+		{[]ref{{10, true}, {20, true}}, ref{20, true}},
+		{[]ref{{20, true}, {10, true}}, ref{20, true}},
+		{[]ref{{0, false}, {10, true}}, ref{10, true}},
+		{[]ref{{10, true}, {0, false}}, ref{10, true}},
+		{[]ref{{0, false}}, ref{0, false}},
+	} {
+		e, lm := failLocalEngine(t, new(bool), nil)
+		for _, r := range tc.owes {
+			e.owe(lm, lm.Shape(""), "k", 1, r.v, r.has)
+		}
+		trip := firstDebts(e, t0, lm)
+		if trip == nil || len(trip.Refunds) != 1 {
+			t.Fatalf("owes %v: Next = %+v, want k's debt", tc.owes, trip)
+		}
+		if r := trip.Refunds[0]; r.N != -len(tc.owes) || r.Ref != tc.want.v || r.HasRef != tc.want.has {
+			t.Errorf("owes %v: debt %+v, want N -%d, reference %v", tc.owes, r, len(tc.owes), tc.want)
+		}
+	}
+}
+
+// TestDebtGoesUnderTheLatestShape: a debt owed under a limit's shape, then under the
+// shape a change made (another burst, a new version), goes to the bucket of the latest,
+// with that shape's floor (its burst + rate·DebtWindow).
+func TestDebtGoesUnderTheLatestShape(t *testing.T) {
+	e, lm := failLocalEngine(t, new(bool), nil)
+	e.owe(lm, lm.Shape(""), "k", 1, 0, false)
+	c := lm.Config()
+	c.Version, c.Burst = 1, 80
+	if err := e.SetLimit(t0, c); err != nil {
+		t.Fatal(err)
+	}
+	sh := lm.Shape("")
+	e.owe(lm, sh, "k", 1, 0, false)
+	trip := firstDebts(e, t0, lm)
+	if trip == nil || len(trip.Refunds) != 1 {
+		t.Fatalf("Next = %+v, want k's debt", trip)
+	}
+	if r := trip.Refunds[0]; r.Limit != sh.glim || r.Limit.Version != 1 || r.N != -2 || r.Floor != 80+100*10 {
+		t.Fatalf("debt %+v, want N -2 to version 1's bucket, floor 80 + 100·10", r)
+	}
+}
+
+// TestDebtFloor: a debt may take its bucket down to -(Burst + Rate·DebtWindow), never
+// below -MaxDebt, the most a refund may charge (redisstore.Refund).
+func TestDebtFloor(t *testing.T) {
+	for _, tc := range []struct {
+		rate  float64
+		burst int
+		want  int
+	}{
+		{100, 100, 100 + 100*10},
+		{0.5, 3, 3 + 5},
+		{1e7, 1 << 53, redisstore.MaxDebt}, // 2^53 + 10^8
+		{1e7, 1<<53 - 100_000_001, redisstore.MaxDebt},
+		{1e7, 1<<53 - 100_000_002, redisstore.MaxDebt - 1},
+	} {
+		_, lm := testEngine(t, func(c *Config) { c.Limits[0].Rate, c.Limits[0].Burst = tc.rate, tc.burst })
+		if got := lm.Shape("").debtFloor(); got != tc.want {
+			t.Errorf("rate %v, burst %d: floor %d, want %d", tc.rate, tc.burst, got, tc.want)
+		}
+	}
+}
+
+// TestGrantSettlesTheDebt: a request FailLocal admitted while it waited for a refill
+// (it gave up at its MaxWait) is owed to the bucket; the refill's grant, when it comes,
+// pays for it: the debt is settled, counted as charged and no longer owed,
+// and no debt trip charges it again.
+func TestGrantSettlesTheDebt(t *testing.T) {
+	e, lm := failLocalEngine(t, new(bool), nil)
+	e.Tick(t0)
+	_, w1 := decide(e, t0, lm, "k", 1)
+	_, w2 := decide(e, t0, lm, "k", 1)
+	trip := e.Next()
+	if d := e.GiveUp(t0.Add(10*ms), w1, ReasonTimeout); !d.Allowed || d.Source != SourceFallback {
+		t.Fatalf("gave up: %+v, want admitted by FailLocal", d)
+	}
+	if st := lm.Stats(); st.Owed != 1 {
+		t.Fatalf("owed %d after FailLocal's admission, want 1", st.Owed)
+	}
+	answerAll(trip)
+	trip.TakeResults[0].Granted = 10
+	e.Done(t0.Add(11*ms), trip)
+	if d := w2.Decision(); !d.Allowed || d.Source != SourceGlobal {
+		t.Fatalf("the request that waited: %+v, want served by the grant", d)
+	}
+	if st := lm.Stats(); st.Owed != 0 || st.Charged != 1 {
+		t.Fatalf("owed %d, charged %d; want 0 and 1", st.Owed, st.Charged)
+	}
+	for at := t0.Add(11 * ms); at.Before(t0.Add(time.Second)); at = at.Add(10 * ms) {
+		e.Tick(at)
+		for trip := e.Next(); trip != nil; trip = e.Next() {
+			if trip.debts {
+				t.Fatalf("a debt trip %+v after the grant paid the debt", trip.Refunds)
+			}
+			answerAll(trip)
+			e.Done(at, trip)
+		}
+	}
+}
+
+// TestDebtTripsCarryMaxBatch: a debt trip carries at most MaxBatch debts, the first
+// owed; the next trip carries the rest.
+func TestDebtTripsCarryMaxBatch(t *testing.T) {
+	e, lm := failLocalEngine(t, new(bool), nil)
+	for i := range MaxBatch + 1 {
+		e.owe(lm, lm.Shape(""), fmt.Sprint(i), 1, 0, false)
+	}
+	trip := firstDebts(e, t0, lm)
+	if trip == nil || len(trip.Refunds) != MaxBatch || trip.Refunds[MaxBatch-1].ID != redisstore.KeyID(fmt.Sprint(MaxBatch-1)) {
+		t.Fatalf("first debt trip %+v, want the first %d debts", trip, MaxBatch)
+	}
+	answerAll(trip)
+	e.Done(t0, trip)
+	if trip = e.Next(); trip == nil || !trip.debts || len(trip.Refunds) != 1 || trip.Refunds[0].ID != redisstore.KeyID(fmt.Sprint(MaxBatch)) {
+		t.Fatalf("next trip %+v, want the last debt alone", trip)
+	}
+}
+
+// TestDebtBeyondTheFloor: a debt larger than its bucket's floor (Burst + Rate·DebtWindow,
+// here 100 + 100·10) goes as a charge of the floor; the rest is forgiven, counted so and
+// no longer owed.
+func TestDebtBeyondTheFloor(t *testing.T) {
+	e, lm := failLocalEngine(t, new(bool), nil)
+	e.owe(lm, lm.Shape(""), "k", 1500, 0, false)
+	trip := firstDebts(e, t0, lm)
+	if trip == nil || len(trip.Refunds) != 1 || trip.Refunds[0].N != -1100 || trip.Refunds[0].Floor != 1100 {
+		t.Fatalf("Next = %+v, want k's debt as a charge of 1100, floor 1100", trip)
+	}
+	answerAll(trip)
+	e.Done(t0, trip)
+	if st := lm.Stats(); st.Owed != 0 || st.Charged != 1100 || st.Forgiven != 400 {
+		t.Fatalf("owed %d, charged %d, forgiven %d; want 0, 1100 and 400", st.Owed, st.Charged, st.Forgiven)
+	}
+}
+
+// TestDebtItemsLostGoAgainTogether: the items of an answered debt trip whose own answers
+// were lost (a Cluster node's timed out) go again together, in one retry under their
+// numbers: only a trip that timed out whole goes again in halves (it may have been too
+// large for its deadline).
+func TestDebtItemsLostGoAgainTogether(t *testing.T) {
+	open := false
+	e, lm := failLocalEngine(t, &open, nil)
+	oweOneEach(t, e, lm, &open, []string{"a", "b", "c"})
+	trip := firstDebts(e, t0.Add(2*ms), lm)
+	if trip == nil || len(trip.Refunds) != 3 {
+		t.Fatalf("Next = %+v, want the three debts", trip)
+	}
+	trip.Answered = true
+	for i := range trip.Refunds[:2] {
+		trip.RefundResults[i].Err = fmt.Errorf("%w: %w", breaker.ErrTimeout, context.DeadlineExceeded)
+	}
+	e.Done(t0.Add(3*ms), trip)
+	e.Tick(t0.Add(3*ms + debtRetry))
+	trip = e.Next()
+	if trip == nil || !trip.debts || len(trip.Refunds) != 2 || trip.Refunds[0].ID != "a" || trip.Refunds[1].ID != "b" {
+		t.Fatalf("Next = %+v, want a's and b's debts again in one trip", trip)
+	}
+}
+
+// TestDebtsAnsweredAfterFinish: a charge trip out when Finish ran and answered after it
+// charges what it ran; what it did not run (refused) or may have (its answer lost) is
+// forgiven, counted so and no longer owed, not owed again: nothing will send it.
+func TestDebtsAnsweredAfterFinish(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		err      error // the charge's own answer
+		forgiven int64
+	}{
+		{"answered", nil, 0},
+		{"refused", breaker.ErrOpen, 2},
+		{"lost", fmt.Errorf("%w: %w", breaker.ErrTimeout, context.DeadlineExceeded), 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, lm := asyncEngine(t, new(bool))
+			warmUp(t, e, lm)
+			at := t0.Add(time.Second)
+			if d, w := decide(e, at, lm, "k", 2); w != nil || d.Reason != ReasonAsync {
+				t.Fatalf("%+v, want k admitted uncharged", d)
+			}
+			var charge *Trip // out: not handed back to Done before Finish
+			for now := at; charge == nil && now.Before(at.Add(time.Second)); now = now.Add(10 * ms) {
+				e.Tick(now)
+				for trip := e.Next(); trip != nil; trip = e.Next() {
+					if trip.debts {
+						charge = trip
+						break
+					}
+					answerAll(trip)
+					e.Done(now, trip)
+				}
+			}
+			if charge == nil || len(charge.Refunds) != 1 || charge.Refunds[0].N != -2 {
+				t.Fatalf("charge trip %+v, want k's charge of 2", charge)
+			}
+			e.Stop(at.Add(time.Second))
+			if _, forgiven := e.Finish(); forgiven != 0 {
+				t.Fatalf("Finish forgave %d with the charge out, want 0", forgiven)
+			}
+			charge.Answered = true
+			charge.RefundResults[0].Err = tc.err
+			e.Done(at.Add(time.Second), charge)
+			if st := lm.Stats(); st.Owed != 0 || st.Forgiven != tc.forgiven || st.Charged != 2-tc.forgiven || e.Owes() {
+				t.Fatalf("owed %d, forgiven %d, charged %d, owes %v; want 0, %d, %d, nothing owed", st.Owed, st.Forgiven, st.Charged, e.Owes(), tc.forgiven, 2-tc.forgiven)
+			}
+		})
+	}
+}
+
+// TestDebtOwedAfterStopIsCharged: after Stop, FailLocal's debts no longer wait for a
+// trip Redis answered (stopLater: with no lease to refund, none may come), and neither
+// does a debt owed after Stop, by a request FailLocal admitted while Close waited (its
+// breaker open): with no other trip answered during the shutdown it would never go, and
+// Finish would forgive it though Redis answers. A charge whose retry fails at the
+// shutdown goes with the debts (chargesSent ended the charges' turn as the retry went):
+// both are charged.
+func TestDebtOwedAfterStopIsCharged(t *testing.T) {
+	timeout := fmt.Errorf("%w: %w", breaker.ErrTimeout, context.DeadlineExceeded)
+	for _, tc := range []struct {
+		name   string
+		charge bool // k admitted uncharged, its charge trip timed out before Stop and again after
+	}{
+		{"debt alone", false},
+		{"debt and a charge whose retry fails", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			open := false
+			e, lm := asyncFailLocal(t, &open)
+			warmUp(t, e, lm)
+			at := t0.Add(time.Second)
+			if tc.charge {
+				if d, w := decide(e, at, lm, "k", 1); w != nil || d.Reason != ReasonAsync {
+					t.Fatalf("%+v, want k admitted uncharged", d)
+				}
+				debtTrips(e, at, 1, func(trip *Trip, _ int) { trip.Err = timeout })
+			}
+			stop := at.Add(time.Second)
+			e.Stop(stop)
+			open = true
+			e.Next() // the driver sees the breaker open
+			if d, w := decide(e, stop, lm, "y", 1); w != nil || d.Source != SourceFallback || !d.Allowed {
+				t.Fatalf("y after Stop: %+v, want FailLocal's admission", d)
+			}
+			open = false
+			e.Drain()
+			failed := !tc.charge // the first debt trip times out if k's retry is in it
+			for trip := e.Next(); trip != nil; trip = e.Next() {
+				if trip.debts && !failed {
+					trip.Err, failed = timeout, true
+				} else {
+					answerAll(trip)
+				}
+				e.Done(stop, trip)
+			}
+			want := 1 + map[bool]int64{false: 0, true: 1}[tc.charge]
+			if _, forgiven := e.Finish(); forgiven != 0 || lm.Stats().Charged != want {
+				t.Fatalf("charged %d, forgiven %d; want %d charged, none forgiven", lm.Stats().Charged, forgiven, want)
+			}
+		})
 	}
 }
