@@ -830,6 +830,9 @@ func TestOnStateChangePanics(t *testing.T) {
 			if r := recovered(func() { b.Do(ctx, func(context.Context) error { return nil }) }); r != "boom" {
 				t.Errorf("recovered %v, want OnStateChange's panic", r)
 			}
+			// The call's slot is freed when its goroutine has ended too, which may be
+			// after Do returned: wait for it.
+			synctest.Wait()
 			if n := b.Stats().InFlight; n != 0 {
 				t.Errorf("%d calls in flight after the panic, want 0", n)
 			}
@@ -888,6 +891,7 @@ func TestOnStateChangePanics(t *testing.T) {
 			if r := recovered(func() { b.Do(context.Background(), func(context.Context) error { panic("fn") }) }); r != "fn" {
 				t.Errorf("recovered %v, want fn's panic", r)
 			}
+			synctest.Wait() // the call's goroutine frees its slot as it ends
 			if n := b.Stats().InFlight; n != 0 {
 				t.Errorf("%d calls in flight after the panic, want 0", n)
 			}
