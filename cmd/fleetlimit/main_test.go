@@ -108,50 +108,70 @@ func TestDoctorRunsOutOfTime(t *testing.T) {
 	}
 }
 
-// slowProxy forwards connections to addr, each request reaching it delay late: a Redis
-// that far away. It stops with the test.
-func slowProxy(t *testing.T, addr string, delay time.Duration) string {
+// proxy listens for connections and joins each to a connection of its own to addr,
+// by pipe (which copies between them, each way, until either closes), and returns its
+// address. It stops with the test, closing every connection it made.
+func proxy(t *testing.T, addr string, pipe func(client, server net.Conn)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = ln.Close() })
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		_ = ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
 	go func() {
 		for {
 			in, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			to, err := net.Dial("tcp", addr)
+			out, err := net.Dial("tcp", addr)
 			if err != nil {
 				_ = in.Close()
 				continue
 			}
-			t.Cleanup(func() { _ = in.Close(); _ = to.Close() })
-			go func() { _, _ = io.Copy(in, to) }()
-			go func() {
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := in.Read(buf)
-					if err != nil {
-						_ = to.Close()
-						return
-					}
-					time.Sleep(delay) // the distance, not a wait for something
-					if _, err := to.Write(buf[:n]); err != nil {
-						return
-					}
-				}
-			}()
+			mu.Lock()
+			conns = append(conns, in, out)
+			mu.Unlock()
+			pipe(in, out)
 		}
 	}()
 	return ln.Addr().String()
 }
 
-// newLimiter is a Limiter of one server on store, its limit "api" (10/s, burst 20) of
-// mode, with a breaker's timeout that leaves room for -race.
-// newLimiter is a Limiter on store with one limit "api" of burst 20 and the rate given.
+// slowProxy forwards connections to addr, each request reaching it delay late: a Redis
+// that far away. It stops with the test.
+func slowProxy(t *testing.T, addr string, delay time.Duration) string {
+	t.Helper()
+	return proxy(t, addr, func(in, to net.Conn) {
+		go func() { _, _ = io.Copy(in, to) }()
+		go func() {
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := in.Read(buf)
+				if err != nil {
+					_ = to.Close()
+					return
+				}
+				time.Sleep(delay) // the distance, not a wait for something
+				if _, err := to.Write(buf[:n]); err != nil {
+					return
+				}
+			}
+		}()
+	})
+}
+
+// newLimiter is a Limiter of one server on store, its limit "api" of mode, burst 20 and
+// the rate given, with a breaker's timeout that leaves room for -race.
 func newLimiter(t *testing.T, store *global.Store, mode hybrid.Mode, rate float64) *hybrid.Limiter {
 	t.Helper()
 	brk, err := breaker.New(breaker.Settings{Timeout: 2 * time.Second})
@@ -466,63 +486,34 @@ func versionProxy(t *testing.T, addr, from, to string) string {
 	if len(from) != len(to) {
 		t.Fatalf("versionProxy: %q and %q differ in length", from, to)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		_ = ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	})
-	go func() {
-		for {
-			in, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			out, err := net.Dial("tcp", addr)
-			if err != nil {
-				_ = in.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, in, out)
-			mu.Unlock()
-			go func() { _, _ = io.Copy(out, in); _ = out.Close() }()
-			go func() {
-				defer in.Close()
-				var pending []byte
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := out.Read(buf)
-					if err != nil {
-						return
-					}
-					pending = bytes.ReplaceAll(append(pending, buf[:n]...), []byte(from), []byte(to))
-					// A tail that may begin from waits for the next read: from may be split
-					// across two. A reply ends in CRLF, which begins no INFO field.
-					keep := 0
-					for k := min(len(from)-1, len(pending)); k > 0; k-- {
-						if bytes.HasSuffix(pending, []byte(from[:k])) {
-							keep = k
-							break
-						}
-					}
-					if _, err := in.Write(pending[:len(pending)-keep]); err != nil {
-						return
-					}
-					pending = append([]byte(nil), pending[len(pending)-keep:]...)
+	return proxy(t, addr, func(in, out net.Conn) {
+		go func() { _, _ = io.Copy(out, in); _ = out.Close() }()
+		go func() {
+			defer in.Close()
+			var pending []byte
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := out.Read(buf)
+				if err != nil {
+					return
 				}
-			}()
-		}
-	}()
-	return ln.Addr().String()
+				pending = bytes.ReplaceAll(append(pending, buf[:n]...), []byte(from), []byte(to))
+				// A tail that may begin from waits for the next read: from may be split
+				// across two. A reply ends in CRLF, which begins no INFO field.
+				keep := 0
+				for k := min(len(from)-1, len(pending)); k > 0; k-- {
+					if bytes.HasSuffix(pending, []byte(from[:k])) {
+						keep = k
+						break
+					}
+				}
+				if _, err := in.Write(pending[:len(pending)-keep]); err != nil {
+					return
+				}
+				pending = append([]byte(nil), pending[len(pending)-keep:]...)
+			}
+		}()
+	})
 }
 
 // TestDoctorVersion: Redis 6 and later pass, 5 warns (it runs the scripts, untested) and

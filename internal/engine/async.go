@@ -748,12 +748,12 @@ func (e *Engine) laterNextTick(t time.Time) time.Time {
 
 // stopLater ends the low-key exchanges and makes the charges due now (Stop), those a
 // failed charge trip held back too: no Tick ends their wait (debtRetry) after Stop, and
-// the shutdown's trips are their last chance. FailLocal's debts stop waiting for a trip
-// Redis answered, for the same reason: with no lease to refund, none may come, and
-// Close sends them once the breaker lets a probe through. It requires e.mu.
+// the shutdown's trips are their last chance. FailLocal's debts no longer wait for a
+// trip Redis answered (debtsMayGo), nor for a spread after one: Close sends them once
+// the breaker lets a probe through. It requires e.mu.
 func (e *Engine) stopLater() {
 	e.cl.lowDue, e.cl.lowAt = false, time.Time{}
-	e.debtHoldUntil, e.debtWait, e.debtSpreadUntil = time.Time{}, false, time.Time{}
+	e.debtHoldUntil, e.debtSpreadUntil = time.Time{}, time.Time{}
 	if e.cl.charges.len() > 0 || len(e.debtRetry) > 0 {
 		e.cl.asyncDue, e.cl.asyncAt = true, time.Time{}
 	}

@@ -170,9 +170,7 @@ func (e *Engine) owe(lm *Limit, sh *Shape, key string, n int, ref float64, hasRe
 		return
 	}
 	if added, ok := e.debts.add(lm, sh, key, n, ref, hasRef, &e.debtSeq, nil); ok {
-		// After Stop no debt waits for an answered trip (stopLater): none may come
-		// before Close's last trips, and the debt would be forgiven unsent.
-		e.debtWait = !e.stopped
+		e.debtWait = true
 		lm.stats.owed.Add(int64(added))
 	}
 }
@@ -317,9 +315,13 @@ func walkOwed(debts, charges *owed, fn func(q *owed, k debtKey, d *debt) bool) {
 }
 
 // debtsMayGo reports whether FailLocal's debts may go: Redis answered a trip since the
-// last was owed, and the spread after that answer is over (redisAnswered). It requires
+// last was owed, and the spread after that answer is over (redisAnswered); or the
+// engine is stopped, whatever was owed since: no answered trip may come before Close's
+// last trips, and a debt that waited for one would be forgiven unsent. It requires
 // that e.mu is held.
-func (e *Engine) debtsMayGo() bool { return !e.debtWait && e.debtSpreadUntil.IsZero() }
+func (e *Engine) debtsMayGo() bool {
+	return e.stopped || !e.debtWait && e.debtSpreadUntil.IsZero()
+}
 
 // Owes reports whether this server owes buckets tokens not charged yet: FailLocal's
 // debts and the charge-later limits' charges, which go only to buckets whose breaker is

@@ -146,15 +146,23 @@ func (f *winFleet) roomy(prefix string, now time.Time, room time.Duration) (stri
 	}
 }
 
+// fresh sends a request of key y at at, and, if it waits (a server not warm yet, or
+// its marks stale), the trip it makes: that trip's read makes the server's marks
+// fresh, so that it admits keys it knows nothing against without asking.
+func (f *winFleet) fresh(at time.Time) {
+	f.t.Helper()
+	if _, w := decide(f.es[0], at, f.lms[0], "y", 1); w != nil {
+		f.serve(0, at)
+	}
+}
+
 // admitFree makes server 0's marks fresh at now (a request 10 ms before, and its trip
 // with a read) and returns its decision at now of a request of key, which it admits
 // without asking (ReasonAsync), or fails the test.
 func (f *winFleet) admitFree(key string, now time.Time) Decision {
 	f.t.Helper()
 	e, lm := f.es[0], f.lms[0]
-	if _, w := decide(e, now.Add(-10*time.Millisecond), lm, "y", 1); w != nil {
-		f.serve(0, now.Add(-10*time.Millisecond))
-	}
+	f.fresh(now.Add(-10 * time.Millisecond))
 	d, w := decide(e, now, lm, key, 1)
 	if w != nil || d.Reason != ReasonAsync {
 		f.t.Fatalf("%s: %+v, want it admitted without asking", key, d)
@@ -212,10 +220,8 @@ func TestWindowedSpent(t *testing.T) {
 	// rate is counted over the server's short life).
 	now := t0.Add(2 * time.Second)
 	key, win, end := f.roomy("k", now, 800*time.Millisecond)
-	if _, w := decide(f.es[0], now.Add(-10*time.Millisecond), f.lms[0], "y", 1); w != nil {
-		f.serve(0, now.Add(-10*time.Millisecond)) // a trip, and with it a read: fresh marks
-	}
-	f.add(key, win, 10, false) // the fleet spent the window
+	f.fresh(now.Add(-10 * time.Millisecond)) // a trip, and with it a read: fresh marks
+	f.add(key, win, 10, false)               // the fleet spent the window
 	if d, w := decide(f.es[0], now, f.lms[0], key, 1); w != nil || !d.Allowed {
 		t.Fatalf("%s, not known spent: %+v, want admitted without asking", key, d)
 	}
@@ -342,9 +348,7 @@ func TestWindowedSplitsLongReports(t *testing.T) {
 	e, lm := f.es[0], f.lms[0]
 	// Two seconds in, a key seen once is seen seldom: admitted without asking, no grant.
 	now := t0.Add(2 * time.Second)
-	if _, w := decide(e, now.Add(-10*time.Millisecond), lm, "y", 1); w != nil {
-		f.serve(0, now.Add(-10*time.Millisecond)) // a trip, and with it a read: fresh marks
-	}
+	f.fresh(now.Add(-10 * time.Millisecond)) // a trip, and with it a read: fresh marks
 	const n = maxWindowOps + 100
 	for i := range n {
 		if d, w := decide(e, now, lm, "c"+strconv.Itoa(i), 1); w != nil || !d.Allowed {
@@ -738,9 +742,7 @@ func TestWindowedAfterReview(t *testing.T) {
 				key, _, end = f.roomy("k", start, 0)
 			}
 			at := end.Add(-50 * time.Millisecond)
-			if _, w := decide(e, at.Add(-10*time.Millisecond), lm, "y", 1); w != nil {
-				f.serve(0, at.Add(-10*time.Millisecond))
-			}
+			f.fresh(at.Add(-10 * time.Millisecond))
 			if d, w := decide(e, at, lm, key, 1); w != nil || d.Reason != ReasonAsync {
 				t.Fatalf("%+v", d)
 			}
@@ -1013,9 +1015,7 @@ func TestWindowedLostArray(t *testing.T) {
 	f.warm()
 	now := t0.Add(2 * time.Second)
 	key, _, _ := f.roomy("k", now, 800*time.Millisecond)
-	if _, w := decide(f.es[0], now.Add(-10*time.Millisecond), f.lms[0], "y", 1); w != nil {
-		f.serve(0, now.Add(-10*time.Millisecond)) // fresh marks: admits without asking
-	}
+	f.fresh(now.Add(-10 * time.Millisecond)) // fresh marks: admits without asking
 	admitted := 0
 	for i := range 3 { // three admissions of key, each counted with a report
 		at := now.Add(time.Duration(i) * 100 * time.Millisecond)
@@ -1849,9 +1849,7 @@ func TestWindowedReadsLowMark(t *testing.T) {
 	now := t0.Add(2 * time.Second)
 	key, win, _ := f.roomy("k", now, 800*time.Millisecond)
 	f.mark(key, win, wire.MarkLow, now.Add(-20*time.Millisecond))
-	if _, w := decide(e, now.Add(-10*time.Millisecond), lm, "y", 1); w != nil {
-		f.serve(0, now.Add(-10*time.Millisecond)) // a trip, and with it a read: the mark learnt, marks fresh
-	}
+	f.fresh(now.Add(-10 * time.Millisecond)) // a trip, and with it a read: the mark learnt, marks fresh
 	if d, w := decide(e, now, lm, key, 1); w == nil {
 		t.Errorf("a key marked low for its window: %+v, want it to ask and wait", d)
 	}
@@ -1883,9 +1881,7 @@ func TestWindowedKeyWithGrantsLearnsMarks(t *testing.T) {
 	}
 	over := t0.Add(5 * time.Millisecond) // another server marks the key over
 	f.mark(key, win, wire.MarkOver, over)
-	if _, w := decide(e, t0.Add(10*time.Millisecond), lm, "y", 1); w != nil {
-		f.serve(0, t0.Add(10*time.Millisecond)) // its trip reads the mark (not warm: every trip reads)
-	}
+	f.fresh(t0.Add(10 * time.Millisecond)) // its trip reads the mark (not warm: every trip reads)
 	if d, w := decide(e, t0.Add(20*time.Millisecond), lm, key, 1); w != nil || !d.Allowed || d.Reason != ReasonLease {
 		t.Fatalf("the key's next request: %+v (waits %v), want served from its grants", d, w != nil)
 	}
@@ -2153,9 +2149,7 @@ func TestWindowedCosts(t *testing.T) {
 		{0, Decision{Allowed: true, Source: SourceLease, Reason: ReasonLease, Servers: 1}},
 	} {
 		key, _, _ := f.roomy("k"+strconv.Itoa(tc.n)+"-", now, 500*time.Millisecond)
-		if _, w := decide(f.es[0], now.Add(-10*time.Millisecond), f.lms[0], "y", 1); w != nil {
-			f.serve(0, now.Add(-10*time.Millisecond)) // fresh marks
-		}
+		f.fresh(now.Add(-10 * time.Millisecond)) // fresh marks
 		if d, w := decide(f.es[0], now, f.lms[0], key, tc.n); w != nil || d != tc.want {
 			t.Errorf("a new key's request of %d: %+v (waits %v), want %+v", tc.n, d, w != nil, tc.want)
 		}

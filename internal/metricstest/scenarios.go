@@ -3,7 +3,6 @@ package metricstest
 import (
 	"context"
 	"errors"
-	"runtime"
 	"testing"
 	"time"
 
@@ -150,11 +149,11 @@ func Breaker(t testing.TB) (*hybrid.Limiter, func(state func(string)) Want) {
 		canceled, cancel := context.WithCancel(ctx)
 		cancel()
 		_ = brk.Do(canceled, func(context.Context) error { return nil })
-		release, held := make(chan struct{}), make(chan error)
-		go func() { held <- brk.Do(ctx, func(context.Context) error { <-release; return nil }) }()
-		for brk.Stats().InFlight == 0 {
-			runtime.Gosched()
-		}
+		started, release, held := make(chan struct{}), make(chan struct{}), make(chan error)
+		go func() {
+			held <- brk.Do(ctx, func(context.Context) error { close(started); <-release; return nil })
+		}()
+		<-started // running: its slot is taken
 		for range 2 {
 			if err := do(nil); !errors.Is(err, breaker.ErrOverloaded) {
 				t.Fatalf("a call beyond MaxInFlight: %v", err)
