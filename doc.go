@@ -12,9 +12,10 @@
 // server whose clock runs fast cannot add tokens. Buckets expire once they would be full
 // again, so Redis memory tracks active clients.
 //
-// The local tier (package local) is an in-process x/time/rate bucket per key with
-// bounded memory. It pre-checks requests so a client far over its limit is denied
-// without a Redis call, and it is the conservative fallback when Redis is down.
+// The local tier is in process. Each key's pre-check, a token bucket with x/time/rate's
+// arithmetic held beside the key's lease, denies a client far over its limit without a
+// Redis call. Package local, x/time/rate buckets per key with bounded memory, is the
+// conservative fallback (FailLocal) while Redis is down.
 //
 // # The flow of one decision
 //

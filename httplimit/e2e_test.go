@@ -441,21 +441,28 @@ func TestMiddlewareTier(t *testing.T) {
 }
 
 // TestDenyStatus: DefaultDeny says why a request was denied. Over its limit: 429 of
-// type quota-exceeded. Denied by FailClosed while Redis does not answer: 503 with
-// Retry-After, of type temporary-reduced-capacity, so that clients and dashboards do
-// not read an outage as the client's fault. A cost above the burst: 400. The body is
-// problem details (RFC 9457) when the client accepts them, text otherwise.
+// type quota-exceeded. Denied by the failure policy while Redis does not answer
+// (FailClosed, or FailLocal past this server's share): 503 with Retry-After, of type
+// temporary-reduced-capacity, so that clients and dashboards do not read an outage as
+// the client's fault. A cost above the burst: 400. The body is problem details (RFC
+// 9457) when the client accepts them, text otherwise.
 func TestDenyStatus(t *testing.T) {
 	m, c := redistest.Mini(t)
 	lim := newLimiter(t, redistest.Target{Client: c},
-		hybrid.Limit{Name: "api", Rate: 1e-3, Burst: 2, Policy: breaker.FailClosed, MaxWait: 50 * time.Millisecond})
-	mw, err := httplimit.New(httplimit.Config{Limiter: lim, Limit: "api", Key: httplimit.Header("X-API-Key"),
-		Cost: func(r *http.Request) int { n, _ := strconv.Atoi(r.Header.Get("X-Cost")); return n }})
-	if err != nil {
-		t.Fatal(err)
+		hybrid.Limit{Name: "api", Rate: 1e-3, Burst: 2, Policy: breaker.FailClosed, MaxWait: 50 * time.Millisecond},
+		// FailLocal's share is a token a key: its second request passes the pre-check and
+		// meets the policy.
+		hybrid.Limit{Name: "shared", Rate: 1e-3, Burst: 2, Policy: breaker.FailLocalLimit(1e-3, 1), MaxWait: 50 * time.Millisecond})
+	handlers := map[string]http.Handler{}
+	for _, name := range []string{"api", "shared"} {
+		mw, err := httplimit.New(httplimit.Config{Limiter: lim, Limit: name, Key: httplimit.Header("X-API-Key"),
+			Cost: func(r *http.Request) int { n, _ := strconv.Atoi(r.Header.Get("X-Cost")); return n }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		handlers[name] = mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	}
-	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
-	ask := func(key string, cost int, problem bool) *httptest.ResponseRecorder {
+	ask := func(limit, key string, cost int, problem bool) *httptest.ResponseRecorder {
 		req := httptest.NewRequest(http.MethodGet, "/", nil)
 		req.Header.Set("X-API-Key", key)
 		req.Header.Set("X-Cost", strconv.Itoa(cost))
@@ -463,7 +470,7 @@ func TestDenyStatus(t *testing.T) {
 			req.Header.Set("Accept", "application/json, application/problem+json;q=0.9")
 		}
 		w := httptest.NewRecorder()
-		h.ServeHTTP(w, req)
+		handlers[limit].ServeHTTP(w, req)
 		return w
 	}
 	type problem struct {
@@ -472,26 +479,36 @@ func TestDenyStatus(t *testing.T) {
 		Status int
 		Detail string
 	}
+	const (
+		quotaExceeded   = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+		reducedCapacity = "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+	)
 	for _, tc := range []struct {
 		name    string
+		limit   string
 		key     string
 		cost    int
-		down    bool
+		down    bool // Redis is gone from this case on
+		first   bool // a first request of the same cost is admitted
 		status  int
 		typ     string
 		retries bool
 	}{
-		{"over its limit", "k", 2, false, http.StatusTooManyRequests, "https://iana.org/assignments/http-problem-types#quota-exceeded", true},
-		{"cost above the burst", "k2", 3, false, http.StatusBadRequest, "about:blank", false},
-		{"Redis away, FailClosed", "k3", 1, true, http.StatusServiceUnavailable, "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity", true},
+		{"over its limit", "api", "k", 2, false, true, http.StatusTooManyRequests, quotaExceeded, true},
+		{"cost above the burst", "api", "k2", 3, false, false, http.StatusBadRequest, "about:blank", false},
+		{"Redis away, FailClosed", "api", "k3", 1, true, false, http.StatusServiceUnavailable, reducedCapacity, true},
+		{"Redis away, FailLocal past its share", "shared", "k4", 1, true, true, http.StatusServiceUnavailable, reducedCapacity, true},
 	} {
 		if tc.down {
-			m.Close()
-		} else if w := ask(tc.key, tc.cost, false); w.Code != http.StatusOK && tc.status != http.StatusBadRequest {
-			t.Fatalf("%s: first request %d, want 200", tc.name, w.Code)
+			m.Close() // again for a later case: a no-op
+		}
+		if tc.first {
+			if w := ask(tc.limit, tc.key, tc.cost, false); w.Code != http.StatusOK {
+				t.Fatalf("%s: first request %d, want 200", tc.name, w.Code)
+			}
 		}
 		for _, asProblem := range []bool{false, true} {
-			w := ask(tc.key, tc.cost, asProblem)
+			w := ask(tc.limit, tc.key, tc.cost, asProblem)
 			if w.Code != tc.status || (w.Header().Get("Retry-After") != "") != tc.retries {
 				t.Errorf("%s: %d, Retry-After %q; want %d, Retry-After %v", tc.name, w.Code, w.Header().Get("Retry-After"), tc.status, tc.retries)
 			}

@@ -24,7 +24,8 @@ const (
 	// HeadersXResetEpoch, with HeadersX, writes X-RateLimit-Reset as a Unix time in
 	// seconds instead of seconds from now.
 	HeadersXResetEpoch
-	// HeadersNone writes no rate-limit header; Retry-After is still written on a 429.
+	// HeadersNone writes no rate-limit header; Retry-After is still written on a denial
+	// that can pass later (a 429, or a 503 of the failure policy).
 	HeadersNone Headers = 1 << 7
 )
 

@@ -353,9 +353,10 @@ const (
 
 // DefaultDeny answers a denied request, after the headers and Retry-After are written:
 //   - over its limit: 429 Too Many Requests;
-//   - denied by the limit's failure policy while Redis did not answer (FailClosed,
-//     Decision.Source is SourceFallback): 503 Service Unavailable, with Retry-After, so
-//     that an outage is not read as the client's fault;
+//   - denied by the limit's failure policy while Redis did not answer (FailClosed, or
+//     FailLocal past this server's share: Decision.Source is SourceFallback): 503
+//     Service Unavailable, with Retry-After, so that an outage is not read as the
+//     client's fault;
 //   - a request that can never pass (its cost is above the limit's burst, RetryAfter
 //     hybrid.InfDuration): 400 Bad Request: retrying cannot help, and a client that
 //     treats 429 as "wait and retry" would wait forever.

@@ -232,11 +232,10 @@ func (s Source) String() string {
 // Reason says why a decision was made.
 type Reason uint8
 
-// Decision reasons. The zero Reason ("none") is that of a Decision no tier made, as one
-// returned with ErrUnknownLimit or ErrWouldExceedDeadline. A Decision returned with
-// ErrInvalidCost, ErrClosed or the context's error has a reason of its own, which String
-// names ("invalid cost", "limiter closed", "caller canceled") as the metrics label it;
-// the error is the one to check.
+// Decision reasons. The zero Reason ("none") is that of a Decision no tier made: with
+// ErrUnknownLimit, or ErrWouldExceedDeadline for a reservation (a denial has its own).
+// ErrInvalidCost, ErrClosed and the context's errors come with reasons String names
+// ("invalid cost", "limiter closed", "caller canceled") for metrics; check the error.
 const (
 	_ Reason = iota
 	// ReasonLease: served from tokens this server held.

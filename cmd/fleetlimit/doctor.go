@@ -92,7 +92,7 @@ func doctor(ctx context.Context, c redis.UniversalClient, cluster bool, deadline
 	// Version: scripts that read TIME need effects replication (Redis 5 on).
 	info, err := c.Info(ctx, "server").Result()
 	if err != nil {
-		add(check{v: warn, name: "version", detail: "INFO refused: " + err.Error(), fix: "check by hand that Redis is 6.0 or later"})
+		add(check{v: warn, name: "version", detail: "INFO refused: " + err.Error(), fix: "check by hand that Redis is 5.0 or later"})
 	} else {
 		v := field(info, "redis_version")
 		major, _ := strconv.Atoi(strings.SplitN(v, ".", 2)[0])
@@ -100,7 +100,7 @@ func doctor(ctx context.Context, c redis.UniversalClient, cluster bool, deadline
 		case major >= 6:
 			add(check{v: pass, name: "version", detail: "Redis " + v})
 		case major == 5:
-			add(check{v: warn, name: "version", detail: "Redis " + v, fix: "fleetlimit is tested on Redis 6 and 7: upgrade"})
+			add(check{v: warn, name: "version", detail: "Redis " + v, fix: "Redis 5 is past its end of life and fleetlimit is tested on Redis 7.0: upgrade"})
 		default:
 			add(check{v: fail, name: "version", detail: "Redis " + v, fix: "the scripts read TIME, which needs Redis 5 or later (effects replication): upgrade"})
 		}

@@ -1,6 +1,6 @@
 // Package hybridtest helps test code that reads a hybrid.Limiter: metrics exporters,
 // dashboards, handlers. Busy returns a Limiter over an embedded miniredis that has made
-// decisions of every tier and reason; Tally counts decisions through Config.OnDecision;
+// decisions of every source and of the common reasons; Tally counts decisions through Config.OnDecision;
 // Bitfield gives an embedded miniredis the BITFIELD a Windowed limit needs.
 package hybridtest
 
