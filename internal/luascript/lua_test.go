@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -437,6 +438,51 @@ func TestRefundToAFullBucket(t *testing.T) {
 	})
 }
 
+// TestRefundToAFullBucketWrites: a refund to a full bucket writes (its record, and p or
+// c, whichever was written 30 s or more before) when p or c needs writing: it writes
+// nothing only when neither does.
+func TestRefundToAFullBucketWrites(t *testing.T) {
+	const capacity, rate = 100, 1
+	type take struct {
+		at            time.Duration
+		want, version int
+	}
+	for _, tc := range []struct {
+		name  string
+		takes []take
+		// the refund comes at 35 s, on version 2, to a full bucket
+		pAt, cAt time.Duration // when the takes last wrote p and c
+		stale    string        // of p and c, the one written 30 s or more before
+	}{
+		// 70 left; at 20 s a new version (p), 90 then, below full (no c); full by 30 s.
+		{"c written 35 s before", []take{{0, 30, 1}, {20 * time.Second, 1, 2}}, 20 * time.Second, 0, "c"},
+		// 99 left; at 10 s the refill lost to the cap grows the credit (c), not p.
+		{"p written 35 s before", []take{{0, 1, 2}, {10 * time.Second, 1, 2}}, 0, 10 * time.Second, "p"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, c := redistest.Mini(t)
+			key := "full"
+			for i, tk := range tc.takes {
+				m.SetTime(t0.Add(tk.at))
+				run(t, c, luascript.Take, key, capacity, rate, tk.want, 1, "srv", i+1, tk.version)
+			}
+			if pAt, cAt := fieldTime(t, c, key, "p"), fieldTime(t, c, key, "c"); pAt != t0.Add(tc.pAt).UnixMilli() || cAt != t0.Add(tc.cAt).UnixMilli() {
+				t.Fatalf("before the refund p written at %d, c at %d; want %v and %v after t0", pAt, cAt, tc.pAt, tc.cAt)
+			}
+			at := t0.Add(35 * time.Second)
+			m.SetTime(at)
+			if got := run(t, c, luascript.Refund, key, capacity, rate, 1, "srv", 10, 2); num(t, got[0]) != capacity || got[1] != int64(luascript.Fresh) {
+				t.Fatalf("refund to a full bucket: %v, want %d, fresh", got, capacity)
+			}
+			for _, f := range []string{tc.stale, "r:srv"} {
+				if w := fieldTime(t, c, key, f); w != at.UnixMilli() {
+					t.Errorf("%s written at %d, want %d (by the refund)", f, w, at.UnixMilli())
+				}
+			}
+		})
+	}
+}
+
 // TestReplay: a replayed take or refund (same server id and seq, as when go-redis
 // retries a timed-out EVALSHA) returns the recorded answer and spends nothing; an older
 // seq spends nothing; another server's seq is independent.
@@ -545,6 +591,58 @@ func TestRecordsPruned(t *testing.T) {
 	}
 	if ok, _ := c.HExists(ctx, key, "r:recent").Result(); !ok {
 		t.Fatal("the recent record was pruned")
+	}
+}
+
+// TestRecordsPrunedEdges: a server's first record, by a take or a refund, prunes the hash
+// when it holds more than 256 fields (tokens, ts, p, c and the records: 253 records
+// make 257), and drops then the records written more than 120 s before, not those
+// written 120 s before exactly.
+func TestRecordsPrunedEdges(t *testing.T) {
+	const capacity, rate = 1000, 1e-3 // the bucket stays below full: a refund writes
+	for _, tc := range []struct {
+		name    string
+		script  *redis.Script
+		records int
+		age     time.Duration // of the records, when the new server comes
+		pruned  bool
+	}{
+		{"take, 256 fields", luascript.Take, 252, 3 * time.Minute, false},
+		{"take, 257 fields", luascript.Take, 253, 3 * time.Minute, true},
+		{"take, records 120 s old", luascript.Take, 253, 120 * time.Second, false},
+		{"take, records 120.001 s old", luascript.Take, 253, 120*time.Second + time.Millisecond, true},
+		{"refund, 256 fields", luascript.Refund, 252, 3 * time.Minute, false},
+		{"refund, 257 fields", luascript.Refund, 253, 3 * time.Minute, true},
+		{"refund, records 120 s old", luascript.Refund, 253, 120 * time.Second, false},
+		{"refund, records 120.001 s old", luascript.Refund, 253, 120*time.Second + time.Millisecond, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, c := redistest.Mini(t)
+			ctx := context.Background()
+			key := "pruned"
+			m.SetTime(t0)
+			for i := range tc.records {
+				run(t, c, luascript.Take, key, capacity, rate, 1, 1, "old"+strconv.Itoa(i), 1, 0)
+			}
+			m.SetTime(t0.Add(tc.age))
+			args := []any{capacity, rate, 1, 1, "new", 1, 0}
+			if tc.script == luascript.Refund {
+				args = []any{capacity, rate, 1, "new", 1, 0}
+			}
+			run(t, c, tc.script, key, args...)
+			n, err := c.HLen(ctx, key).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			// pruned: tokens, ts, p, c and the new record; else all of them and the new one
+			want := int64(4 + tc.records + 1)
+			if tc.pruned {
+				want = 5
+			}
+			if n != want {
+				t.Fatalf("HLEN = %d, want %d", n, want)
+			}
+		})
 	}
 }
 
@@ -664,6 +762,77 @@ func TestHeartbeat(t *testing.T) {
 	})
 }
 
+// TestFractionalMemory: the low-key marks and the heartbeats last a whole number of
+// milliseconds, a fractional memory or ttl rounded up: the member's score and the key's
+// TTL are now + 1501 ms for 1500.5, and the member counts 1500 ms later.
+func TestFractionalMemory(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		s      *redis.Script
+		args   []any // the mark or the beat of "m"
+		recall []any // a call 1500 ms later that answers the members in force
+		want   any
+	}{
+		{"low", luascript.Low, []any{"1500.5", 1, 10, "m"}, []any{1, 0, 10}, []any{"m"}},
+		{"heartbeat", luascript.Heartbeat, []any{"m", "1500.5"}, []any{"other", 1}, int64(2)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, c := redistest.Mini(t)
+			m.ClockTTL(true) // keys expire on the clock the test sets
+			ctx := context.Background()
+			m.SetTime(t0)
+			key := "set"
+			if err := tc.s.Run(ctx, c, []string{key}, tc.args...).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if score, err := c.ZScore(ctx, key, "m").Result(); err != nil || score != float64(t0.UnixMilli()+1501) {
+				t.Errorf("score %v (%v), want now + 1501 ms", score, err)
+			}
+			if pttl, err := c.PTTL(ctx, key).Result(); err != nil || pttl != 1501*time.Millisecond {
+				t.Errorf("PTTL %v (%v), want 1501ms", pttl, err)
+			}
+			m.SetTime(t0.Add(1500 * time.Millisecond))
+			got, err := tc.s.Run(ctx, c, []string{key}, tc.recall...).Result()
+			if err != nil || !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("1500 ms later: %#v (%v), want %#v", got, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestLowDropsPassedMarks: a low-key call drops the marks whose time has passed, the one
+// that ends at Redis's now included, so that no read by an earlier clock finds it; it
+// keeps the later ones, and answers them.
+func TestLowDropsPassedMarks(t *testing.T) {
+	m, c := redistest.Mini(t)
+	ctx := context.Background()
+	key := "low"
+	m.SetTime(t0)
+	lowCall(t, c, key, 1000, 10, "ends-now")
+	m.SetTime(t0.Add(time.Millisecond))
+	lowCall(t, c, key, 1000, 10, "ends-later")
+	m.SetTime(t0.Add(time.Second))
+	if got := lowCall(t, c, key, 1000, 10); !reflect.DeepEqual(got, []any{"ends-later"}) {
+		t.Errorf("marks answered %v, want [ends-later]", got)
+	}
+	// read as redisstore.Store.LowBatch reads a set, by a clock 1 ms behind Redis's
+	behind := strconv.FormatInt(t0.Add(time.Second-time.Millisecond).UnixMilli(), 10)
+	if set, err := c.ZRevRangeByScore(ctx, key, &redis.ZRangeBy{Max: "+inf", Min: "(" + behind}).Result(); err != nil || !reflect.DeepEqual(set, []string{"ends-later"}) {
+		t.Errorf("a read by a clock 1 ms behind finds %v (%v), want [ends-later]", set, err)
+	}
+}
+
+// lowCall runs luascript.Low on key with memory ms and most, marking ids, and returns
+// its answer.
+func lowCall(t *testing.T, c *redis.Client, key string, memory, most int, ids ...string) []any {
+	t.Helper()
+	args := []any{memory, len(ids), most}
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	return run(t, c, luascript.Low, key, args...)
+}
+
 // TestExponentForms: a bucket whose tokens were stored as "1e-06" (Go's and Redis 7.2's
 // shortest form of a tiny number) must read as 1e-06, not as a missing value (a full
 // bucket). miniredis's Lua returns nil from tonumber("1e-06") (yuin/gopher-lua#472);
@@ -746,6 +915,29 @@ func TestTakeSeen(t *testing.T) {
 			})
 		}
 	})
+}
+
+// TestTakeSeenWindowEdge: the window in which a missing bucket counts as lost, not
+// expired, is capacity/rate + 500 ms, its end excluded: seen 1499 ms before, a bucket of
+// 10 at 10/s starts empty; seen 1500 ms before, it may have expired, and starts full.
+func TestTakeSeenWindowEdge(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		age     time.Duration // from the level seen to the take
+		granted int64
+	}{
+		{"1 ms inside", 1499 * time.Millisecond, 0},
+		{"at the end", 1500 * time.Millisecond, 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, c := redistest.Mini(t)
+			m.SetTime(t0)
+			got := run(t, c, luascript.Take, "lost", 10, 10, 5, 1, "srv", 1, 0, 0, 1, t0.Add(-tc.age).UnixMilli())
+			if got[0] != tc.granted {
+				t.Fatalf("take = %v, want %d granted", got, tc.granted)
+			}
+		})
+	}
 }
 
 // TestRefundMany: a refund call of several keys answers, and leaves each bucket, as the

@@ -218,3 +218,58 @@ func TestPreviousReleaseKeepsPAndC(t *testing.T) {
 		t.Errorf("p = %q, want version 3, written again at 100 s (30 s or more after 50 s)", p)
 	}
 }
+
+// TestPAndCWrittenAgainAt30s: a take or a refund writes p and c again, though their
+// values stand, once they were written 30 s or more before (the previous release prunes
+// fields whose last number is 120 s old); written less than 30 s before, it leaves them.
+func TestPAndCWrittenAgainAt30s(t *testing.T) {
+	const capacity, rate = 1000, 1e-3 // the bucket stays below full: the credit stands
+	for _, tc := range []struct {
+		name    string
+		script  *redis.Script
+		after   time.Duration // since p and c were written
+		written bool
+	}{
+		{"take, 1 ms before 30 s", luascript.Take, 30*time.Second - time.Millisecond, false},
+		{"take at 30 s", luascript.Take, 30 * time.Second, true},
+		{"refund, 1 ms before 30 s", luascript.Refund, 30*time.Second - time.Millisecond, false},
+		{"refund at 30 s", luascript.Refund, 30 * time.Second, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, c := redistest.Mini(t)
+			key := "steady"
+			m.SetTime(t0)
+			run(t, c, luascript.Take, key, capacity, rate, 10, 1, "s", 1, 3)
+			m.SetTime(t0.Add(tc.after))
+			args := []any{capacity, rate, 1, 1, "s", 2, 3} // take: want 1, min 1
+			if tc.script == luascript.Refund {
+				args = []any{capacity, rate, 1, "s", 2, 3} // refund of 1
+			}
+			run(t, c, tc.script, key, args...)
+			want := t0
+			if tc.written {
+				want = t0.Add(tc.after)
+			}
+			for _, f := range []string{"p", "c"} {
+				if at := fieldTime(t, c, key, f); at != want.UnixMilli() {
+					t.Errorf("%s written at %d, want %d (%v after t0)", f, at, want.UnixMilli(), want.Sub(t0))
+				}
+			}
+		})
+	}
+}
+
+// fieldTime is the last number of the field f of key: the time it was written, in ms.
+func fieldTime(t *testing.T, c *redis.Client, key, f string) int64 {
+	t.Helper()
+	v, err := c.HGet(context.Background(), key, f).Result()
+	if err != nil {
+		t.Fatalf("HGET %s %s: %v", key, f, err)
+	}
+	w := strings.Fields(v)
+	at, err := strconv.ParseInt(w[len(w)-1], 10, 64)
+	if err != nil {
+		t.Fatalf("%s = %q: %v", f, v, err)
+	}
+	return at
+}
