@@ -106,20 +106,24 @@ func newTestBreaker(t *testing.T, st Settings) (*Breaker, *changes) {
 
 // TestBreakerLifecycle walks a breaker through its states in virtual time:
 // opens after FailureThreshold consecutive store failures, makes no store
-// call while open, lets one probe through after OpenTimeout, re-opens on a
-// failed probe and closes on a good one.
+// call while open, lets one probe through after OpenTimeout (State, which
+// finds that change, tells OnStateChange of it), re-opens on a failed probe
+// and closes on a good one.
 func TestBreakerLifecycle(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b, ch := newTestBreaker(t, Settings{FailureThreshold: 3, OpenTimeout: time.Second})
 		s := &store{}
 		ctx := context.Background()
 
-		// Answers, even error answers, keep it closed.
+		// Answers, even error answers, keep it closed, and count as successes.
 		for _, answer := range []error{nil, redis.Nil, reply("ERR Error running script"), nil} {
 			s.set(answer)
 			if err := b.Do(ctx, s.call); err != answer {
 				t.Fatalf("Do = %v, want the store's answer %v", err, answer)
 			}
+		}
+		if st := b.Stats(); st.Successes != 4 || st.Failures != 0 {
+			t.Fatalf("after 4 answers: stats %+v, want 4 successes", st)
 		}
 		// Two failures, a success (resets), then three failures open it.
 		for i, e := range []error{io.EOF, syscall.ECONNREFUSED, nil, io.EOF, io.EOF} {
@@ -154,6 +158,10 @@ func TestBreakerLifecycle(t *testing.T) {
 		time.Sleep(time.Second + time.Millisecond) // gobreaker: strictly after OpenTimeout
 		if got := b.State(); got != StateHalfOpen {
 			t.Fatalf("after OpenTimeout: state %v, want half-open", got)
+		}
+		// State, which found the change, has told OnStateChange of it.
+		if got := ch.list(); got[len(got)-1] != "open->half-open" {
+			t.Fatalf("changes told when State returned: %v, want open->half-open last", got)
 		}
 		s.set(io.EOF)
 		b.Do(ctx, s.call)
@@ -397,6 +405,71 @@ func TestBreakerMaxInFlight(t *testing.T) {
 	})
 }
 
+// TestOverloadedCallsDoNotCount: a call refused with ErrOverloaded made no store call,
+// and counts as neither success nor failure: however many there are, they do not open
+// the breaker, nor reset its count of consecutive failures.
+func TestOverloadedCallsDoNotCount(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b, ch := newTestBreaker(t, Settings{MaxInFlight: 1, FailureThreshold: 2})
+		s := &store{}
+		s.set(io.EOF)
+		b.Do(context.Background(), s.call) // one failure
+		release := s.stallUntilReleased()
+		defer release()
+		stalled := make(chan error, 1)
+		go func() { stalled <- b.Do(context.Background(), s.call) }()
+		synctest.Wait() // the call holds the one slot, Do waits on it
+		for range 5 {
+			if err := b.Do(context.Background(), s.call); !errors.Is(err, ErrOverloaded) {
+				t.Fatalf("Do beside a call in flight = %v, want ErrOverloaded", err)
+			}
+		}
+		if got, st := b.State(), b.Stats(); got != StateClosed || st.Overloaded != 5 || st.Failures != 1 || st.Successes != 0 {
+			t.Fatalf("after 5 overloaded calls: %v, stats %+v; want closed, 5 overloaded, 1 failure", got, st)
+		}
+		release()
+		if err := <-stalled; !errors.Is(err, io.EOF) {
+			t.Fatalf("the call in flight = %v, want the store's failure", err)
+		}
+		if got := b.State(); got != StateOpen {
+			t.Errorf("after the second consecutive failure: %v, want open (changes %v)", got, ch.list())
+		}
+	})
+}
+
+// TestCallNotStarted: a caller whose context is done before Do starts the call (cancelled,
+// or its deadline passed) gets the context's error at once, without a store call; the call
+// counts as excluded, and as nothing else.
+func TestCallNotStarted(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ctx  func() (context.Context, context.CancelFunc)
+		want error
+	}{
+		{"cancelled", func() (context.Context, context.CancelFunc) {
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			return ctx, cancel
+		}, context.Canceled},
+		{"deadline passed", func() (context.Context, context.CancelFunc) {
+			return context.WithDeadline(context.Background(), time.Now().Add(-time.Millisecond))
+		}, context.DeadlineExceeded},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, _ := newTestBreaker(t, Settings{FailureThreshold: 1})
+			s := &store{}
+			ctx, cancel := tc.ctx()
+			defer cancel()
+			if err := b.Do(ctx, s.call); !errors.Is(err, tc.want) || errors.Is(err, ErrTimeout) {
+				t.Fatalf("Do = %v, want %v", err, tc.want)
+			}
+			if st := b.Stats(); s.calls.Load() != 0 || st != (Stats{Excluded: 1}) || b.State() != StateClosed {
+				t.Errorf("%d store calls, stats %+v, state %v; want none, only Excluded 1, closed", s.calls.Load(), st, b.State())
+			}
+		})
+	}
+}
+
 // halfOpenStalled opens b (FailureThreshold 1, OpenTimeout 1 s) with a failed call,
 // waits out the open time in the synctest bubble, and makes the store's next calls
 // answer nil once released.
@@ -473,14 +546,26 @@ func TestBreakerIsFailure(t *testing.T) {
 	})
 }
 
+// TestNewInvalid: New refuses a negative field, a MinCountedTimeout above the Timeout
+// (its default's included), and more than 1<<16 HalfOpenProbes or 1<<30 FailureThreshold;
+// it accepts each bound itself.
 func TestNewInvalid(t *testing.T) {
 	for _, st := range []Settings{
 		{Timeout: -1}, {MaxInFlight: -1}, {FailureThreshold: -1}, {OpenTimeout: -1},
 		{HalfOpenProbes: -1}, {MinCountedTimeout: -1}, {Timeout: time.Millisecond, MinCountedTimeout: time.Second},
-		{HalfOpenProbes: 1 << 20},
+		{MinCountedTimeout: defaultTimeout + 1},
+		{HalfOpenProbes: 1 << 20}, {HalfOpenProbes: 1<<16 + 1}, {FailureThreshold: 1<<30 + 1}, {FailureThreshold: 1 << 33},
 	} {
 		if _, err := New(st); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("New(%+v) = %v, want ErrInvalidConfig", st, err)
+		}
+	}
+	for _, st := range []Settings{
+		{HalfOpenProbes: 1 << 16}, {FailureThreshold: 1 << 30},
+		{Timeout: time.Millisecond, MinCountedTimeout: time.Millisecond}, {MinCountedTimeout: defaultTimeout},
+	} {
+		if _, err := New(st); err != nil {
+			t.Errorf("New(%+v) = %v, want it accepted", st, err)
 		}
 	}
 	b, err := New(Settings{})
@@ -566,6 +651,8 @@ func TestBreakerConcurrent(t *testing.T) {
 // TestBreakerSlowProbe: a half-open probe returns to its caller at Timeout, as any call
 // does, but its call goes on to probeTimeout: an answer by then closes the breaker (a
 // store back after an outage, its first call paying a reconnect), silence opens it again.
+// A call marked to linger (a refill's take) that is let through as the probe is a probe
+// like any other: its answer, not Do's timeout, settles the breaker.
 func TestBreakerSlowProbe(t *testing.T) {
 	tests := []struct {
 		name      string
@@ -578,45 +665,59 @@ func TestBreakerSlowProbe(t *testing.T) {
 		{"silent past probeTimeout", 0, StateOpen, 0},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				b, ch := newTestBreaker(t, Settings{Timeout: 10 * time.Millisecond, FailureThreshold: 1, OpenTimeout: time.Second})
-				s, release := halfOpenStalled(b)
-				defer release()
-				start := time.Now()
-				if err := b.Do(context.Background(), s.call); !errors.Is(err, ErrTimeout) {
-					t.Fatalf("slow probe = %v, want ErrTimeout", err)
-				}
-				if d := time.Since(start); d != 10*time.Millisecond {
-					t.Fatalf("the probe's Do returned after %v, want Timeout", d)
-				}
-				if got := b.State(); got != StateHalfOpen {
-					t.Fatalf("while the probe's call goes on: %v, want half-open", got)
-				}
-				if err := b.Do(context.Background(), s.call); !errors.Is(err, ErrOpen) {
-					t.Fatalf("a second call while the probe goes on = %v, want ErrOpen", err)
-				}
-				if tc.answerIn > 0 {
-					time.Sleep(tc.answerIn)
-					release()
-				} else {
-					time.Sleep(200 * time.Millisecond)
-				}
-				synctest.Wait()
-				if got := b.State(); got != tc.want {
-					t.Errorf("after the probe's call ended: %v, want %v (changes %v)", got, tc.want, ch.list())
-				}
-				if st := b.Stats(); st.Successes != tc.successes || st.Abandoned != 1 || st.Timeouts != 1 {
-					t.Errorf("stats %+v, want %d successes, 1 abandoned, 1 timeout", st, tc.successes)
-				}
-				release()
-				synctest.Wait()
-				if n := b.Stats().InFlight; n != 0 {
-					t.Errorf("%d calls in flight after the store answered", n)
-				}
+		for _, lingering := range []bool{false, true} {
+			name := tc.name
+			ctx := context.Background()
+			if lingering {
+				name, ctx = name+", lingering", linger.With(ctx)
+			}
+			t.Run(name, func(t *testing.T) {
+				checkSlowProbe(t, ctx, tc.answerIn, tc.want, tc.successes)
 			})
-		})
+		}
 	}
+}
+
+// checkSlowProbe runs a half-open breaker's probe, made with ctx, whose store answers
+// answerIn after Do returned at Timeout (0: never), and checks the state it leaves and
+// the successes counted.
+func checkSlowProbe(t *testing.T, ctx context.Context, answerIn time.Duration, wantState State, successes int64) {
+	synctest.Test(t, func(t *testing.T) {
+		b, ch := newTestBreaker(t, Settings{Timeout: 10 * time.Millisecond, FailureThreshold: 1, OpenTimeout: time.Second})
+		s, release := halfOpenStalled(b)
+		defer release()
+		start := time.Now()
+		if err := b.Do(ctx, s.call); !errors.Is(err, ErrTimeout) {
+			t.Fatalf("slow probe = %v, want ErrTimeout", err)
+		}
+		if d := time.Since(start); d != 10*time.Millisecond {
+			t.Fatalf("the probe's Do returned after %v, want Timeout", d)
+		}
+		if got := b.State(); got != StateHalfOpen {
+			t.Fatalf("while the probe's call goes on: %v, want half-open", got)
+		}
+		if err := b.Do(context.Background(), s.call); !errors.Is(err, ErrOpen) {
+			t.Fatalf("a second call while the probe goes on = %v, want ErrOpen", err)
+		}
+		if answerIn > 0 {
+			time.Sleep(answerIn)
+			release()
+		} else {
+			time.Sleep(200 * time.Millisecond)
+		}
+		synctest.Wait()
+		if got := b.State(); got != wantState {
+			t.Errorf("after the probe's call ended: %v, want %v (changes %v)", got, wantState, ch.list())
+		}
+		if st := b.Stats(); st.Successes != successes || st.Abandoned != 1 || st.Timeouts != 1 {
+			t.Errorf("stats %+v, want %d successes, 1 abandoned, 1 timeout", st, successes)
+		}
+		release()
+		synctest.Wait()
+		if n := b.Stats().InFlight; n != 0 {
+			t.Errorf("%d calls in flight after the store answered", n)
+		}
+	})
 }
 
 // TestLingeringCall: a call marked to linger (a refill's take) returns to its caller at

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -77,6 +78,14 @@ func (c *manualClock) advance(d time.Duration) {
 	}
 }
 
+// skip moves the clock by d without starting the timers that fall due: what a call
+// that sees its deadline pass before Do's timer does (a socket's own deadline) finds.
+func (c *manualClock) skip(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
 func (c *manualClock) pending() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -88,7 +97,7 @@ func (c *manualClock) pending() int {
 // no system-clock time passes meanwhile (the test runs in a synctest bubble,
 // whose clock moves only if a goroutine waits on a system timer). The
 // caller's deadline is read on the same clock, and the MinCountedTimeout
-// rule holds as with the system clock.
+// rule (by default half the Timeout) holds as with the system clock.
 func TestDoFollowsClock(t *testing.T) {
 	const timeout = 10 * time.Millisecond
 	tests := []struct {
@@ -101,6 +110,7 @@ func TestDoFollowsClock(t *testing.T) {
 		{name: "caller deadline longer than Timeout", deadline: time.Hour, wantAt: timeout, counted: true},
 		{name: "caller deadline about Timeout", deadline: 9 * time.Millisecond, wantAt: 9 * time.Millisecond, counted: true},
 		{name: "caller deadline at MinCountedTimeout", deadline: timeout / 2, wantAt: timeout / 2, counted: true},
+		{name: "caller deadline just under MinCountedTimeout", deadline: timeout/2 - time.Nanosecond, wantAt: timeout/2 - time.Nanosecond},
 		{name: "caller deadline shorter than MinCountedTimeout", deadline: 2 * time.Millisecond, wantAt: 2 * time.Millisecond},
 		{name: "caller deadline already passed", deadline: -time.Millisecond, wantAt: 0},
 	}
@@ -247,6 +257,80 @@ func TestCallContext(t *testing.T) {
 					t.Errorf("call's deadline %v (set: %v), want now+%v", dl.Sub(now), ok, tt.wantDeadline)
 				}
 			})
+		})
+	}
+}
+
+// TestProbeUnderShortCallerDeadline: a half-open probe made under a caller deadline
+// shorter than the Timeout gets no longer than that deadline: it is not left to run on to
+// the probe's own deadline. Shorter than MinCountedTimeout, its timeout counts as nothing,
+// so the next call is let through as a probe at once.
+func TestProbeUnderShortCallerDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clock := newManualClock()
+		b, ch := newTestBreaker(t, Settings{Timeout: 10 * time.Millisecond, FailureThreshold: 1, OpenTimeout: time.Second, Clock: clock})
+		s, release := halfOpenStalled(b)
+		defer release()
+		ctx, cancel := context.WithDeadline(context.Background(), clock.Now().Add(3*time.Millisecond))
+		defer cancel()
+		result := make(chan error, 1)
+		go func() { result <- b.Do(ctx, s.call) }()
+		synctest.Wait()
+		clock.advance(3 * time.Millisecond)
+		synctest.Wait()
+		select {
+		case err := <-result:
+			if !errors.Is(err, ErrTimeout) {
+				t.Fatalf("probe under a 3ms deadline = %v, want ErrTimeout", err)
+			}
+		default:
+			t.Fatal("the probe's Do has not returned at its caller's deadline")
+		}
+		if st := b.Stats(); st.Excluded != 1 || st.Failures != 1 || st.InFlight != 1 {
+			t.Errorf("stats %+v, want the probe excluded, the first failure only, its stalled call in flight", st)
+		}
+		release()
+		if err := b.Do(context.Background(), s.call); err != nil {
+			t.Fatalf("the next call = %v, want it let through as a probe", err)
+		}
+		if got := b.State(); got != StateClosed {
+			t.Errorf("after the second probe answered: %v, want closed (changes %v)", got, ch.list())
+		}
+	})
+}
+
+// TestTimeoutSeenByTheCall: a call may report its deadline passed before Do's timer
+// fires (a client that sets its socket's deadline from the context's). Once the whole
+// budget has passed on the clock, such an error is Do's timeout: ErrTimeout, counted in
+// Timeouts and as a failure; before that, it is the store's error, as it is.
+func TestTimeoutSeenByTheCall(t *testing.T) {
+	const timeout = 10 * time.Millisecond
+	for _, tc := range []struct {
+		name    string
+		took    time.Duration
+		timeout bool
+	}{
+		{"at the deadline", timeout, true},
+		{"past it", timeout + time.Millisecond, true},
+		{"a nanosecond before it", timeout - time.Nanosecond, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := newManualClock()
+			b, _ := newTestBreaker(t, Settings{Timeout: timeout, FailureThreshold: 1, Clock: clock})
+			err := b.Do(context.Background(), func(context.Context) error {
+				clock.skip(tc.took)
+				return os.ErrDeadlineExceeded
+			})
+			if !errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, ErrTimeout) != tc.timeout {
+				t.Fatalf("Do = %v, want the call's error, ErrTimeout %v", err, tc.timeout)
+			}
+			var timeouts int64
+			if tc.timeout {
+				timeouts = 1
+			}
+			if st := b.Stats(); st.Timeouts != timeouts || st.Failures != 1 || b.State() != StateOpen {
+				t.Errorf("stats %+v, state %v; want %d timeouts, 1 failure, open", st, b.State(), timeouts)
+			}
 		})
 	}
 }

@@ -83,6 +83,9 @@ func FailLocalLimit(r rate.Limit, burst int) Policy {
 // "fail-local(5/s, burst 2)".
 func (p Policy) String() string {
 	if p.explicit {
+		if p.rate == rate.Inf {
+			return fmt.Sprintf("fail-local(inf/s, burst %d)", p.burst) // not MaxFloat64's digits
+		}
 		return fmt.Sprintf("fail-local(%v/s, burst %d)", float64(p.rate), p.burst)
 	}
 	return p.kind.String()

@@ -1042,31 +1042,47 @@ func redistestTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// staleHook runs one other Take of the same bucket, through the same Store, just before
-// the first take script it sees goes out: the later sequence number reaches Redis
-// first, as it does when two goroutines take from one key at once over two connections.
-type staleHook struct {
-	fired atomic.Bool
+// overtakeHook runs other just before each of the next left script calls (EVALSHA or
+// EVAL, alone or in a pipeline) other did not make itself: another call of the same
+// bucket through the same Store, whose later sequence number reaches Redis first, as
+// when two goroutines use one key at once over two connections. ran counts its runs.
+type overtakeHook struct {
+	left  atomic.Int32
+	ran   atomic.Int32
+	busy  atomic.Bool // other is running: its own calls are not overtaken
 	other func()
 }
 
-func (h *staleHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *staleHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && h.fired.CompareAndSwap(false, true) {
+// overtakes returns an overtakeHook that runs other before the next n script calls.
+func overtakes(n int, other func()) *overtakeHook {
+	h := &overtakeHook{other: other}
+	h.left.Store(int32(n))
+	return h
+}
+
+// overtake runs other if one of cmds is a script call it overtakes.
+func (h *overtakeHook) overtake(cmds ...redis.Cmder) {
+	for _, cmd := range cmds {
+		if n := cmd.Name(); (n == "evalsha" || n == "eval") && !h.busy.Load() && h.left.Add(-1) >= 0 {
+			h.busy.Store(true)
+			defer h.busy.Store(false)
+			h.ran.Add(1)
 			h.other()
+			return
 		}
+	}
+}
+
+func (h *overtakeHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *overtakeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.overtake(cmd)
 		return next(ctx, cmd)
 	}
 }
-func (h *staleHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (h *overtakeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		for _, cmd := range cmds {
-			if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && h.fired.CompareAndSwap(false, true) {
-				h.other()
-				break
-			}
-		}
+		h.overtake(cmds...)
 		return next(ctx, cmds)
 	}
 }
@@ -1082,7 +1098,7 @@ func TestConcurrentTakesOfOneKeyAreNotStale(t *testing.T) {
 			redistest.Run(t, func(t *testing.T, tg redistest.Target) {
 				ctx := context.Background()
 				lim := redisstore.Limit{Name: lname(t), Rate: 1e-4, Burst: 100}
-				h := &staleHook{}
+				h := overtakes(1, nil)
 				tg.Client.AddHook(h)
 				s := newStore(t, tg.Client)
 				h.other = func() {
@@ -1104,7 +1120,7 @@ func TestConcurrentTakesOfOneKeyAreNotStale(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				if !h.fired.Load() {
+				if h.ran.Load() == 0 {
 					t.Fatal("the hook did not run")
 				}
 				if g.Granted != 5 || !near(g.Remaining, 85, 1e-3) {
@@ -1126,16 +1142,16 @@ func TestConcurrentRefundsOfOneKeyAreNotLost(t *testing.T) {
 		if g, err := s.Take(ctx, lim, "k", 50, 50); err != nil || g.Granted != 50 {
 			t.Fatalf("take: %+v, %v", g, err)
 		}
-		h := &staleHook{other: func() {
+		h := overtakes(1, func() {
 			if err := s.Refund(ctx, lim, "k", 10); err != nil {
 				t.Errorf("other refund: %v", err)
 			}
-		}}
+		})
 		tg.Client.AddHook(h)
 		if err := s.Refund(ctx, lim, "k", 5); err != nil {
 			t.Fatal(err)
 		}
-		if !h.fired.Load() {
+		if h.ran.Load() == 0 {
 			t.Fatal("the hook did not run")
 		}
 		g, err := s.Take(ctx, lim, "k", 100, 1)
