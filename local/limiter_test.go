@@ -183,6 +183,22 @@ func TestLimiterSetLimit(t *testing.T) {
 // TestLimiterSetLimitKeyAhead: a key whose clock is ahead of the instant of
 // SetLimitAt takes the new limit from its own latest instant, never moving
 // its bucket's time backwards.
+// TestLimiterSetLimitKeyBehind: a request at an instant before the one SetLimitAt was
+// given takes the new limit at its own instant: the old rate refills only up to it.
+func TestLimiterSetLimitKeyBehind(t *testing.T) {
+	l := newTestLimiter(t, Config{Rate: 1, Burst: 10})
+	runSteps(t, l, []step{{0, "a", 10, true}})
+	if err := l.SetLimitAt(at(10*time.Second), 2, 10); err != nil {
+		t.Fatal(err)
+	}
+	runSteps(t, l, []step{
+		{time.Second, "a", 2, false}, // 1 s at the old rate: one token, not ten
+		{time.Second, "a", 1, true},
+		{1500 * time.Millisecond, "a", 1, true}, // the new rate from 1 s on
+		{1500 * time.Millisecond, "a", 1, false},
+	})
+}
+
 func TestLimiterSetLimitKeyAhead(t *testing.T) {
 	l := newTestLimiter(t, Config{Rate: 1, Burst: 10})
 	runSteps(t, l, []step{{10 * time.Second, "a", 10, true}})
@@ -211,6 +227,7 @@ func TestNewLimiterInvalid(t *testing.T) {
 		{"burst past 2^53", Config{Rate: 1e9, Burst: 1<<53 + 1}},
 		{"infinite rate, zero burst", Config{Rate: rate.Inf, Burst: 0}},
 		{"negative idle", Config{Rate: 1, Burst: 1, IdleTimeout: -time.Second}},
+		{"idle of -1ns", Config{Rate: 1, Burst: 1, IdleTimeout: -time.Nanosecond}},
 		{"negative max keys", Config{Rate: 1, Burst: 1, MaxKeys: -1}},
 		{"negative shards", Config{Rate: 1, Burst: 1, Shards: -1}},
 		{"zero value", Config{}},
@@ -434,6 +451,71 @@ func TestLimiterTokensAtIsReadOnly(t *testing.T) {
 	}
 	if got := l.Sweep(at(1200*time.Millisecond), 0); got != 1 {
 		t.Fatalf("Sweep after the idle timeout dropped %d keys, want 1", got)
+	}
+}
+
+// TestLimiterTokensAtEarlierInstant: TokensAt at an instant before the key's latest,
+// which a zero-cost AllowN set without spending, reads the bucket at that latest instant.
+func TestLimiterTokensAtEarlierInstant(t *testing.T) {
+	l := newTestLimiter(t, Config{Rate: 1, Burst: 10})
+	runSteps(t, l, []step{{0, "a", 10, true}, {4 * time.Second, "a", 0, true}})
+	for _, d := range []time.Duration{2 * time.Second, 4 * time.Second} {
+		if got := l.TokensAt(at(d), "a"); math.Abs(got-4) > 1e-9 {
+			t.Errorf("TokensAt(+%v) = %v, want 4, the tokens at the key's latest instant (+4s)", d, got)
+		}
+	}
+}
+
+// TestLimiterTokensAtAppliesLimit: TokensAt after SetLimitAt moves the key's time to the
+// change's instant, so the key is idle from then, not from its last use.
+func TestLimiterTokensAtAppliesLimit(t *testing.T) {
+	l := newTestLimiter(t, Config{Rate: 1, Burst: 10, Shards: 1, IdleTimeout: time.Minute})
+	runSteps(t, l, []step{{0, "a", 1, true}})
+	if err := l.SetLimitAt(at(50*time.Second), 1, 10); err != nil {
+		t.Fatal(err)
+	}
+	l.TokensAt(at(55*time.Second), "a")
+	if got := l.Sweep(at(70*time.Second), 0); got != 0 {
+		t.Fatalf("Sweep 20 s after the change dropped %d keys, want 0", got)
+	}
+	if got := l.Sweep(at(110*time.Second), 0); got != 1 {
+		t.Fatalf("Sweep a minute after the change dropped %d keys, want 1", got)
+	}
+}
+
+// TestLimiterIdleTimeout: the idle timeout is the one configured, however short; left to
+// its default it is the refill time plus a second (a second for rate.Inf), and SetLimitAt
+// grows it, never shrinks it, and leaves a configured one alone.
+func TestLimiterIdleTimeout(t *testing.T) {
+	type limit struct {
+		r     rate.Limit
+		burst int
+	}
+	tests := []struct {
+		name string
+		cfg  Config
+		set  []limit
+		want time.Duration
+	}{
+		{"configured 1ns", Config{Rate: 1, Burst: 1, IdleTimeout: time.Nanosecond}, nil, time.Nanosecond},
+		{"default", Config{Rate: 10, Burst: 5}, nil, 1500 * time.Millisecond},
+		{"default, rate Inf", Config{Rate: rate.Inf, Burst: 5}, nil, time.Second},
+		{"default grows", Config{Rate: 10, Burst: 5}, []limit{{1, 10}}, 11 * time.Second},
+		{"default never shrinks", Config{Rate: 1, Burst: 10}, []limit{{10, 5}}, 11 * time.Second},
+		{"configured stays", Config{Rate: 10, Burst: 5, IdleTimeout: time.Second}, []limit{{0.01, 10}}, time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := newTestLimiter(t, tt.cfg)
+			for _, s := range tt.set {
+				if err := l.SetLimitAt(at(0), s.r, s.burst); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := l.store.IdleTimeout(); got != tt.want {
+				t.Errorf("idle timeout %v, want %v", got, tt.want)
+			}
+		})
 	}
 }
 

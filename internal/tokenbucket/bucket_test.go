@@ -79,6 +79,8 @@ func TestDuration(t *testing.T) {
 		{-4, 10, 0},
 		{1, math.Inf(1), 0},
 		{1, 0, InfDuration},
+		{0, 0, InfDuration}, // a rate that never refills: never, even for no tokens
+		{-1, 0, InfDuration},
 		{1, -1, InfDuration},
 		{1, math.NaN(), InfDuration},
 		{math.NaN(), 1, InfDuration},
@@ -89,6 +91,7 @@ func TestDuration(t *testing.T) {
 		{9.2e9, 1, 9_200_000_000 * 1e9}, // just inside
 		{1 << 53, 1 << 53, time.Second}, // large but exact
 		{1, math.SmallestNonzeroFloat64, InfDuration},
+		{1 << 63, 1e9, InfDuration}, // exactly 2^63 ns: one past the longest Duration
 	}
 	for _, tt := range tests {
 		if got := Duration(tt.tokens, tt.rate); got != tt.want {
@@ -111,6 +114,7 @@ func TestMillis(t *testing.T) {
 		{"WaitMillis", WaitMillis, 0.0001, 1000, 1},
 		{"WaitMillis", WaitMillis, 0, 10, 0},
 		{"WaitMillis", WaitMillis, -2, 10, 0},
+		{"WaitMillis", WaitMillis, 0, 0, 0},           // no tokens to wait for, whatever the rate
 		{"WaitMillis", WaitMillis, 1, 0, math.Inf(1)}, // never: FromMillis reads it as InfDuration
 		{"TTLMillis", TTLMillis, 100, 10, 11000},      // the source article's example
 		{"TTLMillis", TTLMillis, 1, 3, 1334},

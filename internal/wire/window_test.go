@@ -175,3 +175,14 @@ func FuzzMark(f *testing.F) {
 		}
 	})
 }
+
+// TestWindowMarksGroup: the shards that share a set of marks: shards/16, at least 1.
+func TestWindowMarksGroup(t *testing.T) {
+	for _, tt := range []struct{ shards, group int }{
+		{0, 1}, {1, 1}, {15, 1}, {16, 1}, {31, 1}, {32, 2}, {WindowShards, 3}, {64, 4}, {256, 16},
+	} {
+		if got := WindowMarksGroup(tt.shards); got != tt.group {
+			t.Errorf("WindowMarksGroup(%d) = %d, want %d", tt.shards, got, tt.group)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"math"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -61,7 +62,8 @@ func TestKeyID(t *testing.T) {
 	if KeyID("{f39cdc2584758c99cf81c1f41d2572f5") == KeyID(long) {
 		t.Error("a key that looks like an ID shares the ID of the key it names")
 	}
-	for _, bad := range []string{"{", "{f39c", "{F39CDC2584758C99CF81C1F41D2572F5", "{f39cdc2584758c99cf81c1f41d2572f5}", long} {
+	for _, bad := range []string{"{", "{f39c", "{F39CDC2584758C99CF81C1F41D2572F5", "{f39cdc2584758c99cf81c1f41d2572f5}", long,
+		"}f39cdc2584758c99cf81c1f41d2572f5", "{g39cdc2584758c99cf81c1f41d2572f5", "{f39cdc2584758c99cf81c1f41d2572f:"} {
 		if ValidID(bad) {
 			t.Errorf("ValidID(%q) = true", bad)
 		}
@@ -98,6 +100,7 @@ func TestParse(t *testing.T) {
 		{"refund", refund, []any{"100", int64(2), int64(3)}, RefundReply{Tokens: 100, Flag: 2, Version: 3}, ""},
 		{"refund nil", refund, nil, nil, "got <nil>"},
 		{"refund types", refund, []any{"100", "2", int64(0)}, nil, "want {string, integer, integer}"},
+		{"refund negative version", refund, []any{"100", int64(2), int64(-1)}, nil, "want {string, integer, integer}"},
 		{"refund before versions", refund, []any{"100", int64(2)}, nil, "want 3 values, got 2"},
 		{"refunds of two keys", refunds2, []any{"100", int64(0), int64(1), "7.5", int64(2), int64(3)},
 			[2]RefundReply{{Tokens: 100, Version: 1}, {Tokens: 7.5, Flag: 2, Version: 3}}, ""},
@@ -123,6 +126,80 @@ func TestParse(t *testing.T) {
 				t.Fatalf("got %+v, %v; want %+v", got, err, tt.want)
 			}
 		})
+	}
+}
+
+// TestParseLow: luascript.Low's reply is an array of key IDs, every element a string.
+func TestParseLow(t *testing.T) {
+	for _, tt := range []struct {
+		reply   any
+		want    []string
+		wantErr string // substring; "" means decoded
+	}{
+		{[]any{}, []string{}, ""},
+		{[]any{"alice", "{0123456789abcdef0123456789abcdef"}, []string{"alice", "{0123456789abcdef0123456789abcdef"}, ""},
+		{[]any{"alice", int64(1)}, nil, "element 1: want a string, got int64"},
+		{[]any{nil}, nil, "element 0: want a string, got <nil>"},
+		{"alice", nil, "want an array, got string"},
+	} {
+		got, err := ParseLow(tt.reply)
+		if tt.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("ParseLow(%#v) = %q, %v; want an error containing %q", tt.reply, got, err, tt.wantErr)
+			}
+			continue
+		}
+		if err != nil || !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("ParseLow(%#v) = %q, %v; want %q", tt.reply, got, err, tt.want)
+		}
+	}
+}
+
+// TestSeenArgs: a take's caller passes what it saw as two arguments, its instant never
+// before 1970, and nothing when it saw nothing.
+func TestSeenArgs(t *testing.T) {
+	for _, tt := range []struct {
+		seen Seen
+		want []any
+	}{
+		{Seen{}, nil},
+		{Seen{Level: 3, AtMS: 5}, nil},
+		{Seen{Known: true, Level: -2.5, AtMS: 1700000000000}, []any{-2.5, int64(1700000000000)}},
+		{Seen{Known: true, Level: 1, AtMS: 0}, []any{1.0, int64(0)}},
+		{Seen{Known: true, Level: 1, AtMS: -5}, []any{1.0, int64(0)}},
+	} {
+		if got := tt.seen.Args(); !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("%+v.Args() = %#v, want %#v", tt.seen, got, tt.want)
+		}
+	}
+}
+
+// TestLowSets: the format of a charge-later limit's low keys: a key's set (pinned, and not
+// its windowed shard's rule), one set for one shard, and the runs of luascript.Low a number
+// of marks takes, MaxLowWrite a run and one for none.
+func TestLowSets(t *testing.T) {
+	ids := []string{"alice", "", "{0123456789abcdef0123456789abcdef"}
+	for _, tt := range []struct {
+		shards int
+		want   []int
+	}{
+		{LowShards, []int{9, 2, 7}},
+		{64, []int{49, 40, 21}},
+		{1, []int{0, 0, 0}},
+		{0, []int{0, 0, 0}},
+	} {
+		for i, id := range ids {
+			if got := LowShard(id, tt.shards); got != tt.want[i] {
+				t.Errorf("LowShard(%q, %d) = %d, want %d", id, tt.shards, got, tt.want[i])
+			}
+		}
+	}
+	for _, tt := range []struct{ keys, runs int }{
+		{0, 1}, {1, 1}, {MaxLowWrite - 1, 1}, {MaxLowWrite, 1}, {MaxLowWrite + 1, 2}, {2 * MaxLowWrite, 2}, {2*MaxLowWrite + 1, 3},
+	} {
+		if got := LowRuns(tt.keys); got != tt.runs {
+			t.Errorf("LowRuns(%d) = %d, want %d", tt.keys, got, tt.runs)
+		}
 	}
 }
 
