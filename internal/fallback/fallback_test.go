@@ -122,8 +122,10 @@ func TestResize(t *testing.T) {
 	if r, b, _ := fallback.Of(breaker.FailLocalLimit(2, 1)).LocalLimit(100, 100, 10, 4); r != 2 || b != 4 {
 		t.Errorf("explicit LocalLimit = %v, %v", r, b)
 	}
-	if _, _, ok := fallback.Of(breaker.FailOpen).LocalLimit(100, 100, 10, 1); ok {
-		t.Error("FailOpen has a local limit")
+	for _, p := range []breaker.Policy{breaker.FailOpen, breaker.FailClosed} {
+		if _, _, ok := fallback.Of(p).LocalLimit(100, 100, 10, 1); ok {
+			t.Errorf("%v has a local limit", p)
+		}
 	}
 }
 
@@ -173,6 +175,7 @@ func TestSame(t *testing.T) {
 		{"another MaxCost", breaker.FailLocal(), with(func(c *fallback.Config) { c.MaxCost = 5 }), false},
 		{"another MaxKeys", breaker.FailLocal(), with(func(c *fallback.Config) { c.MaxKeys = 10 }), false},
 		{"another burst", breaker.FailLocal(), with(func(c *fallback.Config) { c.Burst = 50 }), false},
+		{"another rate", breaker.FailLocal(), with(func(c *fallback.Config) { c.Rate = 50 }), false},
 	} {
 		a, err := fallback.New(fallback.Of(breaker.FailLocal()), base)
 		if err != nil {
@@ -187,5 +190,38 @@ func TestSame(t *testing.T) {
 		}
 		a.Close()
 		b.Close()
+	}
+}
+
+// TestResizeExplicit: SetServersAt leaves an explicit local limit (FailLocalLimit) as it
+// is, whatever the fleet's size, and moves only the fleet share of a FailLocal.
+func TestResizeExplicit(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	// A fleet-wide 1000/s, burst 100: one server's share is 1000/s, burst 100.
+	cfg := fallback.Config{Rate: 1000, Burst: 100, Servers: 200, MaxCost: 1}
+	for _, tc := range []struct {
+		p    breaker.Policy
+		want int // admitted at now after SetServersAt(now, 1), of 200
+	}{
+		{breaker.FailLocalLimit(1, 3), 3},
+		{breaker.FailLocal(), 100},
+	} {
+		f, err := fallback.New(fallback.Of(tc.p), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.SetServersAt(now, 1); err != nil {
+			t.Fatalf("%v: SetServersAt(1): %v", tc.p, err)
+		}
+		got := 0
+		for range 200 {
+			if f.AllowN(now, "k", 1) {
+				got++
+			}
+		}
+		if got != tc.want {
+			t.Errorf("%v: admitted %d at once on a fleet of 1, want %d", tc.p, got, tc.want)
+		}
+		f.Close()
 	}
 }

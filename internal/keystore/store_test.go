@@ -240,9 +240,14 @@ func TestNewStoreUpFront(t *testing.T) {
 	}
 }
 
+// TestShardCount: the shard count is the requested one rounded up to a power of two, or
+// by default one near 4×GOMAXPROCS but with at least 64 keys a shard, and never more
+// shards than keys (a power of two that is exactly MaxKeys is kept).
 func TestShardCount(t *testing.T) {
 	tests := []struct{ requested, maxKeys, want int }{
 		{1, 100, 1}, {3, 100, 4}, {16, 10, 8}, {0, 1, 1}, {5, 5, 4}, {1 << 20, 1 << 30, 1 << 16},
+		{4, 4, 4}, {8, 8, 8}, {1 << 16, 1 << 16, 1 << 16}, // exactly MaxKeys shards
+		{0, 64, 1}, {0, 127, 1}, {0, 200, 4}, // by default, 64 keys a shard or more
 	}
 	for _, tt := range tests {
 		if got := shardCount(tt.requested, tt.maxKeys); got != tt.want {
@@ -528,5 +533,171 @@ func BenchmarkTableGrow(b *testing.B) {
 				t.grow()
 			}
 		})
+	}
+}
+
+// idleKeys returns a one-shard Store with an idle timeout of 1 s holding n keys, "k0"
+// (the least recently used) to "k<n-1>", each used once at 0, and its eviction record.
+func idleKeys(t *testing.T, n int) (*Store[int], *[]evicted) {
+	t.Helper()
+	s, ev := newCountingStore(t, StoreConfig[int]{Shards: 1, IdleTimeout: time.Second})
+	for i := range n {
+		incr(s, at(0), "k"+strconv.Itoa(i))
+	}
+	return s, ev
+}
+
+// TestStoreSweepMax: Sweep drops at most max idle keys, least recently used first, and
+// every idle key for a max of 0 or less.
+func TestStoreSweepMax(t *testing.T) {
+	for _, tc := range []struct{ max, want int }{
+		{1, 1}, {2, 2}, {3, 3}, {4, 4}, {5, 5}, {6, 5}, {0, 5}, {-1, 5},
+	} {
+		s, ev := idleKeys(t, 5)
+		if n := s.Sweep(at(time.Second), tc.max); n != tc.want || s.Len() != 5-tc.want || len(*ev) != tc.want {
+			t.Errorf("Sweep(max %d) dropped %d, reported %d, %d left; want %d dropped", tc.max, n, len(*ev), s.Len(), tc.want)
+			continue
+		}
+		for i, e := range *ev {
+			if want := (evicted{"k" + strconv.Itoa(i), 1, EvictIdle}); e != want {
+				t.Errorf("Sweep(max %d): eviction %d is %v, want %v", tc.max, i, e, want)
+			}
+		}
+	}
+}
+
+// TestStoreInsertSweepsTwo: a new key checks the two least recently used keys of its
+// shard for idleness, and drops those two if idle, no more.
+func TestStoreInsertSweepsTwo(t *testing.T) {
+	s, ev := idleKeys(t, 4)
+	incr(s, at(time.Second), "new")
+	want := []evicted{{"k0", 1, EvictIdle}, {"k1", 1, EvictIdle}}
+	if !slices.Equal(*ev, want) || s.Len() != 3 {
+		t.Errorf("evicted %v, %d left; want %v, 3 left", *ev, s.Len(), want)
+	}
+}
+
+// TestStoreSetIdleTimeoutNegative: a negative idle timeout is 0, expiry off: IdleTimeout
+// reports 0 and keys are kept however long they are idle.
+func TestStoreSetIdleTimeoutNegative(t *testing.T) {
+	s, ev := idleKeys(t, 1)
+	s.SetIdleTimeout(-time.Second)
+	if d := s.IdleTimeout(); d != 0 {
+		t.Errorf("IdleTimeout() = %v after SetIdleTimeout(-1s), want 0", d)
+	}
+	if n := s.Sweep(at(1000*time.Hour), 0); n != 0 {
+		t.Errorf("Sweep dropped %d, want 0", n)
+	}
+	if got := incr(s, at(1000*time.Hour), "k0"); got != 2 || len(*ev) != 0 {
+		t.Errorf("k0 = %d after 1000 h idle (evicted %v), want it kept (2)", got, *ev)
+	}
+}
+
+// TestStoreSweepMovesEveryUsedKey: one Sweep moves to the front every used key its shard
+// held when it began, though there are more than one hold of the lock moves
+// (maxPromote): after it, the shard's LRU order is that of the moves, so a key moved last
+// is behind the others and not dropped, idle though it is, while they are not idle.
+func TestStoreSweepMovesEveryUsedKey(t *testing.T) {
+	s, _ := idleKeys(t, maxPromote+1)
+	last := "k" + strconv.Itoa(maxPromote)
+	incr(s, at(100*time.Millisecond), last)
+	for i := range maxPromote {
+		incr(s, at(500*time.Millisecond), "k"+strconv.Itoa(i))
+	}
+	// Nothing idle yet: every key is moved, last the newest, last of all.
+	if n := s.Sweep(at(time.Second), 0); n != 0 {
+		t.Fatalf("Sweep at 1 s dropped %d, want 0", n)
+	}
+	// last, idle now, lies behind the keys used at 0.5 s, which are not.
+	if n := s.Sweep(at(1200*time.Millisecond), 0); n != 0 {
+		t.Errorf("Sweep at 1.2 s dropped %d, want 0: %s was moved to the front by the Sweep before", n, last)
+	}
+	if n := s.Sweep(at(1500*time.Millisecond), 0); n != maxPromote+1 {
+		t.Errorf("Sweep at 1.5 s dropped %d, want all %d", n, maxPromote+1)
+	}
+}
+
+// TestStorePromotionSpendsUse: a used key that an eviction for capacity or a Sweep moves
+// to the front has its use spent there, so when it reaches the back again unused since,
+// it is the one evicted, ahead of keys used after the move.
+func TestStorePromotionSpendsUse(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		sweep bool // the move is a Sweep's, else an insert's
+		keys  []string
+		uses  [][]string // keys used again, before and after the move
+		adds  []string   // keys added once the move is done
+		want  []string   // evicted, in order
+	}{
+		{"by an insert", false, []string{"a", "b"}, [][]string{{"a", "b"}, nil}, []string{"c", "d"}, []string{"a", "b"}},
+		{"by a Sweep", true, []string{"a", "b", "c"}, [][]string{{"a"}, {"b", "c"}}, []string{"d"}, []string{"a"}},
+	} {
+		s, ev := newCountingStore(t, StoreConfig[int]{MaxKeys: len(tc.keys), Shards: 1, IdleTimeout: time.Hour})
+		for _, k := range tc.keys {
+			incr(s, at(0), k)
+		}
+		for _, k := range tc.uses[0] {
+			incr(s, at(0), k)
+		}
+		if tc.sweep && s.Sweep(at(time.Second), 0) != 0 {
+			t.Fatalf("%s: Sweep dropped keys that are not idle", tc.name)
+		}
+		s.SetIdleTimeout(0) // from here on, only evictions for capacity move keys
+		for _, k := range tc.uses[1] {
+			incr(s, at(0), k)
+		}
+		for _, k := range tc.adds {
+			incr(s, at(0), k)
+		}
+		var got []string
+		for _, e := range *ev {
+			got = append(got, e.key)
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s: evicted %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestStoreInsertMovesBounded: an insert moves at most maxPromote used keys to the front
+// under its shard's lock, so an idle key behind more used keys than that is not dropped
+// by it but by the next Sweep.
+func TestStoreInsertMovesBounded(t *testing.T) {
+	s, ev := newCountingStore(t, StoreConfig[int]{Shards: 1, IdleTimeout: time.Second})
+	for i := range maxPromote + 1 {
+		incr(s, at(0), "k"+strconv.Itoa(i))
+	}
+	incr(s, at(0), "idle")
+	for i := range maxPromote + 1 { // used: each due a move to the front
+		incr(s, at(500*time.Millisecond), "k"+strconv.Itoa(i))
+	}
+	incr(s, at(time.Second), "new")
+	if len(*ev) != 0 || !s.Peek("idle", func(*int, int64) {}) {
+		t.Errorf("the insert evicted %v, want nothing: the idle key lies behind %d used ones", *ev, maxPromote+1)
+	}
+	if n := s.Sweep(at(time.Second), 0); n != 1 {
+		t.Errorf("Sweep dropped %d, want the idle key", n)
+	}
+}
+
+// TestStoreInspectNoIdle: with idle expiry off, Inspect finds a held key however long it
+// has been idle, sees its latest instant and leaves it unused; it finds no absent key.
+func TestStoreInspectNoIdle(t *testing.T) {
+	s, _ := newCountingStore(t, StoreConfig[int]{Shards: 1})
+	incr(s, at(0), "k")
+	for _, tc := range []struct {
+		key  string
+		now  time.Duration
+		held bool
+	}{
+		{"k", 0, true}, {"k", 1000 * time.Hour, true}, {"absent", 0, false},
+	} {
+		var got *Entry[int]
+		s.Inspect(tc.key, at(tc.now), func(e *Entry[int]) { got = e })
+		if (got != nil) != tc.held {
+			t.Errorf("Inspect(%q) at t0+%v found it %v, want %v", tc.key, tc.now, got != nil, tc.held)
+		} else if got != nil && (got.Val != 1 || got.Last != at(0) || got.Used) {
+			t.Errorf("Inspect(%q) saw value %d, last t0+%v, used %v; want 1, t0+0s, false", tc.key, got.Val, time.Duration(got.Last-t0), got.Used)
+		}
 	}
 }
