@@ -217,21 +217,28 @@ func TestNewStoreInvalid(t *testing.T) {
 
 // TestNewStoreUpFront: what a Store makes before its first key is bounded whatever its
 // cap: MaxKeys of math.MaxInt, meant as no cap, makes each shard's 4,096 tables (128
-// KiB), not tables for its share of 2^63 keys.
+// KiB), not tables for its share of 2^63 keys. The bytes are the process's, which the
+// runtime's own goroutines may add to: the least of three tries is NewStore's.
 func TestNewStoreUpFront(t *testing.T) {
 	for _, cfg := range []StoreConfig[int]{
 		{MaxKeys: math.MaxInt, Shards: 1}, {MaxKeys: 1 << 40, Shards: 1}, {MaxKeys: math.MaxInt, Shards: 8},
 	} {
-		var before, after runtime.MemStats
-		runtime.ReadMemStats(&before)
-		s, err := NewStore(cfg)
-		runtime.ReadMemStats(&after)
-		if err != nil {
-			t.Fatal(err)
+		made := uint64(math.MaxUint64)
+		var s *Store[int]
+		for range 3 {
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			var err error
+			s, err = NewStore(cfg)
+			runtime.ReadMemStats(&after)
+			if err != nil {
+				t.Fatal(err)
+			}
+			made = min(made, after.TotalAlloc-before.TotalAlloc)
 		}
 		limit := uint64(cfg.Shards) * (4096*uint64(unsafe.Sizeof(table[int]{})) + 4096)
-		if got := after.TotalAlloc - before.TotalAlloc; got > limit {
-			t.Errorf("NewStore(MaxKeys %d, %d shards) made %d bytes, want at most %d", cfg.MaxKeys, cfg.Shards, got, limit)
+		if made > limit {
+			t.Errorf("NewStore(MaxKeys %d, %d shards) made %d bytes, want at most %d", cfg.MaxKeys, cfg.Shards, made, limit)
 		}
 		s.Update(0, "k", func(*int, int64) {})
 		if s.Len() != 1 {
