@@ -327,6 +327,7 @@ func TestKeyErrors(t *testing.T) {
 		{context.Canceled, codes.Canceled},
 		{fmt.Errorf("%w: no tenant", grpclimit.ErrNoKey), codes.InvalidArgument},
 		{errors.New("no tenant"), codes.InvalidArgument},
+		{status.Error(codes.Unknown, "no tenant"), codes.InvalidArgument},
 	} {
 		i, err := grpclimit.New(grpclimit.Config{Limiter: lim, Limit: "api", Key: func(context.Context, string) (string, error) { return "", tc.err }})
 		if err != nil {
@@ -343,6 +344,43 @@ func TestKeyErrors(t *testing.T) {
 	for _, ls := range lim.Stats().Limits {
 		if len(ls.Decisions) != 0 {
 			t.Errorf("limit %s decided calls without a key: %+v", ls.Name, ls.Decisions)
+		}
+	}
+}
+
+// TestCost: a call's cost, from Config.Cost, is charged to its key's bucket; a cost of
+// 0 passes even where no token is left; a negative cost fails the call with Internal,
+// the server's bug, and a cost above the burst with FailedPrecondition, without
+// RetryInfo: neither reaches the handler, and only a denial says when to retry.
+func TestCost(t *testing.T) {
+	lim, _ := limiter(t, "", hybrid.Limit{Name: "api", Rate: 1e-3, Burst: 3, Policy: breaker.FailClosed, MaxWait: time.Second})
+	var cost int
+	i, err := grpclimit.New(grpclimit.Config{Limiter: lim, Limit: "api",
+		Key:  func(context.Context, string) (string, error) { return "k", nil },
+		Cost: func(context.Context, string) int { return cost }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for n, tc := range []struct {
+		cost int
+		want codes.Code
+	}{
+		{2, codes.OK},                // 1 left
+		{2, codes.ResourceExhausted}, // more than the 1 left
+		{1, codes.OK},                // the last
+		{0, codes.OK},                // free, though none is left
+		{-1, codes.Internal},
+		{4, codes.FailedPrecondition}, // above the burst: never
+	} {
+		cost = tc.cost
+		ran := false
+		_, err := i.Unary()(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/a.B/C"}, func(context.Context, any) (any, error) {
+			ran = true
+			return nil, nil
+		})
+		_, retry := grpclimit.RetryDelay(err)
+		if status.Code(err) != tc.want || ran != (tc.want == codes.OK) || retry != (tc.want == codes.ResourceExhausted) {
+			t.Errorf("call %d of cost %d: %v (handler ran: %v, RetryInfo: %v), want %v", n, tc.cost, err, ran, retry, tc.want)
 		}
 	}
 }

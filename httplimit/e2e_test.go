@@ -289,6 +289,8 @@ func TestDefaultOnErrorKeepsInternalsOut(t *testing.T) {
 	}
 }
 
+// TestNewRejectsBadConfig: New refuses a configuration it could not run, with
+// ErrInvalidConfig, and takes up to seven Also limits.
 func TestNewRejectsBadConfig(t *testing.T) {
 	_, c := redistest.Mini(t)
 	lim := newLimiter(t, redistest.Target{Client: c}, hybrid.Limit{Name: "api", Rate: 1, Burst: 1, Policy: breaker.FailOpen})
@@ -302,11 +304,25 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"unknown limit", httplimit.Config{Limiter: lim, Limit: "apj", Key: key}},
 		{"none and more", httplimit.Config{Limiter: lim, Limit: "api", Key: key, Headers: httplimit.HeadersNone | httplimit.HeadersX}},
 		{"epoch without x", httplimit.Config{Limiter: lim, Limit: "api", Key: key, Headers: httplimit.HeadersXResetEpoch}},
+		{"an Also limit without a key", httplimit.Config{Limiter: lim, Limit: "api", Key: key, Also: []httplimit.Also{{Limit: "api"}}}},
+		{"eight Also limits", httplimit.Config{Limiter: lim, Limit: "api", Key: key, Also: alsoOf("api", key, 8)}},
 	} {
-		if _, err := httplimit.New(tc.cfg); err == nil {
-			t.Errorf("%s: New accepted %+v", tc.name, tc.cfg)
+		if _, err := httplimit.New(tc.cfg); !errors.Is(err, httplimit.ErrInvalidConfig) {
+			t.Errorf("%s: New(%+v) = %v, want ErrInvalidConfig", tc.name, tc.cfg, err)
 		}
 	}
+	if _, err := httplimit.New(httplimit.Config{Limiter: lim, Limit: "api", Key: key, Also: alsoOf("api", key, 7)}); err != nil {
+		t.Errorf("seven Also limits, the most: %v", err)
+	}
+}
+
+// alsoOf is n Also limits, each of limit and key.
+func alsoOf(limit string, key httplimit.KeyFunc, n int) []httplimit.Also {
+	also := make([]httplimit.Also, n)
+	for i := range also {
+		also[i] = httplimit.Also{Limit: limit, Key: key}
+	}
+	return also
 }
 
 // TestMiddlewareAlso: a per-key limit and a per-tenant limit, all or nothing. The
@@ -380,16 +396,148 @@ func TestMiddlewareAlsoRetryAfter(t *testing.T) {
 // request by its X-API-Key under api, and by its X-Tenant under tenant (Also).
 func alsoHandler(t *testing.T, api, tenant hybrid.Limit) (*hybrid.Limiter, http.Handler) {
 	t.Helper()
+	return alsoHandlerWith(t, api, tenant, nil)
+}
+
+// alsoHandlerWith is alsoHandler with the Config changed by edit (nil: as it is) before
+// the Middleware is built.
+func alsoHandlerWith(t *testing.T, api, tenant hybrid.Limit, edit func(*httplimit.Config)) (*hybrid.Limiter, http.Handler) {
+	t.Helper()
 	_, c := redistest.Mini(t)
 	lim := newLimiter(t, redistest.Target{Client: c}, api, tenant)
-	mw, err := httplimit.New(httplimit.Config{
+	cfg := httplimit.Config{
 		Limiter: lim, Limit: api.Name, Key: httplimit.Header("X-API-Key"),
 		Also: []httplimit.Also{{Limit: tenant.Name, Key: httplimit.Header("X-Tenant")}},
-	})
+	}
+	if edit != nil {
+		edit(&cfg)
+	}
+	mw, err := httplimit.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return lim, mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+}
+
+// serveHeaders serves h one GET request with headers set, and returns its answer.
+func serveHeaders(h http.Handler, headers map[string]string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(http.MethodGet, "/", nil)
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	return w
+}
+
+// TestMiddlewareCost: a request's cost, from Config.Cost, is charged to Limit and to
+// every Also limit alike; a cost of 0 passes even where no token is left, and a negative
+// cost goes to OnError (500 by default) without being decided.
+func TestMiddlewareCost(t *testing.T) {
+	_, h := alsoHandlerWith(t, hybrid.Limit{Name: "api", Rate: 1e-3, Burst: 10, Policy: breaker.FailClosed, MaxWait: time.Second},
+		hybrid.Limit{Name: "tenant", Rate: 1e-3, Burst: 3, Policy: breaker.FailClosed, MaxWait: time.Second},
+		func(cfg *httplimit.Config) {
+			cfg.Cost = func(r *http.Request) int { n, _ := strconv.Atoi(r.Header.Get("X-Cost")); return n }
+		})
+	for i, tc := range []struct {
+		cost   int
+		status int
+	}{
+		{2, http.StatusOK},              // the tenant has 1 left
+		{2, http.StatusTooManyRequests}, // more than the tenant's 1
+		{1, http.StatusOK},              // the tenant's last
+		{0, http.StatusOK},              // free, though the tenant has none left
+		{-1, http.StatusInternalServerError},
+	} {
+		w := serveHeaders(h, map[string]string{"X-API-Key": "k", "X-Tenant": "acme", "X-Cost": strconv.Itoa(tc.cost)})
+		if w.Code != tc.status {
+			t.Fatalf("request %d of cost %d: %d, want %d", i, tc.cost, w.Code, tc.status)
+		}
+	}
+}
+
+// TestMiddlewareAlsoTier: the request's tier applies to Limit alone; RateLimit-Policy
+// still states every Also limit, at its own rate, when the tier is one the Also limit
+// does not have.
+func TestMiddlewareAlsoTier(t *testing.T) {
+	_, h := alsoHandlerWith(t,
+		hybrid.Limit{Name: "api", Rate: 1e-3, Burst: 2, Policy: breaker.FailClosed, MaxWait: time.Second,
+			Tiers: []hybrid.Tier{{Name: "paid", Rate: 1e-3, Burst: 5}}},
+		hybrid.Limit{Name: "tenant", Rate: 1e-3, Burst: 100, Policy: breaker.FailClosed, MaxWait: time.Second},
+		func(cfg *httplimit.Config) { cfg.Tier = func(r *http.Request) string { return r.Header.Get("X-Plan") } })
+	for _, plan := range []string{"", "paid"} {
+		w := serveHeaders(h, map[string]string{"X-API-Key": "k" + plan, "X-Tenant": "acme", "X-Plan": plan})
+		pol, err := parseSFList(w.Header().Get("RateLimit-Policy"))
+		if w.Code != http.StatusOK || err != nil || len(pol) != 2 || pol[0].Name != "api" || pol[1].Name != "tenant" || pol[1].Params["q"] != 100 {
+			t.Errorf("plan %q: %d, RateLimit-Policy %q (%v); want 200, api then tenant q=100", plan, w.Code, w.Header().Get("RateLimit-Policy"), err)
+		}
+	}
+}
+
+// TestMiddlewareAlsoPolicyOnce: a limit the request counts against more than once (Limit
+// again in Also, under another key; an Also limit twice) is stated once in
+// RateLimit-Policy, where it first comes.
+func TestMiddlewareAlsoPolicyOnce(t *testing.T) {
+	_, h := alsoHandlerWith(t, hybrid.Limit{Name: "api", Rate: 1e-3, Burst: 5, Policy: breaker.FailClosed, MaxWait: time.Second},
+		hybrid.Limit{Name: "tenant", Rate: 1e-3, Burst: 3, Policy: breaker.FailClosed, MaxWait: time.Second},
+		func(cfg *httplimit.Config) {
+			cfg.Also = append(cfg.Also, httplimit.Also{Limit: "api", Key: httplimit.Header("X-User")},
+				httplimit.Also{Limit: "tenant", Key: httplimit.Header("X-User")})
+		})
+	w := serveHeaders(h, map[string]string{"X-API-Key": "k", "X-Tenant": "acme", "X-User": "u"})
+	if got := w.Header().Get("RateLimit-Policy"); w.Code != http.StatusOK || got != `"api";q=5;w=5000, "tenant";q=3;w=3000` {
+		t.Errorf("%d, RateLimit-Policy %q; want 200, api then tenant, each once", w.Code, got)
+	}
+}
+
+// TestMiddlewareHeadersNone: with HeadersNone an admitted request gets no rate-limit
+// header, and a denied one only its Retry-After.
+func TestMiddlewareHeadersNone(t *testing.T) {
+	_, c := redistest.Mini(t)
+	lim := newLimiter(t, redistest.Target{Client: c}, hybrid.Limit{Name: "api", Rate: 1e-3, Burst: 1, Policy: breaker.FailClosed, MaxWait: time.Second})
+	mw, err := httplimit.New(httplimit.Config{Limiter: lim, Limit: "api", Key: httplimit.Header("X-API-Key"), Headers: httplimit.HeadersNone})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	for i, tc := range []struct {
+		status int
+		retry  bool
+	}{
+		{http.StatusOK, false},
+		{http.StatusTooManyRequests, true},
+	} {
+		w := serveHeaders(h, map[string]string{"X-API-Key": "k"})
+		if w.Code != tc.status || (w.Header().Get("Retry-After") != "") != tc.retry || w.Header().Get("RateLimit-Policy") != "" || w.Header().Get("RateLimit") != "" {
+			t.Errorf("request %d: %d, headers %v; want %d, Retry-After %v and no other", i, w.Code, w.Header(), tc.status, tc.retry)
+		}
+	}
+}
+
+// TestDefaultOnErrorStatus: DefaultOnError's status says whose the error is: the
+// request's (400: no key, an unknown tier), the server's configuration (500: a negative
+// cost, a removed limit), or the limiter's state (503: closed, the request's context
+// ended), however the error is wrapped.
+func TestDefaultOnErrorStatus(t *testing.T) {
+	for _, tc := range []struct {
+		err    error
+		status int
+	}{
+		{fmt.Errorf("%w: header X missing", httplimit.ErrNoKey), http.StatusBadRequest},
+		{errors.New("lookup failed"), http.StatusBadRequest},
+		{fmt.Errorf("x: %w", hybrid.ErrUnknownTier), http.StatusBadRequest},
+		{fmt.Errorf("x: %w", hybrid.ErrInvalidCost), http.StatusInternalServerError},
+		{fmt.Errorf("x: %w", hybrid.ErrUnknownLimit), http.StatusInternalServerError},
+		{hybrid.ErrClosed, http.StatusServiceUnavailable},
+		{fmt.Errorf("waiting: %w", context.Canceled), http.StatusServiceUnavailable},
+		{fmt.Errorf("waiting: %w", context.DeadlineExceeded), http.StatusServiceUnavailable},
+	} {
+		w := httptest.NewRecorder()
+		httplimit.DefaultOnError(w, httptest.NewRequest(http.MethodGet, "/", nil), tc.err)
+		if w.Code != tc.status {
+			t.Errorf("%v: %d, want %d", tc.err, w.Code, tc.status)
+		}
+	}
 }
 
 // TestMiddlewareTier: the request's tier, read from a header, picks the rate and burst

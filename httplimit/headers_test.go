@@ -73,7 +73,7 @@ func TestWriteHeaders(t *testing.T) {
 // admission), whatever fraction of a second now is: a client that waits until it is
 // never early, and waits less than a second more than it must.
 func TestEpochResetNeverEarly(t *testing.T) {
-	for _, frac := range []time.Duration{0, 100 * time.Millisecond, 500 * time.Millisecond, 900 * time.Millisecond, time.Second - 1} {
+	for _, frac := range []time.Duration{0, time.Nanosecond, 100 * time.Millisecond, 500 * time.Millisecond, 900 * time.Millisecond, time.Second - 1} {
 		now := time.Unix(1_800_000_000, 0).Add(frac)
 		for _, wait := range []time.Duration{30 * time.Millisecond, 200 * time.Millisecond, 999 * time.Millisecond, time.Second, 1500 * time.Millisecond, 2 * time.Second} {
 			denied := limitDecision("api", 100, 200)
