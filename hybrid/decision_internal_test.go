@@ -106,3 +106,36 @@ func TestDecisionSetOverwrites(t *testing.T) {
 		}
 	}
 }
+
+// TestDryRunAdmitsOnlyDenials: a DryRun limit turns a denial into an admission
+// (WouldDeny, no RetryAfter), but never a call that was not decided: an invalid cost, a
+// caller's context that ended, a closed Limiter stay not allowed, as on an enforced limit.
+func TestDryRunAdmitsOnlyDenials(t *testing.T) {
+	_, c := redistest.Mini(t)
+	s, err := global.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := New(s, Config{FleetSize: 1, Limits: []Limit{
+		{Name: "dry", Rate: 10, Burst: 20, Policy: breaker.FailOpen, DryRun: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	lm := l.eng.Limit("dry")
+	for _, tc := range []struct {
+		d     engine.Decision
+		admit bool
+	}{
+		{engine.Decision{Source: engine.SourcePreCheck, Reason: engine.ReasonPreCheck, RetryAfter: time.Second, Servers: 1}, true},
+		{engine.Decision{Source: engine.SourceGlobal, Reason: engine.ReasonGranted, RetryAfter: time.Second, Servers: 1}, true},
+		{engine.Decision{Reason: engine.ReasonInvalidCost, RetryAfter: InfDuration}, false},
+		{engine.Decision{Source: engine.SourceFallback, Reason: engine.ReasonCanceled, Servers: 1}, false},
+		{engine.Decision{Reason: engine.ReasonClosed}, false},
+	} {
+		got := decision(lm, "", &tc.d)
+		if got.Allowed != tc.admit || got.WouldDeny != tc.admit || tc.admit && got.RetryAfter != 0 {
+			t.Errorf("%v: %+v; want admitted as WouldDeny: %v", Reason(tc.d.Reason), got, tc.admit)
+		}
+	}
+}

@@ -113,7 +113,8 @@ func deniedOf(l *hybrid.Limiter, name string) int64 {
 
 // TestOnDecisionOncePerMultiWithDryRun: OnDecision hears one decision per AllowMulti
 // call, the one it returns, with its item's key, also when some items are of DryRun
-// limits (decided on their own after the others).
+// limits (decided on their own after the others), and when none is; an item of cost 0
+// is admitted as AllowN's is.
 func TestOnDecisionOncePerMultiWithDryRun(t *testing.T) {
 	_, c := redistest.Mini(t)
 	type heard struct {
@@ -128,6 +129,7 @@ func TestOnDecisionOncePerMultiWithDryRun(t *testing.T) {
 	for _, items := range [][]hybrid.Item{
 		{{Limit: "a", Key: "k", Cost: 1}, {Limit: "d", Key: "k", Cost: 1}, {Limit: "d", Key: "k2", Cost: 5}},
 		{{Limit: "d", Key: "k", Cost: 1}, {Limit: "d", Key: "k3", Cost: 1}},
+		{{Limit: "a", Key: "k4", Cost: 1}, {Limit: "a", Key: "k5", Cost: 0}},
 	} {
 		got = got[:0]
 		md, err := l.AllowMulti(context.Background(), items)
@@ -164,5 +166,43 @@ func TestAllowMultiDryOnlyFails(t *testing.T) {
 	md, err := l.AllowMulti(ctx, []hybrid.Item{{Limit: "d1", Key: "k", Cost: 1}, {Limit: "d2", Key: "k", Cost: 1}})
 	if md.Allowed || md.Denied != 0 || !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("AllowMulti of DryRun items, its context ended: %+v, %v; want not allowed, item 0, DeadlineExceeded", md, err)
+	}
+}
+
+// TestAllowMultiReportsTheClosestLimit: an admitted AllowMulti with DryRun items reports
+// the decision of the limit closest to its end: one that would have denied (WouldDeny)
+// before any other, else the fewest tokens remaining, enforced or DryRun alike, the
+// enforced items' decision when no DryRun item has fewer.
+func TestAllowMultiReportsTheClosestLimit(t *testing.T) {
+	_, c := redistest.Mini(t)
+	lim := func(name string, burst int, dry bool) hybrid.Limit {
+		return hybrid.Limit{Name: name, Rate: 1e-3, Burst: burst, Policy: breaker.FailClosed, MaxWait: time.Second, DryRun: dry}
+	}
+	l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{
+		lim("one", 1, false), lim("big", 100, false), lim("dryOne", 1, true), lim("dryMid", 50, true), lim("dryBig", 100, true)}})
+	ctx := context.Background()
+	if d, err := l.Allow(ctx, "dryOne", "spent"); err != nil || !d.Allowed || d.WouldDeny {
+		t.Fatalf("spending dryOne: %+v, %v", d, err)
+	}
+	for _, tc := range []struct {
+		name      string
+		items     []hybrid.Item
+		limit     string
+		wouldDeny bool
+	}{
+		{"fewest remaining, DryRun", []hybrid.Item{{Limit: "big", Key: "a"}, {Limit: "dryMid", Key: "a"}, {Limit: "dryBig", Key: "a"}}, "dryMid", false},
+		{"fewest remaining, enforced", []hybrid.Item{{Limit: "dryBig", Key: "b"}, {Limit: "big", Key: "b"}}, "big", false},
+		{"DryRun only", []hybrid.Item{{Limit: "dryBig", Key: "c"}, {Limit: "dryMid", Key: "c"}}, "dryMid", false},
+		{"would deny", []hybrid.Item{{Limit: "one", Key: "spent"}, {Limit: "dryOne", Key: "spent"}}, "dryOne", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for i := range tc.items {
+				tc.items[i].Cost = 1
+			}
+			md, err := l.AllowMulti(ctx, tc.items)
+			if err != nil || !md.Allowed || md.Denied != -1 || md.Decision.Limit != tc.limit || md.Decision.WouldDeny != tc.wouldDeny {
+				t.Errorf("%+v, %v; want admitted, reporting %s (WouldDeny %v)", md, err, tc.limit, tc.wouldDeny)
+			}
+		})
 	}
 }

@@ -871,15 +871,18 @@ func TestCloseWaitsForAProbeInFlight(t *testing.T) {
 // TestCloseReportsAdmissionsNotCharged: what a FailLocal limit admitted during an
 // outage that lasts through Close cannot be charged to its bucket; Close says so
 // (wrapping global.ErrUnavailable) and LimitStats.Forgiven counts it, with a live ctx
-// or an ended one, beside leased tokens it could not refund (which match ctx's error).
+// or an ended one, beside leased tokens it could not refund (which match ctx's error),
+// down to a single admission.
 func TestCloseReportsAdmissionsNotCharged(t *testing.T) {
 	for _, tc := range []struct {
 		name          string
 		leased, ended bool
+		requests      int // made during the outage
 	}{
-		{"live ctx", false, false},
-		{"ended ctx", false, true},
-		{"ended ctx, tokens leased", true, true},
+		{"live ctx", false, false, 5},
+		{"live ctx, one admission", false, false, 1},
+		{"ended ctx", false, true, 5},
+		{"ended ctx, tokens leased", true, true, 5},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m, c := redistest.Mini(t)
@@ -902,7 +905,7 @@ func TestCloseReportsAdmissionsNotCharged(t *testing.T) {
 				t.Fatalf("%d tokens held, want some: %v", held, tc.leased)
 			}
 			m.SetError("ERR injected outage")
-			admitted := admittedOf(t, l, "local", "k", 5)
+			admitted := admittedOf(t, l, "local", "k", tc.requests)
 			if admitted == 0 {
 				t.Fatal("nothing admitted during the outage: nothing owed")
 			}
@@ -939,5 +942,44 @@ func TestFallbackResetsInAWindow(t *testing.T) {
 		if err != nil || d.Source != hybrid.SourceFallback || d.Reset != d.Window {
 			t.Errorf("%s, Redis down: %+v, %v; want the policy's decision, resetting in a window (%v)", name, d, err, d.Window)
 		}
+	}
+}
+
+// TestMisuseDecisions: a call naming a limit or tier the Limiter does not have, or a
+// negative cost, returns its error with a denial that can never pass (RetryAfter
+// InfDuration) naming the limit and tier asked; OnDecision never hears of a limit or
+// tier that does not exist.
+func TestMisuseDecisions(t *testing.T) {
+	_, c := redistest.Mini(t)
+	var heard atomic.Int32
+	l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1,
+		OnDecision: func(string, hybrid.Decision) { heard.Add(1) },
+		Limits: []hybrid.Limit{{Name: "api", Rate: 10, Burst: 20, Policy: breaker.FailClosed, MaxWait: time.Second,
+			Tiers: []hybrid.Tier{{Name: "gold", Rate: 20, Burst: 40}}}}})
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name        string
+		call        func() (hybrid.Decision, error)
+		limit, tier string
+		want        error
+		silent      bool // OnDecision must not hear of it
+	}{
+		{"Allow, unknown limit", func() (hybrid.Decision, error) { return l.Allow(ctx, "nope", "k") }, "nope", "", hybrid.ErrUnknownLimit, true},
+		{"AllowTier, unknown limit", func() (hybrid.Decision, error) { return l.AllowTier(ctx, "nope", "gold", "k", 1) }, "nope", "gold", hybrid.ErrUnknownLimit, true},
+		{"AllowTier, unknown tier", func() (hybrid.Decision, error) { return l.AllowTier(ctx, "api", "silver", "k", 1) }, "api", "silver", hybrid.ErrUnknownTier, true},
+		{"AllowN, negative cost", func() (hybrid.Decision, error) { return l.AllowN(ctx, "api", "k", -1) }, "api", "", hybrid.ErrInvalidCost, false},
+		{"WaitN, unknown limit", func() (hybrid.Decision, error) { return l.WaitN(ctx, "nope", "k", 1) }, "nope", "", hybrid.ErrUnknownLimit, true},
+		{"WaitN, negative cost", func() (hybrid.Decision, error) { return l.WaitN(ctx, "api", "k", -1) }, "api", "", hybrid.ErrInvalidCost, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := heard.Load()
+			d, err := tc.call()
+			if !errors.Is(err, tc.want) || d.Allowed || d.RetryAfter != hybrid.InfDuration || d.Limit != tc.limit || d.Tier != tc.tier {
+				t.Errorf("%+v, %v; want denied for ever, limit %q tier %q, %v", d, err, tc.limit, tc.tier, tc.want)
+			}
+			if got := heard.Load() - before; tc.silent && got != 0 || got > 1 {
+				t.Errorf("OnDecision heard %d decisions, want none: %v, or at most one", got, tc.silent)
+			}
+		})
 	}
 }

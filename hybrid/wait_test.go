@@ -234,13 +234,8 @@ func TestWaitNEndsAsleep(t *testing.T) {
 		{"closed", func(l *hybrid.Limiter, _ context.CancelFunc) error { return l.Close(context.Background()) }, hybrid.ErrClosed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, c := redistest.Mini(t)
-			l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{
-				{Name: "jobs", Rate: 1.0 / 60, Burst: 1, Policy: breaker.FailClosed, MaxWait: time.Second}}})
+			l := spentJobs(t)
 			bg := context.Background()
-			if d, err := l.Allow(bg, "jobs", "k"); err != nil || !d.Allowed {
-				t.Fatalf("the first request: %+v, %v", d, err)
-			}
 			type result struct {
 				d   hybrid.Decision
 				err error
@@ -386,4 +381,36 @@ func TestCanceledWaitIsCounted(t *testing.T) {
 	if st := l.Stats(); st.Canceled != 1 || st.PreCheck+st.Lease+st.Global+st.Fallback+st.Canceled != 1 {
 		t.Errorf("stats %+v: want the one request counted, as canceled", st)
 	}
+}
+
+// TestWaitNReservationPastTheDeadline: a WaitN whose reservation would act after its
+// context's deadline returns ErrWouldExceedDeadline at once, not allowed, with the
+// reservation's delay as RetryAfter, and gives the reservation's tokens back.
+func TestWaitNReservationPastTheDeadline(t *testing.T) {
+	l := spentJobs(t)
+	bg := context.Background()
+	// The next token comes in a minute; the deadline is far sooner, and far later than
+	// WaitN takes to give up on a loaded machine.
+	ctx, cancel := context.WithTimeout(bg, 10*time.Second)
+	defer cancel()
+	d, err := l.WaitN(ctx, "jobs", "k", 1)
+	if !errors.Is(err, hybrid.ErrWouldExceedDeadline) || d.Allowed || d.RetryAfter < 50*time.Second || d.RetryAfter > time.Minute {
+		t.Fatalf("WaitN: %+v, %v; want not allowed, ErrWouldExceedDeadline, RetryAfter about a minute", d, err)
+	}
+	if got := l.Stats().Limits[0].Reserved; got != 0 {
+		t.Errorf("Reserved = %d after WaitN gave up, want 0: the reservation's token given back", got)
+	}
+}
+
+// spentJobs returns a Limiter whose limit "jobs" (a token a minute, a burst of one) has
+// spent key k's token: k's next token comes in a minute.
+func spentJobs(t *testing.T) *hybrid.Limiter {
+	t.Helper()
+	_, c := redistest.Mini(t)
+	l := newLimiter(t, newStore(t, c), hybrid.Config{FleetSize: 1, Limits: []hybrid.Limit{
+		{Name: "jobs", Rate: 1.0 / 60, Burst: 1, Policy: breaker.FailClosed, MaxWait: time.Second}}})
+	if d, err := l.Allow(context.Background(), "jobs", "k"); err != nil || !d.Allowed {
+		t.Fatalf("the first request: %+v, %v", d, err)
+	}
+	return l
 }
