@@ -206,3 +206,32 @@ func TestAllowMultiReportsTheClosestLimit(t *testing.T) {
 		})
 	}
 }
+
+// TestDryRunReservationCancelGivesNothingBack: a reservation a DryRun limit admitted as
+// WouldDeny took nothing, so cancelling it gives nothing back, even at the instant it was
+// made (the clock frozen), when a reservation that took tokens would return them.
+func TestDryRunReservationCancelGivesNothingBack(t *testing.T) {
+	m, c := redistest.Mini(t)
+	frozen := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	m.SetTime(frozen)
+	l := newLimiter(t, newStore(t, c), hybrid.Config{
+		FleetSize: 1,
+		Clock:     clockAt(func() time.Time { return frozen }),
+		Limits:    []hybrid.Limit{{Name: "dry", Rate: 1e-9, Burst: 1, Policy: breaker.FailClosed, MaxWait: time.Second, DryRun: true}},
+	})
+	ctx := context.Background()
+	if d, err := l.Allow(ctx, "dry", "k"); err != nil || !d.Allowed || d.WouldDeny {
+		t.Fatalf("the first request: %+v, %v; want admitted", d, err)
+	}
+	r, err := l.ReserveN(ctx, "dry", "k", 1)
+	if err != nil || !r.OK() || r.Delay() != 0 || !r.Decision().WouldDeny {
+		t.Fatalf("ReserveN: %+v, %v; want OK at once, WouldDeny", r.Decision(), err)
+	}
+	r.Cancel()
+	if d, _ := l.Allow(ctx, "dry", "k"); !d.WouldDeny {
+		t.Fatalf("after a cancelled dry-run reservation: %+v, want still WouldDeny (nothing given back)", d)
+	}
+	if s := l.Stats(); s.Limits[0].GivenBack != 0 {
+		t.Errorf("GivenBack %d after cancelling a reservation that took nothing, want 0", s.Limits[0].GivenBack)
+	}
+}
