@@ -414,3 +414,37 @@ func spentJobs(t *testing.T) *hybrid.Limiter {
 	}
 	return l
 }
+
+// TestWaitNClosedBetweenTries: a WaitN asleep between two tries (its claim refused: the
+// bucket is as far below zero as it may go, a reservation holding its next token) ends
+// when Close runs, with ErrClosed and the reason "limiter closed", not the denial's.
+func TestWaitNClosedBetweenTries(t *testing.T) {
+	l := spentJobs(t)
+	bg := context.Background()
+	r, err := l.ReserveN(bg, "jobs", "k", 1) // the next token, a minute away
+	if err != nil || !r.OK() {
+		t.Fatalf("ReserveN: %+v, %v; want OK", r.Decision(), err)
+	}
+	takes := l.Stats().Limits[0].Takes
+	type result struct {
+		d   hybrid.Decision
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		d, err := l.WaitN(bg, "jobs", "k", 1)
+		done <- result{d, err}
+	}()
+	waitFor(t, "the WaitN's claim answered", func() bool { return l.Stats().Limits[0].Takes > takes })
+	if err := l.Close(bg); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case res := <-done:
+		if !errors.Is(res.err, hybrid.ErrClosed) || res.d.Allowed || res.d.Reason.String() != "limiter closed" {
+			t.Errorf("WaitN across Close: %+v, %v; want not allowed, ErrClosed, limiter closed", res.d, res.err)
+		}
+	case <-time.After(10 * time.Second): // its next try is minutes away
+		t.Fatal("WaitN still asleep 10 s after Close")
+	}
+}
