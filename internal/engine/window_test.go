@@ -371,9 +371,7 @@ func TestWindowedSplitsLongReports(t *testing.T) {
 // limit's policy (FailClosed: denied), and what was admitted without asking is counted
 // once Redis answers again.
 func TestWindowedRedisDown(t *testing.T) {
-	f := newWinFleet(t, 2, nil)
-	f.warm()
-	e, lm := f.es[0], f.lms[0]
+	f, e, lm := warmPair(t)
 	now := t0.Add(60 * time.Millisecond)
 	if d, w := decide(e, now, lm, "a", 1); w != nil || !d.Allowed {
 		t.Fatalf("%+v", d)
@@ -870,9 +868,7 @@ func TestWindowedGoneEitherOrder(t *testing.T) {
 // but a new key's admission without asking is refused (ReasonPaced, to ask again after
 // the next report) rather than admitted uncounted or queued without bound.
 func TestWindowedQueueFull(t *testing.T) {
-	f := newWinFleet(t, 2, nil)
-	f.warm()
-	e, lm := f.es[0], f.lms[0]
+	_, e, lm := warmPair(t)
 	now := t0.Add(60 * time.Millisecond)
 	if d, w := decide(e, now, lm, "a", 1); w != nil || d.Reason != ReasonAsync {
 		t.Fatalf("%+v, want admitted without asking", d)
@@ -1843,9 +1839,7 @@ func TestWindowedGrantOfAnotherWindow(t *testing.T) {
 // TestWindowedReadsLowMark: a low mark another server wrote for a key's window, read,
 // holds until that window ends: the key's requests ask Redis and wait meanwhile.
 func TestWindowedReadsLowMark(t *testing.T) {
-	f := newWinFleet(t, 2, nil)
-	f.warm()
-	e, lm := f.es[0], f.lms[0]
+	f, e, lm := warmPair(t)
 	now := t0.Add(2 * time.Second)
 	key, win, _ := f.roomy("k", now, 800*time.Millisecond)
 	f.mark(key, win, wire.MarkLow, now.Add(-20*time.Millisecond))
@@ -2042,9 +2036,7 @@ func TestWindowAnswer(t *testing.T) {
 // holds, and a second loss of the window is then found in full, the count restored to
 // what it was before it.
 func TestWindowedLostArrayAfterGiveBacks(t *testing.T) {
-	f := newWinFleet(t, 2, nil)
-	f.warm()
-	e, lm := f.es[0], f.lms[0]
+	f, e, lm := warmPair(t)
 	now := t0.Add(2 * time.Second)
 	key, _, _ := f.roomy("k", now, 800*time.Millisecond)
 	d1 := f.admitFree(key, now)
@@ -2382,9 +2374,7 @@ func TestWindowedOverKeyGrantUrgent(t *testing.T) {
 // above 1), but no more of it unanswered than its allowance, c = 5 of a burst of 10 over
 // 2 servers: the sixth request at once is refused, for a refill.
 func TestWindowedOverKeySeldomAllowance(t *testing.T) {
-	f := newWinFleet(t, 2, nil)
-	f.warm()
-	e, lm := f.es[0], f.lms[0]
+	f, e, lm := warmPair(t)
 	now := t0.Add(2 * time.Second)
 	key, win, _ := f.roomy("over", now, 500*time.Millisecond)
 	f.mark(key, win-1, wire.MarkOver, now.Add(-time.Second)) // over since its last window
@@ -2459,9 +2449,7 @@ func TestWindowedOverKeyOdds(t *testing.T) {
 // demand from a flood says (the lower of the two is taken): the demand row grows by one
 // a request.
 func TestWindowedOverKeyDemand(t *testing.T) {
-	f := newWinFleet(t, 2, nil)
-	f.warm()
-	e, lm := f.es[0], f.lms[0]
+	f, e, lm := warmPair(t)
 	now := t0.Add(2 * time.Second)
 	key, win, _ := f.roomy("over", now, 500*time.Millisecond)
 	f.mark(key, win-1, wire.MarkOver, now.Add(-time.Second))
@@ -2710,9 +2698,7 @@ func TestWindowedAtTheWindowsEnd(t *testing.T) {
 // due, though it has nothing else to send: 500 ms after its last read of the warm-up, a
 // new key is still admitted without asking.
 func TestWindowedReadsWhileAdmittingUnasked(t *testing.T) {
-	f := newWinFleet(t, 2, nil)
-	f.warm()
-	e, lm := f.es[0], f.lms[0]
+	f, e, lm := warmPair(t)
 	wl := lm.windowed()
 	wl.mu.Lock()
 	last := wl.lastRead[wire.WindowMarksShard("b", wl.shards)]
@@ -2773,4 +2759,12 @@ func TestWindowedLastGrantWithoutTheLimitLock(t *testing.T) {
 	if n := grants(); n != 0 {
 		t.Errorf("the key holds %d grants after the decision, want 0", n)
 	}
+}
+
+// warmPair is a warm fleet of two servers, with its first server's engine and limit.
+func warmPair(t *testing.T) (*winFleet, *Engine, *Limit) {
+	t.Helper()
+	f := newWinFleet(t, 2, nil)
+	f.warm()
+	return f, f.es[0], f.lms[0]
 }
